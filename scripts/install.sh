@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install gbmpo and everything its tests need into ./.venv, from scratch.
+#   bash scripts/install.sh
+# System packages (Debian): bubblewrap and python3-seccomp harden the code sandbox
+# (gbmpo.rewards.run_program); without them the sandbox reports which protections are missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  if ! command -v bwrap >/dev/null 2>&1 || ! /usr/bin/python3 -c 'import seccomp' >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap python3-seccomp >/dev/null
+  fi
+fi
+PY=${PYTHON:-python3}
+"$PY" -m venv .venv
+# torch first, pinned to the CPU build (any other torch pin pulls a multi-GB CUDA build)
+.venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
+.venv/bin/pip install -q --disable-pip-version-check --no-deps -e .

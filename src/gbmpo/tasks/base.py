@@ -1,0 +1,53 @@
+"""The task interface shared by the trainer, evaluation, ES and the TRL drop-in.
+
+A task is a set of named splits of examples plus a verifiable reward. An example is a plain
+dict with at least ``"prompt"`` (the text fed to the model, already templated) and
+``"answer"`` (what the reward checks against); any other key is a *column* and reaches the
+reward function by name, following TRL's reward-function convention
+``fn(prompts, completions, **columns) -> list[float | None]``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gbmpo.registry import Registry
+
+Example = dict[str, Any]
+
+#: ``name -> factory(**params) -> Task``
+TASKS: Registry[Callable[..., Task]] = Registry("task")
+
+
+class Task(ABC):
+    """A data source with splits and a verifiable reward."""
+
+    #: registry name
+    name: str = ""
+    #: "math" (accuracy) or "code" (pass@k)
+    kind: str = "math"
+    #: split used for training and the default held-out split for evaluation
+    train_split: str = "train"
+    eval_split: str = "test"
+
+    @abstractmethod
+    def split(self, name: str) -> list[Example]:
+        """Return the examples of split ``name``; unknown split names raise ``ValueError``."""
+
+    @abstractmethod
+    def reward(self, prompts: Sequence[str], completions: Sequence[str], **columns: Any) -> list[
+        float | None
+    ]:
+        """Score completions (TRL convention); ``columns`` are the examples' extra keys."""
+
+    def columns(self, examples: Sequence[Example]) -> dict[str, list[Any]]:
+        """Gather every non-prompt key of ``examples`` into lists, one per column."""
+        keys = [k for k in examples[0] if k != "prompt"] if examples else []
+        return {k: [ex[k] for ex in examples] for k in keys}
+
+
+def get_task(name: str, **params: Any) -> Task:
+    """Build the task registered as ``name`` (unknown names list the valid ones)."""
+    return TASKS.get(name)(**params)

@@ -1,0 +1,27 @@
+import pytest
+
+from gbmpo.registry import Registry, UnknownNameError
+
+
+def test_unknown_name_lists_valid_names():
+    reg: Registry[int] = Registry("widget")
+    reg.register("b", 2)
+    reg.register("a", 1)
+    with pytest.raises(UnknownNameError) as err:
+        reg.get("c")
+    msg = str(err.value)
+    assert "unknown widget 'c'" in msg and "valid names: a, b" in msg
+    # usable both as KeyError and ValueError by callers
+    assert isinstance(err.value, KeyError) and isinstance(err.value, ValueError)
+
+
+def test_decorator_registration_and_duplicates():
+    reg: Registry = Registry("thing")
+
+    @reg.register("f")
+    def f():
+        return 3
+
+    assert reg.get("f") is f and "f" in reg and reg.names() == ["f"] and len(reg) == 1
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("f", f)
