@@ -1,0 +1,45 @@
+"""Objectives: advantages, surrogates, regularizers, aggregation (pure torch, selectable by name).
+
+Each family is a :class:`gbmpo.registry.Registry` whose unknown-name error lists the valid names:
+
+* :data:`ADVANTAGES` (:func:`group_advantages`): ``grpo``, ``batch``, ``dr_grpo``, ``rpg``;
+* :data:`SURROGATES` (:func:`get_surrogate`): ``clip``, ``gspo``, ``atr``, ``rpg_clip``,
+  ``rpg_reinforce``;
+* :data:`REGULARIZERS` (:func:`get_regularizer`): KL estimators, ProbL2, neural mirror, RPG forms;
+* :data:`AGGREGATIONS` (:func:`aggregate`): ``grpo``, ``bnpo``, ``dr_grpo``,
+  ``seq_mean_token_sum``;
+* :data:`POTENTIALS` (:func:`get_potential`): separable potentials for full-vocabulary Bregman
+  divergences (:func:`full_vocab_bregman`).
+
+:func:`compute_policy_loss` combines a surrogate, a regularizer and an aggregation.
+"""
+
+from gbmpo.objectives.advantages import ADVANTAGE_SCALES, ADVANTAGES, group_advantages
+from gbmpo.objectives.aggregate import AGGREGATIONS, aggregate
+from gbmpo.objectives.full_vocab import full_vocab_bregman, full_vocab_bregman_from_hidden
+from gbmpo.objectives.loss import compute_policy_loss
+from gbmpo.objectives.mirror import NeuralMirrorMap
+from gbmpo.objectives.potentials import POTENTIALS, get_potential
+from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
+from gbmpo.objectives.surrogates import SURROGATES, Surrogate, atr_bounds, get_surrogate
+
+__all__ = [
+    "ADVANTAGES",
+    "ADVANTAGE_SCALES",
+    "AGGREGATIONS",
+    "POTENTIALS",
+    "REGULARIZERS",
+    "SURROGATES",
+    "NeuralMirrorMap",
+    "Regularizer",
+    "Surrogate",
+    "aggregate",
+    "atr_bounds",
+    "compute_policy_loss",
+    "full_vocab_bregman",
+    "full_vocab_bregman_from_hidden",
+    "get_potential",
+    "get_regularizer",
+    "get_surrogate",
+    "group_advantages",
+]

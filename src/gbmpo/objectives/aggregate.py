@@ -1,0 +1,172 @@
+r"""Loss aggregation: per-token losses ``[B, T]`` and a completion mask -> one scalar.
+
+The normaliser is a named, separate step (verl's ``loss_agg_mode``, TRL's ``loss_type``;
+METHODS.md §2.4). Modes (registry :data:`AGGREGATIONS`), with :math:`m` the mask and
+:math:`\ell` the per-token loss:
+
+=======================  ====================================================================
+``grpo``                 :math:`\frac1B\sum_i\frac{\sum_t m_{i,t}\ell_{i,t}}{\sum_t m_{i,t}}`
+                         (sequence-mean of token-means; GRPO, verl ``seq-mean-token-mean``)
+``bnpo``                 :math:`\frac{\sum_{i,t} m\ell}{\sum_{i,t} m}` (token mean; DAPO,
+                         verl ``token-mean``, TRL ``bnpo``)
+``dr_grpo``              :math:`\frac{\sum_{i,t} m\ell}{B\,L_{\max}}` (Dr. GRPO,
+                         arXiv 2503.20783; TRL ``dr_grpo``)
+``seq_mean_token_sum``   :math:`\frac1B\sum_i\sum_t m\ell` (verl ``seq-mean-token-sum``)
+=======================  ====================================================================
+
+Micro-batching / gradient accumulation: pass the *full-batch* totals as keywords and call
+:func:`aggregate` on each micro-batch; the micro-batch losses then **sum** to the full-batch
+loss (and their gradients to its gradient), with no further division by the number of
+accumulation steps:
+
+* ``num_sequences``: sequences in the full batch (the ``B`` of ``grpo``, ``dr_grpo`` and
+  ``seq_mean_token_sum``; default: this call's ``per_token.shape[0]``);
+* ``num_tokens``: valid tokens in the full batch (the denominator of ``bnpo``; default: this
+  call's ``mask.sum()``), e.g. TRL ``dapo``'s global token count;
+* ``max_len``: :math:`L_{\max}` of ``dr_grpo``, normally the generation limit
+  (``max_completion_length``). When it is ``None`` it defaults to ``per_token.shape[1]``, the
+  padded width of *this* tensor, which changes with padding; so ``dr_grpo`` refuses
+  ``num_sequences`` without an explicit ``max_len``.
+
+A mode ignores the normalisers it does not use. Sequences with no valid token count in ``B``
+and contribute 0 (token-mean denominators are clamped to >= 1, as in TRL / verl).
+Math in float32 (float64 input stays float64).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from gbmpo.registry import Registry
+
+__all__ = ["AGGREGATIONS", "AggregationFn", "aggregate"]
+
+#: ``fn(per_token, mask, *, max_len, num_sequences, num_tokens) -> scalar``; inputs validated.
+AggregationFn = Callable[..., Tensor]
+
+AGGREGATIONS: Registry[AggregationFn] = Registry("aggregation mode")
+
+
+@AGGREGATIONS.register("grpo")
+def _agg_grpo(
+    per_token: Tensor, mask: Tensor, *, max_len: int, num_sequences: int, num_tokens: float
+) -> Tensor:
+    r""":math:`\frac1B\sum_i \sum_t m_{i,t}\ell_{i,t} / \max(1, \sum_t m_{i,t})` (GRPO,
+    Shao et al. 2024, arXiv 2402.03300)."""
+    seq = (per_token * mask).sum(-1) / mask.sum(-1).clamp_min(1.0)
+    return seq.sum() / num_sequences
+
+
+@AGGREGATIONS.register("bnpo")
+def _agg_bnpo(
+    per_token: Tensor, mask: Tensor, *, max_len: int, num_sequences: int, num_tokens: float
+) -> Tensor:
+    r""":math:`\sum_{i,t} m\ell / \max(1, N_{\text{tokens}})` (token mean; DAPO,
+    arXiv 2503.14476)."""
+    return (per_token * mask).sum() / max(1.0, float(num_tokens))
+
+
+@AGGREGATIONS.register("dr_grpo")
+def _agg_dr_grpo(
+    per_token: Tensor, mask: Tensor, *, max_len: int, num_sequences: int, num_tokens: float
+) -> Tensor:
+    r""":math:`\sum_{i,t} m\ell / (B\,L_{\max})` (Dr. GRPO, Liu et al. 2025,
+    arXiv 2503.20783)."""
+    return (per_token * mask).sum() / (num_sequences * max_len)
+
+
+@AGGREGATIONS.register("seq_mean_token_sum")
+def _agg_seq_mean_token_sum(
+    per_token: Tensor, mask: Tensor, *, max_len: int, num_sequences: int, num_tokens: float
+) -> Tensor:
+    r""":math:`\frac1B\sum_i\sum_t m_{i,t}\ell_{i,t}` (verl ``seq-mean-token-sum``)."""
+    return (per_token * mask).sum() / num_sequences
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    mode: str,
+    max_len: int | None = None,
+    *,
+    num_sequences: int | None = None,
+    num_tokens: float | None = None,
+) -> Tensor:
+    """Aggregate per-token losses ``[B, T]`` under ``mask`` with ``mode`` (see module doc).
+
+    Args:
+        per_token: ``[B, T]`` per-token loss, any floating dtype.
+        mask: ``[B, T]`` {0, 1} float or bool.
+        mode: ``grpo``, ``bnpo``, ``dr_grpo`` or ``seq_mean_token_sum``.
+        max_len: ``L_max`` for ``dr_grpo`` (default ``per_token.shape[1]``); every sequence must
+            have at most ``max_len`` valid tokens.
+        num_sequences: full-batch sequence count, ``>= B`` (micro-batching).
+        num_tokens: full-batch valid-token count, ``>=`` this mask's count (micro-batching).
+
+    Returns:
+        0-dim tensor, float32 (float64 for float64 input).
+    """
+    fn = AGGREGATIONS.get(mode)
+    if per_token.dim() != 2:
+        raise ValueError(f"per_token must be [B, T], got shape {tuple(per_token.shape)}")
+    if tuple(mask.shape) != tuple(per_token.shape):
+        raise ValueError(
+            f"mask shape {tuple(mask.shape)} != per_token shape {tuple(per_token.shape)}"
+        )
+    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("mask must contain only 0 and 1")
+    dt = torch.float64 if per_token.dtype == torch.float64 else torch.float32
+    m = mask.to(dt)
+    x = torch.where(m.bool(), per_token.to(dt), torch.zeros((), dtype=dt, device=m.device))
+    b, t = per_token.shape
+    if b == 0:
+        raise ValueError("per_token has no sequences (B == 0)")
+    lengths = m.sum(-1)
+
+    if num_sequences is None:
+        n_seq = b
+    else:
+        if isinstance(num_sequences, bool) or not isinstance(num_sequences, int):
+            raise TypeError(f"num_sequences must be an int, got {num_sequences!r}")
+        if num_sequences < max(b, 1):
+            raise ValueError(
+                f"num_sequences={num_sequences} is smaller than this batch's {b} sequences; "
+                "it must be the full-batch total"
+            )
+        n_seq = num_sequences
+
+    if num_tokens is None:
+        n_tok = float(lengths.sum())
+    else:
+        if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, float)):
+            raise TypeError(f"num_tokens must be a number, got {num_tokens!r}")
+        local = float(lengths.sum())
+        if not math.isfinite(num_tokens) or num_tokens < local or num_tokens <= 0:
+            raise ValueError(
+                f"num_tokens={num_tokens} must be finite, > 0 and >= this batch's {local:g} "
+                "valid tokens (it is the full-batch total)"
+            )
+        n_tok = float(num_tokens)
+
+    if max_len is None:
+        if mode == "dr_grpo" and num_sequences is not None:
+            raise ValueError(
+                "dr_grpo with num_sequences (micro-batching) needs an explicit max_len: the "
+                "default per_token.shape[1] depends on each micro-batch's padding"
+            )
+        l_max = t
+    else:
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+            raise ValueError(f"max_len must be a positive int, got {max_len!r}")
+        longest = int(lengths.max())
+        if longest > max_len:
+            raise ValueError(
+                f"max_len={max_len} is shorter than a completion with {longest} valid tokens"
+            )
+        l_max = max_len
+
+    return fn(x, m, max_len=l_max, num_sequences=n_seq, num_tokens=n_tok)

@@ -1,0 +1,132 @@
+r"""The full policy loss: surrogate + coef * regularizer per token, then aggregation.
+
+.. math::
+    \mathcal L = \mathrm{agg}\big(\ell^{\text{surr}}_{i,t} + \lambda\,D_{i,t},\ m\big)
+
+(GBMPO adds the regularizer per token before aggregation, as TRL does with its KL term;
+METHODS.md §2.4 and §3.3). Surrogates come from :mod:`gbmpo.objectives.surrogates`,
+regularizers from :mod:`gbmpo.objectives.regularizers`, aggregation modes from
+:mod:`gbmpo.objectives.aggregate`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gbmpo.objectives.aggregate import aggregate
+from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+
+__all__ = ["compute_policy_loss"]
+
+#: ``(logp, ref_logp, old_logp, mask) -> per-token values [B, T]``, attribute ``needs_ref``.
+Regularizer = Callable[..., Tensor]
+
+
+def _resolve_regularizer(regularizer: str | Regularizer | None) -> Regularizer | None:
+    if regularizer is None or callable(regularizer):
+        return regularizer
+    if isinstance(regularizer, str):
+        from gbmpo.objectives.regularizers import get_regularizer
+
+        return get_regularizer(regularizer)  # type: ignore[no-any-return]
+    raise TypeError(f"regularizer must be a name, a callable or None, got {regularizer!r}")
+
+
+def _resolve_surrogate(surrogate: str | Surrogate) -> Surrogate:
+    if isinstance(surrogate, str):
+        return get_surrogate(surrogate)
+    if callable(surrogate):
+        return surrogate
+    raise TypeError(f"surrogate must be a name or a callable, got {surrogate!r}")
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> float:
+    m = mask.to(torch.bool)
+    v = torch.where(m, x.detach().to(torch.float32), torch.zeros((), dtype=torch.float32))
+    return float(v.sum() / m.sum().clamp_min(1))
+
+
+def compute_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    ref_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    surrogate: str | Surrogate,
+    regularizer: str | Regularizer | None,
+    coef: float = 0.0,
+    aggregation: str = "dr_grpo",
+    max_len: int | None = None,
+    num_sequences: int | None = None,
+    num_tokens: float | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    r"""Per-token :math:`\ell^{\text{surr}} + \text{coef}\cdot D`, aggregated.
+
+    Args:
+        logp: ``[B, T]`` sampled-token log-probs under the trained policy (with grad).
+        old_logp: ``[B, T]`` behaviour-policy log-probs; ``None`` means on-policy, i.e.
+            ``logp.detach()`` (ratio 1 with the right gradient, TRL's single-iteration case).
+        ref_logp: ``[B, T]`` anchor log-probs for the regularizer; may be ``None`` when the
+            regularizer's ``needs_ref`` is False (or there is no regularizer).
+        advantages: ``[B]`` or ``[B, T]``.
+        mask: ``[B, T]`` {0, 1} completion mask.
+        surrogate: a callable from :func:`gbmpo.objectives.get_surrogate`, or a registered name
+            (built with its default parameters).
+        regularizer: a callable ``(logp, ref_logp, old_logp, mask) -> [B, T]`` (e.g. from
+            :func:`gbmpo.objectives.get_regularizer`), a registered name, or ``None`` for none.
+        coef: regularizer coefficient :math:`\lambda` (or :math:`\beta`); the term is added only
+            when ``coef != 0``, but its masked mean is always reported.
+        aggregation: mode of :func:`gbmpo.objectives.aggregate`.
+        max_len, num_sequences, num_tokens: passed to :func:`~gbmpo.objectives.aggregate`
+            (full-batch normalisers for micro-batching).
+
+    Returns:
+        ``(loss, metrics)``: the scalar loss (float32, or float64 for float64 ``logp``) and
+        python floats: the surrogate diagnostics (``clip_frac_low``, ``clip_frac_high``,
+        ``clip_frac_dual``, ``ratio_mean``, ``ratio_min``, ``ratio_max``), ``pg_loss`` (the
+        aggregated surrogate alone), ``reg_value`` (masked mean of the regularizer, 0 without
+        one) and ``loss``.
+    """
+    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not math.isfinite(coef):
+        raise ValueError(f"coef must be a finite number, got {coef!r}")
+    surr = _resolve_surrogate(surrogate)
+    reg = _resolve_regularizer(regularizer)
+    if reg is None and coef != 0:
+        raise ValueError(f"coef={coef} given but regularizer is None")
+    if old_logp is None:
+        old_logp = logp.detach()
+
+    pg, diag = surr(logp, old_logp, advantages, mask)
+    agg_kw: dict[str, Any] = {
+        "num_sequences": num_sequences,
+        "num_tokens": num_tokens,
+    }
+    per_token = pg
+    reg_value = 0.0
+    if reg is not None:
+        needs_ref = bool(getattr(reg, "needs_ref", True))
+        if needs_ref and ref_logp is None:
+            raise ValueError(f"regularizer {reg!r} needs reference log-probs but ref_logp is None")
+        values = reg(logp, ref_logp, old_logp, mask)
+        if tuple(values.shape) != tuple(pg.shape):
+            raise ValueError(
+                f"regularizer returned shape {tuple(values.shape)}, expected {tuple(pg.shape)}"
+            )
+        reg_value = _masked_mean(values, mask)
+        if coef != 0:
+            per_token = pg + coef * values.to(pg.dtype)
+
+    loss = aggregate(per_token, mask, aggregation, max_len, **agg_kw)
+    with torch.no_grad():
+        pg_loss = aggregate(pg.detach(), mask, aggregation, max_len, **agg_kw)
+    metrics = {k: float(v) for k, v in diag.items()}
+    metrics["pg_loss"] = float(pg_loss)
+    metrics["reg_value"] = reg_value
+    metrics["loss"] = float(loss.detach())
+    return loss, metrics

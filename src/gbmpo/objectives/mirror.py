@@ -1,0 +1,625 @@
+"""Neural mirror map: a learnable separable convex potential (GBMPO NM-GRPO, PMD-MM).
+
+GBMPO (arXiv 2602.04380, "neural mirror map" regularizer) takes the omega-potential
+parameterisation of Alfano et al., "Meta-learning the mirror map in policy mirror descent"
+(arXiv 2402.05187): the derivative of the potential on a probability y in (0, 1] is
+
+    h'(y) = sum_{j=1}^{126} v_j sigma_{k(j)}(w_j y + b_j) + a y + c log y,
+
+with 21 units each of the activations (in this order) cube u^3, square u^2, sqrt([u]_+),
+cbrt([u]_+), log([u]_+ + 1e-3) and exp(u). The potential is the antiderivative
+
+    h(y) = sum_j v_j H_j(y) + (a / 2) y^2 + c (y log y - y),
+    H_j(y) = int_0^y sigma(w_j s + b_j) ds,
+
+and the regularizer is its Bregman divergence D_h(p, q) = h(p) - h(q) - h'(q) (p - q) on the
+probabilities of the sampled token (METHODS.md section 3.4). The parameter vector has the
+authors' 380-value layout ``[v(126), w(126), b(126), a, c]``.
+
+Convexity by construction. h''(y) = sum_j v_j w_j sigma'(u_j) + a + c / y. Every activation is
+non-decreasing on u >= 0, so h'' >= 0 on (0, inf) when v, w, a, c >= 0 *and* u_j = w_j y + b_j
+>= 0 for y > 0, which needs b_j >= 0: the square unit u^2 decreases for u < 0 (so with b < 0 and
+v, w > 0 it contributes a *negative* curvature 2 v w u), and the clamped units [u]_+ would switch
+off. :class:`NeuralMirrorMap` therefore stores only parameters with every entry of v, w, b, a, c
+>= 0 and rejects anything else. Evolution strategies search an unconstrained vector theta in R^380
+that :meth:`NeuralMirrorMap.from_unconstrained` maps to parameters by the projection
+``phi = max(theta, 0)`` (see that method for why projection rather than softplus).
+
+Numerics. Every Bregman term is evaluated in the factorised form ``(p - q)^2 * K(p, q)`` with
+K >= 0 written without cancellation (closed forms below, Taylor series for small arguments), so
+the divergence is >= 0 in floating point, exactly 0 at p = q, and needs no division by w_j. This
+replaces the authors' ``|w_j| < 1e-12`` switch to the linear primitive sigma(b_j) y: here the
+w_j -> 0 limit is reached continuously (for w_j = 0 the unit contributes sigma(b_j) y to h and 0
+to D_h). Probabilities are floored at 1e-10 before anything is computed, as in the authors' code.
+Math is float64 for float64 inputs and float32 for every other dtype (bf16 log-probs underflow).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "ACTIVATIONS",
+    "LOG_EPS",
+    "N_UNITS",
+    "PROB_FLOOR",
+    "UNITS_PER_ACTIVATION",
+    "VECTOR_SIZE",
+    "NeuralMirrorMap",
+    "as_mirror_map",
+    "generalized_kl",
+]
+
+N_UNITS = 126
+UNITS_PER_ACTIVATION = 21
+ACTIVATIONS: tuple[str, ...] = ("cube", "square", "sqrt", "cbrt", "log", "exp")
+VECTOR_SIZE = 3 * N_UNITS + 2  # 380 = [v(126), w(126), b(126), a, c]
+PROB_FLOOR = 1e-10  # probabilities are floored here (authors' torch.maximum(p, 1e-10))
+LOG_EPS = 1e-3  # the log unit is log([u]_+ + LOG_EPS)
+FILE_FORMAT = "gbmpo.neural_mirror_map"
+FILE_VERSION = 1
+_BLOCKS = ("v", "w", "b")
+
+# Below this |argument| the kernels switch from the closed form to a Taylor series.
+_SERIES_THRESHOLD = 0.1
+_N_SERIES = 16  # 0.1^16 / 306 < 1e-18: series truncation is below float64 rounding
+# kappa(delta) = ((1 + delta) log(1 + delta) - delta) / delta^2
+#              = sum_n (-1)^n delta^n / ((n + 1)(n + 2))
+_KAPPA_COEFFS = tuple((-1.0) ** n / ((n + 1) * (n + 2)) for n in range(_N_SERIES))
+# phi(d) = (exp(d) - 1 - d) / d^2 = sum_n d^n / (n + 2)!
+_PHI_COEFFS = tuple(1.0 / math.factorial(n + 2) for n in range(_N_SERIES))
+
+
+def _compute_dtype(*tensors: Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32 (bf16/fp16 are upcast)."""
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+
+
+def _horner(x: Tensor, coeffs: Sequence[float]) -> Tensor:
+    """sum_n coeffs[n] x^n; 16 terms in float64, 8 in float32 (0.1^8 / 90 ~ 1e-10 < eps32)."""
+    n = len(coeffs) if x.dtype == torch.float64 else min(len(coeffs), 8)
+    out = torch.full_like(x, coeffs[n - 1])
+    for cf in reversed(coeffs[: n - 1]):
+        out = out * x + cf
+    return out
+
+
+def _series_or_closed(
+    arg: Tensor, series: Callable[[Tensor], Tensor], closed: Callable[[Tensor], Tensor]
+) -> Tensor:
+    """series(arg) where |arg| < 0.1, closed(arg) elsewhere. Each branch only sees safe inputs
+    (0 for series, 1 for closed where unselected), so values and gradients stay finite; a
+    branch that no element needs is not computed."""
+    small = arg.abs() < _SERIES_THRESHOLD
+    if bool(small.all()):
+        return series(arg)
+    if not bool(small.any()):
+        return closed(arg)
+    return torch.where(
+        small,
+        series(torch.where(small, arg, torch.zeros_like(arg))),
+        closed(torch.where(small, torch.ones_like(arg), arg)),
+    )
+
+
+def _gkl_over_sq(x: Tensor, y: Tensor) -> Tensor:
+    """K(x, y) = (x log(x/y) - x + y) / (x - y)^2 for x, y > 0 (limit 1/(2y) at x = y).
+
+    This is the curvature factor of the generalized KL: x log(x/y) - x + y = (x - y)^2 K(x, y).
+    With delta = (x - y)/y, K = kappa(delta) / y where kappa(delta) = ((1+delta) log(1+delta) -
+    delta) / delta^2 is summed as a Taylor series for |delta| < 0.1 (no cancellation) and in
+    closed form otherwise. Result >= 0.
+    """
+    delta = (x - y) / y
+
+    def closed(dl: Tensor) -> Tensor:
+        # log(1 + delta): log1p is accurate for moderate delta; near delta = -1 (x << y, where
+        # delta may round to -1) the plain difference of logs has no cancellation problem.
+        moderate = dl > -0.5
+        log_ratio = torch.where(
+            moderate, torch.log1p(torch.where(moderate, dl, 0.0)), torch.log(x) - torch.log(y)
+        )
+        return ((1.0 + dl) * log_ratio - dl) / (dl * dl)
+
+    return _series_or_closed(delta, lambda dl: _horner(dl, _KAPPA_COEFFS), closed) / y
+
+
+def _exp_phi(d: Tensor) -> Tensor:
+    """phi(d) = (exp(d) - 1 - d) / d^2 (limit 1/2 at d = 0); series for |d| < 0.1. Result > 0."""
+    return _series_or_closed(
+        d, lambda x: _horner(x, _PHI_COEFFS), lambda x: (torch.expm1(x) - x) / (x * x)
+    )
+
+
+def generalized_kl(p: Tensor, q: Tensor) -> Tensor:
+    """Elementwise generalized (unnormalised) KL  p log(p/q) - p + q  for p, q > 0.
+
+    The Bregman divergence of the negative entropy h(y) = y log y - y (METHODS.md section 3.4,
+    special case v=0, a=0, c=1 of the GBMPO neural mirror map). Computed as (p - q)^2 K(p, q)
+    with K >= 0 (see :func:`_gkl_over_sq`), so it is >= 0 in floating point and exactly 0 at
+    p = q. Inputs must be positive (callers floor probabilities at 1e-10 first).
+    """
+    return (p - q).square() * _gkl_over_sq(p, q)
+
+
+# --- per-activation kernels -------------------------------------------------------------------
+# sigma: the activation; dsigma: its derivative; mean(b, d) = (S(b + d) - S(b)) / d, the mean of
+# sigma over [b, b + d] (= sigma(b) at d = 0), so that H(y) = y * mean(b, w y); curv(up, uq, d) =
+# (S(up) - S(uq) - S'(uq)(up - uq)) / d^2 with d = up - uq, so that the unit's Bregman term is
+# v w (p - q)^2 curv. S is the antiderivative of sigma. All inputs satisfy u >= 0.
+
+
+def _cube_mean(b: Tensor, d: Tensor) -> Tensor:
+    return b**3 + 1.5 * b * b * d + b * d * d + 0.25 * d**3
+
+
+def _cube_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
+    # (S(uq+d) - S(uq) - uq^3 d)/d^2 with S = u^4/4  =  ((d + 2 uq)^2 + 2 uq^2) / 4
+    return 0.25 * ((d + 2.0 * uq).square() + 2.0 * uq.square())
+
+
+def _square_mean(b: Tensor, d: Tensor) -> Tensor:
+    return b * b + b * d + d * d / 3.0
+
+
+def _square_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
+    # S = u^3/3:  uq + d/3 = (2 uq + up)/3  (>= 0 because u >= 0)
+    return (2.0 * uq + up) / 3.0
+
+
+def _root_pair(up: Tensor, uq: Tensor, power: float) -> tuple[Tensor, Tensor, Tensor]:
+    both_zero = (up <= 0) & (uq <= 0)
+    one = torch.ones_like(up)
+    s = torch.where(both_zero, one, up.clamp_min(0))
+    t = torch.where(both_zero, one, uq.clamp_min(0))
+    if power == 0.5:  # sqrt is several times faster than pow(0.5) on CPU
+        return s.sqrt(), t.sqrt(), both_zero
+    return s.pow(power), t.pow(power), both_zero
+
+
+def _sqrt_mean(b: Tensor, d: Tensor) -> Tensor:
+    # S = (2/3) u^{3/2};  (S(s^2) - S(t^2)) / (s^2 - t^2) = (2/3)(s^2 + s t + t^2) / (s + t)
+    s, t, zero = _root_pair(b + d, b, 0.5)
+    return torch.where(zero, torch.zeros_like(s), (2.0 / 3.0) * (s * s + s * t + t * t) / (s + t))
+
+
+def _sqrt_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
+    # B_S = (1/3)(s - t)^2 (2 s + t) and s - t = d / (s + t)  =>  (2 s + t) / (3 (s + t)^2)
+    s, t, zero = _root_pair(up, uq, 0.5)
+    st = s + t  # divide twice rather than by (s + t)^2, which underflows for tiny u
+    return torch.where(zero, torch.zeros_like(s), ((2.0 * s + t) / st) / (3.0 * st))
+
+
+def _cbrt_mean(b: Tensor, d: Tensor) -> Tensor:
+    # S = (3/4) u^{4/3};  (s^4 - t^4)/(s^3 - t^3) = (s + t)(s^2 + t^2)/(s^2 + s t + t^2)
+    s, t, zero = _root_pair(b + d, b, 1.0 / 3.0)
+    val = 0.75 * (s + t) * (s * s + t * t) / (s * s + s * t + t * t)
+    return torch.where(zero, torch.zeros_like(s), val)
+
+
+def _cbrt_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
+    # B_S = (1/4)(s - t)^2 (3 s^2 + 2 s t + t^2) and s - t = d / (s^2 + s t + t^2)
+    s, t, zero = _root_pair(up, uq, 1.0 / 3.0)
+    q2 = s * s + s * t + t * t  # divide twice rather than by q2^2, which underflows for tiny u
+    val = ((3.0 * s * s + 2.0 * s * t + t * t) / q2) / (4.0 * q2)
+    return torch.where(zero, torch.zeros_like(s), val)
+
+
+def _log_mean(b: Tensor, d: Tensor) -> Tensor:
+    # S = u_e log u_e - u_e (u_e = u + eps): mean = log(b_e) + d K(b_e + d, b_e)
+    be = b.clamp_min(0) + LOG_EPS
+    return torch.log(be) + d * _gkl_over_sq(be + d, be)
+
+
+def _log_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
+    return _gkl_over_sq(up.clamp_min(0) + LOG_EPS, uq.clamp_min(0) + LOG_EPS)
+
+
+def _exp_mean(b: Tensor, d: Tensor) -> Tensor:
+    # (e^{b+d} - e^b)/d = e^b (1 + d phi(d))
+    return torch.exp(b) * (1.0 + d * _exp_phi(d))
+
+
+def _exp_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
+    return torch.exp(uq) * _exp_phi(d)
+
+
+def _sigma(act: str, u: Tensor) -> Tensor:
+    if act == "cube":
+        return u**3
+    if act == "square":
+        return u * u
+    if act == "sqrt":
+        return u.clamp_min(0).sqrt()
+    if act == "cbrt":
+        return u.clamp_min(0).pow(1.0 / 3.0)
+    if act == "log":
+        return torch.log(u.clamp_min(0) + LOG_EPS)
+    return torch.exp(u)
+
+
+def _dsigma(act: str, u: Tensor) -> Tensor:
+    if act == "cube":
+        return 3.0 * u * u
+    if act == "square":
+        return 2.0 * u
+    if act == "sqrt":
+        return 0.5 * u.clamp_min(0).rsqrt()  # +inf at u = 0
+    if act == "cbrt":
+        return u.clamp_min(0).pow(-2.0 / 3.0) / 3.0  # +inf at u = 0
+    if act == "log":
+        return 1.0 / (u.clamp_min(0) + LOG_EPS)
+    return torch.exp(u)
+
+
+_MEAN: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "cube": _cube_mean,
+    "square": _square_mean,
+    "sqrt": _sqrt_mean,
+    "cbrt": _cbrt_mean,
+    "log": _log_mean,
+    "exp": _exp_mean,
+}
+_CURV: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
+    "cube": _cube_curv,
+    "square": _square_curv,
+    "sqrt": _sqrt_curv,
+    "cbrt": _cbrt_curv,
+    "log": _log_curv,
+    "exp": _exp_curv,
+}
+
+
+def _as_float64_vector(x: Any) -> Tensor:
+    t = torch.as_tensor(x.detach() if isinstance(x, Tensor) else x, dtype=torch.float64)
+    return t.to("cpu").clone()
+
+
+class NeuralMirrorMap:
+    """Separable convex potential h with h'(y) = sum_j v_j sigma_j(w_j y + b_j) + a y + c log y.
+
+    GBMPO (arXiv 2602.04380) NM-GRPO regularizer, omega-potential parameterisation of Alfano et
+    al. (arXiv 2402.05187); formulas in METHODS.md section 3.4 and the module docstring. 126 units,
+    21 each of cube, square, sqrt, cbrt, log, exp (in that order). The parameters are frozen
+    (plain float64 tensors, no autograd) and must all be >= 0, which makes h convex on (0, inf):
+    h'' = sum_j v_j w_j sigma'(w_j y + b_j) + a + c / y >= 0 because every activation is
+    non-decreasing for u >= 0 and b >= 0 keeps u = w y + b >= 0 for y > 0 (with b < 0 the square
+    unit bends down for small y and D_h can go negative). h is strictly convex when a > 0 or c > 0.
+
+    Special cases: ``NeuralMirrorMap(a=2.0)`` gives ProbL2, D_h = (p - q)^2;
+    ``NeuralMirrorMap(c=1.0)`` gives the generalized KL p log(p/q) - p + q.
+
+    Build from the authors' 380-value layout with :meth:`from_vector` (rejects negative entries),
+    from an unconstrained ES search vector with :meth:`from_unconstrained` (projects onto >= 0),
+    at random like NM-GRPO with :meth:`random`, or from a file with :meth:`load`.
+    """
+
+    name = "neural_mirror"
+
+    def __init__(
+        self,
+        v: Tensor | Sequence[float] | None = None,
+        w: Tensor | Sequence[float] | None = None,
+        b: Tensor | Sequence[float] | None = None,
+        a: float = 0.0,
+        c: float = 0.0,
+    ) -> None:
+        parts = []
+        for block, x in zip(_BLOCKS, (v, w, b), strict=True):
+            if x is None:
+                parts.append(torch.zeros(N_UNITS, dtype=torch.float64))
+                continue
+            t = _as_float64_vector(x)
+            if t.shape != (N_UNITS,):
+                raise ValueError(
+                    f"NeuralMirrorMap block {block!r} must have shape ({N_UNITS},), "
+                    f"got {tuple(t.shape)}"
+                )
+            parts.append(t)
+        parts.append(torch.tensor([float(a), float(c)], dtype=torch.float64))
+        vec = torch.cat(parts)
+        _check_vector(vec)
+        self._vec = vec
+        blocks = vec[: 3 * N_UNITS].view(3, len(ACTIVATIONS), UNITS_PER_ACTIVATION)
+        vw = blocks[0] * blocks[1]
+        # Blocks whose v_j (for h, h') or v_j w_j (for D_h, h'') all vanish contribute nothing.
+        self._v_active = tuple(bool((blocks[0, k] != 0).any()) for k in range(len(ACTIVATIONS)))
+        self._active = tuple(bool((vw[k] != 0).any()) for k in range(len(ACTIVATIONS)))
+        self._cache: dict[tuple[torch.dtype, torch.device], tuple[Tensor, ...]] = {}
+
+    # --- construction ---------------------------------------------------------------------------
+    @classmethod
+    def from_vector(cls, phi: Tensor | Sequence[float]) -> NeuralMirrorMap:
+        """Build from the 380-value layout ``[v(126), w(126), b(126), a, c]`` (authors' order).
+
+        Raises ValueError naming the block (v/w/b/a/c) and index of the first negative or
+        non-finite entry: a negative entry can make h non-convex and D_h negative, so it is never
+        used silently. Use :meth:`from_unconstrained` to map an arbitrary vector explicitly.
+        """
+        vec = _as_float64_vector(phi)
+        if vec.shape != (VECTOR_SIZE,):
+            raise ValueError(
+                f"a neural mirror map vector must have shape ({VECTOR_SIZE},) in the layout "
+                f"[v(126), w(126), b(126), a, c]; got shape {tuple(vec.shape)}"
+            )
+        _check_vector(vec)
+        n = N_UNITS
+        return cls(vec[:n], vec[n : 2 * n], vec[2 * n : 3 * n], float(vec[-2]), float(vec[-1]))
+
+    @classmethod
+    def from_unconstrained(cls, theta: Tensor | Sequence[float]) -> NeuralMirrorMap:
+        """Map an ES search vector theta in R^380 to a convex map: phi = max(theta, 0).
+
+        Every finite theta gives a valid (convex) map. The projection is the identity on the
+        feasible set, so ``to_unconstrained()`` returns ``to_vector()`` and round-trips exactly;
+        zeros (and hence the special cases ProbL2 and generalized KL) are reached exactly; and a
+        step of size sigma in theta is a step of size sigma in the parameters, so the authors' ES
+        step sizes and U[0, 0.01) init keep their meaning. (Softplus would keep every parameter
+        strictly positive, so the special cases would only be approached, and its slope
+        sigmoid(theta) ~ scale near the init would shrink ES steps by ~100x.) Coordinates with
+        theta < 0 are inactive (parameter 0); ES can move them back above 0.
+        """
+        t = _as_float64_vector(theta)
+        if t.shape != (VECTOR_SIZE,):
+            raise ValueError(f"theta must have {VECTOR_SIZE} entries, got shape {tuple(t.shape)}")
+        if not torch.isfinite(t).all():
+            bad = int((~torch.isfinite(t)).nonzero()[0])
+            block, idx = _locate(bad)
+            raise ValueError(f"theta has a non-finite entry in block {block!r} at index {idx}")
+        return cls.from_vector(t.clamp_min(0.0))
+
+    @classmethod
+    def random(cls, scale: float = 0.01, seed: int = 42) -> NeuralMirrorMap:
+        """All 380 parameters i.i.d. uniform on [0, scale), as NM-GRPO's init (GBMPO code).
+
+        Draws ``torch.rand(380)`` (float32, then stored as float64) from a local
+        ``torch.Generator`` seeded with ``seed``, in the vector layout order; the global torch
+        RNG is neither used nor reseeded (the authors' code calls torch.manual_seed).
+        """
+        if not (math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"scale must be a finite number >= 0, got {scale!r}")
+        gen = torch.Generator(device="cpu")
+        gen.manual_seed(int(seed))
+        draw = torch.rand(VECTOR_SIZE, generator=gen, dtype=torch.float32) * scale
+        return cls.from_vector(draw.to(torch.float64))
+
+    # --- inspection / serialisation -------------------------------------------------------------
+    def to_vector(self) -> Tensor:
+        """The 380 parameters ``[v(126), w(126), b(126), a, c]`` as a new float64 tensor."""
+        return self._vec.clone()
+
+    def to_unconstrained(self) -> Tensor:
+        """A theta with ``from_unconstrained(theta) == self``: the parameters themselves."""
+        return self._vec.clone()
+
+    @property
+    def v(self) -> Tensor:
+        return self._vec[:N_UNITS].clone()
+
+    @property
+    def w(self) -> Tensor:
+        return self._vec[N_UNITS : 2 * N_UNITS].clone()
+
+    @property
+    def b(self) -> Tensor:
+        return self._vec[2 * N_UNITS : 3 * N_UNITS].clone()
+
+    @property
+    def a(self) -> float:
+        return float(self._vec[-2])
+
+    @property
+    def c(self) -> float:
+        return float(self._vec[-1])
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write a JSON file ``{"format": "gbmpo.neural_mirror_map", "version": 1, ..., "vector":
+        [380 floats]}``; floats are written with full float64 precision (exact round trip)."""
+        path = Path(path)
+        doc = {
+            "format": FILE_FORMAT,
+            "version": FILE_VERSION,
+            "layout": "[v(126), w(126), b(126), a, c]",
+            "activations": list(ACTIVATIONS),
+            "units_per_activation": UNITS_PER_ACTIVATION,
+            "vector": [float(x) for x in self._vec.tolist()],
+        }
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> NeuralMirrorMap:
+        """Read a file written by :meth:`save`, or a JSON list of 380 numbers (ES output)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"neural mirror map file not found: {path}")
+        try:
+            doc = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not a JSON neural mirror map file ({e})") from None
+        if isinstance(doc, dict):
+            if doc.get("format") != FILE_FORMAT or "vector" not in doc:
+                raise ValueError(
+                    f"{path}: expected a JSON object with format {FILE_FORMAT!r} and a 'vector'"
+                )
+            if doc.get("version") != FILE_VERSION:
+                raise ValueError(f"{path}: unsupported version {doc.get('version')!r}")
+            doc = doc["vector"]
+        if not isinstance(doc, list):
+            raise ValueError(f"{path}: expected a list of {VECTOR_SIZE} numbers")
+        try:
+            return cls.from_vector(doc)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    def __repr__(self) -> str:
+        return (
+            f"NeuralMirrorMap(a={self.a:.4g}, c={self.c:.4g}, |v|_1={float(self.v.sum()):.4g}, "
+            f"|w|_1={float(self.w.sum()):.4g}, |b|_1={float(self.b.sum()):.4g})"
+        )
+
+    # --- the potential --------------------------------------------------------------------------
+    def _params(self, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, ...]:
+        key = (dtype, device)
+        if key not in self._cache:
+            vec = self._vec.to(device=device, dtype=dtype)
+            blocks = vec[: 3 * N_UNITS].view(3, len(ACTIVATIONS), UNITS_PER_ACTIVATION)
+            self._cache[key] = (blocks[0], blocks[1], blocks[2], vec[-2], vec[-1])
+        return self._cache[key]
+
+    def _prep(self, *ys: Tensor) -> tuple[Tensor, ...]:
+        dt = _compute_dtype(*ys)
+        return tuple(y.to(dt).clamp_min(PROB_FLOOR) for y in ys)
+
+    def potential(self, y: Tensor) -> Tensor:
+        """h(y) = sum_j v_j int_0^y sigma_j(w_j s + b_j) ds + (a/2) y^2 + c (y log y - y).
+
+        Elementwise, y floored at 1e-10. Each unit integral is y * mean of sigma_j over
+        [b_j, b_j + w_j y], written without division by w_j (limit sigma(b_j) y at w_j = 0).
+        """
+        (y,) = self._prep(y)
+        v, w, b, a, c = self._params(y.dtype, y.device)
+        ye = y.unsqueeze(-1)
+        out = 0.5 * a * y * y + c * (torch.xlogy(y, y) - y)
+        for k, act in enumerate(ACTIVATIONS):
+            if self._v_active[k]:
+                mean = _MEAN[act](b[k], w[k] * ye)
+                out = out + y * (v[k] * mean).sum(-1)
+        return out
+
+    def derivative(self, y: Tensor) -> Tensor:
+        """h'(y) = sum_j v_j sigma_j(w_j y + b_j) + a y + c log y (the inverse link; y >= 1e-10)."""
+        (y,) = self._prep(y)
+        v, w, b, a, c = self._params(y.dtype, y.device)
+        ye = y.unsqueeze(-1)
+        out = a * y + c * torch.log(y)
+        for k, act in enumerate(ACTIVATIONS):
+            if self._v_active[k]:
+                out = out + (v[k] * _sigma(act, w[k] * ye + b[k])).sum(-1)
+        return out
+
+    def second_derivative(self, y: Tensor) -> Tensor:
+        """h''(y) = sum_j v_j w_j sigma_j'(w_j y + b_j) + a + c / y  (>= 0; y >= 1e-10).
+
+        Units with v_j w_j = 0 contribute 0 (also where sigma' is infinite at u = 0).
+        """
+        (y,) = self._prep(y)
+        v, w, b, a, c = self._params(y.dtype, y.device)
+        ye = y.unsqueeze(-1)
+        out = a + c / y
+        for k, act in enumerate(ACTIVATIONS):
+            if not self._active[k]:
+                continue
+            vw = v[k] * w[k]
+            term = torch.where(vw != 0, vw * _dsigma(act, w[k] * ye + b[k]), 0.0)
+            out = out + term.sum(-1)
+        return out
+
+    def bregman(self, p: Tensor, q: Tensor) -> Tensor:
+        """D_h(p, q) = h(p) - h(q) - h'(q)(p - q), elementwise (broadcast), p, q floored at 1e-10.
+
+        GBMPO neural mirror regularizer (METHODS.md section 3.4):
+        sum_j v_j [H_j(p) - H_j(q) - sigma_j(w_j q + b_j)(p - q)] + (a/2)(p - q)^2
+        + c [p log(p/q) - p + q], evaluated as (p - q)^2 [sum_j v_j w_j K_j + a/2 + c K_gkl]
+        with every K >= 0 (see the module docstring), so the result is >= 0 and 0 at p = q.
+        Vectorised over the 21 units of each activation block. Gradients are analytic (a custom
+        autograd function, nothing but p and q is saved): d D / d p = h'(p) - h'(q) and
+        d D / d q = -h''(q) (p - q).
+        """
+        p, q = self._prep(p, q)
+        p, q = torch.broadcast_tensors(p, q)
+        if torch.is_grad_enabled() and (p.requires_grad or q.requires_grad):
+            out: Tensor = _MirrorBregman.apply(self, p, q)
+            return out
+        return self._bregman_value(p, q)
+
+    def _bregman_value(self, p: Tensor, q: Tensor) -> Tensor:
+        """D_h on floored, broadcast, same-dtype p and q (no autograd bookkeeping needed)."""
+        v, w, b, a, c = self._params(p.dtype, p.device)
+        pe, qe = p.unsqueeze(-1), q.unsqueeze(-1)
+        diff = pe - qe
+        k_total = torch.zeros_like(p) + 0.5 * a
+        for k, act in enumerate(ACTIVATIONS):
+            if not self._active[k]:
+                continue
+            uq = w[k] * qe + b[k]
+            up = w[k] * pe + b[k]
+            curv = _CURV[act](up, uq, w[k] * diff)
+            k_total = k_total + (v[k] * w[k] * curv).sum(-1)
+        if self.c != 0.0:
+            k_total = k_total + c * _gkl_over_sq(p, q)
+        return (p - q).square() * k_total
+
+
+class _MirrorBregman(torch.autograd.Function):
+    """D_h(p, q) with the analytic gradients h'(p) - h'(q) (in p) and -h''(q)(p - q) (in q)."""
+
+    @staticmethod
+    def forward(ctx: Any, mirror: NeuralMirrorMap, p: Tensor, q: Tensor) -> Tensor:
+        ctx.mirror = mirror
+        ctx.save_for_backward(p, q)
+        return mirror._bregman_value(p, q)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor | None, Tensor | None]:
+        p, q = ctx.saved_tensors
+        m: NeuralMirrorMap = ctx.mirror
+        grad_p = grad_q = None
+        if ctx.needs_input_grad[1]:
+            grad_p = grad * (m.derivative(p) - m.derivative(q))
+        if ctx.needs_input_grad[2]:
+            grad_q = -grad * m.second_derivative(q) * (p - q)
+        return None, grad_p, grad_q
+
+
+def _locate(i: int) -> tuple[str, int]:
+    """Block name and index inside the block for position i of the 380-vector."""
+    if i < 3 * N_UNITS:
+        return _BLOCKS[i // N_UNITS], i % N_UNITS
+    return ("a", 0) if i == 3 * N_UNITS else ("c", 0)
+
+
+def _check_vector(vec: Tensor) -> None:
+    bad_finite = ~torch.isfinite(vec)
+    if bad_finite.any():
+        i = int(bad_finite.nonzero()[0])
+        block, idx = _locate(i)
+        raise ValueError(
+            f"neural mirror map parameter {block}[{idx}] is not finite ({float(vec[i])!r})"
+        )
+    neg = vec < 0
+    if neg.any():
+        i = int(neg.nonzero()[0])
+        block, idx = _locate(i)
+        where = f"{block}[{idx}]" if block in _BLOCKS else block
+        raise ValueError(
+            f"neural mirror map parameter {where} (block {block!r}, index {idx}) is negative "
+            f"({float(vec[i]):.6g}); negative entries in total: {int(neg.sum())}. "
+            "v, w, b, a, c must all be >= 0 for a convex potential (a negative entry "
+            "can make the Bregman divergence negative). Use NeuralMirrorMap.from_unconstrained("
+            "theta) to project an unconstrained vector onto the feasible set explicitly."
+        )
+
+
+def as_mirror_map(mirror: NeuralMirrorMap | str | os.PathLike[str] | None) -> NeuralMirrorMap:
+    """Resolve a ``mirror`` option: a map is returned as is, a path is loaded with
+    :meth:`NeuralMirrorMap.load`, and None gives ``NeuralMirrorMap.random(scale=0.01, seed=42)``
+    (the NM-GRPO default init)."""
+    if mirror is None:
+        return NeuralMirrorMap.random(scale=0.01, seed=42)
+    if isinstance(mirror, NeuralMirrorMap):
+        return mirror
+    if isinstance(mirror, (str, os.PathLike)):
+        return NeuralMirrorMap.load(mirror)
+    raise TypeError(
+        "mirror must be a NeuralMirrorMap, a path to a saved map, or None; "
+        f"got {type(mirror).__name__}"
+    )

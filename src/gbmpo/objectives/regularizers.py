@@ -1,0 +1,359 @@
+"""Selected-token regularizers: per-token divergence values on the sampled token's log-probs.
+
+Every regularizer is built by name with :func:`get_regularizer` and is a callable
+
+    reg(logp, ref_logp, old_logp=None, mask=None) -> Tensor[B, T]
+
+returning per-token values (the caller multiplies by its coefficient and aggregates). Inputs are
+log-probabilities of the *sampled* token under the policy (``logp``, with grad), the anchor
+(``ref_logp``: the frozen reference, or, RPG-style, the rollout policy; the caller's choice) and
+optionally the rollout policy (``old_logp``). Math is float32 whatever the input dtype (float64
+stays float64). ``mask`` ({0,1} or bool, same shape) zeroes padded positions; their inputs are
+replaced by 0 before computing so that garbage there cannot produce NaN values or gradients.
+
+Notation: l = logp, r = ref_logp, o = old_logp, p = exp(l), q = exp(r), rho = q / p,
+w = exp(l - r) (RPG, anchor r). "d/dl" is the derivative of the per-token value with respect to
+the policy log-prob (the gradient weight on grad log pi_theta).
+
+==================  ==============================================  ========  ===============
+name                value                                           d/dl      source
+==================  ==============================================  ========  ===============
+``none``            0                                               0
+``kl_k1``           l - r                                           1         Schulman 2020
+``kl_k2``           (l - r)^2 / 2                                   l - r     Schulman 2020
+``kl_k3``           rho - 1 - log rho                               1 - rho   Schulman; TRL
+``kl_k3_is``        w_o (rho - 1 - log rho), w_o = exp(l - o)       see fn    RPG 2505.17508
+``prob_l2``         (p - q)^2                                       2(p-q)p   GBMPO 2602.04380
+``log_l2``          (l - r)^2                                       2(l - r)  GBMPO code (L2)
+``neural_mirror``   D_h(p, q) of a NeuralMirrorMap                  (h'(p)-h'(q))p  GBMPO
+``rpg_fkl``         -log w                                          -1        RPG Table 1
+``rpg_rkl``         w log w                                         w(log w+1)  RPG Table 1
+``rpg_ufkl``        w - log w - 1                                   w - 1     RPG Table 4
+``rpg_urkl``        w (log w - 1) + 1                               w log w   RPG Table 4
+==================  ==============================================  ========  ===============
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
+from gbmpo.objectives.potentials import build_from_registry
+from gbmpo.registry import Registry
+
+__all__ = [
+    "REGULARIZERS",
+    "Regularizer",
+    "get_regularizer",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_k3_is",
+    "log_l2",
+    "mirror_bregman",
+    "prob_l2",
+    "rpg_fkl",
+    "rpg_rkl",
+    "rpg_ufkl",
+    "rpg_urkl",
+]
+
+
+# --- the formulas (pure functions on float tensors of equal shape) ----------------------------
+
+
+def _clamp(x: Tensor, clamp: float | None) -> Tensor:
+    return x if clamp is None else x.clamp(-clamp, clamp)
+
+
+def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k1 = log p - log q (Schulman 2020, "Approximating KL divergence"; verl ``kl``).
+
+    Unbiased estimator of KL(pi_theta || pi_ref) on samples of pi_theta, can be negative;
+    d/dlogp = 1 (so as a loss term its expected gradient on-policy is 0; METHODS.md 3.1).
+    """
+    return logp - ref_logp
+
+
+def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """k2 = (log p - log q)^2 / 2 (Schulman 2020; verl ``mse``). d/dlogp = log p - log q."""
+    return 0.5 * (logp - ref_logp).square()
+
+
+def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
+    """k3 = rho - 1 - log rho with rho = q / p = exp(log q - log p) (Schulman 2020).
+
+    TRL's GRPO ``per_token_kl`` and verl's ``low_var_kl`` (METHODS.md 3.1; the GBMPO "KL"
+    baseline). d/dlogp = 1 - rho. Computed as expm1(log rho) - log rho. ``clamp=c`` clips the
+    value to [-c, c]: verl uses c = 10 (and also clips log rho to [-20, 20] before exp, which
+    only matters when the value is clipped anyway); TRL does not clamp (default None).
+    """
+    log_rho = ref_logp - logp
+    return _clamp(torch.expm1(log_rho) - log_rho, clamp)
+
+
+def kl_k3_is(
+    logp: Tensor, ref_logp: Tensor, old_logp: Tensor | None = None, clamp: float | None = None
+) -> Tensor:
+    """Importance-corrected k3: w_o * k3(l, r) with w_o = exp(logp - old_logp) (not detached).
+
+    RPG (arXiv 2505.17508, section 3 / METHODS.md 3.1): on tokens sampled from pi_old, the
+    off-policy-correct estimate of KL(pi_theta || pi_ref) is E_old[w_o k3]; the same as TRL's
+    ``use_bias_correction_kl`` (DeepSeek-V3.2). d/dlogp = w_o (k3 + 1 - rho).
+    With ``old_logp=None`` the tokens are taken as on-policy: w_o = exp(l - SG(l)), which has
+    value 1 but carries the score-function gradient, giving d/dlogp = k3 + 1 - rho, whose
+    expectation under pi_theta is the exact reverse-KL gradient. ``clamp`` clips k3 as in
+    :func:`kl_k3` before weighting.
+    """
+    anchor = logp.detach() if old_logp is None else old_logp
+    return torch.exp(logp - anchor) * kl_k3(logp, ref_logp, clamp)
+
+
+def prob_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """ProbL2: (p - q)^2 with p = exp(logp), q = exp(ref_logp) (GBMPO, arXiv 2602.04380).
+
+    The Bregman divergence of h(y) = y^2 on the sampled token (METHODS.md 3.3(b));
+    d/dlogp = 2 (p - q) p. The authors' code floors p and q at 1e-10; that is only needed for
+    logarithms, so no floor is applied here (the value changes by < 1e-20 and a floor would cut
+    the gradient of tokens with p < 1e-10).
+    """
+    return (torch.exp(logp) - torch.exp(ref_logp)).square()
+
+
+def log_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """(log p - log q)^2: GBMPO code's ``L2GRPOTrainer`` (superseded by ProbL2; = 2 k2).
+
+    d/dlogp = 2 (log p - log q). (METHODS.md 3.3(b).)
+    """
+    return (logp - ref_logp).square()
+
+
+def mirror_bregman(logp: Tensor, ref_logp: Tensor, mirror: NeuralMirrorMap) -> Tensor:
+    """D_h(p, q) for a neural mirror map h, p = exp(logp), q = exp(ref_logp) floored at 1e-10.
+
+    GBMPO NM-GRPO (arXiv 2602.04380; METHODS.md 3.4). d/dlogp = (h'(p) - h'(q)) p.
+    """
+    return mirror.bregman(torch.exp(logp), torch.exp(ref_logp))
+
+
+def rpg_fkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
+    """-log w, w = exp(logp - anchor_logp): RPG FKL, KL(pi_anchor || pi_theta) (arXiv 2505.17508).
+
+    Fully differentiable KL part of RPG Table 1 (code ``kl_loss_type=rpg_fkl``, METHODS.md 3.2);
+    d/dlogp = -1. The RPG code does not clamp this one.
+    """
+    return _clamp(anchor_logp - logp, clamp)
+
+
+def rpg_rkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
+    """w log w: RPG RKL, KL(pi_theta || pi_anchor) (arXiv 2505.17508 Table 1; code ``rpg_rkl``).
+
+    d/dlogp = w (log w + 1). The RPG code clamps the value to [-10, 10] (``clamp=10``).
+    """
+    log_w = logp - anchor_logp
+    return _clamp(torch.exp(log_w) * log_w, clamp)
+
+
+def rpg_ufkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
+    """w - log w - 1: RPG UFKL, UKL(pi_anchor || pi_theta) (arXiv 2505.17508 Table 4).
+
+    d/dlogp = w - 1. Computed as expm1(log w) - log w (>= 0). RPG code clamps to [-10, 10].
+    """
+    log_w = logp - anchor_logp
+    return _clamp(torch.expm1(log_w) - log_w, clamp)
+
+
+def rpg_urkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
+    """w (log w - 1) + 1: RPG URKL, UKL(pi_theta || pi_anchor) (arXiv 2505.17508 Table 4).
+
+    Same gradient as the paper's w log w - w, shifted to be >= 0: d/dlogp = w log w.
+    RPG code clamps to [-10, 10].
+    """
+    log_w = logp - anchor_logp
+    return _clamp(torch.exp(log_w) * (log_w - 1.0) + 1.0, clamp)
+
+
+# --- the callable wrapper ---------------------------------------------------------------------
+
+Formula = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+
+
+class Regularizer:
+    """A named per-token regularizer: ``reg(logp, ref_logp, old_logp=None, mask=None) -> [B, T]``.
+
+    Attributes: ``name``; ``needs_ref`` (the caller must pass ``ref_logp``; False for ``none``
+    and for RPG forms with ``anchor="old"``, so the trainer can skip the reference forward);
+    ``needs_old`` (``old_logp`` is required); ``params`` (the construction parameters).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        formula: Formula,
+        *,
+        needs_ref: bool = True,
+        needs_old: bool = False,
+        anchor: str = "ref",
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.name = name
+        self._formula = formula
+        self.needs_ref = needs_ref
+        self.needs_old = needs_old
+        self.anchor = anchor
+        self.params = dict(params or {})
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
+        return f"Regularizer({self.name!r}{', ' if args else ''}{args})"
+
+    def __call__(
+        self,
+        logp: Tensor,
+        ref_logp: Tensor | None = None,
+        old_logp: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
+        if self.anchor == "none":
+            return torch.zeros(logp.shape, dtype=dtype, device=logp.device)
+        if self.needs_ref and ref_logp is None:
+            raise ValueError(f"regularizer {self.name!r} needs ref_logp (got None)")
+        if self.needs_old and old_logp is None:
+            raise ValueError(
+                f"regularizer {self.name!r} with anchor={self.anchor!r} needs old_logp (got None)"
+            )
+        anchor = old_logp if self.anchor == "old" else ref_logp
+        assert anchor is not None
+        tensors = {"ref_logp" if self.anchor == "ref" else "old_logp": anchor}
+        if old_logp is not None:
+            tensors["old_logp"] = old_logp
+        if mask is not None:
+            tensors["mask"] = mask
+        for key, t in tensors.items():
+            if t.shape != logp.shape:
+                raise ValueError(
+                    f"regularizer {self.name!r}: {key} has shape {tuple(t.shape)} but logp has "
+                    f"shape {tuple(logp.shape)}"
+                )
+        lp = logp.to(dtype)
+        an = anchor.to(dtype)
+        old = None if old_logp is None else old_logp.to(dtype)
+        keep = None
+        if mask is not None:
+            keep = mask.to(torch.bool)
+            lp = torch.where(keep, lp, 0.0)
+            an = torch.where(keep, an, 0.0)
+            old = None if old is None else torch.where(keep, old, 0.0)
+        out = self._formula(lp, an, old)
+        if keep is not None:
+            out = torch.where(keep, out, 0.0)
+        return out
+
+
+REGULARIZERS: Registry[Callable[..., Regularizer]] = Registry("regularizer")
+
+
+def _check_clamp(name: str, clamp: float | None) -> float | None:
+    if clamp is None:
+        return None
+    if isinstance(clamp, bool) or not isinstance(clamp, (int, float)):
+        raise TypeError(f"regularizer {name!r}: clamp must be a number or None, got {clamp!r}")
+    if not (math.isfinite(clamp) and clamp > 0):
+        raise ValueError(f"regularizer {name!r}: clamp must be finite and > 0, got {clamp!r}")
+    return float(clamp)
+
+
+@REGULARIZERS.register("none")
+def _make_none() -> Regularizer:
+    return Regularizer("none", lambda l, r, o: torch.zeros_like(l), needs_ref=False, anchor="none")
+
+
+@REGULARIZERS.register("kl_k1")
+def _make_k1() -> Regularizer:
+    return Regularizer("kl_k1", lambda l, r, o: kl_k1(l, r))
+
+
+@REGULARIZERS.register("kl_k2")
+def _make_k2() -> Regularizer:
+    return Regularizer("kl_k2", lambda l, r, o: kl_k2(l, r))
+
+
+@REGULARIZERS.register("kl_k3")
+def _make_k3(clamp: float | None = None) -> Regularizer:
+    c = _check_clamp("kl_k3", clamp)
+    return Regularizer("kl_k3", lambda l, r, o: kl_k3(l, r, c), params={"clamp": c})
+
+
+@REGULARIZERS.register("kl_k3_is")
+def _make_k3_is(clamp: float | None = None) -> Regularizer:
+    c = _check_clamp("kl_k3_is", clamp)
+    return Regularizer("kl_k3_is", lambda l, r, o: kl_k3_is(l, r, o, c), params={"clamp": c})
+
+
+@REGULARIZERS.register("prob_l2")
+def _make_prob_l2() -> Regularizer:
+    return Regularizer("prob_l2", lambda l, r, o: prob_l2(l, r))
+
+
+@REGULARIZERS.register("log_l2")
+def _make_log_l2() -> Regularizer:
+    return Regularizer("log_l2", lambda l, r, o: log_l2(l, r))
+
+
+@REGULARIZERS.register("neural_mirror")
+def _make_neural_mirror(
+    mirror: NeuralMirrorMap | str | os.PathLike[str] | None = None,
+) -> Regularizer:
+    m = as_mirror_map(mirror)
+    return Regularizer(
+        "neural_mirror", lambda l, r, o: mirror_bregman(l, r, m), params={"mirror": m}
+    )
+
+
+def _rpg_factory(name: str, fn: Callable[..., Tensor]) -> Callable[..., Regularizer]:
+    def make(clamp: float | None = None, anchor: str = "ref") -> Regularizer:
+        c = _check_clamp(name, clamp)
+        if anchor not in ("ref", "old"):
+            raise ValueError(f"regularizer {name!r}: anchor must be 'ref' or 'old', got {anchor!r}")
+        return Regularizer(
+            name,
+            lambda l, r, o: fn(l, r, c),
+            needs_ref=anchor == "ref",
+            needs_old=anchor == "old",
+            anchor=anchor,
+            params={"clamp": c, "anchor": anchor},
+        )
+
+    make.__doc__ = (
+        f"{name}: {fn.__doc__}\n``anchor='ref'`` (default) uses ref_logp as the anchor (pass the "
+        "rollout log-probs there for RPG's iterative reference, or a frozen reference); "
+        "``anchor='old'`` uses old_logp and makes needs_ref False. ``clamp`` clips the value."
+    )
+    return make
+
+
+for _name, _fn in (
+    ("rpg_fkl", rpg_fkl),
+    ("rpg_rkl", rpg_rkl),
+    ("rpg_ufkl", rpg_ufkl),
+    ("rpg_urkl", rpg_urkl),
+):
+    REGULARIZERS.register(_name, _rpg_factory(_name, _fn))
+
+
+def get_regularizer(name: str, **params: Any) -> Regularizer:
+    """Build the regularizer registered as ``name`` with ``params`` (see :data:`REGULARIZERS`).
+
+    Parameters: ``kl_k3``/``kl_k3_is``: ``clamp``; ``neural_mirror``: ``mirror`` (a
+    NeuralMirrorMap, a path to a saved map, or None for ``NeuralMirrorMap.random(0.01, 42)``);
+    ``rpg_*``: ``clamp``, ``anchor`` ('ref' | 'old'). An unknown name raises UnknownNameError
+    listing the valid names; an unknown parameter raises TypeError naming it.
+    """
+    return build_from_registry(REGULARIZERS, name, params)

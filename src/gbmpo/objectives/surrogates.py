@@ -1,0 +1,638 @@
+r"""Policy-gradient surrogates: per-token losses built from the importance ratio.
+
+A surrogate is a callable ``(logp, old_logp, advantages, mask) -> (loss [B, T], diagnostics)``:
+
+* ``logp`` ``[B, T]``: log-probs of the sampled tokens under the policy being trained (with grad);
+* ``old_logp`` ``[B, T]``: the same under the behaviour policy that sampled them (treated as a
+  constant, detached here);
+* ``advantages``: ``[B]`` (one per completion, broadcast to its tokens) or ``[B, T]``;
+  treated as constants;
+* ``mask`` ``[B, T]``: {0, 1} float or bool completion mask.
+
+The loss is 0 at masked positions (and gives no gradient there); aggregation over tokens is a
+separate step (:mod:`gbmpo.objectives.aggregate`). Math runs in float32 whatever the input dtype
+(float64 inputs stay float64, for gradient checks). The token log-ratio is clamped to
+``[-20, 20]`` before ``exp`` (as verl does) so the ratio stays finite.
+
+Diagnostics are detached 0-dim tensors, masked means over valid tokens (0 on an empty mask):
+``clip_frac_low`` / ``clip_frac_high`` (tokens whose gradient the lower / upper clip removes),
+``clip_frac_dual`` (tokens capped by the dual clip), ``ratio_mean``, ``ratio_min``, ``ratio_max``.
+
+Names (registry :data:`SURROGATES`, built by :func:`get_surrogate`): ``clip``, ``gspo``, ``atr``,
+``rpg_clip``, ``rpg_reinforce``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from scipy.special import lambertw
+from torch import Tensor
+
+from gbmpo.registry import Registry
+
+__all__ = [
+    "RPG_VARIANTS",
+    "SURROGATES",
+    "ATRSurrogate",
+    "ClipSurrogate",
+    "GSPOSurrogate",
+    "RPGClipSurrogate",
+    "RPGReinforceSurrogate",
+    "Surrogate",
+    "atr_bounds",
+    "get_surrogate",
+    "ppo_clip_loss",
+    "rpg_kl_component",
+    "rpg_regularized_advantage",
+    "rpg_reinforce_loss",
+    "sequence_log_ratio",
+]
+
+#: ``(logp, old_logp, advantages, mask) -> (per-token loss [B, T], diagnostics)``.
+Surrogate = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
+
+#: Registry of surrogate classes; instantiate through :func:`get_surrogate`.
+SURROGATES: Registry[type] = Registry("surrogate")
+
+#: KL variants of RPG (arXiv 2505.17508, Tables 1, 2, 4).
+RPG_VARIANTS: tuple[str, ...] = ("fkl", "rkl", "ufkl", "urkl")
+
+_LOG_RATIO_CLAMP = 20.0
+
+
+# --------------------------------------------------------------------------------------------
+# Pure formula functions
+# --------------------------------------------------------------------------------------------
+
+
+def ppo_clip_loss(
+    ratio: Tensor,
+    adv: Tensor,
+    low: float,
+    high: float,
+    dual_clip_c: float | None = None,
+    ratio_cap: float | None = None,
+) -> Tensor:
+    r"""Clipped surrogate loss per token (PPO, Schulman et al. 2017; DAPO clip-higher).
+
+    .. math::
+        \ell = -\min\big(\tilde w A,\ \mathrm{clip}(w, l, h) A\big),\qquad
+        \tilde w = \min(w, \delta_{\text{cap}})\ \text{(TRL ``delta``, if given)},
+
+    and with dual clip (Ye et al. 2020, as in verl and RPG): for :math:`A < 0`,
+    :math:`\ell \leftarrow \min(\ell, -cA)`. With :math:`l = 1-\varepsilon_{\text{low}}`,
+    :math:`h = 1+\varepsilon_{\text{high}}` this is METHODS.md §2.2. Gradient:
+    :math:`-A\,w\,\nabla\log\pi_\theta` inside the trust region, 0 where the clip binds in the
+    direction the advantage pushes, and 0 where the dual cap binds.
+    """
+    unclipped = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
+    clipped = ratio.clamp(low, high)
+    loss = -torch.minimum(unclipped * adv, clipped * adv)
+    if dual_clip_c is not None:
+        loss = torch.where(adv < 0, torch.minimum(loss, -dual_clip_c * adv), loss)
+    return loss
+
+
+def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
+    r"""GSPO sequence log-ratio (Zheng et al. 2025, arXiv 2507.18071; TRL
+    ``importance_sampling_level="sequence"``), shape ``[B, 1]``:
+
+    .. math::
+        \log s_i = \frac{1}{|o_i|}\sum_t m_{i,t}\,(\log\pi_\theta - \log\pi_{\text{old}})_{i,t}
+
+    with :math:`|o_i| = \max(1, \sum_t m_{i,t})`. Its gradient is
+    :math:`\nabla \log s_i = \frac{1}{|o_i|}\sum_t m_{i,t}\nabla\log\pi_\theta(o_{i,t})`.
+    """
+    m = mask.to(log_ratio.dtype)
+    return (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def atr_bounds(delta: float) -> tuple[float, float]:
+    r"""ATR-GRPO ratio bounds: the interval where :math:`\mathrm{KL3}(w) = w - 1 - \log w \le
+    \delta` (UCF, arXiv 2602.05494 §KL3 clipping; METHODS.md §4):
+
+    .. math::
+        l_\delta = -W_0(z),\quad u_\delta = -W_{-1}(z),\quad z = -e^{-(1+\delta)},
+
+    with :math:`W_0, W_{-1}` the two real branches of Lambert W (``scipy.special.lambertw``).
+    E.g. ``atr_bounds(0.02) == (0.8131..., 1.2135...)``.
+    """
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)):
+        raise TypeError(f"delta must be a number, got {type(delta).__name__}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise ValueError(f"ATR delta must be finite and > 0, got {delta!r}")
+    z = -math.exp(-(1.0 + float(delta)))
+    w0 = complex(lambertw(z, 0))
+    wm1 = complex(lambertw(z, -1))
+    low, high = -w0.real, -wm1.real
+    if not (0.0 < low < 1.0 < high) or abs(w0.imag) > 1e-9 or abs(wm1.imag) > 1e-9:
+        raise ValueError(f"Lambert W gave no real interval for delta={delta!r}: ({low}, {high})")
+    return low, high
+
+
+def rpg_regularized_advantage(adv: Tensor, log_w: Tensor, variant: str, beta: float) -> Tensor:
+    r"""RPG regularized advantage for clipping (arXiv 2505.17508 App. G.2), a constant:
+
+    * ``urkl``: :math:`\hat A = A - \beta\log w`;
+    * ``rkl``: :math:`\hat A = A - \beta(\log w + 1)`;
+    * ``fkl``, ``ufkl``, ``none``: :math:`\hat A = A` (the FKL weights do not factor as
+      :math:`w\times(\cdot)`; add their KL through a regularizer instead).
+
+    With :math:`\hat A` detached, :math:`\nabla(-w\hat A) = -w\hat A\nabla\log\pi_\theta`, the
+    Table 1 gradient weight of URKL / RKL.
+    """
+    log_w = log_w.detach()
+    if variant == "urkl":
+        return adv - beta * log_w
+    if variant == "rkl":
+        return adv - beta * (log_w + 1.0)
+    if variant in ("fkl", "ufkl", "none"):
+        return adv
+    raise ValueError(f"unknown RPG variant {variant!r}; valid: none, {', '.join(RPG_VARIANTS)}")
+
+
+def rpg_kl_component(w_bar: Tensor, variant: str, beta: float) -> Tensor:
+    r"""RPG KL component :math:`C_{KL}` of the REINFORCE weight :math:`wA + C_{KL}`
+    (arXiv 2505.17508 Table 2 / App. F; the authors' ``compute_policy_loss_reinforce``), from the
+    clipped ratio :math:`\bar w = \mathrm{clip}(w, 1-\epsilon_1, 1+\epsilon_2)`:
+
+    * ``fkl``: :math:`+\beta`;
+    * ``ufkl``: :math:`\beta(1-\bar w)`;
+    * ``rkl``: :math:`-\beta\bar w(\log\bar w + 1)`;
+    * ``urkl``: :math:`-\beta\bar w\log\bar w`.
+    """
+    w_bar = w_bar.detach()
+    if variant == "fkl":
+        return torch.full_like(w_bar, beta)
+    if variant == "ufkl":
+        return beta * (1.0 - w_bar)
+    if variant == "rkl":
+        return -beta * w_bar * (torch.log(w_bar) + 1.0)
+    if variant == "urkl":
+        return -beta * w_bar * torch.log(w_bar)
+    raise ValueError(f"unknown RPG variant {variant!r}; valid: {', '.join(RPG_VARIANTS)}")
+
+
+def rpg_reinforce_loss(
+    logp: Tensor,
+    ratio: Tensor,
+    adv: Tensor,
+    c_kl: Tensor,
+    low: float,
+    high: float,
+    c: float | None,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""RPG-REINFORCE with RPG-Style Clip, per token (arXiv 2505.17508 Algorithm 2, §3.3).
+
+    With :math:`\ell = -\log\pi_\theta` (carries the gradient), :math:`A_R` the baseline-subtracted
+    advantage, :math:`w` the ratio, :math:`C_{KL}` from :func:`rpg_kl_component` (all of them
+    except :math:`\ell` stop-gradient), the effective advantage is
+    :math:`A' = A_R + C_{KL}/w` and :math:`\psi = A'\ell` (same sign as :math:`A'`, as
+    :math:`\ell > 0`). Branches, evaluated in this order:
+
+    1. :math:`A' \ge 0`, :math:`w < h = 1+\epsilon_2`: :math:`L = \psi w = (wA_R + C_{KL})\ell`
+       (active).
+    2. :math:`A' \ge 0`, :math:`w \ge h`: :math:`L = (hA_R + C_{KL})\,\mathrm{SG}(\ell)`
+       (constant, no gradient).
+    3. :math:`A' < 0`, :math:`w \le l = 1-\epsilon_1`: :math:`L = (lA_R + C_{KL})\,
+       \mathrm{SG}(\ell)` (constant).
+    4. :math:`A' < 0`, :math:`l < w < c`: :math:`L = (wA_R + C_{KL})\ell` (active).
+    5. :math:`A' < 0`, :math:`w \ge c`: :math:`L = (cA_R + C_{KL})\,\mathrm{SG}(\ell)`
+       (constant; dual clip, skipped when ``c`` is None).
+
+    The value is continuous in :math:`w`. In the active region
+    :math:`\nabla L = -(wA_R + C_{KL})\nabla\log\pi_\theta`, the REINFORCE weight of Table 2,
+    whose expectation equals the gradient of the fully differentiable Table 1 loss (Prop. 4.1).
+    The sign test uses :math:`wA_R + C_{KL}` (= :math:`wA'`, :math:`w>0`), which avoids the
+    division. Unlike the authors' unused ``clip_ppo`` code path, the branch is on :math:`A'`,
+    not on :math:`A_R` (paper form).
+
+    Returns ``(loss, clipped_low, clipped_high, clipped_dual)`` (the last three are bool masks).
+    """
+    w = ratio.detach()
+    adv = adv.detach()
+    c_kl = c_kl.detach()
+    ell = -logp
+    weight = w * adv + c_kl
+    pos = weight >= 0
+    hit_high = pos & (w >= high)
+    hit_low = ~pos & (w <= low)
+    hit_dual = ~pos & ~hit_low & (w >= c) if c is not None else torch.zeros_like(pos)
+    w_const = torch.where(pos, torch.full_like(w, high), torch.full_like(w, low))
+    if c is not None:
+        w_const = torch.where(hit_dual, torch.full_like(w, c), w_const)
+    const = (w_const * adv + c_kl) * ell.detach()
+    active = ~(hit_high | hit_low | hit_dual)
+    loss = torch.where(active, weight * ell, const)
+    return loss, hit_low, hit_high, hit_dual
+
+
+# --------------------------------------------------------------------------------------------
+# Shared plumbing
+# --------------------------------------------------------------------------------------------
+
+
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
+    if mask.dtype != torch.bool:
+        if not ((mask == 0) | (mask == 1)).all():
+            raise ValueError("mask must contain only 0 and 1")
+        mask = mask != 0
+    return mask
+
+
+def _prepare(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Validate shapes; return (logp, log_ratio, adv [B, T], mask bool) in the compute dtype.
+
+    Masked positions get log-ratio 0 and advantage 0, so padding garbage never reaches the
+    loss or its gradient.
+    """
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    if tuple(old_logp.shape) != tuple(logp.shape):
+        raise ValueError(
+            f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
+        )
+    m = _check_mask(mask, logp.shape)
+    dt = _compute_dtype(logp)
+    lp = logp.to(dt)
+    zero = torch.zeros((), dtype=dt, device=lp.device)
+    lp = torch.where(m, lp, zero)
+    old = torch.where(m, old_logp.detach().to(dt), zero)
+    log_ratio = (lp - old).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    adv = advantages.detach().to(dt)
+    b, t = logp.shape
+    if adv.dim() == 1 and adv.shape[0] == b:
+        adv = adv.unsqueeze(-1).expand(b, t)
+    elif adv.dim() == 2 and adv.shape[0] == b and adv.shape[1] in (1, t):
+        adv = adv.expand(b, t)
+    else:
+        raise ValueError(
+            f"advantages must be [B]={b} or [B, T]=[{b}, {t}], got shape {tuple(adv.shape)}"
+        )
+    adv = torch.where(m, adv, zero)
+    return lp, log_ratio, adv, m
+
+
+def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
+    x = x.detach().to(torch.float32)
+    mf = m.to(torch.float32)
+    return (x * mf).sum() / mf.sum().clamp_min(1.0)
+
+
+def _diagnostics(
+    ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor | None
+) -> dict[str, Tensor]:
+    r = ratio.detach().to(torch.float32)
+    if bool(m.any()):
+        rmax = r[m].max()
+        rmin = r[m].min()
+    else:
+        rmax = rmin = torch.zeros((), dtype=torch.float32, device=r.device)
+    zero = torch.zeros((), dtype=torch.float32, device=r.device)
+    return {
+        "clip_frac_low": _masked_mean(low, m),
+        "clip_frac_high": _masked_mean(high, m),
+        "clip_frac_dual": _masked_mean(dual, m) if dual is not None else zero,
+        "ratio_mean": _masked_mean(r, m),
+        "ratio_min": rmin,
+        "ratio_max": rmax,
+    }
+
+
+def _clip_diagnostics(
+    ratio: Tensor,
+    adv: Tensor,
+    m: Tensor,
+    low: float,
+    high: float,
+    dual_clip_c: float | None,
+    ratio_cap: float | None,
+) -> dict[str, Tensor]:
+    r = ratio.detach()
+    hit_low = (r < low) & (adv < 0)
+    hit_high = (r > high) & (adv > 0)
+    dual = None
+    if dual_clip_c is not None:
+        ru = r if ratio_cap is None else r.clamp(max=ratio_cap)
+        dual = (adv < 0) & (ru > dual_clip_c)
+    return _diagnostics(r, m, hit_low, hit_high, dual)
+
+
+def _finite_number(cls: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{cls}: {name} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{cls}: {name} must be finite, got {value!r}")
+    return float(value)
+
+
+def _check_eps(cls: str, eps_low: Any, eps_high: Any) -> None:
+    lo = _finite_number(cls, "eps_low", eps_low)
+    hi = _finite_number(cls, "eps_high", eps_high)
+    if not 0.0 <= lo <= 1.0:
+        raise ValueError(f"{cls}: eps_low must be in [0, 1], got {lo}")
+    if hi < 0.0:
+        raise ValueError(f"{cls}: eps_high must be >= 0, got {hi}")
+
+
+def _check_dual(cls: str, name: str, c: Any) -> None:
+    if c is None:
+        return
+    if _finite_number(cls, name, c) <= 1.0:
+        raise ValueError(f"{cls}: dual-clip constant {name} must be > 1, got {c!r}")
+
+
+def _check_clip_params(cls: str, eps_low: Any, eps_high: Any, dual_clip_c: Any, delta: Any) -> None:
+    _check_eps(cls, eps_low, eps_high)
+    _check_dual(cls, "dual_clip_c", dual_clip_c)
+    if delta is not None:
+        d = _finite_number(cls, "delta", delta)
+        if d < 1.0 + float(eps_high):
+            raise ValueError(
+                f"{cls}: delta (cap on the unclipped ratio) must be >= 1 + eps_high = "
+                f"{1.0 + float(eps_high):g}, got {d}"
+            )
+
+
+def _check_variant(cls: str, variant: Any, allowed: tuple[str, ...]) -> None:
+    if variant not in allowed:
+        raise ValueError(f"{cls}: unknown variant {variant!r}; valid: {', '.join(allowed)}")
+
+
+def _check_beta(cls: str, beta: Any) -> None:
+    if _finite_number(cls, "beta", beta) < 0:
+        raise ValueError(f"{cls}: beta must be >= 0, got {beta!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# Registered surrogates
+# --------------------------------------------------------------------------------------------
+
+
+@SURROGATES.register("clip")
+@dataclass(frozen=True)
+class ClipSurrogate:
+    r"""Token-level ratio clip (PPO / GRPO; DAPO clip-higher, arXiv 2503.14476), optional dual
+    clip (Ye et al. 2020) and optional TRL ``delta`` cap (INTELLECT-2 two-sided clip).
+
+    :math:`\ell_{i,t} = -\min(\min(w,\delta)A_i,\ \mathrm{clip}(w, 1-\varepsilon_{\text{low}},
+    1+\varepsilon_{\text{high}})A_i)`, then :math:`\min(\ell, -cA_i)` for :math:`A_i<0`
+    (see :func:`ppo_clip_loss`; METHODS.md §2.2).
+
+    Args:
+        eps_low: lower clip range, ratio floor ``1 - eps_low``; in [0, 1].
+        eps_high: upper clip range (``None``: equal to ``eps_low``); >= 0. DAPO uses 0.28.
+        dual_clip_c: dual-clip constant ``c > 1`` (verl default 3; ``None``: off).
+        delta: cap on the unclipped ratio (TRL ``delta``); must be ``>= 1 + eps_high``.
+    """
+
+    eps_low: float = 0.2
+    eps_high: float | None = None
+    dual_clip_c: float | None = None
+    delta: float | None = None
+    name: ClassVar[str] = "clip"
+
+    def __post_init__(self) -> None:
+        if self.eps_high is None:
+            object.__setattr__(self, "eps_high", self.eps_low)
+        _check_clip_params("clip", self.eps_low, self.eps_high, self.dual_clip_c, self.delta)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return 1.0 - self.eps_low, 1.0 + float(self.eps_high)  # type: ignore[arg-type]
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        ratio = torch.exp(log_ratio)
+        low, high = self.bounds
+        loss = ppo_clip_loss(ratio, adv, low, high, self.dual_clip_c, self.delta)
+        loss = torch.where(m, loss, torch.zeros_like(loss))
+        diag = _clip_diagnostics(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
+        return loss, diag
+
+
+@SURROGATES.register("gspo")
+@dataclass(frozen=True)
+class GSPOSurrogate:
+    r"""GSPO: the clip of :class:`ClipSurrogate` applied to the sequence ratio
+    :math:`s_i = \exp(\frac{1}{|o_i|}\sum_t m_{i,t}\log w_{i,t})` (Zheng et al. 2025,
+    arXiv 2507.18071; TRL ``importance_sampling_level="sequence"``; METHODS.md §2.3),
+    broadcast to every token of completion ``i``.
+
+    Gradient form: the per-token loss is the same for every token of a sequence and each
+    token's log-prob receives :math:`\partial/\partial\log\pi_{i,t} = -A_i s_i/|o_i|` inside the
+    trust region (TRL's broadcast form; verl's "GSPO-token" stop-gradient form
+    :math:`\mathrm{SG}(s_i)\pi_{i,t}/\mathrm{SG}(\pi_{i,t})` has the same value and, with
+    per-sequence advantages and ``grpo`` aggregation, the same total gradient). Use ``grpo``
+    (sequence-mean of token-means) aggregation to get the GSPO objective
+    :math:`\frac1B\sum_i \min(s_iA_i, \mathrm{clip}(s_i)A_i)`; token-sum-based modes weight each
+    sequence by its length. Diagnostics are over tokens (the broadcast ratio).
+
+    Args:
+        eps_low, eps_high: clip ranges; defaults 3e-4 / 4e-4 as reported for GSPO (METHODS.md
+            §2.3, [I]); ``eps_high=None`` means equal to ``eps_low``.
+        dual_clip_c: dual clip on the sequence ratio (``None``: off).
+        delta: cap on the unclipped sequence ratio (TRL ``delta``).
+    """
+
+    eps_low: float = 3e-4
+    eps_high: float | None = 4e-4
+    dual_clip_c: float | None = None
+    delta: float | None = None
+    name: ClassVar[str] = "gspo"
+
+    def __post_init__(self) -> None:
+        if self.eps_high is None:
+            object.__setattr__(self, "eps_high", self.eps_low)
+        _check_clip_params("gspo", self.eps_low, self.eps_high, self.dual_clip_c, self.delta)
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        seq = sequence_log_ratio(log_ratio, m).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        ratio = torch.exp(seq).expand_as(log_ratio)
+        low, high = 1.0 - self.eps_low, 1.0 + float(self.eps_high)  # type: ignore[arg-type]
+        loss = ppo_clip_loss(ratio, adv, low, high, self.dual_clip_c, self.delta)
+        loss = torch.where(m, loss, torch.zeros_like(loss))
+        diag = _clip_diagnostics(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
+        return loss, diag
+
+
+@SURROGATES.register("atr")
+@dataclass(frozen=True)
+class ATRSurrogate:
+    r"""ATR-GRPO: the token clip with the KL3 trust-region bounds of :func:`atr_bounds`
+    (UCF, arXiv 2602.05494; METHODS.md §4):
+    :math:`\ell = -\min(wA, \mathrm{clip}(w, l_\delta, u_\delta)A)`, i.e. the ratio's gradient
+    is removed once :math:`w - 1 - \log w > \delta` in the direction the advantage pushes.
+
+    Args:
+        delta: KL3 radius ``> 0`` (required: the paper's value was not recovered; 0.0177 /
+            0.0231 / 0.0331 reproduce the PPO-0.2 upper / lower and DAPO-0.28 upper bound).
+        dual_clip_c: optional dual clip ``c > 1``.
+    """
+
+    delta: float
+    dual_clip_c: float | None = None
+    name: ClassVar[str] = "atr"
+
+    def __post_init__(self) -> None:
+        atr_bounds(self.delta)
+        _check_dual("atr", "dual_clip_c", self.dual_clip_c)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return atr_bounds(self.delta)
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        ratio = torch.exp(log_ratio)
+        low, high = self.bounds
+        loss = ppo_clip_loss(ratio, adv, low, high, self.dual_clip_c)
+        loss = torch.where(m, loss, torch.zeros_like(loss))
+        return loss, _clip_diagnostics(ratio, adv, m, low, high, self.dual_clip_c, None)
+
+
+@SURROGATES.register("rpg_clip")
+@dataclass(frozen=True)
+class RPGClipSurrogate:
+    r"""RPG-Style Clip (arXiv 2505.17508 §3.3; METHODS.md §3.2 :math:`L^{\text{RPG-Clip}}`):
+
+    .. math::
+        L = \begin{cases} \max(-w\hat A, -\mathrm{clip}(w, 1-\epsilon_1, 1+\epsilon_2)\hat A)
+        & \hat A \ge 0\\ \min(\max(-w\hat A, -\mathrm{clip}(w,\cdot)\hat A), -c\hat A)
+        & \hat A < 0\end{cases}
+
+    i.e. :func:`ppo_clip_loss` with dual clip applied to the regularized advantage
+    :math:`\hat A` of :func:`rpg_regularized_advantage` (``urkl``: :math:`A-\beta\log w`,
+    ``rkl``: :math:`A-\beta(\log w+1)`, detached). The KL anchor is :math:`\pi_{\text{old}}`
+    (RPG's iterative reference). Inside the trust region the gradient weight is
+    :math:`w\hat A`, RPG Table 1's URKL / RKL weight.
+
+    Args:
+        variant: ``none`` (plain :math:`A`), ``urkl`` or ``rkl``; ``fkl`` / ``ufkl`` also mean
+            :math:`\hat A = A` (App. G.2) and then require ``beta == 0``: add their KL with the
+            regularizer ``rpg_fkl`` / ``rpg_ufkl`` instead.
+        beta: KL coefficient ``>= 0`` (RPG paper: 1e-4).
+        eps_low, eps_high: :math:`\epsilon_1, \epsilon_2` (RPG: 0.2, 0.28).
+        c: dual-clip constant ``> 1`` (verl default 3; ``None``: off).
+    """
+
+    variant: str = "none"
+    beta: float = 0.0
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    c: float | None = 3.0
+    name: ClassVar[str] = "rpg_clip"
+
+    def __post_init__(self) -> None:
+        _check_variant("rpg_clip", self.variant, ("none", *RPG_VARIANTS))
+        _check_beta("rpg_clip", self.beta)
+        if self.variant in ("none", "fkl", "ufkl") and self.beta != 0:
+            raise ValueError(
+                f"rpg_clip: beta has no effect with variant {self.variant!r} (A_hat = A, RPG "
+                "App. G.2); set beta=0 and add the KL with a regularizer (e.g. 'rpg_ufkl' with "
+                "coef=beta), or use variant 'urkl' / 'rkl'"
+            )
+        _check_eps("rpg_clip", self.eps_low, self.eps_high)
+        _check_dual("rpg_clip", "c", self.c)
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        ratio = torch.exp(log_ratio)
+        a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
+        a_hat = torch.where(m, a_hat, torch.zeros_like(a_hat))
+        low, high = 1.0 - self.eps_low, 1.0 + self.eps_high
+        loss = ppo_clip_loss(ratio, a_hat, low, high, self.c)
+        loss = torch.where(m, loss, torch.zeros_like(loss))
+        return loss, _clip_diagnostics(ratio, a_hat, m, low, high, self.c, None)
+
+
+@SURROGATES.register("rpg_reinforce")
+@dataclass(frozen=True)
+class RPGReinforceSurrogate:
+    r"""RPG-REINFORCE with RPG-Style Clip (arXiv 2505.17508 Algorithm 2 and Table 2;
+    METHODS.md §3.2), token level; see :func:`rpg_reinforce_loss` for the five branches.
+
+    The REINFORCE weight is :math:`\mathrm{SG}(wA + C_{KL})` with :math:`C_{KL}` of
+    :func:`rpg_kl_component` computed from the clipped ratio :math:`\bar w`; the KL anchor is
+    :math:`\pi_{\text{old}}` (``old_logp``), RPG's iterative reference. Active-region gradient:
+    :math:`-(wA + C_{KL})\nabla\log\pi_\theta`. Implemented from the paper: the authors'
+    repository defines but never calls ``compute_policy_loss_reinforce`` (METHODS.md §7.14).
+    The loss value is a REINFORCE surrogate (weight times :math:`-\log\pi`), not an objective
+    estimate.
+
+    Args:
+        variant: ``fkl``, ``rkl``, ``ufkl`` or ``urkl`` (required).
+        beta: KL coefficient ``>= 0`` (RPG paper: 1e-4).
+        eps_low, eps_high: :math:`\epsilon_1, \epsilon_2` (RPG: 0.2, 0.28).
+        c: dual-clip constant ``> 1`` for :math:`A' < 0` (RPG REINFORCE scripts: 10;
+            ``None``: off).
+    """
+
+    variant: str
+    beta: float = 1e-4
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    c: float | None = 10.0
+    name: ClassVar[str] = "rpg_reinforce"
+
+    def __post_init__(self) -> None:
+        _check_variant("rpg_reinforce", self.variant, RPG_VARIANTS)
+        _check_beta("rpg_reinforce", self.beta)
+        _check_eps("rpg_reinforce", self.eps_low, self.eps_high)
+        _check_dual("rpg_reinforce", "c", self.c)
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lp, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        ratio = torch.exp(log_ratio)
+        low, high = 1.0 - self.eps_low, 1.0 + self.eps_high
+        w_bar = ratio.detach().clamp(low, high)
+        c_kl = rpg_kl_component(w_bar, self.variant, self.beta)
+        c_kl = torch.where(m, c_kl, torch.zeros_like(c_kl))
+        loss, hit_low, hit_high, hit_dual = rpg_reinforce_loss(
+            lp, ratio, adv, c_kl, low, high, self.c
+        )
+        loss = torch.where(m, loss, torch.zeros_like(loss))
+        diag = _diagnostics(ratio, m, hit_low, hit_high, hit_dual if self.c is not None else None)
+        return loss, diag
+
+
+def get_surrogate(name: str, **params: Any) -> Surrogate:
+    """Build the surrogate registered as ``name`` with ``params``.
+
+    Raises :class:`gbmpo.registry.UnknownNameError` (listing valid names) for an unknown name and
+    ``TypeError`` naming any parameter the surrogate does not take.
+    """
+    cls = SURROGATES.get(name)
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise TypeError(
+            f"surrogate {name!r} got unknown parameter(s) {', '.join(map(repr, unknown))}; "
+            f"valid parameters: {', '.join(fields)}"
+        )
+    return cls(**params)  # type: ignore[no-any-return]

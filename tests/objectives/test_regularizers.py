@@ -1,0 +1,258 @@
+"""Selected-token regularizers: values, analytic gradients (float64), masks, dtypes, registry."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gbmpo.objectives.mirror import NeuralMirrorMap
+from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
+from gbmpo.registry import UnknownNameError
+
+F64 = torch.float64
+T = torch.Tensor
+MIRROR = NeuralMirrorMap.random(scale=0.7, seed=3)  # large enough for a non-trivial gradient
+LOG_FLOOR = math.log(1e-10)
+
+
+def _inputs(seed: int = 0, shape: tuple[int, int] = (3, 6)) -> tuple[T, T, T]:
+    g = torch.Generator().manual_seed(seed)
+    logp = torch.rand(shape, generator=g, dtype=F64).clamp_min(1e-6).log()
+    ref = torch.rand(shape, generator=g, dtype=F64).clamp_min(1e-6).log()
+    old = (logp + 0.3 * torch.randn(shape, generator=g, dtype=F64)).clamp_max(0.0)
+    return logp, ref, old
+
+
+def _build(name: str) -> Regularizer:
+    if name == "neural_mirror":
+        return get_regularizer(name, mirror=MIRROR)
+    return get_regularizer(name)
+
+
+# name -> (independent value formula, analytic d value / d logp), with l, r, o = logp, ref, old
+Case = tuple[Callable[[T, T, T], T], Callable[[T, T, T], T]]
+
+
+def _k3(l: T, r: T) -> T:
+    return torch.exp(r - l) - (r - l) - 1  # TRL's per_token_kl
+
+
+CASES: dict[str, Case] = {
+    "none": (lambda l, r, o: torch.zeros_like(l), lambda l, r, o: torch.zeros_like(l)),
+    "kl_k1": (lambda l, r, o: l - r, lambda l, r, o: torch.ones_like(l)),
+    "kl_k2": (lambda l, r, o: 0.5 * (l - r) ** 2, lambda l, r, o: l - r),
+    "kl_k3": (lambda l, r, o: _k3(l, r), lambda l, r, o: 1 - torch.exp(r - l)),
+    "kl_k3_is": (
+        lambda l, r, o: torch.exp(l - o) * _k3(l, r),
+        lambda l, r, o: torch.exp(l - o) * (_k3(l, r) + 1 - torch.exp(r - l)),
+    ),
+    "prob_l2": (
+        lambda l, r, o: (l.exp() - r.exp()) ** 2,
+        lambda l, r, o: 2 * (l.exp() - r.exp()) * l.exp(),
+    ),
+    "log_l2": (lambda l, r, o: (l - r) ** 2, lambda l, r, o: 2 * (l - r)),
+    "neural_mirror": (
+        lambda l, r, o: MIRROR.potential(l.exp()) - MIRROR.potential(r.exp())
+        - MIRROR.derivative(r.exp()) * (l.exp() - r.exp()),
+        lambda l, r, o: (MIRROR.derivative(l.exp()) - MIRROR.derivative(r.exp())) * l.exp(),
+    ),
+    # RPG Table 1 / Table 4 (METHODS.md 3.2), w = exp(l - r)
+    "rpg_fkl": (lambda l, r, o: -(l - r), lambda l, r, o: -torch.ones_like(l)),
+    "rpg_rkl": (
+        lambda l, r, o: (l - r).exp() * (l - r),
+        lambda l, r, o: (l - r).exp() * ((l - r) + 1),
+    ),
+    "rpg_ufkl": (
+        lambda l, r, o: (l - r).exp() - (l - r) - 1,
+        lambda l, r, o: (l - r).exp() - 1,
+    ),
+    "rpg_urkl": (
+        lambda l, r, o: (l - r).exp() * ((l - r) - 1) + 1,
+        lambda l, r, o: (l - r).exp() * (l - r),
+    ),
+}
+
+
+def test_every_registered_regularizer_has_a_test_case() -> None:
+    assert set(CASES) == set(REGULARIZERS.names())
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_value_and_analytic_gradient_float64(name: str) -> None:
+    value_fn, grad_fn = CASES[name]
+    logp, ref, old = _inputs(seed=1)
+    lp = logp.clone().requires_grad_()
+    out = _build(name)(lp, ref, old)
+    assert out.dtype == F64 and out.shape == logp.shape
+    torch.testing.assert_close(out.detach(), value_fn(logp, ref, old), rtol=1e-10, atol=1e-12)
+    coef = 0.37
+    if out.requires_grad:
+        (grad,) = torch.autograd.grad(coef * out.sum(), lp)
+    else:
+        grad = torch.zeros_like(logp)
+    torch.testing.assert_close(grad, coef * grad_fn(logp, ref, old), rtol=1e-9, atol=1e-12)
+
+
+def test_k3_is_without_old_logp_is_on_policy() -> None:
+    # w = exp(l - SG(l)): value = k3, gradient = k3 + 1 - rho (exact reverse-KL score gradient)
+    logp, ref, _ = _inputs(seed=2)
+    lp = logp.clone().requires_grad_()
+    out = get_regularizer("kl_k3_is")(lp, ref)
+    torch.testing.assert_close(out.detach(), _k3(logp, ref), rtol=1e-12, atol=0)
+    (grad,) = torch.autograd.grad(out.sum(), lp)
+    torch.testing.assert_close(grad, _k3(logp, ref) + 1 - torch.exp(ref - logp))
+
+
+def test_mirror_special_cases_match_prob_l2_and_gkl() -> None:
+    logp, ref, _ = _inputs(seed=3)
+    nm = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(a=2.0))
+    assert torch.equal(nm(logp, ref), get_regularizer("prob_l2")(logp, ref))
+    gkl = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(c=1.0))(logp, ref)
+    p, q = logp.exp(), ref.exp()
+    torch.testing.assert_close(gkl, p * (logp - ref) - p + q, rtol=1e-9, atol=1e-15)
+
+
+def test_clamp_matches_verl_and_rpg_code() -> None:
+    logp = torch.tensor([[-8.0, -0.1, -0.5]], dtype=F64, requires_grad=True)
+    ref = torch.tensor([[-0.1, -8.0, -0.5]], dtype=F64)
+    k3 = get_regularizer("kl_k3", clamp=10.0)(logp, ref)
+    assert k3[0, 0].item() == 10.0  # exp(7.9) - 7.9 - 1 > 10
+    assert k3[0, 1].item() == pytest.approx(math.exp(-7.9) + 7.9 - 1)
+    (g,) = torch.autograd.grad(k3.sum(), logp)
+    assert g[0, 0].item() == 0.0 and g[0, 2].item() == 0.0
+    for name in ("rpg_rkl", "rpg_ufkl", "rpg_urkl", "rpg_fkl"):
+        v = get_regularizer(name, clamp=2.0)(logp.detach(), ref)
+        assert v.abs().max().item() <= 2.0
+        assert torch.equal(v, CASES[name][0](logp.detach(), ref, ref).clamp(-2.0, 2.0))
+    assert get_regularizer("kl_k3")(logp.detach(), ref)[0, 0].item() > 2000  # TRL: no clamp
+
+
+def test_rpg_anchor_old_uses_rollout_logprobs_and_skips_reference() -> None:
+    logp, _, old = _inputs(seed=4)
+    for name in ("rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl"):
+        reg = get_regularizer(name, anchor="old")
+        assert reg.needs_ref is False and reg.needs_old is True
+        assert torch.equal(reg(logp, None, old), get_regularizer(name)(logp, old))
+        with pytest.raises(ValueError, match="needs old_logp"):
+            reg(logp, logp)
+    with pytest.raises(ValueError, match="anchor"):
+        get_regularizer("rpg_ufkl", anchor="frozen")
+
+
+def test_needs_ref_and_names() -> None:
+    for name in REGULARIZERS.names():
+        reg = _build(name)
+        assert reg.name == name
+        assert reg.needs_ref is (name != "none")
+    logp, _, _ = _inputs()
+    assert torch.equal(get_regularizer("none")(logp, None), torch.zeros_like(logp))
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        get_regularizer("kl_k3")(logp, None)
+
+
+def test_mask_zeroes_values_and_gradients_even_with_garbage() -> None:
+    logp, ref, old = _inputs(seed=5)
+    mask = torch.ones_like(logp)
+    mask[:, -2:] = 0
+    logp = logp.clone()
+    logp[:, -2:] = float("-inf")  # padding garbage
+    ref = ref.clone()
+    ref[:, -1] = float("nan")
+    for name in REGULARIZERS.names():
+        lp = logp.clone().requires_grad_()
+        out = _build(name)(lp, ref, old, mask)
+        assert torch.isfinite(out).all(), name
+        assert (out[:, -2:] == 0).all(), name
+        if out.requires_grad:
+            (g,) = torch.autograd.grad(out.sum(), lp)
+            assert torch.isfinite(g).all() and (g[:, -2:] == 0).all(), name
+        torch.testing.assert_close(out[:, :-2], _build(name)(logp[:, :-2], ref[:, :-2],
+                                                             old[:, :-2]))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_low_precision_inputs_finite_float32(dtype: torch.dtype) -> None:
+    logp = torch.linspace(LOG_FLOOR, 0.0, 40).reshape(4, 10)
+    ref = logp.flip(-1)
+    old = logp.roll(3, -1)
+    for name in REGULARIZERS.names():
+        lp = logp.to(dtype).requires_grad_()
+        out = _build(name)(lp, ref.to(dtype), old.to(dtype))
+        assert out.dtype == torch.float32 and torch.isfinite(out).all(), name
+        if out.requires_grad:
+            (g,) = torch.autograd.grad(out.sum(), lp)
+            assert torch.isfinite(g.float()).all(), name
+
+
+NONNEG = {"kl_k2", "kl_k3", "kl_k3_is", "prob_l2", "log_l2", "neural_mirror", "rpg_ufkl",
+          "rpg_urkl"}
+LOGP = st.floats(LOG_FLOOR, 0.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(l=LOGP, r=LOGP, o=LOGP)
+def test_finite_everywhere_and_divergences_nonnegative(l: float, r: float, o: float) -> None:
+    for dt in (torch.float32, F64):
+        lt, rt, ot = (torch.tensor([[x]], dtype=dt) for x in (l, r, o))
+        for name in REGULARIZERS.names():
+            reg = _build(name)
+            val = reg(lt, rt, ot).item()
+            assert math.isfinite(val), name
+            if name in NONNEG:
+                assert val >= 0.0, name
+                assert reg(lt, lt, lt).item() == 0.0, name  # = 0 when p = q
+
+
+@settings(max_examples=40, deadline=None)
+@given(l=LOGP, r=LOGP)
+def test_prob_l2_zero_iff_equal(l: float, r: float) -> None:
+    lt, rt = torch.tensor([l], dtype=F64), torch.tensor([r], dtype=F64)
+    val = get_regularizer("prob_l2")(lt, rt).item()
+    p, q = math.exp(l), math.exp(r)
+    assert val == pytest.approx((p - q) ** 2, rel=1e-12, abs=0)
+    assert (val == 0.0) == (p == q)
+
+
+def test_unknown_name_lists_valid_names() -> None:
+    with pytest.raises(UnknownNameError) as ei:
+        get_regularizer("kl_k4")
+    msg = str(ei.value)
+    assert "kl_k4" in msg and all(n in msg for n in REGULARIZERS.names())
+
+
+def test_unknown_or_bad_params_are_named() -> None:
+    with pytest.raises(TypeError, match="beta"):
+        get_regularizer("kl_k3", beta=0.1)
+    with pytest.raises(TypeError, match=r"prob_l2.*floor.*accepted: \(none\)"):
+        get_regularizer("prob_l2", floor=1e-10)
+    with pytest.raises(ValueError, match="clamp"):
+        get_regularizer("kl_k3", clamp=-1.0)
+    with pytest.raises(TypeError, match="clamp"):
+        get_regularizer("rpg_rkl", clamp="10")
+    with pytest.raises(TypeError, match="mirror must be"):
+        get_regularizer("neural_mirror", mirror=1.0)
+
+
+def test_shape_mismatch_is_reported() -> None:
+    logp, ref, _ = _inputs()
+    with pytest.raises(ValueError, match="ref_logp has shape"):
+        get_regularizer("kl_k1")(logp, ref[:, :-1])
+    with pytest.raises(ValueError, match="mask has shape"):
+        get_regularizer("kl_k1")(logp, ref, None, torch.ones(3))
+
+
+def test_neural_mirror_from_path_and_default(tmp_path) -> None:
+    logp, ref, _ = _inputs(seed=6)
+    path = MIRROR.save(tmp_path / "m.json")
+    from_path = get_regularizer("neural_mirror", mirror=str(path))(logp, ref)
+    assert torch.equal(from_path, get_regularizer("neural_mirror", mirror=MIRROR)(logp, ref))
+    default = get_regularizer("neural_mirror")
+    rand = NeuralMirrorMap.random(scale=0.01, seed=42)
+    assert torch.equal(default(logp, ref), get_regularizer("neural_mirror", mirror=rand)(logp, ref))
+    with pytest.raises(FileNotFoundError, match="nope.json"):
+        get_regularizer("neural_mirror", mirror=tmp_path / "nope.json")
