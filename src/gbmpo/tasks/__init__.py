@@ -1,7 +1,7 @@
 """Tasks: built-in offline arithmetic, GSM8K, MBPP, HumanEval, reasoning-gym."""
 
 # Importing a task module registers it in TASKS.
-from gbmpo.tasks import arithmetic  # noqa: F401
+from gbmpo.tasks import arithmetic, gsm8k, humaneval, mbpp, reasoning_gym  # noqa: F401
 from gbmpo.tasks.base import TASKS, Example, Task, get_task
 
 __all__ = ["TASKS", "Example", "Task", "get_task"]

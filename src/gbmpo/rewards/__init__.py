@@ -1,0 +1,79 @@
+"""Verifiable rewards: final-answer math (math-verify) and code run in a hardened sandbox.
+
+Reward functions follow TRL's convention ``fn(prompts, completions, **columns) ->
+list[float | None]`` and are registered by name in :data:`REWARDS`:
+
+* ``math``: :func:`gbmpo.rewards.math.math_reward_fn` (column ``answer``);
+* ``code_pass_fraction``: fraction of tests passed (columns ``tests``, ``setup``, ``prefix``,
+  ``entry_point``; see :mod:`gbmpo.rewards.code`);
+* ``code_all_pass``: 1.0 iff every test passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gbmpo.registry import Registry
+from gbmpo.rewards.code import (
+    build_program,
+    code_all_pass,
+    code_pass_fraction,
+    extract_code,
+    grade_code,
+    make_code_reward,
+)
+from gbmpo.rewards.math import extract_answer, math_reward, math_reward_fn, parse_number
+from gbmpo.rewards.sandbox import (
+    PROTECTIONS,
+    STATUSES,
+    Program,
+    RunResult,
+    Sandbox,
+    SandboxError,
+    SandboxUnavailableError,
+    SandboxWarning,
+    get_default_sandbox,
+    run_program,
+    run_programs,
+)
+
+RewardFn = Callable[..., list[float | None]]
+
+#: ``name -> fn(prompts, completions, **columns) -> list[float | None]``
+REWARDS: Registry[RewardFn] = Registry("reward")
+REWARDS.register("math", math_reward_fn)
+REWARDS.register("code_pass_fraction", code_pass_fraction)
+REWARDS.register("code_all_pass", code_all_pass)
+
+
+def get_reward(name: str) -> RewardFn:
+    """The reward function registered as ``name`` (unknown names list the valid ones)."""
+    return REWARDS.get(name)
+
+
+__all__ = [
+    "PROTECTIONS",
+    "REWARDS",
+    "STATUSES",
+    "Program",
+    "RewardFn",
+    "RunResult",
+    "Sandbox",
+    "SandboxError",
+    "SandboxUnavailableError",
+    "SandboxWarning",
+    "build_program",
+    "code_all_pass",
+    "code_pass_fraction",
+    "extract_answer",
+    "extract_code",
+    "get_default_sandbox",
+    "get_reward",
+    "grade_code",
+    "make_code_reward",
+    "math_reward",
+    "math_reward_fn",
+    "parse_number",
+    "run_program",
+    "run_programs",
+]
