@@ -1,0 +1,21 @@
+"""Rollouts: sampling completions and computing the log-probs of the sampled tokens."""
+
+from gbmpo.rollout.hf import (
+    Rollout,
+    completion_logprobs,
+    completion_mask_from_ids,
+    eos_token_ids,
+    generate,
+    selective_log_softmax,
+    token_entropy,
+)
+
+__all__ = [
+    "Rollout",
+    "completion_logprobs",
+    "completion_mask_from_ids",
+    "eos_token_ids",
+    "generate",
+    "selective_log_softmax",
+    "token_entropy",
+]

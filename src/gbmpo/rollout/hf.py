@@ -1,0 +1,435 @@
+r"""Rollouts with Hugging Face ``generate`` and log-probs of the sampled tokens.
+
+* :func:`generate` samples ``num_return_sequences`` completions per prompt (temperature, top-p,
+  top-k, at most ``max_new_tokens``, stop at EOS, prompts left-padded) and returns a
+  :class:`Rollout`. Rows are ordered prompt by prompt: rows ``g*G .. g*G+G-1`` are the ``G``
+  completions of prompt ``g``, the layout :func:`gbmpo.objectives.group_advantages` expects.
+  The completion mask covers every token up to **and including** the first EOS; a completion
+  that never emits EOS is truncated and fully masked in.
+* :func:`completion_logprobs` runs one forward over prompt + completion, keeps the logits of the
+  completion positions only (``logits_to_keep``), and returns
+  :math:`\log\pi(o_t\mid h_t) = z_{o_t} - \operatorname{logsumexp}_v z_v` per token through
+  :func:`selective_log_softmax`, which never builds a ``[B, T, V]`` log-softmax.
+
+Reproducibility: with ``generator_seed`` the sampling runs under :func:`torch.random.fork_rng`
+seeded with it, so the same seed gives the same completions and the caller's global RNG state
+is left untouched. Without it the global torch RNG is used (and advanced).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = [
+    "Rollout",
+    "completion_logprobs",
+    "completion_mask_from_ids",
+    "eos_token_ids",
+    "generate",
+    "selective_log_softmax",
+    "token_entropy",
+]
+
+#: default number of rows (token positions) per chunk in :func:`selective_log_softmax`
+DEFAULT_CHUNK_ROWS = 1024
+
+
+@dataclass
+class Rollout:
+    """The output of :func:`generate` (``N = len(prompts) * num_return_sequences`` rows).
+
+    ``prompt_ids``/``prompt_mask``: ``[N, P]`` left-padded prompts (each repeated per sample);
+    ``completion_ids``/``completion_mask``: ``[N, C]`` completions, right-padded, mask up to and
+    including the first EOS; ``texts``: decoded completions without special tokens;
+    ``num_tokens``: completion lengths (``completion_mask.sum(1)``); ``truncated``: whether each
+    completion hit ``max_new_tokens`` without an EOS.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    completion_ids: Tensor
+    completion_mask: Tensor
+    texts: list[str]
+    num_tokens: list[int]
+    truncated: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.completion_ids.shape[0])
+
+    def select(self, rows: Tensor | Sequence[int] | slice) -> Rollout:
+        """A new :class:`Rollout` holding only ``rows`` (index tensor, list or slice)."""
+        if isinstance(rows, slice):
+            idx = list(range(len(self)))[rows]
+        elif isinstance(rows, Tensor):
+            idx = [int(i) for i in rows.tolist()]
+        else:
+            idx = [int(i) for i in rows]
+        index = torch.tensor(idx, dtype=torch.long)
+        return Rollout(
+            prompt_ids=self.prompt_ids[index],
+            prompt_mask=self.prompt_mask[index],
+            completion_ids=self.completion_ids[index],
+            completion_mask=self.completion_mask[index],
+            texts=[self.texts[i] for i in idx],
+            num_tokens=[self.num_tokens[i] for i in idx],
+            truncated=[self.truncated[i] for i in idx] if self.truncated else [],
+        )
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's EOS ids."""
+    ids: list[int] = []
+    candidates: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
+    gen_cfg = getattr(model, "generation_config", None)
+    if gen_cfg is not None:
+        candidates.append(getattr(gen_cfg, "eos_token_id", None))
+    for c in candidates:
+        if c is None:
+            continue
+        for i in c if isinstance(c, Iterable) else [c]:
+            if int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config defines an EOS")
+    return ids
+
+
+def completion_mask_from_ids(completion_ids: Tensor, eos_ids: Sequence[int]) -> Tensor:
+    """``[N, C]`` long mask: 1 up to and including the first EOS of each row, 0 after it.
+
+    A row without EOS is all ones (a truncated completion). Equation:
+    :math:`m_t = \\mathbb 1[t \\le t^*]`, with :math:`t^*` the first EOS position (``C - 1`` if
+    there is none).
+    """
+    is_eos = torch.zeros_like(completion_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= completion_ids == e
+    n, c = completion_ids.shape
+    has_eos = is_eos.any(dim=1)
+    first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full((n,), c - 1))
+    positions = torch.arange(c).unsqueeze(0).expand(n, c)
+    return (positions <= first.unsqueeze(1)).long()
+
+
+def _check_sampling(
+    num_return_sequences: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int
+) -> None:
+    if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+        raise ValueError(
+            f"num_return_sequences must be a positive int, got {num_return_sequences!r}"
+        )
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not (
+        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
+    ):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    num_return_sequences: int = 1,
+    max_new_tokens: int = 256,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator_seed: int | None = None,
+    batch_size: int | None = None,
+) -> Rollout:
+    """Sample (or, with ``do_sample=False``, greedily decode) completions of ``prompts``.
+
+    Args:
+        model: a causal LM with ``generate`` (put in eval mode for the call, mode restored).
+        tokenizer: its tokenizer; padding is forced to the left for the call.
+        prompts: already-templated prompt texts (at least one).
+        num_return_sequences: completions per prompt ``G``; output rows are grouped by prompt.
+        max_new_tokens: completion budget ``L_max``.
+        do_sample: sample from ``softmax(z / temperature)`` restricted by ``top_k`` (0 = off) and
+            ``top_p`` (1 = off); ``False`` is greedy decoding (sampling knobs ignored).
+        generator_seed: seed for the sampling RNG (under ``fork_rng``; global state untouched).
+            The same seed and ``batch_size`` give the same samples; another ``batch_size``
+            draws the random numbers in another order (greedy decoding does not depend on it).
+        batch_size: prompts per ``generate`` call (``None``: all at once).
+
+    Returns:
+        a :class:`Rollout`; padding to common widths across ``batch_size`` chunks.
+    """
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError("generate needs a non-empty list of prompt strings")
+    if not all(isinstance(p, str) for p in prompts):
+        raise TypeError("every prompt must be a str")
+    _check_sampling(num_return_sequences, max_new_tokens, temperature, top_p, top_k)
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to EOS)")
+    device = next(model.parameters()).device
+
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = old_side
+    prompt_ids: Tensor = enc["input_ids"]
+    prompt_mask: Tensor = enc["attention_mask"]
+
+    gen_kwargs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "num_return_sequences": num_return_sequences,
+        "do_sample": do_sample,
+        "eos_token_id": eos_ids,
+        "pad_token_id": pad_id,
+        "use_cache": True,
+    }
+    if do_sample:
+        # explicit values so that a model's own generation defaults (e.g. top_k=20) do not leak in
+        gen_kwargs.update(
+            temperature=float(temperature),
+            top_p=float(top_p),
+            top_k=int(top_k),
+            repetition_penalty=1.0,
+        )
+    chunk = batch_size or len(prompts)
+    was_training = model.training
+    model.eval()
+    pieces: list[Tensor] = []
+    try:
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
+            if generator_seed is not None:
+                torch.manual_seed(int(generator_seed))
+            for start in range(0, len(prompts), chunk):
+                ids = prompt_ids[start : start + chunk].to(device)
+                att = prompt_mask[start : start + chunk].to(device)
+                out = model.generate(input_ids=ids, attention_mask=att, **gen_kwargs)
+                pieces.append(out[:, ids.shape[1] :].cpu())
+    finally:
+        model.train(was_training)
+
+    width = max(max(p.shape[1] for p in pieces), 1)
+    completion_ids = torch.cat(
+        [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces]
+    )
+    completion_mask = completion_mask_from_ids(completion_ids, eos_ids)
+    # generate stops a row at its EOS or at L_max, so a chunk narrower than ``width`` only holds
+    # rows that ended with EOS: the pad columns added above fall after it and are masked out.
+    has_eos = torch.zeros(completion_ids.shape[0], dtype=torch.bool)
+    for e in eos_ids:
+        has_eos |= (completion_ids == e).any(dim=1)
+    lengths = completion_mask.sum(dim=1)
+    texts = tokenizer.batch_decode(
+        [row[: int(n)] for row, n in zip(completion_ids, lengths, strict=True)],
+        skip_special_tokens=True,
+    )
+    g = num_return_sequences
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(g, dim=0),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        texts=list(texts),
+        num_tokens=[int(n) for n in lengths],
+        truncated=[not bool(h) for h in has_eos],
+    )
+
+
+#: at most this many logits per chunk of :func:`selective_log_softmax` (16 MB of float32), so the
+#: chunk temporaries stay small even with a 150k-token vocabulary
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _row_blocks(logits: Tensor) -> list[tuple[int, Tensor]]:
+    """``(first flat row, [rows, V] view)`` blocks covering ``logits`` [..., V] without a copy
+    when possible (a [B, T, V] slice such as ``logits[:, :-1]`` is not viewable as [B*T, V],
+    but each ``logits[b]`` is)."""
+    vocab = logits.shape[-1]
+    try:
+        return [(0, logits.view(-1, vocab))]
+    except RuntimeError:
+        pass
+    if logits.dim() == 3:
+        t = logits.shape[1]
+        return [(b * t, logits[b]) for b in range(logits.shape[0])]
+    return [(0, logits.reshape(-1, vocab))]
+
+
+def _chunks_of(logits: Tensor, chunk_rows: int) -> Iterable[tuple[int, Tensor]]:
+    """``(first flat row, [c, V] view)`` chunks of at most ``chunk_rows`` rows and about
+    :data:`_CHUNK_ELEMENTS` elements."""
+    step = max(1, min(chunk_rows, _CHUNK_ELEMENTS // max(logits.shape[-1], 1)))
+    for offset, block in _row_blocks(logits):
+        for s in range(0, block.shape[0], step):
+            yield offset + s, block[s : s + step]
+
+
+def _selected_logp(
+    logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(z_i - logsumexp(z) [N], flat index [N], logsumexp(z) [N]) chunk by chunk."""
+    flat_index = index.reshape(-1)
+    out = torch.empty(flat_index.shape[0], dtype=out_dtype, device=logits.device)
+    lse = torch.empty_like(out)
+    for s, z in _chunks_of(logits, chunk_rows):
+        e = s + z.shape[0]
+        zc = z.to(out_dtype)
+        torch.logsumexp(zc, dim=-1, out=lse[s:e])
+        out[s:e] = zc.gather(-1, flat_index[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
+    return out, flat_index, lse
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    r"""z_i - logsumexp(z) per row; the backward writes
+    :math:`\partial L/\partial z = g\,(\mathbb 1_i - \operatorname{softmax}(z))` chunk by chunk into
+    the one gradient tensor (autograd through row slices would allocate a full-size zero tensor
+    per chunk)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype
+    ) -> Tensor:
+        out, flat_index, lse = _selected_logp(logits, index, chunk_rows, out_dtype)
+        ctx.save_for_backward(logits, flat_index, lse)
+        ctx.chunk_rows = chunk_rows
+        return out.reshape(index.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
+        logits, flat_index, lse = ctx.saved_tensors
+        g = grad_out.reshape(-1).to(lse.dtype)
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        flat_grad = grad.view(-1, logits.shape[-1])
+        for s, z in _chunks_of(logits, ctx.chunk_rows):
+            e = s + z.shape[0]
+            gs = g[s:e].unsqueeze(-1)
+            target = flat_grad[s:e]
+            buf = target if target.dtype == lse.dtype else torch.empty_like(z, dtype=lse.dtype)
+            torch.sub(z.to(lse.dtype), lse[s:e].unsqueeze(-1), out=buf).exp_().mul_(gs.neg())
+            buf.scatter_add_(-1, flat_index[s:e].unsqueeze(-1), gs)
+            if buf is not target:
+                target.copy_(buf)
+        return grad, None, None, None
+
+
+def selective_log_softmax(
+    logits: Tensor, index: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> Tensor:
+    r"""Log-probability of the selected token, :math:`z_{i} - \log\sum_v e^{z_v}`, per row.
+
+    ``logits`` ``[..., V]``, ``index`` ``[...]`` (long). The rows are processed in chunks of at
+    most ``chunk_rows`` rows and about 4M logits (16 MB of float32), so a full ``[..., V]``
+    log-softmax (or float32 copy) is never built, and a ``[B, T, V]`` slice of a larger logits
+    tensor is read in place. Differentiable w.r.t. ``logits``: the forward saves the input and
+    one log-sum-exp per row; the backward writes
+    :math:`g\,(\mathbb 1_i - \operatorname{softmax}(z))` straight into the gradient (one
+    ``[..., V]`` tensor, nothing else vocabulary-sized). Returns float32 (float64 for float64
+    logits).
+    """
+    if logits.shape[:-1] != index.shape:
+        raise ValueError(
+            f"index shape {tuple(index.shape)} must equal logits shape without the vocab "
+            f"dimension {tuple(logits.shape[:-1])}"
+        )
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    if index.numel() == 0:
+        return torch.zeros(index.shape, dtype=out_dtype, device=logits.device)
+    index = index.to(device=logits.device, dtype=torch.long)
+    if torch.is_grad_enabled() and logits.requires_grad:
+        out: Tensor = _SelectiveLogSoftmax.apply(logits, index, chunk_rows, out_dtype)
+        return out
+    with torch.no_grad():
+        return _selected_logp(logits, index, chunk_rows, out_dtype)[0].reshape(index.shape)
+
+
+@torch.no_grad()
+def token_entropy(logits: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
+    r"""Entropy of the next-token distribution, :math:`H = \operatorname{lse}(z) - \sum_v
+    \operatorname{softmax}(z)_v z_v`, per row, in chunks, without gradient. Returns float32."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for s in range(0, flat.shape[0], chunk_rows):
+        z = flat[s : s + chunk_rows].float()
+        lse = torch.logsumexp(z, dim=-1)
+        parts.append(lse - (torch.softmax(z, dim=-1) * z).sum(-1))
+    if not parts:
+        return torch.zeros(logits.shape[:-1], device=logits.device)
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    forward = getattr(model, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    if "logits_to_keep" in params:
+        return True
+    # PEFT wrappers forward **kwargs to the base model
+    base = getattr(model, "get_base_model", None)
+    return bool(base is not None and _accepts_logits_to_keep(base()))
+
+
+def completion_logprobs(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    r"""Per-token :math:`\log\pi_\theta(o_t \mid q, o_{<t})` of the completion tokens.
+
+    One forward over ``[prompt | completion]`` (attention mask = both masks, position ids from
+    the mask's cumulative sum so left padding does not shift positions, as in ``generate``),
+    keeping only the last ``C + 1`` logits (``logits_to_keep``). Logits are divided by
+    ``temperature`` (the sampling distribution). Gradients flow when grad is enabled.
+
+    Returns ``(logp [B, C] float32, entropy [B, C] or None)``; values at masked positions are
+    whatever the model gives and must be masked by the caller.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    device = next(model.parameters()).device
+    c = completion_ids.shape[1]
+    input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)
+    attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)
+    position_ids = (attention.long().cumsum(-1) - 1).clamp_min(0)
+    kwargs: dict[str, Any] = {
+        "input_ids": input_ids,
+        "attention_mask": attention,
+        "position_ids": position_ids,
+        "use_cache": False,
+    }
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = c + 1
+    logits = model(**kwargs).logits
+    logits = logits[:, -(c + 1) : -1, :]  # position t-1 predicts completion token t
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = selective_log_softmax(logits, completion_ids.to(device), chunk_rows)
+    entropy = token_entropy(logits.detach(), chunk_rows) if with_entropy else None
+    return logp, entropy
