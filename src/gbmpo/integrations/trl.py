@@ -1,0 +1,862 @@
+r"""TRL drop-in: :class:`GBMPOConfig` and :class:`GBMPOTrainer`.
+
+Subclasses of TRL's ``GRPOConfig`` / ``GRPOTrainer`` that keep everything TRL does (generation
+with HF or vLLM, reward functions, group advantages, accelerate / DeepSpeed / FSDP, PEFT,
+logging, checkpoints) and replace only the per-micro-batch loss with gbmpo's objective functions:
+
+.. math::
+    \mathcal L = \mathrm{agg}_{\texttt{loss\_type}}\big(\omega_{i,t}\,
+    \ell^{\text{surr}}_{i,t} + \lambda\,D(\log\pi_\theta, \log\pi_{\text{anchor}})_{i,t}\big)
+    \;-\; c_H\,\bar H \;+\; c_{\text{aux}}\,L_{\text{aux}}
+
+with the surrogate :math:`\ell^{\text{surr}}` chosen by ``clip_mode`` (``ratio``: PPO/DAPO clip,
+GSPO when ``importance_sampling_level="sequence"``; ``atr``: ATR-GRPO KL3 trust region;
+``rpg_dual``: RPG-style dual clip), :math:`D` by ``regularizer`` (any name of
+:data:`gbmpo.objectives.regularizers.REGULARIZERS`), :math:`\lambda` = ``regularizer_coef``, the
+anchor by ``regularizer_anchor`` (the frozen reference, or the rollout policy as in RPG),
+:math:`\omega` TRL's token weights (off-policy mask, high-entropy mask, vLLM importance-sampling
+ratio; they multiply the surrogate only, as in TRL) and the aggregation by TRL's ``loss_type``.
+
+``beta`` and ``regularizer_coef``: gbmpo's coefficient replaces TRL's ``beta``. Leave
+``regularizer_coef`` unset to take ``beta``'s value (so a TRL config with ``beta=0.04`` keeps its
+k3 penalty), or set ``regularizer_coef`` and leave ``beta`` at 0 (or equal); two different
+non-zero values raise. After validation ``beta`` is rewritten to the value TRL must see:
+``regularizer_coef`` when the regularizer is anchored on the reference model (TRL loads that
+model and computes its log-probs exactly when ``beta != 0``, whatever the regularizer), else 0.
+
+Supported TRL: ``>=1.16,<1.17`` (the version whose internals this module hooks;
+:func:`check_trl_internals` fails loudly, naming the method, if they move).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    import trl
+    from trl import GRPOConfig, GRPOTrainer
+except ImportError as _err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "gbmpo.integrations.trl needs TRL: install the extra with pip install 'gbmpo[trl]' "
+        f"(supported: trl{'>=1.16,<1.17'})"
+    ) from _err
+
+from gbmpo.objectives.loss import compute_policy_loss
+from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer, kl_k3
+from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+
+__all__ = [
+    "CLIP_MODES",
+    "LOSS_TYPE_AGGREGATION",
+    "REGULARIZER_ANCHORS",
+    "SUPPORTED_TRL",
+    "GBMPOConfig",
+    "GBMPOTrainer",
+    "TRLObjective",
+    "TRLInternalsError",
+    "build_objective",
+    "check_trl_internals",
+    "dapo_normalizer",
+    "entropy_bonus",
+]
+
+#: The TRL versions whose internals this module was written against and tested with.
+SUPPORTED_TRL = ">=1.16,<1.17"
+_SUPPORTED_MIN, _SUPPORTED_MAX = (1, 16), (1, 17)
+
+#: ``clip_mode`` values.
+CLIP_MODES: tuple[str, ...] = ("ratio", "atr", "rpg_dual")
+#: ``regularizer_anchor`` values.
+REGULARIZER_ANCHORS: tuple[str, ...] = ("ref", "old")
+
+#: TRL ``loss_type`` -> gbmpo aggregation mode (:func:`gbmpo.objectives.aggregate`).
+#: ``dapo`` is ``bnpo`` over TRL's global token count (see :func:`dapo_normalizer`).
+LOSS_TYPE_AGGREGATION: dict[str, str] = {
+    "grpo": "grpo",
+    "bnpo": "bnpo",
+    "dr_grpo": "dr_grpo",
+    "dapo": "bnpo",
+    "luspo": "seq_mean_token_sum",
+}
+#: TRL loss types whose per-token loss is not a clipped-ratio surrogate; gbmpo has no
+#: counterpart for them.
+_UNSUPPORTED_LOSS_TYPES: dict[str, str] = {
+    "cispo": "a detached clipped-IS-weight REINFORCE loss",
+    "sapo": "a sigmoid soft gate instead of a clip",
+    "vespo": "sequence gamma weights on a REINFORCE loss",
+}
+
+# Regularizers that take a ``clamp`` parameter.
+_CLAMPABLE = ("kl_k3", "kl_k3_is", "rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl")
+# Regularizers evaluated for logging only (``log_all_regularizers``): every registered one that
+# needs no parameter. ``neural_mirror`` needs a map and is logged only when it is the active one.
+_NEEDS_PARAMS = ("neural_mirror",)
+
+# Multimodal keys that TRL's _compute_loss forwards from ``inputs`` to the log-prob helper.
+_FORWARD_KEYS: tuple[str, ...] = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+
+def _trl_version() -> tuple[int, int]:
+    parts = str(trl.__version__).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):  # pragma: no cover - malformed version string
+        return (0, 0)
+
+
+if not (_SUPPORTED_MIN <= _trl_version() < _SUPPORTED_MAX):
+    warnings.warn(
+        f"gbmpo.integrations.trl was written for trl{SUPPORTED_TRL}, found trl {trl.__version__}; "
+        "GBMPOTrainer checks the TRL internals it hooks and raises TRLInternalsError if they moved",
+        stacklevel=2,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Hook checks
+# --------------------------------------------------------------------------------------------
+
+
+class TRLInternalsError(RuntimeError):
+    """TRL's internals that GBMPOTrainer hooks have moved (a TRL version outside
+    :data:`SUPPORTED_TRL`); the message names the method or attribute."""
+
+
+#: method -> parameter names it must accept (a subset check: new parameters are fine).
+_HOOKED_METHODS: dict[str, tuple[str, ...]] = {
+    "compute_loss": ("model", "inputs", "return_outputs", "num_items_in_batch"),
+    "_compute_loss": ("model", "inputs"),
+    "_get_per_token_logps_and_entropies": (
+        "model",
+        "input_ids",
+        "attention_mask",
+        "logits_to_keep",
+        "batch_size",
+        "compute_entropy",
+        "compute_aux_loss",
+        *_FORWARD_KEYS,
+    ),
+    "get_high_entropy_mask": ("entropies", "mask", "threshold"),
+    "get_off_policy_mask": (
+        "advantages",
+        "per_token_logps",
+        "sampling_per_token_logps",
+        "mask",
+        "off_policy_threshold",
+    ),
+    "_generate_and_score_completions": ("inputs",),
+}
+
+#: GRPOConfig fields this module reads or rewrites.
+_CONFIG_FIELDS: tuple[str, ...] = (
+    "beta",
+    "loss_type",
+    "epsilon",
+    "epsilon_high",
+    "delta",
+    "importance_sampling_level",
+    "use_bias_correction_kl",
+    "use_adaptive_entropy",
+    "entropy_coef",
+    "top_entropy_quantile",
+    "off_policy_mask_threshold",
+    "max_completion_length",
+    "steps_per_generation",
+    "use_liger_kernel",
+    "sync_ref_model",
+)
+
+#: GRPOTrainer instance attributes read by GBMPOTrainer._compute_loss (checked after __init__).
+_TRAINER_ATTRIBUTES: tuple[str, ...] = (
+    "beta",
+    "ref_model",
+    "loss_type",
+    "max_completion_length",
+    "importance_sampling_level",
+    "top_entropy_quantile",
+    "off_policy_mask_threshold",
+    "use_vllm",
+    "vllm_importance_sampling_correction",
+    "aux_loss_enabled",
+    "router_aux_loss_coef",
+    "entropy_coef",
+    "_entropy_bonus_enabled",
+    "_metrics",
+    "accelerator",
+)
+
+#: Source facts relied upon (checked with ``strict=True``): method -> strings its source has.
+_SOURCE_FACTS: dict[str, tuple[str, ...]] = {
+    # compute_loss routes to _compute_loss (older TRL routed use_liger_kernel elsewhere)
+    "compute_loss": ("self._compute_loss(",),
+    # the reference model is built only when beta != 0
+    "__init__": ("self.beta = args.beta", "self.ref_model = None"),
+    # the batch dict we read, and ref log-probs computed exactly when beta != 0
+    "_generate_and_score_completions": (
+        "self.beta != 0.0",
+        '"prompt_ids"',
+        '"prompt_mask"',
+        '"completion_ids"',
+        '"completion_mask"',
+        '"advantages"',
+        '"num_items_in_batch"',
+        '"old_per_token_logps"',
+        '"ref_per_token_logps"',
+        '"importance_sampling_ratio"',
+        '"sampling_per_token_logps"',
+    ),
+}
+
+
+def check_trl_internals(
+    trainer_cls: type = GRPOTrainer, config_cls: type = GRPOConfig, *, strict: bool = False
+) -> None:
+    """Raise :class:`TRLInternalsError` naming the first TRL method, parameter or config field
+    that GBMPOTrainer relies on and that is missing from ``trainer_cls`` / ``config_cls``.
+
+    Always checked: the hooked methods exist and accept the parameters we pass; the config
+    fields exist. With ``strict=True`` also the source facts of :data:`_SOURCE_FACTS` (that
+    ``compute_loss`` routes to ``_compute_loss``, that ``beta != 0`` gates the reference model and
+    its log-probs, and the keys of the batch dict); those are text checks, so the trainer runs
+    them only in the test-suite, where a false alarm costs nothing.
+    """
+    for name, params in _HOOKED_METHODS.items():
+        fn = inspect.getattr_static(trainer_cls, name, None)
+        if fn is None:
+            raise TRLInternalsError(
+                f"{trainer_cls.__name__}.{name} no longer exists (TRL {trl.__version__}); "
+                f"GBMPOTrainer hooks it and supports trl{SUPPORTED_TRL}"
+            )
+        if isinstance(fn, (staticmethod, classmethod)):
+            fn = fn.__func__
+        try:
+            sig = inspect.signature(fn)
+        except (TypeError, ValueError) as e:  # pragma: no cover - builtins only
+            raise TRLInternalsError(f"cannot read the signature of {name}: {e}") from None
+        missing = [p for p in params if p not in sig.parameters]
+        if missing:
+            raise TRLInternalsError(
+                f"{trainer_cls.__name__}.{name} no longer takes {', '.join(missing)} "
+                f"(signature now {sig}; TRL {trl.__version__}); GBMPOTrainer supports "
+                f"trl{SUPPORTED_TRL}"
+            )
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    for f in _CONFIG_FIELDS:
+        if f not in names:
+            raise TRLInternalsError(
+                f"{config_cls.__name__} has no field {f!r} any more (TRL {trl.__version__}); "
+                f"GBMPOConfig supports trl{SUPPORTED_TRL}"
+            )
+    if not strict:
+        return
+    for name, needles in _SOURCE_FACTS.items():
+        try:
+            src = inspect.getsource(getattr(trainer_cls, name))
+        except (OSError, TypeError) as e:
+            raise TRLInternalsError(f"cannot read the source of {name}: {e}") from None
+        for needle in needles:
+            if needle not in src:
+                raise TRLInternalsError(
+                    f"{trainer_cls.__name__}.{name} no longer contains {needle!r} "
+                    f"(TRL {trl.__version__}); GBMPOTrainer relies on it"
+                )
+
+
+# --------------------------------------------------------------------------------------------
+# Small pure helpers (TRL's normalisers and entropy bonus, reproduced)
+# --------------------------------------------------------------------------------------------
+
+
+def dapo_normalizer(
+    num_items_in_batch: Tensor | float,
+    *,
+    num_processes: int,
+    accumulation_steps: int,
+    steps_per_generation: int,
+    training: bool,
+) -> Tensor:
+    r"""TRL ``loss_type="dapo"`` denominator of one micro-batch's token-sum loss:
+
+    .. math::
+        Z = \frac{\max(1, N_{\text{tok}})}{P}\cdot\frac{G_{\text{acc}}}{S_{\text{gen}}}
+
+    with :math:`N_{\text{tok}}` the valid tokens of the whole generation batch over all
+    processes (``num_items_in_batch``), :math:`P` processes, :math:`G_{\text{acc}}` the current
+    gradient-accumulation steps and :math:`S_{\text{gen}}` ``steps_per_generation`` (the last
+    factor only in training; TRL 1.16 ``GRPOTrainer._compute_loss``). Summing
+    :math:`\sum_{i,t} m\ell / Z` over the micro-batches of one optimizer step gives the global
+    token mean (DAPO, arXiv 2503.14476), whatever the split across processes.
+    """
+    n = torch.as_tensor(num_items_in_batch, dtype=torch.float32).clamp(min=1.0)
+    z = n / num_processes
+    if training:
+        z = z * accumulation_steps / steps_per_generation
+    return z
+
+
+def entropy_bonus(entropies: Tensor, mask: Tensor, accumulation_steps: int) -> Tensor:
+    r"""TRL's entropy term (the loss gets :math:`-c_H` times this): the mean per-token entropy
+    over ``mask``, divided by the gradient-accumulation steps,
+
+    .. math::
+        \bar H = \frac{\sum_{i,t} m_{i,t} H_{i,t}}{\max(1, \sum_{i,t} m_{i,t})\,G_{\text{acc}}}
+
+    (TRL ``entropy_coef``; independent of the loss type's normaliser).
+    """
+    m = mask.to(entropies.dtype)
+    return (entropies * m).sum() / m.sum().clamp(min=1.0) / accumulation_steps
+
+
+# --------------------------------------------------------------------------------------------
+# Config
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GBMPOConfig(GRPOConfig):
+    r"""``GRPOConfig`` plus gbmpo's objective knobs (every TRL field keeps its meaning).
+
+    Parameters (in addition to :class:`trl.GRPOConfig`):
+        regularizer: per-token regularizer name from
+            :data:`gbmpo.objectives.regularizers.REGULARIZERS` (``kl_k3`` = TRL's KL;
+            ``prob_l2``, ``neural_mirror``, ``kl_k1``, ``kl_k2``, ``kl_k3_is``, ``log_l2``,
+            ``rpg_fkl``, ``rpg_rkl``, ``rpg_ufkl``, ``rpg_urkl``, ``none``).
+        regularizer_coef: its coefficient :math:`\lambda`; ``None`` takes ``beta``. It replaces
+            ``beta`` (see the module docstring for the exact rule).
+        regularizer_anchor: ``"ref"`` (frozen reference model; with PEFT the adapter-disabled
+            base, TRL's mechanism) or ``"old"`` (the rollout policy's log-probs, RPG's iterative
+            reference; no reference model is loaded).
+        regularizer_clamp: clip the regularizer value to ``[-c, c]`` (``kl_k3``, ``kl_k3_is``,
+            ``rpg_*`` only; the RPG code uses 10). ``None``: no clip, as TRL.
+        mirror_path: neural mirror map file (``NeuralMirrorMap.save`` / an ES result) for
+            ``regularizer="neural_mirror"``; ``None`` draws the NM-GRPO random init
+            (``NeuralMirrorMap.random(0.01, seed=42)``).
+        clip_mode: ``"ratio"`` (TRL's clip with ``epsilon`` / ``epsilon_high`` / ``delta``;
+            GSPO's sequence ratio when ``importance_sampling_level="sequence"``), ``"atr"``
+            (ATR-GRPO, bounds from ``atr_delta``; ``epsilon`` is ignored) or ``"rpg_dual"``
+            (RPG-style clip: ``epsilon`` / ``epsilon_high`` plus a dual clip ``dual_clip_c``,
+            default 3).
+        atr_delta: KL3 radius :math:`\delta` of ``clip_mode="atr"`` (required there).
+        dual_clip_c: dual-clip constant ``c > 1`` for negative advantages; optional with
+            ``ratio`` / ``atr``, default 3.0 with ``rpg_dual``.
+        rpg_variant: with ``rpg_dual``, RPG's regularized advantage: ``none`` (plain A),
+            ``urkl`` (:math:`A - \beta_{\text{rpg}}\log w`) or ``rkl``.
+        rpg_beta: :math:`\beta_{\text{rpg}}` of ``rpg_variant`` (``urkl`` / ``rkl`` only).
+        log_all_regularizers: also log the value of every parameter-free registered
+            regularizer against the same anchor (``regularizer/<name>``), when the anchor's
+            log-probs exist; the active regularizer is always logged.
+
+    Changed default: ``use_bias_correction_kl`` is False here (TRL 1.16: True, which multiplies
+    k3 by the token importance ratio). The regularizer is exactly the one named; TRL 1.16's
+    default KL term is ``regularizer="kl_k3_is"`` (identical at token level).
+
+    Refused (``ValueError``): ``loss_type`` in cispo / sapo / vespo (no gbmpo counterpart),
+    ``use_liger_kernel=True``, ``use_bias_correction_kl=True`` (use ``regularizer="kl_k3_is"``),
+    ``use_adaptive_entropy=True``, and inconsistent combinations (listed in the errors).
+    """
+
+    # TRL 1.16 defaults this to True (k3 times the importance ratio). Here the regularizer is
+    # exactly the named one, so the default is False; TRL's corrected KL is "kl_k3_is".
+    use_bias_correction_kl: bool = field(
+        default=False,
+        metadata={
+            "help": "Must stay False in GBMPOConfig: TRL's importance-weighted k3 is "
+            "regularizer='kl_k3_is'."
+        },
+    )
+    regularizer: str = field(
+        default="kl_k3",
+        metadata={"help": "Per-token regularizer (gbmpo REGULARIZERS name); kl_k3 = TRL's KL."},
+    )
+    regularizer_coef: float | None = field(
+        default=None,
+        metadata={"help": "Regularizer coefficient; replaces `beta` (unset: take `beta`)."},
+    )
+    regularizer_anchor: str = field(
+        default="ref",
+        metadata={"help": "Anchor of the regularizer: 'ref' (reference model) or 'old' (rollout)."},
+    )
+    regularizer_clamp: float | None = field(
+        default=None,
+        metadata={"help": "Clip the regularizer value to [-c, c] (kl_k3, kl_k3_is, rpg_*)."},
+    )
+    mirror_path: str | None = field(
+        default=None,
+        metadata={"help": "Neural mirror map file for regularizer='neural_mirror'."},
+    )
+    clip_mode: str = field(
+        default="ratio",
+        metadata={"help": "Surrogate clip: 'ratio', 'atr' (ATR-GRPO) or 'rpg_dual'."},
+    )
+    atr_delta: float | None = field(
+        default=None,
+        metadata={"help": "KL3 radius delta of clip_mode='atr'."},
+    )
+    dual_clip_c: float | None = field(
+        default=None,
+        metadata={"help": "Dual-clip constant c > 1 (default 3 with clip_mode='rpg_dual')."},
+    )
+    rpg_variant: str = field(
+        default="none",
+        metadata={"help": "RPG regularized advantage with rpg_dual: 'none', 'urkl' or 'rkl'."},
+    )
+    rpg_beta: float = field(
+        default=0.0,
+        metadata={"help": "Coefficient of rpg_variant's regularized advantage."},
+    )
+    log_all_regularizers: bool = field(
+        default=True,
+        metadata={"help": "Log every parameter-free regularizer's value against the anchor."},
+    )
+
+    def __post_init__(self) -> None:
+        self._validate_gbmpo()
+        super().__post_init__()
+
+    def _validate_gbmpo(self) -> None:
+        if self.regularizer not in REGULARIZERS:
+            REGULARIZERS.get(self.regularizer)  # raises UnknownNameError listing valid names
+        if self.regularizer_anchor not in REGULARIZER_ANCHORS:
+            raise ValueError(
+                f"GBMPOConfig: unknown regularizer_anchor {self.regularizer_anchor!r}; valid: "
+                f"{', '.join(REGULARIZER_ANCHORS)}"
+            )
+        if self.clip_mode not in CLIP_MODES:
+            raise ValueError(
+                f"GBMPOConfig: unknown clip_mode {self.clip_mode!r}; valid: {', '.join(CLIP_MODES)}"
+            )
+        if self.loss_type not in LOSS_TYPE_AGGREGATION:
+            why = _UNSUPPORTED_LOSS_TYPES.get(self.loss_type)
+            raise ValueError(
+                f"GBMPOConfig: loss_type {self.loss_type!r} is not supported"
+                + (f" (TRL's {self.loss_type} is {why}; gbmpo has no counterpart)" if why else "")
+                + f"; supported: {', '.join(LOSS_TYPE_AGGREGATION)}"
+            )
+        if self.use_liger_kernel:
+            raise ValueError(
+                "GBMPOConfig: use_liger_kernel=True is not supported: it is deprecated in TRL "
+                "1.16 and, in earlier TRL, routed the loss to Liger's fused GRPO loss, bypassing "
+                "gbmpo's objective; GBMPOTrainer is not tested with it. Use "
+                'model_init_kwargs={"use_kernels": True} for fast kernels instead'
+            )
+        if self.use_bias_correction_kl:
+            raise ValueError(
+                "GBMPOConfig: use_bias_correction_kl=True is TRL's importance-weighted k3; "
+                "use regularizer='kl_k3_is' instead (token-level weight exp(logp - old_logp))"
+            )
+        if self.use_adaptive_entropy:
+            raise ValueError(
+                "GBMPOConfig: use_adaptive_entropy=True is not supported by GBMPOTrainer "
+                "(a fixed entropy_coef is)"
+            )
+        self._resolve_coefficient()
+        if self.mirror_path is not None and self.regularizer != "neural_mirror":
+            raise ValueError(
+                f"GBMPOConfig: mirror_path is set but regularizer={self.regularizer!r}; "
+                "mirror_path is used only by regularizer='neural_mirror'"
+            )
+        if self.regularizer_clamp is not None and self.regularizer not in _CLAMPABLE:
+            raise ValueError(
+                f"GBMPOConfig: regularizer_clamp is set but regularizer {self.regularizer!r} takes "
+                f"no clamp (only {', '.join(_CLAMPABLE)})"
+            )
+        if self.clip_mode == "atr":
+            if self.atr_delta is None:
+                raise ValueError("GBMPOConfig: clip_mode='atr' needs atr_delta (KL3 radius > 0)")
+        elif self.atr_delta is not None:
+            raise ValueError(
+                f"GBMPOConfig: atr_delta is set but clip_mode={self.clip_mode!r}; "
+                "set clip_mode='atr' to use it"
+            )
+        if self.clip_mode != "ratio":
+            if self.importance_sampling_level != "token":
+                raise ValueError(
+                    f"GBMPOConfig: clip_mode={self.clip_mode!r} clips token ratios; "
+                    "importance_sampling_level='sequence' (GSPO) works only with clip_mode='ratio'"
+                )
+            if self.delta is not None:
+                raise ValueError(
+                    f"GBMPOConfig: TRL's delta (cap on the unclipped ratio) works only with "
+                    f"clip_mode='ratio', not {self.clip_mode!r}"
+                )
+        if self.clip_mode != "rpg_dual" and (self.rpg_variant != "none" or self.rpg_beta != 0):
+            raise ValueError(
+                "GBMPOConfig: rpg_variant / rpg_beta are used only with clip_mode='rpg_dual'"
+            )
+        # Build the objective once: surrogate / regularizer parameter errors surface here.
+        build_objective(self)
+
+    def _resolve_coefficient(self) -> None:
+        beta = float(self.beta)
+        coef = beta if self.regularizer_coef is None else float(self.regularizer_coef)
+        if self.regularizer_coef is not None and beta != 0.0 and beta != coef:
+            raise ValueError(
+                f"GBMPOConfig: beta={beta:g} and regularizer_coef={coef:g} disagree. "
+                "regularizer_coef replaces TRL's beta: set only regularizer_coef (or set both to "
+                "the same value)"
+            )
+        if not math.isfinite(coef) or coef < 0:
+            raise ValueError(f"GBMPOConfig: regularizer_coef must be finite and >= 0, got {coef}")
+        if self.regularizer == "none" and coef != 0:
+            raise ValueError(
+                f"GBMPOConfig: regularizer='none' but the coefficient is {coef:g} (from "
+                f"{'beta' if self.regularizer_coef is None else 'regularizer_coef'}); set it to 0 "
+                "or choose a regularizer"
+            )
+        self.regularizer_coef = coef
+        # TRL loads the reference model and computes its log-probs exactly when beta != 0.
+        self.beta = coef if self.needs_reference_model else 0.0
+        if self.sync_ref_model and not self.needs_reference_model:
+            raise ValueError(
+                "GBMPOConfig: sync_ref_model=True but no reference model is used "
+                f"(regularizer={self.regularizer!r}, anchor={self.regularizer_anchor!r}, "
+                f"coefficient={coef:g})"
+            )
+
+    @property
+    def needs_reference_model(self) -> bool:
+        """True when the loss needs the reference model's log-probs (TRL's ``beta != 0``)."""
+        coef = self.regularizer_coef if self.regularizer_coef is not None else self.beta
+        return self.regularizer != "none" and self.regularizer_anchor == "ref" and coef != 0
+
+
+# --------------------------------------------------------------------------------------------
+# Objective
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TRLObjective:
+    """gbmpo's loss pieces resolved from a :class:`GBMPOConfig`."""
+
+    surrogate: Surrogate
+    surrogate_name: str
+    regularizer: Regularizer
+    coef: float
+    anchor: str
+    loss_type: str
+    aggregation: str
+    max_len: int
+    diagnostics: dict[str, Regularizer]
+
+
+def build_objective(args: GBMPOConfig) -> TRLObjective:
+    """Resolve ``args`` to a surrogate, a regularizer and an aggregation mode.
+
+    Surrogate: ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance
+    sampling) with ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta`` and
+    ``dual_clip_c``; ``atr`` -> ``atr(delta=atr_delta, dual_clip_c)``; ``rpg_dual`` ->
+    ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``.
+    """
+    eps_low = float(args.epsilon)
+    eps_high = float(args.epsilon_high) if args.epsilon_high is not None else eps_low
+    if args.clip_mode == "ratio":
+        name = "gspo" if args.importance_sampling_level == "sequence" else "clip"
+        surrogate = get_surrogate(
+            name,
+            eps_low=eps_low,
+            eps_high=eps_high,
+            dual_clip_c=args.dual_clip_c,
+            delta=args.delta,
+        )
+    elif args.clip_mode == "atr":
+        name = "atr"
+        surrogate = get_surrogate(name, delta=args.atr_delta, dual_clip_c=args.dual_clip_c)
+    else:
+        name = "rpg_clip"
+        surrogate = get_surrogate(
+            name,
+            variant=args.rpg_variant,
+            beta=args.rpg_beta,
+            eps_low=eps_low,
+            eps_high=eps_high,
+            c=3.0 if args.dual_clip_c is None else args.dual_clip_c,
+        )
+    params: dict[str, Any] = {}
+    if args.regularizer_clamp is not None:
+        params["clamp"] = args.regularizer_clamp
+    if args.regularizer == "neural_mirror":
+        params["mirror"] = args.mirror_path
+    regularizer = get_regularizer(args.regularizer, **params)
+    diagnostics: dict[str, Regularizer] = {}
+    if args.log_all_regularizers:
+        for reg_name in REGULARIZERS:
+            if reg_name in ("none", args.regularizer, *_NEEDS_PARAMS):
+                continue
+            diagnostics[reg_name] = get_regularizer(reg_name)
+    coef = float(args.regularizer_coef if args.regularizer_coef is not None else args.beta)
+    return TRLObjective(
+        surrogate=surrogate,
+        surrogate_name=name,
+        regularizer=regularizer,
+        coef=coef,
+        anchor=args.regularizer_anchor,
+        loss_type=args.loss_type,
+        aggregation=LOSS_TYPE_AGGREGATION[args.loss_type],
+        max_len=int(args.max_completion_length),
+        diagnostics=diagnostics,
+    )
+
+
+def _weighted(surrogate: Surrogate, weights: Tensor) -> Surrogate:
+    """The surrogate with its per-token loss multiplied by TRL's token weights."""
+
+    def fn(
+        logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        loss, diag = surrogate(logp, old, adv, mask)
+        return loss * weights.to(loss.dtype), diag
+
+    return fn
+
+
+# --------------------------------------------------------------------------------------------
+# Trainer
+# --------------------------------------------------------------------------------------------
+
+
+class GBMPOTrainer(GRPOTrainer):
+    """``GRPOTrainer`` whose loss is gbmpo's (see the module docstring); same constructor.
+
+    ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL). Only
+    ``_compute_loss`` is overridden: generation, rewards, advantages, reference log-probs
+    (computed by TRL whenever the regularizer is anchored on the reference model), old
+    log-probs, vLLM importance ratios and everything else stay TRL's.
+
+    Logged metrics (``self._metrics``, averaged over processes by token count): ``entropy``,
+    ``kl`` (k3 against the reference, when its log-probs exist; TRL's key),
+    ``regularizer/<name>`` (the active regularizer and, with ``log_all_regularizers``, every
+    parameter-free one, against the anchor), ``loss/surrogate`` and ``loss/regularizer`` (the
+    two parts of the loss, per optimizer step), ``clip_ratio/low_mean``,
+    ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``,
+    ``ratio/mean``, ``ratio/min``, ``ratio/max``; plus ``entropy_coef`` and ``aux_loss`` as TRL.
+    """
+
+    _tag_names = ["trl", "grpo", "gbmpo"]
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: GBMPOConfig | None = None,
+        *trl_args: Any,
+        **trl_kwargs: Any,
+    ) -> None:
+        check_trl_internals()
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = GBMPOConfig(f"{os.path.basename(str(name).rstrip('/'))}-GBMPO")
+        if not isinstance(args, GBMPOConfig):
+            raise TypeError(
+                f"GBMPOTrainer needs a GBMPOConfig, got {type(args).__name__}; build one with "
+                "the same fields plus gbmpo's (regularizer, regularizer_coef, clip_mode, ...)"
+            )
+        self._gbmpo = build_objective(args)
+        super().__init__(model, reward_funcs, args, *trl_args, **trl_kwargs)
+        for attr in _TRAINER_ATTRIBUTES:
+            if not hasattr(self, attr):
+                raise TRLInternalsError(
+                    f"GRPOTrainer.__init__ no longer sets self.{attr} (TRL {trl.__version__}); "
+                    f"GBMPOTrainer reads it and supports trl{SUPPORTED_TRL}"
+                )
+        if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
+            raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
+
+    @property
+    def objective(self) -> TRLObjective:
+        """The resolved gbmpo objective (surrogate, regularizer, coefficient, aggregation)."""
+        return self._gbmpo
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
+        obj = self._gbmpo
+        mode = "train" if self.model.training else "eval"
+        accum = self.current_gradient_accumulation_steps if mode == "train" else 1
+
+        # Policy log-probs and entropies: TRL's own helper (fused LM head, multimodal inputs).
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mask = completion_mask
+        if "tool_mask" in inputs:
+            mask = completion_mask * inputs["tool_mask"]
+        logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )
+        advantages = inputs["advantages"]
+        old_in = inputs.get("old_per_token_logps")
+        old_logp = logp.detach() if old_in is None else old_in
+        ref_logp = inputs.get("ref_per_token_logps")
+
+        # TRL's token weights: they multiply the surrogate only, before the regularizer is added.
+        weights: Tensor | None = None
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            threshold = 1 - self.top_entropy_quantile
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, threshold)
+            weights = entropy_mask.to(logp.dtype)
+        if self.off_policy_mask_threshold is not None:
+            adv2 = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+            keep = self.get_off_policy_mask(
+                advantages=adv2,
+                per_token_logps=logp,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logp),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+            weights = keep if weights is None else weights * keep
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            ratio = inputs["importance_sampling_ratio"]
+            weights = ratio if weights is None else weights * ratio
+        surrogate = obj.surrogate if weights is None else _weighted(obj.surrogate, weights)
+
+        # Regularizer anchor.
+        anchor = ref_logp if obj.anchor == "ref" else old_logp
+        if anchor is None and obj.coef != 0:
+            raise RuntimeError(
+                f"regularizer {obj.regularizer.name!r} is anchored on the reference model but the "
+                "batch has no 'ref_per_token_logps'; TRL computes them when beta != 0 "
+                f"(beta={self.beta})"
+            )
+        regularizer = obj.regularizer if anchor is not None else None
+        coef = obj.coef if regularizer is not None else 0.0
+
+        # Aggregation with TRL's normalisers (full accumulation window -> no further division).
+        n_seq = int(logp.size(0))
+        local_tokens = float(mask.sum())
+        agg_kw: dict[str, Any] = {}
+        scale: Tensor | float = 1.0
+        if obj.loss_type == "bnpo":
+            agg_kw["num_tokens"] = max(local_tokens, 1.0) * accum
+        elif obj.loss_type == "dapo":
+            z = dapo_normalizer(
+                inputs["num_items_in_batch"],
+                num_processes=self.accelerator.num_processes,
+                accumulation_steps=accum,
+                steps_per_generation=self.args.steps_per_generation,
+                training=mode == "train",
+            )
+            # local token mean * (local tokens / Z) = token sum / Z (Z may be below the local
+            # count when processes hold unequal token counts, so it is not passed as num_tokens)
+            scale = max(local_tokens, 1.0) / z.to(logp.device)
+        else:
+            agg_kw["num_sequences"] = n_seq * accum
+        loss, m = compute_policy_loss(
+            logp,
+            old_logp,
+            anchor,
+            advantages,
+            mask,
+            surrogate=surrogate,
+            regularizer=regularizer,
+            coef=coef,
+            aggregation=obj.aggregation,
+            max_len=obj.max_len if obj.aggregation == "dr_grpo" else None,
+            **agg_kw,
+        )
+        loss = loss * scale
+        pg_part = m["pg_loss"] * float(scale)
+
+        if self._entropy_bonus_enabled:
+            eff_mask = mask if entropy_mask is None else mask * entropy_mask
+            loss = loss - self.entropy_coef * entropy_bonus(entropies, eff_mask, accum)
+            if mode == "train" and self.accelerator.sync_gradients:
+                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accum
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+
+        self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
+        total = float(m["loss"]) * float(scale)
+        self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
+        self._metrics[mode]["loss/regularizer"].append(
+            self._mean_over_processes((total - pg_part) * accum)
+        )
+        return loss
+
+    # ---- logging ------------------------------------------------------------------------------
+
+    def _mean_over_processes(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float32, device=self.accelerator.device)
+        return float(self.accelerator.gather(t).mean())
+
+    def _log_gbmpo_metrics(
+        self,
+        mode: str,
+        logp: Tensor,
+        entropies: Tensor,
+        mask: Tensor,
+        anchor: Tensor | None,
+        ref_logp: Tensor | None,
+        old_logp: Tensor,
+        m: dict[str, float],
+    ) -> None:
+        """Token-weighted means over all processes (one reduce), min / max over processes."""
+        obj = self._gbmpo
+        mf = mask.to(torch.float32)
+        n_local = mf.sum()
+        values: dict[str, Tensor] = {}
+
+        def masked_mean(x: Tensor) -> Tensor:
+            return (x.detach().float() * mf).sum() / n_local.clamp(min=1.0)
+
+        values["entropy"] = masked_mean(entropies)
+        with torch.no_grad():
+            lp = logp.detach()
+            if ref_logp is not None:
+                values["kl"] = masked_mean(kl_k3(lp.float(), ref_logp.float()))
+            if anchor is not None:
+                values[f"regularizer/{obj.regularizer.name}"] = torch.tensor(
+                    m["reg_value"], device=mf.device
+                )
+                for name, reg in obj.diagnostics.items():
+                    values[f"regularizer/{name}"] = masked_mean(reg(lp, anchor, old_logp, mask))
+        values["clip_ratio/low_mean"] = torch.tensor(m["clip_frac_low"], device=mf.device)
+        values["clip_ratio/high_mean"] = torch.tensor(m["clip_frac_high"], device=mf.device)
+        values["clip_ratio/region_mean"] = torch.tensor(
+            m["clip_frac_low"] + m["clip_frac_high"], device=mf.device
+        )
+        values["clip_ratio/dual_mean"] = torch.tensor(m["clip_frac_dual"], device=mf.device)
+        values["ratio/mean"] = torch.tensor(m["ratio_mean"], device=mf.device)
+
+        keys = list(values)
+        stacked = torch.stack([values[k].float() * n_local for k in keys] + [n_local])
+        totals = self.accelerator.reduce(stacked, reduction="sum")
+        denom = totals[-1].clamp(min=1.0)
+        for i, k in enumerate(keys):
+            self._metrics[mode][k].append(float(totals[i] / denom))
+        extremes = torch.tensor([m["ratio_min"], -m["ratio_max"]], device=mf.device)
+        if n_local == 0:  # no valid token here: do not let the 0 placeholders win
+            extremes = torch.full_like(extremes, math.inf)
+        gathered = self.accelerator.gather(extremes.unsqueeze(0)).view(-1, 2).min(dim=0).values
+        self._metrics[mode]["ratio/min"].append(float(gathered[0]))
+        self._metrics[mode]["ratio/max"].append(float(-gathered[1]))

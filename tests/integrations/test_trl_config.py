@@ -1,0 +1,227 @@
+"""GBMPOConfig validation, the beta / regularizer_coef rule, lazy TRL import, hook checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from gbmpo.integrations.trl import (  # noqa: E402
+    _HOOKED_METHODS,
+    GBMPOConfig,
+    GBMPOTrainer,
+    TRLInternalsError,
+    build_objective,
+    check_trl_internals,
+    dapo_normalizer,
+)
+from gbmpo.objectives.surrogates import atr_bounds  # noqa: E402
+from gbmpo.registry import UnknownNameError  # noqa: E402
+
+BASE: dict[str, Any] = {"output_dir": "unused", "use_cpu": True, "bf16": False,
+                        "report_to": "none"}
+
+
+def cfg(**kw: Any) -> GBMPOConfig:
+    return GBMPOConfig(**{**BASE, **kw})
+
+
+# --- defaults and the beta / regularizer_coef rule -------------------------------------------
+
+
+def test_defaults_match_trl_defaults() -> None:
+    c, t = cfg(), GRPOConfig(**BASE)
+    assert (c.regularizer, c.regularizer_coef, c.regularizer_anchor) == ("kl_k3", 0.0, "ref")
+    assert c.beta == t.beta == 0.0 and not c.needs_reference_model
+    assert (c.loss_type, c.epsilon, c.clip_mode) == (t.loss_type, t.epsilon, "ratio")
+    obj = build_objective(c)
+    assert obj.surrogate_name == "clip" and obj.aggregation == "bnpo" and obj.coef == 0.0
+    assert c.use_bias_correction_kl is False  # TRL 1.16 default is True: see kl_k3_is
+
+
+def test_coef_defaults_to_beta() -> None:
+    c = cfg(beta=0.04)
+    assert c.regularizer_coef == 0.04 and c.beta == 0.04 and c.needs_reference_model
+
+
+def test_coef_replaces_beta_and_beta_gates_the_reference_model() -> None:
+    c = cfg(regularizer="prob_l2", regularizer_coef=0.1)
+    assert c.beta == 0.1 and c.needs_reference_model  # TRL loads the ref model when beta != 0
+    c = cfg(regularizer="prob_l2", regularizer_coef=0.1, beta=0.1)  # equal values are fine
+    assert c.beta == 0.1
+    c = cfg(regularizer="rpg_ufkl", regularizer_coef=0.1, regularizer_anchor="old")
+    assert c.beta == 0.0 and c.regularizer_coef == 0.1 and not c.needs_reference_model
+    c = cfg(regularizer="kl_k3", regularizer_coef=0.0)
+    assert c.beta == 0.0 and not c.needs_reference_model
+
+
+def test_inconsistent_beta_and_coef_raise() -> None:
+    with pytest.raises(ValueError, match="beta=0.04 and regularizer_coef=0.1 disagree"):
+        cfg(beta=0.04, regularizer_coef=0.1)
+    with pytest.raises(ValueError, match="regularizer='none' but the coefficient is 0.1"):
+        cfg(regularizer="none", beta=0.1)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        cfg(regularizer_coef=-1.0)
+
+
+# --- names and refusals ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"regularizer": "kl9"}, UnknownNameError, "valid names: kl_k1, kl_k2, kl_k3"),
+        ({"clip_mode": "trust"}, ValueError, "valid: ratio, atr, rpg_dual"),
+        ({"regularizer_anchor": "base"}, ValueError, "valid: ref, old"),
+        ({"loss_type": "sapo"}, ValueError, "supported: grpo, bnpo, dr_grpo, dapo, luspo"),
+        ({"loss_type": "cispo"}, ValueError, "gbmpo has no counterpart"),
+        ({"loss_type": "vespo"}, ValueError, "gbmpo has no counterpart"),
+        ({"use_liger_kernel": True}, ValueError, "use_liger_kernel=True is not supported"),
+        ({"use_bias_correction_kl": True}, ValueError, "regularizer='kl_k3_is'"),
+        ({"use_adaptive_entropy": True}, ValueError, "use_adaptive_entropy"),
+        ({"clip_mode": "atr"}, ValueError, "needs atr_delta"),
+        ({"atr_delta": 0.02}, ValueError, "set clip_mode='atr'"),
+        ({"clip_mode": "atr", "atr_delta": 0.0}, ValueError, "ATR delta must be finite and > 0"),
+        ({"clip_mode": "atr", "atr_delta": 0.02, "importance_sampling_level": "sequence"},
+         ValueError, "works only with clip_mode='ratio'"),
+        ({"clip_mode": "rpg_dual", "delta": 2.0}, ValueError, "TRL's delta"),
+        ({"rpg_variant": "urkl"}, ValueError, "only with clip_mode='rpg_dual'"),
+        ({"clip_mode": "rpg_dual", "rpg_variant": "xkl"}, ValueError, "unknown variant"),
+        ({"dual_clip_c": 0.5}, ValueError, "must be > 1"),
+        ({"mirror_path": "m.json"}, ValueError, "mirror_path is used only"),
+        ({"regularizer": "neural_mirror", "mirror_path": "/nonexistent/m.json"},
+         FileNotFoundError, "/nonexistent/m.json"),
+        ({"regularizer": "prob_l2", "regularizer_clamp": 10.0}, ValueError, "takes no clamp"),
+        ({"sync_ref_model": True}, ValueError, "no reference model is used"),
+    ],
+)
+def test_refusals(kwargs: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        cfg(**kwargs)
+
+
+def test_objective_mapping() -> None:
+    o = build_objective(cfg(loss_type="dr_grpo", epsilon=0.1, epsilon_high=0.3, delta=1.5,
+                            dual_clip_c=4.0, max_completion_length=64))
+    assert o.surrogate_name == "clip" and o.aggregation == "dr_grpo" and o.max_len == 64
+    assert (o.surrogate.eps_low, o.surrogate.eps_high) == (0.1, 0.3)
+    assert (o.surrogate.delta, o.surrogate.dual_clip_c) == (1.5, 4.0)
+    o = build_objective(cfg(importance_sampling_level="sequence", loss_type="grpo"))
+    assert o.surrogate_name == "gspo" and o.aggregation == "grpo"
+    o = build_objective(cfg(clip_mode="atr", atr_delta=0.02))
+    assert o.surrogate_name == "atr" and o.surrogate.bounds == atr_bounds(0.02)
+    o = build_objective(cfg(clip_mode="rpg_dual"))
+    assert o.surrogate_name == "rpg_clip" and o.surrogate.c == 3.0
+    o = build_objective(cfg(loss_type="luspo", regularizer="rpg_rkl", regularizer_clamp=10.0))
+    assert o.aggregation == "seq_mean_token_sum" and o.regularizer.params["clamp"] == 10.0
+    o = build_objective(cfg(regularizer="neural_mirror", regularizer_coef=1e-4))
+    assert o.regularizer.name == "neural_mirror" and o.coef == 1e-4
+
+
+def test_dapo_normalizer() -> None:
+    # 96 tokens in the generation batch over 2 processes, 4 accumulation steps, 2 per generation
+    z = dapo_normalizer(96, num_processes=2, accumulation_steps=4, steps_per_generation=2,
+                        training=True)
+    assert float(z) == 96 / 2 * 4 / 2
+    assert float(dapo_normalizer(0, num_processes=1, accumulation_steps=1,
+                                 steps_per_generation=1, training=False)) == 1.0
+
+
+def test_trainer_needs_a_gbmpo_config(tiny_model_dir: str, tiny_dataset: Any,
+                                      reward_fn: Any) -> None:
+    with pytest.raises(TypeError, match="GBMPOTrainer needs a GBMPOConfig, got GRPOConfig"):
+        GBMPOTrainer(model=tiny_model_dir, reward_funcs=reward_fn, args=GRPOConfig(**BASE),
+                     train_dataset=tiny_dataset)
+
+
+def test_hf_argument_parser_round_trip() -> None:
+    from transformers import HfArgumentParser
+
+    (c,) = HfArgumentParser(GBMPOConfig).parse_args_into_dataclasses(
+        ["--output_dir", "x", "--use_cpu", "--bf16", "False", "--report_to", "none",
+         "--regularizer", "prob_l2", "--regularizer_coef", "0.1", "--clip_mode", "atr",
+         "--atr_delta", "0.03"]
+    )
+    assert (c.regularizer, c.regularizer_coef, c.beta, c.clip_mode, c.atr_delta) == (
+        "prob_l2", 0.1, 0.1, "atr", 0.03)
+
+
+# --- lazy import -----------------------------------------------------------------------------
+
+
+def test_import_gbmpo_does_not_import_trl() -> None:
+    code = (
+        "import sys, gbmpo, gbmpo.integrations\n"
+        "bad = [m for m in ('trl', 'accelerate', 'peft') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+# --- TRL internals we hook -------------------------------------------------------------------
+
+
+def test_trl_internals_present() -> None:
+    check_trl_internals(strict=True)
+
+
+def _fake_trainer(**override: Any) -> type:
+    """A class with GRPOTrainer's hooked methods, some replaced (None: removed)."""
+    attrs = {name: inspect.getattr_static(GRPOTrainer, name) for name in _HOOKED_METHODS}
+    attrs.update(override)
+    return type("MovedGRPOTrainer", (), {k: v for k, v in attrs.items() if v is not None})
+
+
+def test_internals_check_names_a_removed_method() -> None:
+    match = r"MovedGRPOTrainer\._compute_loss no longer exists"
+    with pytest.raises(TRLInternalsError, match=match):
+        check_trl_internals(_fake_trainer(_compute_loss=None))
+
+
+def test_internals_check_names_a_renamed_parameter() -> None:
+    def moved(self: Any, model: Any, input_ids: Any, attention_mask: Any, n_keep: int) -> None:
+        """A signature without logits_to_keep / compute_entropy."""
+
+    with pytest.raises(TRLInternalsError,
+                       match=r"_get_per_token_logps_and_entropies no longer takes logits_to_keep"):
+        check_trl_internals(_fake_trainer(_get_per_token_logps_and_entropies=moved))
+
+
+def test_internals_check_names_a_changed_source_fact() -> None:
+    def compute_loss(self: Any, model: Any, inputs: Any, return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        return self.fused_loss(model, inputs)
+
+    fake = _fake_trainer(compute_loss=compute_loss)
+    check_trl_internals(fake)  # signatures still fine
+    with pytest.raises(TRLInternalsError, match=r"compute_loss no longer contains"):
+        check_trl_internals(fake, strict=True)
+
+
+def test_internals_check_names_a_removed_config_field() -> None:
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(GRPOConfig) if f.name != "beta"]
+    fake_cfg = dataclasses.make_dataclass("MovedConfig", [(n, t) for n, t, _ in fields])
+    with pytest.raises(TRLInternalsError, match=r"MovedConfig has no field 'beta'"):
+        check_trl_internals(GRPOTrainer, fake_cfg)
+
+
+def test_missing_trl_gives_a_clear_import_error() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['trl'] = None  # simulate the extra not being installed\n"
+        "try:\n"
+        "    import gbmpo.integrations.trl\n"
+        "except ImportError as e:\n"
+        "    assert \"pip install 'gbmpo[trl]'\" in str(e), e\n"
+        "else:\n"
+        "    raise SystemExit('no ImportError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
