@@ -144,6 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     code."""
     from gbmpo import __version__
     from gbmpo.eval.cli import add_eval_parser, run_eval
+    from gbmpo.experiments.cli import (
+        add_compare_parser,
+        add_report_parser,
+        run_compare,
+        run_report,
+    )
+    from gbmpo.meta.cli import add_es_parser, run_es
 
     parser = argparse.ArgumentParser(
         prog="gbmpo",
@@ -155,15 +162,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     subparsers.required = True
     _add_train_parser(subparsers)
     add_eval_parser(subparsers)
+    add_es_parser(subparsers)
+    add_compare_parser(subparsers)
+    add_report_parser(subparsers)
 
     args, extra = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
     try:
         if args.command == "train":
             return _run_train(args, extra)
+        if args.command == "compare":  # unparsed options are train overrides for every run
+            return int(run_compare(args, extra))
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if args.command == "eval":
             return int(run_eval(args))
+        if args.command == "es":
+            return int(run_es(args))
+        if args.command == "report":
+            return int(run_report(args))
         parser.error(f"unknown command {args.command!r}")  # pragma: no cover
     except _bad_input_errors() as err:
         print(f"gbmpo {args.command}: error: {err}", file=sys.stderr)

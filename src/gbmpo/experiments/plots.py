@@ -1,0 +1,144 @@
+"""Learning curves of a comparison: one line per group (regularizer), a band over seeds.
+
+For every group, each seed's ``metrics.jsonl`` gives a curve ``{step: value}``; training metrics
+are smoothed per seed with a trailing moving average, then the seeds are aligned by step and
+summarised as mean +- sample std (:func:`gbmpo.experiments.stats.step_band`; only the steps every
+seed of the group reached are drawn). Panels: sampled training reward, held-out accuracy (or
+pass@1), training response length, and the value of each regularizer of the grid measured
+against the frozen reference (the trainer's ``reg/<name>`` monitors; without monitoring, the
+optimised regularizer's own ``reg_value``).
+
+matplotlib is imported lazily with the ``Agg`` backend (``pip install 'gbmpo[report]'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gbmpo.experiments.runs import RunRecord
+from gbmpo.experiments.stats import moving_average, step_band
+
+__all__ = ["Panel", "curve", "panels_for", "plot_curves"]
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: the metrics key, its title and whether it is smoothed (training metric)."""
+
+    key: str
+    title: str
+    smooth: bool
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    v = float(value)
+    return v if math.isfinite(v) else None
+
+
+def curve(run: RunRecord, key: str, *, window: int = 1) -> dict[int, float]:
+    """``{step: value}`` of ``key`` in a run's metrics (trailing moving average over ``window``
+    logged points). A ``reg/<name>`` key falls back to ``reg_value`` for runs that optimise
+    ``<name>`` without monitoring."""
+    points = [
+        (int(r["step"]), v)
+        for r in run.metrics
+        if "step" in r and (v := _number(r.get(key))) is not None
+    ]
+    if not points and key.startswith("reg/") and run.regularizer == key[4:]:
+        points = [
+            (int(r["step"]), v)
+            for r in run.metrics
+            if "step" in r and (v := _number(r.get("reg_value"))) is not None
+        ]
+    points.sort()
+    steps = [s for s, _ in points]
+    values = moving_average([v for _, v in points], window) if points else []
+    return dict(zip(steps, values, strict=True))
+
+
+def panels_for(groups: Mapping[str, Sequence[RunRecord]], metric: str) -> list[Panel]:
+    """The panels for a task's groups: reward, held-out ``metric``, response length, then one
+    per regularizer (other than ``none``) present in the groups."""
+    panels = [
+        Panel("reward_mean", "training reward (sampled)", True),
+        Panel(f"eval/{metric}", f"held-out {metric} (greedy)", False),
+        Panel("response_length_mean", "training response length (tokens)", True),
+    ]
+    seen: list[str] = []
+    for runs in groups.values():
+        for run in runs:
+            if run.regularizer not in ("none", *seen):
+                seen.append(run.regularizer)
+    for name in seen:
+        panels.append(Panel(f"reg/{name}", f"{name} vs reference (per token)", True))
+    return panels
+
+
+def plot_curves(
+    groups: Mapping[str, Sequence[RunRecord]],
+    path: str | Path,
+    *,
+    metric: str = "accuracy",
+    title: str = "",
+    window: int = 10,
+) -> Path:
+    """Draw the learning curves of ``groups`` (``label -> runs``, one run per seed) to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    panels = panels_for(groups, metric)
+    ncols = 3
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.7 * nrows), squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    for ax, panel in zip(axes.flat, panels, strict=False):
+        drawn = False
+        for gi, (label, runs) in enumerate(groups.items()):
+            w = window if panel.smooth else 1
+            series = [c for run in runs if (c := curve(run, panel.key, window=w))]
+            if not series or len(series) < len(runs):
+                continue  # some seed lacks this metric: no honest band
+            band = step_band(series)
+            if not band.steps:
+                continue
+            color = colors[gi % len(colors)]
+            marker = "o" if not panel.smooth else None
+            ax.plot(band.steps, band.mean, color=color, label=f"{label} (n={band.n})",
+                    marker=marker, markersize=3)
+            if band.n >= 2:
+                lo = [m - (s or 0.0) for m, s in zip(band.mean, band.std, strict=True)]
+                hi = [m + (s or 0.0) for m, s in zip(band.mean, band.std, strict=True)]
+                ax.fill_between(band.steps, lo, hi, color=color, alpha=0.2, linewidth=0)
+            drawn = True
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if not drawn:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    if not handles:
+        handles, labels = axes.flat[1].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9,
+                   frameon=False)
+    caption = (
+        f"line: mean over seeds, band: +- 1 sample std (ddof=1); training metrics: trailing "
+        f"moving average over {window} steps; curves end at the shortest run of each group"
+    )
+    fig.suptitle((title + "\n" if title else "") + caption, fontsize=10)
+    fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

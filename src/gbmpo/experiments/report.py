@@ -1,0 +1,503 @@
+"""Comparison reports: ``results.json``, ``report.md``, ``report.html`` and learning-curve PNGs.
+
+:func:`build_results` aggregates finished runs (:class:`~gbmpo.experiments.runs.RunRecord`) into
+one table per task and one row per group (runs with the same label: the seeds of one setting).
+Each row reports, over seeds, the final held-out metric (accuracy for math tasks, pass@1 for
+code tasks) as mean +- sample std (ddof = 1) and min - max, the metric before training and the
+gain, the paired difference to a baseline row (same seeds), the held-out response length, the
+number of RL steps and the wall time per run. :func:`write_report` renders it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+import json
+import os
+import platform
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from gbmpo.experiments.runs import RunRecord, config_differences, flatten, main_metric
+from gbmpo.experiments.stats import paired_differences, spread
+
+__all__ = [
+    "SETTING_KEYS",
+    "build_results",
+    "group_runs",
+    "machine_info",
+    "render_html",
+    "render_markdown",
+    "write_report",
+]
+
+STD_NOTE = "sample standard deviation over seeds (ddof=1)"
+#: configuration keys shown under each task table (their common value, or "varies")
+SETTING_KEYS = (
+    "model.path",
+    "objective.advantage",
+    "objective.surrogate.name",
+    "objective.aggregation",
+    "objective.regularizer.anchor",
+    "optim.lr",
+    "rollout.prompts_per_step",
+    "rollout.num_generations",
+    "rollout.max_new_tokens",
+    "rollout.temperature",
+    "run.steps",
+    "run.time_budget_seconds",
+    "eval.split",
+    "eval.limit",
+    "eval.max_new_tokens",
+)
+_LAST_STEPS = 10
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers were measured: OS, Python, CPU count, torch version."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "processor": platform.processor() or platform.machine(),
+    }
+    if hasattr(os, "getloadavg"):
+        info["load_average_1_5_15min"] = [round(x, 2) for x in os.getloadavg()]
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        from gbmpo import __version__
+
+        info["gbmpo"] = __version__
+    except ImportError:  # pragma: no cover
+        pass
+    return info
+
+
+def group_runs(records: Sequence[RunRecord]) -> dict[str, dict[str, list[RunRecord]]]:
+    """``task -> label -> runs`` (sorted by seed), in order of first appearance.
+
+    Raises ``ValueError`` if a group holds the same seed twice (two runs of one setting).
+    """
+    out: dict[str, dict[str, list[RunRecord]]] = {}
+    for rec in records:
+        out.setdefault(rec.task, {}).setdefault(rec.label, []).append(rec)
+    for task, groups in out.items():
+        for label, runs in groups.items():
+            runs.sort(key=lambda r: r.seed)
+            seeds = [r.seed for r in runs]
+            dup = sorted({s for s in seeds if seeds.count(s) > 1})
+            if dup:
+                paths = ", ".join(str(r.path) for r in runs if r.seed in dup)
+                raise ValueError(
+                    f"{task}/{label}: seed(s) {dup} appear in several runs ({paths}); "
+                    "pass each run once"
+                )
+    return out
+
+
+def _spread_or_none(values: Sequence[float]) -> dict[str, Any] | None:
+    return spread(values).to_dict() if values else None
+
+
+def _mean_last(run: RunRecord, key: str, k: int = _LAST_STEPS) -> float | None:
+    vals = [
+        float(r[key])
+        for r in run.metrics
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
+    return sum(vals[-k:]) / len(vals[-k:]) if vals else None
+
+
+def _run_row(run: RunRecord, metric: str, base: Path | None) -> dict[str, Any]:
+    final = run.final_eval or {}
+    before = run.eval_before or {}
+    path = Path(os.path.relpath(run.path, base)) if base is not None else run.path
+    return {
+        "label": run.label,
+        "seed": run.seed,
+        "run_dir": str(path),
+        "regularizer": run.regularizer,
+        "coef": run.coef,
+        "params": run.regularizer_params,
+        "final": final.get(metric),
+        "before": before.get(metric),
+        "eval_n": final.get("n"),
+        "response_tokens": final.get("mean_response_tokens"),
+        "train_reward_last": _mean_last(run, "reward_mean"),
+        "train_response_length_last": _mean_last(run, "response_length_mean"),
+        "steps": run.summary.get("steps"),
+        "stop_reason": run.summary.get("stop_reason"),
+        "wall_seconds": run.summary.get("wall_seconds"),
+        "rl_seconds": run.summary.get("rl_seconds"),
+    }
+
+
+def _values(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+
+
+def _settings(runs: Sequence[RunRecord]) -> dict[str, Any]:
+    flat = [flatten(r.config) for r in runs]
+    out: dict[str, Any] = {}
+    for key in SETTING_KEYS:
+        vals = [f.get(key) for f in flat]
+        out[key] = vals[0] if all(v == vals[0] for v in vals) else "varies"
+    return out
+
+
+def build_results(
+    records: Sequence[RunRecord],
+    *,
+    baseline: str | None = None,
+    output_dir: str | Path | None = None,
+    extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Aggregate finished runs into the ``results.json`` structure (module docstring).
+
+    ``baseline``: label of the row the others are compared with, seed by seed (default:
+    ``kl_k3`` when a task has that row). ``output_dir``: run paths are stored relative to it.
+    ``extra`` is stored as is (e.g. the grid specification and the failures).
+    """
+    base = Path(output_dir) if output_dir is not None else None
+    tasks: list[dict[str, Any]] = []
+    for task, groups in group_runs(records).items():
+        all_runs = [r for runs in groups.values() for r in runs]
+        metric = next(
+            (m for r in all_runs if (m := main_metric(r.final_eval or r.eval_before))), None
+        )
+        metric = metric or "accuracy"
+        base_label = baseline if baseline is not None else ("kl_k3" if "kl_k3" in groups else None)
+        if base_label is not None and base_label not in groups:
+            raise ValueError(
+                f"baseline {base_label!r} is not a group of task {task!r}; groups: "
+                f"{', '.join(groups)}"
+            )
+        base_final = (
+            {r.seed: float(r.final_eval[metric]) for r in groups[base_label]
+             if r.final_eval and metric in r.final_eval}
+            if base_label is not None
+            else {}
+        )
+        rows_out: list[dict[str, Any]] = []
+        for label, runs in groups.items():
+            rows = [_run_row(r, metric, base) for r in runs]
+            gains = [
+                float(r["final"]) - float(r["before"])
+                for r in rows
+                if isinstance(r["final"], (int, float)) and isinstance(r["before"], (int, float))
+            ]
+            finals = {r["seed"]: float(r["final"]) for r in rows
+                      if isinstance(r["final"], (int, float))}
+            paired: dict[str, Any] | None = None
+            if base_label is not None and label != base_label:
+                seeds, sp = paired_differences(finals, base_final)
+                if sp is not None:
+                    paired = {"baseline": base_label, "seeds": seeds, **sp.to_dict()}
+            differing = sorted(
+                {
+                    k
+                    for r in runs[1:]
+                    for k in config_differences(runs[0].config, r.config)
+                    if k != "run.seed"
+                }
+            )
+            rows_out.append(
+                {
+                    "label": label,
+                    "regularizer": runs[0].regularizer,
+                    "coef": runs[0].coef,
+                    "params": runs[0].regularizer_params,
+                    "seeds": [r.seed for r in runs],
+                    "n_seeds": len(runs),
+                    "final": _spread_or_none(list(finals.values())),
+                    "before": _spread_or_none(_values(rows, "before")),
+                    "gain": _spread_or_none(gains),
+                    "paired_vs_baseline": paired,
+                    "response_tokens": _spread_or_none(_values(rows, "response_tokens")),
+                    "train_reward_last": _spread_or_none(_values(rows, "train_reward_last")),
+                    "steps": _spread_or_none(_values(rows, "steps")),
+                    "wall_seconds": _spread_or_none(_values(rows, "wall_seconds")),
+                    "rl_seconds": _spread_or_none(_values(rows, "rl_seconds")),
+                    "config_differences_within_group": differing,
+                    "runs": rows,
+                }
+            )
+        eval_n = sorted({r.final_eval.get("n") for r in all_runs if r.final_eval} - {None})
+        tasks.append(
+            {
+                "task": task,
+                "metric": metric,
+                "eval_n": eval_n,
+                "baseline": base_label,
+                "settings": _settings(all_runs),
+                "groups": rows_out,
+            }
+        )
+    return {
+        "generated": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "std": STD_NOTE,
+        "last_steps_window": _LAST_STEPS,
+        "machine": machine_info(),
+        "tasks": tasks,
+        **dict(extra or {}),
+    }
+
+
+# ------------------------------------------------------------------------------ rendering
+
+
+def _pct(sp: Mapping[str, Any] | None, *, signed: bool = False, scale: float = 100.0) -> str:
+    if not sp:
+        return "n/a"
+    fmt = "{:+.1f}" if signed else "{:.1f}"
+    mean = fmt.format(scale * sp["mean"])
+    return mean if sp.get("std") is None else f"{mean} ± {scale * sp['std']:.1f}"
+
+
+def _range(sp: Mapping[str, Any] | None, scale: float = 100.0) -> str:
+    if not sp:
+        return "n/a"
+    return f"{scale * sp['min']:.1f} – {scale * sp['max']:.1f}"
+
+
+def _num(sp: Mapping[str, Any] | None, digits: int = 1) -> str:
+    if not sp:
+        return "n/a"
+    mean = f"{sp['mean']:.{digits}f}"
+    return mean if sp.get("std") is None else f"{mean} ± {sp['std']:.{digits}f}"
+
+
+def _yaml(value: Any) -> str:
+    return "null" if value is None else str(value)
+
+
+def _coef(value: float) -> str:
+    return f"{value:g}"
+
+
+def _table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    metric = task["metric"]
+    base = task.get("baseline")
+    header = [
+        "regularizer",
+        "coef",
+        "seeds",
+        f"{metric} % (mean ± std)",
+        "min – max",
+        "before",
+        "gain (points)",
+        f"Δ vs {base} (paired)" if base else "Δ vs baseline",
+        "response tokens",
+        "RL steps",
+        "wall s / run",
+    ]
+    rows = []
+    for g in task["groups"]:
+        paired = g.get("paired_vs_baseline")
+        rows.append(
+            [
+                g["label"],
+                _coef(g["coef"]),
+                ",".join(str(s) for s in g["seeds"]),
+                _pct(g["final"]),
+                _range(g["final"]),
+                _pct(g["before"]),
+                _pct(g["gain"], signed=True),
+                _pct(paired, signed=True) if paired else "–",
+                _num(g["response_tokens"]),
+                _num(g["steps"], 0),
+                _num(g["wall_seconds"], 0),
+            ]
+        )
+    return header, rows
+
+
+def _run_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    metric = task["metric"]
+    header = [
+        "regularizer", "seed", f"{metric} % before", f"{metric} % after", "response tokens",
+        "train reward (last 10 steps)", "RL steps", "stop", "wall s", "run directory",
+    ]
+    rows = []
+    for g in task["groups"]:
+        for r in g["runs"]:
+            rows.append(
+                [
+                    r["label"],
+                    str(r["seed"]),
+                    "n/a" if r["before"] is None else f"{100 * r['before']:.1f}",
+                    "n/a" if r["final"] is None else f"{100 * r['final']:.1f}",
+                    "n/a" if r["response_tokens"] is None else f"{r['response_tokens']:.1f}",
+                    "n/a" if r["train_reward_last"] is None else f"{r['train_reward_last']:.3f}",
+                    str(r["steps"]),
+                    str(r["stop_reason"]),
+                    "n/a" if r["wall_seconds"] is None else f"{r['wall_seconds']:.0f}",
+                    r["run_dir"],
+                ]
+            )
+    return header, rows
+
+
+def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    def esc(cell: str) -> str:
+        return cell.replace("|", "\\|")
+
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _eval_desc(task: Mapping[str, Any]) -> str:
+    s = task["settings"]
+    n = ", ".join(str(x) for x in task["eval_n"]) or "?"
+    split = s.get("eval.split") or "the task's held-out split"
+    return (
+        f"held-out {task['metric']} of the final policy, greedy decoding, {n} problems "
+        f"({split}; at most {s.get('eval.max_new_tokens')} new tokens)"
+    )
+
+
+def _notes(task: Mapping[str, Any]) -> list[str]:
+    notes = [
+        f"± is the {STD_NOTE}; min – max is the range over seeds; all in percentage points.",
+        "gain = final minus before-training value of the same run; Δ vs baseline = per-seed "
+        "difference to the baseline row with the same seed (same prompts, same initial model), "
+        "then mean ± std over seeds.",
+        "response tokens: mean completion length on the held-out evaluation (greedy).",
+    ]
+    for g in task["groups"]:
+        if g["config_differences_within_group"]:
+            notes.append(
+                f"warning: the runs of {g['label']!r} differ in "
+                f"{', '.join(g['config_differences_within_group'])}"
+            )
+    return notes
+
+
+def render_markdown(
+    results: Mapping[str, Any], images: Mapping[str, str] | None = None, title: str = ""
+) -> str:
+    """``report.md``: per task the summary table, notes, settings, learning curves and the
+    per-run table. ``images`` maps task -> PNG path relative to the report."""
+    images = images or {}
+    out = [f"# {title or 'Regularizer comparison'}", ""]
+    out.append(f"Generated {results['generated']}.")
+    machine = results.get("machine") or {}
+    if machine:
+        out.append(
+            "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + "."
+        )
+    out.append("")
+    for task in results["tasks"]:
+        out += [f"## Task `{task['task']}`", "", _eval_desc(task) + ":", ""]
+        out += [_md_table(*_table(task)), ""]
+        out += [f"- {n}" for n in _notes(task)]
+        settings = ", ".join(f"`{k}`={_yaml(v)}" for k, v in task["settings"].items())
+        out += ["", f"Settings: {settings}.", ""]
+        if task["task"] in images:
+            out += [f"![learning curves, {task['task']}]({images[task['task']]})", ""]
+        out += ["### Per-run results", "", _md_table(*_run_table(task)), ""]
+    failures = results.get("failures") or {}
+    if failures:
+        out += ["## Failed runs", ""]
+        out += [f"- `{name}`: {err}" for name, err in failures.items()]
+        out.append("")
+    return "\n".join(out)
+
+
+def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px}"
+    "table{border-collapse:collapse;margin:1em 0;font-size:14px}"
+    "th,td{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+    "th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}"
+    "img{max-width:100%}code{background:#f6f6f6}"
+)
+
+
+def render_html(
+    results: Mapping[str, Any], images: Mapping[str, str] | None = None, title: str = ""
+) -> str:
+    """``report.html``: the same content as :func:`render_markdown`, self-contained HTML."""
+    images = images or {}
+    esc = html.escape
+    t = title or "Regularizer comparison"
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(t)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>{esc(t)}</h1>",
+             f"<p>Generated {esc(str(results['generated']))}.</p>"]
+    machine = results.get("machine") or {}
+    if machine:
+        parts.append(
+            "<p>Machine: " + esc(", ".join(f"{k} {v}" for k, v in machine.items())) + ".</p>"
+        )
+    for task in results["tasks"]:
+        parts.append(f"<h2>Task <code>{esc(task['task'])}</code></h2>")
+        parts.append(f"<p>{esc(_eval_desc(task))}:</p>")
+        parts.append(_html_table(*_table(task)))
+        parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in _notes(task)) + "</ul>")
+        settings = ", ".join(f"{k}={_yaml(v)}" for k, v in task["settings"].items())
+        parts.append(f"<p>Settings: {esc(settings)}.</p>")
+        if task["task"] in images:
+            src = esc(images[task["task"]])
+            parts.append(f"<p><img src='{src}' alt='learning curves {esc(task['task'])}'></p>")
+        parts.append("<h3>Per-run results</h3>")
+        parts.append(_html_table(*_run_table(task)))
+    failures = results.get("failures") or {}
+    if failures:
+        parts.append("<h2>Failed runs</h2><ul>")
+        parts += [f"<li><code>{esc(n)}</code>: {esc(e)}</li>" for n, e in failures.items()]
+        parts.append("</ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)
+
+
+def write_report(
+    records: Sequence[RunRecord],
+    output_dir: str | Path,
+    *,
+    baseline: str | None = None,
+    title: str = "",
+    window: int = 10,
+    extra: Mapping[str, Any] | None = None,
+    plots: bool = True,
+) -> dict[str, Any]:
+    """Write ``results.json``, ``report.md``, ``report.html`` and ``curves_<task>.png`` into
+    ``output_dir``; returns the results dict."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    results = build_results(records, baseline=baseline, output_dir=out, extra=extra)
+    images: dict[str, str] = {}
+    if plots:
+        from gbmpo.experiments.plots import plot_curves
+
+        for task, groups in group_runs(records).items():
+            metric = next(t["metric"] for t in results["tasks"] if t["task"] == task)
+            name = f"curves_{_slug(task)}.png"
+            # name the task in the figure unless the title already does
+            fig_title = title if task in title else (f"{title}: {task}" if title else task)
+            plot_curves(groups, out / name, metric=metric, title=fig_title, window=window)
+            images[task] = name
+    results["images"] = images
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(results, images, title))
+    (out / "report.html").write_text(render_html(results, images, title))
+    return results
+

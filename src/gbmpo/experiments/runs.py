@@ -1,0 +1,213 @@
+"""Reading trainer run directories: configuration, summary, metrics and the final evaluation.
+
+A run directory (written by :class:`gbmpo.train.Trainer`) holds ``config.yaml``,
+``metrics.jsonl`` and, once the run has finished, ``summary.json`` (written last). The final
+held-out metrics of a run are the summary's ``eval_after`` (the trainer's greedy evaluation of
+the final policy on the task's held-out split) or, when the run was trained without it,
+``compare_eval.json`` written by :func:`gbmpo.experiments.grid.ensure_final_eval`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "EVAL_FILE",
+    "IGNORED_CONFIG_KEYS",
+    "RunDirError",
+    "RunRecord",
+    "config_differences",
+    "default_label",
+    "flatten",
+    "group_key",
+    "load_run",
+    "main_metric",
+    "run_status",
+]
+
+CONFIG_FILE = "config.yaml"
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+#: final held-out metrics computed by ``gbmpo compare`` for runs trained without ``eval.after``
+EVAL_FILE = "compare_eval.json"
+#: configuration keys that do not change what a run computes (where it is written, how it
+#: reports progress, how many threads it used)
+IGNORED_CONFIG_KEYS = frozenset(
+    {"run.output_dir", "run.progress", "run.num_threads", "run.report_to"}
+)
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be read (missing, unfinished, corrupt); the message names it."""
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists and ``params`` dicts stay values)."""
+    if not isinstance(data, dict) or prefix.endswith("params"):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and not path.endswith("params"):
+            out.update(flatten(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def config_differences(
+    a: dict[str, Any], b: dict[str, Any], ignore: frozenset[str] = IGNORED_CONFIG_KEYS
+) -> list[str]:
+    """Dotted keys whose values differ between two nested configuration dicts."""
+    fa, fb = flatten(a), flatten(b)
+    keys = sorted((set(fa) | set(fb)) - ignore)
+    return [k for k in keys if _normal(fa.get(k)) != _normal(fb.get(k))]
+
+
+def _normal(value: Any) -> Any:
+    # tuples come back from YAML as lists; 5e-5 may be stored as a float or a string
+    if isinstance(value, tuple):
+        return [_normal(v) for v in value]
+    if isinstance(value, list):
+        return [_normal(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _normal(v) for k, v in value.items()}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise RunDirError(f"{path} is not valid JSON: {err}") from err
+
+
+def run_status(path: str | Path) -> str:
+    """``"finished"`` (complete ``summary.json``), ``"unfinished"`` (a ``config.yaml`` but no
+    complete summary), ``"empty"`` (a directory without ``config.yaml``) or ``"missing"``."""
+    p = Path(path)
+    if not p.is_dir():
+        return "missing"
+    summary = p / SUMMARY_FILE
+    if summary.is_file():
+        try:
+            data = json.loads(summary.read_text())
+        except json.JSONDecodeError:
+            data = None
+        if isinstance(data, dict) and data.get("status") == "finished":
+            return "finished"
+    if (p / CONFIG_FILE).is_file():
+        return "unfinished"
+    return "empty"
+
+
+def main_metric(metrics: dict[str, Any] | None) -> str | None:
+    """``accuracy`` (math tasks) or ``pass@1`` (code tasks), whichever the metrics hold."""
+    for key in ("accuracy", "pass@1"):
+        if metrics and key in metrics:
+            return key
+    return None
+
+
+@dataclass
+class RunRecord:
+    """One finished run, as read back from its directory."""
+
+    path: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    #: held-out metrics of the final policy (``None`` if the run has none)
+    final_eval: dict[str, Any] | None
+    #: held-out metrics before training (``None`` if not evaluated)
+    eval_before: dict[str, Any] | None
+    #: the group (row) this run belongs to; default :func:`default_label`
+    label: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def task(self) -> str:
+        return str(self.config["task"]["name"])
+
+    @property
+    def seed(self) -> int:
+        return int(self.config["run"]["seed"])
+
+    @property
+    def regularizer(self) -> str:
+        return str(self.config["objective"]["regularizer"]["name"])
+
+    @property
+    def coef(self) -> float:
+        return float(self.config["objective"]["regularizer"]["coef"])
+
+    @property
+    def regularizer_params(self) -> dict[str, Any]:
+        return dict(self.config["objective"]["regularizer"].get("params") or {})
+
+
+def default_label(config: dict[str, Any]) -> str:
+    """Row label from the configuration: the regularizer name, plus its parameters if any
+    (e.g. ``neural_mirror[mirror=es/best_mirror.json]``)."""
+    reg = config["objective"]["regularizer"]
+    params = reg.get("params") or {}
+    if not params:
+        return str(reg["name"])
+    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{reg['name']}[{inner}]"
+
+
+def group_key(config: dict[str, Any]) -> tuple[str, str, float, str]:
+    """Runs with equal keys are seeds of one setting: task, regularizer name, coefficient and
+    regularizer parameters."""
+    reg = config["objective"]["regularizer"]
+    params = json.dumps(reg.get("params") or {}, sort_keys=True, default=str)
+    return (str(config["task"]["name"]), str(reg["name"]), float(reg["coef"]), params)
+
+
+def load_run(path: str | Path, *, label: str | None = None) -> RunRecord:
+    """Read a finished run directory (raises :class:`RunDirError` naming what is missing)."""
+    p = Path(path)
+    status = run_status(p)
+    if status == "missing":
+        raise RunDirError(f"run directory {str(p)!r} does not exist")
+    if status == "empty":
+        raise RunDirError(f"{str(p)!r} is not a run directory (no {CONFIG_FILE})")
+    if status == "unfinished":
+        raise RunDirError(
+            f"run {str(p)!r} has not finished (no complete {SUMMARY_FILE}); resume it with "
+            "`gbmpo train --resume` or re-run `gbmpo compare`"
+        )
+    config = yaml.safe_load((p / CONFIG_FILE).read_text())
+    if not isinstance(config, dict) or "task" not in config or "objective" not in config:
+        raise RunDirError(f"{p / CONFIG_FILE} is not a gbmpo training configuration")
+    summary = _read_json(p / SUMMARY_FILE)
+    metrics: list[dict[str, Any]] = []
+    metrics_path = p / METRICS_FILE
+    if metrics_path.is_file():
+        for i, line in enumerate(metrics_path.read_text().splitlines()):
+            if not line.strip():
+                continue
+            try:
+                metrics.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                raise RunDirError(f"{metrics_path} line {i + 1} is not valid JSON: {err}") from err
+    final = summary.get("eval_after")
+    if not final and (p / EVAL_FILE).is_file():
+        final = _read_json(p / EVAL_FILE).get("metrics")
+    return RunRecord(
+        path=p,
+        config=config,
+        summary=summary,
+        metrics=metrics,
+        final_eval=final or None,
+        eval_before=summary.get("eval_before") or None,
+        label=label if label is not None else default_label(config),
+    )

@@ -1,0 +1,109 @@
+r"""Summary statistics over seeds: mean, sample standard deviation, range, step-aligned bands.
+
+Every spread in the comparison reports is the **sample** standard deviation over seeds
+(Bessel's correction, ``ddof=1``): with :math:`n` seeds and values :math:`x_1..x_n`,
+
+.. math::
+    \bar x = \frac1n\sum_i x_i,\qquad
+    s = \sqrt{\frac{1}{n-1}\sum_i (x_i-\bar x)^2}\quad (n \ge 2;\ \text{undefined for } n = 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+__all__ = ["Spread", "StepBand", "moving_average", "paired_differences", "spread", "step_band"]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean, sample std (``None`` for fewer than two values), min, max and count of values."""
+
+    n: int
+    mean: float
+    std: float | None
+    min: float
+    max: float
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+def spread(values: Iterable[float]) -> Spread:
+    r"""Mean :math:`\bar x`, sample std :math:`s` (ddof = 1, module docstring), min and max.
+
+    Raises ``ValueError`` for no values or a non-finite value (a missing measurement must be
+    dropped by the caller, not averaged in).
+    """
+    xs = [float(v) for v in values]
+    if not xs:
+        raise ValueError("spread() of no values")
+    bad = [v for v in xs if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"spread() got non-finite values {bad}")
+    n = len(xs)
+    mean = math.fsum(xs) / n
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in xs) / (n - 1)) if n >= 2 else None
+    return Spread(n=n, mean=mean, std=std, min=min(xs), max=max(xs))
+
+
+def moving_average(values: Sequence[float], window: int) -> list[float]:
+    r"""Trailing moving average :math:`y_t = \frac{1}{|W_t|}\sum_{u\in W_t} x_u` with
+    :math:`W_t = \{\max(0, t-w+1), \dots, t\}` (shorter windows at the start; ``window=1`` is
+    the identity)."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out: list[float] = []
+    acc = 0.0
+    for t, v in enumerate(values):
+        acc += v
+        if t >= window:
+            acc -= values[t - window]
+        out.append(acc / min(t + 1, window))
+    return out
+
+
+@dataclass(frozen=True)
+class StepBand:
+    """A learning curve over seeds: at each ``steps[j]``, the mean and sample std of the seeds'
+    values (``std[j]`` is ``None`` with one seed)."""
+
+    steps: list[int]
+    mean: list[float]
+    std: list[float | None]
+    n: int
+
+
+def step_band(series: Sequence[Mapping[int, float]]) -> StepBand:
+    """Align per-seed curves ``{step: value}`` by step and summarise them with :func:`spread`.
+
+    Only the steps present in **every** series are kept, so each point averages the same seeds
+    (runs stopped by a time budget end at different steps; their tails are dropped rather than
+    averaged over fewer seeds).
+    """
+    if not series:
+        raise ValueError("step_band() of no series")
+    common = set(series[0])
+    for s in series[1:]:
+        common &= set(s)
+    steps = sorted(common)
+    mean: list[float] = []
+    std: list[float | None] = []
+    for step in steps:
+        sp = spread(s[step] for s in series)
+        mean.append(sp.mean)
+        std.append(sp.std)
+    return StepBand(steps=steps, mean=mean, std=std, n=len(series))
+
+
+def paired_differences(
+    values: Mapping[int, float], baseline: Mapping[int, float]
+) -> tuple[list[int], Spread | None]:
+    """Per-seed differences ``values[seed] - baseline[seed]`` over the seeds both have, and their
+    :func:`spread` (``None`` when no seed is shared)."""
+    seeds = sorted(set(values) & set(baseline))
+    if not seeds:
+        return [], None
+    return seeds, spread(values[s] - baseline[s] for s in seeds)

@@ -1,0 +1,126 @@
+"""``gbmpo report`` on fabricated run directories: grouping, hand-computed statistics, files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+KL = [0.70, 0.75, 0.83]
+PL2 = [0.80, 0.72, 0.85]
+NONE = [0.60, 0.70]
+
+
+@pytest.fixture
+def runs(tmp_path, make_run):
+    root = tmp_path / "runs"
+    for seed, v in enumerate(KL):
+        make_run(root / f"kl{seed}", regularizer="kl_k3", coef=0.04, seed=seed, final=v,
+                 wall=100 + 10 * seed)
+    for seed, v in enumerate(PL2):
+        make_run(root / f"pl{seed}", regularizer="prob_l2", seed=seed, final=v,
+                 response_tokens=20.0 + seed)
+    for seed, v in enumerate(NONE):
+        make_run(root / f"none{seed}", regularizer="none", coef=0.0, seed=seed, final=v)
+    return root
+
+
+def _group(results, label, task="arithmetic"):
+    t = next(t for t in results["tasks"] if t["task"] == task)
+    return next(g for g in t["groups"] if g["label"] == label)
+
+
+def test_report_statistics_hand_computed(runs, tmp_path, gbmpo_cli, capsys):
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(runs), "--output-dir", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["std"].startswith("sample standard deviation")
+    kl = _group(results, "kl_k3")
+    # mean 0.76, sample variance 0.0086 / 2
+    assert kl["final"]["mean"] == pytest.approx(0.76)
+    assert kl["final"]["std"] == pytest.approx(math.sqrt(0.0043))
+    assert (kl["final"]["min"], kl["final"]["max"]) == (0.70, 0.83)
+    assert kl["gain"]["mean"] == pytest.approx(0.26)
+    assert kl["wall_seconds"]["mean"] == pytest.approx(110.0)
+    assert kl["seeds"] == [0, 1, 2] and kl["coef"] == 0.04
+    assert kl["paired_vs_baseline"] is None
+    pl2 = _group(results, "prob_l2")
+    # per-seed differences to kl_k3: +0.10, -0.03, +0.02 -> mean 0.03, variance 0.0086 / 2
+    assert pl2["paired_vs_baseline"]["baseline"] == "kl_k3"
+    assert pl2["paired_vs_baseline"]["mean"] == pytest.approx(0.03)
+    assert pl2["paired_vs_baseline"]["std"] == pytest.approx(math.sqrt(0.0043))
+    assert pl2["response_tokens"]["mean"] == pytest.approx(21.0)
+    none = _group(results, "none")
+    assert none["final"]["mean"] == pytest.approx(0.65)
+    assert none["final"]["std"] == pytest.approx(math.sqrt(0.005))
+    assert none["paired_vs_baseline"]["seeds"] == [0, 1]
+    assert none["paired_vs_baseline"]["mean"] == pytest.approx(-0.075)  # -0.10, -0.05
+
+    md = (out / "report.md").read_text()
+    assert "| kl_k3 | 0.04 | 0,1,2 | 76.0 ± 6.6 | 70.0 – 83.0 |" in md
+    assert "| none | 0 | 0,1 | 65.0 ± 7.1 | 60.0 – 70.0 |" in md
+    assert "+3.0 ± 6.6" in md  # paired difference of prob_l2
+    assert "ddof=1" in md and "curves_arithmetic.png" in md
+    html = (out / "report.html").read_text()
+    assert "<table>" in html and "curves_arithmetic.png" in html and "76.0 ± 6.6" in html
+    png = (out / "curves_arithmetic.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+    assert "76.0 ± 6.6" in capsys.readouterr().out
+
+
+def test_report_groups_by_coef_and_task_and_warns_on_mixed_settings(tmp_path, make_run, gbmpo_cli):
+    root = tmp_path / "runs"
+    make_run(root / "a0", regularizer="prob_l2", coef=0.05, seed=0, final=0.7)
+    make_run(root / "a1", regularizer="prob_l2", coef=0.05, seed=1, final=0.8, lr=1e-4)
+    make_run(root / "b0", regularizer="prob_l2", coef=0.1, seed=0, final=0.6)
+    make_run(root / "g0", regularizer="prob_l2", coef=0.05, seed=0, final=0.1, task="gsm8k")
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(root), "--output-dir", str(out), "--no-plots"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert [t["task"] for t in results["tasks"]] == ["arithmetic", "gsm8k"]
+    arith = results["tasks"][0]
+    assert [g["label"] for g in arith["groups"]] == ["prob_l2@0.05", "prob_l2@0.1"]
+    assert arith["groups"][0]["config_differences_within_group"] == ["optim.lr"]
+    assert arith["baseline"] is None
+    assert "differ in optim.lr" in (out / "report.md").read_text()
+    assert [g["label"] for g in results["tasks"][1]["groups"]] == ["prob_l2"]
+
+
+def test_report_explicit_baseline_and_unknown_baseline(runs, tmp_path, gbmpo_cli, capsys):
+    out = tmp_path / "r"
+    assert gbmpo_cli(["report", str(runs), "--output-dir", str(out), "--no-plots",
+                      "--baseline", "none"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    # kl_k3 - none on seeds 0, 1: +0.10, +0.05
+    assert _group(results, "kl_k3")["paired_vs_baseline"]["mean"] == pytest.approx(0.075)
+    assert gbmpo_cli(["report", str(runs), "--output-dir", str(out), "--no-plots",
+                      "--baseline", "kl_k9"]) == 2
+    assert "baseline 'kl_k9' is not a group" in capsys.readouterr().err
+
+
+def test_report_bad_inputs(tmp_path, make_run, gbmpo_cli, capsys):
+    out = tmp_path / "r"
+    unfinished = make_run(tmp_path / "u", regularizer="kl_k3", seed=0, final=0.5, finished=False)
+    assert gbmpo_cli(["report", str(unfinished), "--output-dir", str(out)]) == 2
+    assert "has not finished" in capsys.readouterr().err
+    assert gbmpo_cli(["report", str(tmp_path / "nope"), "--output-dir", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    # the same seed twice in one group
+    make_run(tmp_path / "d" / "x", regularizer="kl_k3", seed=0, final=0.5)
+    make_run(tmp_path / "d" / "y", regularizer="kl_k3", seed=0, final=0.6)
+    assert gbmpo_cli(["report", str(tmp_path / "d"), "--output-dir", str(out)]) == 2
+    assert "appear in several runs" in capsys.readouterr().err
+    assert not (out / "results.json").exists()
+
+
+def test_report_skips_unfinished_runs_found_under_a_parent(tmp_path, make_run, gbmpo_cli, capsys):
+    make_run(tmp_path / "p" / "done", regularizer="kl_k3", seed=0, final=0.5)
+    make_run(tmp_path / "p" / "busy", regularizer="kl_k3", seed=1, final=0.5, finished=False)
+    out = tmp_path / "r"
+    assert gbmpo_cli(["report", str(tmp_path / "p"), "--output-dir", str(out), "--no-plots"]) == 0
+    assert "skipping unfinished run" in capsys.readouterr().err
+    results = json.loads((out / "results.json").read_text())
+    group = results["tasks"][0]["groups"][0]
+    assert group["seeds"] == [0] and group["final"]["std"] is None
+    assert "| kl_k3 | 0.05 | 0 | 50.0 | 50.0 – 50.0 |" in (out / "report.md").read_text()
