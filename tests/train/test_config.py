@@ -25,7 +25,7 @@ def test_defaults_are_the_embedded_recipe():
     assert (cfg.rollout.prompts_per_step, cfg.rollout.num_generations) == (8, 8)
     assert cfg.rollout.max_new_tokens == 40 and cfg.rollout.temperature == 1.0
     assert cfg.optim.lr == 5e-5 and cfg.optim.schedule == "cosine" and cfg.optim.min_lr_ratio == 0
-    assert cfg.optim.mu == 2 and cfg.optim.mini_batch_size == 32
+    assert cfg.optim.mu == 1 and cfg.optim.mini_batch_size == 16
 
 
 def test_yaml_round_trip(tmp_path):
