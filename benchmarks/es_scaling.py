@@ -9,7 +9,9 @@ Both sides use one torch thread per member (the pool pins ``cores // W`` threads
 here at W=2), and both are warmed up first (imports, model load, worker start-up), so the times
 compare steady-state population evaluations; the pool's cold start is reported separately.
 Every measurement is repeated ``--repeats`` times, alternating serial and parallel so load
-drift on a shared machine hits both; the minimum of each is used, all are recorded.
+drift on a shared machine hits both; the minimum of each is used, all are recorded, each with
+the members' wall/CPU ratio (about 1 when a member had a core to itself; well above 1 means
+other processes took the CPU and that repeat's timing is contaminated).
 
     efficiency = (serial seconds / parallel seconds) / W
 
@@ -106,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parallel_times: list[float] = []
     serial_members: list[Any] = []
     parallel_members: list[Any] = []
+    repeats: list[dict[str, float]] = []
     try:
         t_cold, _ = _timed(pool, fitness, thetas[: args.workers])  # start-up + first members
         for r in range(args.repeats):
@@ -115,8 +118,17 @@ def main(argv: list[str] | None = None) -> int:
             parallel_times.append(tp)
             serial_members.extend(out_s)
             parallel_members.extend(out_p)
+            # wall / CPU per member: ~1 when the member had its core, > 1 when it waited
+            wait_s = sum(m[1] for m in out_s) / sum(m[2] for m in out_s)
+            wait_p = sum(m[1] for m in out_p) / sum(m[2] for m in out_p)
+            repeats.append(
+                {"serial_seconds": ts, "parallel_seconds": tp, "speedup": ts / tp,
+                 "efficiency": ts / tp / args.workers,
+                 "member_wall_over_cpu_serial": wait_s, "member_wall_over_cpu_parallel": wait_p}
+            )
             print(f"repeat {r}: serial {ts:.1f} s, {args.workers} workers {tp:.1f} s "
-                  f"(speedup {ts / tp:.2f})", flush=True)
+                  f"(speedup {ts / tp:.2f}; member wall/CPU {wait_s:.2f} serial, "
+                  f"{wait_p:.2f} parallel)", flush=True)
     finally:
         pool.close()
     load_after = os.getloadavg()
@@ -143,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.platform(),
         "serial_seconds": serial_times,
         "parallel_seconds": parallel_times,
+        "repeats": repeats,
         "serial_seconds_min": t_serial,
         "parallel_seconds_min": t_parallel,
         "speedup": speedup,

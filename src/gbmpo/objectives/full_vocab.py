@@ -10,31 +10,50 @@ h = negative entropy this is the exact KL(pi_theta || pi_ref), computed from log
 :class:`NeuralMirrorMap` works as h. It is a different regularizer from the selected-token one
 (which estimates it only after reweighting by 1/p).
 
+Gradients. With p = softmax(x) and u_v = dD/dp_v = h'(p_v) - h'(q_v), the gradient with respect
+to the policy logits of one row is the softmax Jacobian applied to u:
+
+    dD/dx_j = p_j (u_j - sum_v p_v u_v)
+
+(KL: u = log p - log q, and sum_v p_v u_v = D itself; square: u = 2 (p - q)). For these two
+potentials the gradient is computed in closed form, chunk by chunk, into preallocated buffers
+(no autograd graph over vocabulary-sized tensors); other potentials (neural mirror maps) use
+autograd inside each chunk.
+
 Memory (N = B*T rows, V vocabulary, C = chunk_size, H hidden size, 4-byte floats):
 
-* :func:`full_vocab_bregman` takes both logit tensors (2 N V elements, owned by the caller).
-  Rows are processed C at a time; with grad each chunk is checkpointed, so the saved state is
-  just the input logits and the extra peak is ~k C V floats (k ~ 6 for KL / square; for the
-  neural mirror map, temporaries of C V 21 floats per activation block). Without chunking the
-  temporaries are k N V floats.
+* :func:`full_vocab_bregman` takes both logit tensors (2 N V elements, owned by the caller). With
+  grad, the forward computes each row's gradient while it has the row's probabilities at hand and
+  stores it in one [N, V] buffer, which the backward scales in place by the incoming gradient and
+  returns as the logits' gradient (it is that gradient, so it costs nothing beyond it); the
+  kernel's scratch space is the not-yet-written part of that buffer (8 V floats for the last
+  chunk): extra peak ~ N V + 8 V floats, one pass over the logits, no recomputation. The backward
+  can run only once per forward (the buffer is reused in place). Without grad the rows are
+  processed C at a time (k C V floats of temporaries, k ~ 6).
 * :func:`full_vocab_bregman_from_hidden` takes hidden states [B, T, H] and the LM-head weight
   [V, H] and projects inside each chunk, so no [N, V] tensor ever exists: forward and backward
-  peak ~k C V floats plus the inputs; backward recomputes each chunk (about twice the projection
-  compute of a plain forward/backward). This is the path for training with large vocabularies
-  (FEASIBILITY.md section 6: the checkpointed, projected-in-chunk variant is the one that saves
-  memory in backward; chunks of >= 128 rows avoid glibc heap fragmentation).
+  peak ~ 3 C V floats (three reused chunk buffers) plus the inputs and the weight's gradient.
+  The backward recomputes each chunk's policy and reference logits (two extra projections per
+  chunk: six [C, H] x [H, V] products per chunk in all, against four for an unchunked
+  forward/backward). This is the path for training with large vocabularies (FEASIBILITY.md
+  section 6).
+
+Reused buffers also avoid glibc malloc's fragmentation of repeatedly freed ~20 MB chunks
+(FEASIBILITY.md section 6): each call allocates its chunk buffers once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.utils.checkpoint import checkpoint
 
-from gbmpo.objectives.potentials import NegEntropy, Potential, as_potential
+from gbmpo.objectives.potentials import NegEntropy, Potential, Square, as_potential
 
 __all__ = ["bregman_rows", "full_vocab_bregman", "full_vocab_bregman_from_hidden"]
 
@@ -91,6 +110,256 @@ def _run_chunks(fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor, st
     return torch.cat(outs)
 
 
+# --- closed-form chunk kernel -----------------------------------------------------------------
+
+#: rows per sub-chunk when the last chunk of :class:`_LogitsBregman` needs its own scratch buffer
+_TAIL_ROWS = 8
+
+
+def _closed_form_kind(potential: Potential) -> str | None:
+    """``"kl"`` / ``"square"`` for the potentials with a closed-form kernel, else None."""
+    if isinstance(potential, NegEntropy):
+        return "kl"
+    if isinstance(potential, Square):
+        return "square"
+    return None
+
+
+def _rowdot(a: Tensor, b: Tensor) -> Tensor:
+    """sum_v a[r, v] b[r, v] per row, as a batched matrix product (no [C, V] temporary)."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).reshape(a.shape[0])
+
+
+def _closed_form_rows(
+    x: Tensor,
+    y: Tensor,
+    kind: str,
+    p_out: Tensor,
+    scratch: Tensor | None,
+    want_grad: bool,
+) -> Tensor:
+    """D[r] = sum_v D_h(softmax(x[r])_v, softmax(y[r])_v) for h = neg-entropy ("kl") or y^2
+    ("square"), and optionally dD[r]/dx[r] (see the module docstring), in preallocated buffers.
+
+    ``x``, ``y``, ``p_out`` (and ``scratch``) are [C, V] in the compute dtype. ``p_out`` receives
+    softmax(x) and then, with ``want_grad``, the gradient. With ``scratch=None`` the function may
+    overwrite ``x`` and ``y`` (buffers the caller owns); otherwise it writes only to ``p_out`` and
+    ``scratch``.
+    """
+    mx = x.amax(dim=-1, keepdim=True)
+    torch.sub(x, mx, out=p_out).exp_()
+    sx = p_out.sum(dim=-1, keepdim=True)
+    p_out.div_(sx)  # p = softmax(x)
+    my = y.amax(dim=-1, keepdim=True)
+    if kind == "kl":
+        if scratch is None:
+            u = torch.sub(x, y, out=x)  # x is no longer needed
+            e = y.sub_(my).exp_()
+        else:
+            e = torch.sub(y, my, out=scratch).exp_()
+        sy = e.sum(dim=-1, keepdim=True)
+        if scratch is not None:
+            u = torch.sub(x, y, out=scratch)
+        # u = log p - log q = (x - y) - (logsumexp x - logsumexp y)
+        u.sub_((mx + sx.log()) - (my + sy.log()))
+        d = _rowdot(p_out, u)
+        if want_grad:
+            p_out.mul_(u.sub_(d.unsqueeze(-1)))  # p (u - D)
+        return d
+    if kind == "square":
+        q = y.sub_(my).exp_() if scratch is None else torch.sub(y, my, out=scratch).exp_()
+        q.div_(q.sum(dim=-1, keepdim=True))
+        w = torch.sub(p_out, q, out=q)  # p - q
+        d = _rowdot(w, w)
+        if want_grad:
+            c = _rowdot(p_out, w)
+            p_out.mul_(w.sub_(c.unsqueeze(-1)).mul_(2.0))  # p * 2 (w - <p, w>)
+        return d
+    raise ValueError(f"no closed-form kernel for {kind!r}")
+
+
+def _autograd_rows(
+    x: Tensor, y: Tensor, potential: Potential, grad_out: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Values and gradient w.r.t. ``x`` of :func:`bregman_rows` for any potential, by autograd on
+    one chunk. ``grad_out`` [C] weights the rows (None: 1, i.e. each row's own gradient)."""
+    with torch.enable_grad():
+        xg = x.detach().requires_grad_(True)
+        d = bregman_rows(xg, y.detach(), potential)
+        (g,) = torch.autograd.grad(d, xg, grad_outputs=torch.ones_like(d) if grad_out is None
+                                   else grad_out.to(d.dtype))
+    return d.detach(), g
+
+
+class _LogitsBregman(torch.autograd.Function):
+    """full_vocab_bregman with grad into the policy logits only: the forward stores each row's
+    gradient dD_r/dx_r in one [N, V] buffer, the backward scales it in place by dL/dD_r."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx, x: Tensor, y: Tensor, potential: Potential, step: int
+    ) -> Tensor:
+        n, vocab = x.shape
+        dt = _float_dtype(x, y)
+        kind = _closed_form_kind(potential)
+        grad = torch.empty((n, vocab), dtype=x.dtype, device=x.device)
+        out = torch.empty(n, dtype=dt, device=x.device)
+        c = max(min(step, n), 1)
+        stage = None if x.dtype == dt else torch.empty((c, vocab), dtype=dt, device=x.device)
+        # Scratch for the closed-form kernel: the not-yet-written rows of ``grad`` after the
+        # current chunk when there are enough of them (and ``grad`` has the compute dtype), so
+        # the extra memory is the gradient alone; the last chunk(s) use a small buffer instead,
+        # in sub-chunks of at most ``tail`` rows.
+        tail = min(c, _TAIL_ROWS) if stage is None else c
+        small = torch.empty((tail, vocab), dtype=dt, device=x.device) if kind else None
+        for s0 in range(0, n, step):
+            e0 = min(n, s0 + step)
+            reuse = stage is None and e0 + (e0 - s0) <= n
+            sub = e0 - s0 if reuse else tail
+            for s in range(s0, e0, sub):
+                e = min(e0, s + sub)
+                xc, yc = x[s:e].to(dt), y[s:e].to(dt)
+                g = grad[s:e] if stage is None else stage[: e - s]
+                if kind is not None:
+                    assert small is not None
+                    scratch = grad[e0 : e0 + (e - s)] if reuse else small[: e - s]
+                    out[s:e] = _closed_form_rows(xc, yc, kind, g, scratch, want_grad=True)
+                else:
+                    out[s:e], gi = _autograd_rows(xc, yc, potential, None)
+                    g.copy_(gi)
+                if stage is not None:
+                    grad[s:e].copy_(g)
+        ctx.save_for_backward(grad)
+        ctx.used = False  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, None, None, None]:
+        if ctx.used:
+            raise RuntimeError(
+                "full_vocab_bregman: backward can run only once per forward (its stored "
+                "gradient is scaled in place); compute the divergence again to differentiate "
+                "again"
+            )
+        ctx.used = True
+        (grad,) = ctx.saved_tensors
+        grad.mul_(grad_out.to(grad.dtype).unsqueeze(-1))
+        return grad, None, None, None
+
+
+def _project(rows: Tensor, weight: Tensor, bias: Tensor | None, buf: Tensor) -> Tensor:
+    """``rows @ weight.T + bias`` (in the weight's dtype, like the model's head) into ``buf``
+    (compute dtype)."""
+    if rows.dtype == buf.dtype and weight.dtype == buf.dtype:
+        torch.mm(rows, weight.t(), out=buf)
+        if bias is not None:
+            buf.add_(bias.to(buf.dtype))
+    else:
+        buf.copy_(F.linear(rows, weight, bias))
+    return buf
+
+
+class _HiddenBregman(torch.autograd.Function):
+    """full_vocab_bregman_from_hidden: chunked projection + divergence; the backward recomputes
+    each chunk's logits (nothing vocabulary-sized is saved) and accumulates the gradients of the
+    hidden rows, the head weight and its bias."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: FunctionCtx,
+        h: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        ref: Tensor,
+        ref_w: Tensor | None,
+        ref_b: Tensor | None,
+        potential: Potential,
+        step: int,
+    ) -> Tensor:
+        n = h.shape[0]
+        dt = _float_dtype(h, weight)
+        out = torch.empty(n, dtype=dt, device=h.device)
+        for s, e, logits, ref_logits, p_buf in _HiddenBregman._chunks(
+            h, weight, bias, ref, ref_w, ref_b, step, dt
+        ):
+            kind = _closed_form_kind(potential)
+            if kind is not None:
+                out[s:e] = _closed_form_rows(logits, ref_logits, kind, p_buf, None, False)
+            else:
+                out[s:e] = bregman_rows(logits, ref_logits, potential)
+        ctx.save_for_backward(h, weight, bias, ref, ref_w, ref_b)
+        ctx.potential, ctx.step, ctx.dt = potential, step, dt  # type: ignore[attr-defined]
+        return out
+
+    @staticmethod
+    def _chunks(
+        h: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        ref: Tensor,
+        ref_w: Tensor | None,
+        ref_b: Tensor | None,
+        step: int,
+        dt: torch.dtype,
+    ) -> Any:
+        """Yield (start, end, policy logits, reference logits, spare buffer) per chunk; the three
+        [C, V] buffers are allocated once and reused."""
+        n, vocab = h.shape[0], weight.shape[0]
+        c = max(min(step, n), 1)
+        bufs = [torch.empty((c, vocab), dtype=dt, device=h.device) for _ in range(3)]
+        for s in range(0, n, step):
+            e = min(n, s + step)
+            lb, rb_, pb = (b[: e - s] for b in bufs)
+            logits = _project(h[s:e], weight, bias, lb)
+            if ref_w is None:
+                ref_logits = rb_.copy_(ref[s:e])
+            else:
+                ref_logits = _project(ref[s:e], ref_w, ref_b, rb_)
+            yield s, e, logits, ref_logits, pb
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        h, weight, bias, ref, ref_w, ref_b = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        potential, dt = ctx.potential, ctx.dt
+        kind = _closed_form_kind(potential)
+        dh = torch.empty_like(h) if need_h else None
+        dw = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
+        db = torch.zeros(weight.shape[0], dtype=dt, device=weight.device) if need_b else None
+        g_all = grad_out.to(dt)
+        for s, e, logits, ref_logits, p_buf in _HiddenBregman._chunks(
+            h, weight, bias, ref, ref_w, ref_b, ctx.step, dt
+        ):
+            g_rows = g_all[s:e]
+            if kind is not None:
+                _closed_form_rows(logits, ref_logits, kind, p_buf, None, True)
+                grad = p_buf.mul_(g_rows.unsqueeze(-1))  # dL/dlogits of the chunk
+            else:
+                _, gi = _autograd_rows(logits, ref_logits, potential, g_rows)
+                grad = p_buf.copy_(gi)
+            if dh is not None:
+                if dh.dtype == dt and weight.dtype == dt:
+                    torch.mm(grad, weight, out=dh[s:e])
+                else:
+                    dh[s:e] = grad.to(weight.dtype) @ weight
+            if dw is not None:
+                dw.addmm_(grad.t(), h[s:e].to(dt))
+            if db is not None:
+                db.add_(grad.sum(dim=0))
+        return (
+            dh,
+            None if dw is None else dw.to(weight.dtype),
+            None if db is None else db.to(bias.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
 def full_vocab_bregman(
     policy_logits: Tensor,
     ref_logits: Tensor,
@@ -103,9 +372,11 @@ def full_vocab_bregman(
     D[b, t] = sum_v D_h(softmax(policy_logits[b, t])_v, softmax(ref_logits[b, t])_v)
     (METHODS.md 3.5). ``potential``: a name from POTENTIALS (``neg_entropy`` = exact KL,
     ``square``/``prob_l2``, ``neural_mirror``) or a potential object such as a NeuralMirrorMap.
-    ``chunk_size`` rows (token positions) are processed at a time (None: all at once); with
-    grad each chunk is checkpointed so that no softmax of the full [B, T, V] is kept for
-    backward. Gradients flow into whichever logits require grad (normally only the policy's).
+    ``chunk_size`` rows (token positions) are processed at a time (None: all at once). With
+    grad into the policy logits only, the forward stores the gradient itself (one [B, T, V]
+    buffer, returned as the logits' gradient by the backward, which can run only once) and
+    [chunk_size, V] scratch; with grad into ``ref_logits`` too, each chunk is checkpointed.
+    Gradients flow into whichever logits require grad (normally only the policy's).
     ``mask`` [B, T] zeroes padded positions. Output float32 (float64 for float64 logits).
     """
     pot = as_potential(potential)
@@ -125,7 +396,13 @@ def full_vocab_bregman(
         return bregman_rows(x, y, pot)
 
     step = max(flat_p.shape[0], 1) if chunk_size is None else chunk_size
-    out = _run_chunks(fn, flat_p, flat_q, step).reshape(lead)
+    if torch.is_grad_enabled() and flat_p.requires_grad and not flat_q.requires_grad:
+        # the usual case (reference logits without grad): closed-form / per-chunk gradients
+        # stored during the forward, no recomputation
+        out = _LogitsBregman.apply(flat_p, flat_q, pot, step).reshape(lead)
+    else:
+        # no grad, or grad into the reference logits too: row chunks (checkpointed with grad)
+        out = _run_chunks(fn, flat_p, flat_q, step).reshape(lead)
     if keep is not None:
         out = torch.where(keep, out, 0.0)
     return out
@@ -147,8 +424,8 @@ def full_vocab_bregman_from_hidden(
     """Per-token full-vocabulary Bregman divergence [B, T] from policy hidden states.
 
     Policy logits = hidden @ lm_head_weight.T (+ lm_head_bias), computed inside each chunk of
-    ``chunk_size`` token rows; each chunk is wrapped in ``torch.utils.checkpoint`` so neither the
-    forward nor the backward ever holds a [B*T, V] tensor (see the module docstring). The
+    ``chunk_size`` token rows into reused buffers; the backward recomputes each chunk, so neither
+    the forward nor the backward ever holds a [B*T, V] tensor (see the module docstring). The
     reference side is exactly one of:
 
     * ``ref_hidden`` [B, T, H] with ``ref_lm_head_weight`` [V, H] (default: ``lm_head_weight``,
@@ -204,29 +481,10 @@ def full_vocab_bregman_from_hidden(
         rows = rows.index_select(0, idx)
         ref_rows = ref_rows.index_select(0, idx)
 
-    def fn(h: Tensor, r: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-        logits = F.linear(h, weight, bias)
-        with torch.no_grad():
-            ref = r if ref_w is None else F.linear(r, ref_w, ref_b)
-        return bregman_rows(logits, ref, pot)
-
-    # weight and bias are passed whole (not chunked) so their gradients accumulate over chunks
     n = rows.shape[0]
     step = max(n, 1) if chunk_size is None else chunk_size
-    use_ckpt = torch.is_grad_enabled() and (
-        hidden.requires_grad
-        or lm_head_weight.requires_grad
-        or (lm_head_bias is not None and lm_head_bias.requires_grad)
-    )
-    outs = []
-    for start in range(0, n, step):
-        args = (rows[start : start + step], ref_rows[start : start + step])
-        if use_ckpt:
-            outs.append(checkpoint(fn, *args, lm_head_weight, lm_head_bias, use_reentrant=False))
-        else:
-            outs.append(fn(*args, lm_head_weight, lm_head_bias))
-    dt = _float_dtype(hidden, lm_head_weight)
-    vals = torch.cat(outs) if outs else torch.zeros(0, dtype=dt, device=hidden.device)
+    vals = _HiddenBregman.apply(rows, lm_head_weight, lm_head_bias, ref_rows, ref_w, ref_b, pot,
+                                step)
     if idx is not None:
         full = torch.zeros(n_all, dtype=vals.dtype, device=vals.device)
         vals = full.index_copy(0, idx, vals)

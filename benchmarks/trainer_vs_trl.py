@@ -1,0 +1,667 @@
+"""gbmpo's Trainer against TRL's GRPOTrainer: steps/s and generated tokens/s on the same work.
+
+Both sides train the same random Qwen3 (built from a config, with the shipped 447-token
+tokenizer, saved to a temporary directory) on the built-in ``arithmetic`` prompts with the same
+settings: 8 prompts x 8 completions per step, at most 40 new tokens, temperature 1, top-p 1,
+top-k off, importance-weighted k3 KL penalty (beta = coef = 0.04; TRL 1.16's default
+``use_bias_correction_kl=True`` multiplies k3 by the ratio, which is gbmpo's ``kl_k3_is``) toward
+a frozen reference, PPO clip 0.2, Dr. GRPO
+advantages (no std scaling) and aggregation, one AdamW step (betas 0.9/0.999, lr 1e-6, grad-norm
+clip 1) per generation batch, fp32 on CPU, no gradient checkpointing, no evaluation, no
+checkpoints. A random model almost never emits EOS, so nearly every completion has 40 tokens on
+both sides (the generated token counts are measured and reported).
+
+Timing: each side runs in a fresh process; the time between consecutive step ends is recorded
+(so everything each trainer does per step counts: generation, rewards, reference and policy
+forwards, backward, optimizer, logging), the first ``--warmup`` steps are dropped, and the
+median is reported. The two sides alternate for ``--rounds`` rounds to spread machine-load drift
+over both.
+
+Loss check ("same loss at step 0"): two independent generators cannot produce the same
+completions, so one process builds one batch (prompts of equal token length, so no padding,
+completions sampled once), injects the same tensors, advantages, old and reference log-probs
+into both implementations and reports both losses: gbmpo's ``Trainer.accumulate_gradients``
+and TRL's ``GRPOTrainer._compute_loss``.
+
+    python benchmarks/trainer_vs_trl.py                       # both sizes (about 10 minutes)
+    python benchmarks/trainer_vs_trl.py --sizes 0.2M --steps 8 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import load_average, machine, median, peak_rss_bytes, run_child, write_result
+
+#: model configs (vocabulary: the shipped tokenizer, 447 tokens; tied embeddings)
+SIZES: dict[str, dict[str, int]] = {
+    "0.2M": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, intermediate_size=256),
+    "10M": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6,
+                num_key_value_heads=2, head_dim=64, intermediate_size=1024),
+    # a toy size for the smoke test
+    "toy": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, head_dim=8, intermediate_size=32),
+}
+GOALS = {"0.2M": 2.0, "10M": 1.3}
+
+# the shared settings of both trainers
+BETA = 0.04
+EPSILON = 0.2
+LR = 1e-6
+BETAS = (0.9, 0.999)
+GRAD_CLIP = 1.0
+
+
+def build_model(size: str, out_dir: str, seed: int = 0) -> int:
+    """A random Qwen3 of ``size`` with the shipped tokenizer, saved to ``out_dir``; returns the
+    number of parameters."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from gbmpo.models import load_model_and_tokenizer
+
+    _, tok = load_model_and_tokenizer(None)
+    cfg = Qwen3Config(
+        vocab_size=len(tok),
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **SIZES[size],
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(cfg)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return sum(p.numel() for p in model.parameters())
+
+
+def _task(num_train: int) -> Any:
+    from gbmpo.tasks import get_task
+
+    return get_task("arithmetic", num_train=num_train, num_test=16, num_sft=1)
+
+
+# --------------------------------------------------------------------------------- our trainer
+
+
+def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace) -> Any:
+    from gbmpo.train.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "model": {"path": model_dir},
+            "task": {"name": "arithmetic", "params": {"num_train": a.num_train, "num_test": 16,
+                                                       "num_sft": 1}},
+            "rollout": {"prompts_per_step": a.prompts, "num_generations": a.generations,
+                        "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
+                        "top_k": 0},
+            "objective": {
+                "advantage": "dr_grpo",
+                "surrogate": {"name": "clip", "params": {"eps_low": EPSILON,
+                                                         "eps_high": EPSILON}},
+                "regularizer": {"name": "kl_k3_is", "coef": BETA, "anchor": "ref"},
+                "aggregation": "dr_grpo",
+                "monitor_regularizers": False,
+            },
+            # one AdamW step on the whole batch per generation, as TRL with
+            # steps_per_generation = num_iterations = 1 (set explicitly: gbmpo's defaults differ)
+            "optim": {"lr": LR, "betas": list(BETAS), "grad_clip": GRAD_CLIP, "mu": 1,
+                      "mini_batch_size": None, "micro_batch_size": None, "warmup_steps": 0,
+                      "schedule": "constant", "weight_decay": 0.0},
+            "eval": {"every": 0, "before": False, "after": False},
+            "run": {"steps": steps, "time_budget_seconds": None, "seed": 0,
+                    "output_dir": out_dir, "checkpoint_every": 0, "num_threads": a.threads,
+                    "progress": False},
+        }
+    )
+
+
+def child_ours(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from gbmpo.train.trainer import Trainer
+
+    if a.child == "proto":
+        _install_prototype()
+
+    torch.set_num_threads(a.threads)
+    out = tempfile.mkdtemp(prefix="gbmpo-bench-ours-")
+    cfg = _our_config(a.model_dir, os.path.join(out, "run"), a.steps, a)
+    ends: list[float] = []
+    cpu_ends: list[float] = []
+    tokens: list[float] = []
+
+    class Timed(Trainer):
+        def train_step(self) -> dict[str, Any]:
+            record = super().train_step()
+            ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
+            tokens.append(record["response_length_mean"] * a.prompts * a.generations)
+            return record
+
+    t0 = time.perf_counter()
+    trainer = Timed(cfg)
+    t_setup = time.perf_counter() - t0
+    if a.profile:
+        from pyinstrument import Profiler
+
+        prof = Profiler(interval=0.005)
+        prof.start()
+    starts, cpu_starts = time.perf_counter(), time.process_time()
+    trainer.train()
+    if a.profile:
+        prof.stop()
+        _write_profile(prof, a.profile)
+    side = "gbmpo+proto" if a.child == "proto" else "gbmpo"
+    return _step_stats(side, [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
+                       t_setup)
+
+
+# --------------------------------------------------------------------------------- prototype
+# NOT part of the library: a measured what-if for the trainer/rollout owners. ``--prototype``
+# adds a third side, "gbmpo+proto": gbmpo's Trainer with its two rollout functions swapped (in
+# the child process only) for versions that share each prompt's computation across its G
+# completions: (1) sampling prefills the P distinct prompts once and expands the KV cache G
+# times, then decodes with a plain loop (no logits processors / stopping criteria objects;
+# inverse-CDF sampling with one uniform number per row);
+# (2) the log-prob forward (reference, and policy with grad) runs the distinct prompts once and
+# the completions on the expanded cache, so the prompt's share of the forward and backward is
+# done once per group instead of G times. Same log-probs and gradients up to float rounding
+# (checked by ``--child proto-check``).
+
+
+def _proto_generate(model: Any, tokenizer: Any, prompts: list[str], *,
+                    num_return_sequences: int = 1, max_new_tokens: int = 256,
+                    do_sample: bool = True, temperature: float = 1.0, top_p: float = 1.0,
+                    top_k: int = 0, generator_seed: int | None = None,
+                    batch_size: int | None = None) -> Any:
+    import torch
+
+    from gbmpo.rollout.hf import Rollout, completion_mask_from_ids, eos_token_ids
+
+    if not do_sample or top_p != 1.0 or top_k != 0:
+        raise NotImplementedError("the prototype samples from softmax(z / T) only")
+    g = num_return_sequences
+    eos = torch.tensor(eos_token_ids(model, tokenizer))
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            if generator_seed is not None:
+                torch.manual_seed(int(generator_seed))
+            pos = (mask.cumsum(-1) - 1).clamp_min(0)
+            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                        logits_to_keep=1)
+            cache = out.past_key_values
+            cache.batch_repeat_interleave(g)
+            logits = out.logits[:, -1].repeat_interleave(g, 0)
+            att = mask.repeat_interleave(g, 0)
+            nxt_pos = mask.sum(-1, keepdim=True).repeat_interleave(g, 0)
+            done = torch.zeros(att.shape[0], dtype=torch.bool)
+            tokens = []
+            for t in range(max_new_tokens):
+                probs = torch.softmax(logits.double() / temperature, dim=-1)
+                # inverse CDF: one uniform per row (cheaper than multinomial / Gumbel noise)
+                cdf = probs.cumsum_(-1)
+                u = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype) * cdf[:, -1:]
+                tok = torch.searchsorted(cdf, u).squeeze(1).clamp_max(cdf.shape[1] - 1)
+                tok = torch.where(done, torch.full_like(tok, tokenizer.pad_token_id), tok)
+                tokens.append(tok)
+                done |= torch.isin(tok, eos)
+                if bool(done.all()) or t == max_new_tokens - 1:
+                    break
+                att = torch.cat([att, torch.ones_like(tok).unsqueeze(1)], 1)
+                out = model(input_ids=tok.unsqueeze(1), attention_mask=att, position_ids=nxt_pos,
+                            past_key_values=cache, use_cache=True)
+                nxt_pos = nxt_pos + 1
+                logits = out.logits[:, -1]
+    finally:
+        model.train(was_training)
+    completion_ids = torch.stack(tokens, 1)
+    completion_mask = completion_mask_from_ids(completion_ids, eos.tolist())
+    lengths = completion_mask.sum(1)
+    has_eos = torch.isin(completion_ids, eos).any(1)
+    texts = tokenizer.batch_decode([r[: int(n)] for r, n in zip(completion_ids, lengths,
+                                                                strict=True)],
+                                   skip_special_tokens=True)
+    return Rollout(prompt_ids=ids.repeat_interleave(g, 0), prompt_mask=mask.repeat_interleave(g, 0),
+                   completion_ids=completion_ids, completion_mask=completion_mask,
+                   texts=list(texts), num_tokens=[int(n) for n in lengths],
+                   truncated=[not bool(h) for h in has_eos])
+
+
+def _proto_completion_logprobs(model: Any, prompt_ids: Any, prompt_mask: Any,
+                               completion_ids: Any, completion_mask: Any, *,
+                               temperature: float = 1.0, chunk_rows: int = 1024,
+                               with_entropy: bool = False) -> tuple[Any, Any]:
+    import torch
+
+    from gbmpo.rollout.hf import selective_log_softmax, token_entropy
+
+    uniq, inv = torch.unique(prompt_ids, dim=0, return_inverse=True)
+    first = torch.zeros(uniq.shape[0], dtype=torch.long).scatter_(
+        0, inv, torch.arange(inv.shape[0]))
+    umask = prompt_mask[first]
+    out = model(input_ids=uniq, attention_mask=umask,
+                position_ids=(umask.cumsum(-1) - 1).clamp_min(0), use_cache=True,
+                logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_select_indices(inv)  # differentiable gather: gradients sum over the group
+    last = out.logits[:, -1][inv]
+    c = completion_ids.shape[1]
+    out2 = model(input_ids=completion_ids, attention_mask=torch.cat([prompt_mask,
+                                                                     completion_mask], 1),
+                 position_ids=prompt_mask.sum(1, keepdim=True) + torch.arange(c)[None],
+                 past_key_values=cache, use_cache=True)
+    logits = torch.cat([last.unsqueeze(1), out2.logits[:, : c - 1]], 1)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = selective_log_softmax(logits, completion_ids, chunk_rows)
+    entropy = token_entropy(logits.detach(), chunk_rows) if with_entropy else None
+    return logp, entropy
+
+
+def _install_prototype() -> None:
+    import gbmpo.train.trainer as trainer_module
+
+    trainer_module.generate = _proto_generate  # type: ignore[assignment]
+    trainer_module.completion_logprobs = _proto_completion_logprobs  # type: ignore[assignment]
+
+
+def child_proto_check(a: argparse.Namespace) -> dict[str, Any]:
+    """The prototype's log-probs and gradients against gbmpo's on one sampled batch."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gbmpo.rollout.hf import completion_logprobs
+
+    torch.set_num_threads(a.threads)
+    model = AutoModelForCausalLM.from_pretrained(a.model_dir)
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    prompts = [ex["prompt"] for ex in _task(a.num_train).split("train")[: a.prompts]]
+    batch = _proto_generate(model, tok, prompts, num_return_sequences=a.generations,
+                            max_new_tokens=a.max_new_tokens, generator_seed=1)
+    args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
+    m = batch.completion_mask.float()
+    w = torch.randn(m.shape, generator=torch.Generator().manual_seed(0))
+    model.train()
+    res = []
+    for fn in (completion_logprobs, _proto_completion_logprobs):
+        model.zero_grad(set_to_none=True)
+        lp, _ = fn(model, *args)
+        (lp * w * m).sum().backward()
+        res.append((lp.detach(), [p.grad.clone() for p in model.parameters()]))
+    (lp0, g0), (lp1, g1) = res
+    return {
+        "logp_max_abs_diff": float(((lp1 - lp0) * m).abs().max()),
+        "grad_max_rel_diff": max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-12))
+                                 for x, y in zip(g1, g0, strict=True)),
+        "tokens": int(m.sum()),
+    }
+
+
+# --------------------------------------------------------------------------------- TRL
+
+
+def _trl_config(out_dir: str, steps: int, a: argparse.Namespace) -> Any:
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=a.prompts * a.generations,
+        gradient_accumulation_steps=1,
+        num_generations=a.generations,
+        max_completion_length=a.max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        max_steps=steps,
+        learning_rate=LR,
+        adam_beta1=BETAS[0],
+        adam_beta2=BETAS[1],
+        weight_decay=0.0,
+        max_grad_norm=GRAD_CLIP,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        beta=BETA,
+        epsilon=EPSILON,
+        loss_type="dr_grpo",
+        scale_rewards="none",
+        num_iterations=1,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+
+
+def _trl_dataset(task: Any) -> Any:
+    from datasets import Dataset
+
+    rows = [{"prompt": ex["prompt"], "answer": ex["answer"]} for ex in task.split("train")]
+    return Dataset.from_list(rows)
+
+
+def _trl_reward(task: Any) -> Any:
+    def reward(prompts: list[str], completions: list[str], answer: list[Any], **_: Any) -> Any:
+        return task.reward(prompts, completions, answer=answer)
+
+    reward.__name__ = "arithmetic"
+    return reward
+
+
+def child_trl(a: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOTrainer
+
+    torch.set_num_threads(a.threads)
+    task = _task(a.num_train)
+    out = tempfile.mkdtemp(prefix="gbmpo-bench-trl-")
+    ends: list[float] = []
+    cpu_ends: list[float] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            ends.append(time.perf_counter())
+            cpu_ends.append(time.process_time())
+
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    trainer = GRPOTrainer(
+        model=a.model_dir,
+        reward_funcs=_trl_reward(task),
+        args=_trl_config(out, a.steps, a),
+        train_dataset=_trl_dataset(task),
+        processing_class=tok,
+        callbacks=[StepTimer()],
+    )
+    t_setup = time.perf_counter() - t0
+    if a.profile:
+        from pyinstrument import Profiler
+
+        prof = Profiler(interval=0.005)
+        prof.start()
+    starts, cpu_starts = time.perf_counter(), time.process_time()
+    trainer.train()
+    if a.profile:
+        prof.stop()
+        _write_profile(prof, a.profile)
+    logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
+    tokens = [h["completions/mean_length"] * a.prompts * a.generations for h in logs]
+    return _step_stats("trl", [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
+                       t_setup)
+
+
+def _write_profile(prof: Any, path: str) -> None:
+    """The call tree (library frames shown, nodes under 1% of the time dropped) and a flat list
+    of self times."""
+    tree = prof.output_text(unicode=False, color=False, show_all=True,
+                            processor_options={"filter_threshold": 0.01})
+    flat = prof.output_text(unicode=False, color=False, flat=True)
+    Path(path).write_text(tree + "\n\n===== flat (self time) =====\n" + flat)
+
+
+def _step_stats(
+    side: str,
+    marks: list[float],
+    cpu_marks: list[float],
+    tokens: list[float],
+    warmup: int,
+    t_setup: float,
+) -> dict[str, Any]:
+    deltas = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    cpu = [b - a for a, b in zip(cpu_marks, cpu_marks[1:], strict=False)][warmup:]
+    if len(deltas) <= warmup:
+        raise RuntimeError(f"{side}: only {len(deltas)} steps timed, need more than {warmup}")
+    kept = deltas[warmup:]
+    toks = tokens[warmup : len(deltas)]
+    per_step_tps = [t / d for t, d in zip(toks, kept, strict=False)]
+    return {
+        "side": side,
+        "setup_seconds": t_setup,
+        "step_seconds_all": deltas,
+        "step_seconds_median": median(kept),
+        "steps_per_second": 1.0 / median(kept),
+        "cpu_seconds_per_step_median": median(cpu),
+        "tokens_per_step_mean": sum(toks) / max(len(toks), 1),
+        "tokens_per_second": median(per_step_tps) if per_step_tps else None,
+        "peak_rss_gb": peak_rss_bytes() / 1e9,
+        "loadavg_end": load_average(),
+    }
+
+
+# --------------------------------------------------------------------------------- loss check
+
+
+def child_loss(a: argparse.Namespace) -> dict[str, Any]:
+    """Both implementations' loss on one identical injected batch."""
+    import torch
+    from transformers import AutoTokenizer
+    from trl import GRPOTrainer
+
+    from gbmpo.rollout.hf import Rollout, completion_logprobs, generate
+    from gbmpo.train.trainer import Trainer
+
+    torch.set_num_threads(a.threads)
+    task = _task(a.num_train)
+    tok = AutoTokenizer.from_pretrained(a.model_dir)
+    # prompts of one token length -> no left padding (TRL's training forward passes no
+    # position ids, gbmpo's does; with equal lengths both see positions 0..L-1)
+    by_len: dict[int, list[str]] = {}
+    for ex in task.split("train"):
+        by_len.setdefault(len(tok(ex["prompt"])["input_ids"]), []).append(ex["prompt"])
+    length, prompts = max(by_len.items(), key=lambda kv: len(kv[1]))
+    prompts = prompts[: a.prompts]
+    if len(prompts) < a.prompts:
+        raise RuntimeError(f"only {len(prompts)} prompts of {length} tokens")
+
+    out = tempfile.mkdtemp(prefix="gbmpo-bench-loss-")
+    ours = Trainer(_our_config(a.model_dir, os.path.join(out, "ours"), 1, a))
+    trl = GRPOTrainer(
+        model=a.model_dir,
+        reward_funcs=_trl_reward(task),
+        args=_trl_config(os.path.join(out, "trl"), 1, a),
+        train_dataset=_trl_dataset(task),
+        processing_class=tok,
+    )
+    # identical weights on both sides (both loaded from the same directory)
+    for (n1, p1), (_, p2) in zip(
+        ours.model.named_parameters(), trl.model.named_parameters(), strict=True
+    ):
+        if not torch.equal(p1, p2):
+            raise RuntimeError(f"weights differ at {n1}")
+
+    batch = generate(ours.model, ours.tokenizer, prompts, num_return_sequences=a.generations,
+                     max_new_tokens=a.max_new_tokens, generator_seed=123)
+    n, c = batch.completion_ids.shape
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        logp, _ = completion_logprobs(ours.model, batch.prompt_ids, batch.prompt_mask,
+                                      batch.completion_ids, batch.completion_mask)
+    # off-policy old log-probs (so the clip acts) and a perturbed reference (so k3 != 0)
+    old = logp + 0.3 * torch.randn(n, c, generator=g)
+    ref = logp + 0.5 * torch.randn(n, c, generator=g)
+    adv = torch.randn(n, generator=g)
+    mask = batch.completion_mask
+
+    ours.model.train()
+    ours.optimizer.zero_grad(set_to_none=True)
+    stats = ours.accumulate_gradients(batch, torch.arange(n), adv, old, ref)
+    loss_ours = float(stats.loss)
+
+    trl.model.train()
+    trl.current_gradient_accumulation_steps = 1
+    inputs = {
+        "prompt_ids": batch.prompt_ids,
+        "prompt_mask": batch.prompt_mask,
+        "completion_ids": batch.completion_ids,
+        "completion_mask": mask,
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "ref_per_token_logps": ref,
+        "num_items_in_batch": mask.sum(),
+    }
+    loss_trl = float(trl._compute_loss(trl.model, inputs).detach())
+    assert isinstance(batch, Rollout)
+    return {
+        "loss_gbmpo": loss_ours,
+        "loss_trl": loss_trl,
+        "abs_diff": abs(loss_ours - loss_trl),
+        "batch": {"sequences": n, "completion_width": c, "prompt_tokens": length,
+                  "valid_tokens": int(mask.sum())},
+    }
+
+
+# --------------------------------------------------------------------------------- driver
+
+
+def _child_args(a: argparse.Namespace, role: str, model_dir: str, steps: int) -> list[str]:
+    args = [__file__, "--child", role, "--model-dir", model_dir, "--steps", str(steps),
+            "--warmup", str(a.warmup), "--threads", str(a.threads), "--prompts", str(a.prompts),
+            "--generations", str(a.generations), "--max-new-tokens", str(a.max_new_tokens),
+            "--num-train", str(a.num_train)]
+    if a.profile_dir:
+        args += ["--profile", str(Path(a.profile_dir) / f"{role}-{Path(model_dir).name}.txt")]
+    return args
+
+
+SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "proto": "gbmpo+proto"}
+
+
+def _summarise_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {
+        "step_seconds_median": median([x["step_seconds_median"] for x in runs]),
+        "tokens_per_second": median([x["tokens_per_second"] for x in runs]),
+        "tokens_per_step": median([x["tokens_per_step_mean"] for x in runs]),
+        "peak_rss_gb": max(x["peak_rss_gb"] for x in runs),
+        "cpu_seconds_per_step": median([x["cpu_seconds_per_step_median"] for x in runs]),
+    }
+    out["steps_per_second"] = 1.0 / out["step_seconds_median"]
+    return out
+
+
+def _ratios(ours: dict[str, Any], trl: dict[str, Any]) -> dict[str, float]:
+    return {
+        "speedup_steps": ours["steps_per_second"] / trl["steps_per_second"],
+        "speedup_tokens": ours["tokens_per_second"] / trl["tokens_per_second"],
+        # CPU time per step: with one torch thread it is the work done, much less sensitive to
+        # other processes than wall time on a shared machine
+        "speedup_cpu_time": trl["cpu_seconds_per_step"] / ours["cpu_seconds_per_step"],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes", default="0.2M,10M", help=f"comma list of {', '.join(SIZES)}")
+    p.add_argument("--steps", type=int, default=0,
+                   help="steps per run (0: 10 for sizes below 1M parameters, else 5)")
+    p.add_argument("--warmup", type=int, default=1, help="leading steps not timed")
+    p.add_argument("--rounds", type=int, default=2, help="alternating runs per side")
+    p.add_argument("--threads", type=int, default=1, help="torch threads on both sides")
+    p.add_argument("--prompts", type=int, default=8)
+    p.add_argument("--generations", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--num-train", type=int, default=512, help="training prompts in the task")
+    p.add_argument("--prototype", action="store_true",
+                   help="also time gbmpo with the prompt-sharing rollout prototype (see source)")
+    p.add_argument("--profile-dir", default=None, help="write pyinstrument profiles here")
+    p.add_argument("--no-loss-check", action="store_true")
+    p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/)")
+    p.add_argument("--child", choices=["ours", "trl", "loss", "proto", "proto-check"],
+                   help=argparse.SUPPRESS)
+    p.add_argument("--model-dir", help=argparse.SUPPRESS)
+    p.add_argument("--profile", help=argparse.SUPPRESS)
+    a = p.parse_args()
+
+    if a.child:
+        fn = {"ours": child_ours, "proto": child_ours, "trl": child_trl, "loss": child_loss,
+              "proto-check": child_proto_check}[a.child]
+        print(json.dumps(fn(a)))
+        return
+
+    if a.profile_dir:
+        Path(a.profile_dir).mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "benchmark": "trainer_vs_trl",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
+        "settings": {
+            "prompts_per_step": a.prompts, "num_generations": a.generations,
+            "max_new_tokens": a.max_new_tokens, "beta": BETA, "epsilon": EPSILON,
+            "kl": "k3 x ratio (TRL use_bias_correction_kl=True; gbmpo kl_k3_is)",
+            "loss_type": "dr_grpo", "scale_rewards": "none", "lr": LR, "threads": a.threads,
+            "warmup_steps_dropped": a.warmup, "rounds": a.rounds,
+        },
+        "sizes": {},
+    }
+    roles = ["ours", "trl"] + (["proto"] if a.prototype else [])
+    summary = []
+    with tempfile.TemporaryDirectory(prefix="gbmpo-bench-models-") as tmp:
+        for size in [s.strip() for s in a.sizes.split(",") if s.strip()]:
+            if size not in SIZES:
+                raise SystemExit(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+            model_dir = os.path.join(tmp, size)
+            n_params = build_model(size, model_dir)
+            steps = a.steps or (10 if n_params < 1_000_000 else 5)
+            entry: dict[str, Any] = {"parameters": n_params, "steps_per_run": steps,
+                                     "runs": {SIDE_OF_ROLE[r]: [] for r in roles}}
+            for r in range(a.rounds):
+                for role in (roles if r % 2 == 0 else roles[::-1]):
+                    load = load_average()
+                    res = run_child(_child_args(a, role, model_dir, steps))
+                    res["loadavg_start"] = load
+                    entry["runs"][SIDE_OF_ROLE[role]].append(res)
+                    print(f"[{size}] {SIDE_OF_ROLE[role]}: {res['step_seconds_median']:.3f} "
+                          f"s/step (CPU {res['cpu_seconds_per_step_median']:.3f} s), "
+                          f"{res['tokens_per_second']:.0f} tok/s (load {load[0]})", flush=True)
+            for side, runs in entry["runs"].items():
+                entry[side] = _summarise_side(runs)
+            entry.update(_ratios(entry["gbmpo"], entry["trl"]))
+            entry["goal"] = GOALS.get(size)
+            entry["goal_met"] = None if size not in GOALS else entry["speedup_steps"] >= GOALS[size]
+            line = (f"[{size}] {n_params / 1e6:.2f}M params: gbmpo/TRL "
+                    f"{entry['speedup_steps']:.2f}x steps/s, {entry['speedup_tokens']:.2f}x "
+                    f"tokens/s, {entry['speedup_cpu_time']:.2f}x CPU time/step")
+            if a.prototype:
+                entry["prototype"] = _ratios(entry["gbmpo+proto"], entry["trl"])
+                entry["prototype"]["check"] = run_child(_child_args(a, "proto-check", model_dir,
+                                                                    1))
+                line += (f"; gbmpo+proto/TRL {entry['prototype']['speedup_steps']:.2f}x steps/s,"
+                         f" {entry['prototype']['speedup_cpu_time']:.2f}x CPU time")
+            if not a.no_loss_check:
+                lc = entry["loss_check"] = run_child(_child_args(a, "loss", model_dir, 1))
+                line += f"; step-0 loss gbmpo {lc['loss_gbmpo']:.6g} trl {lc['loss_trl']:.6g}"
+            result["sizes"][size] = entry
+            print(line, flush=True)
+            summary.append(f"{size}: {entry['speedup_steps']:.2f}x"
+                           + (f" (goal {GOALS[size]}x)" if size in GOALS else "")
+                           + (f", prototype {entry['prototype']['speedup_steps']:.2f}x"
+                              if a.prototype else ""))
+    result["machine"]["loadavg_end"] = load_average()
+    path = write_result("trainer_vs_trl", result, a.out)
+    print(f"trainer_vs_trl: gbmpo/TRL steps/s {'; '.join(summary)} -> {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""The benchmark scripts run end to end at toy sizes and write their JSON results.
+
+No timing is asserted (the machine is shared); what is asserted is that every script finishes,
+writes the documented keys and prints its one-line summary last, and that the correctness checks
+the scripts run (gbmpo's full-vocabulary divergence and selected-token log-probs against the
+naive autograd versions, values and gradients; TRL's and gbmpo's loss on one injected batch)
+agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+
+
+def _run(script: str, out: Path, *args: str) -> tuple[dict[str, Any], str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--out", str(out), *args],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    return json.loads(out.read_text()), last
+
+
+def test_full_vocab_benchmark_toy(tmp_path: Path) -> None:
+    data, last = _run(
+        "full_vocab.py", tmp_path / "fv.json", "--batch", "1", "--seq", "8", "--vocab", "300",
+        "--hidden", "8", "--repeats", "1", "--check-rows", "6", "--chunk-logits", "3",
+        "--chunk-hidden", "4", "--modes", "logits", "--variants", "naive,gbmpo",
+        "--extra-hidden-chunks", "",
+    )
+    assert last.startswith("full_vocab:") and str(tmp_path / "fv.json") in last
+    entry = data["modes"]["logits"]
+    for variant in ("naive", "gbmpo"):
+        assert entry[variant]["seconds_min"] > 0
+        assert entry[variant]["gradient_gb"] == pytest.approx(8 * 300 * 4 / 1e9)
+    assert {"time_ratio_vs_naive", "extra_in_logits_tensors", "goal_met"} <= set(entry)
+    # both gbmpo paths (from logits, from hidden states) against naive autograd
+    for key in ("logits/gbmpo", "hidden/gbmpo", "logits/before", "hidden/before"):
+        assert data["check"][key]["value_max_rel_diff"] < 1e-4, key
+        assert data["check"][key]["grad_max_rel_diff"] < 1e-4, key
+
+
+def test_logprobs_benchmark_toy(tmp_path: Path) -> None:
+    data, last = _run(
+        "logprobs.py", tmp_path / "lp.json", "--batch", "2", "--seq", "5", "--vocab", "300",
+        "--repeats", "1", "--check-rows", "6", "--modes", "grad", "--layouts", "sliced",
+        "--variants", "naive,gbmpo",
+    )
+    assert last.startswith("logprobs:")
+    entry = data["results"]["grad/sliced"]
+    assert entry["gbmpo"]["seconds_min"] > 0 and "speedup_vs_naive" in entry
+    for layout in ("contiguous", "sliced"):
+        check = data["check"][f"{layout}/gbmpo"]
+        assert check["value_max_abs_diff"] < 1e-5 and check["grad_max_abs_diff"] < 1e-6
+
+
+def test_trainer_vs_trl_benchmark_toy(tmp_path: Path) -> None:
+    pytest.importorskip("trl")
+    data, last = _run(
+        "trainer_vs_trl.py", tmp_path / "tv.json", "--sizes", "toy", "--steps", "2",
+        "--warmup", "1", "--rounds", "1", "--prompts", "2", "--generations", "2",
+        "--max-new-tokens", "4", "--num-train", "32",
+    )
+    assert last.startswith("trainer_vs_trl:")
+    entry = data["sizes"]["toy"]
+    for side in ("gbmpo", "trl"):
+        assert entry[side]["steps_per_second"] > 0 and entry[side]["tokens_per_step"] > 0
+    assert entry["speedup_steps"] > 0
+    loss = entry["loss_check"]
+    assert loss["abs_diff"] < 1e-6, loss  # the same loss on one injected batch
+    assert loss["loss_gbmpo"] != 0.0
