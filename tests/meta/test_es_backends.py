@@ -83,8 +83,10 @@ def test_es_on_the_local_pool_equals_es_in_process(pool: LocalPoolBackend, tmp_p
 
 def test_local_pool_survives_a_dead_worker(pool: LocalPoolBackend) -> None:
     """A member that kills its process is a failed member; the pool is rebuilt afterwards."""
-    dead = pool.evaluate(flaky_fitness, [np.array([11.0, 0, 0]), np.zeros(3)])
+    dead = pool.evaluate(flaky_fitness, [np.array([11.0, 0, 0]), np.zeros(3), np.ones(3)])
     assert isinstance(dead[0], Exception)
+    # members that shared the broken pool are rerun, not failed
+    assert dead[1:] == [flaky_fitness(np.zeros(3)), flaky_fitness(np.ones(3))]
     again = pool.evaluate(flaky_fitness, [np.zeros(3)])
     assert again == [flaky_fitness(np.zeros(3))]
 

@@ -10,8 +10,8 @@ failing member never stops the others; :func:`gbmpo.meta.es.es_step` records and
 * ``local`` (default): :class:`concurrent.futures.ProcessPoolExecutor` with the ``spawn`` or
   ``forkserver`` start method (never ``fork``: torch and threads do not survive it). Each worker
   pins ``torch.set_num_threads(max(1, cores // workers))``. A worker that dies (segfault, OOM
-  kill, ``os._exit``) breaks the pool: the members still in flight are reported as failed and the
-  pool is rebuilt for the next call.
+  kill, ``os._exit``) breaks the pool; the pool is rebuilt and every member caught in the break
+  is rerun alone, so only the member that kills its worker is reported as failed.
 * ``ray``: one Ray Core task per member (``ray`` is imported only here). A member asks for one
   GPU when the cluster has GPUs, else ``cpus_per_member`` CPUs. ``address`` joins an existing
   cluster (``ray.init(address=...)``); without it a local Ray instance is started with
@@ -162,11 +162,30 @@ class LocalPoolBackend(Backend):
         return self._pool
 
     def evaluate(self, fn: FitnessFn, thetas: Sequence[np.ndarray]) -> list[Any]:
+        out = self._run_batch(fn, list(thetas))
+        # A dying worker breaks the whole pool, so innocent members in flight fail with it. Rerun
+        # each of those alone on a fresh pool: the culprit breaks its pool again and is recorded
+        # as failed; the others get their real result.
+        for i, res in enumerate(out):
+            if isinstance(res, cf.process.BrokenProcessPool):
+                out[i] = self._run_batch(fn, [thetas[i]])[0]
+        return out
+
+    def _run_batch(self, fn: FitnessFn, thetas: list[np.ndarray]) -> list[Any]:
         pool = self._ensure_pool()
-        futures = [pool.submit(fn, np.asarray(t)) for t in thetas]
+        futures: list[cf.Future[Any] | BaseException] = []
+        for t in thetas:
+            try:
+                futures.append(pool.submit(fn, np.asarray(t)))
+            except cf.process.BrokenProcessPool as e:  # broke while we were submitting
+                futures.append(e)
         out: list[Any] = []
         broken = False
         for fut in futures:
+            if isinstance(fut, BaseException):
+                broken = True
+                out.append(fut)
+                continue
             try:
                 out.append(fut.result())
             except cf.process.BrokenProcessPool as e:
@@ -174,8 +193,8 @@ class LocalPoolBackend(Backend):
                 out.append(e)
             except Exception as e:
                 out.append(e)
-        if broken:  # a worker died: this pool is unusable, start a fresh one next time
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        if broken:  # this pool is unusable: start a fresh one next time
+            pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
         return out
 
