@@ -4,12 +4,12 @@ Both sides train the same random Qwen3 (built from a config, with the shipped 44
 tokenizer, saved to a temporary directory) on the built-in ``arithmetic`` prompts with the same
 settings: 8 prompts x 8 completions per step, at most 40 new tokens, temperature 1, top-p 1,
 top-k off, importance-weighted k3 KL penalty (beta = coef = 0.04; TRL 1.16's default
-``use_bias_correction_kl=True`` multiplies k3 by the ratio, which is gbmpo's ``kl_k3_is``) toward
-a frozen reference, PPO clip 0.2, Dr. GRPO
-advantages (no std scaling) and aggregation, one AdamW step (betas 0.9/0.999, lr 1e-6, grad-norm
-clip 1) per generation batch, fp32 on CPU, no gradient checkpointing, no evaluation, no
-checkpoints. A random model almost never emits EOS, so nearly every completion has 40 tokens on
-both sides (the generated token counts are measured and reported).
+``use_bias_correction_kl=True`` multiplies k3 by the ratio, which is gbmpo's ``kl_k3_is``)
+toward a frozen reference, PPO clip 0.2, Dr. GRPO advantages (no std scaling) and aggregation,
+one AdamW step on the whole batch (betas 0.9/0.999, lr 1e-6, grad-norm clip 1) per generation
+batch, fp32 on CPU, no gradient checkpointing, no evaluation, no checkpoints. A random model
+almost never emits EOS, so nearly every completion has 40 tokens on both sides (the generated
+token counts are measured and reported).
 
 Timing: each side runs in a fresh process; the time between consecutive step ends is recorded
 (so everything each trainer does per step counts: generation, rewards, reference and policy
@@ -23,8 +23,14 @@ completions sampled once), injects the same tensors, advantages, old and referen
 into both implementations and reports both losses: gbmpo's ``Trainer.accumulate_gradients``
 and TRL's ``GRPOTrainer._compute_loss``.
 
-    python benchmarks/trainer_vs_trl.py                       # both sizes (about 10 minutes)
+CPU time per step (``time.process_time``) is reported next to wall time: with one torch thread
+it measures the work done and is much less sensitive to other jobs on a shared machine.
+``--prototype`` adds a third side, gbmpo with a prompt-sharing rollout prototype (see the
+"prototype" section below; not part of the library).
+
+    python benchmarks/trainer_vs_trl.py --prototype           # both sizes (about 10 minutes)
     python benchmarks/trainer_vs_trl.py --sizes 0.2M --steps 8 --rounds 2
+    python benchmarks/trainer_vs_trl.py --sizes 0.2M --rounds 1 --profile-dir /tmp/prof
 """
 
 from __future__ import annotations
@@ -466,8 +472,10 @@ def child_loss(a: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(a.threads)
     task = _task(a.num_train)
     tok = AutoTokenizer.from_pretrained(a.model_dir)
-    # prompts of one token length -> no left padding (TRL's training forward passes no
-    # position ids, gbmpo's does; with equal lengths both see positions 0..L-1)
+    # prompts of one token length -> no left padding in the injected batch (TRL's training
+    # forward passes no position ids, gbmpo's passes mask-based ones; with RoPE a constant shift
+    # does not change the result, measured equal on padded rows too, but this keeps the check
+    # independent of that)
     by_len: dict[int, list[str]] = {}
     for ex in task.split("train"):
         by_len.setdefault(len(tok(ex["prompt"])["input_ids"]), []).append(ex["prompt"])
