@@ -25,10 +25,11 @@ and TRL's ``GRPOTrainer._compute_loss``.
 
 CPU time per step (``time.process_time``) is reported next to wall time: with one torch thread
 it measures the work done and is much less sensitive to other jobs on a shared machine.
-``--prototype`` adds a third side, gbmpo with a prompt-sharing rollout prototype (see the
-"prototype" section below; not part of the library).
+``--baseline`` adds a third side, "gbmpo-hf": gbmpo's trainer with ``rollout.engine=hf``
+(transformers' ``generate``) and ``rollout.share_prompts=false`` (one log-prob forward per
+row), i.e. the trainer before its prompt-sharing rollout, for a before/after in the same run.
 
-    python benchmarks/trainer_vs_trl.py --prototype           # both sizes (about 10 minutes)
+    python benchmarks/trainer_vs_trl.py --baseline            # both sizes (about 10 minutes)
     python benchmarks/trainer_vs_trl.py --sizes 0.2M --steps 8 --rounds 2
     python benchmarks/trainer_vs_trl.py --sizes 0.2M --rounds 1 --profile-dir /tmp/prof
 """
@@ -102,7 +103,8 @@ def _task(num_train: int) -> Any:
 # --------------------------------------------------------------------------------- our trainer
 
 
-def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace) -> Any:
+def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
+                baseline: bool = False) -> Any:
     from gbmpo.train.config import config_from_dict
 
     return config_from_dict(
@@ -112,7 +114,8 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace)
                                                        "num_sft": 1}},
             "rollout": {"prompts_per_step": a.prompts, "num_generations": a.generations,
                         "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
-                        "top_k": 0},
+                        "top_k": 0, "engine": "hf" if baseline else "gbmpo",
+                        "share_prompts": not baseline},
             "objective": {
                 "advantage": "dr_grpo",
                 "surrogate": {"name": "clip", "params": {"eps_low": EPSILON,
@@ -139,12 +142,10 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
 
     from gbmpo.train.trainer import Trainer
 
-    if a.child == "proto":
-        _install_prototype()
-
     torch.set_num_threads(a.threads)
     out = tempfile.mkdtemp(prefix="gbmpo-bench-ours-")
-    cfg = _our_config(a.model_dir, os.path.join(out, "run"), a.steps, a)
+    cfg = _our_config(a.model_dir, os.path.join(out, "run"), a.steps, a,
+                      baseline=a.child == "baseline")
     ends: list[float] = []
     cpu_ends: list[float] = []
     tokens: list[float] = []
@@ -170,154 +171,9 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
     if a.profile:
         prof.stop()
         _write_profile(prof, a.profile)
-    side = "gbmpo+proto" if a.child == "proto" else "gbmpo"
+    side = SIDE_OF_ROLE[a.child]
     return _step_stats(side, [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
                        t_setup)
-
-
-# --------------------------------------------------------------------------------- prototype
-# NOT part of the library: a measured what-if for the trainer/rollout owners. ``--prototype``
-# adds a third side, "gbmpo+proto": gbmpo's Trainer with its two rollout functions swapped (in
-# the child process only) for versions that share each prompt's computation across its G
-# completions: (1) sampling prefills the P distinct prompts once and expands the KV cache G
-# times, then decodes with a plain loop (no logits processors / stopping criteria objects;
-# inverse-CDF sampling with one uniform number per row);
-# (2) the log-prob forward (reference, and policy with grad) runs the distinct prompts once and
-# the completions on the expanded cache, so the prompt's share of the forward and backward is
-# done once per group instead of G times. Same log-probs and gradients up to float rounding
-# (checked by ``--child proto-check``).
-
-
-def _proto_generate(model: Any, tokenizer: Any, prompts: list[str], *,
-                    num_return_sequences: int = 1, max_new_tokens: int = 256,
-                    do_sample: bool = True, temperature: float = 1.0, top_p: float = 1.0,
-                    top_k: int = 0, generator_seed: int | None = None,
-                    batch_size: int | None = None) -> Any:
-    import torch
-
-    from gbmpo.rollout.hf import Rollout, completion_mask_from_ids, eos_token_ids
-
-    if not do_sample or top_p != 1.0 or top_k != 0:
-        raise NotImplementedError("the prototype samples from softmax(z / T) only")
-    g = num_return_sequences
-    eos = torch.tensor(eos_token_ids(model, tokenizer))
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, padding_side="left")
-    ids, mask = enc["input_ids"], enc["attention_mask"]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            if generator_seed is not None:
-                torch.manual_seed(int(generator_seed))
-            pos = (mask.cumsum(-1) - 1).clamp_min(0)
-            out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                        logits_to_keep=1)
-            cache = out.past_key_values
-            cache.batch_repeat_interleave(g)
-            logits = out.logits[:, -1].repeat_interleave(g, 0)
-            att = mask.repeat_interleave(g, 0)
-            nxt_pos = mask.sum(-1, keepdim=True).repeat_interleave(g, 0)
-            done = torch.zeros(att.shape[0], dtype=torch.bool)
-            tokens = []
-            for t in range(max_new_tokens):
-                probs = torch.softmax(logits.double() / temperature, dim=-1)
-                # inverse CDF: one uniform per row (cheaper than multinomial / Gumbel noise)
-                cdf = probs.cumsum_(-1)
-                u = torch.rand(cdf.shape[0], 1, dtype=cdf.dtype) * cdf[:, -1:]
-                tok = torch.searchsorted(cdf, u).squeeze(1).clamp_max(cdf.shape[1] - 1)
-                tok = torch.where(done, torch.full_like(tok, tokenizer.pad_token_id), tok)
-                tokens.append(tok)
-                done |= torch.isin(tok, eos)
-                if bool(done.all()) or t == max_new_tokens - 1:
-                    break
-                att = torch.cat([att, torch.ones_like(tok).unsqueeze(1)], 1)
-                out = model(input_ids=tok.unsqueeze(1), attention_mask=att, position_ids=nxt_pos,
-                            past_key_values=cache, use_cache=True)
-                nxt_pos = nxt_pos + 1
-                logits = out.logits[:, -1]
-    finally:
-        model.train(was_training)
-    completion_ids = torch.stack(tokens, 1)
-    completion_mask = completion_mask_from_ids(completion_ids, eos.tolist())
-    lengths = completion_mask.sum(1)
-    has_eos = torch.isin(completion_ids, eos).any(1)
-    texts = tokenizer.batch_decode([r[: int(n)] for r, n in zip(completion_ids, lengths,
-                                                                strict=True)],
-                                   skip_special_tokens=True)
-    return Rollout(prompt_ids=ids.repeat_interleave(g, 0), prompt_mask=mask.repeat_interleave(g, 0),
-                   completion_ids=completion_ids, completion_mask=completion_mask,
-                   texts=list(texts), num_tokens=[int(n) for n in lengths],
-                   truncated=[not bool(h) for h in has_eos])
-
-
-def _proto_completion_logprobs(model: Any, prompt_ids: Any, prompt_mask: Any,
-                               completion_ids: Any, completion_mask: Any, *,
-                               temperature: float = 1.0, chunk_rows: int = 1024,
-                               with_entropy: bool = False) -> tuple[Any, Any]:
-    import torch
-
-    from gbmpo.rollout.hf import selective_log_softmax, token_entropy
-
-    uniq, inv = torch.unique(prompt_ids, dim=0, return_inverse=True)
-    first = torch.zeros(uniq.shape[0], dtype=torch.long).scatter_(
-        0, inv, torch.arange(inv.shape[0]))
-    umask = prompt_mask[first]
-    out = model(input_ids=uniq, attention_mask=umask,
-                position_ids=(umask.cumsum(-1) - 1).clamp_min(0), use_cache=True,
-                logits_to_keep=1)
-    cache = out.past_key_values
-    cache.batch_select_indices(inv)  # differentiable gather: gradients sum over the group
-    last = out.logits[:, -1][inv]
-    c = completion_ids.shape[1]
-    out2 = model(input_ids=completion_ids, attention_mask=torch.cat([prompt_mask,
-                                                                     completion_mask], 1),
-                 position_ids=prompt_mask.sum(1, keepdim=True) + torch.arange(c)[None],
-                 past_key_values=cache, use_cache=True)
-    logits = torch.cat([last.unsqueeze(1), out2.logits[:, : c - 1]], 1)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = selective_log_softmax(logits, completion_ids, chunk_rows)
-    entropy = token_entropy(logits.detach(), chunk_rows) if with_entropy else None
-    return logp, entropy
-
-
-def _install_prototype() -> None:
-    import gbmpo.train.trainer as trainer_module
-
-    trainer_module.generate = _proto_generate  # type: ignore[assignment]
-    trainer_module.completion_logprobs = _proto_completion_logprobs  # type: ignore[assignment]
-
-
-def child_proto_check(a: argparse.Namespace) -> dict[str, Any]:
-    """The prototype's log-probs and gradients against gbmpo's on one sampled batch."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from gbmpo.rollout.hf import completion_logprobs
-
-    torch.set_num_threads(a.threads)
-    model = AutoModelForCausalLM.from_pretrained(a.model_dir)
-    tok = AutoTokenizer.from_pretrained(a.model_dir)
-    prompts = [ex["prompt"] for ex in _task(a.num_train).split("train")[: a.prompts]]
-    batch = _proto_generate(model, tok, prompts, num_return_sequences=a.generations,
-                            max_new_tokens=a.max_new_tokens, generator_seed=1)
-    args = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
-    m = batch.completion_mask.float()
-    w = torch.randn(m.shape, generator=torch.Generator().manual_seed(0))
-    model.train()
-    res = []
-    for fn in (completion_logprobs, _proto_completion_logprobs):
-        model.zero_grad(set_to_none=True)
-        lp, _ = fn(model, *args)
-        (lp * w * m).sum().backward()
-        res.append((lp.detach(), [p.grad.clone() for p in model.parameters()]))
-    (lp0, g0), (lp1, g1) = res
-    return {
-        "logp_max_abs_diff": float(((lp1 - lp0) * m).abs().max()),
-        "grad_max_rel_diff": max(float((x - y).abs().max() / y.abs().max().clamp_min(1e-12))
-                                 for x, y in zip(g1, g0, strict=True)),
-        "tokens": int(m.sum()),
-    }
 
 
 # --------------------------------------------------------------------------------- TRL
@@ -554,7 +410,7 @@ def _child_args(a: argparse.Namespace, role: str, model_dir: str, steps: int) ->
     return args
 
 
-SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "proto": "gbmpo+proto"}
+SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "baseline": "gbmpo-hf"}
 
 
 def _summarise_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -591,20 +447,20 @@ def main() -> None:
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--num-train", type=int, default=512, help="training prompts in the task")
-    p.add_argument("--prototype", action="store_true",
-                   help="also time gbmpo with the prompt-sharing rollout prototype (see source)")
+    p.add_argument("--baseline", action="store_true",
+                   help="also time gbmpo with rollout.engine=hf and share_prompts=false")
     p.add_argument("--profile-dir", default=None, help="write pyinstrument profiles here")
     p.add_argument("--no-loss-check", action="store_true")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/)")
-    p.add_argument("--child", choices=["ours", "trl", "loss", "proto", "proto-check"],
+    p.add_argument("--child", choices=["ours", "trl", "loss", "baseline"],
                    help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)
     a = p.parse_args()
 
     if a.child:
-        fn = {"ours": child_ours, "proto": child_ours, "trl": child_trl, "loss": child_loss,
-              "proto-check": child_proto_check}[a.child]
+        fn = {"ours": child_ours, "baseline": child_ours, "trl": child_trl,
+              "loss": child_loss}[a.child]
         print(json.dumps(fn(a)))
         return
 
@@ -623,7 +479,7 @@ def main() -> None:
         },
         "sizes": {},
     }
-    roles = ["ours", "trl"] + (["proto"] if a.prototype else [])
+    roles = ["ours", "trl"] + (["baseline"] if a.baseline else [])
     summary = []
     with tempfile.TemporaryDirectory(prefix="gbmpo-bench-models-") as tmp:
         for size in [s.strip() for s in a.sizes.split(",") if s.strip()]:
@@ -651,12 +507,10 @@ def main() -> None:
             line = (f"[{size}] {n_params / 1e6:.2f}M params: gbmpo/TRL "
                     f"{entry['speedup_steps']:.2f}x steps/s, {entry['speedup_tokens']:.2f}x "
                     f"tokens/s, {entry['speedup_cpu_time']:.2f}x CPU time/step")
-            if a.prototype:
-                entry["prototype"] = _ratios(entry["gbmpo+proto"], entry["trl"])
-                entry["prototype"]["check"] = run_child(_child_args(a, "proto-check", model_dir,
-                                                                    1))
-                line += (f"; gbmpo+proto/TRL {entry['prototype']['speedup_steps']:.2f}x steps/s,"
-                         f" {entry['prototype']['speedup_cpu_time']:.2f}x CPU time")
+            if a.baseline:
+                entry["baseline"] = _ratios(entry["gbmpo-hf"], entry["trl"])
+                line += (f"; gbmpo-hf/TRL {entry['baseline']['speedup_steps']:.2f}x steps/s,"
+                         f" {entry['baseline']['speedup_cpu_time']:.2f}x CPU time")
             if not a.no_loss_check:
                 lc = entry["loss_check"] = run_child(_child_args(a, "loss", model_dir, 1))
                 line += f"; step-0 loss gbmpo {lc['loss_gbmpo']:.6g} trl {lc['loss_trl']:.6g}"
@@ -664,8 +518,8 @@ def main() -> None:
             print(line, flush=True)
             summary.append(f"{size}: {entry['speedup_steps']:.2f}x"
                            + (f" (goal {GOALS[size]}x)" if size in GOALS else "")
-                           + (f", prototype {entry['prototype']['speedup_steps']:.2f}x"
-                              if a.prototype else ""))
+                           + (f", gbmpo-hf {entry['baseline']['speedup_steps']:.2f}x"
+                              if a.baseline else ""))
     result["machine"]["loadavg_end"] = load_average()
     path = write_result("trainer_vs_trl", result, a.out)
     print(f"trainer_vs_trl: gbmpo/TRL steps/s {'; '.join(summary)} -> {path}")

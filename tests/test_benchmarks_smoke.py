@@ -71,11 +71,11 @@ def test_trainer_vs_trl_benchmark_toy(tmp_path: Path) -> None:
     data, last = _run(
         "trainer_vs_trl.py", tmp_path / "tv.json", "--sizes", "toy", "--steps", "2",
         "--warmup", "1", "--rounds", "1", "--prompts", "2", "--generations", "2",
-        "--max-new-tokens", "4", "--num-train", "32",
+        "--max-new-tokens", "4", "--num-train", "32", "--baseline",
     )
     assert last.startswith("trainer_vs_trl:")
     entry = data["sizes"]["toy"]
-    for side in ("gbmpo", "trl"):
+    for side in ("gbmpo", "trl", "gbmpo-hf"):
         assert entry[side]["steps_per_second"] > 0 and entry[side]["tokens_per_step"] > 0
     assert entry["speedup_steps"] > 0
     loss = entry["loss_check"]

@@ -1,15 +1,19 @@
-r"""Rollouts with Hugging Face ``generate`` and log-probs of the sampled tokens.
+r"""Rollouts with Hugging Face models and log-probs of the sampled tokens.
 
 * :func:`generate` samples ``num_return_sequences`` completions per prompt (temperature, top-p,
   top-k, at most ``max_new_tokens``, stop at EOS, prompts left-padded) and returns a
   :class:`Rollout`. Rows are ordered prompt by prompt: rows ``g*G .. g*G+G-1`` are the ``G``
   completions of prompt ``g``, the layout :func:`gbmpo.objectives.group_advantages` expects.
   The completion mask covers every token up to **and including** the first EOS; a completion
-  that never emits EOS is truncated and fully masked in.
-* :func:`completion_logprobs` runs one forward over prompt + completion, keeps the logits of the
-  completion positions only (``logits_to_keep``), and returns
-  :math:`\log\pi(o_t\mid h_t) = z_{o_t} - \operatorname{logsumexp}_v z_v` per token through
-  :func:`selective_log_softmax`, which never builds a ``[B, T, V]`` log-softmax.
+  that never emits EOS is truncated and fully masked in. Two engines: ``"gbmpo"`` (default)
+  prefills each prompt once, expands its KV cache to its ``G`` rows and decodes with a plain
+  loop (:func:`filter_logits`, :func:`sample_from_logits`); ``"hf"`` calls transformers'
+  ``generate``. Greedy decoding takes the same tokens with both.
+* :func:`completion_logprobs` returns
+  :math:`\log\pi(o_t\mid h_t) = z_{o_t} - \operatorname{logsumexp}_v z_v` per completion token
+  through :func:`selective_log_softmax`, which never builds a ``[B, T, V]`` log-softmax. It
+  computes only the ``C`` logits it needs and, when rows share a prompt, forwards each
+  distinct prompt once (its KV cache gathered to the rows, gradients summed over them).
 
 Reproducibility: with ``generator_seed`` the sampling runs under :func:`torch.random.fork_rng`
 seeded with it, so the same seed gives the same completions and the caller's global RNG state
@@ -29,11 +33,14 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 __all__ = [
+    "ENGINES",
     "Rollout",
     "completion_logprobs",
     "completion_mask_from_ids",
     "eos_token_ids",
+    "filter_logits",
     "generate",
+    "sample_from_logits",
     "selective_log_softmax",
     "token_entropy",
 ]
@@ -138,6 +145,132 @@ def _check_sampling(
         raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
 
 
+#: rollout engines of :func:`generate`
+ENGINES = ("gbmpo", "hf")
+
+
+def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> Tensor:
+    r"""The logits of the sampling distribution, in float32: temperature, then top-k, then top-p.
+
+    :math:`z \leftarrow z / T`; top-k keeps the ``k`` largest logits (ties at the k-th value
+    kept; 0 = off); top-p (nucleus, 1 = off) removes the tokens whose cumulative probability,
+    summed from the least likely upwards, is at most :math:`1-p`, so the kept set is the
+    smallest most-likely set with mass :math:`\ge p` (the most likely token is always kept).
+    Removed tokens get :math:`-\infty`. This is the order and the semantics of Hugging Face's
+    ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (Holtzman et al.
+    2020 for nucleus sampling).
+    """
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    vocab = z.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=False)
+        cum = sorted_z.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= 1 - top_p
+        remove_sorted[..., -1:] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        z = z.masked_fill(remove, -math.inf)
+    return z
+
+
+def sample_from_logits(z: Tensor, uniform: Tensor) -> Tensor:
+    r"""Inverse-CDF sampling: token :math:`i` with :math:`F_{i-1} \le u\,F_V < F_i`, where
+    :math:`F_i=\sum_{v\le i}\operatorname{softmax}(z)_v` (accumulated in float64) and ``uniform``
+    holds one :math:`u\sim U[0,1)` per row, so :math:`P(i)=\operatorname{softmax}(z)_i` and a
+    token of probability 0 (logit :math:`-\infty`) is never drawn. ``z`` ``[N, V]``, returns
+    ``[N]`` long."""
+    cdf = torch.softmax(z.float(), dim=-1).double().cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    # u * F < F, also after rounding, so the draw lands on a token of positive probability
+    u = torch.minimum(uniform.to(cdf.dtype).reshape(-1, 1) * total,
+                      torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(z.shape[-1] - 1)
+
+
+def _prefill(model: Any, ids: Tensor, mask: Tensor, repeats: int) -> tuple[Any, Tensor]:
+    """Forward the prompts once with a KV cache; return (cache, last logits), both expanded to
+    ``repeats`` rows per prompt (``repeat_interleave`` order)."""
+    kwargs: dict[str, Any] = {
+        "attention_mask": mask,
+        "position_ids": (mask.long().cumsum(-1) - 1).clamp_min(0),
+        "use_cache": True,
+    }
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = 1
+    out = model(input_ids=ids, **kwargs)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None:
+        raise RuntimeError(
+            f"{type(model).__name__} returned no KV cache with use_cache=True; the 'gbmpo' "
+            "rollout engine needs one (set rollout.engine: hf to use transformers' generate)"
+        )
+    last = out.logits[:, -1]
+    if repeats > 1:
+        if hasattr(cache, "batch_repeat_interleave"):
+            cache.batch_repeat_interleave(repeats)
+            last = last.repeat_interleave(repeats, dim=0)
+        else:  # a cache that cannot be expanded: prefill every row
+            return _prefill(
+                model, ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0), 1
+            )
+    return cache, last
+
+
+def _decode(
+    model: Any,
+    ids: Tensor,
+    mask: Tensor,
+    *,
+    repeats: int,
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+) -> Tensor:
+    """The 'gbmpo' engine: prefill each prompt once, expand its KV cache to its ``repeats``
+    rows, then decode one token per row per forward until every row has emitted an EOS or
+    ``max_new_tokens`` tokens; finished rows are filled with ``pad_id``. Returns the
+    ``[rows, steps]`` completion ids."""
+    cache, logits = _prefill(model, ids, mask, repeats)
+    att = mask.repeat_interleave(repeats, dim=0)
+    position = att.sum(dim=-1, keepdim=True)
+    eos = torch.tensor(list(eos_ids), device=ids.device)
+    done = torch.zeros(att.shape[0], dtype=torch.bool, device=ids.device)
+    tokens: list[Tensor] = []
+    for t in range(max_new_tokens):
+        if do_sample:
+            z = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+            u = torch.rand(z.shape[0], dtype=torch.float64, device=z.device)
+            tok = sample_from_logits(z, u)
+        else:
+            tok = logits.argmax(dim=-1)
+        tok = tok.masked_fill(done, pad_id)
+        tokens.append(tok)
+        done |= torch.isin(tok, eos)
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)
+        out = model(
+            input_ids=tok.unsqueeze(1),
+            attention_mask=att,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1]
+        position = position + 1
+    return torch.stack(tokens, dim=1)
+
+
 @torch.no_grad()
 def generate(
     model: Any,
@@ -152,6 +285,7 @@ def generate(
     top_k: int = 0,
     generator_seed: int | None = None,
     batch_size: int | None = None,
+    engine: str = "gbmpo",
 ) -> Rollout:
     """Sample (or, with ``do_sample=False``, greedily decode) completions of ``prompts``.
 
@@ -166,7 +300,13 @@ def generate(
         generator_seed: seed for the sampling RNG (under ``fork_rng``; global state untouched).
             The same seed and ``batch_size`` give the same samples; another ``batch_size``
             draws the random numbers in another order (greedy decoding does not depend on it).
-        batch_size: prompts per ``generate`` call (``None``: all at once).
+        batch_size: prompts per forward batch (``None``: all at once).
+        engine: ``"gbmpo"`` (default): each prompt is prefilled once and its KV cache expanded
+            to its ``G`` rows, then a plain decode loop samples with :func:`filter_logits` and
+            :func:`sample_from_logits` (one uniform number per row and step); ``"hf"``:
+            transformers' ``generate`` with the same sampling settings (``G`` prefills per
+            prompt, its own random stream). Both draw from the same distribution; the same
+            seed gives different samples across engines.
 
     Returns:
         a :class:`Rollout`; padding to common widths across ``batch_size`` chunks.
@@ -178,6 +318,8 @@ def generate(
     _check_sampling(num_return_sequences, max_new_tokens, temperature, top_p, top_k)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown rollout engine {engine!r}; valid engines: {', '.join(ENGINES)}")
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
@@ -220,8 +362,17 @@ def generate(
             for start in range(0, len(prompts), chunk):
                 ids = prompt_ids[start : start + chunk].to(device)
                 att = prompt_mask[start : start + chunk].to(device)
-                out = model.generate(input_ids=ids, attention_mask=att, **gen_kwargs)
-                pieces.append(out[:, ids.shape[1] :].cpu())
+                if engine == "hf":
+                    out = model.generate(input_ids=ids, attention_mask=att, **gen_kwargs)
+                    pieces.append(out[:, ids.shape[1] :].cpu())
+                    continue
+                completion = _decode(
+                    model, ids, att, repeats=num_return_sequences,
+                    max_new_tokens=max_new_tokens, do_sample=do_sample,
+                    temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                    eos_ids=eos_ids, pad_id=int(pad_id),
+                )
+                pieces.append(completion.cpu())
     finally:
         model.train(was_training)
 
@@ -390,6 +541,75 @@ def _accepts_logits_to_keep(model: Any) -> bool:
     return bool(base is not None and _accepts_logits_to_keep(base()))
 
 
+def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(row of the first occurrence of each distinct prompt [U], prompt index of each row [B])."""
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    rows = torch.arange(inverse.shape[0], device=inverse.device)
+    first = torch.full((int(inverse.max()) + 1,), inverse.shape[0], device=inverse.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def _shareable(cache: Any) -> bool:
+    """True for a plain dynamic cache (every layer a ``DynamicLayer``): its rows can be
+    gathered with gradients and later tokens attend to all of it. Sliding-window, static,
+    quantized or custom caches go through the single forward instead."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return (
+        isinstance(cache, DynamicCache)
+        and bool(layers)
+        and all(type(layer) is DynamicLayer for layer in layers)
+    )
+
+
+def _completion_logits_shared(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    keep: bool,
+) -> tuple[Tensor, Tensor] | None:
+    """Logits ``([B, V] at the last prompt position, [B, C-1, V] at completion positions
+    0..C-2)`` with each distinct prompt forwarded once: its KV cache is gathered to the rows
+    that share it (a differentiable index, so the prompt's gradient is the sum over its rows)
+    and the completions run on top of it. ``None`` if no two rows share a prompt or the
+    model's cache cannot be shared."""
+    first, inverse = _distinct_prompts(prompt_ids, prompt_mask)
+    if first.shape[0] == prompt_ids.shape[0]:  # nothing to share
+        return None
+    mask_u = prompt_mask[first]
+    kwargs: dict[str, Any] = {
+        "attention_mask": mask_u,
+        "position_ids": (mask_u.long().cumsum(-1) - 1).clamp_min(0),
+        "use_cache": True,
+    }
+    if keep:
+        kwargs["logits_to_keep"] = 1
+    out = model(input_ids=prompt_ids[first], **kwargs)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None or not _shareable(cache):
+        return None
+    cache.batch_select_indices(inverse)
+    head = out.logits[:, -1][inverse]
+    c = completion_ids.shape[1]
+    if c == 1:
+        return head, head.new_zeros(head.shape[0], 0, head.shape[-1])
+    start = prompt_mask.long().sum(dim=1, keepdim=True)
+    positions = start + torch.arange(c - 1, device=start.device).unsqueeze(0)
+    out = model(
+        input_ids=completion_ids[:, :-1],
+        attention_mask=torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1),
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return head, out.logits
+
+
 def completion_logprobs(
     model: Any,
     prompt_ids: Tensor,
@@ -400,13 +620,26 @@ def completion_logprobs(
     temperature: float = 1.0,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     with_entropy: bool = False,
+    share_prompts: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Per-token :math:`\log\pi_\theta(o_t \mid q, o_{<t})` of the completion tokens.
 
-    One forward over ``[prompt | completion]`` (attention mask = both masks, position ids from
-    the mask's cumulative sum so left padding does not shift positions, as in ``generate``),
-    keeping only the last ``C + 1`` logits (``logits_to_keep``). Logits are divided by
-    ``temperature`` (the sampling distribution). Gradients flow when grad is enabled.
+    The logits that predict completion token :math:`t` sit at the last prompt position
+    (:math:`t=0`) and at completion position :math:`t-1`, so the last completion token is
+    never fed. Two ways to get them, equal up to float rounding:
+
+    * single forward over ``[prompt | completion[:, :-1]]`` keeping the last ``C`` logits
+      (``logits_to_keep``), attention mask = both masks, position ids from the mask's
+      cumulative sum so left padding does not shift positions (as in ``generate``);
+    * ``share_prompts=True`` and some rows share a prompt (the ``G`` completions of a group):
+      each distinct prompt is forwarded once and its KV cache gathered to its rows, then the
+      completions run on the cache, so the prompt's share of the forward and backward is done
+      once per group instead of ``G`` times. Models whose cache is not a plain dynamic cache
+      take the single forward.
+
+    Logits are divided by ``temperature`` (the sampling distribution). Gradients flow when
+    grad is enabled. Nothing of size ``[B, C, V]`` is sliced or copied, except for the
+    temperature division.
 
     Returns ``(logp [B, C] float32, entropy [B, C] or None)``; values at masked positions are
     whatever the model gives and must be masked by the caller.
@@ -414,22 +647,46 @@ def completion_logprobs(
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     device = next(model.parameters()).device
-    c = completion_ids.shape[1]
-    input_ids = torch.cat([prompt_ids, completion_ids], dim=1).to(device)
-    attention = torch.cat([prompt_mask, completion_mask], dim=1).to(device)
-    position_ids = (attention.long().cumsum(-1) - 1).clamp_min(0)
-    kwargs: dict[str, Any] = {
-        "input_ids": input_ids,
-        "attention_mask": attention,
-        "position_ids": position_ids,
-        "use_cache": False,
-    }
-    if _accepts_logits_to_keep(model):
-        kwargs["logits_to_keep"] = c + 1
-    logits = model(**kwargs).logits
-    logits = logits[:, -(c + 1) : -1, :]  # position t-1 predicts completion token t
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = selective_log_softmax(logits, completion_ids.to(device), chunk_rows)
-    entropy = token_entropy(logits.detach(), chunk_rows) if with_entropy else None
-    return logp, entropy
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
+    b, c = completion_ids.shape
+    if c == 0:
+        empty = torch.zeros(b, 0, device=device)
+        return empty, (empty.clone() if with_entropy else None)
+    keep = _accepts_logits_to_keep(model)
+    pieces: list[tuple[Tensor, Tensor]] = []  # (logits [B, n, V], targets [B, n])
+    shared = None
+    if share_prompts and b > 1:
+        shared = _completion_logits_shared(
+            model, prompt_ids, prompt_mask, completion_ids, completion_mask, keep
+        )
+    if shared is not None:
+        head, rest = shared
+        pieces.append((head.unsqueeze(1), completion_ids[:, :1]))
+        if c > 1:
+            pieces.append((rest, completion_ids[:, 1:]))
+    else:
+        attention = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
+        kwargs: dict[str, Any] = {
+            "input_ids": torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1),
+            "attention_mask": attention,
+            "position_ids": (attention.long().cumsum(-1) - 1).clamp_min(0),
+            "use_cache": False,
+        }
+        if keep:
+            kwargs["logits_to_keep"] = c
+        logits = model(**kwargs).logits
+        if logits.shape[1] != c:  # a model without logits_to_keep returns every position
+            logits = logits[:, -c:]
+        pieces.append((logits, completion_ids))
+    logps, entropies = [], []
+    for logits, targets in pieces:
+        if temperature != 1.0:
+            logits = logits / temperature
+        logps.append(selective_log_softmax(logits, targets, chunk_rows))
+        if with_entropy:
+            entropies.append(token_entropy(logits.detach(), chunk_rows))
+    logp = logps[0] if len(logps) == 1 else torch.cat(logps, dim=1)
+    if not with_entropy:
+        return logp, None
+    return logp, entropies[0] if len(entropies) == 1 else torch.cat(entropies, dim=1)

@@ -87,7 +87,7 @@ class TaskConfig:
 
 @dataclass
 class RolloutConfig:
-    """Sampling of the G completions per prompt (HF ``generate``)."""
+    """Sampling of the G completions per prompt, and the log-prob forwards over them."""
 
     prompts_per_step: int = 8
     #: completions per prompt, G
@@ -99,6 +99,12 @@ class RolloutConfig:
     top_k: int = 0
     #: prompts per ``generate`` call (``None``: all prompts of the step at once)
     batch_size: int | None = None
+    #: "gbmpo": prefill each prompt once, expand its KV cache to the G rows, plain decode loop;
+    #: "hf": transformers' ``generate`` (same distribution, other random stream)
+    engine: str = "gbmpo"
+    #: log-prob forwards (policy, old, reference) run each distinct prompt once and the G
+    #: completions on its KV cache; exact up to float rounding (false: one forward per row)
+    share_prompts: bool = True
 
 
 @dataclass
@@ -602,6 +608,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     )
     _require(0 < r.top_p <= 1, f"'rollout.top_p' must be in (0, 1], got {r.top_p}")
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
+    from gbmpo.rollout.hf import ENGINES
+
+    _require(
+        r.engine in ENGINES,
+        f"'rollout.engine': unknown engine {r.engine!r}; valid: {', '.join(ENGINES)}",
+    )
 
     def named(kind: str, registry: Any, name: str) -> None:
         if name not in registry:

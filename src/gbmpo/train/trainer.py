@@ -3,7 +3,8 @@ r"""The RL trainer: one loop, read top to bottom (:meth:`Trainer.train_step`).
 Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` sequences):
 
 1. sample :math:`P` prompts :math:`q_g` from the training split (seeded permutation);
-2. sample :math:`o_{g,1..G} \sim \pi_{\theta_{\text{old}}}(\cdot\mid q_g)` with HF ``generate``;
+2. sample :math:`o_{g,1..G} \sim \pi_{\theta_{\text{old}}}(\cdot\mid q_g)` (``rollout.engine``:
+   gbmpo's shared-prefill decode loop, or HF ``generate``);
 3. rewards :math:`r_i = R(q, o_i)` from the task (per-sample failures -> 0, counted);
 4. group advantages :math:`A_i = (r_i - \bar r_g)` [:math:`/\,(\sigma_g+\epsilon)`];
 5. behaviour log-probs :math:`\log\pi_{\text{old}}` (only when the policy moves before the batch
@@ -402,6 +403,7 @@ class Trainer:
             batch.completion_mask,
             temperature=self.config.rollout.temperature,
             with_entropy=with_entropy,
+            share_prompts=self.config.rollout.share_prompts,
         )
 
     @torch.no_grad()
@@ -440,6 +442,7 @@ class Trainer:
             temperature=0.0,
             max_new_tokens=ev.max_new_tokens,
             batch_size=ev.batch_size,
+            engine=self.config.rollout.engine,
         )
         # numeric metrics only; the wall time is logged separately as time/eval_seconds
         return {
@@ -473,6 +476,7 @@ class Trainer:
             top_k=ro.top_k,
             generator_seed=_derive_seed(cfg.run.seed, "rollout", self.step),
             batch_size=ro.batch_size,
+            engine=ro.engine,
         )
         t_generated = time.perf_counter()
         mask = batch.completion_mask.float()
