@@ -201,6 +201,34 @@ def test_parity_vllm_importance_ratio_and_on_policy(
     print(f"parity vllm_is_on_policy: max|dloss|={loss_diff:.3g} max|dgrad|={grad_diff:.3g}")
 
 
+def test_parity_dapo_normaliser_below_local_count_and_sequence_weights(
+    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any
+) -> None:
+    """TRL ``dapo``'s normaliser Z = num_items_in_batch / P * G_acc / S_gen can be below this
+    process's token count (data-parallel, uneven split): emulated with one process by a
+    ``num_items_in_batch`` smaller than the batch's own tokens, so Z = 21 < 30 local tokens,
+    which GBMPOTrainer now passes to ``aggregate`` as ``num_tokens``. The weights are
+    per-sequence ``[B, 1]`` (vLLM sequence-level IS ratio times the off-policy mask)."""
+    trl_kw = {
+        "beta": BETA,
+        "loss_type": "dapo",
+        "use_bias_correction_kl": False,
+        "off_policy_mask_threshold": 0.05,
+    }
+    ours_kw = {"regularizer_coef": BETA, "loss_type": "dapo", "off_policy_mask_threshold": 0.05}
+    stock, ours = _pair(tmp_path, tiny_model_dir, tiny_dataset, reward_fn, trl_kw, ours_kw)
+    inputs = _make_inputs(stock, seed=4)
+    local = int(inputs["completion_mask"].sum())
+    inputs["num_items_in_batch"] = torch.tensor(local - 9)
+    g = torch.Generator().manual_seed(5)
+    inputs["importance_sampling_ratio"] = 0.5 + torch.rand(4, 1, generator=g)
+    for t in (stock, ours):
+        t.use_vllm = True
+        t.vllm_importance_sampling_correction = True
+    loss_diff, grad_diff = _compare(stock, ours, inputs)
+    print(f"parity dapo_z_below_local: max|dloss|={loss_diff:.3g} max|dgrad|={grad_diff:.3g}")
+
+
 def test_gbmpo_regularizer_changes_the_loss(
     tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any
 ) -> None:

@@ -102,11 +102,84 @@ def test_errors():
         aggregate(x, mask, "dr_grpo", max_len=5)
     with pytest.raises(ValueError, match="num_sequences=4"):
         aggregate(x, mask, "grpo", num_sequences=4)
-    with pytest.raises(ValueError, match="num_tokens=3"):
-        aggregate(x, mask, "bnpo", num_tokens=3)
     with pytest.raises(ValueError, match="mask shape"):
         aggregate(x, mask[:, :3], "bnpo")
     with pytest.raises(ValueError, match="only 0 and 1"):
         aggregate(x, mask * 0.5, "bnpo")
     with pytest.raises(ValueError, match=r"\[B, T\]"):
         aggregate(x[0], mask[0], "bnpo")
+
+
+# --- num_tokens: a float normaliser Z, possibly below the local token count -------------------
+
+
+@pytest.mark.parametrize("fraction", [0.25, 0.5, 1.0, 3.0])
+def test_num_tokens_is_used_exactly_even_below_the_local_count(fraction):
+    """bnpo = sum(m * l) / Z for any finite Z > 0: Z below the local count (data-parallel
+    normaliser N_global / P on a process holding more than its share) scales the loss and
+    gradient by local / Z exactly."""
+    x, mask, _ = ragged()
+    local = float(mask.sum())  # 35 tokens
+    z = fraction * local
+    out = aggregate(x, mask, "bnpo", num_tokens=z)
+    torch.testing.assert_close(out, (x.detach() * mask).sum() / z, rtol=1e-15, atol=0)
+    torch.testing.assert_close(out, aggregate(x, mask, "bnpo") * (local / z), rtol=1e-14, atol=0)
+    (g,) = torch.autograd.grad(out, x)
+    torch.testing.assert_close(g, mask / z, rtol=1e-15, atol=0)
+
+
+def test_num_tokens_below_one_is_not_clamped():
+    """An explicit Z is used as given (TRL dapo: max(1, N) / P * G_acc / S_gen can be < 1); the
+    >= 1 clamp applies only to the default (this mask's count)."""
+    x = torch.tensor([[2.0, 4.0], [9.0, 9.0]], dtype=F64)
+    mask = torch.tensor([[1.0, 0.0], [0.0, 0.0]], dtype=F64)
+    assert float(aggregate(x, mask, "bnpo", num_tokens=0.25)) == 8.0
+    assert float(aggregate(x, mask, "bnpo")) == 2.0
+    assert float(aggregate(x, torch.zeros_like(mask), "bnpo", num_tokens=0.25)) == 0.0
+
+
+@pytest.mark.parametrize("accum", [1, 2])
+def test_data_parallel_average_with_global_token_normaliser(accum):
+    """P = 2 processes with unequal token counts, each splitting its rows into ``accum``
+    micro-batches: with Z = N_global / P, the process-average (DDP) of the summed micro-batch
+    losses and gradients equals the global token mean, although Z is below the heavier
+    process's local count."""
+    x, mask, _ = ragged()  # lengths [1, 7, 3, 5, 2, 7, 4, 6]
+    full = aggregate(x, mask, "bnpo")
+    (g_full,) = torch.autograd.grad(full, x)
+    procs = [torch.tensor([1, 3, 5, 7]), torch.tensor([0, 2, 4, 6])]  # 25 and 10 tokens
+    p = len(procs)
+    z = float(mask.sum()) / p  # 17.5
+    assert float(mask[procs[0]].sum()) > z
+    per_proc = []
+    for rows in procs:
+        per_proc.append(
+            sum(aggregate(x[r], mask[r], "bnpo", num_tokens=z) for r in rows.chunk(accum))
+        )
+    averaged = torch.stack(per_proc).mean()
+    torch.testing.assert_close(averaged, full)
+    (g_avg,) = torch.autograd.grad(averaged, x)
+    torch.testing.assert_close(g_avg, g_full)
+
+
+def test_modes_without_a_token_denominator_ignore_num_tokens():
+    x, mask, _ = ragged()
+    for mode in ("grpo", "dr_grpo", "seq_mean_token_sum"):
+        torch.testing.assert_close(
+            aggregate(x, mask, mode, num_tokens=0.5), aggregate(x, mask, mode)
+        )
+
+
+@pytest.mark.parametrize("bad", [0, 0.0, -1.0, -35, math.nan, math.inf, -math.inf])
+def test_invalid_num_tokens_raise_value_error_naming_it(bad):
+    x, mask, _ = ragged()
+    for mode in ("bnpo", "grpo"):  # validated whatever the mode
+        with pytest.raises(ValueError, match=r"num_tokens=.*finite and > 0"):
+            aggregate(x, mask, mode, num_tokens=bad)
+
+
+@pytest.mark.parametrize("bad", [True, "35"])
+def test_non_numeric_num_tokens_raise_type_error_naming_it(bad):
+    x, mask, _ = ragged()
+    with pytest.raises(TypeError, match="num_tokens"):
+        aggregate(x, mask, "bnpo", num_tokens=bad)

@@ -225,3 +225,141 @@ def test_bf16_inputs_give_finite_float32_loss():
         assert all(math.isfinite(v) for v in metrics.values())
         (g,) = torch.autograd.grad(loss, x)
         assert torch.isfinite(g).all()
+
+
+# --- token_weights: multiply the surrogate only (TRL's IS ratio / masks) ----------------------
+
+
+def _weights(b=6, t=5, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return 0.5 + torch.rand(b, t, generator=g, dtype=F64)
+
+
+@pytest.mark.parametrize("aggregation", ["grpo", "bnpo", "dr_grpo", "seq_mean_token_sum"])
+def test_token_weights_of_ones_equal_none(aggregation):
+    logp, old, ref, adv, mask = batch(spread=0.6)  # some tokens clipped
+    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": aggregation}
+    base, m0 = compute_policy_loss(logp, old, ref, adv, mask, **kw)
+    (g0,) = torch.autograd.grad(base, logp)
+    for ones in (torch.ones_like(mask), torch.ones(6, 1, dtype=torch.bool)):
+        loss, m1 = compute_policy_loss(logp, old, ref, adv, mask, token_weights=ones, **kw)
+        (g1,) = torch.autograd.grad(loss, logp)
+        assert torch.equal(loss, base) and torch.equal(g1, g0)
+        assert m1 == m0
+
+
+def test_token_weights_by_hand_float64():
+    """L = sum_{i,t} m (w * -min(r A, clip(r) A) + lam * k3) / Z, weights on the surrogate only."""
+    logp = torch.tensor([[-0.5, -1.0, -2.0], [-0.3, -0.7, -9.0]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-0.9, -0.5, -2.2], [-0.3, -1.0, 0.0]], dtype=F64)  # r[0, 0] clipped
+    ref = torch.tensor([[-0.4, -1.3, -1.5], [-0.2, -0.9, 0.0]], dtype=F64)
+    adv = torch.tensor([1.5, -0.8], dtype=F64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=F64)
+    w = torch.tensor([[0.5, 2.0, 1.25], [0.0, 3.0, math.nan]], dtype=F64)  # NaN on padding
+    lam, z = 0.3, 4.0
+    loss, metrics = compute_policy_loss(
+        logp,
+        old,
+        ref,
+        adv,
+        mask,
+        surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28),
+        regularizer="kl_k3",
+        coef=lam,
+        aggregation="bnpo",
+        num_tokens=z,
+        token_weights=w,
+    )
+    lp = logp.detach()
+    expected_pg, expected_reg = 0.0, 0.0
+    for i in range(2):
+        for t in range(3):
+            if mask[i, t] == 0:
+                continue
+            r = math.exp(float(lp[i, t] - old[i, t]))
+            a = float(adv[i])
+            surr = -min(r * a, min(max(r, 0.8), 1.28) * a)
+            d = float(ref[i, t] - lp[i, t])
+            expected_pg += float(w[i, t]) * surr
+            expected_reg += math.exp(d) - d - 1.0
+    assert float(loss.detach()) == pytest.approx((expected_pg + lam * expected_reg) / z, rel=1e-13)
+    assert metrics["pg_loss"] == pytest.approx(expected_pg / z, rel=1e-13)
+    assert metrics["clip_frac_high"] > 0  # the clipped branch is covered
+    (g,) = torch.autograd.grad(loss, logp)
+    assert torch.isfinite(g).all() and float(g[1, 2]) == 0.0
+
+
+def test_token_weights_gradient_matches_analytic():
+    """Inside the clip region d/dlogp [w (-r A) + lam (p - q)^2] = -w A r + lam 2 (p - q) p,
+    with [B, T] and per-sequence [B, 1] weights."""
+    logp, old, ref, adv, mask = batch()  # spread 0.15: every ratio inside (0.8, 1.28)
+    coef = 0.3
+    for w in (_weights(), _weights()[:, :1]):
+        loss, _ = compute_policy_loss(
+            logp,
+            old,
+            ref,
+            adv,
+            mask,
+            surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28),
+            regularizer=get_regularizer("prob_l2"),
+            coef=coef,
+            aggregation="dr_grpo",
+            max_len=8,
+            token_weights=w,
+        )
+        (g,) = torch.autograd.grad(loss, logp)
+        r = torch.exp(logp.detach() - old)
+        p, q = logp.detach().exp(), ref.exp()
+        per_token_grad = -w * adv[:, None] * r + coef * 2 * (p - q) * p
+        torch.testing.assert_close(g, per_token_grad * mask / (6 * 8))
+
+
+def test_token_weights_do_not_multiply_the_regularizer():
+    logp, old, ref, _, mask = batch()
+    zero_adv = torch.zeros(6, dtype=F64)  # surrogate 0: only the regularizer is left
+    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.2, "aggregation": "bnpo"}
+    plain, _ = compute_policy_loss(logp, old, ref, zero_adv, mask, **kw)
+    weighted, m = compute_policy_loss(
+        logp, old, ref, zero_adv, mask, token_weights=3.0 * _weights(), **kw
+    )
+    torch.testing.assert_close(weighted, plain)
+    assert m["pg_loss"] == 0.0
+
+
+def test_per_sequence_token_weights_broadcast():
+    logp, old, ref, adv, mask = batch(spread=0.6)
+    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": "grpo"}
+    col = _weights()[:, :1]
+    a, ma = compute_policy_loss(logp, old, ref, adv, mask, token_weights=col, **kw)
+    b, mb = compute_policy_loss(logp, old, ref, adv, mask, token_weights=col.expand(6, 5), **kw)
+    assert torch.equal(a, b) and ma == mb
+
+
+def test_token_weights_errors_name_the_parameter():
+    logp, old, ref, adv, mask = batch()
+    kw = {"surrogate": "clip", "regularizer": None}
+    for bad in (torch.ones(6), torch.ones(6, 4), torch.ones(5, 5), torch.ones(1, 6, 5)):
+        with pytest.raises(ValueError, match="token_weights must be"):
+            compute_policy_loss(logp, old, ref, adv, mask, token_weights=bad, **kw)
+    with pytest.raises(TypeError, match="token_weights"):
+        compute_policy_loss(logp, old, ref, adv, mask, token_weights=[[1.0] * 5] * 6, **kw)
+
+
+def test_num_tokens_below_local_count_through_compute_policy_loss():
+    """bnpo with Z below this batch's token count: loss and gradient are the token sum / Z,
+    i.e. the default (local token mean) times local / Z."""
+    logp, old, ref, adv, mask = batch()
+    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": "bnpo"}
+    local = float(mask.sum())
+    z = local / 3.0
+    mean, m0 = compute_policy_loss(logp, old, ref, adv, mask, **kw)
+    (g_mean,) = torch.autograd.grad(mean, logp)
+    loss, m1 = compute_policy_loss(logp, old, ref, adv, mask, num_tokens=z, **kw)
+    (g,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(loss, mean * (local / z))
+    torch.testing.assert_close(g, g_mean * (local / z))
+    assert m1["pg_loss"] == pytest.approx(m0["pg_loss"] * local / z, rel=1e-12)
+    for bad in (0.0, -2.0, math.nan):
+        with pytest.raises(ValueError, match="num_tokens"):
+            compute_policy_loss(logp, old, ref, adv, mask, num_tokens=bad, **kw)

@@ -305,7 +305,9 @@ def dapo_normalizer(
     gradient-accumulation steps and :math:`S_{\text{gen}}` ``steps_per_generation`` (the last
     factor only in training; TRL 1.16 ``GRPOTrainer._compute_loss``). Summing
     :math:`\sum_{i,t} m\ell / Z` over the micro-batches of one optimizer step gives the global
-    token mean (DAPO, arXiv 2503.14476), whatever the split across processes.
+    token mean (DAPO, arXiv 2503.14476), whatever the split across processes. GBMPOTrainer
+    passes :math:`Z` to :func:`gbmpo.objectives.aggregate` as ``num_tokens``; it can be below the
+    local micro-batch's token count (a process holding more than its share of the tokens).
     """
     n = torch.as_tensor(num_items_in_batch, dtype=torch.float32).clamp(min=1.0)
     z = n / num_processes
@@ -618,18 +620,6 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
     )
 
 
-def _weighted(surrogate: Surrogate, weights: Tensor) -> Surrogate:
-    """The surrogate with its per-token loss multiplied by TRL's token weights."""
-
-    def fn(
-        logp: Tensor, old: Tensor, adv: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        loss, diag = surrogate(logp, old, adv, mask)
-        return loss * weights.to(loss.dtype), diag
-
-    return fn
-
-
 # --------------------------------------------------------------------------------------------
 # Trainer
 # --------------------------------------------------------------------------------------------
@@ -715,7 +705,8 @@ class GBMPOTrainer(GRPOTrainer):
         old_logp = logp.detach() if old_in is None else old_in
         ref_logp = inputs.get("ref_per_token_logps")
 
-        # TRL's token weights: they multiply the surrogate only, before the regularizer is added.
+        # TRL's token weights ([B, T] or [B, 1]): they multiply the surrogate only, before the
+        # regularizer is added (compute_policy_loss's token_weights).
         weights: Tensor | None = None
         entropy_mask = None
         if self.top_entropy_quantile < 1.0:
@@ -735,7 +726,6 @@ class GBMPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             ratio = inputs["importance_sampling_ratio"]
             weights = ratio if weights is None else weights * ratio
-        surrogate = obj.surrogate if weights is None else _weighted(obj.surrogate, weights)
 
         # Regularizer anchor.
         anchor = ref_logp if obj.anchor == "ref" else old_logp
@@ -749,40 +739,39 @@ class GBMPOTrainer(GRPOTrainer):
         coef = obj.coef if regularizer is not None else 0.0
 
         # Aggregation with TRL's normalisers (full accumulation window -> no further division).
-        n_seq = int(logp.size(0))
-        local_tokens = float(mask.sum())
         agg_kw: dict[str, Any] = {}
-        scale: Tensor | float = 1.0
         if obj.loss_type == "bnpo":
-            agg_kw["num_tokens"] = max(local_tokens, 1.0) * accum
+            # TRL: local token mean / G_acc
+            agg_kw["num_tokens"] = max(float(mask.sum()), 1.0) * accum
         elif obj.loss_type == "dapo":
-            z = dapo_normalizer(
-                inputs["num_items_in_batch"],
-                num_processes=self.accelerator.num_processes,
-                accumulation_steps=accum,
-                steps_per_generation=self.args.steps_per_generation,
-                training=mode == "train",
+            # TRL: token sum / Z with Z = global tokens / processes (scaled to the window); Z may
+            # be below this process's token count, which aggregate accepts.
+            agg_kw["num_tokens"] = float(
+                dapo_normalizer(
+                    inputs["num_items_in_batch"],
+                    num_processes=self.accelerator.num_processes,
+                    accumulation_steps=accum,
+                    steps_per_generation=self.args.steps_per_generation,
+                    training=mode == "train",
+                )
             )
-            # local token mean * (local tokens / Z) = token sum / Z (Z may be below the local
-            # count when processes hold unequal token counts, so it is not passed as num_tokens)
-            scale = max(local_tokens, 1.0) / z.to(logp.device)
         else:
-            agg_kw["num_sequences"] = n_seq * accum
+            agg_kw["num_sequences"] = int(logp.size(0)) * accum
         loss, m = compute_policy_loss(
             logp,
             old_logp,
             anchor,
             advantages,
             mask,
-            surrogate=surrogate,
+            surrogate=obj.surrogate,
             regularizer=regularizer,
             coef=coef,
             aggregation=obj.aggregation,
             max_len=obj.max_len if obj.aggregation == "dr_grpo" else None,
+            token_weights=weights,
             **agg_kw,
         )
-        loss = loss * scale
-        pg_part = m["pg_loss"] * float(scale)
+        pg_part = m["pg_loss"]
 
         if self._entropy_bonus_enabled:
             eff_mask = mask if entropy_mask is None else mask * entropy_mask
@@ -796,7 +785,7 @@ class GBMPOTrainer(GRPOTrainer):
             )
 
         self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
-        total = float(m["loss"]) * float(scale)
+        total = m["loss"]
         self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
         self._metrics[mode]["loss/regularizer"].append(
             self._mean_over_processes((total - pg_part) * accum)

@@ -21,15 +21,23 @@ accumulation steps:
 
 * ``num_sequences``: sequences in the full batch (the ``B`` of ``grpo``, ``dr_grpo`` and
   ``seq_mean_token_sum``; default: this call's ``per_token.shape[0]``);
-* ``num_tokens``: valid tokens in the full batch (the denominator of ``bnpo``; default: this
-  call's ``mask.sum()``), e.g. TRL ``dapo``'s global token count;
+* ``num_tokens``: the denominator :math:`Z` of ``bnpo``, a float used exactly as given
+  (default: this call's :math:`\max(1, \sum_{i,t} m_{i,t})`); only :math:`0 < Z < \infty` is
+  required. With gradient accumulation on one process it is the full batch's valid-token count
+  (so :math:`Z \ge` each micro-batch's count). In data-parallel training, where the gradients of
+  :math:`P` processes are *averaged*, it is the accumulation window's global count
+  :math:`N` divided by :math:`P`:
+  :math:`\frac1P\sum_{p}\sum_{\text{micro}}\sum_{i,t} m\ell / Z = \sum_{\text{all}} m\ell / N`,
+  the global token mean, while a process holding more than :math:`N/P` tokens has a local
+  count above :math:`Z` (TRL ``dapo``, :func:`gbmpo.integrations.trl.dapo_normalizer`);
 * ``max_len``: :math:`L_{\max}` of ``dr_grpo``, normally the generation limit
   (``max_completion_length``). When it is ``None`` it defaults to ``per_token.shape[1]``, the
   padded width of *this* tensor, which changes with padding; so ``dr_grpo`` refuses
   ``num_sequences`` without an explicit ``max_len``.
 
-A mode ignores the normalisers it does not use. Sequences with no valid token count in ``B``
-and contribute 0 (token-mean denominators are clamped to >= 1, as in TRL / verl).
+A mode ignores the normalisers it does not use (they are still validated). Sequences with no
+valid token count in ``B`` and contribute 0 (token-mean denominators computed here are clamped
+to >= 1, as in TRL / verl; an explicit ``num_tokens`` is not clamped).
 Math in float32 (float64 input stays float64).
 """
 
@@ -65,9 +73,9 @@ def _agg_grpo(
 def _agg_bnpo(
     per_token: Tensor, mask: Tensor, *, max_len: int, num_sequences: int, num_tokens: float
 ) -> Tensor:
-    r""":math:`\sum_{i,t} m\ell / \max(1, N_{\text{tokens}})` (token mean; DAPO,
+    r""":math:`\sum_{i,t} m\ell / Z` with :math:`Z` = ``num_tokens`` (token mean; DAPO,
     arXiv 2503.14476)."""
-    return (per_token * mask).sum() / max(1.0, float(num_tokens))
+    return (per_token * mask).sum() / num_tokens
 
 
 @AGGREGATIONS.register("dr_grpo")
@@ -105,10 +113,18 @@ def aggregate(
         max_len: ``L_max`` for ``dr_grpo`` (default ``per_token.shape[1]``); every sequence must
             have at most ``max_len`` valid tokens.
         num_sequences: full-batch sequence count, ``>= B`` (micro-batching).
-        num_tokens: full-batch valid-token count, ``>=`` this mask's count (micro-batching).
+        num_tokens: ``bnpo`` denominator :math:`Z`, finite and ``> 0``: the full-batch
+            valid-token count (micro-batching), or the global count over :math:`P`
+            gradient-averaging processes divided by :math:`P`, which may be below this mask's
+            count (module doc). Used exactly, without the ``>= 1`` clamp of the default.
 
     Returns:
         0-dim tensor, float32 (float64 for float64 input).
+
+    Raises:
+        ValueError: bad shapes or mask values, ``num_sequences`` below ``B``, ``num_tokens``
+            that is ``<= 0``, NaN or infinite, or ``max_len`` below a completion's length.
+        TypeError: ``num_sequences`` not an int, ``num_tokens`` not a real number.
     """
     fn = AGGREGATIONS.get(mode)
     if per_token.dim() != 2:
@@ -140,15 +156,16 @@ def aggregate(
         n_seq = num_sequences
 
     if num_tokens is None:
-        n_tok = float(lengths.sum())
+        n_tok = max(1.0, float(lengths.sum()))
     else:
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, float)):
-            raise TypeError(f"num_tokens must be a number, got {num_tokens!r}")
-        local = float(lengths.sum())
-        if not math.isfinite(num_tokens) or num_tokens < local or num_tokens <= 0:
+            raise TypeError(f"num_tokens must be a real number, got {num_tokens!r}")
+        # No lower bound from this batch's own count: under data-parallel gradient averaging the
+        # per-process normaliser N_global / P can be below one process's local token count.
+        if not math.isfinite(num_tokens) or num_tokens <= 0:
             raise ValueError(
-                f"num_tokens={num_tokens} must be finite, > 0 and >= this batch's {local:g} "
-                "valid tokens (it is the full-batch total)"
+                f"num_tokens={num_tokens!r} must be finite and > 0 (the bnpo denominator: the "
+                "full-batch token count, or the global count / number of processes)"
             )
         n_tok = float(num_tokens)
 

@@ -1,12 +1,14 @@
-r"""The full policy loss: surrogate + coef * regularizer per token, then aggregation.
+r"""The full policy loss: (weighted) surrogate + coef * regularizer per token, then aggregation.
 
 .. math::
-    \mathcal L = \mathrm{agg}\big(\ell^{\text{surr}}_{i,t} + \lambda\,D_{i,t},\ m\big)
+    \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t} + \lambda\,D_{i,t},\ m\big)
 
 (GBMPO adds the regularizer per token before aggregation, as TRL does with its KL term;
-METHODS.md §2.4 and §3.3). Surrogates come from :mod:`gbmpo.objectives.surrogates`,
-regularizers from :mod:`gbmpo.objectives.regularizers`, aggregation modes from
-:mod:`gbmpo.objectives.aggregate`.
+METHODS.md §2.4 and §3.3). The optional token weights :math:`\omega` (default 1) multiply the
+surrogate only, as TRL 1.16 applies its vLLM importance-sampling ratio, off-policy mask and
+high-entropy mask before adding :math:`\beta\,\mathrm{KL}`. Surrogates come from
+:mod:`gbmpo.objectives.surrogates`, regularizers from :mod:`gbmpo.objectives.regularizers`,
+aggregation modes from :mod:`gbmpo.objectives.aggregate`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,22 @@ def _masked_mean(x: Tensor, mask: Tensor) -> float:
     return float(v.sum() / m.sum().clamp_min(1))
 
 
+def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:
+    """``weights`` ([B, T] or [B, 1]) as ``pg``'s dtype, broadcast to [B, T], 0 where masked."""
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"token_weights must be a Tensor or None, got {type(weights).__name__}")
+    b, t = pg.shape
+    if weights.dim() != 2 or weights.shape[0] != b or weights.shape[1] not in (1, t):
+        raise ValueError(
+            f"token_weights must be [B, T]=[{b}, {t}] or [B, 1]=[{b}, 1], got shape "
+            f"{tuple(weights.shape)}"
+        )
+    if weights.is_complex():
+        raise ValueError("token_weights must be real, got a complex tensor")
+    w = weights.to(device=pg.device, dtype=pg.dtype).expand(b, t)
+    return torch.where(mask.to(torch.bool), w, torch.zeros((), dtype=pg.dtype, device=pg.device))
+
+
 def compute_policy_loss(
     logp: Tensor,
     old_logp: Tensor | None,
@@ -65,8 +83,23 @@ def compute_policy_loss(
     max_len: int | None = None,
     num_sequences: int | None = None,
     num_tokens: float | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    r"""Per-token :math:`\ell^{\text{surr}} + \text{coef}\cdot D`, aggregated.
+    r"""Per-token :math:`\omega\,\ell^{\text{surr}} + \text{coef}\cdot D`, aggregated:
+
+    .. math::
+        \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t}
+        + \lambda\,D_{i,t},\ m\big),
+        \qquad
+        \nabla_\theta\mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\nabla_\theta
+        \ell^{\text{surr}}_{i,t} + \lambda\,\nabla_\theta D_{i,t},\ m\big)
+
+    (``agg`` is linear for a fixed mask and :math:`\omega` is a constant; :math:`\omega \equiv 1`
+    when ``token_weights`` is None). The weights scale the policy-gradient term only, never the
+    regularizer: TRL 1.16's ``GRPOTrainer._compute_loss`` multiplies its per-token loss by the
+    vLLM importance-sampling ratio (``importance_sampling_ratio``), the off-policy mask and the
+    high-entropy mask *before* adding :math:`\beta\,\mathrm{KL}`. (An importance-weighted
+    regularizer is a regularizer of its own, e.g. ``kl_k3_is``.)
 
     Args:
         logp: ``[B, T]`` sampled-token log-probs under the trained policy (with grad).
@@ -84,14 +117,25 @@ def compute_policy_loss(
             when ``coef != 0``, but its masked mean is always reported.
         aggregation: mode of :func:`gbmpo.objectives.aggregate`.
         max_len, num_sequences, num_tokens: passed to :func:`~gbmpo.objectives.aggregate`
-            (full-batch normalisers for micro-batching).
+            (full-batch normalisers for micro-batching; ``num_tokens`` may be a float below
+            this batch's token count, e.g. a global count divided by the number of processes).
+        token_weights: ``[B, T]`` or ``[B, 1]`` (one weight per sequence) per-token weights
+            :math:`\omega` of the surrogate, any real dtype (bool masks too), e.g. importance
+            ratios or 0/1 masks. Used as given on valid tokens (no detach: pass constants) and
+            ignored on masked ones, so padding may hold anything, NaN included.
 
     Returns:
         ``(loss, metrics)``: the scalar loss (float32, or float64 for float64 ``logp``) and
         python floats: the surrogate diagnostics (``clip_frac_low``, ``clip_frac_high``,
-        ``clip_frac_dual``, ``ratio_mean``, ``ratio_min``, ``ratio_max``), ``pg_loss`` (the
-        aggregated surrogate alone), ``reg_value`` (masked mean of the regularizer, 0 without
-        one) and ``loss``.
+        ``clip_frac_dual``, ``ratio_mean``, ``ratio_min``, ``ratio_max``; unweighted masked
+        statistics), ``pg_loss`` (the aggregated weighted surrogate
+        :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}}, m)` alone), ``reg_value`` (masked mean of
+        the regularizer, 0 without one) and ``loss``.
+
+    Raises:
+        ValueError: invalid ``coef``, ``coef != 0`` without a regularizer, a missing
+            ``ref_logp``, shape mismatches (``token_weights`` included), or invalid aggregation
+            normalisers (see :func:`~gbmpo.objectives.aggregate`).
     """
     if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not math.isfinite(coef):
         raise ValueError(f"coef must be a finite number, got {coef!r}")
@@ -103,6 +147,8 @@ def compute_policy_loss(
         old_logp = logp.detach()
 
     pg, diag = surr(logp, old_logp, advantages, mask)
+    if token_weights is not None:
+        pg = pg * _valid_weights(token_weights, mask, pg)
     agg_kw: dict[str, Any] = {
         "num_sequences": num_sequences,
         "num_tokens": num_tokens,
