@@ -226,14 +226,19 @@ def test_missing_path_object_and_bad_dirs(tmp_path: Path) -> None:
 
 
 def test_hub_id_is_passed_through_and_offline_failure_is_clear(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    assert resolve_model_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
-    assert resolve_model_path("gpt2") == "gpt2"
+    """More hub-id cases (local cache, unreachable Hub) are in tests/test_models.py."""
+    import huggingface_hub
     import huggingface_hub.constants
 
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda *a, **k: None)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    assert resolve_model_path("gbmpo-test/no-such-model") == "gbmpo-test/no-such-model"
+    assert resolve_model_path("gpt2") == "gpt2"
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    with pytest.raises(FileNotFoundError, match="not a local directory .* Hugging Face Hub"):
+    with pytest.raises(FileNotFoundError, match="not a local directory, .* Hugging Face Hub"):
         load_model_and_tokenizer("gbmpo-test/no-such-model")
 
 

@@ -9,26 +9,180 @@ warm-started by SFT on the built-in ``arithmetic`` task. It ships inside the pac
 
 from __future__ import annotations
 
+import json
 import re
+import threading
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["TINY_MODEL_NAMES", "TINY_MODEL_PATH", "load_model_and_tokenizer", "resolve_model_path"]
+__all__ = [
+    "HUB_PROBE_TIMEOUT",
+    "TINY_MODEL_NAMES",
+    "TINY_MODEL_PATH",
+    "load_model_and_tokenizer",
+    "resolve_model_path",
+]
 
 #: directory of the embedded tiny model (inside the installed package)
 TINY_MODEL_PATH: Path = Path(str(resources.files("gbmpo"))) / "assets" / "tiny-qwen3"
 #: names that select the embedded model
 TINY_MODEL_NAMES: tuple[str, ...] = ("tiny",)
+#: seconds to wait for the Hugging Face Hub to answer before calling it unreachable
+HUB_PROBE_TIMEOUT: float = 3.0
 
-# "name" or "namespace/name" (letters, digits, "-", "_", "."; no leading "." or "-", no "..")
-_HUB_ID = re.compile(r"(?!.*\.\.)[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+# "name" or "namespace/name": ASCII letters, digits, "-", "_", "."; each part 1-96 characters,
+# starting and ending with a letter, digit or "_" (the Hub's rules; see validate_repo_id)
+_HUB_NAME = r"[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?"
+_HUB_ID = re.compile(rf"(?:{_HUB_NAME}/)?{_HUB_NAME}", re.ASCII)
+_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+_WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _looks_like_hub_id(name: str) -> bool:
-    return _HUB_ID.fullmatch(name) is not None
+    """Whether ``name`` is a valid Hugging Face Hub model id (``name`` or ``namespace/name``)."""
+    if _HUB_ID.fullmatch(name) is None or "--" in name or ".." in name:
+        return False
+    return not name.endswith(".git")
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _hub_cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def _missing_model_files(directory: Path) -> list[str]:
+    """Files a ``from_pretrained`` load of ``directory`` needs but that are absent (the config,
+    the weights or every shard of a sharded checkpoint, a tokenizer)."""
+    missing = [] if (directory / "config.json").is_file() else ["config.json"]
+    if not any((directory / name).is_file() for name in _WEIGHT_FILES):
+        index = next((directory / n for n in _WEIGHT_INDEXES if (directory / n).is_file()), None)
+        if index is None:
+            missing.append("model weights (" + " or ".join(_WEIGHT_FILES) + ")")
+        else:
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                missing.append(f"a readable {index.name}")
+            else:
+                missing += [s for s in shards if not (directory / s).is_file()]
+    if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
+        missing.append("tokenizer files")
+    return missing
+
+
+def _cached_snapshot(repo_id: str) -> tuple[Path | None, list[str]]:
+    """``(snapshot directory, missing files)`` of ``repo_id`` (revision ``main``) in the local
+    Hugging Face cache, without any network access; ``(None, [])`` if it is not cached."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(repo_id, "config.json")
+    if not isinstance(config, str):
+        return None, []
+    snapshot = Path(config).parent
+    return snapshot, _missing_model_files(snapshot)
+
+
+def _probe_hub(repo_id: str) -> str | None:
+    """Ask the Hub (one HEAD request, at most :data:`HUB_PROBE_TIMEOUT` seconds, no retries)
+    whether ``repo_id`` has a ``config.json``. ``None`` if it has (or the Hub asks to slow down);
+    the reason as text if the Hub cannot be reached (offline mode, network error, no answer in
+    time, a 5xx error); :class:`FileNotFoundError` if the Hub answers that the model does not
+    exist, is gated, is not a transformers model or is otherwise refused (4xx)."""
+    from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+    )
+
+    if _offline():
+        return "offline mode is on: HF_HUB_OFFLINE=1"
+    outcome: list[Exception | None] = []
+
+    def probe() -> None:
+        try:
+            get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_PROBE_TIMEOUT)
+        except Exception as err:  # any failure is reported to the caller below
+            outcome.append(err)
+        else:
+            outcome.append(None)
+
+    # a daemon thread bounds the wait even when name resolution itself hangs
+    thread = threading.Thread(target=probe, name="gbmpo-hub-probe", daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_TIMEOUT + 0.5)
+    endpoint = constants.ENDPOINT
+    if not outcome:
+        return f"no answer from {endpoint} within {HUB_PROBE_TIMEOUT:g} s"
+    err = outcome[0]
+    if err is None:
+        return None
+    if isinstance(err, GatedRepoError):
+        raise FileNotFoundError(
+            f"model {repo_id!r} is gated on the Hugging Face Hub: accept its terms on "
+            f"{endpoint}/{repo_id} and log in (`hf auth login` or HF_TOKEN)"
+        ) from err
+    if isinstance(err, RepositoryNotFoundError):
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not a local directory and does not exist on the Hugging Face "
+            "Hub (or it is private and you are not logged in: `hf auth login` or HF_TOKEN)"
+        ) from err
+    if isinstance(err, EntryNotFoundError):
+        raise FileNotFoundError(
+            f"Hugging Face Hub repository {repo_id!r} has no config.json (not a transformers model)"
+        ) from err
+    if isinstance(err, HfHubHTTPError):
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if status == 429 or status is None:  # rate-limited: from_pretrained retries
+            return None
+        if status < 500:
+            raise FileNotFoundError(
+                f"model {repo_id!r} is not a local directory and the Hugging Face Hub "
+                f"({endpoint}) refused it: {first_line}"
+            ) from err
+        return f"{endpoint}: {first_line}"
+    return f"{endpoint}: {type(err).__name__}: {err}"
+
+
+def _resolve_hub_id(repo_id: str) -> str:
+    """A fully cached hub model -> its snapshot directory (no network access); otherwise the id,
+    if the Hub answers; otherwise :class:`FileNotFoundError` saying how to get the model."""
+    snapshot, missing = _cached_snapshot(repo_id)
+    if snapshot is not None and not missing:
+        return str(snapshot)
+    reason = _probe_hub(repo_id)
+    if reason is None:
+        return repo_id
+    cache = _hub_cache_dir()
+    if snapshot is None:
+        where = f"is not in the local Hugging Face cache ({cache})"
+    else:
+        where = (
+            f"is only partly in the local Hugging Face cache ({snapshot}; missing "
+            + ", ".join(missing[:3])
+            + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+            + ")"
+        )
+    raise FileNotFoundError(
+        f"model {repo_id!r} is not a local directory, {where} and the Hugging Face Hub cannot be "
+        f"reached ({reason}). To use it, download it where there is internet access "
+        f"(`hf download {repo_id}`) and copy the cache here (or point HF_HOME at it), or set the "
+        "model path (--model / model.path) to a local directory saved with save_pretrained, or "
+        "use the embedded model `tiny`"
+    )
 
 
 def resolve_model_path(path_or_id: str | Path | None) -> str:
@@ -37,6 +191,13 @@ def resolve_model_path(path_or_id: str | Path | None) -> str:
     ``None``/``"tiny"`` -> the embedded model. An existing directory must hold ``config.json``.
     A name that does not exist locally and does not look like a hub id (``namespace/name``)
     raises :class:`FileNotFoundError` naming it.
+
+    A hub id whose files (config, weights, tokenizer) are all in the local Hugging Face cache
+    resolves to the cached snapshot directory, without network access. Otherwise the Hub is
+    asked once (at most :data:`HUB_PROBE_TIMEOUT` seconds, no retries): the id is returned if
+    it has the model; :class:`FileNotFoundError` is raised at once if the Hub says the model does
+    not exist, or if it cannot be reached (``HF_HUB_OFFLINE=1``, no network), with a message
+    naming the model and how to get it.
     """
     if path_or_id is None or (isinstance(path_or_id, str) and path_or_id in TINY_MODEL_NAMES):
         if not (TINY_MODEL_PATH / "config.json").is_file():
@@ -61,7 +222,7 @@ def resolve_model_path(path_or_id: str | Path | None) -> str:
         raise FileNotFoundError(
             f"model path {text!r} does not exist (and is not a Hugging Face Hub id)"
         )
-    return text
+    return _resolve_hub_id(text)
 
 
 def load_model_and_tokenizer(
@@ -74,7 +235,8 @@ def load_model_and_tokenizer(
     """Load ``(model, tokenizer)`` for RL: tokenizer left-padded with a pad token.
 
     ``path_or_id``: ``None`` or ``"tiny"`` for the embedded tiny Qwen3, a local directory saved
-    with ``save_pretrained``, or a Hugging Face Hub id (needs network access). The pad token
+    with ``save_pretrained``, or a Hugging Face Hub id (read from the local Hugging Face cache
+    when it is there, else downloaded; see :func:`resolve_model_path`). The pad token
     falls back to EOS when the tokenizer has none; a tokenizer with neither raises
     ``ValueError``. The model is returned in eval mode on ``device`` with ``dtype`` weights.
     """
@@ -82,18 +244,35 @@ def load_model_and_tokenizer(
 
     source = resolve_model_path(path_or_id)
     is_local = Path(source).is_dir()
+    # a hub id resolved to its snapshot in the local Hugging Face cache
+    cached_id = (
+        path_or_id
+        if isinstance(path_or_id, str)
+        and is_local
+        and path_or_id not in TINY_MODEL_NAMES
+        and not Path(path_or_id).expanduser().exists()
+        else None
+    )
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
         model = AutoModelForCausalLM.from_pretrained(
             source, dtype=dtype, trust_remote_code=trust_remote_code
         )
     except OSError as err:
+        if cached_id is not None:
+            raise FileNotFoundError(
+                f"model {cached_id!r} could not be loaded from the local Hugging Face cache "
+                f"({source}; {type(err).__name__}: {err})"
+            ) from err
         if is_local:
             raise
         raise FileNotFoundError(
             f"model {source!r} is not a local directory and could not be loaded from the "
             f"Hugging Face Hub ({type(err).__name__}: {err})"
         ) from err
+    if cached_id is not None:  # named like a download from the Hub
+        model.config._name_or_path = cached_id
+        tokenizer.name_or_path = cached_id
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
