@@ -165,8 +165,8 @@ def test_mbpp_examples_and_prompt() -> None:
     assert task.reward([], [rambling], **task.columns([ex])) == [1.0]
     strict = get_task("mbpp", reward="all_pass")
     assert strict.reward([], [ex["answer"], partly], **task.columns([ex, ex])) == [1.0, 0.0]
-    with pytest.raises(ValueError, match="reward"):
-        get_task("mbpp", reward="shaped")
+    with pytest.raises(ValueError, match="valid: pass_fraction, all_pass, shaped"):
+        get_task("mbpp", reward="shapd")
     san = get_task("mbpp_sanitized", template="chat", tokenizer=FakeChatTokenizer())
     sex = san.split("test")[0]
     assert sex["prompt"].startswith("<system>") and "Your code should pass" in sex["prompt"]

@@ -6,7 +6,9 @@ list[float | None]`` and are registered by name in :data:`REWARDS`:
 * ``math``: :func:`gbmpo.rewards.math.math_reward_fn` (column ``answer``);
 * ``code_pass_fraction``: fraction of tests passed (columns ``tests``, ``setup``, ``prefix``,
   ``entry_point``; see :mod:`gbmpo.rewards.code`);
-* ``code_all_pass``: 1.0 iff every test passed.
+* ``code_all_pass``: 1.0 iff every test passed;
+* ``code_shaped``: the GBMPO authors' shaped MBPP reward (METHODS.md §6.1; see
+  :mod:`gbmpo.rewards.code_shaping`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from gbmpo.rewards.code import (
     build_program,
     code_all_pass,
     code_pass_fraction,
+    code_shaped,
     extract_code,
     grade_code,
     make_code_reward,
@@ -44,6 +47,7 @@ REWARDS: Registry[RewardFn] = Registry("reward")
 REWARDS.register("math", math_reward_fn)
 REWARDS.register("code_pass_fraction", code_pass_fraction)
 REWARDS.register("code_all_pass", code_all_pass)
+REWARDS.register("code_shaped", code_shaped)
 
 
 def get_reward(name: str) -> RewardFn:
@@ -65,6 +69,7 @@ __all__ = [
     "build_program",
     "code_all_pass",
     "code_pass_fraction",
+    "code_shaped",
     "extract_answer",
     "extract_code",
     "get_default_sandbox",

@@ -12,8 +12,9 @@ Reward columns (TRL convention, one value per completion):
 * ``entry_point`` (str, optional): the function under test; it may shadow a builtin (MBPP
   task 126 defines ``sum``) and picks the right code block when there are several.
 
-Rewards: :func:`code_pass_fraction` (passed / total) and :func:`code_all_pass` (1.0 iff every
-test passed).
+Rewards: :func:`code_pass_fraction` (passed / total), :func:`code_all_pass` (1.0 iff every
+test passed) and :func:`code_shaped` (the GBMPO authors' shaped reward,
+:mod:`gbmpo.rewards.code_shaping`; its group terms act on runs of consecutive equal prompts).
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gbmpo.rewards.code_shaping import shaped_code_rewards, validate_banned_tokens
 from gbmpo.rewards.math import strip_thinking
 from gbmpo.rewards.sandbox import Program, RunResult, Sandbox, run_programs
 
 __all__ = [
+    "CODE_REWARD_KINDS",
     "HUMANEVAL_STOP",
     "build_program",
     "code_all_pass",
     "code_pass_fraction",
+    "code_shaped",
     "extract_code",
     "grade_code",
     "make_code_reward",
@@ -38,6 +42,9 @@ __all__ = [
 
 #: stop sequences of the Codex paper for completions that continue a function (base models)
 HUMANEVAL_STOP = ("\nclass", "\ndef", "\n#", "\nif", "\nprint")
+
+#: the ``kind`` values of :func:`make_code_reward`
+CODE_REWARD_KINDS = ("pass_fraction", "all_pass", "shaped")
 
 _PY_LANGS = ("", "python", "py", "python3")
 _ANY_DEF_RE = re.compile(r"^[ \t]*def[ \t]+\w+[ \t]*\(", re.MULTILINE)
@@ -168,10 +175,20 @@ def make_code_reward(
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     sandbox: Sandbox | None = None,
+    banned_tokens: Sequence[str] | None = None,
 ) -> Callable[..., list[float | None]]:
-    """A TRL-style code reward: ``kind`` is ``"pass_fraction"`` or ``"all_pass"``."""
-    if kind not in ("pass_fraction", "all_pass"):
-        raise ValueError(f"unknown code reward kind {kind!r}; valid: pass_fraction, all_pass")
+    """A TRL-style code reward: ``kind`` is ``"pass_fraction"``, ``"all_pass"`` or ``"shaped"``.
+
+    ``"shaped"``: :func:`gbmpo.rewards.code_shaping.shaped_code_rewards`, with groups = runs of
+    consecutive equal prompts and ``banned_tokens`` (default: the three the spec names).
+    """
+    if kind not in CODE_REWARD_KINDS:
+        raise ValueError(
+            f"unknown code reward kind {kind!r}; valid: {', '.join(CODE_REWARD_KINDS)}"
+        )
+    if banned_tokens is not None and kind != "shaped":
+        raise ValueError("banned_tokens only applies to the 'shaped' code reward")
+    banned = validate_banned_tokens(banned_tokens)
 
     def reward(
         prompts: Sequence[Any],
@@ -186,6 +203,17 @@ def make_code_reward(
                              timeout_s=timeout_s, memory_mb=memory_mb, sandbox=sandbox)
         if kind == "all_pass":
             return [1.0 if r.all_passed else 0.0 for r in results]
+        if kind == "shaped":
+            n = len(completions)
+            texts = [_text(c) for c in completions]
+            prefixes = _column(prefix, n, "prefix", "")
+            entries = _column(entry_point, n, "entry_point", None)
+            return list(shaped_code_rewards(
+                results, texts,
+                [build_program(t, p, e) for t, p, e in zip(texts, prefixes, entries, strict=True)],
+                [extract_code(t, e) for t, e in zip(texts, entries, strict=True)],
+                prompts=prompts, banned_tokens=banned,
+            ))
         return [r.pass_fraction for r in results]
 
     reward.__name__ = f"code_{kind}"
@@ -197,3 +225,5 @@ def make_code_reward(
 code_pass_fraction = make_code_reward("pass_fraction")
 #: 1.0 iff every test passed (default sandbox, 5 s, 1 GiB)
 code_all_pass = make_code_reward("all_pass")
+#: the GBMPO authors' shaped reward (default sandbox, 5 s, 1 GiB; the spec's banned tokens)
+code_shaped = make_code_reward("shaped")

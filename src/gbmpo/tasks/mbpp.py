@@ -22,9 +22,14 @@ Prompt (GBMPO's MBPP prompt, METHODS.md sections 5 and 6.1): the problem text, t
 * chat: system prompt :data:`CHAT_SYSTEM`, user message = that text; the program is taken from
   the reply's ```` ```python ```` block.
 
-Reward (``reward=``): ``"pass_fraction"`` (default; tests passed / tests) or ``"all_pass"``,
-from the hardened sandbox (:mod:`gbmpo.rewards.sandbox`, ``timeout_s`` 5 s as in the GBMPO
-evaluator). A problem counts as solved (pass@k) only when every test passes.
+Reward (``reward=``): ``"pass_fraction"`` (default; tests passed / tests), ``"all_pass"`` or
+``"shaped"`` (the GBMPO authors' shaped training reward, METHODS.md §6.1: pass fraction plus
+outcome and format penalties, a brevity bonus and the group terms; ``banned_tokens=`` overrides
+its banned-token list; see :mod:`gbmpo.rewards.code_shaping`), from the hardened sandbox
+(:mod:`gbmpo.rewards.sandbox`, ``timeout_s`` 5 s as in the GBMPO evaluator). The shaped group
+terms take a group to be a run of consecutive equal prompts, which is how the trainer calls the
+reward (each prompt repeated ``G`` times). A problem counts as solved (pass@k) only when every
+test passes; :meth:`MBPPTask.grade` reports the shaped reward without the group terms.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gbmpo.rewards.code import extract_code, grade_code
+from gbmpo.rewards.code_shaping import shaped_code_rewards, validate_banned_tokens
 from gbmpo.rewards.sandbox import RunResult
 from gbmpo.tasks import _common as common
 from gbmpo.tasks.base import TASKS, Example, Task
@@ -61,7 +67,7 @@ CHAT_SYSTEM = (
     "You are an expert Python programmer. Answer with the complete solution in a single "
     "```python code block, without example usage or explanations."
 )
-REWARD_KINDS = ("pass_fraction", "all_pass")
+REWARD_KINDS = ("pass_fraction", "all_pass", "shaped")
 
 
 def split_of(task_id: int) -> str:
@@ -101,6 +107,7 @@ class MBPPTask(Task):
         tokenizer: Any = None,
         system_prompt: str | None = None,
         reward: str = "pass_fraction",
+        banned_tokens: Sequence[str] | None = None,
         challenge_tests: bool = False,
         timeout_s: float = 5.0,
         memory_mb: int = 1024,
@@ -108,11 +115,14 @@ class MBPPTask(Task):
     ) -> None:
         if reward not in REWARD_KINDS:
             raise ValueError(f"unknown MBPP reward {reward!r}; valid: {', '.join(REWARD_KINDS)}")
+        if banned_tokens is not None and reward != "shaped":
+            raise ValueError("banned_tokens only applies to reward='shaped'")
         self.path = path
         self.template = common.resolve_template(template, tokenizer)
         self.tokenizer = tokenizer
         self.system_prompt = CHAT_SYSTEM if system_prompt is None else system_prompt
         self.reward_kind = reward
+        self.banned_tokens = validate_banned_tokens(banned_tokens)
         self.challenge_tests = challenge_tests
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
@@ -190,7 +200,10 @@ class MBPPTask(Task):
     def reward(
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
     ) -> list[float | None]:
-        return list(self.reward_values(self.run(completions, columns)))
+        results = self.run(completions, columns)
+        return list(self.reward_values(
+            results, self._prepare(completions), columns.get("entry_point"), prompts=prompts
+        ))
 
     def grade(
         self, completions: Sequence[str], examples: Sequence[Example]
@@ -198,7 +211,7 @@ class MBPPTask(Task):
         """Per-completion record for evaluation (correct = every test passed)."""
         cols = self.columns(examples)
         results = self.run(completions, cols)
-        rewards = self.reward_values(results)
+        rewards = self.reward_values(results, self._prepare(completions), cols.get("entry_point"))
         return [
             {
                 "reward": rw, "correct": r.all_passed, "status": r.status, "passed": r.passed,
@@ -209,10 +222,28 @@ class MBPPTask(Task):
                                     strict=True)
         ]
 
-    def reward_values(self, results: Sequence[RunResult]) -> list[float]:
-        """Rewards of sandbox results under this task's ``reward`` kind."""
+    def reward_values(
+        self,
+        results: Sequence[RunResult],
+        completions: Sequence[str] | None = None,
+        entry_points: Sequence[str | None] | None = None,
+        *,
+        prompts: Sequence[Any] | None = None,
+    ) -> list[float]:
+        """Rewards of sandbox results under this task's ``reward`` kind.
+
+        ``"shaped"`` also needs the (prepared) ``completions`` and their ``entry_points``; its
+        group terms act on runs of consecutive equal ``prompts`` (none without ``prompts``).
+        """
         if self.reward_kind == "all_pass":
             return [1.0 if r.all_passed else 0.0 for r in results]
+        if self.reward_kind == "shaped":
+            if completions is None:
+                raise ValueError("the shaped MBPP reward needs the completions")
+            entries = [None] * len(completions) if entry_points is None else entry_points
+            programs = [extract_code(c, e) for c, e in zip(completions, entries, strict=True)]
+            return shaped_code_rewards(results, completions, programs, prompts=prompts,
+                                       banned_tokens=self.banned_tokens)
         return [r.pass_fraction for r in results]
 
 
