@@ -181,6 +181,19 @@ def test_parity_trl_options(
     print(f"parity {name}: max|dloss|={loss_diff:.3g} max|dgrad|={grad_diff:.3g}")
 
 
+def _compare_with_vllm_is(
+    stock: Any, ours: Any, inputs: dict[str, Any], shape: tuple[int, int], seed: int
+) -> tuple[float, float]:
+    """:func:`_compare` with vLLM importance-sampling correction on both trainers and random
+    ratios in [0.5, 1.5) of ``shape`` (``[B, T]`` token-level, ``[B, 1]`` sequence-level)."""
+    g = torch.Generator().manual_seed(seed)
+    inputs["importance_sampling_ratio"] = 0.5 + torch.rand(*shape, generator=g)
+    for t in (stock, ours):
+        t.use_vllm = True
+        t.vllm_importance_sampling_correction = True
+    return _compare(stock, ours, inputs)
+
+
 def test_parity_vllm_importance_ratio_and_on_policy(
     tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any
 ) -> None:
@@ -192,12 +205,7 @@ def test_parity_vllm_importance_ratio_and_on_policy(
     stock, ours = _pair(tmp_path, tiny_model_dir, tiny_dataset, reward_fn, trl_kw, ours_kw)
     inputs = _make_inputs(stock, seed=2)
     del inputs["old_per_token_logps"]
-    g = torch.Generator().manual_seed(3)
-    inputs["importance_sampling_ratio"] = 0.5 + torch.rand(4, 10, generator=g)
-    for t in (stock, ours):
-        t.use_vllm = True
-        t.vllm_importance_sampling_correction = True
-    loss_diff, grad_diff = _compare(stock, ours, inputs)
+    loss_diff, grad_diff = _compare_with_vllm_is(stock, ours, inputs, (4, 10), seed=3)
     print(f"parity vllm_is_on_policy: max|dloss|={loss_diff:.3g} max|dgrad|={grad_diff:.3g}")
 
 
@@ -220,12 +228,7 @@ def test_parity_dapo_normaliser_below_local_count_and_sequence_weights(
     inputs = _make_inputs(stock, seed=4)
     local = int(inputs["completion_mask"].sum())
     inputs["num_items_in_batch"] = torch.tensor(local - 9)
-    g = torch.Generator().manual_seed(5)
-    inputs["importance_sampling_ratio"] = 0.5 + torch.rand(4, 1, generator=g)
-    for t in (stock, ours):
-        t.use_vllm = True
-        t.vllm_importance_sampling_correction = True
-    loss_diff, grad_diff = _compare(stock, ours, inputs)
+    loss_diff, grad_diff = _compare_with_vllm_is(stock, ours, inputs, (4, 1), seed=5)
     print(f"parity dapo_z_below_local: max|dloss|={loss_diff:.3g} max|dgrad|={grad_diff:.3g}")
 
 

@@ -20,9 +20,21 @@ def batch(b=6, t=5, spread=0.15, seed=0):
     return logp, old, ref, adv, mask
 
 
-def test_prob_l2_loss_gradient_matches_analytic():
+def _token_weights(kind):
+    """None, [B, T] or per-sequence [B, 1] surrogate weights for the analytic-gradient test."""
+    g = torch.Generator().manual_seed(7)
+    w = 0.5 + torch.rand(6, 5, generator=g, dtype=F64)
+    return {"none": None, "token": w, "sequence": w[:, :1]}[kind]
+
+
+@pytest.mark.parametrize("weights", ["none", "token", "sequence"])
+def test_prob_l2_loss_gradient_matches_analytic(weights):
+    """Inside the clip region d/dlogp [w (-r A) + lam (p - q)^2] = -w A r + lam 2 (p - q) p
+    (w = 1 without token weights)."""
     logp, old, ref, adv, mask = batch()
     coef = 0.3
+    tw = _token_weights(weights)
+    w_tok = torch.ones(6, 5, dtype=F64) if tw is None else tw.expand(6, 5)
     loss, metrics = compute_policy_loss(
         logp,
         old,
@@ -34,16 +46,18 @@ def test_prob_l2_loss_gradient_matches_analytic():
         coef=coef,
         aggregation="dr_grpo",
         max_len=8,
+        token_weights=tw,
     )
     (g,) = torch.autograd.grad(loss, logp)
-    w = torch.exp(logp.detach() - old)  # spread 0.15: every ratio inside (0.8, 1.28)
+    r = torch.exp(logp.detach() - old)  # spread 0.15: every ratio inside (0.8, 1.28)
     p, q = logp.detach().exp(), ref.exp()
-    per_token_grad = -adv[:, None] * w + coef * 2 * (p - q) * p
+    per_token_grad = -w_tok * adv[:, None] * r + coef * 2 * (p - q) * p
     torch.testing.assert_close(g, per_token_grad * mask / (6 * 8))
     # metrics
     assert metrics["reg_value"] == pytest.approx(float(((p - q) ** 2 * mask).sum() / mask.sum()))
     pg, _ = get_surrogate("clip", eps_low=0.2, eps_high=0.28)(logp, old, adv, mask)
-    assert metrics["pg_loss"] == pytest.approx(float(aggregate(pg.detach(), mask, "dr_grpo", 8)))
+    weighted = (w_tok * pg).detach()
+    assert metrics["pg_loss"] == pytest.approx(float(aggregate(weighted, mask, "dr_grpo", 8)))
     assert metrics["loss"] == pytest.approx(float(loss.detach()))
     assert {"clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max"} <= set(metrics)
     assert all(isinstance(v, float) for v in metrics.values())
@@ -287,32 +301,6 @@ def test_token_weights_by_hand_float64():
     assert metrics["clip_frac_high"] > 0  # the clipped branch is covered
     (g,) = torch.autograd.grad(loss, logp)
     assert torch.isfinite(g).all() and float(g[1, 2]) == 0.0
-
-
-def test_token_weights_gradient_matches_analytic():
-    """Inside the clip region d/dlogp [w (-r A) + lam (p - q)^2] = -w A r + lam 2 (p - q) p,
-    with [B, T] and per-sequence [B, 1] weights."""
-    logp, old, ref, adv, mask = batch()  # spread 0.15: every ratio inside (0.8, 1.28)
-    coef = 0.3
-    for w in (_weights(), _weights()[:, :1]):
-        loss, _ = compute_policy_loss(
-            logp,
-            old,
-            ref,
-            adv,
-            mask,
-            surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28),
-            regularizer=get_regularizer("prob_l2"),
-            coef=coef,
-            aggregation="dr_grpo",
-            max_len=8,
-            token_weights=w,
-        )
-        (g,) = torch.autograd.grad(loss, logp)
-        r = torch.exp(logp.detach() - old)
-        p, q = logp.detach().exp(), ref.exp()
-        per_token_grad = -w * adv[:, None] * r + coef * 2 * (p - q) * p
-        torch.testing.assert_close(g, per_token_grad * mask / (6 * 8))
 
 
 def test_token_weights_do_not_multiply_the_regularizer():
