@@ -58,6 +58,9 @@ def test_prob_l2_loss_gradient_matches_analytic(weights):
     pg, _ = get_surrogate("clip", eps_low=0.2, eps_high=0.28)(logp, old, adv, mask)
     weighted = (w_tok * pg).detach()
     assert metrics["pg_loss"] == pytest.approx(float(aggregate(weighted, mask, "dr_grpo", 8)))
+    reg_term = coef * ((p - q) ** 2)
+    assert metrics["reg_loss"] == pytest.approx(float(aggregate(reg_term, mask, "dr_grpo", 8)))
+    assert metrics["loss"] == pytest.approx(metrics["pg_loss"] + metrics["reg_loss"])
     assert metrics["loss"] == pytest.approx(float(loss.detach()))
     assert {"clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max"} <= set(metrics)
     assert all(isinstance(v, float) for v in metrics.values())
@@ -120,6 +123,22 @@ def test_reference_requirements():
         compute_policy_loss(
             logp, old, None, adv, mask, surrogate="clip", regularizer="none", coef=math.nan
         )
+
+
+def test_reg_loss_survives_a_surrogate_far_larger_in_float32():
+    """In float32, ``loss - pg_loss`` rounds a regularizer term below one ulp of the surrogate to
+    0 (here ~2e-12 against ~1.4); ``reg_loss`` is aggregated on its own and keeps it."""
+    logp, old, _, adv, mask = (x.detach().float() for x in batch())
+    adv = adv.abs() + 1.0
+    ref = logp + 1e-4  # a tiny ProbL2 divergence
+    loss, m = compute_policy_loss(
+        logp, old, ref, adv, mask, surrogate="clip", regularizer="prob_l2", coef=1e-3,
+        aggregation="bnpo",
+    )
+    p, q = logp.exp(), ref.exp()
+    expected = float(aggregate(1e-3 * (p - q) ** 2, mask, "bnpo"))
+    assert 0 < expected < 1e-7 * abs(m["pg_loss"])
+    assert m["reg_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_coef_zero_reports_but_does_not_add_the_regularizer():

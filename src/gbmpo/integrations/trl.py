@@ -785,10 +785,9 @@ class GBMPOTrainer(GRPOTrainer):
             )
 
         self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
-        total = m["loss"]
         self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
         self._metrics[mode]["loss/regularizer"].append(
-            self._mean_over_processes((total - pg_part) * accum)
+            self._mean_over_processes(m["reg_loss"] * accum)
         )
         return loss
 

@@ -129,8 +129,10 @@ def compute_policy_loss(
         python floats: the surrogate diagnostics (``clip_frac_low``, ``clip_frac_high``,
         ``clip_frac_dual``, ``ratio_mean``, ``ratio_min``, ``ratio_max``; unweighted masked
         statistics), ``pg_loss`` (the aggregated weighted surrogate
-        :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}}, m)` alone), ``reg_value`` (masked mean of
-        the regularizer, 0 without one) and ``loss``.
+        :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}}, m)` alone), ``reg_loss`` (the aggregated
+        :math:`\mathrm{agg}(\beta D, m)` alone, computed on its own so that a regularizer term far
+        below the surrogate is not lost to rounding in ``loss - pg_loss``), ``reg_value`` (masked
+        mean of the regularizer, 0 without one) and ``loss``.
 
     Raises:
         ValueError: invalid ``coef``, ``coef != 0`` without a regularizer, a missing
@@ -155,6 +157,7 @@ def compute_policy_loss(
     }
     per_token = pg
     reg_value = 0.0
+    reg_loss = 0.0
     if reg is not None:
         needs_ref = bool(getattr(reg, "needs_ref", True))
         if needs_ref and ref_logp is None:
@@ -167,12 +170,16 @@ def compute_policy_loss(
         reg_value = _masked_mean(values, mask)
         if coef != 0:
             per_token = pg + coef * values.to(pg.dtype)
+            with torch.no_grad():
+                reg_term = coef * values.detach().to(pg.dtype)
+                reg_loss = float(aggregate(reg_term, mask, aggregation, max_len, **agg_kw))
 
     loss = aggregate(per_token, mask, aggregation, max_len, **agg_kw)
     with torch.no_grad():
         pg_loss = aggregate(pg.detach(), mask, aggregation, max_len, **agg_kw)
     metrics = {k: float(v) for k, v in diag.items()}
     metrics["pg_loss"] = float(pg_loss)
+    metrics["reg_loss"] = reg_loss
     metrics["reg_value"] = reg_value
     metrics["loss"] = float(loss.detach())
     return loss, metrics
