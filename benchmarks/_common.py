@@ -9,6 +9,8 @@ allocator keeps cached or fragmented, which is part of the real cost).
 
 from __future__ import annotations
 
+import argparse
+import gc
 import json
 import os
 import platform
@@ -16,6 +18,9 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +95,84 @@ def run_child(args: list[str], env: dict[str, str] | None = None, timeout: float
     return json.loads(lines[-1])
 
 
-def write_result(name: str, data: dict[str, Any], out: str | Path | None = None) -> Path:
-    path = Path(out) if out else RESULTS_DIR / f"{name}.json"
+def serve_child(
+    a: argparse.Namespace, roles: dict[str, Callable[[argparse.Namespace], Any]]
+) -> bool:
+    """In a child process (``--child ROLE``): run that role and print its result as one JSON
+    line (what :func:`run_child` reads); False in the driver process (no ``--child``)."""
+    if not a.child:
+        return False
+    print(json.dumps(roles[a.child](a)))
+    return True
+
+
+def run_child_logged(args: list[str]) -> Any:
+    """:func:`run_child`, with the load average just before it started as ``loadavg_start``."""
+    load = load_average()
+    res = run_child(args)
+    res["loadavg_start"] = load
+    return res
+
+
+def start_result(name: str) -> dict[str, Any]:
+    """The head of a result file: the benchmark's name, the command line and the machine."""
+    return {
+        "benchmark": name,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": machine(),
+    }
+
+
+def finish_result(result: dict[str, Any], out: str | Path | None = None) -> Path:
+    """Record the load average at the end and write ``result`` (from :func:`start_result`) to
+    ``out`` (default ``benchmarks/results/<benchmark>.json``); returns the path."""
+    result["machine"]["loadavg_end"] = load_average()
+    path = Path(out) if out else RESULTS_DIR / f"{result['benchmark']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     return path
+
+
+@dataclass
+class Measurement:
+    """Wall and CPU seconds of a measured block, the RSS before it and the peak RSS during it."""
+
+    seconds: float = 0.0
+    cpu_seconds: float = 0.0
+    rss_before: int = 0
+    peak: int = 0
+
+    def record(self) -> dict[str, float]:
+        """``seconds``, ``cpu_seconds`` and ``extra_peak_gb`` (peak minus the RSS before)."""
+        return {
+            "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "extra_peak_gb": (self.peak - self.rss_before) / GB,
+        }
+
+
+@contextmanager
+def measure() -> Iterator[Measurement]:
+    """Measure the ``with`` block: after a ``gc.collect()``, the RSS is read and the peak-RSS
+    counter reset; the yielded :class:`Measurement` is filled in when the block ends."""
+    m = Measurement()
+    gc.collect()
+    m.rss_before = rss_bytes()
+    reset_peak_rss()
+    t0, c0 = time.perf_counter(), time.process_time()
+    yield m
+    m.seconds, m.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    m.peak = peak_rss_bytes()
+
+
+def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    """The figures of repeated :meth:`Measurement.record` s: the fastest wall and CPU time, and
+    the memory of the first run (the one that pays for any one-time allocation)."""
+    return {
+        "seconds_min": min(r["seconds"] for r in runs),
+        "cpu_seconds_min": min(r["cpu_seconds"] for r in runs),
+        "extra_peak_gb": runs[0]["extra_peak_gb"],
+    }
 
 
 def median(xs: list[float]) -> float:

@@ -37,22 +37,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    best_of,
+    finish_result,
     load_average,
-    machine,
-    peak_rss_bytes,
-    reset_peak_rss,
+    measure,
     rss_bytes,
     run_child,
-    write_result,
+    run_child_logged,
+    serve_child,
+    start_result,
 )
 
 VARIANTS = ("naive", "before", "gbmpo")
@@ -175,26 +175,17 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
     for _ in range(a.repeats):
         for leaf in leaves:
             leaf.grad = None
-        gc.collect()
-        before = rss_bytes()
-        reset_peak_rss()
-        t0, c0 = time.perf_counter(), time.process_time()
-        d = _forward(a.variant, a.mode, t, a)
-        (d * t["weights"]).sum().backward()
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        peak = peak_rss_bytes()
+        with measure() as m:
+            d = _forward(a.variant, a.mode, t, a)
+            (d * t["weights"]).sum().backward()
         del d
-        runs.append({"seconds": seconds, "cpu_seconds": cpu,
-                     "extra_peak_gb": (peak - before) / 1e9,
-                     "rss_before_gb": before / 1e9, "peak_gb": peak / 1e9})
+        runs.append({**m.record(), "rss_before_gb": m.rss_before / 1e9, "peak_gb": m.peak / 1e9})
     grad_bytes = sum(leaf.grad.numel() * leaf.grad.element_size() for leaf in leaves)
     return {
         "variant": a.variant,
         "mode": a.mode,
         "runs": runs,
-        "seconds_min": min(r["seconds"] for r in runs),
-        "cpu_seconds_min": min(r["cpu_seconds"] for r in runs),
-        "extra_peak_gb": runs[0]["extra_peak_gb"],
+        **best_of(runs),
         "extra_peak_gb_max": max(r["extra_peak_gb"] for r in runs),
         "rss_after_import_gb": rss_start / 1e9,
         "rss_inputs_gb": rss_inputs / 1e9,
@@ -265,19 +256,13 @@ def main() -> None:
     p.add_argument("--mode", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.child == "measure":
-        print(json.dumps(child_measure(a)))
-        return
-    if a.child == "check":
-        print(json.dumps(child_check(a)))
+    if serve_child(a, {"measure": child_measure, "check": child_check}):
         return
 
     n_rows = a.batch * a.seq
     logits_gb = n_rows * a.vocab * 4 / 1e9
     result: dict[str, Any] = {
-        "benchmark": "full_vocab",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
+        **start_result("full_vocab"),
         "settings": {"batch": a.batch, "seq": a.seq, "vocab": a.vocab, "hidden": a.hidden,
                      "potential": a.potential, "dtype": "float32", "threads": a.threads,
                      "chunk_logits": a.chunk_logits, "chunk_hidden": a.chunk_hidden,
@@ -293,15 +278,13 @@ def main() -> None:
         if mode == "hidden" and "gbmpo" in variants:
             variants += [f"gbmpo@{c}" for c in a.extra_hidden_chunks.split(",") if c]
         for variant in variants:
-            load = load_average()
-            res = run_child(_args(a, ["--child", "measure", "--mode", mode, "--variant",
-                                      variant]))
-            res["loadavg_start"] = load
-            entry[variant] = res
+            res = entry[variant] = run_child_logged(
+                _args(a, ["--child", "measure", "--mode", mode, "--variant", variant]))
             print(f"[{mode}] {variant}: {res['seconds_min']:.2f} s (CPU "
                   f"{res['cpu_seconds_min']:.2f} s), extra "
                   f"{res['extra_peak_gb']:.3f} GB ({res['extra_peak_gb'] / logits_gb:.2f} logits "
-                  f"tensors; gradients {res['gradient_gb']:.3f} GB) (load {load[0]})", flush=True)
+                  f"tensors; gradients {res['gradient_gb']:.3f} GB) "
+                  f"(load {res['loadavg_start'][0]})", flush=True)
         if "naive" in entry and "gbmpo" in entry:
             ours, naive = entry["gbmpo"], entry["naive"]
             entry["time_ratio_vs_naive"] = ours["seconds_min"] / naive["seconds_min"]
@@ -329,8 +312,7 @@ def main() -> None:
                            f"{entry['time_ratio_vs_naive']:.2f}x naive (CPU time "
                            f"{entry['cpu_time_ratio_vs_naive']:.2f}x)")
         result["modes"][mode] = entry
-    result["machine"]["loadavg_end"] = load_average()
-    path = write_result("full_vocab", result, a.out)
+    path = finish_result(result, a.out)
     print(f"full_vocab: {'; '.join(summary)} -> {path}")
 
 

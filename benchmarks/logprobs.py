@@ -28,22 +28,21 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (
+    best_of,
+    finish_result,
     load_average,
-    machine,
-    peak_rss_bytes,
-    reset_peak_rss,
-    rss_bytes,
+    measure,
     run_child,
-    write_result,
+    run_child_logged,
+    serve_child,
+    start_result,
 )
 
 VARIANTS = ("naive", "trl", "before", "gbmpo")
@@ -102,25 +101,17 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
     runs = []
     for _ in range(a.repeats):
         base.grad = None
-        gc.collect()
-        before = rss_bytes()
-        reset_peak_rss()
-        t0, c0 = time.perf_counter(), time.process_time()
-        if a.mode == "grad":
-            lp = _logp(a.variant, logits, index)
-            (lp * weights).sum().backward()
-        else:
-            with torch.no_grad():
+        with measure() as m:
+            if a.mode == "grad":
                 lp = _logp(a.variant, logits, index)
-        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        peak = peak_rss_bytes()
+                (lp * weights).sum().backward()
+            else:
+                with torch.no_grad():
+                    lp = _logp(a.variant, logits, index)
         del lp
-        runs.append({"seconds": seconds, "cpu_seconds": cpu,
-                     "extra_peak_gb": (peak - before) / 1e9})
+        runs.append(m.record())
     return {"variant": a.variant, "mode": a.mode, "layout": a.layout, "runs": runs,
-            "seconds_min": min(r["seconds"] for r in runs),
-            "cpu_seconds_min": min(r["cpu_seconds"] for r in runs),
-            "extra_peak_gb": runs[0]["extra_peak_gb"],
+            **best_of(runs),
             "extra_peak_gb_repeat": runs[-1]["extra_peak_gb"],
             "loadavg_end": load_average()}
 
@@ -184,19 +175,13 @@ def main() -> None:
     p.add_argument("--layout", default="contiguous", help=argparse.SUPPRESS)
     p.add_argument("--variant", help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.child == "measure":
-        print(json.dumps(child_measure(a)))
-        return
-    if a.child == "check":
-        print(json.dumps(child_check(a)))
+    if serve_child(a, {"measure": child_measure, "check": child_check}):
         return
 
     logits_gb = a.batch * a.seq * a.vocab * 4 / 1e9
     variants = [v for v in a.variants.split(",") if v in _available()]
     result: dict[str, Any] = {
-        "benchmark": "logprobs",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
+        **start_result("logprobs"),
         "settings": {"batch": a.batch, "seq": a.seq, "vocab": a.vocab, "dtype": "float32",
                      "threads": a.threads, "repeats": a.repeats},
         "one_logits_tensor_gb": logits_gb,
@@ -209,16 +194,14 @@ def main() -> None:
             key = f"{mode}/{layout}"
             entry: dict[str, Any] = {}
             for variant in variants:
-                load = load_average()
-                res = run_child(_args(a, ["--child", "measure", "--mode", mode, "--layout",
-                                          layout, "--variant", variant]))
-                res["loadavg_start"] = load
-                entry[variant] = res
+                res = entry[variant] = run_child_logged(
+                    _args(a, ["--child", "measure", "--mode", mode, "--layout", layout,
+                              "--variant", variant]))
                 print(f"[{key}] {variant}: {res['seconds_min']:.3f} s (CPU "
                       f"{res['cpu_seconds_min']:.3f} s), extra "
                       f"{res['extra_peak_gb']:.3f} GB "
-                      f"({res['extra_peak_gb'] / logits_gb:.2f} logits tensors) (load {load[0]})",
-                      flush=True)
+                      f"({res['extra_peak_gb'] / logits_gb:.2f} logits tensors) "
+                      f"(load {res['loadavg_start'][0]})", flush=True)
             if "naive" in entry and "gbmpo" in entry:
                 entry["speedup_vs_naive"] = (entry["naive"]["seconds_min"]
                                              / entry["gbmpo"]["seconds_min"])
@@ -230,8 +213,7 @@ def main() -> None:
                                f"{entry['naive']['extra_peak_gb']:.2f} GB, "
                                f"{entry['speedup_vs_naive']:.2f}x naive speed")
             result["results"][key] = entry
-    result["machine"]["loadavg_end"] = load_average()
-    path = write_result("logprobs", result, a.out)
+    path = finish_result(result, a.out)
     print(f"logprobs: gbmpo vs naive extra memory / speed: {'; '.join(summary)} -> {path}")
 
 

@@ -37,17 +37,27 @@ row), i.e. the trainer before its prompt-sharing rollout, for a before/after in 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import load_average, machine, median, peak_rss_bytes, run_child, write_result
+from _common import (
+    finish_result,
+    load_average,
+    median,
+    peak_rss_bytes,
+    run_child,
+    run_child_logged,
+    serve_child,
+    start_result,
+)
 
 #: model configs (vocabulary: the shipped tokenizer, 447 tokens; tied embeddings)
 SIZES: dict[str, dict[str, int]] = {
@@ -161,16 +171,9 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     trainer = Timed(cfg)
     t_setup = time.perf_counter() - t0
-    if a.profile:
-        from pyinstrument import Profiler
-
-        prof = Profiler(interval=0.005)
-        prof.start()
-    starts, cpu_starts = time.perf_counter(), time.process_time()
-    trainer.train()
-    if a.profile:
-        prof.stop()
-        _write_profile(prof, a.profile)
+    with _profiled(a.profile):
+        starts, cpu_starts = time.perf_counter(), time.process_time()
+        trainer.train()
     side = SIDE_OF_ROLE[a.child]
     return _step_stats(side, [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
                        t_setup)
@@ -259,20 +262,29 @@ def child_trl(a: argparse.Namespace) -> dict[str, Any]:
         callbacks=[StepTimer()],
     )
     t_setup = time.perf_counter() - t0
-    if a.profile:
-        from pyinstrument import Profiler
-
-        prof = Profiler(interval=0.005)
-        prof.start()
-    starts, cpu_starts = time.perf_counter(), time.process_time()
-    trainer.train()
-    if a.profile:
-        prof.stop()
-        _write_profile(prof, a.profile)
+    with _profiled(a.profile):
+        starts, cpu_starts = time.perf_counter(), time.process_time()
+        trainer.train()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     tokens = [h["completions/mean_length"] * a.prompts * a.generations for h in logs]
     return _step_stats("trl", [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
                        t_setup)
+
+
+@contextmanager
+def _profiled(path: str | None) -> Iterator[None]:
+    """Profile the block with pyinstrument and write the profile to ``path`` (see
+    :func:`_write_profile`); no profiler when ``path`` is empty."""
+    if not path:
+        yield
+        return
+    from pyinstrument import Profiler
+
+    prof = Profiler(interval=0.005)
+    prof.start()
+    yield
+    prof.stop()
+    _write_profile(prof, path)
 
 
 def _write_profile(prof: Any, path: str) -> None:
@@ -458,18 +470,14 @@ def main() -> None:
     p.add_argument("--profile", help=argparse.SUPPRESS)
     a = p.parse_args()
 
-    if a.child:
-        fn = {"ours": child_ours, "baseline": child_ours, "trl": child_trl,
-              "loss": child_loss}[a.child]
-        print(json.dumps(fn(a)))
+    if serve_child(a, {"ours": child_ours, "baseline": child_ours, "trl": child_trl,
+                       "loss": child_loss}):
         return
 
     if a.profile_dir:
         Path(a.profile_dir).mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
-        "benchmark": "trainer_vs_trl",
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
+        **start_result("trainer_vs_trl"),
         "settings": {
             "prompts_per_step": a.prompts, "num_generations": a.generations,
             "max_new_tokens": a.max_new_tokens, "beta": BETA, "epsilon": EPSILON,
@@ -492,13 +500,12 @@ def main() -> None:
                                      "runs": {SIDE_OF_ROLE[r]: [] for r in roles}}
             for r in range(a.rounds):
                 for role in (roles if r % 2 == 0 else roles[::-1]):
-                    load = load_average()
-                    res = run_child(_child_args(a, role, model_dir, steps))
-                    res["loadavg_start"] = load
+                    res = run_child_logged(_child_args(a, role, model_dir, steps))
                     entry["runs"][SIDE_OF_ROLE[role]].append(res)
                     print(f"[{size}] {SIDE_OF_ROLE[role]}: {res['step_seconds_median']:.3f} "
                           f"s/step (CPU {res['cpu_seconds_per_step_median']:.3f} s), "
-                          f"{res['tokens_per_second']:.0f} tok/s (load {load[0]})", flush=True)
+                          f"{res['tokens_per_second']:.0f} tok/s "
+                          f"(load {res['loadavg_start'][0]})", flush=True)
             for side, runs in entry["runs"].items():
                 entry[side] = _summarise_side(runs)
             entry.update(_ratios(entry["gbmpo"], entry["trl"]))
@@ -520,8 +527,7 @@ def main() -> None:
                            + (f" (goal {GOALS[size]}x)" if size in GOALS else "")
                            + (f", gbmpo-hf {entry['baseline']['speedup_steps']:.2f}x"
                               if a.baseline else ""))
-    result["machine"]["loadavg_end"] = load_average()
-    path = write_result("trainer_vs_trl", result, a.out)
+    path = finish_result(result, a.out)
     print(f"trainer_vs_trl: gbmpo/TRL steps/s {'; '.join(summary)} -> {path}")
 
 

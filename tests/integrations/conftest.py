@@ -76,6 +76,24 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
+@pytest.fixture
+def cpu_args() -> dict[str, Any]:
+    """The trainer settings every TRL run here shares: fp32 on CPU, no gradient checkpointing,
+    nothing saved or reported, one batch of 4 completions (one prompt group of 4), seed 0."""
+    return {
+        "use_cpu": True,
+        "bf16": False,
+        "fp16": False,
+        "gradient_checkpointing": False,
+        "report_to": "none",
+        "save_strategy": "no",
+        "per_device_train_batch_size": 4,
+        "num_generations": 4,
+        "disable_tqdm": True,
+        "seed": 0,
+    }
+
+
 @pytest.fixture(scope="session")
 def tiny_dataset() -> Any:
     from datasets import Dataset

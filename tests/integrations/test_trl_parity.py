@@ -7,6 +7,7 @@ advantages of both signs, padded completions), inside a gradient-accumulation wi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,20 +23,8 @@ TOL = 1e-6
 BETA = 0.04
 ACCUM = 2
 
-COMMON: dict[str, Any] = {
-    "use_cpu": True,
-    "bf16": False,
-    "fp16": False,
-    "gradient_checkpointing": False,
-    "report_to": "none",
-    "save_strategy": "no",
-    "per_device_train_batch_size": 4,
-    "num_generations": 4,
-    "gradient_accumulation_steps": ACCUM,
-    "max_completion_length": 10,
-    "disable_tqdm": True,
-    "seed": 0,
-}
+#: on top of the ``cpu_args`` fixture
+COMMON: dict[str, Any] = {"gradient_accumulation_steps": ACCUM, "max_completion_length": 10}
 
 
 def _make_inputs(trainer: Any, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -81,27 +70,30 @@ def _loss_and_grads(trainer: Any, inputs: dict[str, Any]) -> tuple[float, dict[s
     return float(loss.detach()), grads
 
 
-def _pair(
-    tmp_path: Any,
-    model_dir: str,
-    dataset: Any,
-    reward: Any,
-    trl_kwargs: dict[str, Any],
-    gbmpo_kwargs: dict[str, Any],
-) -> tuple[Any, Any]:
-    stock = GRPOTrainer(
-        model=model_dir,
-        reward_funcs=reward,
-        args=GRPOConfig(output_dir=str(tmp_path / "stock"), **COMMON, **trl_kwargs),
-        train_dataset=dataset,
-    )
-    ours = GBMPOTrainer(
-        model=model_dir,
-        reward_funcs=reward,
-        args=GBMPOConfig(output_dir=str(tmp_path / "gbmpo"), **COMMON, **gbmpo_kwargs),
-        train_dataset=dataset,
-    )
-    return stock, ours
+@pytest.fixture
+def pair(
+    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any, cpu_args: dict[str, Any]
+) -> Callable[[dict[str, Any], dict[str, Any]], tuple[Any, Any]]:
+    """``pair(trl_kwargs, gbmpo_kwargs)``: a stock GRPOTrainer and a GBMPOTrainer on the same
+    model, dataset and reward, with the same shared settings."""
+
+    def make(trl_kwargs: dict[str, Any], gbmpo_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+        common = {**cpu_args, **COMMON}
+        stock = GRPOTrainer(
+            model=tiny_model_dir,
+            reward_funcs=reward_fn,
+            args=GRPOConfig(output_dir=str(tmp_path / "stock"), **common, **trl_kwargs),
+            train_dataset=tiny_dataset,
+        )
+        ours = GBMPOTrainer(
+            model=tiny_model_dir,
+            reward_funcs=reward_fn,
+            args=GBMPOConfig(output_dir=str(tmp_path / "gbmpo"), **common, **gbmpo_kwargs),
+            train_dataset=tiny_dataset,
+        )
+        return stock, ours
+
+    return make
 
 
 def _compare(stock: Any, ours: Any, inputs: dict[str, Any]) -> tuple[float, float]:
@@ -118,15 +110,13 @@ def _compare(stock: Any, ours: Any, inputs: dict[str, Any]) -> tuple[float, floa
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo", "dapo", "luspo"])
-def test_k3_parity_per_loss_type(
-    loss_type: str, tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any
-) -> None:
+def test_k3_parity_per_loss_type(loss_type: str, pair: Callable[..., tuple[Any, Any]]) -> None:
     """kl_k3 with coef=beta and the ratio clip equals TRL's k3 (bias correction off)."""
     trl_kw = {"loss_type": loss_type, "beta": BETA, "use_bias_correction_kl": False,
               "epsilon": 0.2, "epsilon_high": 0.28}
     ours_kw = {"loss_type": loss_type, "regularizer": "kl_k3", "regularizer_coef": BETA,
                "epsilon": 0.2, "epsilon_high": 0.28}
-    stock, ours = _pair(tmp_path, tiny_model_dir, tiny_dataset, reward_fn, trl_kw, ours_kw)
+    stock, ours = pair(trl_kw, ours_kw)
     inputs = _make_inputs(stock)
     loss_diff, grad_diff = _compare(stock, ours, inputs)
     print(f"parity {loss_type}: max|dloss|={loss_diff:.3g} max|dgrad|={grad_diff:.3g}")
@@ -169,14 +159,11 @@ def test_parity_trl_options(
     name: str,
     trl_kw: dict[str, Any],
     ours_kw: dict[str, Any],
-    tmp_path: Any,
-    tiny_model_dir: str,
-    tiny_dataset: Any,
-    reward_fn: Any,
+    pair: Callable[..., tuple[Any, Any]],
 ) -> None:
     trl_kw = {"beta": BETA, "loss_type": "dapo", **trl_kw}
     ours_kw = {"regularizer_coef": BETA, "loss_type": trl_kw["loss_type"], **ours_kw}
-    stock, ours = _pair(tmp_path, tiny_model_dir, tiny_dataset, reward_fn, trl_kw, ours_kw)
+    stock, ours = pair(trl_kw, ours_kw)
     loss_diff, grad_diff = _compare(stock, ours, _make_inputs(stock, seed=1))
     print(f"parity {name}: max|dloss|={loss_diff:.3g} max|dgrad|={grad_diff:.3g}")
 
@@ -195,14 +182,14 @@ def _compare_with_vllm_is(
 
 
 def test_parity_vllm_importance_ratio_and_on_policy(
-    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any
+    pair: Callable[..., tuple[Any, Any]],
 ) -> None:
     """The vLLM importance-sampling ratio multiplies the surrogate only (no vLLM here: the flag is
     set on both trainers after construction and the ratio supplied in the batch); on-policy
     batches (no old log-probs) use the detached current log-probs."""
     trl_kw = {"beta": BETA, "loss_type": "bnpo", "use_bias_correction_kl": False}
     ours_kw = {"regularizer_coef": BETA, "loss_type": "bnpo"}
-    stock, ours = _pair(tmp_path, tiny_model_dir, tiny_dataset, reward_fn, trl_kw, ours_kw)
+    stock, ours = pair(trl_kw, ours_kw)
     inputs = _make_inputs(stock, seed=2)
     del inputs["old_per_token_logps"]
     loss_diff, grad_diff = _compare_with_vllm_is(stock, ours, inputs, (4, 10), seed=3)
@@ -210,7 +197,7 @@ def test_parity_vllm_importance_ratio_and_on_policy(
 
 
 def test_parity_dapo_normaliser_below_local_count_and_sequence_weights(
-    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any
+    pair: Callable[..., tuple[Any, Any]],
 ) -> None:
     """TRL ``dapo``'s normaliser Z = num_items_in_batch / P * G_acc / S_gen can be below this
     process's token count (data-parallel, uneven split): emulated with one process by a
@@ -224,7 +211,7 @@ def test_parity_dapo_normaliser_below_local_count_and_sequence_weights(
         "off_policy_mask_threshold": 0.05,
     }
     ours_kw = {"regularizer_coef": BETA, "loss_type": "dapo", "off_policy_mask_threshold": 0.05}
-    stock, ours = _pair(tmp_path, tiny_model_dir, tiny_dataset, reward_fn, trl_kw, ours_kw)
+    stock, ours = pair(trl_kw, ours_kw)
     inputs = _make_inputs(stock, seed=4)
     local = int(inputs["completion_mask"].sum())
     inputs["num_items_in_batch"] = torch.tensor(local - 9)
@@ -233,13 +220,13 @@ def test_parity_dapo_normaliser_below_local_count_and_sequence_weights(
 
 
 def test_gbmpo_regularizer_changes_the_loss(
-    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any
+    pair: Callable[..., tuple[Any, Any]],
 ) -> None:
     """Guard against a parity test that passes because the regularizer is ignored: ProbL2 with
     the same coefficient gives a different loss and gradient than TRL's k3."""
     trl_kw = {"beta": BETA, "loss_type": "dr_grpo", "use_bias_correction_kl": False}
     ours_kw = {"regularizer": "prob_l2", "regularizer_coef": BETA, "loss_type": "dr_grpo"}
-    stock, ours = _pair(tmp_path, tiny_model_dir, tiny_dataset, reward_fn, trl_kw, ours_kw)
+    stock, ours = pair(trl_kw, ours_kw)
     inputs = _make_inputs(stock)
     loss_s, grads_s = _loss_and_grads(stock, inputs)
     loss_o, grads_o = _loss_and_grads(ours, inputs)

@@ -19,22 +19,13 @@ from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer  # noqa: E402
 from gbmpo.objectives.mirror import NeuralMirrorMap  # noqa: E402
 from gbmpo.objectives.regularizers import REGULARIZERS  # noqa: E402
 
+#: on top of the ``cpu_args`` fixture
 TRAIN: dict[str, Any] = {
-    "use_cpu": True,
-    "bf16": False,
-    "fp16": False,
-    "gradient_checkpointing": False,
-    "report_to": "none",
-    "save_strategy": "no",
-    "per_device_train_batch_size": 4,
-    "num_generations": 4,
     "steps_per_generation": 2,
     "max_completion_length": 6,
     "max_steps": 2,
     "learning_rate": 1e-2,
     "logging_steps": 1,
-    "disable_tqdm": True,
-    "seed": 0,
 }
 
 CASES: list[tuple[str, dict[str, Any]]] = [
@@ -69,13 +60,14 @@ def test_two_steps(
     tiny_model_dir: str,
     tiny_dataset: Any,
     reward_fn: Any,
+    cpu_args: dict[str, Any],
 ) -> None:
     kwargs = dict(kwargs)
     if kwargs["regularizer"] == "neural_mirror":
         path = tmp_path / "mirror.json"
         NeuralMirrorMap.random(scale=0.5, seed=1).save(path)
         kwargs["mirror_path"] = str(path)
-    args = GBMPOConfig(output_dir=str(tmp_path / "out"), **TRAIN, **kwargs)
+    args = GBMPOConfig(output_dir=str(tmp_path / "out"), **cpu_args, **TRAIN, **kwargs)
     trainer = GBMPOTrainer(
         model=tiny_model_dir, reward_funcs=reward_fn, args=args, train_dataset=tiny_dataset
     )

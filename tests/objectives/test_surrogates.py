@@ -28,6 +28,19 @@ def autograd(fn, logp):
     return g
 
 
+def assert_same_surrogate(a, b, logp, old, adv, mask):
+    """Surrogates ``a`` and ``b`` give the same per-token loss and gradient on the batch; returns
+    both diagnostics dicts."""
+    la, da = a(logp, old, adv, mask)
+    lb, db = b(logp, old, adv, mask)
+    torch.testing.assert_close(la, lb)
+    torch.testing.assert_close(
+        autograd(lambda x: a(x, old, adv, mask)[0].sum(), logp),
+        autograd(lambda x: b(x, old, adv, mask)[0].sum(), logp),
+    )
+    return da, db
+
+
 # ---------------------------------------------------------------------------- ATR bounds
 
 # METHODS.md §4 table: delta -> (l_delta, u_delta), 3 decimals.
@@ -71,13 +84,7 @@ def test_atr_surrogate_is_clip_with_lambert_bounds():
     lo, hi = atr_bounds(0.03)
     atr = get_surrogate("atr", delta=0.03)
     ref = get_surrogate("clip", eps_low=1 - lo, eps_high=hi - 1)
-    la, da = atr(logp, old, adv, mask)
-    lr, dr = ref(logp, old, adv, mask)
-    torch.testing.assert_close(la, lr)
-    torch.testing.assert_close(
-        autograd(lambda x: atr(x, old, adv, mask)[0].sum(), logp),
-        autograd(lambda x: ref(x, old, adv, mask)[0].sum(), logp),
-    )
+    da, _ = assert_same_surrogate(atr, ref, logp, old, adv, mask)
     assert float(da["clip_frac_low"]) + float(da["clip_frac_high"]) > 0
     with pytest.raises(TypeError, match="delta"):
         get_surrogate("atr")
@@ -224,13 +231,7 @@ def test_gspo_equals_token_clip_for_one_token_sequences():
     mask = torch.ones(10, 1, dtype=F64)
     gspo = get_surrogate("gspo", eps_low=0.2, eps_high=0.28, dual_clip_c=2.0)
     clip = get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=2.0)
-    lg, dg = gspo(logp, old, adv, mask)
-    lc, dc = clip(logp, old, adv, mask)
-    torch.testing.assert_close(lg, lc)
-    torch.testing.assert_close(
-        autograd(lambda x: gspo(x, old, adv, mask)[0].sum(), logp),
-        autograd(lambda x: clip(x, old, adv, mask)[0].sum(), logp),
-    )
+    dg, dc = assert_same_surrogate(gspo, clip, logp, old, adv, mask)
     assert {k: float(v) for k, v in dg.items()} == pytest.approx(
         {k: float(v) for k, v in dc.items()}
     )
