@@ -27,6 +27,17 @@ class UsageError(ValueError):
     """Malformed command-line arguments."""
 
 
+def positive_int(text: str) -> int:
+    """``argparse`` type of the subcommands' counts: an integer ``>= 1``."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
 def parse_overrides(tokens: Sequence[str]) -> list[tuple[str, Any]]:
     """``["--optim.lr", "1e-4", "--lora", "--steps=5"]`` -> ``[(key, value-or-True), ...]``.
 

@@ -20,14 +20,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gbmpo.cli import positive_int
+
 __all__ = ["add_eval_parser", "parse_task_params", "run_eval", "summary_path"]
-
-
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
 
 
 def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -47,12 +42,12 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "a reasoning-gym data set name (e.g. chain_sum)")
     p.add_argument("--split", default=None,
                    help="split to evaluate (default: the task's eval split)")
-    p.add_argument("--limit", type=_positive_int, default=None, help="first N problems only")
-    p.add_argument("--samples", type=_positive_int, default=1, help="completions per problem")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N problems only")
+    p.add_argument("--samples", type=positive_int, default=1, help="completions per problem")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=_positive_int, default=256)
-    p.add_argument("--batch-size", type=_positive_int, default=8, help="problems per generate call")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    p.add_argument("--batch-size", type=positive_int, default=8, help="problems per generate call")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--template", choices=("auto", "base", "chat"), default="auto",
                    help="prompt template (auto: chat if the tokenizer has a chat template)")

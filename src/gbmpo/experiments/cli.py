@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gbmpo.cli import positive_int
 from gbmpo.experiments.grid import (
     GridError,
     parse_coefs,
@@ -58,16 +59,6 @@ __all__ = [
 ]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
-
-
 def _add_report_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--baseline",
@@ -77,7 +68,7 @@ def _add_report_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--smooth",
-        type=_positive_int,
+        type=positive_int,
         default=10,
         metavar="N",
         help="moving-average window (steps) for training curves (default 10)",
@@ -126,7 +117,7 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="where runs execute: serial (this process, one at a time; default), local "
         "(process pool) or ray",
     )
-    p.add_argument("--workers", type=_positive_int, default=None, help="local backend: processes")
+    p.add_argument("--workers", type=positive_int, default=None, help="local backend: processes")
     p.add_argument("--ray-address", default=None, help="ray backend: cluster address")
     p.add_argument("--output-dir", required=True, metavar="DIR", help="grid and report directory")
     p.add_argument(

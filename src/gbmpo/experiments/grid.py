@@ -93,16 +93,6 @@ _GRID_KEYS = {
     "run.output_dir": "--output-dir",
     "task.name": "--task",
 }
-#: keys the trainer lets a resumed run change (gbmpo.train.trainer.RESUMABLE_OVERRIDES)
-_RESUMABLE_FALLBACK = (
-    "run.steps",
-    "run.time_budget_seconds",
-    "run.checkpoint_every",
-    "run.keep_checkpoints",
-    "run.report_to",
-    "run.num_threads",
-    "run.progress",
-)
 
 
 class GridError(ConfigError):
@@ -308,12 +298,10 @@ def plan_grid(
 
 
 def _resumable_keys() -> tuple[str, ...]:
-    try:
-        from gbmpo.train.trainer import RESUMABLE_OVERRIDES
+    """The keys the trainer lets a resumed run change (imported here: the trainer needs torch)."""
+    from gbmpo.train.trainer import RESUMABLE_OVERRIDES
 
-        return tuple(RESUMABLE_OVERRIDES)
-    except ImportError:  # pragma: no cover - older trainer
-        return _RESUMABLE_FALLBACK
+    return tuple(RESUMABLE_OVERRIDES)
 
 
 def _saved_config(run_dir: Path) -> dict[str, Any] | None:

@@ -313,15 +313,19 @@ def _diagnostics(
     }
 
 
-def _clip_diagnostics(
+def _masked_clip_loss(
     ratio: Tensor,
     adv: Tensor,
     m: Tensor,
     low: float,
     high: float,
     dual_clip_c: float | None,
-    ratio_cap: float | None,
-) -> dict[str, Tensor]:
+    ratio_cap: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics: the
+    ``__call__`` tail of the clip-family surrogates (clip, gspo, atr, rpg_clip)."""
+    loss = ppo_clip_loss(ratio, adv, low, high, dual_clip_c, ratio_cap)
+    loss = torch.where(m, loss, torch.zeros_like(loss))
     r = ratio.detach()
     hit_low = (r < low) & (adv < 0)
     hit_high = (r > high) & (adv > 0)
@@ -329,7 +333,12 @@ def _clip_diagnostics(
     if dual_clip_c is not None:
         ru = r if ratio_cap is None else r.clamp(max=ratio_cap)
         dual = (adv < 0) & (ru > dual_clip_c)
-    return _diagnostics(r, m, hit_low, hit_high, dual)
+    return loss, _diagnostics(r, m, hit_low, hit_high, dual)
+
+
+def _eps_bounds(eps_low: float, eps_high: float | None) -> tuple[float, float]:
+    """Ratio clip interval ``(1 - eps_low, 1 + eps_high)`` (``eps_high`` already resolved)."""
+    return 1.0 - eps_low, 1.0 + float(eps_high)  # type: ignore[arg-type]
 
 
 def _finite_number(cls: str, name: str, value: Any) -> float:
@@ -366,6 +375,14 @@ def _check_clip_params(cls: str, eps_low: Any, eps_high: Any, dual_clip_c: Any, 
                 f"{cls}: delta (cap on the unclipped ratio) must be >= 1 + eps_high = "
                 f"{1.0 + float(eps_high):g}, got {d}"
             )
+
+
+def _init_ratio_clip(s: ClipSurrogate | GSPOSurrogate) -> None:
+    """``__post_init__`` of :class:`ClipSurrogate` / :class:`GSPOSurrogate`: ``eps_high=None``
+    becomes ``eps_low``, then the parameters are checked (errors name ``s.name``)."""
+    if s.eps_high is None:
+        object.__setattr__(s, "eps_high", s.eps_low)
+    _check_clip_params(s.name, s.eps_low, s.eps_high, s.dual_clip_c, s.delta)
 
 
 def _check_variant(cls: str, variant: Any, allowed: tuple[str, ...]) -> None:
@@ -407,13 +424,11 @@ class ClipSurrogate:
     name: ClassVar[str] = "clip"
 
     def __post_init__(self) -> None:
-        if self.eps_high is None:
-            object.__setattr__(self, "eps_high", self.eps_low)
-        _check_clip_params("clip", self.eps_low, self.eps_high, self.dual_clip_c, self.delta)
+        _init_ratio_clip(self)
 
     @property
     def bounds(self) -> tuple[float, float]:
-        return 1.0 - self.eps_low, 1.0 + float(self.eps_high)  # type: ignore[arg-type]
+        return _eps_bounds(self.eps_low, self.eps_high)
 
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
@@ -421,10 +436,7 @@ class ClipSurrogate:
         _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         ratio = torch.exp(log_ratio)
         low, high = self.bounds
-        loss = ppo_clip_loss(ratio, adv, low, high, self.dual_clip_c, self.delta)
-        loss = torch.where(m, loss, torch.zeros_like(loss))
-        diag = _clip_diagnostics(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
-        return loss, diag
+        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
 
 
 @SURROGATES.register("gspo")
@@ -458,9 +470,7 @@ class GSPOSurrogate:
     name: ClassVar[str] = "gspo"
 
     def __post_init__(self) -> None:
-        if self.eps_high is None:
-            object.__setattr__(self, "eps_high", self.eps_low)
-        _check_clip_params("gspo", self.eps_low, self.eps_high, self.dual_clip_c, self.delta)
+        _init_ratio_clip(self)
 
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
@@ -468,11 +478,8 @@ class GSPOSurrogate:
         _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         seq = sequence_log_ratio(log_ratio, m).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         ratio = torch.exp(seq).expand_as(log_ratio)
-        low, high = 1.0 - self.eps_low, 1.0 + float(self.eps_high)  # type: ignore[arg-type]
-        loss = ppo_clip_loss(ratio, adv, low, high, self.dual_clip_c, self.delta)
-        loss = torch.where(m, loss, torch.zeros_like(loss))
-        diag = _clip_diagnostics(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
-        return loss, diag
+        low, high = _eps_bounds(self.eps_low, self.eps_high)
+        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
 
 
 @SURROGATES.register("atr")
@@ -507,9 +514,7 @@ class ATRSurrogate:
         _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         ratio = torch.exp(log_ratio)
         low, high = self.bounds
-        loss = ppo_clip_loss(ratio, adv, low, high, self.dual_clip_c)
-        loss = torch.where(m, loss, torch.zeros_like(loss))
-        return loss, _clip_diagnostics(ratio, adv, m, low, high, self.dual_clip_c, None)
+        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
 
 
 @SURROGATES.register("rpg_clip")
@@ -563,10 +568,8 @@ class RPGClipSurrogate:
         ratio = torch.exp(log_ratio)
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
         a_hat = torch.where(m, a_hat, torch.zeros_like(a_hat))
-        low, high = 1.0 - self.eps_low, 1.0 + self.eps_high
-        loss = ppo_clip_loss(ratio, a_hat, low, high, self.c)
-        loss = torch.where(m, loss, torch.zeros_like(loss))
-        return loss, _clip_diagnostics(ratio, a_hat, m, low, high, self.c, None)
+        low, high = _eps_bounds(self.eps_low, self.eps_high)
+        return _masked_clip_loss(ratio, a_hat, m, low, high, self.c)
 
 
 @SURROGATES.register("rpg_reinforce")
@@ -609,7 +612,7 @@ class RPGReinforceSurrogate:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         lp, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         ratio = torch.exp(log_ratio)
-        low, high = 1.0 - self.eps_low, 1.0 + self.eps_high
+        low, high = _eps_bounds(self.eps_low, self.eps_high)
         w_bar = ratio.detach().clamp(low, high)
         c_kl = rpg_kl_component(w_bar, self.variant, self.beta)
         c_kl = torch.where(m, c_kl, torch.zeros_like(c_kl))

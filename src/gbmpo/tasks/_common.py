@@ -16,6 +16,7 @@ Prompt templates (``template=``):
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -68,7 +69,9 @@ def missing_data_error(relpath: str, hub_id: str | None) -> FileNotFoundError:
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
+    """The records of a JSON Lines file; a ``.gz`` file is read through gzip."""
+    opener: Any = gzip.open if Path(path).suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
 
@@ -111,6 +114,32 @@ def render_chat(tokenizer: Any, system: str | None, user: str) -> str:
     return str(tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
     ))
+
+
+class TemplatedPrompts:
+    """Prompt templating shared by the real-data tasks (mixed into their :class:`Task`).
+
+    :meth:`_init_prompts` sets ``template`` (resolved by :func:`resolve_template`),
+    ``tokenizer`` and ``system_prompt`` (the task's default when ``None``); :meth:`_render`
+    gives the chat-templated user message or the task's base-template text.
+    """
+
+    template: str
+    tokenizer: Any
+    system_prompt: str
+
+    def _init_prompts(
+        self, template: str, tokenizer: Any, system_prompt: str | None, default_system: str
+    ) -> None:
+        self.template = resolve_template(template, tokenizer)
+        self.tokenizer = tokenizer
+        self.system_prompt = default_system if system_prompt is None else system_prompt
+
+    def _render(self, user: str, base: str) -> str:
+        """``user`` through the chat template when ``template == "chat"``, else ``base``."""
+        if self.template == "chat":
+            return render_chat(self.tokenizer, self.system_prompt, user)
+        return base
 
 
 def split_error(task: str, name: str, valid: list[str]) -> ValueError:

@@ -47,7 +47,7 @@ def gold_answer(solution: str) -> str:
 
 
 @TASKS.register("gsm8k")
-class GSM8KTask(Task):
+class GSM8KTask(common.TemplatedPrompts, Task):
     """GSM8K with a final-answer reward. See the module docstring."""
 
     name = "gsm8k"
@@ -65,9 +65,7 @@ class GSM8KTask(Task):
         hub: bool | None = None,
     ) -> None:
         self.path = path  # a directory holding train.jsonl / test.jsonl, or None
-        self.template = common.resolve_template(template, tokenizer)
-        self.tokenizer = tokenizer
-        self.system_prompt = CHAT_SYSTEM if system_prompt is None else system_prompt
+        self._init_prompts(template, tokenizer, system_prompt, CHAT_SYSTEM)
         self.hub = common.hub_allowed(hub)
         self._cache: dict[str, list[Example]] = {}
 
@@ -82,9 +80,7 @@ class GSM8KTask(Task):
         raise common.missing_data_error(rel, HUB_ID)
 
     def prompt(self, question: str) -> str:
-        if self.template == "chat":
-            return common.render_chat(self.tokenizer, self.system_prompt, question)
-        return BASE_TEMPLATE.format(question=question)
+        return self._render(question, BASE_TEMPLATE.format(question=question))
 
     def split(self, name: str) -> list[Example]:
         if name not in SPLITS:

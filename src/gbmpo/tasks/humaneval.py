@@ -23,8 +23,6 @@ Reward: 1.0 iff ``check`` passes (``pass_fraction`` and ``all_pass`` coincide: o
 
 from __future__ import annotations
 
-import gzip
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -58,13 +56,11 @@ def load_problems(path: str | Path | None = None) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"HumanEval data file {str(p)!r} does not exist")
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return common.load_jsonl(p)
 
 
 @TASKS.register("humaneval")
-class HumanEvalTask(Task):
+class HumanEvalTask(common.TemplatedPrompts, Task):
     """HumanEval with sandboxed ``check`` execution. See the module docstring."""
 
     name = "humaneval"
@@ -83,19 +79,13 @@ class HumanEvalTask(Task):
         memory_mb: int = 1024,
     ) -> None:
         self.path = path
-        self.template = common.resolve_template(template, tokenizer)
-        self.tokenizer = tokenizer
-        self.system_prompt = CHAT_SYSTEM if system_prompt is None else system_prompt
+        self._init_prompts(template, tokenizer, system_prompt, CHAT_SYSTEM)
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
         self._examples: list[Example] | None = None
 
     def prompt(self, problem_prompt: str) -> str:
-        if self.template == "chat":
-            return common.render_chat(
-                self.tokenizer, self.system_prompt, CHAT_USER.format(prompt=problem_prompt)
-            )
-        return problem_prompt
+        return self._render(CHAT_USER.format(prompt=problem_prompt), problem_prompt)
 
     def split(self, name: str) -> list[Example]:
         if name != "test":

@@ -89,7 +89,7 @@ def entry_point_of(code: str, tests: Sequence[str]) -> str | None:
     return m.group(1) if m else None
 
 
-class MBPPTask(Task):
+class MBPPTask(common.TemplatedPrompts, Task):
     """MBPP (full set) with sandboxed test execution. See the module docstring."""
 
     name = "mbpp"
@@ -118,9 +118,7 @@ class MBPPTask(Task):
         if banned_tokens is not None and reward != "shaped":
             raise ValueError("banned_tokens only applies to reward='shaped'")
         self.path = path
-        self.template = common.resolve_template(template, tokenizer)
-        self.tokenizer = tokenizer
-        self.system_prompt = CHAT_SYSTEM if system_prompt is None else system_prompt
+        self._init_prompts(template, tokenizer, system_prompt, CHAT_SYSTEM)
         self.reward_kind = reward
         self.banned_tokens = validate_banned_tokens(banned_tokens)
         self.challenge_tests = challenge_tests
@@ -155,9 +153,7 @@ class MBPPTask(Task):
 
     def prompt(self, text: str, tests: Sequence[str]) -> str:
         user = USER_TEMPLATE.format(text=text.strip(), tests="\n".join(tests))
-        if self.template == "chat":
-            return common.render_chat(self.tokenizer, self.system_prompt, user)
-        return user + "```python\n"
+        return self._render(user, user + "```python\n")
 
     def _load(self) -> dict[str, list[Example]]:
         if self._by_split is None:

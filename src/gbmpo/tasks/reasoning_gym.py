@@ -68,7 +68,7 @@ def extract_final(completion: str) -> str | None:
 
 
 @TASKS.register("reasoning_gym")
-class ReasoningGymTask(Task):
+class ReasoningGymTask(common.TemplatedPrompts, Task):
     """A reasoning-gym data set scored by its own verifier. See the module docstring."""
 
     name = "reasoning_gym"
@@ -97,9 +97,7 @@ class ReasoningGymTask(Task):
         self.dataset = dataset
         self.size, self.test_size, self.seed = int(size), int(test_size), int(seed)
         self.config = dict(config)
-        self.template = common.resolve_template(template, tokenizer)
-        self.tokenizer = tokenizer
-        self.system_prompt = CHAT_SYSTEM if system_prompt is None else system_prompt
+        self._init_prompts(template, tokenizer, system_prompt, CHAT_SYSTEM)
         self._train = factory.create_dataset(dataset, size=self.size, seed=self.seed, **config)
         self._test = factory.create_dataset(
             dataset, size=self.test_size, seed=self.seed + 1, **config
@@ -107,9 +105,7 @@ class ReasoningGymTask(Task):
         self._cache: dict[str, list[Example]] = {}
 
     def prompt(self, question: str) -> str:
-        if self.template == "chat":
-            return common.render_chat(self.tokenizer, self.system_prompt, question)
-        return BASE_TEMPLATE.format(question=question)
+        return self._render(question, BASE_TEMPLATE.format(question=question))
 
     def _example(self, item: dict[str, Any]) -> Example:
         return {
