@@ -1,5 +1,6 @@
 """Rollouts: sampling completions and computing the log-probs of the sampled tokens."""
 
+from gbmpo.rollout.decoder import LeanDecoder, lean_decoder_unsupported_reason
 from gbmpo.rollout.hf import (
     Rollout,
     completion_logprobs,
@@ -11,11 +12,13 @@ from gbmpo.rollout.hf import (
 )
 
 __all__ = [
+    "LeanDecoder",
     "Rollout",
     "completion_logprobs",
     "completion_mask_from_ids",
     "eos_token_ids",
     "generate",
+    "lean_decoder_unsupported_reason",
     "selective_log_softmax",
     "token_entropy",
 ]

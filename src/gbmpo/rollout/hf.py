@@ -7,8 +7,9 @@ r"""Rollouts with Hugging Face models and log-probs of the sampled tokens.
   The completion mask covers every token up to **and including** the first EOS; a completion
   that never emits EOS is truncated and fully masked in. Two engines: ``"gbmpo"`` (default)
   prefills each prompt once, expands its KV cache to its ``G`` rows and decodes with a plain
-  loop (:func:`filter_logits`, :func:`sample_from_logits`); ``"hf"`` calls transformers'
-  ``generate``. Greedy decoding takes the same tokens with both.
+  loop (:func:`filter_logits`, :func:`sample_from_logits`) whose forwards, for Llama-shaped
+  models (Qwen3, Qwen2, Llama), run through :class:`~gbmpo.rollout.decoder.LeanDecoder`;
+  ``"hf"`` calls transformers' ``generate``. Greedy decoding takes the same tokens with both.
 * :func:`completion_logprobs` returns
   :math:`\log\pi(o_t\mid h_t) = z_{o_t} - \operatorname{logsumexp}_v z_v` per completion token
   through :func:`selective_log_softmax`, which never builds a ``[B, T, V]`` log-softmax. It
@@ -31,6 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from gbmpo.rollout.decoder import LeanDecoder
 
 __all__ = [
     "ENGINES",
@@ -234,14 +237,22 @@ def _decode(
     top_k: int,
     eos_ids: Sequence[int],
     pad_id: int,
+    lean: bool = True,
 ) -> Tensor:
     """The 'gbmpo' engine: prefill each prompt once, expand its KV cache to its ``repeats``
     rows, then decode one token per row per forward until every row has emitted an EOS or
     ``max_new_tokens`` tokens; finished rows are filled with ``pad_id``. Returns the
-    ``[rows, steps]`` completion ids."""
+    ``[rows, steps]`` completion ids. With ``lean`` (default) and a model
+    :class:`~gbmpo.rollout.decoder.LeanDecoder` supports, the decode forwards run through it
+    (the same arithmetic on the model's weights without transformers' per-call overhead);
+    otherwise, and with ``lean=False``, through the model's own forward."""
     cache, logits = _prefill(model, ids, mask, repeats)
     att = mask.repeat_interleave(repeats, dim=0)
     position = att.sum(dim=-1, keepdim=True)
+    decoder = LeanDecoder.for_model(model) if lean and max_new_tokens > 1 else None
+    if decoder is not None:
+        decoder.start(cache, att, max_new_tokens - 1)
+        cache = None
     eos = torch.tensor(list(eos_ids), device=ids.device)
     done = torch.zeros(att.shape[0], dtype=torch.bool, device=ids.device)
     tokens: list[Tensor] = []
@@ -257,6 +268,10 @@ def _decode(
         done |= torch.isin(tok, eos)
         if t == max_new_tokens - 1 or bool(done.all()):
             break
+        if decoder is not None:
+            logits = decoder.step(tok, position[:, 0])
+            position = position + 1
+            continue
         att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)
         out = model(
             input_ids=tok.unsqueeze(1),

@@ -1,0 +1,135 @@
+"""LeanDecoder: the same next-token logits as the model's own forward with a KV cache, for each
+supported architecture, left padding and grouped-query attention included; unsupported models
+are refused with the reason, and the 'gbmpo' engine samples the same tokens either way."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gbmpo.rollout import LeanDecoder, lean_decoder_unsupported_reason
+from gbmpo.rollout.hf import _decode, _prefill
+
+transformers = pytest.importorskip("transformers")
+
+SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+             intermediate_size=48, max_position_embeddings=128)
+
+
+def _model(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "qwen3":  # per-head q/k norms, explicit head_dim, GQA 4:2, tied head
+        cfg = transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16,
+                                       tie_word_embeddings=True)
+        model = transformers.Qwen3ForCausalLM(cfg)
+    elif kind == "qwen2":  # q/k/v biases, no q/k norm
+        cfg = transformers.Qwen2Config(**SMALL, num_key_value_heads=4)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    elif kind == "llama":  # GQA 4:1, llama3 rope scaling, untied head
+        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16}
+        cfg = transformers.LlamaConfig(**SMALL, num_key_value_heads=1, rope_parameters=rope,
+                                       tie_word_embeddings=False)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        raise AssertionError(kind)
+    # random norm weights, so that a norm applied wrongly (or not at all) shows in the logits
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    return model.to(dtype).eval()
+
+
+def _prompts(rows: int = 3, width: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 97, (rows, width), generator=g)
+    mask = torch.ones(rows, width, dtype=torch.long)
+    mask[0, :3] = 0  # left padding of different lengths
+    mask[2, :1] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
+def test_logits_match_the_models_own_cached_forward(kind, dtype):
+    model = _model(kind, dtype)
+    ids, mask = _prompts()
+    repeats, steps = 2, 9
+    with torch.no_grad():
+        cache, logits = _prefill(model, ids, mask, repeats)
+        att = mask.repeat_interleave(repeats, dim=0)
+        decoder = LeanDecoder(model)
+        decoder.start(cache, att, steps)
+        ref_cache, _ = _prefill(model, ids, mask, repeats)
+        position = att.sum(dim=-1)
+        g = torch.Generator().manual_seed(2)
+        tok = logits.argmax(-1)
+        seen = []
+        for _ in range(steps):
+            ours = decoder.step(tok, position)
+            att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)
+            out = model(input_ids=tok[:, None], attention_mask=att,
+                        position_ids=position[:, None], past_key_values=ref_cache,
+                        use_cache=True)
+            ref_cache, theirs = out.past_key_values, out.logits[:, -1]
+            tol = 1e-12 if dtype == torch.float64 else 2e-5
+            torch.testing.assert_close(ours, theirs, rtol=tol, atol=tol)
+            seen.append(theirs)
+            tok = torch.multinomial(theirs.float().softmax(-1), 1, generator=g)[:, 0]
+            position = position + 1
+    # the check is not vacuous: the logits move from step to step and differ between rows
+    assert (seen[0] - seen[-1]).abs().max() > 1e-3
+    assert (seen[0][0] - seen[0][2]).abs().max() > 1e-3
+
+
+def test_engine_samples_the_same_tokens_with_and_without_it():
+    model = _model("qwen3")
+    ids, mask = _prompts()
+    kw = dict(repeats=4, max_new_tokens=12, do_sample=True, temperature=1.0, top_p=0.9,
+              top_k=0, eos_ids=[5], pad_id=0)
+    out = {}
+    for lean in (True, False):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            out[lean] = _decode(model, ids, mask, lean=lean, **kw)
+    assert torch.equal(out[True], out[False])
+    assert out[True].shape[0] == 12
+    assert len(set(out[True].flatten().tolist())) > 5, "sampling, not a constant sequence"
+
+
+def test_more_steps_than_reserved_is_an_error():
+    model = _model("qwen2")
+    ids, mask = _prompts()
+    with torch.no_grad():
+        cache, logits = _prefill(model, ids, mask, 1)
+        decoder = LeanDecoder(model)
+        decoder.start(cache, mask, 1)
+        decoder.step(logits.argmax(-1), mask.sum(-1))
+        with pytest.raises(RuntimeError, match="max_new_tokens"):
+            decoder.step(logits.argmax(-1), mask.sum(-1) + 1)
+
+
+def test_unsupported_models_are_refused_with_the_reason():
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=97, n_embd=32, n_layer=1, n_head=2, n_positions=64))
+    assert "model_type 'gpt2'" in lean_decoder_unsupported_reason(gpt2)
+    assert LeanDecoder.for_model(gpt2) is None
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        LeanDecoder(gpt2)
+
+    sliding = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        **SMALL, num_key_value_heads=2, use_sliding_window=True, sliding_window=4,
+        max_window_layers=1))
+    assert "sliding-window" in lean_decoder_unsupported_reason(sliding)
+
+    peft = pytest.importorskip("peft")
+    lora = peft.get_peft_model(_model("qwen3"), peft.LoraConfig(
+        r=2, target_modules=["q_proj", "v_proj"]))
+    assert lean_decoder_unsupported_reason(lora) is not None
+    merged_base = lora.get_base_model()  # adapted layers inside a plain causal LM
+    assert "not a plain nn.Linear" in lean_decoder_unsupported_reason(merged_base)
+    assert lean_decoder_unsupported_reason(_model("qwen3")) is None
