@@ -28,7 +28,10 @@ it measures the work done and is much less sensitive to other jobs on a shared m
 ``--baseline`` adds a third side, "gbmpo-hf": gbmpo's trainer with ``rollout.engine=hf``
 (transformers' ``generate``) and ``rollout.share_prompts=false`` (one log-prob forward per
 row), i.e. the trainer before its prompt-sharing rollout, for a before/after in the same run.
+``--no-lean`` adds "gbmpo-nolean": the default trainer with ``rollout.lean_decoder=false`` (the
+decode forwards through transformers' model call instead of ``gbmpo.rollout.LeanDecoder``).
 
+    python benchmarks/trainer_vs_trl.py --baseline --no-lean  # both sizes (about 15 minutes)
     python benchmarks/trainer_vs_trl.py --baseline            # both sizes (about 10 minutes)
     python benchmarks/trainer_vs_trl.py --sizes 0.2M --steps 8 --rounds 2
     python benchmarks/trainer_vs_trl.py --sizes 0.2M --rounds 1 --profile-dir /tmp/prof
@@ -114,8 +117,13 @@ def _task(num_train: int) -> Any:
 
 
 def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
-                baseline: bool = False) -> Any:
+                role: str = "ours") -> Any:
+    """gbmpo's trainer settings for ``role``: "ours" (the defaults), "baseline" (transformers'
+    ``generate``, one log-prob forward per row) or "nolean" (the defaults without the lean
+    decode step)."""
     from gbmpo.train.config import config_from_dict
+
+    baseline = role == "baseline"
 
     return config_from_dict(
         {
@@ -125,7 +133,7 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
             "rollout": {"prompts_per_step": a.prompts, "num_generations": a.generations,
                         "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
                         "top_k": 0, "engine": "hf" if baseline else "gbmpo",
-                        "share_prompts": not baseline},
+                        "share_prompts": not baseline, "lean_decoder": role == "ours"},
             "objective": {
                 "advantage": "dr_grpo",
                 "surrogate": {"name": "clip", "params": {"eps_low": EPSILON,
@@ -154,8 +162,7 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(a.threads)
     out = tempfile.mkdtemp(prefix="gbmpo-bench-ours-")
-    cfg = _our_config(a.model_dir, os.path.join(out, "run"), a.steps, a,
-                      baseline=a.child == "baseline")
+    cfg = _our_config(a.model_dir, os.path.join(out, "run"), a.steps, a, role=a.child)
     ends: list[float] = []
     cpu_ends: list[float] = []
     tokens: list[float] = []
@@ -422,7 +429,8 @@ def _child_args(a: argparse.Namespace, role: str, model_dir: str, steps: int) ->
     return args
 
 
-SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "baseline": "gbmpo-hf"}
+SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "baseline": "gbmpo-hf",
+                "nolean": "gbmpo-nolean"}
 
 
 def _summarise_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -461,17 +469,19 @@ def main() -> None:
     p.add_argument("--num-train", type=int, default=512, help="training prompts in the task")
     p.add_argument("--baseline", action="store_true",
                    help="also time gbmpo with rollout.engine=hf and share_prompts=false")
+    p.add_argument("--no-lean", action="store_true",
+                   help="also time gbmpo with rollout.lean_decoder=false")
     p.add_argument("--profile-dir", default=None, help="write pyinstrument profiles here")
     p.add_argument("--no-loss-check", action="store_true")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/)")
-    p.add_argument("--child", choices=["ours", "trl", "loss", "baseline"],
+    p.add_argument("--child", choices=["ours", "trl", "loss", "baseline", "nolean"],
                    help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)
     a = p.parse_args()
 
-    if serve_child(a, {"ours": child_ours, "baseline": child_ours, "trl": child_trl,
-                       "loss": child_loss}):
+    if serve_child(a, {"ours": child_ours, "baseline": child_ours, "nolean": child_ours,
+                       "trl": child_trl, "loss": child_loss}):
         return
 
     if a.profile_dir:
@@ -487,7 +497,8 @@ def main() -> None:
         },
         "sizes": {},
     }
-    roles = ["ours", "trl"] + (["baseline"] if a.baseline else [])
+    extra_roles = (["baseline"] if a.baseline else []) + (["nolean"] if a.no_lean else [])
+    roles = ["ours", "trl", *extra_roles]
     summary = []
     with tempfile.TemporaryDirectory(prefix="gbmpo-bench-models-") as tmp:
         for size in [s.strip() for s in a.sizes.split(",") if s.strip()]:
@@ -514,10 +525,11 @@ def main() -> None:
             line = (f"[{size}] {n_params / 1e6:.2f}M params: gbmpo/TRL "
                     f"{entry['speedup_steps']:.2f}x steps/s, {entry['speedup_tokens']:.2f}x "
                     f"tokens/s, {entry['speedup_cpu_time']:.2f}x CPU time/step")
-            if a.baseline:
-                entry["baseline"] = _ratios(entry["gbmpo-hf"], entry["trl"])
-                line += (f"; gbmpo-hf/TRL {entry['baseline']['speedup_steps']:.2f}x steps/s,"
-                         f" {entry['baseline']['speedup_cpu_time']:.2f}x CPU time")
+            for role in extra_roles:
+                side = SIDE_OF_ROLE[role]
+                entry[role] = _ratios(entry[side], entry["trl"])
+                line += (f"; {side}/TRL {entry[role]['speedup_steps']:.2f}x steps/s,"
+                         f" {entry[role]['speedup_cpu_time']:.2f}x CPU time")
             if not a.no_loss_check:
                 lc = entry["loss_check"] = run_child(_child_args(a, "loss", model_dir, 1))
                 line += f"; step-0 loss gbmpo {lc['loss_gbmpo']:.6g} trl {lc['loss_trl']:.6g}"
@@ -525,8 +537,8 @@ def main() -> None:
             print(line, flush=True)
             summary.append(f"{size}: {entry['speedup_steps']:.2f}x"
                            + (f" (goal {GOALS[size]}x)" if size in GOALS else "")
-                           + (f", gbmpo-hf {entry['baseline']['speedup_steps']:.2f}x"
-                              if a.baseline else ""))
+                           + "".join(f", {SIDE_OF_ROLE[r]} {entry[r]['speedup_steps']:.2f}x"
+                                     for r in extra_roles))
     path = finish_result(result, a.out)
     print(f"trainer_vs_trl: gbmpo/TRL steps/s {'; '.join(summary)} -> {path}")
 

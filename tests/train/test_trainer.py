@@ -195,6 +195,19 @@ def test_kill_and_resume_reproduces_metrics(micro_model_dir, tmp_path, mu):
     assert json.loads((part / "summary.json").read_text())["steps"] == 6
 
 
+def test_lean_decoder_switch_gives_the_same_run(micro_model_dir, tmp_path):
+    """``rollout.lean_decoder`` changes how the decode forwards run, not what they compute: the
+    same seed gives the same metrics (rewards, lengths, losses) with it on and off."""
+    runs = {}
+    for lean in ("true", "false"):
+        out = tmp_path / lean
+        Trainer(micro_config(micro_model_dir, out, **{"rollout.lean_decoder": lean}),
+                reward_fn=varied_reward).train()
+        runs[lean] = [without_timing(r) for r in read_metrics(out)]
+    assert runs["true"] == runs["false"]
+    assert len(runs["true"]) == 3
+
+
 # ----------------------------------------------------------------------------- rewards
 
 

@@ -301,6 +301,7 @@ def generate(
     generator_seed: int | None = None,
     batch_size: int | None = None,
     engine: str = "gbmpo",
+    lean_decoder: bool = True,
 ) -> Rollout:
     """Sample (or, with ``do_sample=False``, greedily decode) completions of ``prompts``.
 
@@ -322,6 +323,10 @@ def generate(
             transformers' ``generate`` with the same sampling settings (``G`` prefills per
             prompt, its own random stream). Both draw from the same distribution; the same
             seed gives different samples across engines.
+        lean_decoder: with the ``"gbmpo"`` engine, run the decode forwards of a model
+            :class:`~gbmpo.rollout.decoder.LeanDecoder` supports through it (the same logits,
+            without transformers' per-call overhead); ``False``: the model's own forward.
+            Other models always use their own forward.
 
     Returns:
         a :class:`Rollout`; padding to common widths across ``batch_size`` chunks.
@@ -385,7 +390,7 @@ def generate(
                     model, ids, att, repeats=num_return_sequences,
                     max_new_tokens=max_new_tokens, do_sample=do_sample,
                     temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                    eos_ids=eos_ids, pad_id=int(pad_id),
+                    eos_ids=eos_ids, pad_id=int(pad_id), lean=lean_decoder,
                 )
                 pieces.append(completion.cpu())
     finally:

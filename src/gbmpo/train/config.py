@@ -102,6 +102,10 @@ class RolloutConfig:
     #: "gbmpo": prefill each prompt once, expand its KV cache to the G rows, plain decode loop;
     #: "hf": transformers' ``generate`` (same distribution, other random stream)
     engine: str = "gbmpo"
+    #: with engine "gbmpo": decode Llama-shaped models (Qwen3, Qwen2, Llama) with
+    #: ``gbmpo.rollout.LeanDecoder`` (same logits, no per-call transformers overhead); false: the
+    #: model's own forward (other models always use it)
+    lean_decoder: bool = True
     #: log-prob forwards (policy, old, reference) run each distinct prompt once and the G
     #: completions on its KV cache; exact up to float rounding (false: one forward per row)
     share_prompts: bool = True

@@ -477,6 +477,7 @@ class Trainer:
             generator_seed=_derive_seed(cfg.run.seed, "rollout", self.step),
             batch_size=ro.batch_size,
             engine=ro.engine,
+            lean_decoder=ro.lean_decoder,
         )
         t_generated = time.perf_counter()
         mask = batch.completion_mask.float()
