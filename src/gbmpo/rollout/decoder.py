@@ -2,10 +2,12 @@ r"""A lean one-token decode step for Llama-shaped causal LMs (Qwen3, Qwen2, Llam
 
 At small model sizes a decode step is dominated by Python overhead, not arithmetic: each
 transformers forward builds masks, position embeddings and cache objects and goes through
-several module wrappers per layer (about 3 ms per call for a 2-layer, 64-wide Qwen3 on one CPU
-thread, 3x the arithmetic). :class:`LeanDecoder` runs the same computation on the model's own
-weights with plain tensor functions, for one new token per row, against preallocated key/value
-buffers:
+several module wrappers per layer (about 5.5 ms per 64-row call for a 2-layer, 64-wide Qwen3
+on one CPU thread, of which the arithmetic is about a third; pyinstrument profile in
+``benchmarks/RESULTS.md`` section 3).
+
+:class:`LeanDecoder` runs the same computation on the model's own weights with plain tensor
+functions, for one new token per row, against preallocated key/value buffers:
 
 .. math::
 
