@@ -5,7 +5,10 @@ Data-dependent tests skip when ``../shared/data`` (relative to the repo root) is
 
 from __future__ import annotations
 
+import gzip
 import json
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +90,28 @@ def test_chat_template_is_applied() -> None:
 def test_missing_data_names_the_path_and_env_var(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "data_dirs", lambda: [tmp_path])
-    monkeypatch.delenv(common.HUB_ENV, raising=False)
+    monkeypatch.setenv(common.HUB_ENV, "0")
     with pytest.raises(FileNotFoundError) as err:
         get_task("gsm8k").split("test")
     msg = str(err.value)
     assert str(tmp_path / "gsm8k" / "test.jsonl") in msg and "GBMPO_DATA_DIR" in msg
-    assert "hub=True" in msg
+    assert "turned off" in msg and "openai/gsm8k" in msg
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         get_task("mbpp", path=str(tmp_path / "nope.jsonl")).split("test")
+
+
+def test_unreachable_hub_fails_within_seconds_naming_the_reason(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(common, "data_dirs", lambda: [tmp_path])
+    monkeypatch.delenv(common.HUB_ENV, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    t0 = time.monotonic()
+    with pytest.raises(FileNotFoundError, match="HF_HUB_OFFLINE=1") as err:
+        get_task("mbpp").split("test")
+    assert time.monotonic() - t0 < 5
+    assert "google-research-datasets/mbpp" in str(err.value)
 
 
 def test_data_dir_env_var(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,7 +124,17 @@ def test_data_dir_env_var(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
                    "question": "What is 2+2?"}]
 
 
-def test_hub_fallback_only_when_allowed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_data_dir_reads_gzip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "gsm8k").mkdir()
+    row = {"question": "What is 3+3?", "answer": "#### 6"}
+    (tmp_path / "gsm8k" / "test.jsonl.gz").write_bytes(gzip.compress(
+        (json.dumps(row) + "\n").encode()))
+    monkeypatch.setenv(common.DATA_DIR_ENV, str(tmp_path))
+    assert get_task("gsm8k").split("test")[0]["answer"] == "6"
+
+
+def test_hub_fallback_by_default_and_off_switches(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     datasets = pytest.importorskip("datasets")
     calls: list[tuple[Any, ...]] = []
 
@@ -121,17 +148,43 @@ def test_hub_fallback_only_when_allowed(tmp_path: Path, monkeypatch: pytest.Monk
                  "challenge_test_list": []}]
 
     monkeypatch.setattr(common, "data_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(common, "hub_unreachable_reason", lambda hub_id: None)
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.delenv(common.HUB_ENV, raising=False)
+    monkeypatch.setenv(common.HUB_ENV, "0")
     with pytest.raises(FileNotFoundError):
         get_task("gsm8k").split("train")
+    with pytest.raises(FileNotFoundError):
+        get_task("gsm8k", hub=False).split("train")
     assert calls == []
     assert get_task("gsm8k", hub=True).split("train")[0]["answer"] == "2"
     assert calls == [("openai/gsm8k", "main", "train")]
-    monkeypatch.setenv(common.HUB_ENV, "1")
+    monkeypatch.delenv(common.HUB_ENV)  # the default: the hub when a file is missing
     mbpp = get_task("mbpp")
     assert [len(mbpp.split(s)) for s in ("prompt", "test", "validation", "train")] == [1] * 4
     assert mbpp.split("test")[0]["answer"] == "def one():\n    return 1"
+
+
+@pytest.mark.skipif(not (common.package_data_dir() / "gsm8k" / "test.jsonl.gz").is_file(),
+                    reason="this install carries no packed data (no ../shared/data at install)")
+def test_package_data_is_used_and_equals_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(common.DATA_DIR_ENV, raising=False)
+    for rel in ("gsm8k/test.jsonl", "gsm8k/train.jsonl", "mbpp/mbpp.jsonl",
+                "mbpp/sanitized-mbpp.json"):
+        found = common.find_data_file(rel)
+        assert found is not None and found.parent.parent == common.package_data_dir()
+        if DATA.is_dir():
+            assert gzip.decompress(found.read_bytes()) == (DATA / rel).read_bytes()
+    assert (common.package_data_dir() / "gsm8k" / "LICENSE").is_file()
+    assert "CC BY 4.0" in (common.package_data_dir() / "mbpp" / "NOTICE").read_text()
+    assert len(get_task("gsm8k").split("test")) == 1319
+    assert len(get_task("mbpp_sanitized").split("test")) == 257
+
+
+def test_no_source_file_reads_the_development_folder() -> None:
+    src = Path(__file__).resolve().parents[1] / "src" / "gbmpo"
+    offenders = [str(p) for p in src.rglob("*.py")
+                 if re.search(r"""["']shared["']|/shared/data|\.\./shared""", p.read_text())]
+    assert offenders == []
 
 
 def test_mbpp_split_rule_and_entry_point() -> None:

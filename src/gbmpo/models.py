@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,28 @@ def _cached_snapshot(repo_id: str) -> tuple[Path | None, list[str]]:
     return snapshot, _missing_model_files(snapshot)
 
 
+def bounded_hub_call(call: Callable[[], object]) -> list[Exception | None]:
+    """Run one Hub request ``call`` for at most :data:`HUB_PROBE_TIMEOUT` (+0.5) seconds.
+
+    Returns ``[]`` if it did not finish in time, ``[None]`` if it succeeded, ``[err]`` if it
+    raised. A daemon thread bounds the wait even when name resolution itself hangs.
+    """
+    outcome: list[Exception | None] = []
+
+    def probe() -> None:
+        try:
+            call()
+        except Exception as err:  # any failure is reported to the caller
+            outcome.append(err)
+        else:
+            outcome.append(None)
+
+    thread = threading.Thread(target=probe, name="gbmpo-hub-probe", daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_TIMEOUT + 0.5)
+    return outcome
+
+
 def _probe_hub(repo_id: str) -> str | None:
     """Ask the Hub (one HEAD request, at most :data:`HUB_PROBE_TIMEOUT` seconds, no retries)
     whether ``repo_id`` has a ``config.json``. ``None`` if it has (or the Hub asks to slow down);
@@ -109,20 +132,11 @@ def _probe_hub(repo_id: str) -> str | None:
 
     if _offline():
         return "offline mode is on: HF_HUB_OFFLINE=1"
-    outcome: list[Exception | None] = []
-
-    def probe() -> None:
-        try:
-            get_hf_file_metadata(hf_hub_url(repo_id, "config.json"), timeout=HUB_PROBE_TIMEOUT)
-        except Exception as err:  # any failure is reported to the caller below
-            outcome.append(err)
-        else:
-            outcome.append(None)
-
-    # a daemon thread bounds the wait even when name resolution itself hangs
-    thread = threading.Thread(target=probe, name="gbmpo-hub-probe", daemon=True)
-    thread.start()
-    thread.join(HUB_PROBE_TIMEOUT + 0.5)
+    outcome = bounded_hub_call(
+        lambda: get_hf_file_metadata(
+            hf_hub_url(repo_id, "config.json"), timeout=HUB_PROBE_TIMEOUT
+        )
+    )
     endpoint = constants.ENDPOINT
     if not outcome:
         return f"no answer from {endpoint} within {HUB_PROBE_TIMEOUT:g} s"

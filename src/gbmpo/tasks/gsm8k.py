@@ -1,8 +1,8 @@
 """GSM8K (Cobbe et al., 2021): grade-school math word problems, reward = final-answer match.
 
-Splits: ``train`` (7,473) and ``test`` (1,319), read from ``gsm8k/{train,test}.jsonl`` (see
-:mod:`gbmpo.tasks._common` for where files are looked up; hub id ``openai/gsm8k``, config
-``main``).
+Splits: ``train`` (7,473) and ``test`` (1,319), read from ``gsm8k/{train,test}.jsonl``: the
+package carries them (MIT licence beside them); see :mod:`gbmpo.tasks._common` for where else
+files are looked up (hub id ``openai/gsm8k``, config ``main``).
 
 Each example: ``prompt`` (templated), ``answer`` (the gold final number after ``####``, with
 thousands separators removed, e.g. ``"1200"``), ``solution`` (the worked gold solution, for
@@ -70,14 +70,9 @@ class GSM8KTask(common.TemplatedPrompts, Task):
         self._cache: dict[str, list[Example]] = {}
 
     def _rows(self, split: str) -> list[dict[str, Any]]:
-        rel = f"gsm8k/{split}.jsonl"
         explicit = None if self.path is None else f"{self.path.rstrip('/')}/{split}.jsonl"
-        found = common.find_data_file(rel, explicit)
-        if found is not None:
-            return common.load_jsonl(found)
-        if self.hub:
-            return common.load_hub(HUB_ID, HUB_CONFIG, split)
-        raise common.missing_data_error(rel, HUB_ID)
+        return common.load_rows(f"gsm8k/{split}.jsonl", explicit, self.hub, HUB_ID, HUB_CONFIG,
+                                [split])
 
     def prompt(self, question: str) -> str:
         return self._render(question, BASE_TEMPLATE.format(question=question))

@@ -129,15 +129,8 @@ class MBPPTask(common.TemplatedPrompts, Task):
 
     # -- data ---------------------------------------------------------------------------------
     def _records(self) -> list[dict[str, Any]]:
-        found = common.find_data_file(self._relpath, self.path)
-        if found is not None:
-            return common.load_json_or_jsonl(found)
-        if self.hub:
-            rows: list[dict[str, Any]] = []
-            for split in SPLIT_RANGES:
-                rows += common.load_hub(HUB_ID, self._hub_config, split)
-            return rows
-        raise common.missing_data_error(self._relpath, f"{HUB_ID} ({self._hub_config})")
+        return common.load_rows(self._relpath, self.path, self.hub, HUB_ID, self._hub_config,
+                                list(SPLIT_RANGES))
 
     def _text(self, rec: dict[str, Any]) -> str:
         return str(rec["text"])
