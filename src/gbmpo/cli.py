@@ -69,6 +69,28 @@ def parse_overrides(tokens: Sequence[str]) -> list[tuple[str, Any]]:
     return out
 
 
+def split_imports(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """Take every ``--import MODULE`` / ``--import=MODULE`` (comma lists allowed) out of
+    ``tokens``; returns ``(other tokens, modules)``."""
+    rest: list[str] = []
+    modules: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "--import":
+            if i + 1 >= len(tokens) or tokens[i + 1].startswith("-"):
+                raise SystemExit("gbmpo: error: --import needs a module name")
+            value, i = tokens[i + 1], i + 2
+        elif tok.startswith("--import="):
+            value, i = tok.split("=", 1)[1], i + 1
+        else:
+            rest.append(tok)
+            i += 1
+            continue
+        modules += [m.strip() for m in value.split(",") if m.strip()]
+    return rest, modules
+
+
 def _add_train_parser(subparsers: Any) -> None:
     from gbmpo.train.config import ALIASES
 
@@ -144,10 +166,11 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from gbmpo.registry import UnknownNameError
+    from gbmpo.registry import PluginError, UnknownNameError
     from gbmpo.train import ConfigError, DataError, RewardError
 
-    return (UsageError, ConfigError, DataError, RewardError, UnknownNameError, FileNotFoundError)
+    return (UsageError, ConfigError, DataError, RewardError, UnknownNameError, FileNotFoundError,
+            PluginError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -169,6 +192,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         allow_abbrev=False,
     )
     parser.add_argument("--version", action="version", version=f"gbmpo {__version__}")
+    parser.add_argument(
+        "--import", dest="imports", metavar="MODULE", action="append", default=[],
+        help="import MODULE first, so that the tasks, rewards and regularizers it registers can "
+             "be named (repeatable, or a comma list; allowed anywhere on the command line; "
+             "packages can instead declare entry points in the groups gbmpo.tasks, "
+             "gbmpo.rewards, gbmpo.regularizers)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     _add_train_parser(subparsers)
@@ -177,8 +207,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_compare_parser(subparsers)
     add_report_parser(subparsers)
 
-    args, extra = parser.parse_known_args(list(sys.argv[1:] if argv is None else argv))
+    tokens, plugins = split_imports(list(sys.argv[1:] if argv is None else argv))
+    args, extra = parser.parse_known_args(tokens)
     try:
+        if plugins:  # imported now, and through $GBMPO_PLUGINS in every process started later
+            from gbmpo.registry import add_plugin_modules
+
+            add_plugin_modules(plugins)
+            if args.command in ("train", "compare") and not getattr(args, "resume", None):
+                extra = extra + ["--run.plugins", ",".join(plugins)]
         if args.command == "train":
             return _run_train(args, extra)
         if args.command == "compare":  # unparsed options are train overrides for every run

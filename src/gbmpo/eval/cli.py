@@ -2,6 +2,7 @@
 
     gbmpo eval --model PATH --task gsm8k|mbpp|mbpp_sanitized|humaneval|arithmetic|<gym name>
                [--split S] [--limit N] [--samples K --temperature T] [--output FILE]
+    gbmpo eval --task jsonl --task-param path=FILE --task-param reward=math|exact|code|mod:fn
 
 Greedy decoding by default. ``--output FILE`` writes one JSON record per problem to ``FILE``
 and the summary (``{"metrics", "config"}``) to ``FILE`` with its ``.jsonl`` suffix replaced by
@@ -38,8 +39,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny",
                    help="model directory or hub id ('tiny' = the embedded tiny model)")
     p.add_argument("--task", required=True,
-                   help="gsm8k, mbpp, mbpp_sanitized, humaneval, arithmetic, reasoning_gym, or "
-                        "a reasoning-gym data set name (e.g. chain_sum)")
+                   help="gsm8k, mbpp, mbpp_sanitized, humaneval, arithmetic, reasoning_gym, "
+                        "jsonl (your own data: --task-param path=FILE --task-param reward=...), "
+                        "a plugin's task, or a reasoning-gym data set name (e.g. chain_sum)")
     p.add_argument("--split", default=None,
                    help="split to evaluate (default: the task's eval split)")
     p.add_argument("--limit", type=positive_int, default=None, help="first N problems only")
@@ -113,11 +115,16 @@ def run_eval(args: argparse.Namespace) -> int:
         task.split(args.split or task.eval_split)
     except (ValueError, ImportError, FileNotFoundError, TypeError) as err:
         return bad_input(err)
-    result = evaluate(
-        model, tokenizer, task, split=args.split, limit=args.limit, samples=args.samples,
-        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, seed=args.seed, progress=progress,
-    )
+    from gbmpo.train.rewards import RewardError
+
+    try:  # a reward function that fails for a whole batch is an input error too
+        result = evaluate(
+            model, tokenizer, task, split=args.split, limit=args.limit, samples=args.samples,
+            temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch_size, seed=args.seed, progress=progress,
+        )
+    except RewardError as err:
+        return bad_input(err)
     result["config"]["model"] = args.model
     summary = {"metrics": result["metrics"], "config": result["config"]}
     if args.output:

@@ -257,7 +257,11 @@ class Regularizer:
         return out
 
 
-REGULARIZERS: Registry[Callable[..., Regularizer]] = Registry("regularizer")
+#: built-ins plus plugins of the ``gbmpo.regularizers`` entry-point group (factories returning a
+#: :class:`Regularizer`)
+REGULARIZERS: Registry[Callable[..., Regularizer]] = Registry(
+    "regularizer", entry_point_group="gbmpo.regularizers"
+)
 
 
 def _check_clamp(name: str, clamp: float | None) -> float | None:
@@ -354,6 +358,14 @@ def get_regularizer(name: str, **params: Any) -> Regularizer:
     Parameters: ``kl_k3``/``kl_k3_is``: ``clamp``; ``neural_mirror``: ``mirror`` (a
     NeuralMirrorMap, a path to a saved map, or None for ``NeuralMirrorMap.random(0.01, 42)``);
     ``rpg_*``: ``clamp``, ``anchor`` ('ref' | 'old'). An unknown name raises UnknownNameError
-    listing the valid names; an unknown parameter raises TypeError naming it.
+    listing the valid names; an unknown parameter raises TypeError naming it. A plugin factory
+    must return a :class:`Regularizer` (TypeError otherwise, naming the plugin).
     """
-    return build_from_registry(REGULARIZERS, name, params)
+    reg = build_from_registry(REGULARIZERS, name, params)
+    if not isinstance(reg, Regularizer):
+        origin = REGULARIZERS.origins.get(name, "built in")
+        raise TypeError(
+            f"regularizer {name!r} ({origin}) returned {type(reg).__name__}, expected a "
+            "gbmpo.objectives.Regularizer (wrap the per-token formula in Regularizer(name, fn))"
+        )
+    return reg

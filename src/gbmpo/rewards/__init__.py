@@ -8,7 +8,12 @@ list[float | None]`` and are registered by name in :data:`REWARDS`:
   ``entry_point``; see :mod:`gbmpo.rewards.code`);
 * ``code_all_pass``: 1.0 iff every test passed;
 * ``code_shaped``: the GBMPO authors' shaped MBPP reward (METHODS.md §6.1; see
-  :mod:`gbmpo.rewards.code_shaping`).
+  :mod:`gbmpo.rewards.code_shaping`);
+* ``exact``: final answer equals column ``answer`` as a string
+  (:func:`gbmpo.rewards.resolve.exact_match_reward`).
+
+Plugins add names through the ``gbmpo.rewards`` entry-point group; :func:`resolve_reward` also
+takes an import path ``module:function`` (see :mod:`gbmpo.rewards.resolve`).
 """
 
 from __future__ import annotations
@@ -43,11 +48,19 @@ from gbmpo.rewards.sandbox import (
 RewardFn = Callable[..., list[float | None]]
 
 #: ``name -> fn(prompts, completions, **columns) -> list[float | None]``
-REWARDS: Registry[RewardFn] = Registry("reward")
+REWARDS: Registry[RewardFn] = Registry("reward", entry_point_group="gbmpo.rewards")
 REWARDS.register("math", math_reward_fn)
 REWARDS.register("code_pass_fraction", code_pass_fraction)
 REWARDS.register("code_all_pass", code_all_pass)
 REWARDS.register("code_shaped", code_shaped)
+
+from gbmpo.rewards.resolve import (  # noqa: E402 - needs REWARDS defined
+    REWARD_ALIASES,
+    exact_match_reward,
+    resolve_reward,
+)
+
+REWARDS.register("exact", exact_match_reward)
 
 
 def get_reward(name: str) -> RewardFn:
@@ -58,6 +71,9 @@ def get_reward(name: str) -> RewardFn:
 __all__ = [
     "PROTECTIONS",
     "REWARDS",
+    "REWARD_ALIASES",
+    "exact_match_reward",
+    "resolve_reward",
     "STATUSES",
     "Program",
     "RewardFn",

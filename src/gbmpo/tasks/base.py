@@ -17,8 +17,9 @@ from gbmpo.registry import Registry
 
 Example = dict[str, Any]
 
-#: ``name -> factory(**params) -> Task``
-TASKS: Registry[Callable[..., Task]] = Registry("task")
+#: ``name -> factory(**params) -> Task`` (built-ins plus plugins of the ``gbmpo.tasks``
+#: entry-point group)
+TASKS: Registry[Callable[..., Task]] = Registry("task", entry_point_group="gbmpo.tasks")
 
 
 class Task(ABC):

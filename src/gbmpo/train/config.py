@@ -229,6 +229,9 @@ class RunConfig:
     num_threads: int | None = 1
     #: show a progress bar
     progress: bool = True
+    #: Python modules imported before the run is built (they register tasks, rewards and
+    #: regularizers; ``gbmpo --import MODULE`` records its modules here, so a resume finds them)
+    plugins: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -490,9 +493,25 @@ def _parse_text(text: str, tp: Any, key: str) -> Any:
             if not stripped.startswith("["):
                 return [s.strip() for s in stripped.split(",") if s.strip()]
     try:
-        return yaml.safe_load(text)
+        value = yaml.safe_load(text)
     except yaml.YAMLError as err:
+        if tp is Any:  # free params: text YAML cannot read is a string (e.g. "a: {x}: b")
+            return text
         raise ConfigError(f"cannot parse the value {text!r} of {key!r}: {err}") from err
+    if tp is Any and _reads_as_text(text, value):
+        return text
+    return value
+
+
+def _reads_as_text(text: str, value: Any) -> bool:
+    """Whether a free-params value that YAML read as a mapping or list was meant as text: a
+    template such as ``"Q: {question}\nA:"`` or ``"{prompt}"`` (block syntax not opened by
+    ``{``/``[``, or a flow mapping with an empty value)."""
+    if not isinstance(value, (dict, list)):
+        return False
+    if not text.lstrip().startswith(("{", "[")):
+        return True
+    return isinstance(value, dict) and any(v is None for v in value.values())
 
 
 def _set_path(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
@@ -596,6 +615,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     from gbmpo.registry import UnknownNameError
     from gbmpo.tasks import TASKS
 
+    from gbmpo.registry import PluginError, add_plugin_modules
+
+    try:  # plugins first: they may register the names checked below
+        add_plugin_modules(list(cfg.run.plugins))
+    except PluginError as err:
+        raise ConfigError(f"run.plugins: {err}") from None
     r, o, opt, ev, run = cfg.rollout, cfg.objective, cfg.optim, cfg.eval, cfg.run
     _require(
         cfg.model.dtype in ("float32", "bfloat16", "float16"),
