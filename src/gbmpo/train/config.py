@@ -612,10 +612,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """
     from gbmpo.objectives import ADVANTAGES, AGGREGATIONS, get_surrogate
     from gbmpo.objectives.regularizers import get_regularizer
-    from gbmpo.registry import UnknownNameError
+    from gbmpo.registry import PluginError, UnknownNameError, add_plugin_modules
     from gbmpo.tasks import TASKS
-
-    from gbmpo.registry import PluginError, add_plugin_modules
 
     try:  # plugins first: they may register the names checked below
         add_plugin_modules(list(cfg.run.plugins))
