@@ -148,13 +148,15 @@ class DatasetTask(common.TemplatedPrompts, Task):
         hub_test_split: str = "test",
         hub: bool | None = None,
     ) -> None:
-        from gbmpo.rewards.resolve import resolve_reward
+        from gbmpo.rewards.resolve import resolve_reward, reward_spec_name
 
         if not isinstance(path, str) or not path.strip():
             raise ValueError("task 'jsonl' needs path=FILE (a data file or a hub data set id)")
         self.path = path
         self.reward_spec = reward if isinstance(reward, str) else getattr(reward, "__name__", "")
         self.reward_fn = resolve_reward(reward)
+        #: how error messages name the reward function (the spec as given)
+        self.reward_name = self.reward_spec or reward_spec_name(self.reward_fn)
         self.prompt_column = prompt_column
         self.answer_column = answer_column
         self.column_map = dict(columns or {})
@@ -282,8 +284,10 @@ class DatasetTask(common.TemplatedPrompts, Task):
     def reward(
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
     ) -> list[float | None]:
-        return list(self.reward_fn(prompts=list(prompts), completions=list(completions),
-                                   **columns))
+        # returned as is: the trainer checks type and length and names this function
+        return self.reward_fn(  # type: ignore[no-any-return]
+            prompts=list(prompts), completions=list(completions), **columns
+        )
 
     def grade(
         self, completions: Sequence[str], examples: Sequence[Example]

@@ -38,6 +38,11 @@ class ScoredBatch:
 
 
 def _fn_name(fn: Any) -> str:
+    """The function's name; a task's ``reward`` method whose task has ``reward_name`` (the user's
+    reward spec, e.g. ``my_rewards.py:score``) is named by it."""
+    named = getattr(getattr(fn, "__self__", None), "reward_name", None)
+    if isinstance(named, str) and named:
+        return named
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 

@@ -163,6 +163,30 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def load_splits(
+    cfg: TrainConfig, task: Any, count_eval: bool = False
+) -> tuple[list[dict[str, Any]], int, tuple[str, str]]:
+    """``(training examples, eval examples or 0, (train split, eval split))`` of ``task``.
+
+    Unreadable data (a missing column, an empty file, ...: the task's ``ValueError``) and empty
+    splits raise :class:`DataError`, before anything is written. The eval split is loaded (and
+    counted) when evaluation is on or ``count_eval`` is set.
+    """
+    train_split = cfg.task.train_split or task.train_split
+    eval_split = cfg.eval.split or task.eval_split
+    evaluating = bool(cfg.eval.before or cfg.eval.after or cfg.eval.every)
+    try:
+        train = task.split(train_split)
+        n_eval = len(task.split(eval_split)) if evaluating or count_eval else 0
+    except ValueError as err:
+        raise DataError(f"task {cfg.task.name!r}: {err}") from err
+    if not train:
+        raise DataError(f"task {cfg.task.name!r}: training split {train_split!r} is empty")
+    if evaluating and n_eval == 0:
+        raise DataError(f"task {cfg.task.name!r}: eval split {eval_split!r} is empty")
+    return train, n_eval, (train_split, eval_split)
+
+
 def default_run_dir(cfg: TrainConfig, root: str | Path = "runs") -> Path:
     """``runs/<YYYYmmdd-HHMMSS>-<regularizer>`` (suffixed if it already exists)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -271,15 +295,7 @@ class Trainer:
         if task is None:
             task = build_task(cfg, tokenizer if tokenizer is not None else load_tokenizer(cfg))
         self.task = task
-        self.train_split = cfg.task.train_split or task.train_split
-        self.eval_split = cfg.eval.split or task.eval_split
-        self.train_data = task.split(self.train_split)
-        if not self.train_data:
-            raise DataError(f"task {cfg.task.name!r}: training split {self.train_split!r} is empty")
-        if cfg.eval.before or cfg.eval.after or cfg.eval.every:
-            n_eval = len(task.split(self.eval_split))
-            if n_eval == 0:
-                raise DataError(f"task {cfg.task.name!r}: eval split {self.eval_split!r} is empty")
+        self.train_data, _, (self.train_split, self.eval_split) = load_splits(cfg, task)
         self.reward_fn = reward_fn if reward_fn is not None else task.reward
 
         # model (+ LoRA) and the frozen reference
@@ -940,14 +956,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     reg = get_regularizer(o.regularizer.name, **o.regularizer.params)
     tokenizer = load_tokenizer(cfg)
     task = build_task(cfg, tokenizer)
-    train_split = cfg.task.train_split or task.train_split
-    eval_split = cfg.eval.split or task.eval_split
-    n_train = len(task.split(train_split))
-    if n_train == 0:
-        raise DataError(f"task {cfg.task.name!r}: training split {train_split!r} is empty")
-    n_eval = len(task.split(eval_split))
-    if n_eval == 0 and (cfg.eval.before or cfg.eval.after or cfg.eval.every):
-        raise DataError(f"task {cfg.task.name!r}: eval split {eval_split!r} is empty")
+    train_data, n_eval, _ = load_splits(cfg, task, count_eval=True)
+    n_train = len(train_data)
     source = resolve_model_path(cfg.model.path)
     model_cfg = AutoConfig.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.run.output_dir and Path(cfg.run.output_dir).exists():
