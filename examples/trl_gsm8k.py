@@ -18,7 +18,7 @@ Other geometries: ``--regularizer neural_mirror --mirror-path es_best.json
 config and the dataset and stops before loading the model.
 
 GSM8K is read from ``--data-dir`` (a directory with ``train.jsonl``), else from
-``$GBMPO_DATA_DIR/gsm8k`` or the project's shared data directory.
+``$GBMPO_DATA_DIR/gsm8k``, the copy inside the installed package, or the hub (``openai/gsm8k``).
 """
 
 from __future__ import annotations
