@@ -65,7 +65,7 @@ def test_issue_extreme_log_ratio_is_finite(name: str, clamp: float | None, dtype
     v, g = _value_and_grad(name, clamp, logp, ref, old)
     assert torch.isfinite(v).all(), v
     assert torch.isfinite(g).all(), g
-    if clamp is not None:
+    if clamp is not None and name != "kl_k3_is":  # kl_k3_is clamps k3, then weights it
         assert v.abs().max() <= clamp
 
 
@@ -80,7 +80,7 @@ def test_clamped_region_has_zero_gradient_like_verl(dtype) -> None:
     verl = (kl.exp() - kl - 1).clamp(-10, 10)
     torch.testing.assert_close(v[0].double(), verl, rtol=1e-6, atol=1e-6)
     clamped = (torch.expm1(ref.double() - logp.double()) - (ref.double() - logp.double())) > 10
-    assert (g[0][clamped] == 0).all() and (g[0][~clamped] != 0).all()
+    assert (g[0][clamped] == 0).all() and (g[0][~clamped & (t != 0)] != 0).all()
 
 
 @pytest.mark.parametrize("name", EXP_FAMILY)
@@ -208,7 +208,7 @@ def test_surrogates_and_loss_finite_over_extreme_log_ratios(rows, adv, which, dt
     loss, _ = compute_policy_loss(lp, old, old.flip(-1), advantages, mask, surrogate=surr,
                                   regularizer=reg, coef=0.1, aggregation=agg)
     (g,) = torch.autograd.grad(loss, lp)
-    assert torch.isfinite(loss) and torch.isfinite(g.float()).all()
+    assert torch.isfinite(loss) and torch.isfinite(g).all()
     if masked:
         assert (g[1] == 0).all()
 
@@ -236,6 +236,10 @@ def test_surrogate_on_an_empty_mask_is_zero(name: str) -> None:
 
 
 # --- full-vocabulary divergences with -inf logits -----------------------------------------------
+
+
+# float64 / float32 math; bf16 logits are computed in float32 but their gradient is stored in bf16
+_TOL = {F64: 1e-12, F32: 1e-6, BF16: 1e-2}
 
 
 def _kl_naive(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -266,7 +270,7 @@ def test_kl_with_minus_inf_at_the_same_entries_is_the_kl_of_the_rest(dtype, chun
     for r in range(2):
         xr = x[r, keep[r]].double().requires_grad_()
         ref = _kl_naive(xr, y[r, keep[r]].double())
-        tol = 1e-12 if dtype == F64 else 1e-6
+        tol = _TOL[dtype]
         assert d[r].item() == pytest.approx(ref.item(), rel=tol, abs=tol)
         if grad:
             assert g is not None and torch.isfinite(g).all()
@@ -286,7 +290,7 @@ def test_kl_policy_zero_where_reference_positive_is_exact(dtype) -> None:
     xr = x[0, :2].double().requires_grad_()
     lp = xr.log_softmax(-1)
     ref = (lp.exp() * (lp - lq[0, :2])).sum()
-    tol = 1e-12 if dtype == F64 else 1e-6
+    tol = _TOL[dtype]
     assert d.item() == pytest.approx(ref.item(), rel=tol)
     (gr,) = torch.autograd.grad(ref, xr)
     torch.testing.assert_close(g[0, :2].double(), gr, rtol=tol, atol=tol)
@@ -330,7 +334,7 @@ def test_masked_rows_with_garbage_logits_give_zero_and_zero_gradient(dtype, pot)
         assert torch.isfinite(g.float()).all() and (g[0, 1:] == 0).all()
         with torch.no_grad():
             d0 = full_vocab_bregman(x, y, potential, chunk_size=chunk, mask=mask)
-        assert torch.equal(d0, d)
+        torch.testing.assert_close(d0, d, rtol=1e-6, atol=0)
     all_masked = torch.zeros(1, 3, dtype=torch.bool)
     d, g = _fv_value_and_grad(x, y, potential, mask=all_masked)
     assert (d == 0).all() and (g == 0).all()
