@@ -555,6 +555,8 @@ def full_vocab_bregman_from_hidden(
 
     Masked-out rows (``mask`` [B, T] false) are skipped entirely and give 0. Matmuls run in the
     input dtype (like the model's head); softmax and divergence in float32 (float64 stays).
+    -inf entries in ``ref_logits`` are handled as in :func:`full_vocab_bregman` (finite values
+    and gradients; see :func:`finite_logits`).
     """
     pot = as_potential(potential)
     _check_chunk(chunk_size)
