@@ -56,7 +56,13 @@ from torch.utils.checkpoint import checkpoint
 
 from gbmpo.objectives.potentials import NegEntropy, Potential, Square, as_potential
 
-__all__ = ["bregman_rows", "full_vocab_bregman", "full_vocab_bregman_from_hidden"]
+__all__ = [
+    "LOGIT_FLOOR",
+    "bregman_rows",
+    "finite_logits",
+    "full_vocab_bregman",
+    "full_vocab_bregman_from_hidden",
+]
 
 
 def _float_dtype(*tensors: Tensor | None) -> torch.dtype:
@@ -64,16 +70,50 @@ def _float_dtype(*tensors: Tensor | None) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
+#: -inf logits are replaced by (row max - LOGIT_FLOOR) in the KL (see :func:`finite_logits`).
+LOGIT_FLOOR = 1e4
+
+
+def finite_logits(logits: Tensor) -> Tensor:
+    """``logits`` with every -inf entry replaced by (its row's max - :data:`LOGIT_FLOOR`).
+
+    Used by the KL (``neg_entropy``) path, whose log-ratio log p - log q is -inf - (-inf) = NaN
+    or +-inf at a -inf logit. The softmax does not change at all: e^(-1e4) is 0 in every float
+    dtype, so each probability and log-sum-exp is bit for bit the same, and finite logits are
+    never touched. What changes is the log-probability of those zero-probability entries, which
+    becomes finite (about -1e4), with these consequences for KL(p || q) = sum_v p_v log(p_v/q_v):
+
+    * -inf in the policy row (p_v = 0): the term is 0 (the convention 0 log 0 = 0), value and
+      gradient exact; in particular -inf at the same entry of both rows gives the KL of the
+      other entries;
+    * -inf in the reference row where the policy has mass (q_v = 0 < p_v): the exact KL is
+      +inf. It becomes the finite ~LOGIT_FLOOR * p_v per such entry, and the gradient (the
+      exact gradient of that finite value) is finite and points along -grad p(S), lowering the
+      policy's mass p(S) on the entries the reference forbids (the limit direction of the exact
+      gradient as log q_S -> -inf). Mismatched vocabulary masks therefore show up as a large
+      but finite penalty instead of inf/NaN losses.
+
+    A row whose logits are all -inf (or hold NaN / +inf) has no softmax and stays NaN; such rows
+    must be masked out (``mask``), which is always safe.
+    """
+    row_max = logits.detach().amax(dim=-1, keepdim=True)
+    return torch.where(logits == float("-inf"), row_max - LOGIT_FLOOR, logits)
+
+
 def bregman_rows(policy_logits: Tensor, ref_logits: Tensor, potential: Potential) -> Tensor:
     """sum_v D_h(softmax(policy)_v, softmax(ref)_v) over the last dimension (float32 math).
 
     For :class:`NegEntropy` this is KL(softmax(policy) || softmax(ref)) = sum_v p_v (log p_v -
     log q_v) from log-softmax (exact, equal to ``F.kl_div(log q, log p, log_target=True)``
-    summed over v); otherwise h's own elementwise ``bregman`` on the probabilities.
+    summed over v, after :func:`finite_logits`, which only matters for -inf logits); otherwise
+    h's own elementwise ``bregman`` on the probabilities (finite with -inf logits as they are).
     """
     dt = _float_dtype(policy_logits, ref_logits)
-    log_p = torch.log_softmax(policy_logits.to(dt), dim=-1)
-    log_q = torch.log_softmax(ref_logits.to(dt), dim=-1)
+    x, y = policy_logits.to(dt), ref_logits.to(dt)
+    if isinstance(potential, NegEntropy):
+        x, y = finite_logits(x), finite_logits(y)
+    log_p = torch.log_softmax(x, dim=-1)
+    log_q = torch.log_softmax(y, dim=-1)
     if isinstance(potential, NegEntropy):
         # kl_div(input=log q, target=log p, log_target=True) = exp(log p) (log p - log q)
         return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
@@ -146,7 +186,33 @@ def _closed_form_rows(
     softmax(x) and then, with ``want_grad``, the gradient. With ``scratch=None`` the function may
     overwrite ``x`` and ``y`` (buffers the caller owns); otherwise it writes only to ``p_out`` and
     ``scratch``.
+
+    -inf logits (KL): the values and gradients are those of :func:`finite_logits` applied to
+    both rows. With owned buffers the -inf entries are replaced in place first (two row-min
+    reductions, cheap next to the projection that made the buffers); otherwise the chunk is
+    computed as it is and, only if a row came out non-finite, recomputed from finite copies.
     """
+    if kind == "kl" and scratch is None:
+        for t in (x, y):
+            if bool((t.amin(dim=-1) == float("-inf")).any()):
+                torch.where(t == float("-inf"), t.amax(dim=-1, keepdim=True) - LOGIT_FLOOR, t,
+                            out=t)
+    d = _closed_form_rows_raw(x, y, kind, p_out, scratch, want_grad)
+    if kind == "kl" and scratch is not None and not bool(torch.isfinite(d).all()):
+        d = _closed_form_rows_raw(finite_logits(x), finite_logits(y), kind, p_out, scratch,
+                                  want_grad)
+    return d
+
+
+def _closed_form_rows_raw(
+    x: Tensor,
+    y: Tensor,
+    kind: str,
+    p_out: Tensor,
+    scratch: Tensor | None,
+    want_grad: bool,
+) -> Tensor:
+    """The kernel of :func:`_closed_form_rows` on logits as given (no -inf handling)."""
     mx = x.amax(dim=-1, keepdim=True)
     torch.sub(x, mx, out=p_out).exp_()
     sx = p_out.sum(dim=-1, keepdim=True)
@@ -198,7 +264,12 @@ class _LogitsBregman(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: FunctionCtx, x: Tensor, y: Tensor, potential: Potential, step: int
+        ctx: FunctionCtx,
+        x: Tensor,
+        y: Tensor,
+        potential: Potential,
+        step: int,
+        keep: Tensor | None = None,
     ) -> Tensor:
         n, vocab = x.shape
         dt = _float_dtype(x, y)
@@ -228,6 +299,10 @@ class _LogitsBregman(torch.autograd.Function):
                 else:
                     out[s:e], gi = _autograd_rows(xc, yc, potential, None)
                     g.copy_(gi)
+                if keep is not None:  # masked rows: 0 and no gradient, whatever they hold
+                    kc = keep[s:e]
+                    out[s:e] = torch.where(kc, out[s:e], 0.0)
+                    g.masked_fill_(~kc.unsqueeze(-1), 0.0)
                 if stage is not None:
                     grad[s:e].copy_(g)
         ctx.save_for_backward(grad)
@@ -236,7 +311,7 @@ class _LogitsBregman(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, None, None, None]:
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, None, None, None, None]:
         if ctx.used:
             raise RuntimeError(
                 "full_vocab_bregman: backward can run only once per forward (its stored "
@@ -246,7 +321,7 @@ class _LogitsBregman(torch.autograd.Function):
         ctx.used = True
         (grad,) = ctx.saved_tensors
         grad.mul_(grad_out.to(grad.dtype).unsqueeze(-1))
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def _same_storage(a: Tensor, b: Tensor) -> bool:
@@ -407,7 +482,15 @@ def full_vocab_bregman(
     buffer, returned as the logits' gradient by the backward, which can run only once) and
     [chunk_size, V] scratch; with grad into ``ref_logits`` too, each chunk is checkpointed.
     Gradients flow into whichever logits require grad (normally only the policy's).
-    ``mask`` [B, T] zeroes padded positions. Output float32 (float64 for float64 logits).
+    ``mask`` [B, T] zeroes padded positions: their value is 0 and their gradient exactly 0,
+    whatever their logits hold (NaN, all -inf). Output float32 (float64 for float64 logits).
+
+    -inf logits are allowed in unmasked rows as long as each row keeps a finite one: a -inf
+    policy logit (p_v = 0) contributes exactly 0; for ``neg_entropy`` a -inf reference logit
+    where the policy has mass (exact KL = +inf) gives a large finite penalty ~1e4 p_v instead,
+    with a finite gradient that lowers p_v (see :func:`finite_logits`). Values and gradients
+    are finite (never NaN) for any such input in float32, bf16/fp16 (computed in float32) and
+    float64.
     """
     pot = as_potential(potential)
     _check_chunk(chunk_size)
@@ -426,12 +509,19 @@ def full_vocab_bregman(
         return bregman_rows(x, y, pot)
 
     step = max(flat_p.shape[0], 1) if chunk_size is None else chunk_size
-    if torch.is_grad_enabled() and flat_p.requires_grad and not flat_q.requires_grad:
+    grad_on = torch.is_grad_enabled() and (flat_p.requires_grad or flat_q.requires_grad)
+    flat_keep = None if keep is None else keep.reshape(-1)
+    if grad_on and not flat_q.requires_grad:
         # the usual case (reference logits without grad): closed-form / per-chunk gradients
-        # stored during the forward, no recomputation
-        out = _LogitsBregman.apply(flat_p, flat_q, pot, step).reshape(lead)
+        # stored during the forward, no recomputation; masked rows get exactly 0 gradient
+        out = _LogitsBregman.apply(flat_p, flat_q, pot, step, flat_keep).reshape(lead)
     else:
         # no grad, or grad into the reference logits too: row chunks (checkpointed with grad)
+        if grad_on and flat_keep is not None:
+            # masked rows may hold anything (NaN, all -inf): give the backward zeros there
+            k = flat_keep.unsqueeze(-1)
+            flat_p = torch.where(k, flat_p, torch.zeros((), dtype=flat_p.dtype))
+            flat_q = torch.where(k, flat_q, torch.zeros((), dtype=flat_q.dtype))
         out = _run_chunks(fn, flat_p, flat_q, step).reshape(lead)
     if keep is not None:
         out = torch.where(keep, out, 0.0)
@@ -465,6 +555,8 @@ def full_vocab_bregman_from_hidden(
 
     Masked-out rows (``mask`` [B, T] false) are skipped entirely and give 0. Matmuls run in the
     input dtype (like the model's head); softmax and divergence in float32 (float64 stays).
+    -inf entries in ``ref_logits`` are handled as in :func:`full_vocab_bregman` (finite values
+    and gradients; see :func:`finite_logits`).
     """
     pot = as_potential(potential)
     _check_chunk(chunk_size)

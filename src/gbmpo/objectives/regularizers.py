@@ -11,6 +11,16 @@ optionally the rollout policy (``old_logp``). Math is float32 whatever the input
 stays float64). ``mask`` ({0,1} or bool, same shape) zeroes padded positions; their inputs are
 replaced by 0 before computing so that garbage there cannot produce NaN values or gradients.
 
+Numerical safety (issue 15): for finite log-probs every regularizer returns a finite value and
+a finite gradient in float32, bf16/fp16 (computed in float32) and float64, with or without
+``clamp``. The exp-based ones (``kl_k3``, ``kl_k3_is``, ``rpg_rkl``, ``rpg_ufkl``, ``rpg_urkl``)
+are exact for log-ratios up to E = :func:`exp_bound` (22.18 in float32, 177.45 in float64; a
+ratio of 4.3e9 in float32) and continue on their tangent line beyond, so their gradient there is
+the constant value it has at E (the plain formulas overflow at log-ratio 88.7 in float32: inf
+values without ``clamp``, NaN gradients (inf * 0) with it). ``clamp`` then clips the value with
+zero gradient where it binds, as verl and the RPG code do. Masked positions may hold anything
+(NaN, +-inf): they give 0 and exactly 0 gradient.
+
 Notation: l = logp, r = ref_logp, o = old_logp, p = exp(l), q = exp(r), rho = q / p,
 w = exp(l - r) (RPG, anchor r). "d/dl" is the derivative of the per-token value with respect to
 the policy log-prob (the gradient weight on grad log pi_theta).
@@ -50,6 +60,7 @@ from gbmpo.registry import Registry
 __all__ = [
     "REGULARIZERS",
     "Regularizer",
+    "exp_bound",
     "get_regularizer",
     "kl_k1",
     "kl_k2",
@@ -72,6 +83,42 @@ def _clamp(x: Tensor, clamp: float | None) -> Tensor:
     return x if clamp is None else x.clamp(-clamp, clamp)
 
 
+def exp_bound(dtype: torch.dtype) -> float:
+    """E = log(largest finite number of the compute dtype) / 4: 22.18 for float32 (and bf16 /
+    fp16 inputs, which are computed in float32), 177.45 for float64.
+
+    The exp-based regularizers are exact for log-ratios t <= E and continue on their tangent
+    line beyond (:func:`_tangent_beyond`). The quarter keeps e^E (about 4.3e9 in float32), its
+    square (Adam's second moment of such a gradient) and sums of very many such terms finite.
+    """
+    return _EXP_BOUND_F64 if dtype == torch.float64 else _EXP_BOUND_F32
+
+
+_EXP_BOUND_F32 = 0.25 * math.log(torch.finfo(torch.float32).max)
+_EXP_BOUND_F64 = 0.25 * math.log(torch.finfo(torch.float64).max)
+
+
+def _compute(*xs: Tensor) -> tuple[Tensor, ...]:
+    """The inputs in the compute dtype: float64 stays, everything else becomes float32."""
+    dt = torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+    return tuple(x.to(dt) for x in xs)
+
+
+def _tangent_beyond(
+    t: Tensor, f: Callable[[Tensor], Tensor], f_e: float, df_e: float, bound: float
+) -> Tensor:
+    """f(t) for t <= E = ``bound``; f(E) + f'(E) (t - E) beyond (``f_e`` = f(E), ``df_e`` = f'(E)).
+
+    f is evaluated only on min(t, E), so neither the value nor the gradient can overflow (the
+    issue-15 failure: exp(t) = inf for t > 88.7 in float32, then inf * 0 = NaN in the backward
+    of a clamp). For t <= E the result is f(t) bit for bit (the tangent branch is not selected
+    and gets a zero gradient); beyond E the value grows linearly and the derivative is the
+    constant f'(E) (the exact one would be ~e^t), so the penalty keeps pulling back.
+    """
+    inside = f(t.clamp_max(bound))
+    return torch.where(t > bound, f_e + df_e * (t - bound), inside)
+
+
 def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k1 = log p - log q (Schulman 2020, "Approximating KL divergence"; verl ``kl``).
 
@@ -91,11 +138,33 @@ def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
 
     TRL's GRPO ``per_token_kl`` and verl's ``low_var_kl`` (METHODS.md 3.1; the GBMPO "KL"
     baseline). d/dlogp = 1 - rho. Computed as expm1(log rho) - log rho. ``clamp=c`` clips the
-    value to [-c, c]: verl uses c = 10 (and also clips log rho to [-20, 20] before exp, which
-    only matters when the value is clipped anyway); TRL does not clamp (default None).
+    value to [-c, c] (zero gradient where it binds): verl uses c = 10 (and clips log rho to
+    [-20, 20] before exp, which only matters where the value is clipped anyway; the results
+    are the same); TRL does not clamp (default None).
+
+    Extreme log-ratios (issue 15). For log rho > E = :func:`exp_bound` (22.18 in float32,
+    177.45 in float64) k3 continues on its tangent line, k3(E) + (e^E - 1)(log rho - E), so
+    value and gradient stay finite with or without ``clamp`` (the plain formula overflows at
+    log rho > 88.7 in float32: inf without clamp, NaN gradient with it); in that region
+    d/dlogp = 1 - e^E instead of 1 - rho. For log rho <= E (rho <= 4.3e9 in float32) the
+    result is bit for bit the plain formula, so TRL parity is unchanged. Computed in float32
+    (float64 stays float64).
     """
+    logp, ref_logp = _compute(logp, ref_logp)
     log_rho = ref_logp - logp
-    return _clamp(torch.expm1(log_rho) - log_rho, clamp)
+    return _clamp(_k3_of_log(log_rho), clamp)
+
+
+def _k3_of_log(t: Tensor) -> Tensor:
+    """e^t - 1 - t, exact for t <= E, on its tangent beyond (see :func:`kl_k3`)."""
+    e = exp_bound(t.dtype)
+    return _tangent_beyond(t, lambda x: torch.expm1(x) - x, math.expm1(e) - e, math.expm1(e), e)
+
+
+def _exp_of_log(t: Tensor) -> Tensor:
+    """e^t, exact for t <= E, on its tangent e^E (1 + t - E) beyond."""
+    e = exp_bound(t.dtype)
+    return _tangent_beyond(t, torch.exp, math.exp(e), math.exp(e), e)
 
 
 def kl_k3_is(
@@ -109,10 +178,13 @@ def kl_k3_is(
     With ``old_logp=None`` the tokens are taken as on-policy: w_o = exp(l - SG(l)), which has
     value 1 but carries the score-function gradient, giving d/dlogp = k3 + 1 - rho, whose
     expectation under pi_theta is the exact reverse-KL gradient. ``clamp`` clips k3 as in
-    :func:`kl_k3` before weighting.
+    :func:`kl_k3` before weighting. Both exponentials (w_o and rho) are exact for log-ratios
+    <= :func:`exp_bound` and continue on their tangent lines beyond, so value and gradient are
+    finite for any finite log-probs (see :func:`kl_k3`).
     """
-    anchor = logp.detach() if old_logp is None else old_logp
-    return torch.exp(logp - anchor) * kl_k3(logp, ref_logp, clamp)
+    logp, ref_logp = _compute(logp, ref_logp)
+    anchor = logp.detach() if old_logp is None else old_logp.to(logp.dtype)
+    return _exp_of_log(logp - anchor) * kl_k3(logp, ref_logp, clamp)
 
 
 def prob_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -155,28 +227,42 @@ def rpg_rkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Te
     """w log w: RPG RKL, KL(pi_theta || pi_anchor) (arXiv 2505.17508 Table 1; code ``rpg_rkl``).
 
     d/dlogp = w (log w + 1). The RPG code clamps the value to [-10, 10] (``clamp=10``).
+    For log w > E = :func:`exp_bound` the value continues on its tangent,
+    e^E E + e^E (E + 1)(log w - E), so value and gradient stay finite (see :func:`kl_k3`).
     """
+    logp, anchor_logp = _compute(logp, anchor_logp)
     log_w = logp - anchor_logp
-    return _clamp(torch.exp(log_w) * log_w, clamp)
+    e = exp_bound(log_w.dtype)
+    ee = math.exp(e)
+    val = _tangent_beyond(log_w, lambda t: torch.exp(t) * t, ee * e, ee * (e + 1.0), e)
+    return _clamp(val, clamp)
 
 
 def rpg_ufkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
     """w - log w - 1: RPG UFKL, UKL(pi_anchor || pi_theta) (arXiv 2505.17508 Table 4).
 
     d/dlogp = w - 1. Computed as expm1(log w) - log w (>= 0). RPG code clamps to [-10, 10].
+    For log w > E = :func:`exp_bound` it continues on its tangent (as k3 in :func:`kl_k3`).
     """
-    log_w = logp - anchor_logp
-    return _clamp(torch.expm1(log_w) - log_w, clamp)
+    logp, anchor_logp = _compute(logp, anchor_logp)
+    return _clamp(_k3_of_log(logp - anchor_logp), clamp)
 
 
 def rpg_urkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
     """w (log w - 1) + 1: RPG URKL, UKL(pi_theta || pi_anchor) (arXiv 2505.17508 Table 4).
 
     Same gradient as the paper's w log w - w, shifted to be >= 0: d/dlogp = w log w.
-    RPG code clamps to [-10, 10].
+    RPG code clamps to [-10, 10]. For log w > E = :func:`exp_bound` the value continues on its
+    tangent, e^E (E - 1) + 1 + e^E E (log w - E), so value and gradient stay finite.
     """
+    logp, anchor_logp = _compute(logp, anchor_logp)
     log_w = logp - anchor_logp
-    return _clamp(torch.exp(log_w) * (log_w - 1.0) + 1.0, clamp)
+    e = exp_bound(log_w.dtype)
+    ee = math.exp(e)
+    val = _tangent_beyond(
+        log_w, lambda t: torch.exp(t) * (t - 1.0) + 1.0, ee * (e - 1.0) + 1.0, ee * e, e
+    )
+    return _clamp(val, clamp)
 
 
 # --- the callable wrapper ---------------------------------------------------------------------
