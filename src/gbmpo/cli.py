@@ -173,6 +173,12 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
             PluginError)
 
 
+def _checkpoint_error() -> type[BaseException]:
+    from gbmpo.train.checkpoint import CheckpointError
+
+    return CheckpointError
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gbmpo`` command line with ``argv`` (default ``sys.argv[1:]``); return the exit
     code."""
@@ -232,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _bad_input_errors() as err:
         print(f"gbmpo {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except _checkpoint_error() as err:  # no intact checkpoint, or one could not be written
+        print(f"gbmpo {args.command}: error: {err}", file=sys.stderr)
+        return 1
     return 0  # pragma: no cover
 
 

@@ -9,49 +9,83 @@ A checkpoint ``<run>/checkpoints/step-<N>/`` holds everything needed to continue
 * ``rng.pt``: torch, python ``random`` and numpy RNG states;
 * ``state.json``: step, prompt-sampler position, RL seconds used, counters, eval history.
 
+* ``manifest.json`` (written last): the size and sha256 of every other file.
+
 Every file is written to a temporary directory that is renamed into place last, so a killed
-process never leaves a checkpoint that looks complete. JSON files (``status.json``,
-``summary.json``) are written atomically (temporary file + ``os.replace``).
+process never leaves a checkpoint that looks complete. On resume the newest checkpoint whose
+files match its manifest is used (:func:`latest_valid_checkpoint`): a damaged one (truncated,
+edited, missing a file) is reported and skipped, and if no checkpoint is intact the resume stops
+with an error naming them. JSON files (``status.json``, ``summary.json``) and ``config.yaml``
+are written atomically (temporary file + ``os.replace``).
+
+A run directory is owned by one process at a time: :class:`RunLock` holds an exclusive
+``flock`` on ``<run>/.gbmpo.lock`` (which records the owner's pid), so a second process
+started on the same directory stops with :class:`RunDirInUseError` before writing anything.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import random
 import re
 import shutil
+import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 
+from gbmpo.train.config import ConfigError
+
 __all__ = [
     "CHECKPOINT_DIR",
+    "LOCK_FILE",
+    "MANIFEST_FILE",
+    "CheckpointError",
+    "RunDirInUseError",
+    "RunLock",
     "capture_rng_state",
     "latest_checkpoint",
+    "latest_valid_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
     "restore_rng_state",
     "save_checkpoint",
+    "verify_checkpoint",
     "write_json_atomic",
+    "write_text_atomic",
 ]
 
 CHECKPOINT_DIR = "checkpoints"
+MANIFEST_FILE = "manifest.json"
+LOCK_FILE = ".gbmpo.lock"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_TMP_STEP_DIR = re.compile(r"^\.step-\d+\.")
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never a
-    partial one."""
+class CheckpointError(RuntimeError):
+    """No usable checkpoint (every one is damaged), or one could not be written."""
+
+
+class RunDirInUseError(ConfigError):
+    """Another live process owns the run directory (the message names it and its pid)."""
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old or the new file, never a
+    partial one (temporary file in the same directory, fsync, ``os.replace``)."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
@@ -59,6 +93,62 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never a
+    partial one."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+class RunLock:
+    """Exclusive ownership of a run directory: ``flock`` on ``<dir>/.gbmpo.lock``.
+
+    The lock is released when the process exits, however it exits (kill -9 included), so a stale
+    lock file never blocks a resume. ``acquire`` creates the directory if needed and raises
+    :class:`RunDirInUseError` naming the owner's pid when another process holds the lock.
+    """
+
+    def __init__(self, directory: str | Path, what: str = "run") -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_FILE
+        self.what = what
+        self._file: IO[str] | None = None
+
+    def acquire(self) -> RunLock:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")  # noqa: SIM115 - held open for the lifetime of the lock
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                f.close()
+                raise
+            f.seek(0)
+            owner = f.read().strip() or "unknown"
+            f.close()
+            raise RunDirInUseError(
+                f"{self.what} directory {str(self.directory)!r} is in use by another gbmpo "
+                f"process (pid {owner}); wait for it to finish or choose another output directory"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -89,7 +179,8 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints of a run as ``(step, path)``, oldest first."""
+    """Checkpoints of a run as ``(step, path)``, oldest first (renamed into place, i.e.
+    complete when written; :func:`verify_checkpoint` checks they are still intact)."""
     root = Path(run_dir) / CHECKPOINT_DIR
     out = []
     if root.is_dir():
@@ -105,6 +196,75 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_manifest(directory: Path) -> None:
+    files = {
+        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != MANIFEST_FILE
+    }
+    write_json_atomic(directory / MANIFEST_FILE, {"files": files})
+
+
+def verify_checkpoint(path: str | Path) -> str | None:
+    """``None`` if the checkpoint's files match its manifest (size and sha256), else what is
+    wrong. Checkpoints written before manifests existed are accepted unverified."""
+    p = Path(path)
+    manifest = p / MANIFEST_FILE
+    if not manifest.is_file():
+        if all((p / n).is_file() for n in ("trainable.safetensors", "optimizer.pt", "rng.pt")):
+            return None  # an older checkpoint without a manifest
+        return f"{MANIFEST_FILE} is missing"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST_FILE} is unreadable ({err})"
+    for name, meta in files.items():
+        f = p / name
+        if not f.is_file():
+            return f"{name} is missing"
+        size = f.stat().st_size
+        if size != meta["size"]:
+            return f"{name} has {size} bytes, the manifest says {meta['size']}"
+        if _sha256(f) != meta["sha256"]:
+            return f"{name} does not match its sha256 in the manifest"
+    return None
+
+
+def latest_valid_checkpoint(
+    run_dir: str | Path, log: Callable[[str], None] | None = None
+) -> Path | None:
+    """The newest intact checkpoint of a run (``None`` if it has none at all).
+
+    Damaged checkpoints are skipped with a message to ``log`` (default: stderr); if every
+    checkpoint is damaged, :class:`CheckpointError` names them (continuing from scratch would
+    silently redo the run)."""
+    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    found = list_checkpoints(run_dir)
+    bad: list[str] = []
+    for _, path in reversed(found):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            if bad:
+                say(f"gbmpo: resuming from {path.name} instead")
+            return path
+        bad.append(f"{path.name}: {problem}")
+        say(f"gbmpo: checkpoint {path} is damaged ({problem}); skipping it")
+    if bad:
+        raise CheckpointError(
+            f"no intact checkpoint in {str(Path(run_dir) / CHECKPOINT_DIR)!r} "
+            f"({'; '.join(bad)}); delete that directory to restart the run from step 0"
+        )
+    return None
+
+
 def save_checkpoint(
     run_dir: str | Path,
     step: int,
@@ -114,21 +274,43 @@ def save_checkpoint(
     state: dict[str, Any],
     keep: int = 1,
 ) -> Path:
-    """Write ``checkpoints/step-<step>`` atomically and keep only the newest ``keep``."""
+    """Write ``checkpoints/step-<step>`` atomically and keep only the newest ``keep``.
+
+    The files and then their manifest go to a temporary directory that is renamed into place;
+    an existing ``step-<step>`` is first renamed aside, so no moment shows a half-deleted
+    checkpoint under a valid name. A failed write (e.g. the disk is full) raises
+    :class:`CheckpointError` and leaves the older checkpoints untouched. Leftover temporary
+    directories of killed writers are removed first (the caller owns the run directory).
+    """
     from safetensors.torch import save_file
 
     root = Path(run_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
+    for stale in root.iterdir():
+        if _TMP_STEP_DIR.match(stale.name) and stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
     final = root / f"step-{step}"
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".step-{step}."))
     try:
-        save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(capture_rng_state(), tmp / "rng.pt")
-        write_json_atomic(tmp / "state.json", {"step": step, **state})
+        try:
+            save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(capture_rng_state(), tmp / "rng.pt")
+            write_json_atomic(tmp / "state.json", {"step": step, **state})
+            _write_manifest(tmp)
+        except Exception as err:  # OSError, torch's RuntimeError, SafetensorError (disk full...)
+            kept = [p.name for _, p in list_checkpoints(run_dir)]
+            raise CheckpointError(
+                f"could not write checkpoint {final}: {err}; the previous checkpoints are "
+                f"untouched ({', '.join(kept) or 'none yet'})"
+            ) from err
         if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+            aside = Path(tempfile.mkdtemp(dir=root, prefix=f".step-{step}.old."))
+            os.replace(final, aside / final.name)
+            os.replace(tmp, final)
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -143,10 +325,15 @@ def load_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
 ) -> dict[str, Any]:
-    """Restore weights, optimizer and RNG states from ``path``; return state.json."""
+    """Restore weights, optimizer and RNG states from ``path``; return state.json.
+
+    A checkpoint whose files do not match its manifest raises :class:`CheckpointError`."""
     from safetensors.torch import load_file
 
     p = Path(path)
+    problem = verify_checkpoint(p)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {str(p)!r} is damaged: {problem}")
     weights = load_file(str(p / "trainable.safetensors"))
     params = dict(model.named_parameters())
     expected = {n for n, t in params.items() if t.requires_grad}

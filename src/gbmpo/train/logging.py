@@ -37,14 +37,27 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """All records of a ``metrics.jsonl`` file (a run directory or the file itself)."""
+def read_metrics(path: str | Path, *, partial_last: bool = False) -> list[dict[str, Any]]:
+    """All records of a ``metrics.jsonl`` file (a run directory or the file itself).
+
+    ``partial_last`` skips a last line that is not complete JSON (a write cut short by a kill or
+    a full disk; the trainer drops it on resume); any other bad line raises ``ValueError``."""
     p = Path(path)
     if p.is_dir():
         p = p / METRICS_FILE
     if not p.is_file():
         return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    text = p.read_text()
+    lines = [line for line in text.splitlines() if line.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            if partial_last and i == len(lines) - 1 and not text.endswith("\n"):
+                break
+            raise ValueError(f"{p} line {i + 1} is not valid JSON: {err}") from err
+    return out
 
 
 class MetricsWriter:
@@ -53,9 +66,15 @@ class MetricsWriter:
     def __init__(self, run_dir: str | Path, *, keep_up_to_step: int | None = None) -> None:
         self.path = Path(run_dir) / METRICS_FILE
         if keep_up_to_step is not None and self.path.exists():
-            # resume: drop what a killed run logged after its last checkpoint
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= keep_up_to_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            from gbmpo.train.checkpoint import write_text_atomic
+
+            # resume: drop what a killed run logged after its last checkpoint (atomically: a
+            # kill during the rewrite must not lose the rows before it)
+            kept = [
+                r for r in read_metrics(self.path, partial_last=True)
+                if r.get("step", 0) <= keep_up_to_step
+            ]
+            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file = self.path.open("a")
 
     def write(self, record: dict[str, Any]) -> None:

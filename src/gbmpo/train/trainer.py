@@ -41,10 +41,13 @@ from torch import Tensor
 
 from gbmpo.rollout.hf import Rollout, completion_logprobs, generate
 from gbmpo.train.checkpoint import (
-    latest_checkpoint,
+    LOCK_FILE,
+    RunLock,
+    latest_valid_checkpoint,
     load_checkpoint,
     save_checkpoint,
     write_json_atomic,
+    write_text_atomic,
 )
 from gbmpo.train.config import (
     ConfigError,
@@ -420,6 +423,7 @@ class Trainer:
             temperature=self.config.rollout.temperature,
             with_entropy=with_entropy,
             share_prompts=self.config.rollout.share_prompts,
+            lean=self.config.rollout.lean_forward,
         )
 
     @torch.no_grad()
@@ -726,11 +730,27 @@ class Trainer:
             self.run_dir = default_run_dir(cfg)
             cfg.run.output_dir = str(self.run_dir)
         run_dir = self.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
-        resumed_from = latest_checkpoint(run_dir) if self._resume_dir else None
+        # one process per run directory; checked again under the lock, which the other process
+        # may have taken (and used) since __init__
+        lock = RunLock(run_dir).acquire()
+        try:
+            return self._train_locked(run_dir)
+        finally:
+            lock.release()
+
+    def _train_locked(self, run_dir: Path) -> dict[str, Any]:
+        cfg = self.config
+        if self._resume_dir is None and _nonempty(run_dir):
+            raise ConfigError(
+                f"output directory {str(run_dir)!r} already exists and is not empty; "
+                "resume it with `gbmpo train --resume DIR` or choose another --output-dir"
+            )
+        if self._resume_dir is not None and (run_dir / SUMMARY_FILE).is_file():
+            raise ConfigError(f"cannot resume {str(run_dir)!r}: the run already finished")
+        resumed_from = latest_valid_checkpoint(run_dir) if self._resume_dir else None
         if resumed_from is not None:
             self._restore(resumed_from)
-        dump_yaml(cfg, run_dir / CONFIG_FILE)
+        write_text_atomic(run_dir / CONFIG_FILE, dump_yaml(cfg))
         self._set_status("running", resumed_from=str(resumed_from) if resumed_from else None)
         # on resume, drop what was logged after the checkpoint (everything if there is none)
         keep = (self.step if resumed_from is not None else -1) if self._resume_dir else None
@@ -743,7 +763,8 @@ class Trainer:
             summary = self._run(writer, reporters)
         except BaseException as err:
             kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-            self._set_status(kind, error=f"{type(err).__name__}: {err}")
+            with contextlib.suppress(OSError):  # e.g. a full disk: report the original error
+                self._set_status(kind, error=f"{type(err).__name__}: {err}")
             raise
         finally:
             writer.close()
@@ -841,8 +862,10 @@ class Trainer:
 
 
 def _nonempty(path: Path) -> bool:
-    """True for an existing file or a directory with something in it."""
-    return path.exists() and (not path.is_dir() or any(path.iterdir()))
+    """True for an existing file or a directory with something in it (besides a lock file)."""
+    return path.exists() and (
+        not path.is_dir() or any(c.name != LOCK_FILE for c in path.iterdir())
+    )
 
 
 def _chunks(n: int, size: int) -> Iterator[list[int]]:
@@ -962,7 +985,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     model_cfg = AutoConfig.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.run.output_dir and Path(cfg.run.output_dir).exists():
         out = Path(cfg.run.output_dir)
-        if not out.is_dir() or any(out.iterdir()):
+        if _nonempty(out):
             raise ConfigError(f"output directory {str(out)!r} already exists and is not empty")
     return {
         "model": source,

@@ -1,0 +1,204 @@
+"""Run-directory integrity (issue 15 reliability): damaged checkpoints are detected and skipped,
+a failed checkpoint write (full disk) keeps the previous one, one process per run directory,
+a metrics line cut short by a kill is dropped on resume, the ES map export is never
+half-written."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gbmpo.train import Trainer, load_config
+from gbmpo.train.checkpoint import (
+    LOCK_FILE,
+    MANIFEST_FILE,
+    CheckpointError,
+    RunDirInUseError,
+    RunLock,
+    latest_valid_checkpoint,
+    list_checkpoints,
+    verify_checkpoint,
+)
+from gbmpo.train.logging import read_metrics, without_timing
+
+
+def varied_reward(prompts, completions, **columns):
+    """Deterministic, with spread inside every group (non-zero advantages)."""
+    return [float(len(c) % 3) / 2 for c in completions]
+
+
+def micro_config(model_dir: Path, out: Path, **extra: str):
+    overrides = {
+        "model.path": str(model_dir), "rollout.prompts_per_step": "2",
+        "rollout.num_generations": "4", "rollout.max_new_tokens": "8", "eval.before": "false",
+        "eval.after": "false", "eval.every": "0", "run.time_budget_seconds": "null",
+        "run.progress": "false", "optim.lr": "1e-3", "optim.mu": "1",
+        "optim.mini_batch_size": "null", "optim.schedule": "constant",
+        "run.output_dir": str(out), **extra,
+    }
+    return load_config(None, list(overrides.items()))
+
+EXTRA = {"run.steps": "4", "run.checkpoint_every": "1", "run.keep_checkpoints": "2"}
+
+
+def _run(model_dir: Path, out: Path, **extra: str) -> None:
+    cfg = micro_config(model_dir, out, **{**EXTRA, **extra})
+    Trainer(cfg, reward_fn=varied_reward).train()
+
+
+def _unfinish(run: Path) -> None:
+    """Make a finished run look killed after its last checkpoint."""
+    (run / "summary.json").unlink()
+
+
+def _truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_checkpoints_have_a_manifest_that_verifies(micro_model_dir, tmp_path):
+    _run(micro_model_dir, tmp_path / "run")
+    found = list_checkpoints(tmp_path / "run")
+    assert [s for s, _ in found] == [3, 4]
+    for _, path in found:
+        manifest = json.loads((path / MANIFEST_FILE).read_text())["files"]
+        assert set(manifest) == {"trainable.safetensors", "optimizer.pt", "rng.pt", "state.json"}
+        assert verify_checkpoint(path) is None
+    assert not [p for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.parametrize("victim", ["trainable.safetensors", "optimizer.pt", "state.json"])
+def test_truncated_latest_checkpoint_falls_back_to_the_previous_one(
+    micro_model_dir, tmp_path, capsys, victim
+):
+    full = tmp_path / "full"
+    _run(micro_model_dir, full, **{"run.steps": "6", "run.checkpoint_every": "2"})
+    part = tmp_path / "part"
+    _run(micro_model_dir, part, **{"run.steps": "4", "run.checkpoint_every": "2"})
+    _unfinish(part)
+    latest = part / "checkpoints" / "step-4"
+    _truncate(latest / victim)
+    assert verify_checkpoint(latest)
+    assert latest_valid_checkpoint(part).name == "step-2"
+    err = capsys.readouterr().err
+    assert "step-4" in err and victim in err and "damaged" in err
+
+    Trainer.resume(part, [("run.steps", "6")], reward_fn=varied_reward).train()
+    # resumed from step 2: the rows of steps 3-4 were recomputed and equal the straight run's
+    a = [without_timing(r) for r in read_metrics(full)]
+    b = [without_timing(r) for r in read_metrics(part)]
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5, 6]
+    assert a == b
+    assert json.loads((part / "summary.json").read_text())["steps"] == 6
+
+
+def test_no_intact_checkpoint_is_a_clear_error(micro_model_dir, tmp_path):
+    run = tmp_path / "run"
+    _run(micro_model_dir, run, **{"run.keep_checkpoints": "1"})
+    _unfinish(run)
+    _truncate(run / "checkpoints" / "step-4" / "trainable.safetensors")
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint .*step-4: "
+                       r"trainable.safetensors has \d+ bytes, the manifest says \d+"):
+        Trainer.resume(run, reward_fn=varied_reward).train()
+    assert not (run / "summary.json").exists()
+
+
+def test_disk_full_during_a_checkpoint_keeps_the_previous_one(
+    micro_model_dir, tmp_path, monkeypatch
+):
+    run = tmp_path / "run"
+    cfg = micro_config(micro_model_dir, run, **EXTRA)
+    trainer = Trainer(cfg, reward_fn=varied_reward)
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def full_disk(obj, f, *a, **kw):  # the 3rd checkpoint's optimizer.pt hits a full disk
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *a, **kw)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(CheckpointError, match=r"could not write checkpoint .*step-3: .*No "
+                       r"space left on device; the previous checkpoints are untouched "
+                       r"\(step-1, step-2\)"):
+        trainer.train()
+    monkeypatch.setattr(torch, "save", real_save)
+    assert [s for s, _ in list_checkpoints(run)] == [1, 2]
+    assert all(verify_checkpoint(p) is None for _, p in list_checkpoints(run))
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")]
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "failed" and "No space left" in status["error"]
+    assert not (run / "summary.json").exists()
+
+    Trainer.resume(run, reward_fn=varied_reward).train()
+    full = tmp_path / "full"
+    _run(micro_model_dir, full)
+    assert [without_timing(r) for r in read_metrics(run)] == [
+        without_timing(r) for r in read_metrics(full)
+    ]
+
+
+def test_a_second_process_on_the_same_run_directory_is_refused(micro_model_dir, tmp_path):
+    run = tmp_path / "run"
+    with RunLock(run):  # another process owns the directory (flock is per open file)
+        cfg = micro_config(micro_model_dir, run, **EXTRA)
+        trainer = Trainer(cfg, reward_fn=varied_reward)  # nothing written yet: passes
+        with pytest.raises(RunDirInUseError, match=rf"run directory '{run}' is in use by another "
+                           r"gbmpo process \(pid \d+\)"):
+            trainer.train()
+        assert sorted(p.name for p in run.iterdir()) == [LOCK_FILE]
+    # the lock file alone does not make the directory "not empty"; the first run can start
+    trainer.train()
+    assert (run / "summary.json").is_file()
+
+
+def test_a_fresh_run_that_lost_the_race_does_not_touch_the_winner(micro_model_dir, tmp_path):
+    run = tmp_path / "run"
+    first = Trainer(micro_config(micro_model_dir, run, **EXTRA), reward_fn=varied_reward)
+    second = Trainer(micro_config(micro_model_dir, run, **EXTRA), reward_fn=varied_reward)
+    first.train()  # both passed the constructor's check; the second trains after the first
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with pytest.raises(ValueError, match="already exists and is not empty"):
+        second.train()
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_metrics_line_cut_short_is_dropped_on_resume(micro_model_dir, tmp_path):
+    run = tmp_path / "run"
+    _run(micro_model_dir, run, **{"run.steps": "2"})
+    _unfinish(run)
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 3, "reward_me')  # a kill or a full disk in the middle of a line
+    with pytest.raises(ValueError, match="line 3 is not valid JSON"):
+        read_metrics(run)
+    Trainer.resume(run, [("run.steps", "4")], reward_fn=varied_reward).train()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
+
+
+def test_es_resume_rewrites_a_half_written_map_export(tmp_path):
+    import numpy as np
+
+    from gbmpo.meta.analytic import QuadraticFitness
+    from gbmpo.meta.backends import SerialBackend
+    from gbmpo.meta.es import ESConfig
+    from gbmpo.meta.runner import MIRROR_FILE, export_mirror_map, run_es_loop
+    from gbmpo.objectives.mirror import VECTOR_SIZE, NeuralMirrorMap
+
+    cfg = ESConfig(population=4, iterations=2, sigma0=0.1, seed=1)
+    fit = QuadraticFitness(target=np.zeros(VECTOR_SIZE))
+    out = tmp_path / "es"
+    run_es_loop(fit, SerialBackend(), cfg, out, theta0=np.full(VECTOR_SIZE, 0.01),
+                export=lambda s, d: export_mirror_map(s, d / MIRROR_FILE))
+    good = (out / MIRROR_FILE).read_bytes()
+    (out / MIRROR_FILE).write_bytes(good[:100])  # killed during the last export
+    with RunLock(out, "ES output"), pytest.raises(RunDirInUseError, match="ES output directory"):
+        run_es_loop(fit, SerialBackend(), cfg, out, resume=True)
+    run_es_loop(fit, SerialBackend(), cfg, out, resume=True,
+                export=lambda s, d: export_mirror_map(s, d / MIRROR_FILE))
+    assert (out / MIRROR_FILE).read_bytes() == good
+    NeuralMirrorMap.load(out / MIRROR_FILE)
