@@ -41,7 +41,12 @@ def export_mirror_map(state: ESState, path: str | Path) -> Path:
     """
     from gbmpo.objectives.mirror import NeuralMirrorMap
 
-    return NeuralMirrorMap.from_unconstrained(state.theta).save(path)
+    # written aside and renamed: a kill never leaves a half-written map under the real name
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    NeuralMirrorMap.from_unconstrained(state.theta).save(tmp)
+    tmp.replace(path)
+    return path
 
 
 def _fmt(x: float | None) -> str:
@@ -90,10 +95,36 @@ def run_es_loop(
     every iteration (printing). ``stop_after`` ends this call after that many iterations (the
     run stays resumable), which is how tests simulate a kill.
     """
+    from gbmpo.train.checkpoint import RunLock
+
     out = Path(output_dir)
+    if resume and not (out / STATE_FILE).is_file():
+        load_state(out)  # the "nothing to resume" error, before any directory is created
+    with RunLock(out, "ES output"):  # one process per output directory
+        return _run_es_loop(
+            fitness, backend, config, out, theta0=theta0, resume=resume, metadata=metadata,
+            export=export, on_iteration=on_iteration, stop_after=stop_after,
+        )
+
+
+def _run_es_loop(
+    fitness: FitnessFn,
+    backend: Backend,
+    config: ESConfig,
+    out: Path,
+    *,
+    theta0: np.ndarray | None,
+    resume: bool,
+    metadata: dict[str, Any] | None,
+    export: Callable[[ESState, Path], Any] | None,
+    on_iteration: Callable[[ESState, dict[str, Any]], None] | None,
+    stop_after: int | None,
+) -> ESState:
     if resume:
         state, doc = load_state(out)
         _check_resume_config(doc.get("es_config", {}), config)
+        if export is not None:  # a kill may have come between the state and the export
+            export(state, out)
     else:
         if theta0 is None:
             raise ValueError("theta0 is required to start a new ES run (or pass resume=True)")
