@@ -285,60 +285,65 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
         backend_params = {"threads": threads}
     if args.workers is not None and args.backend != "local":
         raise GridError("--workers is for --backend local")
-    outcome = run_grid(runs, backend=args.backend, backend_params=backend_params)
+    from gbmpo.train.checkpoint import RunLock
 
-    records: list[RunRecord] = []
-    failures = dict(outcome.failures)
-    for run in runs:
-        if run.name in failures:
-            continue
-        try:
-            records.append(load_run(run.run_dir, label=run.label))
-        except RunDirError as err:
-            failures[run.name] = str(err)
-    if not records:
-        print("gbmpo compare: no run finished; nothing to report", file=sys.stderr)
-        for name, err in failures.items():
-            print(f"  {name}: {err}", file=sys.stderr)
-        return 1
-    grid_spec = {
-        "regularizers": [
-            {
-                "label": e.label,
-                "regularizer": e.regularizer,
-                "coef": next(r.config.objective.regularizer.coef for r in runs
-                             if r.label == e.label),
-                "coef_source": next(r.coef_source for r in runs if r.label == e.label),
-                "params": next(r.config.objective.regularizer.params for r in runs
-                               if r.label == e.label),
-            }
-            for e in entries
-        ],
-        "seeds": seeds,
-        "tasks": sorted({r.task for r in runs}),
-        "config_file": args.config,
-        "overrides": [[k, v] for k, v in overrides],
-        "backend": args.backend,
-        "actions": outcome.actions,
-    }
-    results = write_report(
-        records,
-        args.output_dir,
-        baseline=args.baseline,
-        title=args.title or "Regularizer comparison",
-        window=args.smooth,
-        extra={"grid": grid_spec, "failures": failures},
-        plots=not args.no_plots,
-    )
-    _print_table(results)
-    out = Path(args.output_dir)
-    print(f"\nreport: {out / 'report.md'} (also report.html, results.json)")
-    if failures:
-        print(f"gbmpo compare: {len(failures)} run(s) failed:", file=sys.stderr)
-        for name, err in failures.items():
-            print(f"  {name}: {err}", file=sys.stderr)
-        return 1
-    return 0
+    # one compare per output directory: a second one would delete and restart the runs the
+    # first is training ("fresh" runs start from an empty directory)
+    with RunLock(args.output_dir, "compare output"):
+        outcome = run_grid(runs, backend=args.backend, backend_params=backend_params)
+
+        records: list[RunRecord] = []
+        failures = dict(outcome.failures)
+        for run in runs:
+            if run.name in failures:
+                continue
+            try:
+                records.append(load_run(run.run_dir, label=run.label))
+            except RunDirError as err:
+                failures[run.name] = str(err)
+        if not records:
+            print("gbmpo compare: no run finished; nothing to report", file=sys.stderr)
+            for name, err in failures.items():
+                print(f"  {name}: {err}", file=sys.stderr)
+            return 1
+        grid_spec = {
+            "regularizers": [
+                {
+                    "label": e.label,
+                    "regularizer": e.regularizer,
+                    "coef": next(r.config.objective.regularizer.coef for r in runs
+                                 if r.label == e.label),
+                    "coef_source": next(r.coef_source for r in runs if r.label == e.label),
+                    "params": next(r.config.objective.regularizer.params for r in runs
+                                   if r.label == e.label),
+                }
+                for e in entries
+            ],
+            "seeds": seeds,
+            "tasks": sorted({r.task for r in runs}),
+            "config_file": args.config,
+            "overrides": [[k, v] for k, v in overrides],
+            "backend": args.backend,
+            "actions": outcome.actions,
+        }
+        results = write_report(
+            records,
+            args.output_dir,
+            baseline=args.baseline,
+            title=args.title or "Regularizer comparison",
+            window=args.smooth,
+            extra={"grid": grid_spec, "failures": failures},
+            plots=not args.no_plots,
+        )
+        _print_table(results)
+        out = Path(args.output_dir)
+        print(f"\nreport: {out / 'report.md'} (also report.html, results.json)")
+        if failures:
+            print(f"gbmpo compare: {len(failures)} run(s) failed:", file=sys.stderr)
+            for name, err in failures.items():
+                print(f"  {name}: {err}", file=sys.stderr)
+            return 1
+        return 0
 
 
 def run_compare(args: argparse.Namespace, extra: Sequence[str] | None = None) -> int:

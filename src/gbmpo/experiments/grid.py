@@ -395,7 +395,9 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
         for k, v in result["metrics"].items()
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
-    cached.write_text(json.dumps({"metrics": metrics, "config": result["config"]}, indent=2))
+    tmp = cached.with_name(cached.name + ".tmp")  # renamed into place: never half-written
+    tmp.write_text(json.dumps({"metrics": metrics, "config": result["config"]}, indent=2))
+    tmp.replace(cached)
     return metrics
 
 

@@ -496,8 +496,15 @@ def write_report(
             plot_curves(groups, out / name, metric=metric, title=fig_title, window=window)
             images[task] = name
     results["images"] = images
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (out / "report.md").write_text(render_markdown(results, images, title))
-    (out / "report.html").write_text(render_html(results, images, title))
+    # each file replaces the previous report whole: a kill leaves the old or the new one
+    _write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+    _write_atomic(out / "report.md", render_markdown(results, images, title))
+    _write_atomic(out / "report.html", render_html(results, images, title))
     return results
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
