@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Build ./.venv-verl: verl (requirements-verl.txt) plus gbmpo (editable, no deps), for
+# gbmpo.integrations.verl and its tests (tests_verl/). Separate from ./.venv because verl 0.9.x
+# needs transformers<5.11 and tensordict<=0.10.
+#   bash scripts/install_verl_env.sh          (scripts/install.sh calls it at its end)
+#   GBMPO_INSTALL_VERL=0 bash scripts/install.sh   skips it
+# torch goes in first, pinned to the CPU build, and is pinned again in the verl install so that
+# no verl dependency can replace it (any other torch pulls a multi-GB CUDA build); the script
+# fails if torch changed anyway. Measured on the project machine (2 cores): about 1.5 min.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${GBMPO_INSTALL_VERL:-1}" = 0 ]; then
+  echo "install_verl_env.sh: GBMPO_INSTALL_VERL=0, .venv-verl not built"
+  exit 0
+fi
+PY=${PYTHON:-python3}
+"$PY" -m venv .venv-verl
+PIP=(.venv-verl/bin/pip install -q --disable-pip-version-check)
+TORCH=$(grep -E '^torch==' requirements-verl.txt)
+"${PIP[@]}" "$TORCH"
+"${PIP[@]}" -r requirements-verl.txt
+"${PIP[@]}" --no-deps -e .
+.venv-verl/bin/python - "$TORCH" <<'PY'
+import sys
+
+import torch
+
+want = sys.argv[1].split("==")[1]
+if torch.__version__.split("+")[0] != want or torch.version.cuda is not None:
+    sys.exit(f".venv-verl: torch {torch.__version__} (cuda {torch.version.cuda}) replaced {want}")
+PY
+echo "install_verl_env.sh: .venv-verl ready"

@@ -1,0 +1,621 @@
+r"""verl plugin: gbmpo's surrogates as verl policy losses, gbmpo's regularizers as verl's KL loss.
+
+verl (``volcengine/verl``; PyPI ``verl>=0.9,<0.10``) computes the actor loss in
+``verl.workers.utils.losses.ppo_loss`` as
+
+.. math::
+    \mathcal L = \mathrm{agg}(\ell^{\text{pg}}) - c_H\,\mathrm{agg}(H)
+    + \beta\,\mathrm{agg}\big(\mathrm{kl\_penalty}(\log\pi_\theta, \log\pi_{\text{ref}})\big)
+
+with the policy loss picked by name from ``core_algos.POLICY_LOSS_REGISTRY``
+(``actor_rollout_ref.actor.policy_loss.loss_mode``), the KL estimator by
+``actor_rollout_ref.actor.kl_loss_type`` (a fixed switch in ``core_algos.kl_penalty_forward``),
+:math:`\beta` = ``kl_loss_coef`` and ``agg`` = ``core_algos.agg_loss`` with ``loss_agg_mode``.
+Since ``agg`` is linear this is gbmpo's :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}} + \beta D)`
+(:func:`gbmpo.objectives.compute_policy_loss`). Importing this module
+
+* registers every gbmpo surrogate ``NAME`` (``clip``, ``gspo``, ``atr``, ``rpg_clip``,
+  ``rpg_reinforce`` and any plugin surrogate) as the verl policy loss ``gbmpo_NAME``, aggregated
+  by verl's own ``agg_loss`` (so every ``loss_agg_mode``, data-parallel scaling and
+  ``rollout_is_weights`` behave exactly as in verl's built-in losses);
+* wraps ``core_algos.kl_penalty_forward`` (:func:`install_kl_hook`) so that any
+  ``kl_loss_type`` starting with ``gbmpo_`` (``gbmpo_prob_l2``, ``gbmpo_neural_mirror``,
+  ``gbmpo_kl_k3_is``, ``gbmpo_rpg_ufkl``, ...) is computed by the gbmpo regularizer of that name;
+  every other name goes to verl's original function unchanged (``low_var_kl``, ``k3+``, ...).
+
+Loading. The package declares the entry point ``gbmpo = "gbmpo.integrations.verl"`` in verl's
+``verl.plugins`` group, which ``import verl`` loads in every process (driver and Ray workers);
+verl swallows a plugin's import error at debug level, so this module also logs it as an error.
+``VERL_USE_EXTERNAL_MODULES=gbmpo.integrations.verl`` (verl's own switch, errors propagate) and
+the ``_target_`` override below (Hydra imports the module to build the config) load it too.
+
+Configuration (Hydra overrides of ``python -m verl.trainer.main_ppo``)::
+
+    actor_rollout_ref.actor.policy_loss._target_=gbmpo.integrations.verl.GBMPOPolicyLossConfig
+    actor_rollout_ref.actor.policy_loss.loss_mode=gbmpo_atr
+    +actor_rollout_ref.actor.policy_loss.gbmpo_surrogate.delta=0.02
+    actor_rollout_ref.actor.use_kl_loss=True
+    actor_rollout_ref.actor.kl_loss_coef=0.001
+    actor_rollout_ref.actor.kl_loss_type=gbmpo_neural_mirror
+    +actor_rollout_ref.actor.policy_loss.gbmpo_kl.mirror=/abs/path/mirror.json
+
+verl's ``PolicyLossConfig`` is a dataclass that rejects unknown keys, so the extra
+hyperparameters live in :class:`GBMPOPolicyLossConfig` (a subclass with the two dicts
+``gbmpo_surrogate`` and ``gbmpo_kl``), selected with the ``_target_`` override. Surrogate
+parameters default to verl's own fields (:func:`surrogate_params`: ``clip_ratio_low`` /
+``clip_ratio_high`` -> ``eps_low`` / ``eps_high``, ``clip_ratio_c`` -> the dual clip, so
+``gbmpo_clip`` is verl's ``vanilla``); ``gbmpo_surrogate`` entries override them.
+``gbmpo_kl`` holds the regularizer's parameters (``mirror`` path, ``clamp``, ``anchor``); the
+config installs them process-wide when it is built (verl's ``kl_penalty`` gets no config).
+
+Regularizers that need the rollout log-probs (``kl_k3_is``; ``rpg_*`` with ``anchor=old``) get
+them from the gbmpo policy loss of the same micro-batch (verl calls the policy loss, then
+``kl_penalty`` with the same ``log_prob`` tensor), so they need a ``gbmpo_*`` ``loss_mode``
+(``kl_k3_is`` otherwise falls back to its on-policy form and warns once; ``anchor=old`` raises).
+
+Supported verl: :data:`SUPPORTED_VERL`; :func:`check_verl_internals` fails loudly, naming the
+function, if what this module hooks moves (it runs at import).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import logging
+import warnings
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    import verl
+    import verl.workers.utils.losses as _verl_losses
+    from verl.trainer.ppo import core_algos
+    from verl.workers.config import ActorConfig, PolicyLossConfig
+except ImportError as _err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "gbmpo.integrations.verl needs verl: install the extra with pip install 'gbmpo[verl]' "
+        "(supported: verl>=0.9,<0.10; it needs transformers<5.11, so use its own environment, "
+        "e.g. bash scripts/install_verl_env.sh)"
+    ) from _err
+
+from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
+from gbmpo.objectives.surrogates import SURROGATES, Surrogate, get_surrogate
+
+__all__ = [
+    "PREFIX",
+    "SUPPORTED_VERL",
+    "GBMPOPolicyLossConfig",
+    "VerlInternalsError",
+    "build_regularizer",
+    "build_surrogate",
+    "check_verl_internals",
+    "describe",
+    "configure_kl",
+    "gbmpo_kl_penalty",
+    "install_kl_hook",
+    "kl_loss_types",
+    "policy_loss_names",
+    "register_policy_losses",
+    "surrogate_params",
+]
+
+_log = logging.getLogger(__name__)
+
+#: The verl versions whose internals this module was written against and tested with.
+SUPPORTED_VERL = ">=0.9,<0.10"
+_SUPPORTED_MIN, _SUPPORTED_MAX = (0, 9), (0, 10)
+#: Prefix of gbmpo's names in verl (``loss_mode=gbmpo_atr``, ``kl_loss_type=gbmpo_prob_l2``).
+PREFIX = "gbmpo_"
+
+
+def _verl_version() -> tuple[int, int]:
+    parts = str(getattr(verl, "__version__", "0.0")).split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):  # pragma: no cover - malformed version string
+        return (0, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# Internals check
+# --------------------------------------------------------------------------------------------
+
+
+class VerlInternalsError(RuntimeError):
+    """verl's internals that this plugin hooks have moved (a verl outside
+    :data:`SUPPORTED_VERL`); the message names the function, field or source fact."""
+
+
+#: ``module attribute -> parameter names it must accept`` (subset check: new ones are fine).
+_HOOKED_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "register_policy_loss": ("name",),
+    "get_policy_loss_fn": ("name",),
+    "agg_loss": (
+        "loss_mat",
+        "loss_mask",
+        "loss_agg_mode",
+        "dp_size",
+        "batch_num_tokens",
+        "global_batch_size",
+        "loss_scale_factor",
+    ),
+    "kl_penalty": ("logprob", "ref_logprob", "kl_penalty"),
+    "kl_penalty_forward": ("logprob", "ref_logprob", "kl_penalty"),
+    # the built-in loss our registered ones mirror (their call signature)
+    "compute_policy_loss_vanilla": (
+        "old_log_prob",
+        "log_prob",
+        "advantages",
+        "response_mask",
+        "loss_agg_mode",
+        "config",
+        "rollout_is_weights",
+    ),
+}
+
+#: Config dataclass -> fields this module reads.
+_CONFIG_FIELDS: dict[type, tuple[str, ...]] = {
+    ActorConfig: (
+        "clip_ratio",
+        "clip_ratio_low",
+        "clip_ratio_high",
+        "clip_ratio_c",
+        "policy_loss",
+        "loss_agg_mode",
+        "use_kl_loss",
+        "kl_loss_type",
+        "kl_loss_coef",
+        "global_batch_info",
+    ),
+    PolicyLossConfig: ("loss_mode",),
+}
+
+#: Source facts (checked with ``strict=True``): ``(module, function) -> strings its source has``.
+_SOURCE_FACTS: dict[tuple[str, str], tuple[str, ...]] = {
+    # kl_penalty resolves kl_penalty_forward through core_algos' globals at call time, so
+    # wrapping core_algos.kl_penalty_forward reaches every caller of kl_penalty
+    ("core_algos", "kl_penalty"): ("kl_penalty_forward(logprob, ref_logprob",),
+    # the actor loss: policy loss by name with these keywords, then kl_penalty on the *same*
+    # log_prob tensor with the configured type (our old_log_prob hand-over relies on that)
+    ("losses", "ppo_loss"): (
+        'config.policy_loss.get("loss_mode", "vanilla")',
+        "get_policy_loss_fn(loss_mode)",
+        "old_log_prob=old_log_prob",
+        "log_prob=log_prob",
+        "loss_agg_mode=loss_agg_mode",
+        "config=config",
+        "rollout_is_weights=rollout_is_weights",
+        "kl_penalty(logprob=log_prob, ref_logprob=ref_log_prob, kl_penalty=config.kl_loss_type)",
+    ),
+}
+
+
+def _signature_check(owner: str, fn: Any, name: str, params: tuple[str, ...]) -> None:
+    if fn is None or not callable(fn):
+        raise VerlInternalsError(
+            f"{owner}.{name} no longer exists (verl {verl.__version__}); gbmpo.integrations.verl "
+            f"hooks it and supports verl{SUPPORTED_VERL}"
+        )
+    target = getattr(fn, "__wrapped__", fn)
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError) as e:  # pragma: no cover - builtins only
+        raise VerlInternalsError(f"cannot read the signature of {owner}.{name}: {e}") from None
+    missing = [p for p in params if p not in sig.parameters]
+    if missing:
+        raise VerlInternalsError(
+            f"{owner}.{name} no longer takes {', '.join(missing)} (signature now {sig}; verl "
+            f"{verl.__version__}); gbmpo.integrations.verl supports verl{SUPPORTED_VERL}"
+        )
+
+
+def check_verl_internals(
+    algos: Any = core_algos, losses: Any = _verl_losses, *, strict: bool = False
+) -> None:
+    """Raise :class:`VerlInternalsError` naming the first verl function, parameter, config field
+    or source fact this plugin relies on that is missing.
+
+    Always checked: ``core_algos.POLICY_LOSS_REGISTRY`` is a dict; the functions of
+    :data:`_HOOKED_FUNCTIONS` exist in ``algos`` (``verl.trainer.ppo.core_algos``) and accept
+    those parameters; ``losses.ppo_loss`` exists; the config fields of :data:`_CONFIG_FIELDS`.
+    With ``strict=True`` also the source facts of :data:`_SOURCE_FACTS` (``kl_penalty`` calls
+    ``kl_penalty_forward`` through the module; ``ppo_loss`` calls the policy loss and then
+    ``kl_penalty`` on the same ``log_prob`` with ``config.kl_loss_type``); text checks, run by the
+    tests and by ``python -m gbmpo.integrations.verl``.
+    """
+    name = getattr(algos, "__name__", "core_algos")
+    registry = getattr(algos, "POLICY_LOSS_REGISTRY", None)
+    if not isinstance(registry, dict):
+        raise VerlInternalsError(
+            f"{name}.POLICY_LOSS_REGISTRY is no longer a dict (verl {verl.__version__}); "
+            f"gbmpo.integrations.verl registers its losses there (supports verl{SUPPORTED_VERL})"
+        )
+    for fn_name, params in _HOOKED_FUNCTIONS.items():
+        _signature_check(name, getattr(algos, fn_name, None), fn_name, params)
+    lname = getattr(losses, "__name__", "losses")
+    _signature_check(
+        lname, getattr(losses, "ppo_loss", None), "ppo_loss", ("config", "model_output", "data")
+    )
+    for cls, wanted in _CONFIG_FIELDS.items():
+        names = {f.name for f in dataclasses.fields(cls)}
+        for f in wanted:
+            if f not in names:
+                raise VerlInternalsError(
+                    f"{cls.__name__} has no field {f!r} any more (verl {verl.__version__}); "
+                    f"gbmpo.integrations.verl reads it (supports verl{SUPPORTED_VERL})"
+                )
+    if not strict:
+        return
+    modules = {"core_algos": algos, "losses": losses}
+    for (mod, fn_name), needles in _SOURCE_FACTS.items():
+        fn = getattr(modules[mod], fn_name)
+        fn = getattr(fn, "__wrapped__", fn)
+        try:
+            src = inspect.getsource(fn)
+        except (OSError, TypeError) as e:
+            raise VerlInternalsError(f"cannot read the source of {mod}.{fn_name}: {e}") from None
+        flat = " ".join(src.split())
+        for needle in needles:
+            if " ".join(needle.split()) not in flat:
+                raise VerlInternalsError(
+                    f"{getattr(modules[mod], '__name__', mod)}.{fn_name} no longer contains "
+                    f"{needle!r} (verl {verl.__version__}); gbmpo.integrations.verl relies on it"
+                )
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters: verl's actor config -> gbmpo objects
+# --------------------------------------------------------------------------------------------
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    """``cfg.key`` for a verl config dataclass, a DictConfig or a dict."""
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _plain(d: Any) -> dict[str, Any]:
+    """A DictConfig / Mapping / None as a plain dict (OmegaConf containers resolved)."""
+    if d is None:
+        return {}
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(d, DictConfig):
+            return dict(OmegaConf.to_container(d, resolve=True))  # type: ignore[arg-type]
+    except ImportError:  # pragma: no cover - omegaconf ships with verl
+        pass
+    if not isinstance(d, Mapping):
+        raise TypeError(f"expected a mapping of parameters, got {type(d).__name__}: {d!r}")
+    return dict(d)
+
+
+def surrogate_params(name: str, config: Any) -> dict[str, Any]:
+    """Parameters of the gbmpo surrogate ``name`` from verl's actor ``config``.
+
+    Defaults from verl's fields (as its built-in losses read them): ``eps_low`` =
+    ``clip_ratio_low`` (else ``clip_ratio``), ``eps_high`` = ``clip_ratio_high`` (else
+    ``clip_ratio``), the dual-clip constant = ``clip_ratio_c`` (verl's vanilla loss always applies
+    it); per surrogate: ``clip``: eps and ``dual_clip_c``; ``gspo``: eps only (verl's ``gspo`` has
+    no dual clip); ``atr``: ``dual_clip_c`` (its bounds come from ``delta``); ``rpg_clip``,
+    ``rpg_reinforce``: eps and ``c``; plugin surrogates: none. Then every entry of
+    ``policy_loss.gbmpo_surrogate`` overrides (``null`` turns an optional one off, e.g.
+    ``dual_clip_c: null``).
+    """
+    clip = _get(config, "clip_ratio", 0.2)
+    low = _get(config, "clip_ratio_low")
+    high = _get(config, "clip_ratio_high")
+    low = clip if low is None else low
+    high = clip if high is None else high
+    c = _get(config, "clip_ratio_c", 3.0)
+    defaults: dict[str, dict[str, Any]] = {
+        "clip": {"eps_low": low, "eps_high": high, "dual_clip_c": c},
+        "gspo": {"eps_low": low, "eps_high": high},
+        "atr": {"dual_clip_c": c},
+        "rpg_clip": {"eps_low": low, "eps_high": high, "c": c},
+        "rpg_reinforce": {"eps_low": low, "eps_high": high, "c": c},
+    }
+    params = dict(defaults.get(name, {}))
+    params.update(_plain(_get(_get(config, "policy_loss"), "gbmpo_surrogate")))
+    return params
+
+
+def _strip(name: str, what: str) -> str:
+    if not isinstance(name, str) or not name.startswith(PREFIX):
+        raise ValueError(f"{what} {name!r} is not a gbmpo name (expected {PREFIX}<name>)")
+    return name[len(PREFIX) :]
+
+
+def _key(name: str, params: Mapping[str, Any]) -> tuple[str, str]:
+    return name, repr(sorted(params.items()))
+
+
+_SURROGATE_CACHE: dict[tuple[str, str], Surrogate] = {}
+
+
+def build_surrogate(loss_mode: str, config: Any) -> Surrogate:
+    """The gbmpo surrogate that ``loss_mode`` (``gbmpo_NAME``) computes under verl's actor
+    ``config`` (:func:`surrogate_params`); cached per parameters. Unknown names list the valid
+    ones; invalid parameters raise naming the surrogate."""
+    name = _strip(loss_mode, "loss_mode")
+    params = surrogate_params(name, config)
+    key = _key(name, params)
+    if key not in _SURROGATE_CACHE:
+        _SURROGATE_CACHE[key] = get_surrogate(name, **params)
+    return _SURROGATE_CACHE[key]
+
+
+#: Regularizer parameters installed by :func:`configure_kl` (``policy_loss.gbmpo_kl``).
+_KL_PARAMS: dict[str, Any] = {}
+_REGULARIZER_CACHE: dict[tuple[str, str], Regularizer] = {}
+# regularizers whose default parameters would silently pick something arbitrary
+_REQUIRED_KL_PARAMS: dict[str, str] = {"neural_mirror": "mirror"}
+
+
+def configure_kl(params: Mapping[str, Any] | None) -> None:
+    """Install the parameters of the ``gbmpo_*`` KL loss in this process (verl's ``kl_penalty``
+    receives no config). :class:`GBMPOPolicyLossConfig` calls it when verl builds the actor
+    config (driver and each worker) and every gbmpo policy loss on each call."""
+    new = _plain(params)
+    if new != _KL_PARAMS:
+        _KL_PARAMS.clear()
+        _KL_PARAMS.update(new)
+
+
+def build_regularizer(kl_loss_type: str, params: Mapping[str, Any] | None = None) -> Regularizer:
+    """The gbmpo regularizer that ``kl_loss_type`` (``gbmpo_NAME``) computes, with ``params``
+    (default: those of :func:`configure_kl`); cached per parameters. ``neural_mirror`` requires
+    ``mirror`` (a path to a saved :class:`~gbmpo.objectives.NeuralMirrorMap`) rather than falling
+    back to a random map."""
+    name = _strip(kl_loss_type, "kl_loss_type")
+    p = dict(_KL_PARAMS if params is None else _plain(params))
+    required = _REQUIRED_KL_PARAMS.get(name)
+    if required is not None and p.get(required) is None:
+        raise ValueError(
+            f"kl_loss_type={kl_loss_type} needs {required!r}: set "
+            f"+actor_rollout_ref.actor.policy_loss.gbmpo_kl.{required}=... with "
+            "actor_rollout_ref.actor.policy_loss._target_="
+            "gbmpo.integrations.verl.GBMPOPolicyLossConfig"
+        )
+    key = _key(name, p)
+    if key not in _REGULARIZER_CACHE:
+        _REGULARIZER_CACHE[key] = get_regularizer(name, **p)
+    return _REGULARIZER_CACHE[key]
+
+
+# --------------------------------------------------------------------------------------------
+# Hand-over of the rollout log-probs from the policy loss to the KL loss of one micro-batch
+# --------------------------------------------------------------------------------------------
+
+
+class _OldLogProbSlot:
+    """The ``old_log_prob`` of the last gbmpo policy-loss call, keyed by its ``log_prob`` tensor
+    (held weakly), taken once by :func:`gbmpo_kl_penalty` when called on that same tensor."""
+
+    def __init__(self) -> None:
+        self._ref: weakref.ref[Tensor] | None = None
+        self._old: Tensor | None = None
+
+    def put(self, log_prob: Tensor, old_log_prob: Tensor) -> None:
+        self._ref = weakref.ref(log_prob)
+        self._old = old_log_prob.detach()
+
+    def take(self, log_prob: Tensor) -> Tensor | None:
+        ref, old = self._ref, self._old
+        if ref is None or ref() is not log_prob:
+            return None
+        self._ref = self._old = None
+        return old
+
+
+_OLD = _OldLogProbSlot()
+_warned_on_policy = False
+
+
+# --------------------------------------------------------------------------------------------
+# The policy losses
+# --------------------------------------------------------------------------------------------
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> float:
+    m = mask.to(torch.float32)
+    return float((x.detach().to(torch.float32) * m).sum() / m.sum().clamp_min(1.0))
+
+
+def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
+    def policy_loss(
+        old_log_prob: Tensor,
+        log_prob: Tensor,
+        advantages: Tensor,
+        response_mask: Tensor,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Any]]:
+        if config is None:
+            raise ValueError(f"verl policy loss {loss_mode!r} needs the actor config")
+        surrogate = build_surrogate(loss_mode, config)
+        configure_kl(_get(_get(config, "policy_loss"), "gbmpo_kl"))
+        _OLD.put(log_prob, old_log_prob)
+        per_token, diag = surrogate(log_prob, old_log_prob, advantages, response_mask)
+        mask = response_mask.to(torch.bool)
+        if rollout_is_weights is not None:
+            w = rollout_is_weights.to(per_token.dtype)
+            per_token = per_token * torch.where(mask, w, torch.zeros_like(w))
+        gbi = dict(_get(config, "global_batch_info") or {})
+        loss = core_algos.agg_loss(
+            loss_mat=per_token, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **gbi
+        )
+        metrics: dict[str, Any] = {
+            # verl's names and meanings: share of tokens where the clip removes the gradient,
+            # mean of log(pi_old / pi_theta), share where the dual clip binds
+            "actor/pg_clipfrac": float(diag["clip_frac_low"] + diag["clip_frac_high"]),
+            "actor/ppo_kl": _masked_mean(old_log_prob - log_prob, mask),
+            "actor/pg_clipfrac_lower": float(diag["clip_frac_dual"]),
+        }
+        for k, v in diag.items():
+            metrics[f"actor/gbmpo/{k}"] = float(v)
+        return loss, metrics
+
+    policy_loss.__name__ = f"compute_policy_loss_{loss_mode}"
+    policy_loss.__qualname__ = policy_loss.__name__
+    policy_loss.__doc__ = (
+        f"verl policy loss {loss_mode!r}: per-token loss of gbmpo's surrogate "
+        f"{loss_mode[len(PREFIX) :]!r} (parameters from verl's actor config, "
+        "see gbmpo.integrations.verl.surrogate_params), times rollout_is_weights if given, "
+        "aggregated by verl's agg_loss(loss_agg_mode, **config.global_batch_info)."
+    )
+    return policy_loss
+
+
+def policy_loss_names() -> list[str]:
+    """The verl ``loss_mode`` names this module registers: ``gbmpo_`` + each surrogate name."""
+    return [PREFIX + n for n in SURROGATES.names()]
+
+
+def kl_loss_types() -> list[str]:
+    """The ``kl_loss_type`` names the hook serves: ``gbmpo_`` + each regularizer name (plugin
+    regularizers of the ``gbmpo.regularizers`` entry-point group included)."""
+    return [PREFIX + n for n in REGULARIZERS.names()]
+
+
+def register_policy_losses() -> list[str]:
+    """Register every gbmpo surrogate with verl's ``register_policy_loss`` (idempotent)."""
+    names = policy_loss_names()
+    for loss_mode in names:
+        core_algos.register_policy_loss(loss_mode)(_make_policy_loss(loss_mode))
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# The KL hook
+# --------------------------------------------------------------------------------------------
+
+
+def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
+    """Per-token values of the gbmpo regularizer named by ``kl_penalty`` (``gbmpo_NAME``),
+    :math:`D(\\log\\pi_\\theta, \\log\\pi_{\\text{ref}})` of :mod:`gbmpo.objectives.regularizers`
+    with the parameters of :func:`configure_kl`; the rollout log-probs come from the gbmpo policy
+    loss called on the same ``logprob`` tensor (module doc). float32 (float64 stays float64)."""
+    global _warned_on_policy
+    reg = build_regularizer(kl_penalty)
+    old = _OLD.take(logprob)
+    if old is None and reg.needs_old:
+        raise ValueError(
+            f"kl_loss_type={kl_penalty} with anchor={reg.anchor!r} needs the rollout log-probs, "
+            "which only a gbmpo policy loss hands over: set "
+            "actor_rollout_ref.actor.policy_loss.loss_mode to one of "
+            f"{', '.join(policy_loss_names())}"
+        )
+    if old is None and reg.name == "kl_k3_is" and not _warned_on_policy:
+        _warned_on_policy = True
+        warnings.warn(
+            f"kl_loss_type={kl_penalty} without a gbmpo policy loss: no rollout log-probs, so the "
+            "on-policy form w = exp(logp - SG(logp)) is used",
+            stacklevel=2,
+        )
+    return reg(logprob, ref_logprob, old)
+
+
+def install_kl_hook(algos: Any = core_algos) -> None:
+    """Wrap ``algos.kl_penalty_forward`` so that names starting with :data:`PREFIX` dispatch to
+    :func:`gbmpo_kl_penalty` and all others to verl's original (idempotent). verl's
+    ``kl_penalty`` (used for the actor's KL loss and the in-reward KL) looks the function up in
+    ``core_algos`` at call time, so a ``+`` suffix keeps verl's straight-through k2 gradient."""
+    current = algos.kl_penalty_forward
+    if getattr(current, "_gbmpo_hook", False):
+        return
+    original = current
+
+    def kl_penalty_forward(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
+        if isinstance(kl_penalty, str) and kl_penalty.startswith(PREFIX):
+            return gbmpo_kl_penalty(logprob, ref_logprob, kl_penalty)
+        return original(logprob, ref_logprob, kl_penalty)
+
+    kl_penalty_forward.__wrapped__ = original  # type: ignore[attr-defined]
+    kl_penalty_forward._gbmpo_hook = True  # type: ignore[attr-defined]
+    kl_penalty_forward.__doc__ = (
+        f"gbmpo hook around verl's kl_penalty_forward: {PREFIX}NAME -> gbmpo regularizer NAME; "
+        f"otherwise verl's original.\n\n{original.__doc__ or ''}"
+    )
+    algos.kl_penalty_forward = kl_penalty_forward
+
+
+# --------------------------------------------------------------------------------------------
+# The config class for the extra hyperparameters
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GBMPOPolicyLossConfig(PolicyLossConfig):
+    """verl's ``PolicyLossConfig`` plus gbmpo's hyperparameters; select it with
+    ``actor_rollout_ref.actor.policy_loss._target_=gbmpo.integrations.verl.GBMPOPolicyLossConfig``.
+
+    Args:
+        gbmpo_surrogate: surrogate parameters overriding those derived from verl's fields
+            (:func:`surrogate_params`), e.g. ``{delta: 0.02}`` for ``gbmpo_atr`` or
+            ``{variant: urkl, beta: 1e-4}`` for ``gbmpo_rpg_clip``.
+        gbmpo_kl: parameters of the ``gbmpo_*`` ``kl_loss_type``, e.g. ``{mirror: /path.json}``
+            for ``gbmpo_neural_mirror``, ``{clamp: 10}``, ``{anchor: old}`` for ``rpg_*``.
+
+    Built (by verl, in the driver and in each worker) it checks a ``gbmpo_*`` ``loss_mode``
+    against the registered surrogates and installs ``gbmpo_kl`` (:func:`configure_kl`).
+    """
+
+    gbmpo_surrogate: dict[str, Any] = field(default_factory=dict)
+    gbmpo_kl: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        parent = getattr(super(), "__post_init__", None)
+        if parent is not None:
+            parent()
+        if isinstance(self.loss_mode, str) and self.loss_mode.startswith(PREFIX):
+            SURROGATES.get(self.loss_mode[len(PREFIX) :])  # unknown name: lists the valid ones
+        configure_kl(self.gbmpo_kl)
+
+
+def describe(config: Any) -> dict[str, Any]:
+    """What an instantiated verl actor ``config`` selects from gbmpo, building (and so checking)
+    each object: ``{"surrogate": Surrogate | None, "regularizer": Regularizer | None}`` (None where
+    the config uses a verl built-in). Used by the dry-run test and ``python -m
+    gbmpo.integrations.verl``."""
+    loss_mode = _get(_get(config, "policy_loss"), "loss_mode", "vanilla")
+    kl_type = _get(config, "kl_loss_type", "")
+    surr = build_surrogate(loss_mode, config) if str(loss_mode).startswith(PREFIX) else None
+    reg = None
+    if _get(config, "use_kl_loss", False) and str(kl_type).startswith(PREFIX):
+        base = kl_type[:-1] if kl_type.endswith("+") else kl_type
+        reg = build_regularizer(base, _get(_get(config, "policy_loss"), "gbmpo_kl"))
+    return {"surrogate": surr, "regularizer": reg}
+
+
+# --------------------------------------------------------------------------------------------
+# Import-time wiring
+# --------------------------------------------------------------------------------------------
+
+
+def _install() -> None:
+    if not (_SUPPORTED_MIN <= _verl_version() < _SUPPORTED_MAX):
+        warnings.warn(
+            f"gbmpo.integrations.verl was written for verl{SUPPORTED_VERL}, found verl "
+            f"{verl.__version__}; it checks the verl internals it hooks and raises "
+            "VerlInternalsError if they moved",
+            stacklevel=3,
+        )
+    try:
+        check_verl_internals()
+    except VerlInternalsError as e:
+        # verl loads "verl.plugins" entry points swallowing errors at debug level: say it loudly
+        _log.error("gbmpo verl plugin not loaded: %s", e)
+        raise
+    register_policy_losses()
+    install_kl_hook()
+
+
+_install()
