@@ -91,7 +91,15 @@ def test_mbpp_reference_solutions_pass_and_broken_fail(
     graded = task.grade([ex["answer"] for ex in examples], examples)
     failing = [(ex["task_id"], g["status"], g["detail"])
                for ex, g in zip(examples, graded, strict=True) if not g["correct"]]
-    assert failing == []
+    # Task 414's reference returns 1/0 where its tests expect True/False: equal only by
+    # coercion, which the sandbox's strict comparisons refuse (Python's == accepts it).
+    assert all(f == (414, "failed", "test 0 raised AssertionError") for f in failing), failing
+    if cls is MBPPTask:
+        assert failing, "task 414's reference should fail the strict comparison"
+    with Sandbox(workers=1, strict_compare=False) as lax:
+        for ex in (ex for ex in examples if ex["task_id"] == 414):
+            r = lax.run(ex["answer"], list(ex["tests"]), setup=ex.get("setup", ""))
+            assert r.all_passed, r
     sample = examples[::3]  # every third problem keeps the suite fast
     broken = [f"def {ex['entry_point']}(*args, **kwargs):\n    raise NotImplementedError\n"
               for ex in sample]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 
 from gbmpo.rewards import REWARDS, run_program
 from gbmpo.rewards.sandbox import (
+    ALLOW_ENV,
     PROTECTIONS,
     STATUSES,
     Program,
@@ -131,10 +133,42 @@ def test_dead_worker_is_replaced() -> None:
         assert box.run(ADD, ["assert add(1, 1) == 2"]).status == "ok"
 
 
+def test_missing_isolation_refuses_by_default_naming_layers_and_fixes(monkeypatch) -> None:
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    monkeypatch.delenv("GBMPO_SANDBOX_STRICT", raising=False)
+    with pytest.raises(SandboxUnavailableError) as err:
+        Sandbox(workers=1, bubblewrap=False, seccomp=False)
+    msg = str(err.value)
+    assert "bubblewrap" in msg and "seccomp" in msg and "apt-get install" in msg
+    assert "python3-seccomp" in msg and f"{ALLOW_ENV}=1" in msg
+
+
+def test_machine_without_bwrap_runs_no_code_unless_opted_in(monkeypatch, tmp_path: Path) -> None:
+    """The measured hole: without bubblewrap a program wrote into the host's /tmp."""
+    import gbmpo.rewards.sandbox as sb
+
+    real_which = sb.shutil.which
+    monkeypatch.setattr(sb.shutil, "which",
+                        lambda name, *a, **k: None if name == "bwrap" else real_which(name))
+    monkeypatch.delenv(ALLOW_ENV, raising=False)
+    monkeypatch.setattr(sb, "_default", None)
+    target = tmp_path / "pwned.txt"
+    os.chmod(tmp_path, 0o777)  # writable even for uid 65534: only the sandbox may stop it
+    hostile = f"open({str(target)!r}, 'w').write('x')\n" + ADD
+    with pytest.raises(SandboxUnavailableError, match="bubblewrap"):
+        sb.run_program(hostile, ["assert add(1, 1) == 2"])
+    assert not target.exists()
+    # Opting in runs the program, weaker and with a warning naming what is missing.
+    monkeypatch.setenv(ALLOW_ENV, "1")
+    with pytest.warns(SandboxWarning, match="bubblewrap"), Sandbox(workers=1) as box:
+        assert "bubblewrap" in box.missing
+        assert box.run(ADD, TESTS).test_passed == (True, False, True)
+
+
 def test_weaker_sandbox_says_what_is_missing_and_strict_refuses() -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        box = Sandbox(workers=1, bubblewrap=False, seccomp=False)
+        box = Sandbox(workers=1, bubblewrap=False, seccomp=False, allow_unsandboxed=True)
     try:
         assert {"bubblewrap", "seccomp"} <= set(box.missing)
         assert not box.protections["bubblewrap"] and not box.protections["seccomp"]
@@ -147,7 +181,7 @@ def test_weaker_sandbox_says_what_is_missing_and_strict_refuses() -> None:
     finally:
         box.close()
     with pytest.raises(SandboxUnavailableError, match="seccomp"):
-        Sandbox(workers=1, seccomp=False, strict=True)
+        Sandbox(workers=1, seccomp=False, strict=True, allow_unsandboxed=True)
 
 
 # ---------------------------------------------------------------------------------------------

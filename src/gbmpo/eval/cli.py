@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="extra task parameter (JSON value or string), repeatable, e.g. "
                         "--task-param size=500 --task-param path=/data/gsm8k")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--allow-unsandboxed-code", action="store_true",
+                   help="run model-written code even where the sandbox lacks an isolation layer "
+                        "(same as GBMPO_ALLOW_UNSANDBOXED_CODE=1); by default it refuses")
     p.add_argument("--output", default=None, metavar="FILE",
                    help="per-problem JSONL; the summary goes next to it (.summary.json)")
     p.set_defaults(func=run_eval)
@@ -115,6 +119,15 @@ def run_eval(args: argparse.Namespace) -> int:
         task.split(args.split or task.eval_split)
     except (ValueError, ImportError, FileNotFoundError, TypeError) as err:
         return bad_input(err)
+    if task.kind == "code":  # refuse before generating anything when isolation is missing
+        from gbmpo.rewards.sandbox import ALLOW_ENV, SandboxUnavailableError, get_default_sandbox
+
+        if args.allow_unsandboxed_code:
+            os.environ[ALLOW_ENV] = "1"
+        try:
+            get_default_sandbox()
+        except SandboxUnavailableError as err:
+            return bad_input(err)
     from gbmpo.train.rewards import RewardError
 
     try:  # a reward function that fails for a whole batch is an input error too

@@ -51,7 +51,7 @@ _PRELOAD = (
     "typing", "math", "re", "collections", "itertools", "functools", "heapq", "bisect",
     "string", "operator", "copy", "random", "fractions", "decimal", "statistics", "datetime",
     "json", "types", "dataclasses", "cmath", "array", "textwrap", "enum", "hashlib", "tempfile",
-    "fcntl", "resource",
+    "fcntl", "resource", "ast",
 )
 
 _DENY_EPERM = (
@@ -185,6 +185,176 @@ _GUARDED_MODULES = (
 )
 
 
+# --------------------------------------------------------------------------------------------
+# Type-strict comparisons for the (trusted) test code: reward-hacking defences
+
+# Types whose comparisons cannot be redefined by a program, grouped into kinds: values of one
+# kind compare by value (``1 == 1.0``; a Counter equals the dict with the same items), values of
+# different kinds never compare equal (``True == 1`` and ``1 == True`` are False here). Anything
+# else (a class the program defined, a subclass of a builtin, an object from a module the program
+# imported) equals only an object of its own exact type, by that type's own ``__eq__``.
+_KIND_NAMES = (
+    ("bool", ("builtins.bool",)),
+    ("num", ("builtins.int", "builtins.float", "fractions.Fraction", "decimal.Decimal")),
+    ("complex", ("builtins.complex",)),
+    ("str", ("builtins.str",)),
+    ("bytes", ("builtins.bytes", "builtins.bytearray")),
+    ("none", ("builtins.NoneType",)),
+    ("list", ("builtins.list",)),
+    ("tuple", ("builtins.tuple",)),
+    ("deque", ("collections.deque",)),
+    ("dict", ("builtins.dict", "collections.OrderedDict", "collections.defaultdict",
+              "collections.Counter")),
+    ("set", ("builtins.set", "builtins.frozenset")),
+    ("same", ("builtins.range", "datetime.date", "datetime.datetime", "datetime.time",
+              "datetime.timedelta", "re.Match", "re.Pattern")),
+)
+_SCALAR_KINDS = frozenset(("bool", "num", "complex", "str", "bytes", "none"))
+_STRICT_HELPERS = ("__gbmpo_eq__", "__gbmpo_in__", "__gbmpo_order__", "__gbmpo_bool__")
+
+
+def _kind_table():
+    """``{type: kind}`` of :data:`_KIND_NAMES`, resolved now (before any program runs)."""
+    import importlib
+
+    table = {}
+    for kind, names in _KIND_NAMES:
+        for dotted in names:
+            mod, _, attr = dotted.rpartition(".")
+            if mod == "builtins" and attr == "NoneType":
+                table[type(None)] = kind
+                continue
+            with contextlib.suppress(Exception):
+                table[getattr(importlib.import_module(mod), attr)] = kind
+    return table
+
+
+def _strict_helpers(kinds):
+    """The trusted comparison functions the rewritten tests call (see :func:`_rewrite_tests`).
+
+    Every global they use is bound here, before the program runs, so that patching builtins or
+    modules cannot change them.
+    """
+    import operator
+
+    _type, _len, _zip, _all, _any, _bool = type, len, zip, all, any, bool
+    _te = TypeError
+    _ops = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+    get = kinds.get
+
+    def plain(x):
+        k = get(_type(x))
+        if k in _SCALAR_KINDS:
+            return True
+        if k in ("tuple", "set"):
+            return _all(plain(v) for v in x)
+        return False
+
+    def eq(a, b):
+        if a is b:
+            return True
+        ka, kb = get(_type(a)), get(_type(b))
+        if ka is None or kb is None:
+            # an unlisted type equals only its own type, by its own __eq__ (a documented limit)
+            return _type(a) is _type(b) and (a == b) is True
+        if ka != kb:
+            return False
+        if ka in _SCALAR_KINDS:
+            return _bool(a == b)
+        if ka == "same":
+            return _type(a) is _type(b) and _bool(a == b)
+        if ka in ("list", "tuple", "deque"):
+            return _len(a) == _len(b) and _all(eq(x, y) for x, y in _zip(a, b))
+        if ka == "dict":
+            if _len(a) != _len(b) or not _all(plain(k) for k in a):
+                return False
+            return _all(k in b and eq(a[k], b[k]) for k in a)
+        # sets: plain elements only, then the builtin comparison
+        return plain(a) and plain(b) and _bool(a == b)
+
+    def contains(item, container):
+        k = get(_type(container))
+        if k in ("str", "bytes") and get(_type(item)) == k:
+            return item in container
+        if k in ("list", "tuple", "deque", "set", "dict"):
+            return _any(eq(item, v) for v in container)
+        if k == "same" and _type(container) is range and get(_type(item)) == "num":
+            return item in container
+        raise _te(f"membership test on an unlisted type {_type(container).__name__}")
+
+    def order(a, b, op):
+        ka, kb = get(_type(a)), get(_type(b))
+        flat = ka in _SCALAR_KINDS or ka in ("list", "tuple") and _all(
+            plain(v) for v in a) and _all(plain(v) for v in b)
+        if ka is None or ka != kb or not flat:
+            raise _te(f"ordering of {_type(a).__name__} and {_type(b).__name__} refused")
+        return _bool(_ops[op](a, b))
+
+    def truth(x):
+        if get(_type(x)) is None:
+            raise _te(f"truth value of an unlisted type {_type(x).__name__} refused")
+        return _bool(x)
+
+    return {"__gbmpo_eq__": eq, "__gbmpo_in__": contains, "__gbmpo_order__": order,
+            "__gbmpo_bool__": truth}
+
+
+def _rewrite_tests(source, filename):
+    """Compile trusted test code with type-strict comparisons.
+
+    ``a == b`` -> ``__gbmpo_eq__(a, b)``, ``a != b`` -> ``not __gbmpo_eq__(a, b)``, ``x in c`` /
+    ``not in`` -> ``__gbmpo_in__``, ``<``/``<=``/``>``/``>=`` -> ``__gbmpo_order__`` (numbers,
+    strings and plain tuples only), and the condition of every ``assert`` (through ``and``,
+    ``or``, ``not``) -> ``__gbmpo_bool__`` (a program's object with ``__bool__`` cannot pass).
+    Chained comparisons (``a < b < c``) keep Python's semantics.
+    """
+    import ast
+
+    def call(name, *args):
+        return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=list(args), keywords=[])
+
+    order_ops = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+
+    class Rewriter(ast.NodeTransformer):
+        def visit_Compare(self, node):
+            self.generic_visit(node)
+            if len(node.ops) != 1:
+                return node
+            op, left, right = node.ops[0], node.left, node.comparators[0]
+            if isinstance(op, ast.Eq):
+                return call("__gbmpo_eq__", left, right)
+            if isinstance(op, ast.NotEq):
+                return ast.UnaryOp(op=ast.Not(), operand=call("__gbmpo_eq__", left, right))
+            if isinstance(op, ast.In):
+                return call("__gbmpo_in__", left, right)
+            if isinstance(op, ast.NotIn):
+                return ast.UnaryOp(op=ast.Not(), operand=call("__gbmpo_in__", left, right))
+            sym = order_ops.get(type(op))
+            if sym is not None:
+                return call("__gbmpo_order__", left, right, ast.Constant(sym))
+            return node
+
+        def visit_Assert(self, node):
+            self.generic_visit(node)
+            node.test = truth(node.test)
+            return node
+
+    def truth(expr):
+        if isinstance(expr, ast.BoolOp):
+            expr.values = [truth(v) for v in expr.values]
+            return expr
+        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+            expr.operand = truth(expr.operand)
+            return expr
+        if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name)
+                and expr.func.id in _STRICT_HELPERS):
+            return expr
+        return call("__gbmpo_bool__", expr)
+
+    tree = ast.fix_missing_locations(Rewriter().visit(ast.parse(source, filename, "exec")))
+    return compile(tree, filename, "exec")
+
+
 def _harness(req):
     """Run program, setup and tests in one namespace; report on the result channel only.
 
@@ -199,7 +369,8 @@ def _harness(req):
     import types
 
     _exec, _compile, _base_exc, _type, _enumerate = exec, compile, BaseException, type, enumerate
-    _len, _range, _list, _dict, _isinstance = len, range, list, dict, isinstance
+    _len, _range, _list, _dict, _isinstance, _zip = len, range, list, dict, isinstance, zip
+    _id = id
     _module_type, _settrace, _setprofile = types.ModuleType, sys.settrace, sys.setprofile
     write = os.write
     marker = req.pop("marker")
@@ -213,6 +384,16 @@ def _harness(req):
         except OSError:
             pass
 
+    strict = bool(req.get("strict_compare", True))
+    codes = []  # trusted test code, compiled before the program can touch compile or ast
+    for i, test in _enumerate(tests):
+        try:
+            name = f"<test {i}>"
+            codes.append(_rewrite_tests(test, name) if strict else _compile(test, name, "exec"))
+        except _base_exc as exc:  # noqa: BLE001 - reported as that test's failure
+            codes.append(exc)
+    helpers = _strict_helpers(_kind_table()) if strict else {}
+
     module = _module_type("solution")
     sys.modules["solution"] = module
     ns = module.__dict__
@@ -220,13 +401,25 @@ def _harness(req):
     ns["__file__"] = "solution.py"
     guarded = [sys.modules[m] for m in _GUARDED_MODULES if m in sys.modules]
     snapshots = [(m.__dict__, _dict(m.__dict__)) for m in guarded]
-    try:
-        # The untrusted program, inside the sandboxed child only.
-        _exec(_compile(req["code"], "solution.py", "exec"), ns)
-    except _base_exc as exc:  # noqa: BLE001
-        emit("program-error " + _type(exc).__name__)
-        return
-    try:
+    saved_builtins = _dict(builtins.__dict__)
+    # Private copies of the guarded modules for the tests: ``import math`` in a test (and a
+    # ``math`` the test finds in the program's namespace) gives a module the program never saw.
+    copies = {}
+    for m, (_current, saved) in _zip(guarded, snapshots):
+        copy = _module_type(m.__name__)
+        copy.__dict__.update(saved)
+        copies[m.__name__] = copy
+    real_import = builtins.__import__
+
+    def private_import(name, globals=None, locals=None, fromlist=(), level=0):
+        module = real_import(name, globals, locals, fromlist, level)
+        if level == 0:
+            key = name if fromlist else name.partition(".")[0]
+            if key in copies:
+                return copies[key]
+        return module
+
+    def restore():
         _settrace(None)
         _setprofile(None)
         for current, saved in snapshots:
@@ -234,6 +427,15 @@ def _harness(req):
                 if name not in saved:
                     del current[name]
             current.update(saved)
+
+    try:
+        # The untrusted program, inside the sandboxed child only.
+        _exec(_compile(req["code"], "solution.py", "exec"), ns)
+    except _base_exc as exc:  # noqa: BLE001
+        emit("program-error " + _type(exc).__name__)
+        return
+    try:
+        restore()
         ns["__builtins__"] = builtins
         for name in _list(ns):
             if name in builtin_names and name not in keep and not name.startswith("__"):
@@ -247,9 +449,26 @@ def _harness(req):
     except _base_exc as exc:  # noqa: BLE001
         emit("setup-error " + _type(exc).__name__)
         return
-    for i, test in _enumerate(tests):
+    # The tests run in a copy of the program's namespace whose builtins are a private copy taken
+    # before the program ran: a program function that patches builtins (or the namespace it
+    # sees as globals) while a test calls it cannot change what the test's own names mean.
+    test_ns = _dict(ns)
+    for name in _STRICT_HELPERS:
+        test_ns.pop(name, None)
+    by_id = {_id(m): copies[m.__name__] for m in guarded}
+    for name, value in _list(test_ns.items()):
+        if _id(value) in by_id:
+            test_ns[name] = by_id[_id(value)]
+    for i, code in _enumerate(codes):
         try:
-            _exec(_compile(test, f"<test {i}>", "exec"), ns)  # trusted test code
+            if _isinstance(code, _base_exc):
+                raise code
+            restore()
+            private = _dict(saved_builtins)
+            private.update(helpers)
+            private["__import__"] = private_import
+            test_ns["__builtins__"] = private
+            _exec(code, test_ns)  # trusted test code
         except _base_exc as exc:  # noqa: BLE001
             emit(f"fail {i} {_type(exc).__name__}")
         else:

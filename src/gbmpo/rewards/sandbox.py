@@ -24,15 +24,41 @@ Layered design (FEASIBILITY.md section 8, "recommended layered design"):
    :func:`secrets.token_hex`), so exiting early (``exit(0)``, ``os._exit(0)``), raising, or
    printing fake results earns nothing.
 
-When a layer is unavailable (no ``bwrap``, no ``python3-seccomp``, not root) the sandbox says
-which ones are missing: :attr:`Sandbox.missing`, a :class:`SandboxWarning`, or, with
-``strict=True`` (or ``GBMPO_SANDBOX_STRICT=1``), a :class:`SandboxUnavailableError` instead of
-running weaker. Install the layers on Debian/Ubuntu with
-``apt-get install -y bubblewrap python3-seccomp``.
+**Fail closed.** When an isolation layer (:data:`ISOLATION_LAYERS`) is unavailable (no
+``bwrap``, no ``python3-seccomp``, bubblewrap unusable here) the sandbox refuses to start with a
+:class:`SandboxUnavailableError` that names each missing layer and how to install it. Running
+weaker is an explicit opt-in, as with Hugging Face evaluate's ``HF_ALLOW_CODE_EVAL``:
+``GBMPO_ALLOW_UNSANDBOXED_CODE=1`` in the environment, ``allow_unsandboxed=True`` here, or
+``run.allow_unsandboxed_code: true`` in a training config; the missing layers are then reported
+(:attr:`Sandbox.missing`, a :class:`SandboxWarning`). ``strict=True`` (or
+``GBMPO_SANDBOX_STRICT=1``) refuses even then, and also without ``pidfd``. Install the layers on
+Debian/Ubuntu with ``apt-get install -y bubblewrap python3-seccomp``.
 
-Limits of any in-process harness: a program that inspects the interpreter (frames, ``gc``,
-``ctypes``) can in principle find the marker, and a function may return an object whose
-``__eq__`` is always true. Isolation protects the host; it cannot make a hostile program honest.
+**Reward-hacking defences** (``strict_compare=True``, the default). The trusted test code is
+compiled with type-strict comparisons (``_worker._rewrite_tests``): ``==``, ``!=``, ``in``,
+``not in``, ``<``, ``<=``, ``>``, ``>=`` and the truth of every ``assert`` go through helpers that
+compare builtin values by kind (numbers with numbers, strings with strings, containers element by
+element) and refuse what a program could have redefined: an object whose ``__eq__`` is always
+true, a subclass of ``int`` or ``str`` with its own ``__eq__``, ``True`` for an expected ``1`` (or
+``1`` for ``True``: equal only by coercion), an object with ``__bool__`` always true or
+``__lt__`` always true. Tests run in a copy of the program's namespace with a private copy of the
+builtins taken before the program ran, the builtins and common standard modules (``math``,
+``re``, ``collections``, ``operator``...) are restored before each test, and the test's own
+``import math`` (or a ``math`` it finds in the program's namespace) is a private copy of the
+module as it was before the program ran, so a program function that patches ``abs`` or
+``math.isclose`` while a test calls it cannot change what the test's names mean.
+
+Limits (documented, tested where they are a choice): a program-defined class compared with an
+object of the same class (a test that builds its expected value from the program's own class)
+uses that class's ``__eq__``; arithmetic on a program's object (``abs(f(x) - y) < 1e-6`` with a
+``__sub__`` that returns 0) is not checked; a patch made during a test to a module outside that
+list (or to a module function's own globals) is seen by later uses in the same test; a program
+that inspects the interpreter (frames, ``gc``, ``ctypes``) can in principle find the result
+marker or the test namespace; and chained comparisons (``a < b < c``) keep Python's semantics.
+Isolation protects the host; these defences raise the bar for a hostile program, they cannot
+make it honest. One MBPP reference solution of 974 (task 414, which returns ``1``/``0`` where the
+tests expect ``True``/``False``) fails under strict comparison; ``strict_compare=False`` restores
+Python's comparisons.
 """
 
 from __future__ import annotations
@@ -59,6 +85,8 @@ from importlib import resources
 from typing import Any, TypeVar
 
 __all__ = [
+    "ALLOW_ENV",
+    "ISOLATION_LAYERS",
     "PROTECTIONS",
     "STATUSES",
     "Program",
@@ -75,7 +103,7 @@ __all__ = [
 #: every status a run can end with
 STATUSES = ("ok", "failed", "timeout", "error", "killed")
 
-#: the isolation layers, in the order they are reported
+#: the protection layers, in the order they are reported
 PROTECTIONS = (
     "bubblewrap",  # namespaces: private fs view (/usr read-only), no network, own PID space
     "unprivileged",  # no power over the caller: uid 65534, or a non-root caller inside bwrap
@@ -85,6 +113,23 @@ PROTECTIONS = (
     "pidfd",  # race-free wait on the child
     "output_cap",  # captured output is read up to a cap, then the program is killed
 )
+
+#: the layers without which the sandbox refuses to run unless the user opts in (``pidfd`` only
+#: makes waiting race-free; without it the worker polls)
+ISOLATION_LAYERS = tuple(p for p in PROTECTIONS if p != "pidfd")
+
+#: the environment variable that opts in to running code with fewer isolation layers
+ALLOW_ENV = "GBMPO_ALLOW_UNSANDBOXED_CODE"
+
+#: how to get each layer back
+_REMEDY = {
+    "bubblewrap": "install bubblewrap (Debian/Ubuntu: apt-get install -y bubblewrap) and allow "
+    "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1), or run as root",
+    "unprivileged": "run as root (programs then run as uid 65534) or with bubblewrap available",
+    "seccomp": "install libseccomp's Python bindings for the sandbox interpreter "
+    "(Debian/Ubuntu: apt-get install -y python3-seccomp)",
+    "pidfd": "use Linux >= 5.3 and Python >= 3.9",
+}
 
 NOBODY = 65534
 _DEFAULT_PYTHON = "/usr/bin/python3"
@@ -99,7 +144,7 @@ class SandboxError(RuntimeError):
 
 
 class SandboxUnavailableError(SandboxError):
-    """Strict mode: a required protection is unavailable on this machine."""
+    """A required protection is unavailable on this machine (and the user did not opt in)."""
 
 
 class SandboxWarning(UserWarning):
@@ -418,10 +463,16 @@ class Sandbox:
         workers: number of worker processes (default: number of CPUs, at most 8).
         python: interpreter for the workers (default ``$GBMPO_SANDBOX_PYTHON`` or
             ``/usr/bin/python3``); it must be executable by uid 65534 when the caller is root.
-        strict: refuse to run (:class:`SandboxUnavailableError`) unless every protection is
-            active (default ``$GBMPO_SANDBOX_STRICT``).
+        allow_unsandboxed: run although an isolation layer is missing (with a
+            :class:`SandboxWarning`); default ``$GBMPO_ALLOW_UNSANDBOXED_CODE``, else refuse
+            with :class:`SandboxUnavailableError`.
+        strict: refuse unless every protection, ``pidfd`` included, is active, whatever
+            ``allow_unsandboxed`` says (default ``$GBMPO_SANDBOX_STRICT``).
+        strict_compare: compile the tests with type-strict comparisons (the reward-hacking
+            defences of the module docstring); ``False``: Python's own ``==``.
         bubblewrap, seccomp, drop_privileges: turn a layer off (for tests and diagnosis; the
-            missing layer is then reported like an unavailable one).
+            missing layer is then reported like an unavailable one, so turning off an
+            isolation layer also needs ``allow_unsandboxed``).
         timeout_s, memory_mb: defaults for :meth:`run` (wall clock and ``RLIMIT_AS``).
         fsize_mb: largest file a program may write.
         max_output_bytes: a program printing more is killed (status ``killed``).
@@ -434,7 +485,9 @@ class Sandbox:
         workers: int | None = None,
         *,
         python: str | None = None,
+        allow_unsandboxed: bool | None = None,
         strict: bool | None = None,
+        strict_compare: bool = True,
         bubblewrap: bool = True,
         seccomp: bool = True,
         drop_privileges: bool = True,
@@ -460,6 +513,10 @@ class Sandbox:
                 "install python3 (Debian: apt-get install python3) or set GBMPO_SANDBOX_PYTHON"
             )
         self.strict = _env_flag("GBMPO_SANDBOX_STRICT") if strict is None else strict
+        self.allow_unsandboxed = (
+            _env_flag(ALLOW_ENV) if allow_unsandboxed is None else bool(allow_unsandboxed)
+        )
+        self.strict_compare = bool(strict_compare)
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
         self.fsize_mb = int(fsize_mb)
@@ -494,9 +551,18 @@ class Sandbox:
             self.missing = tuple(p for p in PROTECTIONS if not self.protections[p])
             if self.missing:
                 why = "; ".join(f"{p}: {self._reasons.get(p, 'unavailable')}" for p in self.missing)
+                isolation = [p for p in self.missing if p in ISOLATION_LAYERS]
                 if self.strict:
                     raise SandboxUnavailableError(
                         f"strict sandbox refused to run without {', '.join(self.missing)} ({why})"
+                    )
+                if isolation and not self.allow_unsandboxed:
+                    fixes = "; ".join(f"{p}: {_REMEDY[p]}" for p in isolation if p in _REMEDY)
+                    raise SandboxUnavailableError(
+                        f"refusing to run untrusted code without the isolation layer(s) "
+                        f"{', '.join(isolation)} ({why}). To fix: {fixes}. To run with fewer "
+                        f"protections at your own risk, set {ALLOW_ENV}=1 (or "
+                        "run.allow_unsandboxed_code: true in a training config)"
                     )
                 warnings.warn(
                     f"code sandbox runs without {', '.join(self.missing)} ({why})",
@@ -654,6 +720,7 @@ class Sandbox:
             "memory_mb": int(memory_mb if memory_mb is not None else self.memory_mb),
             "fsize_mb": self.fsize_mb,
             "max_output_bytes": self.max_output_bytes,
+            "strict_compare": self.strict_compare,
         }
         worker = self._take_worker()
         try:
