@@ -202,3 +202,28 @@ def test_es_resume_rewrites_a_half_written_map_export(tmp_path):
                 export=lambda s, d: export_mirror_map(s, d / MIRROR_FILE))
     assert (out / MIRROR_FILE).read_bytes() == good
     NeuralMirrorMap.load(out / MIRROR_FILE)
+
+
+def test_es_damaged_state_files_are_named(tmp_path):
+    import numpy as np
+
+    from gbmpo.meta.analytic import QuadraticFitness
+    from gbmpo.meta.backends import SerialBackend
+    from gbmpo.meta.checkpoint import STATE_FILE, load_state
+    from gbmpo.meta.es import ESConfig
+    from gbmpo.meta.runner import run_es_loop
+
+    cfg = ESConfig(population=4, iterations=2, sigma0=0.1, seed=1)
+    out = tmp_path / "es"
+    run_es_loop(QuadraticFitness(target=np.zeros(6)), SerialBackend(), cfg, out,
+                theta0=np.zeros(6))
+    theta = out / "theta" / "iter_0002.safetensors"
+    theta.write_bytes(theta.read_bytes()[:50])
+    with pytest.raises(ValueError, match=r"parameter file \S*iter_0002.safetensors is damaged"):
+        load_state(out)
+    theta.unlink()
+    with pytest.raises(ValueError, match=r"parameter file \S*iter_0002.safetensors is missing"):
+        load_state(out)
+    (out / STATE_FILE).write_text('{"format": "gbmpo-es-st')
+    with pytest.raises(ValueError, match=r"es_state.json is damaged \(not valid JSON"):
+        load_state(out)

@@ -80,10 +80,20 @@ def load_state(output_dir: str | Path) -> tuple[ESState, dict[str, Any]]:
     path = out / STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no ES state to resume: {path} does not exist")
-    doc = json.loads(path.read_text(encoding="utf-8"))
-    if doc.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path} is not an ES state file (format {doc.get('format')!r})")
-    tensors = load_file(str(out / doc["theta_file"]))
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is damaged (not valid JSON: {err})") from err
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        fmt = doc.get("format") if isinstance(doc, dict) else None
+        raise ValueError(f"{path} is not an ES state file (format {fmt!r})")
+    theta_path = out / doc["theta_file"]
+    if not theta_path.is_file():
+        raise ValueError(f"the ES state's parameter file {theta_path} is missing")
+    try:
+        tensors = load_file(str(theta_path))
+    except Exception as err:  # SafetensorError: truncated or overwritten file
+        raise ValueError(f"the ES state's parameter file {theta_path} is damaged: {err}") from err
     theta = tensors["theta"].astype(np.float64)
     deltas = tensors["elite_deltas"].astype(np.float64)
     if theta.shape != (doc["dim"],) or deltas.shape != (len(doc["elites"]), doc["dim"]):
