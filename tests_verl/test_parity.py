@@ -352,8 +352,10 @@ def test_gspo_equals_verl_gspo() -> None:
 def test_unknown_loss_mode_lists_valid_names() -> None:
     with pytest.raises(ValueError, match="gbmpo_clip"):
         core_algos.get_policy_loss_fn("gbmpo_nope")
-    with pytest.raises(KeyError, match="rpg_reinforce"):
+    with pytest.raises(ValueError, match="'gbmpo_nope' is not a gbmpo policy loss.*gbmpo_atr"):
         gv.GBMPOPolicyLossConfig(loss_mode="gbmpo_nope")
+    with pytest.raises(ValueError, match="not a gbmpo regularizer.*gbmpo_prob_l2"):
+        core_algos.kl_penalty(torch.zeros(1, 2), torch.zeros(1, 2), "gbmpo_nope")
     with pytest.raises(TypeError, match="delta"):
         _call("gbmpo_atr", _tensors(seed=1), "token-mean")  # ATR needs its radius
 

@@ -332,6 +332,17 @@ def _strip(name: str, what: str) -> str:
     return name[len(PREFIX) :]
 
 
+def _known_surrogate(loss_mode: str) -> str:
+    """The surrogate name of ``gbmpo_NAME``; ValueError listing the valid loss modes if unknown."""
+    name = _strip(loss_mode, "loss_mode")
+    if name not in SURROGATES:
+        raise ValueError(
+            f"policy_loss.loss_mode={loss_mode!r} is not a gbmpo policy loss; valid gbmpo names: "
+            f"{', '.join(policy_loss_names())}"
+        )
+    return name
+
+
 def _key(name: str, params: Mapping[str, Any]) -> tuple[str, str]:
     return name, repr(sorted(params.items()))
 
@@ -343,7 +354,7 @@ def build_surrogate(loss_mode: str, config: Any) -> Surrogate:
     """The gbmpo surrogate that ``loss_mode`` (``gbmpo_NAME``) computes under verl's actor
     ``config`` (:func:`surrogate_params`); cached per parameters. Unknown names list the valid
     ones; invalid parameters raise naming the surrogate."""
-    name = _strip(loss_mode, "loss_mode")
+    name = _known_surrogate(loss_mode)
     params = surrogate_params(name, config)
     key = _key(name, params)
     if key not in _SURROGATE_CACHE:
@@ -374,6 +385,12 @@ def build_regularizer(kl_loss_type: str, params: Mapping[str, Any] | None = None
     ``mirror`` (a path to a saved :class:`~gbmpo.objectives.NeuralMirrorMap`) rather than falling
     back to a random map."""
     name = _strip(kl_loss_type, "kl_loss_type")
+    if name not in REGULARIZERS:
+        raise ValueError(
+            f"actor.kl_loss_type={kl_loss_type!r} is not a gbmpo regularizer; valid gbmpo "
+            f"names: {', '.join(kl_loss_types())} (or one of verl's: kl, abs, mse, low_var_kl, "
+            "k1, k2, k3, optionally with a '+' suffix)"
+        )
     p = dict(_KL_PARAMS if params is None else _plain(params))
     required = _REQUIRED_KL_PARAMS.get(name)
     if required is not None and p.get(required) is None:
@@ -576,7 +593,7 @@ class GBMPOPolicyLossConfig(PolicyLossConfig):
         if parent is not None:
             parent()
         if isinstance(self.loss_mode, str) and self.loss_mode.startswith(PREFIX):
-            SURROGATES.get(self.loss_mode[len(PREFIX) :])  # unknown name: lists the valid ones
+            _known_surrogate(self.loss_mode)  # unknown name: lists the valid ones
         configure_kl(self.gbmpo_kl)
 
 
