@@ -174,7 +174,8 @@ def test_shared_prompt_path_sums_the_group_gradient_exactly_in_float64(micro_mod
     out = []
     for share in (False, True):
         model.zero_grad(set_to_none=True)
-        logp, _ = completion_logprobs(model, *args, share_prompts=share)
+        # transformers' cache-sharing path (LeanForward's is tested in test_lean_forward.py)
+        logp, _ = completion_logprobs(model, *args, share_prompts=share, lean=False)
         (logp.double() * mask).sum().backward()
         out.append([p.grad.clone() for p in model.parameters()])
     for a, b in zip(out[1], out[0], strict=True):

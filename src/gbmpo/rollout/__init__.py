@@ -10,15 +10,18 @@ from gbmpo.rollout.hf import (
     selective_log_softmax,
     token_entropy,
 )
+from gbmpo.rollout.lean_forward import LeanForward, lean_forward_unsupported_reason
 
 __all__ = [
     "LeanDecoder",
+    "LeanForward",
     "Rollout",
     "completion_logprobs",
     "completion_mask_from_ids",
     "eos_token_ids",
     "generate",
     "lean_decoder_unsupported_reason",
+    "lean_forward_unsupported_reason",
     "selective_log_softmax",
     "token_entropy",
 ]

@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from gbmpo.rollout.decoder import LeanDecoder
+from gbmpo.rollout.lean_forward import LeanForward
 
 __all__ = [
     "ENGINES",
@@ -641,6 +642,7 @@ def completion_logprobs(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     with_entropy: bool = False,
     share_prompts: bool = True,
+    lean: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     r"""Per-token :math:`\log\pi_\theta(o_t \mid q, o_{<t})` of the completion tokens.
 
@@ -656,6 +658,13 @@ def completion_logprobs(
       completions run on the cache, so the prompt's share of the forward and backward is done
       once per group instead of ``G`` times. Models whose cache is not a plain dynamic cache
       take the single forward.
+
+    With ``lean`` (default) and a model :class:`~gbmpo.rollout.lean_forward.LeanForward`
+    supports (Llama-shaped, no adapters, no dropout in training mode, no gradient
+    checkpointing), either layout runs through it: the same arithmetic on the model's own
+    parameters (same values and parameter gradients up to float rounding) without
+    transformers' per-call and per-op overhead; otherwise, and with ``lean=False``, through the
+    model's own forward.
 
     Logits are divided by ``temperature`` (the sampling distribution). Gradients flow when
     grad is enabled. Nothing of size ``[B, C, V]`` is sliced or copied, except for the
@@ -673,10 +682,25 @@ def completion_logprobs(
     if c == 0:
         empty = torch.zeros(b, 0, device=device)
         return empty, (empty.clone() if with_entropy else None)
-    keep = _accepts_logits_to_keep(model)
     pieces: list[tuple[Tensor, Tensor]] = []  # (logits [B, n, V], targets [B, n])
+    forward = LeanForward.for_model(model) if lean else None
+    if forward is not None:
+        first = None
+        if share_prompts and b > 1:
+            first, inverse = _distinct_prompts(prompt_ids, prompt_mask)
+        if first is not None and first.shape[0] < b:
+            logits = forward.shared_prompt_logits(
+                prompt_ids, prompt_mask, first, inverse, completion_ids, completion_mask
+            )
+        else:
+            attention = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
+            logits = forward.sequence_logits(
+                torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1), attention, c
+            )
+        pieces.append((logits, completion_ids))
+    keep = forward is None and _accepts_logits_to_keep(model)
     shared = None
-    if share_prompts and b > 1:
+    if forward is None and share_prompts and b > 1:
         shared = _completion_logits_shared(
             model, prompt_ids, prompt_mask, completion_ids, completion_mask, keep
         )
@@ -685,7 +709,7 @@ def completion_logprobs(
         pieces.append((head.unsqueeze(1), completion_ids[:, :1]))
         if c > 1:
             pieces.append((rest, completion_ids[:, 1:]))
-    else:
+    elif forward is None:
         attention = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
         kwargs: dict[str, Any] = {
             "input_ids": torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1),

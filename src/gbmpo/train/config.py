@@ -109,6 +109,11 @@ class RolloutConfig:
     #: log-prob forwards (policy, old, reference) run each distinct prompt once and the G
     #: completions on its KV cache; exact up to float rounding (false: one forward per row)
     share_prompts: bool = True
+    #: log-prob forwards and their backward for Llama-shaped models (Qwen3, Qwen2, Llama) through
+    #: ``gbmpo.rollout.LeanForward``: plain tensor functions on the model's own parameters (same
+    #: values and gradients up to float rounding, no per-op transformers overhead); false: the
+    #: model's own forward (adapters, dropout, gradient checkpointing, other models always use it)
+    lean_forward: bool = True
 
 
 @dataclass

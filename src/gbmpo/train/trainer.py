@@ -439,6 +439,7 @@ class Trainer:
             temperature=self.config.rollout.temperature,
             with_entropy=with_entropy,
             share_prompts=self.config.rollout.share_prompts,
+            lean=self.config.rollout.lean_forward,
         )
 
     @torch.no_grad()

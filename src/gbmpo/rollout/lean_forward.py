@@ -1,0 +1,267 @@
+r"""A lean differentiable forward for the completion log-prob passes of Llama-shaped causal LMs.
+
+The trainer's policy (with gradient), old-policy and reference passes each run the model over
+``[prompt | completion]`` rows. At small sizes a transformers forward is mostly per-call and
+per-op Python overhead: mask construction, cache objects, module wrappers, hooks and output
+dataclasses per layer (the pyinstrument profile in ``benchmarks/RESULTS.md`` §3 had the
+log-prob forwards and the backward at 63% of a 0.15M-parameter training step).
+
+:class:`LeanForward` computes the same hidden states with plain tensor functions on the model's
+**own** ``nn.Parameter`` objects, so autograd accumulates into the very ``.grad`` tensors the
+optimizer steps and the training step is the same computation (the same arithmetic as
+transformers' ``sdpa`` path, in the same order, up to float rounding):
+
+.. math::
+
+    x \leftarrow x + W_o\,\mathrm{sdpa}\big(\mathrm{rope}(n_q(W_q h)),\,
+        \mathrm{rope}(n_k(W_k h)),\, W_v h;\ M\big),\quad h=\mathrm{rms}_1(x)
+
+    x \leftarrow x + W_d\big(\mathrm{silu}(W_g h)\odot W_u h\big),\quad h=\mathrm{rms}_2(x)
+
+with the boolean mask :math:`M` built once per pass (causal and the padding mask) and reused by
+every layer, grouped-query attention done by folding the ``H/KV`` query heads of a key/value
+head into its query sequence (no key repetition), and the final :math:`\mathrm{rms}_f` and LM
+head applied only at the ``C`` positions that predict completion tokens.
+
+Prompt sharing (the layout :func:`gbmpo.rollout.hf.completion_logprobs` uses when the ``G``
+completions of a group share a prompt): the ``U`` distinct prompts run once, their per-layer
+keys/values are gathered to the ``B`` rows (``index_select``; its backward sums each prompt's
+gradient over its rows) and the completion tokens attend to ``[prompt keys | own keys]``.
+
+Padding: left-padded prompt positions attend to themselves only (so no softmax row is empty and
+nothing becomes NaN); no real position attends to a padded one, so padded positions influence
+neither values nor gradients. Positions after a completion's EOS are computed like
+transformers does (they see the prompt and the completion up to the EOS) and masked by the
+caller.
+
+:meth:`LeanForward.for_model` returns ``None`` (the caller keeps transformers' forward) for what
+:func:`~gbmpo.rollout.decoder.lean_decoder_unsupported_reason` refuses (other architectures,
+adapters or quantised layers, sliding windows, length-dependent rope) and, in addition, for a
+model in training mode with attention dropout, or with gradient checkpointing enabled (whose
+memory trade the caller asked for).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gbmpo.rollout.decoder import (
+    _Layer,
+    _norm,
+    _rms,
+    _rotate,
+    _wb,
+    lean_decoder_unsupported_reason,
+)
+
+__all__ = ["LeanForward", "lean_forward_unsupported_reason"]
+
+
+def lean_forward_unsupported_reason(model: Any) -> str | None:
+    """Why :class:`LeanForward` cannot run ``model`` exactly now, or ``None`` when it can."""
+    reason = lean_decoder_unsupported_reason(model)
+    if reason is not None:
+        return reason
+    config = model.config
+    if model.training and float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0.0:
+        return "attention dropout in training mode"
+    checkpointing = getattr(type(model), "is_activation_checkpointing", None)  # transformers 5
+    if checkpointing is None:
+        checkpointing = getattr(type(model), "is_gradient_checkpointing", None)
+    if isinstance(checkpointing, property) and checkpointing.fget is not None:
+        if checkpointing.fget(model):
+            return "gradient checkpointing is enabled"
+    elif getattr(model, "gradient_checkpointing", False):
+        return "gradient checkpointing is enabled"
+    return None
+
+
+class LeanForward:
+    """Hidden states and selected-position logits of a Llama-shaped model, differentiable
+    through its own parameters (see the module docstring).
+
+    Build it per call with :meth:`for_model` (cheap: it only collects references to the
+    parameters, so it always sees the model's current weights and mode)."""
+
+    def __init__(self, model: Any) -> None:
+        reason = lean_forward_unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"LeanForward cannot run this model: {reason}")
+        config = model.config
+        base = model.model
+        self._rotary = base.rotary_emb
+        self.embed = base.embed_tokens.weight
+        self.final_norm = (base.norm.weight, base.norm.variance_epsilon)
+        self.lm_head = _wb(model.lm_head)
+        self.num_heads = int(config.num_attention_heads)
+        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(
+            getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        )
+        self.scale = self.head_dim**-0.5
+        act_name = getattr(config, "hidden_act", "silu")
+        self.layers: list[_Layer] = []
+        for layer in base.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(
+                _Layer(
+                    ln1=layer.input_layernorm.weight,
+                    ln1_eps=layer.input_layernorm.variance_epsilon,
+                    q=_wb(attn.q_proj), k=_wb(attn.k_proj), v=_wb(attn.v_proj),
+                    o=_wb(attn.o_proj),
+                    q_norm=_norm(getattr(attn, "q_norm", None)),
+                    k_norm=_norm(getattr(attn, "k_norm", None)),
+                    ln2=layer.post_attention_layernorm.weight,
+                    ln2_eps=layer.post_attention_layernorm.variance_epsilon,
+                    gate=_wb(mlp.gate_proj), up=_wb(mlp.up_proj), down=_wb(mlp.down_proj),
+                    act=F.silu if act_name == "silu" else mlp.act_fn,
+                )
+            )
+
+    @classmethod
+    def for_model(cls, model: Any) -> LeanForward | None:
+        """A forward for ``model``, or ``None`` when it is not supported (see
+        :func:`lean_forward_unsupported_reason`)."""
+        if lean_forward_unsupported_reason(model) is not None:
+            return None
+        return cls(model)
+
+    # ------------------------------------------------------------------ building blocks
+
+    def _rope_table(self, like: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """cos/sin ``[length, head_dim]`` for positions ``0..length-1`` from the model's own
+        rotary module (the same per-position values it computes for any position ids)."""
+        positions = torch.arange(length, device=like.device)[None]
+        cos, sin = self._rotary(like, positions)
+        return cos[0], sin[0]
+
+    @staticmethod
+    def _self_masks(real: Tensor) -> Tensor:
+        """``[R, S, S]`` causal mask over the keys ``real`` ``[R, S]`` marks, as transformers
+        builds it; a query with no allowed key (a left-padding position) attends to itself
+        instead, so no softmax row is empty (NaN) and no real query sees it."""
+        width = real.shape[-1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=real.device).tril()
+        allowed = causal & real[:, None, :]
+        empty = ~allowed.any(-1, keepdim=True)
+        return allowed | (empty & torch.eye(width, dtype=torch.bool, device=real.device))
+
+    def _pack_mask(self, allowed: Tensor) -> Tensor:
+        """``[R, T, S]`` allowed-key mask -> ``[R, 1, groups*T, S]`` for the folded query heads
+        (see :meth:`_attend`)."""
+        groups = self.num_heads // self.num_kv_heads
+        mask = allowed.unsqueeze(1)
+        return mask if groups == 1 else mask.repeat(1, 1, groups, 1)
+
+    def _qkv(self, layer: _Layer, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor,
+                                                                               Tensor]:
+        """Rotated queries ``[R, KV, groups*T, d]`` (the query heads of a key/value head folded
+        into its sequence), rotated keys and values ``[R, KV, T, d]``."""
+        rows, length = h.shape[:2]
+        d, n_kv = self.head_dim, self.num_kv_heads
+        groups = self.num_heads // n_kv
+        q = F.linear(h, *layer.q).view(rows, length, self.num_heads, d)
+        k = F.linear(h, *layer.k).view(rows, length, n_kv, d)
+        v = F.linear(h, *layer.v).view(rows, length, n_kv, d)
+        if layer.q_norm is not None:
+            q = _rms(q, *layer.q_norm)
+        if layer.k_norm is not None:
+            k = _rms(k, *layer.k_norm)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [R, T, 1, d]
+        q = _rotate(q, cos, sin)
+        k = _rotate(k, cos, sin)
+        # head h = kv * groups + g (transformers' repeat_kv order) -> [R, KV, groups*T, d]
+        q = q.view(rows, length, n_kv, groups, d).permute(0, 2, 3, 1, 4)
+        q = q.reshape(rows, n_kv, groups * length, d)
+        return q, k.transpose(1, 2), v.transpose(1, 2)
+
+    def _attend(self, layer: _Layer, x: Tensor, q: Tensor, k: Tensor, v: Tensor,
+                mask: Tensor) -> Tensor:
+        """Attention output projected and added to the residual ``x`` ``[R, T, hidden]``, then
+        the MLP block."""
+        rows, length = x.shape[:2]
+        n_kv, d = self.num_kv_heads, self.head_dim
+        groups = self.num_heads // n_kv
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        # [R, KV, groups*T, d] -> [R, T, H*d] with head h = kv * groups + g
+        out = out.view(rows, n_kv, groups, length, d).permute(0, 3, 1, 2, 4)
+        x = x + F.linear(out.reshape(rows, length, self.num_heads * d), *layer.o)
+        h = _rms(x, layer.ln2, layer.ln2_eps)
+        return x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up),
+                            *layer.down)
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(_rms(hidden, *self.final_norm), *self.lm_head)
+
+    # ------------------------------------------------------------------ the two layouts
+
+    def sequence_logits(self, ids: Tensor, mask: Tensor, keep: int) -> Tensor:
+        """Logits ``[R, keep, V]`` at the last ``keep`` positions of the left-padded rows
+        ``ids`` ``[R, S]`` (``mask`` marks real tokens; position ids from its cumulative sum,
+        as in generation): the single forward of :func:`~gbmpo.rollout.hf.completion_logprobs`
+        with ``logits_to_keep=keep``."""
+        rows, width = ids.shape
+        real = mask.bool()
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        x = F.embedding(ids, self.embed)
+        cos_t, sin_t = self._rope_table(x, width)
+        cos, sin = cos_t[positions], sin_t[positions]
+        att = self._pack_mask(self._self_masks(real))
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, _rms(x, layer.ln1, layer.ln1_eps), cos, sin)
+            x = self._attend(layer, x, q, k, v, att)
+        return self._logits(x[:, width - keep :])
+
+    def shared_prompt_logits(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        first: Tensor,
+        inverse: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+    ) -> Tensor:
+        """Logits ``[B, C, V]`` predicting each completion token (at the last prompt position
+        and completion positions ``0..C-2``) with each distinct prompt forwarded once.
+
+        ``first`` ``[U]``: a row holding each distinct prompt; ``inverse`` ``[B]``: the
+        distinct prompt of each row (as :func:`gbmpo.rollout.hf._distinct_prompts`)."""
+        ids_u, mask_u = prompt_ids[first], prompt_mask[first]
+        n_u, width = ids_u.shape
+        rows, c = completion_ids.shape
+        device = ids_u.device
+        real_u = mask_u.bool()
+        pos_u = (mask_u.long().cumsum(-1) - 1).clamp_min(0)
+        x_u = F.embedding(ids_u, self.embed)
+        cos_t, sin_t = self._rope_table(x_u, width + c)
+        att_u = self._pack_mask(self._self_masks(real_u))
+        cos_u, sin_u = cos_t[pos_u], sin_t[pos_u]
+
+        t = c - 1  # completion tokens fed (the last one is never an input)
+        if t > 0:
+            start = real_u.sum(-1)[inverse]  # [B] real prompt tokens per row
+            pos_c = start[:, None] + torch.arange(t, device=device)[None]
+            cos_c, sin_c = cos_t[pos_c], sin_t[pos_c]
+            x_c = F.embedding(completion_ids[:, :-1], self.embed)
+            causal_c = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+            seen = torch.cat(
+                [prompt_mask.bool()[:, None, :].expand(rows, t, width),
+                 causal_c & completion_mask[:, :-1].bool()[:, None, :]],
+                dim=-1,
+            )
+            att_c = self._pack_mask(seen)
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, _rms(x_u, layer.ln1, layer.ln1_eps), cos_u, sin_u)
+            if t > 0:
+                qc, kc, vc = self._qkv(layer, _rms(x_c, layer.ln1, layer.ln1_eps), cos_c, sin_c)
+                keys = torch.cat([k.index_select(0, inverse), kc], dim=2)
+                values = torch.cat([v.index_select(0, inverse), vc], dim=2)
+                x_c = self._attend(layer, x_c, qc, keys, values, att_c)
+            x_u = self._attend(layer, x_u, q, k, v, att_u)
+        last = x_u[:, -1].index_select(0, inverse).unsqueeze(1)  # [B, 1, hidden]
+        hidden = torch.cat([last, x_c], dim=1) if t > 0 else last
+        return self._logits(hidden)
