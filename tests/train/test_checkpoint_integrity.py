@@ -227,3 +227,42 @@ def test_es_damaged_state_files_are_named(tmp_path):
     (out / STATE_FILE).write_text('{"format": "gbmpo-es-st')
     with pytest.raises(ValueError, match=r"es_state.json is damaged \(not valid JSON"):
         load_state(out)
+
+
+def test_a_really_full_disk_during_a_checkpoint(micro_model_dir, tmp_path):
+    """The same on a real full file system (a tmpfs; root only): the error names ENOSPC."""
+    import shutil
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        run = mnt / "run"
+
+        class FillsTheDisk(Trainer):
+            def _checkpoint(self) -> None:
+                super()._checkpoint()
+                if self.step == 1:  # leave 64 kB: enough for metrics lines, not a checkpoint
+                    free = shutil.disk_usage(mnt).free
+                    (mnt / "filler").write_bytes(b"\0" * (free - 64 * 1024))
+
+        cfg = micro_config(micro_model_dir, run, **EXTRA)
+        with pytest.raises(CheckpointError, match=r"could not write checkpoint \S*step-2: "
+                           r".*No space left on device.*; the previous checkpoints "
+                           r"are untouched \(step-1\)"):
+            FillsTheDisk(cfg, reward_fn=varied_reward).train()
+        assert [s for s, _ in list_checkpoints(run)] == [1]
+        assert verify_checkpoint(run / "checkpoints" / "step-1") is None
+        assert not (run / "summary.json").exists()
+        (mnt / "filler").unlink()
+        Trainer.resume(run, reward_fn=varied_reward).train()
+        full = tmp_path / "full"
+        _run(micro_model_dir, full)
+        assert [without_timing(r) for r in read_metrics(run)] == [
+            without_timing(r) for r in read_metrics(full)
+        ]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)

@@ -294,15 +294,19 @@ def save_checkpoint(
     try:
         try:
             save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(capture_rng_state(), tmp / "rng.pt")
+            # through Python file objects: a full disk then surfaces as OSError(ENOSPC) (torch's
+            # own writer only reports "unexpected pos")
+            with open(tmp / "optimizer.pt", "wb") as f:
+                torch.save(optimizer.state_dict(), f)
+            with open(tmp / "rng.pt", "wb") as f:
+                torch.save(capture_rng_state(), f)
             write_json_atomic(tmp / "state.json", {"step": step, **state})
             _write_manifest(tmp)
         except Exception as err:  # OSError, torch's RuntimeError, SafetensorError (disk full...)
             kept = [p.name for _, p in list_checkpoints(run_dir)]
             raise CheckpointError(
-                f"could not write checkpoint {final}: {err}; the previous checkpoints are "
-                f"untouched ({', '.join(kept) or 'none yet'})"
+                f"could not write checkpoint {final}: {_root_cause(err)}; the previous "
+                f"checkpoints are untouched ({', '.join(kept) or 'none yet'})"
             ) from err
         if final.exists():
             aside = Path(tempfile.mkdtemp(dir=root, prefix=f".step-{step}.old."))
@@ -317,6 +321,17 @@ def save_checkpoint(
     for _, old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _root_cause(err: BaseException) -> str:
+    """The OSError behind ``err`` (e.g. "[Errno 28] No space left on device") if there is one in
+    its cause/context chain, else ``err`` itself."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.strerror:
+            return f"[Errno {seen.errno}] {seen.strerror}"
+        seen = seen.__cause__ or seen.__context__
+    return str(err)
 
 
 def load_checkpoint(
