@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install gbmpo and everything its tests need into ./.venv, from scratch.
+# Install gbmpo and everything its tests need into ./.venv (and verl into ./.venv-verl), from scratch.
 #   bash scripts/install.sh
 # System packages (Debian): bubblewrap and python3-seccomp harden the code sandbox
 # (gbmpo.rewards.run_program); without them the sandbox reports which protections are missing.
@@ -18,3 +18,6 @@ PY=${PYTHON:-python3}
 # nothing is packed where that folder is absent, and tasks then use GBMPO_DATA_DIR or the hub
 .venv/bin/python scripts/pack_data.py
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .
+# verl and its tests (tests_verl/) live in their own environment, .venv-verl (verl 0.9.x needs
+# transformers<5.11); 2-4 minutes, GBMPO_INSTALL_VERL=0 skips it
+bash scripts/install_verl_env.sh
