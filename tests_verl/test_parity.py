@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -445,6 +447,16 @@ def test_anchor_old_without_gbmpo_policy_loss_raises() -> None:
 # --------------------------------------------------------------------------------------------
 # The internals check
 # --------------------------------------------------------------------------------------------
+
+
+def test_module_main_reports_the_check_and_names() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "gbmpo.integrations.verl"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "internals check passed" in out.stdout
+    assert "gbmpo_rpg_reinforce" in out.stdout and "gbmpo_neural_mirror" in out.stdout
 
 
 def test_internals_check_passes_on_installed_verl() -> None:

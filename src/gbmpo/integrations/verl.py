@@ -99,6 +99,7 @@ __all__ = [
     "gbmpo_kl_penalty",
     "install_kl_hook",
     "kl_loss_types",
+    "main",
     "policy_loss_names",
     "register_policy_losses",
     "surrogate_params",
@@ -636,3 +637,21 @@ def _install() -> None:
 
 
 _install()
+
+
+def main() -> int:
+    """``python -m gbmpo.integrations.verl``: run the strict internals check against the installed
+    verl and print the names this plugin serves (exit status 1 if verl's internals moved)."""
+    try:
+        check_verl_internals(strict=True)
+    except VerlInternalsError as e:
+        print(f"verl {verl.__version__}: {e}")
+        return 1
+    print(f"verl {verl.__version__} (supported {SUPPORTED_VERL}): internals check passed")
+    print("policy_loss.loss_mode:", ", ".join(policy_loss_names()))
+    print("kl_loss_type:", ", ".join(kl_loss_types()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
