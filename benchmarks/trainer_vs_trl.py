@@ -30,7 +30,31 @@ it measures the work done and is much less sensitive to other jobs on a shared m
 row), i.e. the trainer before its prompt-sharing rollout, for a before/after in the same run.
 ``--no-lean`` adds "gbmpo-nolean": the default trainer with ``rollout.lean_decoder=false`` (the
 decode forwards through transformers' model call instead of ``gbmpo.rollout.LeanDecoder``).
+``--no-lean-forward`` adds "gbmpo-noleanfwd": the default trainer with
+``rollout.lean_forward=false`` (the policy/reference log-prob passes and the backward through
+transformers' forward instead of ``gbmpo.rollout.LeanForward``). "gbmpo-hf" turns both off.
 
+Model FLOPs utilisation (MFU). Every child first measures this machine's float32 matmul peak at
+the benchmark's thread count (best of ``--peak-repeats`` ``torch.matmul`` of two 2048 x 2048
+matrices, 2 * 2048^3 FLOPs each); the run's peak is the best over all children. Each step's
+model FLOPs are counted from the tokens that side actually processed, with the same formula for
+both sides (the work the task defines, whatever an implementation skips):
+
+    F_token(n) = 2 * N_matmul + 4 * L * (H * d) * n_ctx     (forward, per token)
+    model FLOPs/step = 5 * sum over rows of [ (p + c) * 2 * N_matmul + 2 * L * (H * d) * (p + c)^2 ]
+
+with ``N_matmul`` the parameters of every matrix multiply (attention and MLP projections and the
+LM head; the tied embedding counted once, as the head), ``L`` layers, ``H * d`` the query width,
+``p``/``c`` the real prompt/completion tokens of a row (measured per step on each side, prompt
+padding excluded) and the causal attention's two products (``QK^T`` and ``AV``) summed over the
+row's positions. The factor 5 is 1 (sampling forward) + 1 (reference forward, no grad) + 3
+(policy forward + backward, backward = 2 forwards). MFU = model FLOPs per second / peak, from
+wall time and from CPU time (one thread: the work done). gbmpo forwards each prompt once per
+group of G rows, so its executed FLOPs are lower than its model FLOPs: ``hfu`` (hardware FLOPs
+utilisation) counts the prompt part once per distinct prompt in all three passes for gbmpo
+(and per row for TRL and "gbmpo-hf").
+
+    python benchmarks/trainer_vs_trl.py --no-lean-forward     # both sizes, + lean forward off
     python benchmarks/trainer_vs_trl.py --baseline --no-lean  # both sizes (about 15 minutes)
     python benchmarks/trainer_vs_trl.py --baseline            # both sizes (about 10 minutes)
     python benchmarks/trainer_vs_trl.py --sizes 0.2M --steps 8 --rounds 2
@@ -72,7 +96,8 @@ SIZES: dict[str, dict[str, int]] = {
     "toy": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=1, head_dim=8, intermediate_size=32),
 }
-GOALS = {"0.2M": 2.0, "10M": 1.3}
+#: issue 17: gbmpo/TRL steps/s, met only when every round meets it too
+GOALS = {"0.2M": 3.0, "10M": 2.0}
 
 # the shared settings of both trainers
 BETA = 0.04
@@ -82,9 +107,10 @@ BETAS = (0.9, 0.999)
 GRAD_CLIP = 1.0
 
 
-def build_model(size: str, out_dir: str, seed: int = 0) -> int:
-    """A random Qwen3 of ``size`` with the shipped tokenizer, saved to ``out_dir``; returns the
-    number of parameters."""
+def build_model(size: str, out_dir: str, seed: int = 0) -> dict[str, int]:
+    """A random Qwen3 of ``size`` with the shipped tokenizer, saved to ``out_dir``; returns its
+    ``parameters``, ``matmul_parameters`` (see :func:`model_flops`), ``layers`` and
+    ``attention_width`` (query heads x head dim)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -104,7 +130,41 @@ def build_model(size: str, out_dir: str, seed: int = 0) -> int:
     model = Qwen3ForCausalLM(cfg)
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
-    return sum(p.numel() for p in model.parameters())
+    linear = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return {
+        "parameters": sum(p.numel() for p in model.parameters()),
+        # the LM head is an nn.Linear (its weight tied to the embedding, counted here once)
+        "matmul_parameters": linear,
+        "layers": cfg.num_hidden_layers,
+        "attention_width": cfg.num_attention_heads * cfg.head_dim,
+    }
+
+
+def model_flops(dims: dict[str, int], prompt_tokens: float, completion_tokens: float,
+                rows: int, passes: float = 5.0) -> float:
+    """Model FLOPs of one step (module docstring): ``passes`` forwards (1 sampling + 1 reference
+    + 3 for the policy forward and backward) over ``rows`` rows holding ``prompt_tokens`` and
+    ``completion_tokens`` real tokens in total; the attention term uses the mean row length."""
+    tokens = prompt_tokens + completion_tokens
+    per_row = tokens / max(rows, 1)
+    attention = 2 * dims["layers"] * dims["attention_width"] * per_row * per_row * rows
+    return passes * (2 * dims["matmul_parameters"] * tokens + attention)
+
+
+def matmul_peak_gflops(threads: int, repeats: int, size: int = 2048) -> float:
+    """This machine's float32 matmul rate at ``threads`` torch threads: the best of ``repeats``
+    ``size x size`` products, in GFLOP/s."""
+    import torch
+
+    torch.set_num_threads(threads)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.matmul(a, b)  # warm-up (allocation, library initialisation)
+    best = float("inf")
+    for _ in range(max(repeats, 1)):
+        t0 = time.perf_counter()
+        torch.matmul(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * size**3 / best / 1e9
 
 
 def _task(num_train: int) -> Any:
@@ -119,8 +179,9 @@ def _task(num_train: int) -> Any:
 def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
                 role: str = "ours") -> Any:
     """gbmpo's trainer settings for ``role``: "ours" (the defaults), "baseline" (transformers'
-    ``generate``, one log-prob forward per row) or "nolean" (the defaults without the lean
-    decode step)."""
+    ``generate``, one log-prob forward per row, neither lean path), "nolean" (the defaults
+    without the lean decode step) or "noleanfwd" (the defaults without the lean log-prob
+    forward)."""
     from gbmpo.train.config import config_from_dict
 
     baseline = role == "baseline"
@@ -133,7 +194,9 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
             "rollout": {"prompts_per_step": a.prompts, "num_generations": a.generations,
                         "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
                         "top_k": 0, "engine": "hf" if baseline else "gbmpo",
-                        "share_prompts": not baseline, "lean_decoder": role == "ours"},
+                        "share_prompts": not baseline,
+                        "lean_decoder": role in ("ours", "noleanfwd"),
+                        "lean_forward": role in ("ours", "nolean")},
             "objective": {
                 "advantage": "dr_grpo",
                 "surrogate": {"name": "clip", "params": {"eps_low": EPSILON,
@@ -158,14 +221,27 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
 def child_ours(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    import gbmpo.train.trainer as trainer_module
     from gbmpo.train.trainer import Trainer
 
+    peak = matmul_peak_gflops(a.threads, a.peak_repeats)
     torch.set_num_threads(a.threads)
     out = tempfile.mkdtemp(prefix="gbmpo-bench-ours-")
     cfg = _our_config(a.model_dir, os.path.join(out, "run"), a.steps, a, role=a.child)
     ends: list[float] = []
     cpu_ends: list[float] = []
     tokens: list[float] = []
+    prompts: list[tuple[float, float]] = []  # (real prompt tokens over rows, distinct prompts')
+    generate = trainer_module.generate
+
+    def counted_generate(*args: Any, **kwargs: Any) -> Any:
+        batch = generate(*args, **kwargs)
+        per_row = batch.prompt_mask.sum(dim=1).float()
+        g = kwargs.get("num_return_sequences", 1)
+        prompts.append((float(per_row.sum()), float(per_row.sum()) / g))
+        return batch
+
+    trainer_module.generate = counted_generate
 
     class Timed(Trainer):
         def train_step(self) -> dict[str, Any]:
@@ -182,8 +258,17 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
         starts, cpu_starts = time.perf_counter(), time.process_time()
         trainer.train()
     side = SIDE_OF_ROLE[a.child]
-    return _step_stats(side, [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
-                       t_setup)
+    stats = _step_stats(side, [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
+                        t_setup)
+    kept = prompts[a.warmup : len(ends)]
+    stats["prompt_tokens_per_step_mean"] = sum(p for p, _ in kept) / max(len(kept), 1)
+    # executed: gbmpo's default engine and log-prob passes forward each prompt once per group
+    shared = a.child != "baseline"
+    stats["executed_prompt_tokens_per_step_mean"] = (
+        sum(u if shared else p for p, u in kept) / max(len(kept), 1)
+    )
+    stats["matmul_peak_gflops"] = peak
+    return stats
 
 
 # --------------------------------------------------------------------------------- TRL
@@ -247,11 +332,19 @@ def child_trl(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
+    peak = matmul_peak_gflops(a.threads, a.peak_repeats)
     torch.set_num_threads(a.threads)
     task = _task(a.num_train)
     out = tempfile.mkdtemp(prefix="gbmpo-bench-trl-")
     ends: list[float] = []
     cpu_ends: list[float] = []
+    prompts: list[float] = []  # real prompt tokens over the rows of each step
+
+    class CountingGRPOTrainer(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs: Any) -> Any:
+            output = super()._generate_and_score_completions(inputs)
+            prompts.append(float(output["prompt_mask"].sum()))
+            return output
 
     class StepTimer(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -260,7 +353,7 @@ def child_trl(a: argparse.Namespace) -> dict[str, Any]:
 
     t0 = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(a.model_dir)
-    trainer = GRPOTrainer(
+    trainer = CountingGRPOTrainer(
         model=a.model_dir,
         reward_funcs=_trl_reward(task),
         args=_trl_config(out, a.steps, a),
@@ -274,8 +367,13 @@ def child_trl(a: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     tokens = [h["completions/mean_length"] * a.prompts * a.generations for h in logs]
-    return _step_stats("trl", [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
-                       t_setup)
+    stats = _step_stats("trl", [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
+                        t_setup)
+    kept = prompts[a.warmup : len(ends)]
+    stats["prompt_tokens_per_step_mean"] = sum(kept) / max(len(kept), 1)
+    stats["executed_prompt_tokens_per_step_mean"] = stats["prompt_tokens_per_step_mean"]
+    stats["matmul_peak_gflops"] = peak
+    return stats
 
 
 @contextmanager
@@ -423,25 +521,43 @@ def _child_args(a: argparse.Namespace, role: str, model_dir: str, steps: int) ->
     args = [__file__, "--child", role, "--model-dir", model_dir, "--steps", str(steps),
             "--warmup", str(a.warmup), "--threads", str(a.threads), "--prompts", str(a.prompts),
             "--generations", str(a.generations), "--max-new-tokens", str(a.max_new_tokens),
-            "--num-train", str(a.num_train)]
+            "--num-train", str(a.num_train), "--peak-repeats", str(a.peak_repeats)]
     if a.profile_dir:
         args += ["--profile", str(Path(a.profile_dir) / f"{role}-{Path(model_dir).name}.txt")]
     return args
 
 
 SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "baseline": "gbmpo-hf",
-                "nolean": "gbmpo-nolean"}
+                "nolean": "gbmpo-nolean", "noleanfwd": "gbmpo-noleanfwd"}
 
 
-def _summarise_side(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _summarise_side(runs: list[dict[str, Any]], dims: dict[str, int], rows: int,
+                    peak_gflops: float) -> dict[str, Any]:
     out = {
         "step_seconds_median": median([x["step_seconds_median"] for x in runs]),
+        "step_seconds_rounds": [x["step_seconds_median"] for x in runs],
         "tokens_per_second": median([x["tokens_per_second"] for x in runs]),
         "tokens_per_step": median([x["tokens_per_step_mean"] for x in runs]),
+        "prompt_tokens_per_step": median([x["prompt_tokens_per_step_mean"] for x in runs]),
+        "executed_prompt_tokens_per_step": median(
+            [x["executed_prompt_tokens_per_step_mean"] for x in runs]
+        ),
         "peak_rss_gb": max(x["peak_rss_gb"] for x in runs),
         "cpu_seconds_per_step": median([x["cpu_seconds_per_step_median"] for x in runs]),
     }
     out["steps_per_second"] = 1.0 / out["step_seconds_median"]
+    flops = model_flops(dims, out["prompt_tokens_per_step"], out["tokens_per_step"], rows)
+    # executed: the prompt tokens each implementation actually forwards (the attention term
+    # kept at the model value: the completion tokens still attend to the whole prompt)
+    executed = flops - 5 * 2 * dims["matmul_parameters"] * (
+        out["prompt_tokens_per_step"] - out["executed_prompt_tokens_per_step"])
+    peak = peak_gflops * 1e9
+    out["model_flops_per_step"] = flops
+    out["executed_flops_per_step"] = executed
+    out["achieved_gflops"] = flops / out["step_seconds_median"] / 1e9
+    out["mfu"] = flops / out["step_seconds_median"] / peak
+    out["mfu_cpu_time"] = flops / out["cpu_seconds_per_step"] / peak
+    out["hfu"] = executed / out["step_seconds_median"] / peak
     return out
 
 
@@ -471,17 +587,22 @@ def main() -> None:
                    help="also time gbmpo with rollout.engine=hf and share_prompts=false")
     p.add_argument("--no-lean", action="store_true",
                    help="also time gbmpo with rollout.lean_decoder=false")
+    p.add_argument("--no-lean-forward", action="store_true",
+                   help="also time gbmpo with rollout.lean_forward=false")
+    p.add_argument("--peak-repeats", type=int, default=10,
+                   help="2048x2048 matmuls per child for the machine's peak (best counts)")
     p.add_argument("--profile-dir", default=None, help="write pyinstrument profiles here")
     p.add_argument("--no-loss-check", action="store_true")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/)")
-    p.add_argument("--child", choices=["ours", "trl", "loss", "baseline", "nolean"],
+    p.add_argument("--child", choices=["ours", "trl", "loss", "baseline", "nolean",
+                                       "noleanfwd"],
                    help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)
     a = p.parse_args()
 
     if serve_child(a, {"ours": child_ours, "baseline": child_ours, "nolean": child_ours,
-                       "trl": child_trl, "loss": child_loss}):
+                       "noleanfwd": child_ours, "trl": child_trl, "loss": child_loss}):
         return
 
     if a.profile_dir:
@@ -497,7 +618,8 @@ def main() -> None:
         },
         "sizes": {},
     }
-    extra_roles = (["baseline"] if a.baseline else []) + (["nolean"] if a.no_lean else [])
+    extra_roles = ((["baseline"] if a.baseline else []) + (["nolean"] if a.no_lean else [])
+                   + (["noleanfwd"] if a.no_lean_forward else []))
     roles = ["ours", "trl", *extra_roles]
     summary = []
     with tempfile.TemporaryDirectory(prefix="gbmpo-bench-models-") as tmp:
@@ -505,9 +627,11 @@ def main() -> None:
             if size not in SIZES:
                 raise SystemExit(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
             model_dir = os.path.join(tmp, size)
-            n_params = build_model(size, model_dir)
+            dims = build_model(size, model_dir)
+            n_params = dims["parameters"]
             steps = a.steps or (10 if n_params < 1_000_000 else 5)
-            entry: dict[str, Any] = {"parameters": n_params, "steps_per_run": steps,
+            entry: dict[str, Any] = {"parameters": n_params, "model_dims": dims,
+                                     "steps_per_run": steps,
                                      "runs": {SIDE_OF_ROLE[r]: [] for r in roles}}
             for r in range(a.rounds):
                 for role in (roles if r % 2 == 0 else roles[::-1]):
@@ -516,15 +640,29 @@ def main() -> None:
                     print(f"[{size}] {SIDE_OF_ROLE[role]}: {res['step_seconds_median']:.3f} "
                           f"s/step (CPU {res['cpu_seconds_per_step_median']:.3f} s), "
                           f"{res['tokens_per_second']:.0f} tok/s "
-                          f"(load {res['loadavg_start'][0]})", flush=True)
+                          f"(load {res['loadavg_start'][0]} -> {res['loadavg_end'][0]})",
+                          flush=True)
+            peak = max(x["matmul_peak_gflops"] for runs in entry["runs"].values() for x in runs)
+            entry["matmul_peak_gflops"] = peak
+            rows = a.prompts * a.generations
             for side, runs in entry["runs"].items():
-                entry[side] = _summarise_side(runs)
+                entry[side] = _summarise_side(runs, dims, rows, peak)
             entry.update(_ratios(entry["gbmpo"], entry["trl"]))
+            entry["speedup_steps_rounds"] = [
+                t / o for o, t in zip(entry["gbmpo"]["step_seconds_rounds"],
+                                      entry["trl"]["step_seconds_rounds"], strict=True)
+            ]
             entry["goal"] = GOALS.get(size)
-            entry["goal_met"] = None if size not in GOALS else entry["speedup_steps"] >= GOALS[size]
+            entry["goal_met"] = None if size not in GOALS else (
+                entry["speedup_steps"] >= GOALS[size]
+                and all(r >= GOALS[size] for r in entry["speedup_steps_rounds"])
+            )
+            rounds = ", ".join(f"{r:.2f}x" for r in entry["speedup_steps_rounds"])
             line = (f"[{size}] {n_params / 1e6:.2f}M params: gbmpo/TRL "
-                    f"{entry['speedup_steps']:.2f}x steps/s, {entry['speedup_tokens']:.2f}x "
-                    f"tokens/s, {entry['speedup_cpu_time']:.2f}x CPU time/step")
+                    f"{entry['speedup_steps']:.2f}x steps/s (rounds {rounds}), "
+                    f"{entry['speedup_tokens']:.2f}x tokens/s, {entry['speedup_cpu_time']:.2f}x "
+                    f"CPU time/step; matmul peak {peak:.1f} GFLOP/s, MFU "
+                    + ", ".join(f"{side} {entry[side]['mfu']:.1%}" for side in entry["runs"]))
             for role in extra_roles:
                 side = SIDE_OF_ROLE[role]
                 entry[role] = _ratios(entry[side], entry["trl"])

@@ -71,13 +71,22 @@ def test_trainer_vs_trl_benchmark_toy(tmp_path: Path) -> None:
     data, last = _run(
         "trainer_vs_trl.py", tmp_path / "tv.json", "--sizes", "toy", "--steps", "2",
         "--warmup", "1", "--rounds", "1", "--prompts", "2", "--generations", "2",
-        "--max-new-tokens", "4", "--num-train", "32", "--baseline",
+        "--max-new-tokens", "4", "--num-train", "32", "--baseline", "--no-lean-forward",
+        "--peak-repeats", "1",
     )
     assert last.startswith("trainer_vs_trl:")
     entry = data["sizes"]["toy"]
-    for side in ("gbmpo", "trl", "gbmpo-hf"):
+    assert entry["matmul_peak_gflops"] > 0
+    for side in ("gbmpo", "trl", "gbmpo-hf", "gbmpo-noleanfwd"):
         assert entry[side]["steps_per_second"] > 0 and entry[side]["tokens_per_step"] > 0
-    assert entry["speedup_steps"] > 0
+        # MFU from the same model-FLOPs formula on every side; prompts measured, not assumed
+        assert entry[side]["prompt_tokens_per_step"] > 0
+        assert 0 < entry[side]["mfu"] < 1 and 0 < entry[side]["hfu"] <= entry[side]["mfu"]
+    # gbmpo forwards each prompt once per group of 2 rows, TRL and gbmpo-hf once per row
+    assert entry["gbmpo"]["executed_prompt_tokens_per_step"] == pytest.approx(
+        entry["gbmpo"]["prompt_tokens_per_step"] / 2)
+    assert entry["trl"]["hfu"] == entry["trl"]["mfu"]
+    assert entry["speedup_steps"] > 0 and len(entry["speedup_steps_rounds"]) == 1
     loss = entry["loss_check"]
     assert loss["abs_diff"] < 1e-6, loss  # the same loss on one injected batch
     assert loss["loss_gbmpo"] != 0.0
