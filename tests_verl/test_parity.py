@@ -459,6 +459,57 @@ def test_module_main_reports_the_check_and_names() -> None:
     assert "gbmpo_rpg_reinforce" in out.stdout and "gbmpo_neural_mirror" in out.stdout
 
 
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        env={**os.environ, **env},
+    )  # fmt: skip
+
+
+_LOADED = (
+    "import verl\n"
+    "from verl.trainer.ppo import core_algos as ca\n"
+    "assert 'gbmpo_atr' in ca.POLICY_LOSS_REGISTRY, sorted(ca.POLICY_LOSS_REGISTRY)\n"
+    "assert getattr(ca.kl_penalty_forward, '_gbmpo_hook', False)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"VERL_USE_EXTERNAL_PLUGINS": "auto"},  # the verl.plugins entry point
+        {
+            "VERL_USE_EXTERNAL_PLUGINS": "none",
+            "VERL_USE_EXTERNAL_MODULES": "gbmpo.integrations.verl",
+        },
+    ],
+    ids=["entry_point", "VERL_USE_EXTERNAL_MODULES"],
+)
+def test_import_verl_loads_the_plugin(env: dict[str, str]) -> None:
+    out = _python(_LOADED, **env)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_without_switches_not_loaded_and_import_fails_loudly_when_verl_moved() -> None:
+    """With neither switch verl does not load the plugin (so the test above tests the switches);
+    importing it then against a verl whose agg_loss moved raises, naming it, and logs it."""
+    code = (
+        "try:\n"
+        + "".join("    " + line + "\n" for line in _LOADED.splitlines())
+        + "except AssertionError:\n"
+        "    print('not loaded')\n"
+        "from verl.trainer.ppo import core_algos as ca\n"
+        "def agg_loss(loss_mat, loss_mask, loss_agg_mode): return loss_mat\n"
+        "ca.agg_loss = agg_loss\n"
+        "import gbmpo.integrations.verl\n"
+    )
+    out = _python(code, VERL_USE_EXTERNAL_PLUGINS="none", VERL_USE_EXTERNAL_MODULES="")
+    assert out.stdout.strip() == "not loaded", out.stdout + out.stderr[-2000:]
+    assert out.returncode != 0
+    assert "VerlInternalsError" in out.stderr and "agg_loss no longer takes dp_size" in out.stderr
+    assert "gbmpo verl plugin not loaded" in out.stderr  # logged too (verl hides plugin errors)
+
+
 def test_internals_check_passes_on_installed_verl() -> None:
     gv.check_verl_internals(strict=True)
     assert getattr(core_algos.kl_penalty_forward, "_gbmpo_hook", False)
