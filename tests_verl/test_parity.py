@@ -552,3 +552,22 @@ def test_internals_check_names_what_moved() -> None:
     gv.check_verl_internals(_Fake(kl_penalty=kl_penalty))  # signature fine
     with pytest.raises(gv.VerlInternalsError, match="kl_penalty no longer contains"):
         gv.check_verl_internals(_Fake(kl_penalty=kl_penalty), strict=True)
+
+
+def test_source_facts_checked_at_first_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A moved source fact (strict check) is reported, naming the function, at the first use of a
+    gbmpo name in the process, without stopping the run; once."""
+    calls: list[bool] = []
+
+    def fake_check(*args: Any, strict: bool = False, **kw: Any) -> None:
+        calls.append(strict)
+        raise gv.VerlInternalsError("verl.workers.utils.losses.ppo_loss no longer contains 'x'")
+
+    monkeypatch.setattr(gv, "_sources_checked", False)
+    monkeypatch.setattr(gv, "check_verl_internals", fake_check)
+    x = _tensors(seed=2)
+    with pytest.warns(UserWarning, match="ppo_loss no longer contains"):
+        loss, _ = _call("gbmpo_clip", x, "token-mean")
+    assert torch.isfinite(loss)
+    _call("gbmpo_clip", x, "token-mean")
+    assert calls == [True]

@@ -54,7 +54,8 @@ them from the gbmpo policy loss of the same micro-batch (verl calls the policy l
 (``kl_k3_is`` otherwise falls back to its on-policy form and warns once; ``anchor=old`` raises).
 
 Supported verl: :data:`SUPPORTED_VERL`; :func:`check_verl_internals` fails loudly, naming the
-function, if what this module hooks moves (it runs at import).
+function, if what this module hooks moves: the signatures at import (VerlInternalsError), the
+source facts at the first use of a gbmpo name (logged error and warning).
 """
 
 from __future__ import annotations
@@ -227,7 +228,8 @@ def check_verl_internals(
     With ``strict=True`` also the source facts of :data:`_SOURCE_FACTS` (``kl_penalty`` calls
     ``kl_penalty_forward`` through the module; ``ppo_loss`` calls the policy loss and then
     ``kl_penalty`` on the same ``log_prob`` with ``config.kl_loss_type``); text checks, run by the
-    tests and by ``python -m gbmpo.integrations.verl``.
+    tests, by ``python -m gbmpo.integrations.verl`` and, as a warning, at the first use of a
+    gbmpo name in a process.
     """
     name = getattr(algos, "__name__", "core_algos")
     registry = getattr(algos, "POLICY_LOSS_REGISTRY", None)
@@ -434,6 +436,22 @@ class _OldLogProbSlot:
 
 _OLD = _OldLogProbSlot()
 _warned_on_policy = False
+_sources_checked = False
+
+
+def _check_sources_once() -> None:
+    """On the first use of a gbmpo name in a process: the strict (source-text) internals check,
+    as a warning naming the function (a text check can raise a false alarm, so it does not stop
+    a run; the signature check at import does)."""
+    global _sources_checked
+    if _sources_checked:
+        return
+    _sources_checked = True
+    try:
+        check_verl_internals(strict=True)
+    except VerlInternalsError as e:
+        _log.error("gbmpo verl plugin: %s", e)
+        warnings.warn(str(e), stacklevel=3)
 
 
 # --------------------------------------------------------------------------------------------
@@ -458,6 +476,7 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
     ) -> tuple[Tensor, dict[str, Any]]:
         if config is None:
             raise ValueError(f"verl policy loss {loss_mode!r} needs the actor config")
+        _check_sources_once()
         surrogate = build_surrogate(loss_mode, config)
         configure_kl(_get(_get(config, "policy_loss"), "gbmpo_kl"))
         _OLD.put(log_prob, old_log_prob)
@@ -522,6 +541,7 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
     with the parameters of :func:`configure_kl`; the rollout log-probs come from the gbmpo policy
     loss called on the same ``logprob`` tensor (module doc). float32 (float64 stays float64)."""
     global _warned_on_policy
+    _check_sources_once()
     reg = build_regularizer(kl_penalty)
     old = _OLD.take(logprob)
     if old is None and reg.needs_old:
@@ -601,8 +621,8 @@ class GBMPOPolicyLossConfig(PolicyLossConfig):
 def describe(config: Any) -> dict[str, Any]:
     """What an instantiated verl actor ``config`` selects from gbmpo, building (and so checking)
     each object: ``{"surrogate": Surrogate | None, "regularizer": Regularizer | None}`` (None where
-    the config uses a verl built-in). Used by the dry-run test and ``python -m
-    gbmpo.integrations.verl``."""
+    the config uses a verl built-in), e.g. to check a composed config before a run (the dry-run
+    test of examples/verl does)."""
     loss_mode = _get(_get(config, "policy_loss"), "loss_mode", "vanilla")
     kl_type = _get(config, "kl_loss_type", "")
     surr = build_surrogate(loss_mode, config) if str(loss_mode).startswith(PREFIX) else None
