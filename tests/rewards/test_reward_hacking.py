@@ -91,7 +91,10 @@ HONEST = {
     "containers": ("def f(n):\n    return [(i, str(i)) for i in range(n)]\n",
                    ["assert f(2) == [(0, '0'), (1, '1')]", "assert (1, '1') in f(3)",
                     "assert (5, '5') not in f(3)", "assert f(0) == []", "assert not f(0)",
-                    "assert sorted(f(2)) == f(2)", "assert f(2) < f(3)"]),
+                    "assert sorted(f(2)) == f(2)", "assert f(2) < f(3)",
+                    "assert {x for x, _ in f(2)} <= {0, 1, 2}"]),
+    "dates": ("import datetime\ndef day(n):\n    return datetime.date(2024, 1, n)\n",
+              ["assert day(2) > day(1)", "assert day(1) == datetime.date(2024, 1, 1)"]),
     "dict-like": ("from collections import Counter, OrderedDict, defaultdict\n"
                   "def count(s):\n    return Counter(s)\n"
                   "def od():\n    return OrderedDict(a=1)\n"

@@ -284,8 +284,12 @@ def _strict_helpers(kinds):
 
     def order(a, b, op):
         ka, kb = get(_type(a)), get(_type(b))
-        flat = ka in _SCALAR_KINDS or ka in ("list", "tuple") and _all(
-            plain(v) for v in a) and _all(plain(v) for v in b)
+        flat = (
+            ka in _SCALAR_KINDS
+            or ka in ("list", "tuple", "set") and _all(plain(v) for v in a)
+            and _all(plain(v) for v in b)
+            or ka == "same" and _type(a) is _type(b)
+        )
         if ka is None or ka != kb or not flat:
             raise _te(f"ordering of {_type(a).__name__} and {_type(b).__name__} refused")
         return _bool(_ops[op](a, b))
