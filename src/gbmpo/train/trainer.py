@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.rollout.hf import Rollout, completion_logprobs, generate
+from gbmpo.train.allocator import keep_freed_memory
 from gbmpo.train.checkpoint import (
     LOCK_FILE,
     RunLock,
@@ -86,6 +87,7 @@ RESUMABLE_OVERRIDES = (
     "run.keep_checkpoints",
     "run.report_to",
     "run.num_threads",
+    "run.keep_freed_memory",
     "run.progress",
     "run.allow_unsandboxed_code",
 )
@@ -292,6 +294,8 @@ class Trainer:
             )
         if cfg.run.num_threads is not None:
             torch.set_num_threads(cfg.run.num_threads)
+        if cfg.run.keep_freed_memory:
+            keep_freed_memory()
 
         # objectives, by name from the registries
         o = cfg.objective

@@ -1,0 +1,62 @@
+"""keep_freed_memory: after it, re-creating activation-sized tensors no longer page-faults (the
+cost it removes), and the trainer applies it only when ``run.keep_freed_memory`` is true."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+
+import pytest
+
+import gbmpo.train.trainer as trainer_module
+
+glibc = pytest.mark.skipif(
+    platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only"
+)
+
+_FAULTS = """
+import json, resource, torch
+from gbmpo.rollout.decoder import _rms
+from gbmpo.train.allocator import keep_freed_memory
+
+x = torch.randn(2560, 384)  # 3.75 MiB, an activation of the 9.6M-parameter benchmark model
+w = torch.rand(384)
+
+def faults():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(50):
+        _rms(x, w, 1e-6)  # an RMSNorm: a few activation-sized temporaries, freed at once
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+default = faults()
+applied = keep_freed_memory()
+faults()  # the first calls after the change still grow the heap
+print(json.dumps({"default": default, "applied": applied, "after": faults()}))
+"""
+
+
+@glibc
+def test_freed_tensors_are_reused_without_page_faults():
+    out = subprocess.run([sys.executable, "-c", _FAULTS], capture_output=True, text=True,
+                         check=True, timeout=120)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["applied"] is True
+    # glibc's defaults: freed blocks go back to the OS (munmap, heap trimming), so new ones
+    # fault their pages in again (measured 12,000-95,000 faults for the 50 norms, 960 per
+    # 3.75 MiB tensor); afterwards the freed blocks are reused (measured 0)
+    assert result["default"] > 5000, result
+    assert result["after"] < 500, result
+
+
+def test_trainer_applies_it_only_when_configured(micro_model_dir, tmp_path, monkeypatch):
+    from test_trainer import micro_config
+
+    calls = []
+    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(1) or True)
+    trainer_module.Trainer(micro_config(micro_model_dir, tmp_path / "on"))
+    assert calls == [1]
+    trainer_module.Trainer(micro_config(micro_model_dir, tmp_path / "off",
+                                        **{"run.keep_freed_memory": "false"}))
+    assert calls == [1]
