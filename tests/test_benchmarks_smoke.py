@@ -90,3 +90,18 @@ def test_trainer_vs_trl_benchmark_toy(tmp_path: Path) -> None:
     loss = entry["loss_check"]
     assert loss["abs_diff"] < 1e-6, loss  # the same loss on one injected batch
     assert loss["loss_gbmpo"] != 0.0
+
+
+def test_reliability_suite_quick(tmp_path: Path) -> None:
+    """Real ``gbmpo train`` processes killed with SIGKILL and resumed, a race for one output
+    directory and a few bad inputs: everything must survive (``lost`` counts a resumed run that
+    differs from the uninterrupted one, a corrupt file, an unclear error...)."""
+    data, last = _run("reliability.py", tmp_path / "rel.json", "--quick")
+    assert last.startswith("reliability:")
+    cats = data["categories"]
+    assert cats["kill -9 + resume: train"]["tried"] == 2
+    assert cats["race for one output dir: train"]["tried"] == 1
+    assert {"bad input: config", "bad input: data", "bad input: rewards"} <= set(cats)
+    lost = {k: [d for d in c["details"] if not d["ok"]] for k, c in cats.items() if c["lost"]}
+    assert data["totals"]["lost"] == 0, lost
+    assert data["totals"]["survived"] == data["totals"]["tried"] == 6
