@@ -32,7 +32,13 @@ row), i.e. the trainer before its prompt-sharing rollout, for a before/after in 
 decode forwards through transformers' model call instead of ``gbmpo.rollout.LeanDecoder``).
 ``--no-lean-forward`` adds "gbmpo-noleanfwd": the default trainer with
 ``rollout.lean_forward=false`` (the policy/reference log-prob passes and the backward through
-transformers' forward instead of ``gbmpo.rollout.LeanForward``). "gbmpo-hf" turns both off.
+transformers' forward instead of ``gbmpo.rollout.LeanForward``). ``--no-keep-freed-memory``
+adds "gbmpo-mallocdefault": the default trainer with ``run.keep_freed_memory=false`` (glibc's
+default malloc thresholds: every freed activation goes back to the OS and the next one
+page-faults). ``--trl-keep-freed-memory`` adds "trl-keepfreed": TRL in a process where
+``gbmpo.train.allocator.keep_freed_memory()`` was called first, i.e. what the same allocator
+setting (or ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` in the environment) gives TRL.
+"gbmpo-hf" turns all three off.
 
 Model FLOPs utilisation (MFU). Every child first measures this machine's float32 matmul peak at
 the benchmark's thread count (best of ``--peak-repeats`` ``torch.matmul`` of two 2048 x 2048
@@ -179,9 +185,10 @@ def _task(num_train: int) -> Any:
 def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
                 role: str = "ours") -> Any:
     """gbmpo's trainer settings for ``role``: "ours" (the defaults), "baseline" (transformers'
-    ``generate``, one log-prob forward per row, neither lean path), "nolean" (the defaults
-    without the lean decode step) or "noleanfwd" (the defaults without the lean log-prob
-    forward)."""
+    ``generate``, one log-prob forward per row, neither lean path, glibc's malloc defaults),
+    "nolean" (the defaults without the lean decode step), "noleanfwd" (the defaults without
+    the lean log-prob forward) or "mallocdefault" (the defaults with glibc's malloc
+    defaults)."""
     from gbmpo.train.config import config_from_dict
 
     baseline = role == "baseline"
@@ -195,8 +202,8 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
                         "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
                         "top_k": 0, "engine": "hf" if baseline else "gbmpo",
                         "share_prompts": not baseline,
-                        "lean_decoder": role in ("ours", "noleanfwd"),
-                        "lean_forward": role in ("ours", "nolean")},
+                        "lean_decoder": role not in ("baseline", "nolean"),
+                        "lean_forward": role not in ("baseline", "noleanfwd")},
             "objective": {
                 "advantage": "dr_grpo",
                 "surrogate": {"name": "clip", "params": {"eps_low": EPSILON,
@@ -213,6 +220,7 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
             "eval": {"every": 0, "before": False, "after": False},
             "run": {"steps": steps, "time_budget_seconds": None, "seed": 0,
                     "output_dir": out_dir, "checkpoint_every": 0, "num_threads": a.threads,
+                    "keep_freed_memory": role not in ("baseline", "mallocdefault"),
                     "progress": False},
         }
     )
@@ -332,6 +340,10 @@ def child_trl(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOTrainer
 
+    if a.child == "trlkeepfreed":
+        from gbmpo.train.allocator import keep_freed_memory
+
+        keep_freed_memory()
     peak = matmul_peak_gflops(a.threads, a.peak_repeats)
     torch.set_num_threads(a.threads)
     task = _task(a.num_train)
@@ -367,8 +379,8 @@ def child_trl(a: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
     logs = [h for h in trainer.state.log_history if "completions/mean_length" in h]
     tokens = [h["completions/mean_length"] * a.prompts * a.generations for h in logs]
-    stats = _step_stats("trl", [starts, *ends], [cpu_starts, *cpu_ends], tokens, a.warmup,
-                        t_setup)
+    stats = _step_stats(SIDE_OF_ROLE[a.child], [starts, *ends], [cpu_starts, *cpu_ends], tokens,
+                        a.warmup, t_setup)
     kept = prompts[a.warmup : len(ends)]
     stats["prompt_tokens_per_step_mean"] = sum(kept) / max(len(kept), 1)
     stats["executed_prompt_tokens_per_step_mean"] = stats["prompt_tokens_per_step_mean"]
@@ -528,7 +540,8 @@ def _child_args(a: argparse.Namespace, role: str, model_dir: str, steps: int) ->
 
 
 SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "baseline": "gbmpo-hf",
-                "nolean": "gbmpo-nolean", "noleanfwd": "gbmpo-noleanfwd"}
+                "nolean": "gbmpo-nolean", "noleanfwd": "gbmpo-noleanfwd",
+                "mallocdefault": "gbmpo-mallocdefault", "trlkeepfreed": "trl-keepfreed"}
 
 
 def _summarise_side(runs: list[dict[str, Any]], dims: dict[str, int], rows: int,
@@ -589,20 +602,25 @@ def main() -> None:
                    help="also time gbmpo with rollout.lean_decoder=false")
     p.add_argument("--no-lean-forward", action="store_true",
                    help="also time gbmpo with rollout.lean_forward=false")
+    p.add_argument("--no-keep-freed-memory", action="store_true",
+                   help="also time gbmpo with run.keep_freed_memory=false")
+    p.add_argument("--trl-keep-freed-memory", action="store_true",
+                   help="also time TRL with gbmpo's allocator setting applied first")
     p.add_argument("--peak-repeats", type=int, default=10,
                    help="2048x2048 matmuls per child for the machine's peak (best counts)")
     p.add_argument("--profile-dir", default=None, help="write pyinstrument profiles here")
     p.add_argument("--no-loss-check", action="store_true")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/)")
     p.add_argument("--child", choices=["ours", "trl", "loss", "baseline", "nolean",
-                                       "noleanfwd"],
+                                       "noleanfwd", "mallocdefault", "trlkeepfreed"],
                    help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)
     a = p.parse_args()
 
     if serve_child(a, {"ours": child_ours, "baseline": child_ours, "nolean": child_ours,
-                       "noleanfwd": child_ours, "trl": child_trl, "loss": child_loss}):
+                       "noleanfwd": child_ours, "mallocdefault": child_ours,
+                       "trl": child_trl, "trlkeepfreed": child_trl, "loss": child_loss}):
         return
 
     if a.profile_dir:
@@ -619,7 +637,9 @@ def main() -> None:
         "sizes": {},
     }
     extra_roles = ((["baseline"] if a.baseline else []) + (["nolean"] if a.no_lean else [])
-                   + (["noleanfwd"] if a.no_lean_forward else []))
+                   + (["noleanfwd"] if a.no_lean_forward else [])
+                   + (["mallocdefault"] if a.no_keep_freed_memory else [])
+                   + (["trlkeepfreed"] if a.trl_keep_freed_memory else []))
     roles = ["ours", "trl", *extra_roles]
     summary = []
     with tempfile.TemporaryDirectory(prefix="gbmpo-bench-models-") as tmp:
