@@ -242,15 +242,15 @@ class RunConfig:
     #: Python modules imported before the run is built (they register tasks, rewards and
     #: regularizers; ``gbmpo --import MODULE`` records its modules here, so a resume finds them)
     plugins: list[str] = field(default_factory=list)
+    #: run model-written code (code tasks) even where the sandbox lacks an isolation layer
+    #: (bubblewrap, seccomp, uid 65534...); off by default: the sandbox then refuses and names
+    #: what to install. Same as ``GBMPO_ALLOW_UNSANDBOXED_CODE=1``
+    allow_unsandboxed_code: bool = False
 
 
 @dataclass
 class TrainConfig:
     """The whole configuration of one training run."""
-    #: run model-written code (code tasks) even where the sandbox lacks an isolation layer
-    #: (bubblewrap, seccomp, uid 65534...); off by default: the sandbox then refuses and names
-    #: what to install. Same as ``GBMPO_ALLOW_UNSANDBOXED_CODE=1``
-    allow_unsandboxed_code: bool = False
 
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
