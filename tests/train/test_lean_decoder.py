@@ -64,6 +64,8 @@ def test_logits_match_the_models_own_cached_forward(kind, dtype):
         att = mask.repeat_interleave(repeats, dim=0)
         decoder = LeanDecoder(model)
         decoder.start(cache, att, steps)
+        # Qwen3's q_norm/k_norm run as one norm over the query and key heads
+        assert all((n is not None) == (kind == "qwen3") for n in decoder._qk_norms)
         ref_cache, _ = _prefill(model, ids, mask, repeats)
         position = att.sum(dim=-1)
         g = torch.Generator().manual_seed(2)
