@@ -681,8 +681,9 @@ def main() -> None:
             line = (f"[{size}] {n_params / 1e6:.2f}M params: gbmpo/TRL "
                     f"{entry['speedup_steps']:.2f}x steps/s (rounds {rounds}), "
                     f"{entry['speedup_tokens']:.2f}x tokens/s, {entry['speedup_cpu_time']:.2f}x "
-                    f"CPU time/step; matmul peak {peak:.1f} GFLOP/s, MFU "
-                    + ", ".join(f"{side} {entry[side]['mfu']:.1%}" for side in entry["runs"]))
+                    f"CPU time/step; matmul peak {peak:.1f} GFLOP/s, MFU/HFU "
+                    + ", ".join(f"{side} {entry[side]['mfu']:.1%}/{entry[side]['hfu']:.1%}"
+                                for side in entry["runs"]))
             for role in extra_roles:
                 side = SIDE_OF_ROLE[role]
                 entry[role] = _ratios(entry[side], entry["trl"])
