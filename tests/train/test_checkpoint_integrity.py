@@ -266,3 +266,33 @@ def test_a_really_full_disk_during_a_checkpoint(micro_model_dir, tmp_path):
         ]
     finally:
         subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_kill_after_the_final_evaluation_row_does_not_duplicate_it(micro_model_dir, tmp_path):
+    """Killed after the final evaluation was logged but before the final checkpoint: the resume
+    starts from the last periodic checkpoint (same step) and evaluates again; the first
+    evaluation's row must not stay in metrics.jsonl (it did: two eval rows at the last step)."""
+    extra = {**EXTRA, "run.checkpoint_every": "2", "eval.after": "true", "eval.limit": "2",
+             "eval.max_new_tokens": "4"}
+
+    class KilledBeforeFinalCheckpoint(Trainer):
+        def _checkpoint(self) -> None:
+            if self.step == 4 and self.last_eval is not None:  # after the loop's own one
+                raise _Killed
+            super()._checkpoint()
+
+    run = tmp_path / "run"
+    with pytest.raises(_Killed):
+        KilledBeforeFinalCheckpoint(micro_config(micro_model_dir, run, **extra),
+                                    reward_fn=varied_reward).train()
+    assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4, 4]
+    Trainer.resume(run, reward_fn=varied_reward).train()
+    full = tmp_path / "full"
+    Trainer(micro_config(micro_model_dir, full, **extra), reward_fn=varied_reward).train()
+    a = [without_timing(r) for r in read_metrics(full)]
+    assert [r["step"] for r in a] == [1, 2, 3, 4, 4]
+    assert [without_timing(r) for r in read_metrics(run)] == a

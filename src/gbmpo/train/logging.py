@@ -63,23 +63,35 @@ def read_metrics(path: str | Path, *, partial_last: bool = False) -> list[dict[s
 class MetricsWriter:
     """Appends one JSON line per record to ``<run_dir>/metrics.jsonl`` (flushed every line)."""
 
-    def __init__(self, run_dir: str | Path, *, keep_up_to_step: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        keep_up_to_step: int | None = None,
+        keep_rows: int | None = None,
+    ) -> None:
+        """``keep_rows`` (the first N rows) or ``keep_up_to_step`` (rows with a step <= it)
+        truncate an existing file on resume; neither: a new run (the file is appended to)."""
         self.path = Path(run_dir) / METRICS_FILE
-        if keep_up_to_step is not None and self.path.exists():
+        self.rows = 0  #: rows in the file (kept + written)
+        if (keep_up_to_step is not None or keep_rows is not None) and self.path.exists():
             from gbmpo.train.checkpoint import write_text_atomic
 
             # resume: drop what a killed run logged after its last checkpoint (atomically: a
             # kill during the rewrite must not lose the rows before it)
-            kept = [
-                r for r in read_metrics(self.path, partial_last=True)
-                if r.get("step", 0) <= keep_up_to_step
-            ]
+            kept = read_metrics(self.path, partial_last=True)
+            if keep_rows is not None:
+                kept = kept[:keep_rows]
+            else:
+                kept = [r for r in kept if r.get("step", 0) <= keep_up_to_step]  # type: ignore[operator]
             write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self.rows = len(kept)
         self._file = self.path.open("a")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps({k: _jsonable(v) for k, v in record.items()}) + "\n")
         self._file.flush()
+        self.rows += 1
 
     def close(self) -> None:
         self._file.close()

@@ -375,6 +375,8 @@ class Trainer:
         self.reward_failures_total = 0
         self.eval_before: dict[str, Any] | None = None
         self.last_eval: tuple[int, dict[str, Any]] | None = None
+        self._writer: MetricsWriter | None = None
+        self._resume_rows: int | None = None
         # the policy moves before the batch is used up -> keep pi_old's log-probs
         batch = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
         self.mini_batch = opt.mini_batch_size or batch
@@ -707,6 +709,8 @@ class Trainer:
             "reward_failures_total": self.reward_failures_total,
             "eval_before": self.eval_before,
             "last_eval": list(self.last_eval) if self.last_eval else None,
+            # metrics.jsonl rows written so far: a resume keeps exactly these
+            "metrics_rows": self._writer.rows if self._writer is not None else None,
         }
 
     def _restore(self, path: Path) -> None:
@@ -718,6 +722,7 @@ class Trainer:
         self.reward_failures_total = int(state["reward_failures_total"])
         self.eval_before = state["eval_before"]
         self.last_eval = tuple(state["last_eval"]) if state["last_eval"] else None  # type: ignore[assignment]
+        self._resume_rows = state.get("metrics_rows")
 
     def _set_status(self, status: str, **extra: Any) -> None:
         assert self.run_dir is not None
@@ -772,9 +777,12 @@ class Trainer:
             self._restore(resumed_from)
         write_text_atomic(run_dir / CONFIG_FILE, dump_yaml(cfg))
         self._set_status("running", resumed_from=str(resumed_from) if resumed_from else None)
-        # on resume, drop what was logged after the checkpoint (everything if there is none)
+        # on resume, drop what was logged after the checkpoint (everything if there is none):
+        # the rows it counted, e.g. not the final evaluation's row logged after the last periodic
+        # checkpoint at the same step (older checkpoints: the rows up to its step)
         keep = (self.step if resumed_from is not None else -1) if self._resume_dir else None
-        writer = MetricsWriter(run_dir, keep_up_to_step=keep)
+        rows = self._resume_rows if resumed_from is not None else None
+        writer = self._writer = MetricsWriter(run_dir, keep_up_to_step=keep, keep_rows=rows)
         reporters: Reporters | None = None
         try:
             reporters = Reporters(
