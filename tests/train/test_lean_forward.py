@@ -149,10 +149,17 @@ def test_no_grad_pass_and_single_prompt_group():
         theirs, _ = completion_logprobs(model, ids, mask, cids, cmask, lean=False)
     assert not ours.requires_grad
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
-    # a single completion token: only the prompt's last position is used
+    # a single completion token: only the prompt's last position is used (single forward)
     with torch.no_grad():
         one, _ = completion_logprobs(model, ids, mask, cids[:, :1], cmask[:, :1], lean=True)
     torch.testing.assert_close(one, theirs[:, :1], rtol=1e-6, atol=1e-6)
+    # ... and in the prompt-shared layout (two rows per prompt)
+    ids2, mask2, cids2, cmask2 = _batch(g=2)
+    with torch.no_grad():
+        ours2, _ = completion_logprobs(model, ids2, mask2, cids2[:, :1], cmask2[:, :1], lean=True)
+        theirs2, _ = completion_logprobs(model, ids2, mask2, cids2[:, :1], cmask2[:, :1],
+                                         lean=False)
+    torch.testing.assert_close(ours2, theirs2, rtol=1e-6, atol=1e-6)
 
 
 def test_unsupported_models_fall_back_to_transformers(monkeypatch):
