@@ -26,7 +26,8 @@ At small sizes a decode step costs per tensor call, so the query and key heads a
 and rotated as one ``[rows, H+KV, d]`` tensor (the per-head norm and the rotation act per head
 and per element, so this is exactly the separate computation, in half the calls).
 Concatenating the q/k/v and gate/up weights into one product each was measured too and did not
-help (0.2M: within noise; 9.6M: 8% slower decode), so the model's matrices are used as they are.
+help (0.2M: within noise; 9.6M: 0-8% slower decode), so the model's matrices are used as they
+are.
 
 :meth:`LeanDecoder.for_model` returns ``None`` (and the caller keeps transformers' forward) for
 anything it does not reproduce exactly: other architectures, adapters or quantised layers in
