@@ -234,8 +234,8 @@ class RunConfig:
     num_threads: int | None = 1
     #: keep freed tensor memory in the process (glibc ``mallopt``: mmap and trim thresholds
     #: raised to 1 GiB) instead of returning it to the OS after every op, which page-faults on
-    #: each new activation tensor (~17% of a CPU step at 0.15M parameters); process-wide, not
-    #: undone. false: glibc's defaults. See ``gbmpo.train.allocator``
+    #: new activation tensors (2-5% of a benchmark step, more on a loaded machine); process-wide,
+    #: not undone. false: glibc's defaults. See ``gbmpo.train.allocator``
     keep_freed_memory: bool = True
     #: show a progress bar
     progress: bool = True
