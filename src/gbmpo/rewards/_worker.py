@@ -51,7 +51,7 @@ _PRELOAD = (
     "typing", "math", "re", "collections", "itertools", "functools", "heapq", "bisect",
     "string", "operator", "copy", "random", "fractions", "decimal", "statistics", "datetime",
     "json", "types", "dataclasses", "cmath", "array", "textwrap", "enum", "hashlib", "tempfile",
-    "fcntl", "resource", "ast",
+    "fcntl", "resource",
 )
 
 _DENY_EPERM = (
@@ -230,7 +230,8 @@ def _kind_table():
 
 
 def _strict_helpers(kinds):
-    """The trusted comparison functions the rewritten tests call (see :func:`_rewrite_tests`).
+    """The trusted comparison functions the rewritten tests call (the tests arrive rewritten by
+    ``gbmpo.rewards.sandbox.strict_test_source``).
 
     Every global they use is bound here, before the program runs, so that patching builtins or
     modules cannot change them.
@@ -303,62 +304,6 @@ def _strict_helpers(kinds):
             "__gbmpo_bool__": truth}
 
 
-def _rewrite_tests(source, filename):
-    """Compile trusted test code with type-strict comparisons.
-
-    ``a == b`` -> ``__gbmpo_eq__(a, b)``, ``a != b`` -> ``not __gbmpo_eq__(a, b)``, ``x in c`` /
-    ``not in`` -> ``__gbmpo_in__``, ``<``/``<=``/``>``/``>=`` -> ``__gbmpo_order__`` (numbers,
-    strings and plain tuples only), and the condition of every ``assert`` (through ``and``,
-    ``or``, ``not``) -> ``__gbmpo_bool__`` (a program's object with ``__bool__`` cannot pass).
-    Chained comparisons (``a < b < c``) keep Python's semantics.
-    """
-    import ast
-
-    def call(name, *args):
-        return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=list(args), keywords=[])
-
-    order_ops = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
-
-    class Rewriter(ast.NodeTransformer):
-        def visit_Compare(self, node):
-            self.generic_visit(node)
-            if len(node.ops) != 1:
-                return node
-            op, left, right = node.ops[0], node.left, node.comparators[0]
-            if isinstance(op, ast.Eq):
-                return call("__gbmpo_eq__", left, right)
-            if isinstance(op, ast.NotEq):
-                return ast.UnaryOp(op=ast.Not(), operand=call("__gbmpo_eq__", left, right))
-            if isinstance(op, ast.In):
-                return call("__gbmpo_in__", left, right)
-            if isinstance(op, ast.NotIn):
-                return ast.UnaryOp(op=ast.Not(), operand=call("__gbmpo_in__", left, right))
-            sym = order_ops.get(type(op))
-            if sym is not None:
-                return call("__gbmpo_order__", left, right, ast.Constant(sym))
-            return node
-
-        def visit_Assert(self, node):
-            self.generic_visit(node)
-            node.test = truth(node.test)
-            return node
-
-    def truth(expr):
-        if isinstance(expr, ast.BoolOp):
-            expr.values = [truth(v) for v in expr.values]
-            return expr
-        if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
-            expr.operand = truth(expr.operand)
-            return expr
-        if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name)
-                and expr.func.id in _STRICT_HELPERS):
-            return expr
-        return call("__gbmpo_bool__", expr)
-
-    tree = ast.fix_missing_locations(Rewriter().visit(ast.parse(source, filename, "exec")))
-    return compile(tree, filename, "exec")
-
-
 def _harness(req):
     """Run program, setup and tests in one namespace; report on the result channel only.
 
@@ -393,7 +338,7 @@ def _harness(req):
     for i, test in _enumerate(tests):
         try:
             name = f"<test {i}>"
-            codes.append(_rewrite_tests(test, name) if strict else _compile(test, name, "exec"))
+            codes.append(_compile(test, name, "exec"))
         except _base_exc as exc:  # noqa: BLE001 - reported as that test's failure
             codes.append(exc)
     helpers = _strict_helpers(_kind_table()) if strict else {}
@@ -405,22 +350,26 @@ def _harness(req):
     ns["__file__"] = "solution.py"
     guarded = [sys.modules[m] for m in _GUARDED_MODULES if m in sys.modules]
     snapshots = [(m.__dict__, _dict(m.__dict__)) for m in guarded]
-    saved_builtins = _dict(builtins.__dict__)
-    # Private copies of the guarded modules for the tests: ``import math`` in a test (and a
-    # ``math`` the test finds in the program's namespace) gives a module the program never saw.
+    pristine = {m.__name__: saved for m, (_current, saved) in _zip(guarded, snapshots)}
+    # Private copies of the guarded modules for the tests (made when first asked for): ``import
+    # math`` in a test, and a ``math`` the test finds in the program's namespace, give a module
+    # the program never saw.
     copies = {}
-    for m, (_current, saved) in _zip(guarded, snapshots):
-        copy = _module_type(m.__name__)
-        copy.__dict__.update(saved)
-        copies[m.__name__] = copy
     real_import = builtins.__import__
+
+    def module_copy(name):
+        copy = copies.get(name)
+        if copy is None:
+            copy = copies[name] = _module_type(name)
+            copy.__dict__.update(pristine[name])
+        return copy
 
     def private_import(name, globals=None, locals=None, fromlist=(), level=0):
         module = real_import(name, globals, locals, fromlist, level)
         if level == 0:
             key = name if fromlist else name.partition(".")[0]
-            if key in copies:
-                return copies[key]
+            if key in pristine:
+                return module_copy(key)
         return module
 
     def restore():
@@ -459,18 +408,18 @@ def _harness(req):
     test_ns = _dict(ns)
     for name in _STRICT_HELPERS:
         test_ns.pop(name, None)
-    by_id = {_id(m): copies[m.__name__] for m in guarded}
+    by_id = {_id(m): m.__name__ for m in guarded}
     for name, value in _list(test_ns.items()):
         if _id(value) in by_id:
-            test_ns[name] = by_id[_id(value)]
+            test_ns[name] = module_copy(by_id[_id(value)])
+    private = _dict(pristine["builtins"])
+    private.update(helpers)
+    private["__import__"] = private_import
     for i, code in _enumerate(codes):
         try:
             if _isinstance(code, _base_exc):
                 raise code
             restore()
-            private = _dict(saved_builtins)
-            private.update(helpers)
-            private["__import__"] = private_import
             test_ns["__builtins__"] = private
             _exec(code, test_ns)  # trusted test code
         except _base_exc as exc:  # noqa: BLE001

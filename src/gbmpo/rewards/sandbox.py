@@ -35,7 +35,7 @@ weaker is an explicit opt-in, as with Hugging Face evaluate's ``HF_ALLOW_CODE_EV
 Debian/Ubuntu with ``apt-get install -y bubblewrap python3-seccomp``.
 
 **Reward-hacking defences** (``strict_compare=True``, the default). The trusted test code is
-compiled with type-strict comparisons (``_worker._rewrite_tests``): ``==``, ``!=``, ``in``,
+compiled with type-strict comparisons (:func:`strict_test_source`): ``==``, ``!=``, ``in``,
 ``not in``, ``<``, ``<=``, ``>``, ``>=`` and the truth of every ``assert`` go through helpers that
 compare builtin values by kind (numbers with numbers, strings with strings, containers element by
 element) and refuse what a program could have redefined: an object whose ``__eq__`` is always
@@ -63,8 +63,10 @@ Python's comparisons.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
+import functools
 import json
 import os
 import queue
@@ -98,6 +100,7 @@ __all__ = [
     "get_default_sandbox",
     "run_program",
     "run_programs",
+    "strict_test_source",
 ]
 
 #: every status a run can end with
@@ -272,6 +275,72 @@ def judge(
         output_truncated=truncated,
         duration_s=float(response.get("duration_s", 0.0)),
     )
+
+
+# --------------------------------------------------------------------------------------------
+# type-strict test code (the reward-hacking defences; the helpers live in _worker.py)
+
+_STRICT_ORDER = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">="}
+_STRICT_HELPERS = ("__gbmpo_eq__", "__gbmpo_in__", "__gbmpo_order__", "__gbmpo_bool__")
+
+
+def _helper_call(name: str, *args: ast.expr) -> ast.Call:
+    return ast.Call(func=ast.Name(id=name, ctx=ast.Load()), args=list(args), keywords=[])
+
+
+def _strict_truth(expr: ast.expr) -> ast.expr:
+    """The condition of an ``assert``: ``__gbmpo_bool__`` on every operand of and/or/not."""
+    if isinstance(expr, ast.BoolOp):
+        expr.values = [_strict_truth(v) for v in expr.values]
+        return expr
+    if isinstance(expr, ast.UnaryOp) and isinstance(expr.op, ast.Not):
+        expr.operand = _strict_truth(expr.operand)
+        return expr
+    if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name)
+            and expr.func.id in _STRICT_HELPERS):
+        return expr
+    return _helper_call("__gbmpo_bool__", expr)
+
+
+class _StrictRewriter(ast.NodeTransformer):
+    def visit_Compare(self, node: ast.Compare) -> ast.expr:
+        self.generic_visit(node)
+        if len(node.ops) != 1:  # chains keep Python's semantics
+            return node
+        op, left, right = node.ops[0], node.left, node.comparators[0]
+        if isinstance(op, (ast.Eq, ast.NotEq)):
+            eq = _helper_call("__gbmpo_eq__", left, right)
+            return eq if isinstance(op, ast.Eq) else ast.UnaryOp(op=ast.Not(), operand=eq)
+        if isinstance(op, (ast.In, ast.NotIn)):
+            isin = _helper_call("__gbmpo_in__", left, right)
+            return isin if isinstance(op, ast.In) else ast.UnaryOp(op=ast.Not(), operand=isin)
+        sym = _STRICT_ORDER.get(type(op))
+        if sym is not None:
+            return _helper_call("__gbmpo_order__", left, right, ast.Constant(sym))
+        return node
+
+    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        self.generic_visit(node)
+        node.test = _strict_truth(node.test)
+        return node
+
+
+@functools.lru_cache(maxsize=4096)
+def strict_test_source(source: str) -> str:
+    """Trusted test code rewritten with type-strict comparisons (cached: a group's G programs
+    share their tests).
+
+    ``a == b`` -> ``__gbmpo_eq__(a, b)``, ``a != b`` -> ``not __gbmpo_eq__(a, b)``, ``x in c`` /
+    ``not in`` -> ``__gbmpo_in__``, ``<``/``<=``/``>``/``>=`` -> ``__gbmpo_order__``, and the
+    condition of every ``assert`` (through ``and``, ``or``, ``not``) -> ``__gbmpo_bool__``; the
+    sandbox worker defines the four helpers (see the module docstring). Source that does not
+    parse is returned unchanged (that test then fails with its ``SyntaxError``).
+    """
+    try:
+        tree = ast.parse(source, "<test>", "exec")
+    except (SyntaxError, ValueError):
+        return source
+    return ast.unparse(ast.fix_missing_locations(_StrictRewriter().visit(tree)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -706,13 +775,14 @@ class Sandbox:
         if not isinstance(code, str):
             raise TypeError(f"code must be a str, got {type(code).__name__}")
         tests = [str(t) for t in tests]
+        sent = [strict_test_source(t) for t in tests] if self.strict_compare else tests
         timeout = float(timeout_s if timeout_s is not None else self.timeout_s)
         if timeout <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout}")
         marker = secrets.token_hex(16)
         request = {
             "code": code,
-            "tests": tests,
+            "tests": sent,
             "setup": setup,
             "keep": [str(k) for k in keep],
             "marker": marker,
