@@ -143,17 +143,11 @@ def _norm(module: Any) -> tuple[Tensor, float] | None:
     return None if module is None else (module.weight, module.variance_epsilon)
 
 
-class LeanDecoder:
-    """Decode one token per row with ``model``'s weights and a preallocated KV buffer.
-
-    Use :meth:`for_model` (``None`` when the model is not supported), then :meth:`start` with the
-    prefill's KV cache and attention mask, then :meth:`step` once per new token. Inference only
-    (call under ``torch.no_grad``)."""
+class _LlamaWeights:
+    """References to a Llama-shaped model's parameters, gathered once per object (no copies:
+    the object always sees the model's current weights)."""
 
     def __init__(self, model: Any) -> None:
-        reason = lean_decoder_unsupported_reason(model)
-        if reason is not None:
-            raise ValueError(f"LeanDecoder cannot run this model: {reason}")
         config = model.config
         base = model.model
         self._rotary = base.rotary_emb
@@ -170,7 +164,6 @@ class LeanDecoder:
         self.layers: list[_Layer] = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            act = F.silu if act_name == "silu" else mlp.act_fn
             self.layers.append(
                 _Layer(
                     ln1=layer.input_layernorm.weight,
@@ -182,9 +175,23 @@ class LeanDecoder:
                     ln2=layer.post_attention_layernorm.weight,
                     ln2_eps=layer.post_attention_layernorm.variance_epsilon,
                     gate=_wb(mlp.gate_proj), up=_wb(mlp.up_proj), down=_wb(mlp.down_proj),
-                    act=act,
+                    act=F.silu if act_name == "silu" else mlp.act_fn,
                 )
             )
+
+
+class LeanDecoder(_LlamaWeights):
+    """Decode one token per row with ``model``'s weights and a preallocated KV buffer.
+
+    Use :meth:`for_model` (``None`` when the model is not supported), then :meth:`start` with the
+    prefill's KV cache and attention mask, then :meth:`step` once per new token. Inference only
+    (call under ``torch.no_grad``)."""
+
+    def __init__(self, model: Any) -> None:
+        reason = lean_decoder_unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"LeanDecoder cannot run this model: {reason}")
+        super().__init__(model)
         self._keys: list[Tensor] = []
         self._values: list[Tensor] = []
         self._mask = torch.empty(0, dtype=torch.bool)

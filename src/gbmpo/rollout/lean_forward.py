@@ -51,10 +51,9 @@ from torch import Tensor
 
 from gbmpo.rollout.decoder import (
     _Layer,
-    _norm,
+    _LlamaWeights,
     _rms,
     _rotate,
-    _wb,
     lean_decoder_unsupported_reason,
 )
 
@@ -80,7 +79,7 @@ def lean_forward_unsupported_reason(model: Any) -> str | None:
     return None
 
 
-class LeanForward:
+class LeanForward(_LlamaWeights):
     """Hidden states and selected-position logits of a Llama-shaped model, differentiable
     through its own parameters (see the module docstring).
 
@@ -91,36 +90,7 @@ class LeanForward:
         reason = lean_forward_unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"LeanForward cannot run this model: {reason}")
-        config = model.config
-        base = model.model
-        self._rotary = base.rotary_emb
-        self.embed = base.embed_tokens.weight
-        self.final_norm = (base.norm.weight, base.norm.variance_epsilon)
-        self.lm_head = _wb(model.lm_head)
-        self.num_heads = int(config.num_attention_heads)
-        self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
-        self.head_dim = int(
-            getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        )
-        self.scale = self.head_dim**-0.5
-        act_name = getattr(config, "hidden_act", "silu")
-        self.layers: list[_Layer] = []
-        for layer in base.layers:
-            attn, mlp = layer.self_attn, layer.mlp
-            self.layers.append(
-                _Layer(
-                    ln1=layer.input_layernorm.weight,
-                    ln1_eps=layer.input_layernorm.variance_epsilon,
-                    q=_wb(attn.q_proj), k=_wb(attn.k_proj), v=_wb(attn.v_proj),
-                    o=_wb(attn.o_proj),
-                    q_norm=_norm(getattr(attn, "q_norm", None)),
-                    k_norm=_norm(getattr(attn, "k_norm", None)),
-                    ln2=layer.post_attention_layernorm.weight,
-                    ln2_eps=layer.post_attention_layernorm.variance_epsilon,
-                    gate=_wb(mlp.gate_proj), up=_wb(mlp.up_proj), down=_wb(mlp.down_proj),
-                    act=F.silu if act_name == "silu" else mlp.act_fn,
-                )
-            )
+        super().__init__(model)
 
     @classmethod
     def for_model(cls, model: Any) -> LeanForward | None:
