@@ -1,8 +1,8 @@
 """Reliability suite (issue 15): kill -9 and resume, damaged checkpoints, racing runs, a full
 disk, bad inputs. Every scenario is counted as tried / survived / lost.
 
-    python benchmarks/reliability.py            # 20 kill points per command (~30 min, 2 cores)
-    python benchmarks/reliability.py --quick    # smoke test: 2 kills of `gbmpo train`, ...
+    python benchmarks/reliability.py            # 20 kill points per command (~25 min, 2 cores)
+    python benchmarks/reliability.py --quick    # smoke test: 2 kills of train, a race, 3 bad inputs
 
 Scenarios (each a real ``gbmpo`` process, tiny configurations, ``--time-budget null`` so that a
 run is reproducible step for step):
