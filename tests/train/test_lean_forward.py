@@ -28,38 +28,13 @@ from gbmpo.rollout import LeanForward, completion_logprobs, lean_forward_unsuppo
 
 transformers = pytest.importorskip("transformers")
 
-SMALL = dict(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-             intermediate_size=48, max_position_embeddings=128)
-KINDS = ("qwen3", "qwen2", "llama")
+from llama_like import KINDS, tiny_llama_like  # noqa: E402
 
 
 def _model(kind: str, dtype: torch.dtype = torch.float64) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if kind == "qwen3":  # per-head q/k norms, explicit head_dim, GQA 4:2, tied head
-        cfg = transformers.Qwen3Config(**SMALL, num_key_value_heads=2, head_dim=16,
-                                       tie_word_embeddings=True)
-        model = transformers.Qwen3ForCausalLM(cfg)
-    elif kind == "qwen2":  # q/k/v biases, no q/k norm, no GQA
-        cfg = transformers.Qwen2Config(**SMALL, num_key_value_heads=4)
-        model = transformers.Qwen2ForCausalLM(cfg)
-    elif kind == "llama":  # GQA 4:1, llama3 rope scaling, untied head
-        rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 16}
-        cfg = transformers.LlamaConfig(**SMALL, num_key_value_heads=1, rope_parameters=rope,
-                                       tie_word_embeddings=False)
-        model = transformers.LlamaForCausalLM(cfg)
-    else:
-        raise AssertionError(kind)
-    # random norm weights and biases, so that a norm or bias applied wrongly shows
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                p.normal_(0.0, 0.1)
+    model = tiny_llama_like(kind, dtype)
     model.config._attn_implementation = "sdpa"
-    return model.to(dtype).train()
+    return model.train()
 
 
 def _batch(groups: int = 3, g: int = 2, prompt: int = 6, completion: int = 5
