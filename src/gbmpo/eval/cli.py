@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -120,12 +119,10 @@ def run_eval(args: argparse.Namespace) -> int:
     except (ValueError, ImportError, FileNotFoundError, TypeError) as err:
         return bad_input(err)
     if task.kind == "code":  # refuse before generating anything when isolation is missing
-        from gbmpo.rewards.sandbox import ALLOW_ENV, SandboxUnavailableError, get_default_sandbox
+        from gbmpo.rewards.sandbox import SandboxUnavailableError, require_sandbox
 
-        if args.allow_unsandboxed_code:
-            os.environ[ALLOW_ENV] = "1"
         try:
-            get_default_sandbox()
+            require_sandbox(args.allow_unsandboxed_code)
         except SandboxUnavailableError as err:
             return bad_input(err)
     from gbmpo.train.rewards import RewardError

@@ -98,6 +98,7 @@ __all__ = [
     "SandboxUnavailableError",
     "SandboxWarning",
     "get_default_sandbox",
+    "require_sandbox",
     "run_program",
     "run_programs",
     "strict_test_source",
@@ -876,6 +877,16 @@ def get_default_sandbox() -> Sandbox:
         if _default is None or _default._closed or _default._pid != os.getpid():
             _default = Sandbox()
         return _default
+
+
+def require_sandbox(allow_unsandboxed: bool = False) -> Sandbox:
+    """Start the process-wide sandbox now, before a command writes anything: where an isolation
+    layer is missing this raises :class:`SandboxUnavailableError` (naming the layers) unless the
+    user opted in, by ``allow_unsandboxed`` (exported as ``$GBMPO_ALLOW_UNSANDBOXED_CODE`` so the
+    processes a run starts inherit it) or by that variable itself."""
+    if allow_unsandboxed:
+        os.environ[ALLOW_ENV] = "1"
+    return get_default_sandbox()
 
 
 def _close_default() -> None:

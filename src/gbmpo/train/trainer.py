@@ -27,7 +27,6 @@ import contextlib
 import copy
 import datetime as _dt
 import math
-import os
 import random
 import time
 import zlib
@@ -91,18 +90,6 @@ RESUMABLE_OVERRIDES = (
     "run.progress",
     "run.allow_unsandboxed_code",
 )
-
-
-def _require_sandbox(allow_unsandboxed: bool) -> None:
-    """Start the code sandbox now, before anything is written: on a machine that lacks an
-    isolation layer this raises :class:`~gbmpo.rewards.sandbox.SandboxUnavailableError` (naming
-    the layers) unless the user opted in (``run.allow_unsandboxed_code`` or
-    ``$GBMPO_ALLOW_UNSANDBOXED_CODE``); the opt-in is passed on to the processes a run starts."""
-    from gbmpo.rewards.sandbox import ALLOW_ENV, get_default_sandbox
-
-    if allow_unsandboxed:
-        os.environ[ALLOW_ENV] = "1"
-    get_default_sandbox()
 
 
 class DataError(ValueError):
@@ -316,8 +303,10 @@ class Trainer:
         if task is None:
             task = build_task(cfg, tokenizer if tokenizer is not None else load_tokenizer(cfg))
         self.task = task
-        if task.kind == "code":
-            _require_sandbox(cfg.run.allow_unsandboxed_code)
+        if task.kind == "code":  # refuse before anything is written when isolation is missing
+            from gbmpo.rewards.sandbox import require_sandbox
+
+            require_sandbox(cfg.run.allow_unsandboxed_code)
         self.train_data, _, (self.train_split, self.eval_split) = load_splits(cfg, task)
         self.reward_fn = reward_fn if reward_fn is not None else task.reward
 
