@@ -12,6 +12,7 @@ from gbmpo.rollout import (
     completion_mask_from_ids,
     generate,
     selective_log_softmax,
+    selective_log_softmax_and_entropy,
     token_entropy,
 )
 
@@ -134,6 +135,32 @@ def test_selective_log_softmax_matches_log_softmax(rows, vocab, chunk, seed):
     ent = token_entropy(logits, chunk_rows=chunk)
     p = torch.softmax(logits, -1)
     torch.testing.assert_close(ent, -(p * torch.log_softmax(logits, -1)).sum(-1).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("grad", [True, False])
+def test_log_softmax_and_entropy_in_one_pass(dtype, grad):
+    """The one-pass variant gives the same log-probs (bit for bit) and gradient as
+    selective_log_softmax, and the entropy of token_entropy (float32, never differentiable)."""
+    g = torch.Generator().manual_seed(4)
+    logits = (torch.randn(3, 7, 29, generator=g) * 4).to(dtype).requires_grad_(grad)
+    index = torch.randint(0, 29, (3, 7), generator=g)
+    logp, ent = selective_log_softmax_and_entropy(logits, index, chunk_rows=5)
+    want = selective_log_softmax(logits, index, chunk_rows=5)
+    assert torch.equal(logp, want)
+    assert ent.dtype == torch.float32 and not ent.requires_grad and ent.shape == index.shape
+    p = torch.softmax(logits.detach().double(), -1)
+    exact = -(p * torch.log_softmax(logits.detach().double(), -1)).sum(-1)
+    torch.testing.assert_close(ent.double(), exact, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, token_entropy(logits.detach(), chunk_rows=5),
+                               rtol=1e-5, atol=5e-5)
+    if grad:
+        weights = torch.randn(3, 7, generator=g)
+        (ours,) = torch.autograd.grad((logp * weights).sum(), logits)
+        (theirs,) = torch.autograd.grad((want * weights).sum(), logits)
+        assert torch.equal(ours, theirs)
+    empty_logp, empty_ent = selective_log_softmax_and_entropy(logits[:, :0], index[:, :0])
+    assert empty_logp.shape == empty_ent.shape == (3, 0)
 
 
 def test_selective_log_softmax_gradient():

@@ -8,6 +8,7 @@ from gbmpo.rollout.hf import (
     eos_token_ids,
     generate,
     selective_log_softmax,
+    selective_log_softmax_and_entropy,
     token_entropy,
 )
 from gbmpo.rollout.lean_forward import LeanForward, lean_forward_unsupported_reason
@@ -23,5 +24,6 @@ __all__ = [
     "lean_decoder_unsupported_reason",
     "lean_forward_unsupported_reason",
     "selective_log_softmax",
+    "selective_log_softmax_and_entropy",
     "token_entropy",
 ]

@@ -46,6 +46,7 @@ __all__ = [
     "generate",
     "sample_from_logits",
     "selective_log_softmax",
+    "selective_log_softmax_and_entropy",
     "token_entropy",
 ]
 
@@ -454,9 +455,13 @@ def _chunks_of(logits: Tensor, chunk_rows: int) -> Iterable[tuple[int, Tensor]]:
 
 
 def _selected_logp(
-    logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype
+    logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype,
+    entropy: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(z_i - logsumexp(z) [N], flat index [N], logsumexp(z) [N]) chunk by chunk."""
+    r"""(z_i - logsumexp(z) [N], flat index [N], logsumexp(z) [N]) chunk by chunk; with
+    ``entropy`` ``[N]`` also writes :math:`H = \operatorname{lse}(z) - \sum_v
+    e^{z_v - \operatorname{lse}(z)} z_v` into it from the same chunk and log-sum-exp (what
+    :func:`token_entropy` computes, without a second pass over the logits)."""
     flat_index = index.reshape(-1)
     out = torch.empty(flat_index.shape[0], dtype=out_dtype, device=logits.device)
     lse = torch.empty_like(out)
@@ -465,6 +470,9 @@ def _selected_logp(
         zc = z.to(out_dtype)
         torch.logsumexp(zc, dim=-1, out=lse[s:e])
         out[s:e] = zc.gather(-1, flat_index[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
+        if entropy is not None:
+            probs = torch.sub(zc, lse[s:e].unsqueeze(-1)).exp_()
+            entropy[s:e] = lse[s:e] - probs.mul_(zc).sum(-1)
     return out, flat_index, lse
 
 
@@ -476,16 +484,17 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx: Any, logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype
+        ctx: Any, logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype,
+        entropy: Tensor | None = None,
     ) -> Tensor:
-        out, flat_index, lse = _selected_logp(logits, index, chunk_rows, out_dtype)
+        out, flat_index, lse = _selected_logp(logits, index, chunk_rows, out_dtype, entropy)
         ctx.save_for_backward(logits, flat_index, lse)
         ctx.chunk_rows = chunk_rows
         return out.reshape(index.shape)
 
     @staticmethod
     @once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None]:
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:
         logits, flat_index, lse = ctx.saved_tensors
         g = grad_out.reshape(-1).to(lse.dtype)
         grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
@@ -499,7 +508,7 @@ class _SelectiveLogSoftmax(torch.autograd.Function):
             buf.scatter_add_(-1, flat_index[s:e].unsqueeze(-1), gs)
             if buf is not target:
                 target.copy_(buf)
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def selective_log_softmax(
@@ -516,6 +525,25 @@ def selective_log_softmax(
     ``[..., V]`` tensor, nothing else vocabulary-sized). Returns float32 (float64 for float64
     logits).
     """
+    return _selective_log_softmax(logits, index, chunk_rows, with_entropy=False)[0]
+
+
+def selective_log_softmax_and_entropy(
+    logits: Tensor, index: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> tuple[Tensor, Tensor]:
+    r""":func:`selective_log_softmax` (differentiable) and :func:`token_entropy` (float32,
+    no gradient) of the same logits in one pass over them: the entropy reuses each chunk's
+    log-sum-exp, :math:`H = \operatorname{lse}(z) - \sum_v e^{z_v-\operatorname{lse}(z)} z_v`
+    (the same quantity as :func:`token_entropy`, equal up to float rounding)."""
+    logp, entropy = _selective_log_softmax(logits, index, chunk_rows, with_entropy=True)
+    assert entropy is not None
+    return logp, entropy
+
+
+def _selective_log_softmax(
+    logits: Tensor, index: Tensor, chunk_rows: int, *, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Both paths of :func:`selective_log_softmax` (the entropy only with ``with_entropy``)."""
     if logits.shape[:-1] != index.shape:
         raise ValueError(
             f"index shape {tuple(index.shape)} must equal logits shape without the vocab "
@@ -525,13 +553,22 @@ def selective_log_softmax(
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     if index.numel() == 0:
-        return torch.zeros(index.shape, dtype=out_dtype, device=logits.device)
+        zeros = torch.zeros(index.shape, dtype=out_dtype, device=logits.device)
+        return zeros, (zeros.float() if with_entropy else None)
     index = index.to(device=logits.device, dtype=torch.long)
+    entropy = (
+        torch.empty(index.numel(), dtype=out_dtype, device=logits.device)
+        if with_entropy else None
+    )
     if torch.is_grad_enabled() and logits.requires_grad:
-        out: Tensor = _SelectiveLogSoftmax.apply(logits, index, chunk_rows, out_dtype)
-        return out
-    with torch.no_grad():
-        return _selected_logp(logits, index, chunk_rows, out_dtype)[0].reshape(index.shape)
+        out: Tensor = _SelectiveLogSoftmax.apply(logits, index, chunk_rows, out_dtype, entropy)
+    else:
+        with torch.no_grad():
+            out = _selected_logp(logits, index, chunk_rows, out_dtype, entropy)[0]
+        out = out.reshape(index.shape)
+    if entropy is None:
+        return out, None
+    return out, entropy.reshape(index.shape).float()
 
 
 @torch.no_grad()
@@ -727,9 +764,12 @@ def completion_logprobs(
     for logits, targets in pieces:
         if temperature != 1.0:
             logits = logits / temperature
-        logps.append(selective_log_softmax(logits, targets, chunk_rows))
-        if with_entropy:
-            entropies.append(token_entropy(logits.detach(), chunk_rows))
+        if with_entropy:  # one pass over the logits for both
+            logp, entropy = selective_log_softmax_and_entropy(logits, targets, chunk_rows)
+            logps.append(logp)
+            entropies.append(entropy)
+        else:
+            logps.append(selective_log_softmax(logits, targets, chunk_rows))
     logp = logps[0] if len(logps) == 1 else torch.cat(logps, dim=1)
     if not with_entropy:
         return logp, None
