@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gbmpo.rollout import LeanDecoder, lean_decoder_unsupported_reason
+from gbmpo.rollout.decoder import _rotate, _rotate_swap, _signed_sin
 from gbmpo.rollout.hf import _decode, _prefill
 
 transformers = pytest.importorskip("transformers")
@@ -76,6 +77,17 @@ def test_engine_samples_the_same_tokens_with_and_without_it():
     assert torch.equal(out[True], out[False])
     assert out[True].shape[0] == 12
     assert len(set(out[True].flatten().tolist())) > 5, "sampling, not a constant sequence"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rotation_by_half_swap_is_bit_identical(dtype):
+    """The decode step's rotation (one flip, the sign folded into the sin table) gives the same
+    bits as the rotate-half formula transformers uses."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 5, 16, generator=g, dtype=dtype)
+    cos = torch.randn(6, 1, 16, generator=g, dtype=dtype)
+    sin = torch.randn(6, 1, 16, generator=g, dtype=dtype)
+    assert torch.equal(_rotate_swap(x, cos, _signed_sin(sin)), _rotate(x, cos, sin))
 
 
 def test_more_steps_than_reserved_is_an_error():
