@@ -28,6 +28,13 @@ completions of a group share a prompt): the ``U`` distinct prompts run once, the
 keys/values are gathered to the ``B`` rows (``index_select``; its backward sums each prompt's
 gradient over its rows) and the completion tokens attend to ``[prompt keys | own keys]``.
 
+The last layer computes queries, attention output and MLP only at the positions whose output
+is used (the ``C`` kept positions; with prompt sharing, each prompt's last position): the other
+positions contribute their keys and values only, so this removes work without changing a value
+(1-2% of a training step at 9.6M parameters). The rotary embedding swaps the head halves with
+one ``flip`` against a sign-folded sin table (:func:`~gbmpo.rollout.decoder._rotate_swap`, the
+same bits as the rotate-half formula, fewer calls forward and backward).
+
 Padding: left-padded prompt positions attend to themselves only (so no softmax row is empty and
 nothing becomes NaN); no real position attends to a padded one, so padded positions influence
 neither values nor gradients. Positions after a completion's EOS are computed like
@@ -53,7 +60,8 @@ from gbmpo.rollout.decoder import (
     _Layer,
     _LlamaWeights,
     _rms,
-    _rotate,
+    _rotate_swap,
+    _signed_sin,
     lean_decoder_unsupported_reason,
 )
 
@@ -103,11 +111,12 @@ class LeanForward(_LlamaWeights):
     # ------------------------------------------------------------------ building blocks
 
     def _rope_table(self, like: Tensor, length: int) -> tuple[Tensor, Tensor]:
-        """cos/sin ``[length, head_dim]`` for positions ``0..length-1`` from the model's own
-        rotary module (the same per-position values it computes for any position ids)."""
+        """cos and signed sin (:func:`~gbmpo.rollout.decoder._signed_sin`) ``[length,
+        head_dim]`` for positions ``0..length-1`` from the model's own rotary module (the same
+        per-position values it computes for any position ids)."""
         positions = torch.arange(length, device=like.device)[None]
         cos, sin = self._rotary(like, positions)
-        return cos[0], sin[0]
+        return cos[0], _signed_sin(sin[0])
 
     @staticmethod
     def _self_masks(real: Tensor) -> Tensor:
@@ -127,14 +136,16 @@ class LeanForward(_LlamaWeights):
         mask = allowed.unsqueeze(1)
         return mask if groups == 1 else mask.repeat(1, 1, groups, 1)
 
-    def _qkv(self, layer: _Layer, h: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor,
-                                                                               Tensor]:
-        """Rotated queries ``[R, KV, groups*T, d]`` (the query heads of a key/value head folded
-        into its sequence), rotated keys and values ``[R, KV, T, d]``."""
+    def _qkv(self, layer: _Layer, h: Tensor, cos: Tensor, sin: Tensor,
+             queries: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Rotated queries ``[R, KV, groups*Tq, d]`` (the query heads of a key/value head folded
+        into its sequence), rotated keys and values ``[R, KV, T, d]``; the queries only for the
+        last ``queries`` positions (``Tq``; all ``T`` when ``None``)."""
         rows, length = h.shape[:2]
         d, n_kv = self.head_dim, self.num_kv_heads
         groups = self.num_heads // n_kv
-        q = F.linear(h, *layer.q).view(rows, length, self.num_heads, d)
+        t_q = length if queries is None else queries
+        q = F.linear(h[:, length - t_q :], *layer.q).view(rows, t_q, self.num_heads, d)
         k = F.linear(h, *layer.k).view(rows, length, n_kv, d)
         v = F.linear(h, *layer.v).view(rows, length, n_kv, d)
         if layer.q_norm is not None:
@@ -142,11 +153,11 @@ class LeanForward(_LlamaWeights):
         if layer.k_norm is not None:
             k = _rms(k, *layer.k_norm)
         cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # [R, T, 1, d]
-        q = _rotate(q, cos, sin)
-        k = _rotate(k, cos, sin)
-        # head h = kv * groups + g (transformers' repeat_kv order) -> [R, KV, groups*T, d]
-        q = q.view(rows, length, n_kv, groups, d).permute(0, 2, 3, 1, 4)
-        q = q.reshape(rows, n_kv, groups * length, d)
+        q = _rotate_swap(q, cos[:, length - t_q :], sin[:, length - t_q :])
+        k = _rotate_swap(k, cos, sin)
+        # head h = kv * groups + g (transformers' repeat_kv order) -> [R, KV, groups*Tq, d]
+        q = q.view(rows, t_q, n_kv, groups, d).permute(0, 2, 3, 1, 4)
+        q = q.reshape(rows, n_kv, groups * t_q, d)
         return q, k.transpose(1, 2), v.transpose(1, 2)
 
     def _attend(self, layer: _Layer, x: Tensor, q: Tensor, k: Tensor, v: Tensor,
@@ -180,11 +191,18 @@ class LeanForward(_LlamaWeights):
         x = F.embedding(ids, self.embed)
         cos_t, sin_t = self._rope_table(x, width)
         cos, sin = cos_t[positions], sin_t[positions]
-        att = self._pack_mask(self._self_masks(real))
-        for layer in self.layers:
-            q, k, v = self._qkv(layer, _rms(x, layer.ln1, layer.ln1_eps), cos, sin)
+        allowed = self._self_masks(real)
+        att = self._pack_mask(allowed)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = _rms(x, layer.ln1, layer.ln1_eps)
+            if i == last:  # only the kept positions' outputs are used after the last layer
+                q, k, v = self._qkv(layer, h, cos, sin, queries=keep)
+                att_keep = self._pack_mask(allowed[:, width - keep :])
+                return self._logits(self._attend(layer, x[:, width - keep :], q, k, v, att_keep))
+            q, k, v = self._qkv(layer, h, cos, sin)
             x = self._attend(layer, x, q, k, v, att)
-        return self._logits(x[:, width - keep :])
+        return self._logits(x[:, width - keep :])  # no layers
 
     def shared_prompt_logits(
         self,
@@ -208,7 +226,8 @@ class LeanForward(_LlamaWeights):
         pos_u = (mask_u.long().cumsum(-1) - 1).clamp_min(0)
         x_u = F.embedding(ids_u, self.embed)
         cos_t, sin_t = self._rope_table(x_u, width + c)
-        att_u = self._pack_mask(self._self_masks(real_u))
+        allowed_u = self._self_masks(real_u)
+        att_u = self._pack_mask(allowed_u)
         cos_u, sin_u = cos_t[pos_u], sin_t[pos_u]
 
         t = c - 1  # completion tokens fed (the last one is never an input)
@@ -224,14 +243,23 @@ class LeanForward(_LlamaWeights):
                 dim=-1,
             )
             att_c = self._pack_mask(seen)
-        for layer in self.layers:
-            q, k, v = self._qkv(layer, _rms(x_u, layer.ln1, layer.ln1_eps), cos_u, sin_u)
+        last_layer = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            # after the last layer only the last prompt position's output is used (the
+            # completions need every prompt position's keys and values, not its output)
+            only_last = i == last_layer
+            q, k, v = self._qkv(layer, _rms(x_u, layer.ln1, layer.ln1_eps), cos_u, sin_u,
+                                queries=1 if only_last else None)
             if t > 0:
                 qc, kc, vc = self._qkv(layer, _rms(x_c, layer.ln1, layer.ln1_eps), cos_c, sin_c)
                 keys = torch.cat([k.index_select(0, inverse), kc], dim=2)
                 values = torch.cat([v.index_select(0, inverse), vc], dim=2)
                 x_c = self._attend(layer, x_c, qc, keys, values, att_c)
-            x_u = self._attend(layer, x_u, q, k, v, att_u)
+            if only_last:
+                x_u = self._attend(layer, x_u[:, -1:], q, k, v,
+                                   self._pack_mask(allowed_u[:, -1:]))
+            else:
+                x_u = self._attend(layer, x_u, q, k, v, att_u)
         last = x_u[:, -1].index_select(0, inverse).unsqueeze(1)  # [B, 1, hidden]
         hidden = torch.cat([last, x_c], dim=1) if t > 0 else last
         return self._logits(hidden)
