@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gbmpo.rollout import LeanDecoder, lean_decoder_unsupported_reason
+from gbmpo.rollout import LeanDecoder, LeanForward, lean_decoder_unsupported_reason
 from gbmpo.rollout.decoder import _rotate, _rotate_swap, _signed_sin
 from gbmpo.rollout.hf import _decode, _prefill
 
@@ -62,6 +62,43 @@ def test_logits_match_the_models_own_cached_forward(kind, dtype):
     # the check is not vacuous: the logits move from step to step and differ between rows
     assert (seen[0] - seen[-1]).abs().max() > 1e-3
     assert (seen[0][0] - seen[0][2]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
+def test_lean_prefill_matches_the_models_own_prefill(kind):
+    """LeanForward.prompt_cache + LeanDecoder.start_repeated (the lean engine's prefill, each
+    prompt's keys/values copied straight to its rows) give the same last-position logits, the
+    same keys/values at the real prompt positions and the same decode logits afterwards as
+    transformers' prefill expanded with batch_repeat_interleave, in float64."""
+    model = _model(kind, torch.float64)
+    ids, mask = _prompts()
+    repeats, steps = 3, 4
+    with torch.no_grad():
+        cache, theirs = _prefill(model, ids, mask, repeats)
+        logits, keys_values = LeanForward(model).prompt_cache(ids, mask)
+        ours = logits.repeat_interleave(repeats, dim=0)
+        torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+        att = mask.repeat_interleave(repeats, dim=0)
+        real = att.bool()[:, None, :, None]  # padded positions are never attended to
+        hf_decoder, lean_decoder = LeanDecoder(model), LeanDecoder(model)
+        hf_decoder.start(cache, att, steps)
+        lean_decoder.start_repeated(keys_values, mask, repeats, steps)
+        width = ids.shape[1]
+        for (k_hf, v_hf), k_ours, v_ours in zip(
+            [(layer.keys, layer.values) for layer in cache.layers], lean_decoder._keys,
+            lean_decoder._values, strict=True,
+        ):
+            torch.testing.assert_close(torch.where(real, k_ours[:, :, :width], 0),
+                                       torch.where(real, k_hf, 0), rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(torch.where(real, v_ours[:, :, :width], 0),
+                                       torch.where(real, v_hf, 0), rtol=1e-12, atol=1e-12)
+        position, tok = att.sum(-1), theirs.argmax(-1)
+        for _ in range(steps):
+            a, b = lean_decoder.step(tok, position), hf_decoder.step(tok, position)
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+            tok, position = b.argmax(-1), position + 1
+    with pytest.raises(ValueError, match="layers"):
+        LeanDecoder(model).start_repeated(keys_values[:1], mask, repeats, steps)
 
 
 def test_engine_samples_the_same_tokens_with_and_without_it():

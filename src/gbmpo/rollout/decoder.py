@@ -246,22 +246,36 @@ class LeanDecoder(_LlamaWeights):
         layers = getattr(cache, "layers", None)
         if layers is None or len(layers) != len(self.layers):
             raise ValueError("the prefill cache has no per-layer keys/values to start from")
-        rows, width = attention_mask.shape
-        total = width + max_new_tokens
+        self.start_repeated([(layer.keys, layer.values) for layer in layers], attention_mask, 1,
+                            max_new_tokens)
+
+    def start_repeated(self, keys_values: list[tuple[Tensor, Tensor]], prompt_mask: Tensor,
+                       repeats: int, max_new_tokens: int) -> None:
+        """Start from per-layer prompt ``(keys, values)`` ``[U, kv_heads, P, head_dim]`` (e.g.
+        :meth:`gbmpo.rollout.lean_forward.LeanForward.prompt_cache`) of ``U`` prompts, each
+        expanded to ``repeats`` consecutive rows (``repeat_interleave`` order) as it is copied
+        into the buffers, which have room for ``max_new_tokens`` more positions;
+        ``prompt_mask`` ``[U, P]`` marks the real prompt tokens."""
+        if len(keys_values) != len(self.layers):
+            raise ValueError(f"{len(keys_values)} layers of keys/values for a model with "
+                             f"{len(self.layers)} layers")
+        n_u, width = prompt_mask.shape
+        rows, total = n_u * repeats, width + max_new_tokens
         self._keys, self._values = [], []
-        for layer in layers:
-            keys, values = layer.keys, layer.values
-            if keys.shape[0] != rows or keys.shape[2] != width:
+        for keys, values in keys_values:
+            if keys.shape[0] != n_u or keys.shape[2] != width:
                 raise ValueError(
                     f"cache keys {tuple(keys.shape)} do not match the attention mask "
-                    f"{tuple(attention_mask.shape)}"
+                    f"{tuple(prompt_mask.shape)}"
                 )
-            k_buf = keys.new_empty(rows, keys.shape[1], total, keys.shape[3])
-            v_buf = values.new_empty(rows, values.shape[1], total, values.shape[3])
-            k_buf[:, :, :width] = keys
-            v_buf[:, :, :width] = values
+            n_kv, d = keys.shape[1], keys.shape[3]
+            k_buf = keys.new_empty(rows, n_kv, total, d)
+            v_buf = values.new_empty(rows, n_kv, total, d)
+            k_buf.view(n_u, repeats, n_kv, total, d)[:, :, :, :width] = keys.unsqueeze(1)
+            v_buf.view(n_u, repeats, n_kv, total, d)[:, :, :, :width] = values.unsqueeze(1)
             self._keys.append(k_buf)
             self._values.append(v_buf)
+        attention_mask = prompt_mask.repeat_interleave(repeats, dim=0)
         # additive attention mask: 0 for the real prompt tokens and every new column (a column
         # is only read once it has been written), -inf for left padding
         self._mask = torch.zeros(rows, 1, 1, total, dtype=self._keys[0].dtype,

@@ -247,14 +247,25 @@ def _decode(
     ``[rows, steps]`` completion ids. With ``lean`` (default) and a model
     :class:`~gbmpo.rollout.decoder.LeanDecoder` supports, the decode forwards run through it
     (the same arithmetic on the model's weights without transformers' per-call overhead);
-    otherwise, and with ``lean=False``, through the model's own forward."""
-    cache, logits = _prefill(model, ids, mask, repeats)
+    otherwise, and with ``lean=False``, through the model's own forward. With the lean
+    decoder the prefill runs through :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`
+    too (when :class:`~gbmpo.rollout.lean_forward.LeanForward` supports the model in its
+    current mode), whose keys and values are copied straight into the decoder's buffers."""
+    decoder = LeanDecoder.for_model(model) if lean and max_new_tokens > 1 else None
+    prefill = LeanForward.for_model(model) if decoder is not None else None
     att = mask.repeat_interleave(repeats, dim=0)
     position = att.sum(dim=-1, keepdim=True)
-    decoder = LeanDecoder.for_model(model) if lean and max_new_tokens > 1 else None
-    if decoder is not None:
-        decoder.start(cache, att, max_new_tokens - 1)
-        cache = None
+    cache: Any = None
+    if decoder is not None and prefill is not None:
+        # the prompts' keys/values go straight into the decoder's buffers, G rows per prompt
+        logits, keys_values = prefill.prompt_cache(ids, mask)
+        logits = logits.repeat_interleave(repeats, dim=0) if repeats > 1 else logits
+        decoder.start_repeated(keys_values, mask, repeats, max_new_tokens - 1)
+    else:
+        cache, logits = _prefill(model, ids, mask, repeats)
+        if decoder is not None:
+            decoder.start(cache, att, max_new_tokens - 1)
+            cache = None
     eos = torch.tensor(list(eos_ids), device=ids.device)
     done = torch.zeros(att.shape[0], dtype=torch.bool, device=ids.device)
     tokens: list[Tensor] = []

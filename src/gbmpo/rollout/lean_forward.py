@@ -204,6 +204,31 @@ class LeanForward(_LlamaWeights):
             x = self._attend(layer, x, q, k, v, att)
         return self._logits(x[:, width - keep :])  # no layers
 
+    def prompt_cache(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, list[tuple[Tensor,
+                                                                                Tensor]]]:
+        """The prefill of a decode: logits ``[R, V]`` at the last position of the left-padded
+        prompts ``ids`` ``[R, P]`` (``mask`` marks real tokens; position ids from its cumulative
+        sum, as in generation) and every layer's rotated keys and values ``[R, KV, P, d]`` (for
+        :meth:`gbmpo.rollout.decoder.LeanDecoder.start_repeated`). Call under ``no_grad``."""
+        width = ids.shape[1]
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        x = F.embedding(ids, self.embed)
+        cos_t, sin_t = self._rope_table(x, width)
+        cos, sin = cos_t[positions], sin_t[positions]
+        allowed = self._self_masks(mask.bool())
+        att = self._pack_mask(allowed)
+        keys_values = []
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            h = _rms(x, layer.ln1, layer.ln1_eps)
+            q, k, v = self._qkv(layer, h, cos, sin, queries=1 if i == last else None)
+            keys_values.append((k, v))
+            if i == last:  # only the last position's output is used
+                x = self._attend(layer, x[:, -1:], q, k, v, self._pack_mask(allowed[:, -1:]))
+            else:
+                x = self._attend(layer, x, q, k, v, att)
+        return self._logits(x[:, -1]), keys_values
+
     def shared_prompt_logits(
         self,
         prompt_ids: Tensor,
