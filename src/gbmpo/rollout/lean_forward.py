@@ -32,7 +32,7 @@ The last layer computes queries, attention output and MLP only at the positions 
 is used (the ``C`` kept positions; with prompt sharing, each prompt's last position): the other
 positions contribute their keys and values only, so this removes work without changing a value
 (1-2% of a training step at 9.6M parameters). The rotary embedding swaps the head halves with
-one ``flip`` against a sign-folded sin table (:func:`~gbmpo.rollout.decoder._rotate_swap`, the
+one ``roll`` against a sign-folded sin table (:func:`~gbmpo.rollout.decoder._rotate_swap`, the
 same bits as the rotate-half formula, fewer calls forward and backward).
 
 Padding: left-padded prompt positions attend to themselves only (so no softmax row is empty and
