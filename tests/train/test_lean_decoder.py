@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gbmpo.rollout import LeanDecoder, LeanForward, lean_decoder_unsupported_reason
-from gbmpo.rollout.decoder import _rotate, _rotate_swap, _signed_sin
+from gbmpo.rollout.decoder import _rms, _rotate, _rotate_swap, _signed_sin
 from gbmpo.rollout.hf import _decode, _prefill
 
 transformers = pytest.importorskip("transformers")
@@ -125,6 +125,26 @@ def test_rotation_by_half_swap_is_bit_identical(dtype):
     cos = torch.randn(6, 1, 16, generator=g, dtype=dtype)
     sin = torch.randn(6, 1, 16, generator=g, dtype=dtype)
     assert torch.equal(_rotate_swap(x, cos, _signed_sin(sin)), _rotate(x, cos, sin))
+
+
+@pytest.mark.parametrize("shape", [(5, 16), (4, 6, 16), (3, 5, 2, 16)])
+@pytest.mark.parametrize("joint", [False, True])
+def test_float32_rms_norm_is_bit_identical_to_the_formula(shape, joint):
+    """_rms takes F.rms_norm for float32 (one call instead of six): the same bits as the
+    Llama/Qwen formula, values and both gradients, for a per-channel and a joint (per-head)
+    weight."""
+    g = torch.Generator().manual_seed(6)
+    x = (torch.randn(*shape, generator=g) * 3).requires_grad_()
+    w_shape = shape[-2:] if joint and len(shape) > 2 else shape[-1:]
+    w = torch.randn(*w_shape, generator=g).requires_grad_()
+    x32 = x.float()
+    formula = w * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype)
+    ours = _rms(x, w, 1e-6)
+    assert torch.equal(ours, formula)
+    weights = torch.randn(*shape, generator=g)
+    grads = torch.autograd.grad((ours * weights).sum(), (x, w))
+    want = torch.autograd.grad((formula * weights).sum(), (x, w))
+    assert all(torch.equal(a, b) for a, b in zip(grads, want, strict=True))
 
 
 def test_more_steps_than_reserved_is_an_error():

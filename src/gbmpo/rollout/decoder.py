@@ -62,7 +62,16 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     r"""RMSNorm :math:`w\odot x/\sqrt{\overline{x^2}+\epsilon}` over the last dim, computed in
-    float32 and cast back before the weight (the Llama/Qwen convention)."""
+    float32 and cast back before the weight (the Llama/Qwen convention).
+
+    For float32 tensors this is ``F.rms_norm``: on CPU ATen composes it from the same
+    operations (``pow``, ``mean``, ``add``, ``rsqrt``, two ``mul``), so the values and the
+    gradient are the same bits (tested), in one Python call instead of six; in the decode step
+    at 0.2M the Python side of the six calls was a third of their time."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        if weight.dim() == 1:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return F.rms_norm(x, (x.shape[-1],), None, eps) * weight  # e.g. the joint q/k norm
     dtype = x.dtype
     x32 = x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -217,8 +226,8 @@ class LeanDecoder(_LlamaWeights):
     prefill's KV cache and attention mask, then :meth:`step` once per new token. Inference only
     (call under ``torch.no_grad``)."""
 
-    def __init__(self, model: Any) -> None:
-        reason = lean_decoder_unsupported_reason(model)
+    def __init__(self, model: Any, *, _checked: bool = False) -> None:
+        reason = None if _checked else lean_decoder_unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"LeanDecoder cannot run this model: {reason}")
         super().__init__(model)
@@ -236,7 +245,7 @@ class LeanDecoder(_LlamaWeights):
         :func:`lean_decoder_unsupported_reason`)."""
         if lean_decoder_unsupported_reason(model) is not None:
             return None
-        return cls(model)
+        return cls(model, _checked=True)  # checked once per call, not twice
 
     def start(self, cache: Any, attention_mask: Tensor, max_new_tokens: int) -> None:
         """Copy the prefill ``cache`` (a transformers cache with ``layers[i].keys/values`` of

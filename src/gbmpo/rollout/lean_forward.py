@@ -94,8 +94,8 @@ class LeanForward(_LlamaWeights):
     Build it per call with :meth:`for_model` (cheap: it only collects references to the
     parameters, so it always sees the model's current weights and mode)."""
 
-    def __init__(self, model: Any) -> None:
-        reason = lean_forward_unsupported_reason(model)
+    def __init__(self, model: Any, *, _checked: bool = False) -> None:
+        reason = None if _checked else lean_forward_unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"LeanForward cannot run this model: {reason}")
         super().__init__(model)
@@ -106,7 +106,7 @@ class LeanForward(_LlamaWeights):
         :func:`lean_forward_unsupported_reason`)."""
         if lean_forward_unsupported_reason(model) is not None:
             return None
-        return cls(model)
+        return cls(model, _checked=True)  # checked once per call, not twice
 
     # ------------------------------------------------------------------ building blocks
 
