@@ -106,10 +106,10 @@ def serve_child(
     return True
 
 
-def run_child_logged(args: list[str]) -> Any:
+def run_child_logged(args: list[str], env: dict[str, str] | None = None) -> Any:
     """:func:`run_child`, with the load average just before it started as ``loadavg_start``."""
     load = load_average()
-    res = run_child(args)
+    res = run_child(args, env)
     res["loadavg_start"] = load
     return res
 

@@ -38,7 +38,11 @@ default malloc thresholds: every freed activation goes back to the OS and the ne
 page-faults). ``--trl-keep-freed-memory`` adds "trl-keepfreed": TRL in a process where
 ``gbmpo.train.allocator.keep_freed_memory()`` was called first, i.e. what the same allocator
 setting (or ``MALLOC_MMAP_THRESHOLD_``/``MALLOC_TRIM_THRESHOLD_`` in the environment) gives TRL.
-"gbmpo-hf" turns all three off.
+"gbmpo-hf" turns all three off. ``--gbmpo-src DIR`` adds "gbmpo-before": the default trainer
+with the ``gbmpo`` package imported from ``DIR`` (``PYTHONPATH``; e.g. an earlier commit's
+``src`` exported with ``git archive <rev> src | tar -x -C /tmp/before``), for a before/after of
+code changes in the same run (the package each child imported is recorded as
+``gbmpo_module``).
 
 Model FLOPs utilisation (MFU). Every child first measures this machine's float32 matmul peak at
 the benchmark's thread count (best of ``--peak-repeats`` ``torch.matmul`` of two 2048 x 2048
@@ -60,6 +64,7 @@ group of G rows, so its executed FLOPs are lower than its model FLOPs: ``hfu`` (
 utilisation) counts the prompt part once per distinct prompt in all three passes for gbmpo
 (and per row for TRL and "gbmpo-hf").
 
+    python benchmarks/trainer_vs_trl.py --gbmpo-src /tmp/before/src  # + an earlier gbmpo
     python benchmarks/trainer_vs_trl.py --no-lean-forward     # both sizes, + lean forward off
     python benchmarks/trainer_vs_trl.py --baseline --no-lean  # both sizes (about 15 minutes)
     python benchmarks/trainer_vs_trl.py --baseline            # both sizes (about 10 minutes)
@@ -229,6 +234,7 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
 def child_ours(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    import gbmpo
     import gbmpo.train.trainer as trainer_module
     from gbmpo.train.trainer import Trainer
 
@@ -276,6 +282,7 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
         sum(u if shared else p for p, u in kept) / max(len(kept), 1)
     )
     stats["matmul_peak_gflops"] = peak
+    stats["gbmpo_module"] = str(Path(gbmpo.__file__).resolve().parent)
     return stats
 
 
@@ -539,7 +546,7 @@ def _child_args(a: argparse.Namespace, role: str, model_dir: str, steps: int) ->
     return args
 
 
-SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "baseline": "gbmpo-hf",
+SIDE_OF_ROLE = {"ours": "gbmpo", "trl": "trl", "baseline": "gbmpo-hf", "before": "gbmpo-before",
                 "nolean": "gbmpo-nolean", "noleanfwd": "gbmpo-noleanfwd",
                 "mallocdefault": "gbmpo-mallocdefault", "trlkeepfreed": "trl-keepfreed"}
 
@@ -606,19 +613,23 @@ def main() -> None:
                    help="also time gbmpo with run.keep_freed_memory=false")
     p.add_argument("--trl-keep-freed-memory", action="store_true",
                    help="also time TRL with gbmpo's allocator setting applied first")
+    p.add_argument("--gbmpo-src", default=None, metavar="DIR",
+                   help="also time the default trainer with gbmpo imported from DIR (e.g. an "
+                        "earlier commit's src: git archive REV src | tar -x -C /tmp/before)")
     p.add_argument("--peak-repeats", type=int, default=10,
                    help="2048x2048 matmuls per child for the machine's peak (best counts)")
     p.add_argument("--profile-dir", default=None, help="write pyinstrument profiles here")
     p.add_argument("--no-loss-check", action="store_true")
     p.add_argument("--out", default=None, help="result JSON (default benchmarks/results/)")
-    p.add_argument("--child", choices=["ours", "trl", "loss", "baseline", "nolean",
+    p.add_argument("--child", choices=["ours", "trl", "loss", "baseline", "before", "nolean",
                                        "noleanfwd", "mallocdefault", "trlkeepfreed"],
                    help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
     p.add_argument("--profile", help=argparse.SUPPRESS)
     a = p.parse_args()
 
-    if serve_child(a, {"ours": child_ours, "baseline": child_ours, "nolean": child_ours,
+    if serve_child(a, {"ours": child_ours, "baseline": child_ours, "before": child_ours,
+                       "nolean": child_ours,
                        "noleanfwd": child_ours, "mallocdefault": child_ours,
                        "trl": child_trl, "trlkeepfreed": child_trl, "loss": child_loss}):
         return
@@ -632,11 +643,14 @@ def main() -> None:
             "max_new_tokens": a.max_new_tokens, "beta": BETA, "epsilon": EPSILON,
             "kl": "k3 x ratio (TRL use_bias_correction_kl=True; gbmpo kl_k3_is)",
             "loss_type": "dr_grpo", "scale_rewards": "none", "lr": LR, "threads": a.threads,
-            "warmup_steps_dropped": a.warmup, "rounds": a.rounds,
+            "warmup_steps_dropped": a.warmup, "rounds": a.rounds, "gbmpo_src": a.gbmpo_src,
         },
         "sizes": {},
     }
-    extra_roles = ((["baseline"] if a.baseline else []) + (["nolean"] if a.no_lean else [])
+    if a.gbmpo_src and not (Path(a.gbmpo_src) / "gbmpo" / "__init__.py").is_file():
+        raise SystemExit(f"--gbmpo-src {a.gbmpo_src}: no gbmpo/__init__.py in it")
+    extra_roles = ((["before"] if a.gbmpo_src else [])
+                   + (["baseline"] if a.baseline else []) + (["nolean"] if a.no_lean else [])
                    + (["noleanfwd"] if a.no_lean_forward else [])
                    + (["mallocdefault"] if a.no_keep_freed_memory else [])
                    + (["trlkeepfreed"] if a.trl_keep_freed_memory else []))
@@ -655,12 +669,18 @@ def main() -> None:
                                      "runs": {SIDE_OF_ROLE[r]: [] for r in roles}}
             for r in range(a.rounds):
                 for role in (roles if r % 2 == 0 else roles[::-1]):
-                    res = run_child_logged(_child_args(a, role, model_dir, steps))
+                    env = None
+                    if role == "before":  # the earlier package first on the import path
+                        src = str(Path(a.gbmpo_src).resolve())
+                        env = {"PYTHONPATH": os.pathsep.join(
+                            [src, *filter(None, [os.environ.get("PYTHONPATH")])])}
+                    res = run_child_logged(_child_args(a, role, model_dir, steps), env)
                     entry["runs"][SIDE_OF_ROLE[role]].append(res)
                     print(f"[{size}] {SIDE_OF_ROLE[role]}: {res['step_seconds_median']:.3f} "
                           f"s/step (CPU {res['cpu_seconds_per_step_median']:.3f} s), "
                           f"{res['tokens_per_second']:.0f} tok/s "
-                          f"(load {res['loadavg_start'][0]} -> {res['loadavg_end'][0]})",
+                          f"(load {res['loadavg_start'][0]} -> {res['loadavg_end'][0]})"
+                          + (f" [gbmpo from {res['gbmpo_module']}]" if role == "before" else ""),
                           flush=True)
             peak = max(x["matmul_peak_gflops"] for runs in entry["runs"].values() for x in runs)
             entry["matmul_peak_gflops"] = peak

@@ -72,12 +72,14 @@ def test_trainer_vs_trl_benchmark_toy(tmp_path: Path) -> None:
         "trainer_vs_trl.py", tmp_path / "tv.json", "--sizes", "toy", "--steps", "2",
         "--warmup", "1", "--rounds", "1", "--prompts", "2", "--generations", "2",
         "--max-new-tokens", "4", "--num-train", "32", "--baseline", "--no-lean-forward",
-        "--peak-repeats", "1",
+        "--peak-repeats", "1", "--gbmpo-src", str(ROOT / "src"),
     )
     assert last.startswith("trainer_vs_trl:")
     entry = data["sizes"]["toy"]
     assert entry["matmul_peak_gflops"] > 0
-    for side in ("gbmpo", "trl", "gbmpo-hf", "gbmpo-noleanfwd"):
+    # the "before" side imports gbmpo from --gbmpo-src (here the same tree)
+    assert entry["runs"]["gbmpo-before"][0]["gbmpo_module"] == str(ROOT / "src" / "gbmpo")
+    for side in ("gbmpo", "trl", "gbmpo-hf", "gbmpo-noleanfwd", "gbmpo-before"):
         assert entry[side]["steps_per_second"] > 0 and entry[side]["tokens_per_step"] > 0
         # MFU from the same model-FLOPs formula on every side; prompts measured, not assumed
         assert entry[side]["prompt_tokens_per_step"] > 0
