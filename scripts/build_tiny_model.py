@@ -232,11 +232,14 @@ def sft(
     heldout: list[dict[str, Any]],
     cfg: BuildConfig,
     log: Any = print,
+    on_eval: Any = None,
 ) -> tuple[int, float | None, list[dict[str, float]]]:
     """Run SFT until the first held-out eval >= ``cfg.target_acc`` or ``cfg.max_steps``.
 
     Returns (steps done, last held-out accuracy or None if never evaluated, eval history).
     Batches are consecutive slices of ``data`` (already in random order), cycling if needed.
+    ``on_eval(step, accuracy, model)``, if given, is called after every held-out eval (e.g. to
+    keep each candidate stop point).
     """
     lr = cfg.resolved_lr()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98),
@@ -273,6 +276,8 @@ def sft(
                             "heldout_accuracy": acc, "seconds": round(elapsed, 1)})
             log(f"step {step:5d}  loss {loss.item():.4f}  held-out acc {acc:.3f}  "
                 f"{elapsed:.0f}s")
+            if on_eval is not None:
+                on_eval(step, acc, model)
             if acc >= cfg.target_acc:
                 break
     return step, acc, history
@@ -296,8 +301,17 @@ def tokenizer_corpus(examples: list[dict[str, Any]], n: int) -> list[str]:
 
 
 
+def _save(model: Qwen3ForCausalLM, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # batched evaluation leaves a padding setting on the backend; ship the tokenizer without it
+    tokenizer.backend_tokenizer.no_padding()
+    tokenizer.backend_tokenizer.no_truncation()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+
+
 def build(cfg: BuildConfig, out_dir: Path, *, require_target: bool = True,
-          log: Any = print) -> dict[str, Any]:
+          log: Any = print, keep_evals: Path | None = None) -> dict[str, Any]:
     """Build tokenizer + model, warm-start, save into ``out_dir``; return the build info."""
     t0 = time.perf_counter()
     torch.set_num_threads(cfg.threads)
@@ -309,7 +323,14 @@ def build(cfg: BuildConfig, out_dir: Path, *, require_target: bool = True,
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vocab {len(tokenizer)}  params {n_params}  size {cfg.size}  threads {cfg.threads}")
     data = encode_sft(sft_examples, tokenizer)
-    steps, acc, history = sft(model, tokenizer, data, heldout, cfg, log=log)
+    on_eval = None
+    if keep_evals is not None:
+        def on_eval(step: int, accuracy: float, m: Qwen3ForCausalLM) -> None:
+            # every candidate stop point, to compare RL from each (``step<N>/``)
+            _save(m, tokenizer, keep_evals / f"step{step}")
+            (keep_evals / f"step{step}" / "heldout.json").write_text(
+                json.dumps({"step": step, "heldout_accuracy": accuracy}) + "\n")
+    steps, acc, history = sft(model, tokenizer, data, heldout, cfg, log=log, on_eval=on_eval)
     if acc is None:  # no eval happened (max_steps < eval_every): measure once at the end
         acc = greedy_accuracy(model, tokenizer, heldout, max_new_tokens=cfg.max_new_tokens,
                               batch_size=cfg.eval_batch_size)
@@ -318,12 +339,7 @@ def build(cfg: BuildConfig, out_dir: Path, *, require_target: bool = True,
             f"SFT stopped at max_steps={cfg.max_steps} with held-out accuracy {acc:.3f} < "
             f"target {cfg.target_acc}; nothing saved (raise --max-steps or lower --target-acc)"
         )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # batched evaluation leaves a padding setting on the backend; ship the tokenizer without it
-    tokenizer.backend_tokenizer.no_padding()
-    tokenizer.backend_tokenizer.no_truncation()
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
+    _save(model, tokenizer, out_dir)
     import transformers
 
     info = {
@@ -388,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="stop at the first held-out greedy accuracy >= this")
     ap.add_argument("--max-steps", type=int, default=d.max_steps)
     ap.add_argument("--output-dir", type=Path, default=TINY_MODEL_PATH)
+    ap.add_argument("--keep-evals", type=Path, default=None, metavar="DIR",
+                    help="also save the model at every held-out eval as DIR/step<N>/ (candidate "
+                         "stop points; e.g. with --target-acc 2 --max-steps 700)")
     ap.add_argument("--allow-below-target", action="store_true",
                     help="save even if --max-steps ends below --target-acc")
     ap.add_argument("--check", action="store_true",
@@ -412,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         lr=args.lr, warmup_steps=args.warmup_steps, eval_every=args.eval_every,
         target_acc=args.target_acc, max_steps=args.max_steps,
     )
-    info = build(cfg, args.output_dir, require_target=not args.allow_below_target)
+    info = build(cfg, args.output_dir, require_target=not args.allow_below_target,
+                 keep_evals=args.keep_evals)
     size_mb = sum(f.stat().st_size for f in args.output_dir.iterdir()) / 2**20
     print(f"saved {args.output_dir} ({size_mb:.1f} MB): {info['steps']} steps, held-out accuracy "
           f"{info['heldout_accuracy']:.3f}, {info['wall_seconds']:.0f} s")

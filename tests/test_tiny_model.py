@@ -187,6 +187,25 @@ def test_sft_steps_are_bit_reproducible(
                            a["model.layers.0.mlp.up_proj.weight"])  # the steps did train
 
 
+def test_sft_calls_on_eval_with_every_candidate_stop_point(
+    builder: ModuleType, tiny: tuple[Any, Any]
+) -> None:
+    _, tok = tiny
+    examples, heldout = builder.sft_data(0)
+    data = builder.encode_sft(examples[:32], tok)
+    cfg = builder.BuildConfig(batch_size=16, max_steps=4, eval_every=2, warmup_steps=2,
+                              target_acc=2.0)
+    seen: list[tuple[int, float, int]] = []
+    model = builder.build_model(tok, "2M", 0)
+    steps, acc, hist = builder.sft(
+        model, tok, data, heldout[:4], cfg, log=lambda *_: None,
+        on_eval=lambda step, a, m: seen.append((step, a, id(m))),
+    )
+    assert steps == 4 and [s for s, _, _ in seen] == [2, 4] == [h["step"] for h in hist]
+    assert [a for _, a, _ in seen] == [h["heldout_accuracy"] for h in hist]
+    assert {i for _, _, i in seen} == {id(model)}
+
+
 def test_compare_assets_detects_differences(builder: ModuleType, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
