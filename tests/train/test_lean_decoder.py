@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import gbmpo.rollout.decoder as decoder_module
 from gbmpo.rollout import LeanDecoder, LeanForward, lean_decoder_unsupported_reason
 from gbmpo.rollout.decoder import _rms, _rotate, _rotate_swap, _signed_sin
 from gbmpo.rollout.hf import _decode, _prefill
@@ -64,12 +65,15 @@ def test_logits_match_the_models_own_cached_forward(kind, dtype):
     assert (seen[0][0] - seen[0][2]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
-def test_lean_prefill_matches_the_models_own_prefill(kind):
-    """LeanForward.prompt_cache + LeanDecoder.start_repeated (the lean engine's prefill, each
-    prompt's keys/values copied straight to its rows) give the same last-position logits, the
-    same keys/values at the real prompt positions and the same decode logits afterwards as
-    transformers' prefill expanded with batch_repeat_interleave, in float64."""
+def test_lean_prefill_matches_the_models_own_prefill(kind, shared, monkeypatch):
+    """LeanForward.prompt_cache + LeanDecoder.start_repeated (the lean engine's prefill: each
+    prompt's keys/values copied straight to its rows, or kept once per prompt and attended to
+    per prompt, ``shared``) give the same last-position logits, the same keys/values at the
+    real prompt positions and the same decode logits afterwards as transformers' prefill
+    expanded with batch_repeat_interleave, in float64."""
+    monkeypatch.setattr(decoder_module, "_SHARED_PROMPT_MIN_BYTES", 0 if shared else 1 << 62)
     model = _model(kind, torch.float64)
     ids, mask = _prompts()
     repeats, steps = 3, 4
@@ -84,13 +88,19 @@ def test_lean_prefill_matches_the_models_own_prefill(kind):
         hf_decoder.start(cache, att, steps)
         lean_decoder.start_repeated(keys_values, mask, repeats, steps)
         width = ids.shape[1]
-        for (k_hf, v_hf), k_ours, v_ours in zip(
-            [(layer.keys, layer.values) for layer in cache.layers], lean_decoder._keys,
-            lean_decoder._values, strict=True,
+        assert lean_decoder._shared is shared and not hf_decoder._shared
+        if shared:  # once per prompt
+            ours_kv = [(k.repeat_interleave(repeats, 0), v.repeat_interleave(repeats, 0))
+                       for k, v in lean_decoder._prompt_kv]
+        else:
+            ours_kv = [(k[:, :, :width], v[:, :, :width])
+                       for k, v in zip(lean_decoder._keys, lean_decoder._values, strict=True)]
+        for (k_hf, v_hf), (k_ours, v_ours) in zip(
+            [(layer.keys, layer.values) for layer in cache.layers], ours_kv, strict=True,
         ):
-            torch.testing.assert_close(torch.where(real, k_ours[:, :, :width], 0),
+            torch.testing.assert_close(torch.where(real, k_ours, 0),
                                        torch.where(real, k_hf, 0), rtol=1e-12, atol=1e-12)
-            torch.testing.assert_close(torch.where(real, v_ours[:, :, :width], 0),
+            torch.testing.assert_close(torch.where(real, v_ours, 0),
                                        torch.where(real, v_hf, 0), rtol=1e-12, atol=1e-12)
         position, tok = att.sum(-1), theirs.argmax(-1)
         for _ in range(steps):
@@ -101,7 +111,9 @@ def test_lean_prefill_matches_the_models_own_prefill(kind):
         LeanDecoder(model).start_repeated(keys_values[:1], mask, repeats, steps)
 
 
-def test_engine_samples_the_same_tokens_with_and_without_it():
+@pytest.mark.parametrize("shared", [False, True])
+def test_engine_samples_the_same_tokens_with_and_without_it(shared, monkeypatch):
+    monkeypatch.setattr(decoder_module, "_SHARED_PROMPT_MIN_BYTES", 0 if shared else 1 << 62)
     model = _model("qwen3")
     ids, mask = _prompts()
     kw = dict(repeats=4, max_new_tokens=12, do_sample=True, temperature=1.0, top_p=0.9,

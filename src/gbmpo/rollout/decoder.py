@@ -27,7 +27,9 @@ and rotated as one ``[rows, H+KV, d]`` tensor (the per-head norm and the rotatio
 and per element, so this is exactly the separate computation, in half the calls).
 Concatenating the q/k/v and gate/up weights into one product each was measured too and did not
 help (0.2M: within noise; 9.6M: 0-8% slower decode), so the model's matrices are used as they
-are. The rotation swaps the halves with one ``roll`` against a sin table whose first half is
+are. When many rows share a prompt and its keys/values are large, the prompt part of the
+attention reads them once per prompt (:meth:`LeanDecoder.start_repeated`). The rotation swaps
+the halves with one ``roll`` against a sin table whose first half is
 negated (:func:`_rotate_swap`: the same products and sums as the rotate-half formula, so the
 same bits), and the single-query attention is written out as two small products and a softmax
 against an additive ``0/-inf`` mask kept in a buffer (shared by the layers): CPU's fused
@@ -84,6 +86,14 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+
+#: the decode step reads each prompt's keys/values once per prompt instead of once per row
+#: (LeanDecoder.start_repeated) when the rows' copies would be at least this many bytes per step
+#: over all layers: then it is cheaper to read them once (9.6M benchmark model, 64 rows, 8
+#: prompts of ~36 tokens: ~15 MB per step, generate 1051 -> 980 ms); below it the extra
+#: products and reshapes cost more than they save (0.15M model: ~1.2 MB, 52 -> 57 ms)
+_SHARED_PROMPT_MIN_BYTES = 1 << 22
 
 
 def _signed_sin(sin: Tensor) -> Tensor:
@@ -238,6 +248,9 @@ class LeanDecoder(_LlamaWeights):
         self._column = 0
         #: per layer: the ``[H+KV, d]`` q_norm/k_norm weights of the joint query/key norm
         self._qk_norms: list[tuple[Tensor, float] | None] = []
+        self._shared = False
+        self._groups = (0, 1, 0)
+        self._prompt_kv: list[tuple[Tensor, Tensor]] = []
 
     @classmethod
     def for_model(cls, model: Any) -> LeanDecoder | None:
@@ -261,15 +274,22 @@ class LeanDecoder(_LlamaWeights):
                        repeats: int, max_new_tokens: int) -> None:
         """Start from per-layer prompt ``(keys, values)`` ``[U, kv_heads, P, head_dim]`` (e.g.
         :meth:`gbmpo.rollout.lean_forward.LeanForward.prompt_cache`) of ``U`` prompts, each
-        expanded to ``repeats`` consecutive rows (``repeat_interleave`` order) as it is copied
-        into the buffers, which have room for ``max_new_tokens`` more positions;
-        ``prompt_mask`` ``[U, P]`` marks the real prompt tokens."""
+        the prompt of ``repeats`` consecutive rows (``repeat_interleave`` order), with room for
+        ``max_new_tokens`` more positions; ``prompt_mask`` ``[U, P]`` marks the real prompt
+        tokens. The prompt's keys/values are copied to each of its rows, or, when those copies
+        would be large (:data:`_SHARED_PROMPT_MIN_BYTES`), kept once per prompt and attended to
+        with one product per prompt for all its rows' queries (the same attention, summed in
+        two parts: prompt and new tokens)."""
         if len(keys_values) != len(self.layers):
             raise ValueError(f"{len(keys_values)} layers of keys/values for a model with "
                              f"{len(self.layers)} layers")
         n_u, width = prompt_mask.shape
         rows, total = n_u * repeats, width + max_new_tokens
-        self._keys, self._values = [], []
+        per_row_bytes = sum(k.shape[1] * k.shape[3] * (k.element_size() + v.element_size())
+                            for k, v in keys_values) * rows * width
+        self._shared = repeats > 1 and per_row_bytes >= _SHARED_PROMPT_MIN_BYTES
+        self._groups = (n_u, repeats, width)
+        self._keys, self._values, self._prompt_kv = [], [], []
         for keys, values in keys_values:
             if keys.shape[0] != n_u or keys.shape[2] != width:
                 raise ValueError(
@@ -277,6 +297,11 @@ class LeanDecoder(_LlamaWeights):
                     f"{tuple(prompt_mask.shape)}"
                 )
             n_kv, d = keys.shape[1], keys.shape[3]
+            if self._shared:  # prompt keys/values once per prompt, new ones per row
+                self._prompt_kv.append((keys.contiguous(), values.contiguous()))
+                self._keys.append(keys.new_empty(rows, n_kv, max_new_tokens, d))
+                self._values.append(values.new_empty(rows, n_kv, max_new_tokens, d))
+                continue
             k_buf = keys.new_empty(rows, n_kv, total, d)
             v_buf = values.new_empty(rows, n_kv, total, d)
             k_buf.view(n_u, repeats, n_kv, total, d)[:, :, :, :width] = keys.unsqueeze(1)
@@ -320,6 +345,7 @@ class LeanDecoder(_LlamaWeights):
         mask = self._mask[..., : col + 1]  # [rows, 1, 1, col + 1], shared by the layers
         x = F.embedding(tokens, self.embed)  # [rows, hidden]
         layers = zip(self.layers, self._qk_norms, self._keys, self._values, strict=True)
+        prompt_kv = list(self._prompt_kv)
         for layer, qk_norm, k_buf, v_buf in layers:
             h = _rms(x, layer.ln1, layer.ln1_eps)
             qk = torch.cat([F.linear(h, *layer.q).view(rows, n_q, h_dim),
@@ -334,18 +360,44 @@ class LeanDecoder(_LlamaWeights):
                 k = k if layer.k_norm is None else _rms(k, *layer.k_norm)
                 qk = torch.cat([q, k], dim=1)
             qk = _rotate_swap(qk, cos, sin)
-            k_buf[:, :, col] = qk[:, n_q:]
-            v_buf[:, :, col] = v
             # one query position: the H query heads as KV groups of H/KV queries each, softmax
             # attention written out (a few small products: the fused CPU kernel costs more
             # per call at these sizes)
             q = qk[:, :n_q].view(rows, n_kv, groups, h_dim)
-            scores = torch.matmul(q, k_buf[:, :, : col + 1].transpose(-1, -2))
-            probs = _softmax(torch.add(mask, scores, alpha=self.scale))
-            out = torch.matmul(probs, v_buf[:, :, : col + 1])
+            if self._shared:
+                out = self._attend_shared(q, qk[:, n_q:], v, k_buf, v_buf, prompt_kv.pop(0),
+                                          mask, col)
+            else:
+                k_buf[:, :, col] = qk[:, n_q:]
+                v_buf[:, :, col] = v
+                scores = torch.matmul(q, k_buf[:, :, : col + 1].transpose(-1, -2))
+                probs = _softmax(torch.add(mask, scores, alpha=self.scale))
+                out = torch.matmul(probs, v_buf[:, :, : col + 1])
             x = x + F.linear(out.reshape(rows, n_q * h_dim), *layer.o)
             h = _rms(x, layer.ln2, layer.ln2_eps)
             x = x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up),
                              *layer.down)
         self._column = col + 1
         return F.linear(_rms(x, *self.final_norm), *self.lm_head)
+
+    def _attend_shared(self, q: Tensor, k: Tensor, v: Tensor, k_new: Tensor, v_new: Tensor,
+                       prompt_kv: tuple[Tensor, Tensor], mask: Tensor, col: int) -> Tensor:
+        """Attention of ``q`` ``[rows, KV, groups, d]`` over its prompt's keys (stored once per
+        prompt, read once for its ``repeats`` rows: the queries of a prompt's rows form one
+        product) and its own new keys; one softmax over both parts."""
+        n_u, reps, width = self._groups
+        rows, n_kv, groups, d = q.shape
+        j = col - width
+        k_new[:, :, j] = k
+        v_new[:, :, j] = v
+        k_p, v_p = prompt_kv
+        q_u = q.view(n_u, reps, n_kv, groups, d).transpose(1, 2).reshape(n_u, n_kv, -1, d)
+        s_p = torch.matmul(q_u, k_p.transpose(-1, -2))  # [U, KV, reps*groups, P]
+        s_p = s_p.view(n_u, n_kv, reps, groups, width).transpose(1, 2)
+        s_n = torch.matmul(q, k_new[:, :, : j + 1].transpose(-1, -2))  # [rows, KV, groups, j+1]
+        scores = torch.cat([s_p.reshape(rows, n_kv, groups, width), s_n], dim=-1)
+        probs = _softmax(torch.add(mask, scores, alpha=self.scale))
+        p_u = probs[..., :width].reshape(n_u, reps, n_kv, groups, width).transpose(1, 2)
+        out_p = torch.matmul(p_u.reshape(n_u, n_kv, reps * groups, width), v_p)
+        out_p = out_p.view(n_u, n_kv, reps, groups, d).transpose(1, 2).reshape(q.shape)
+        return out_p + torch.matmul(probs[..., width:], v_new[:, :, : j + 1])
