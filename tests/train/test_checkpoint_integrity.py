@@ -204,29 +204,71 @@ def test_es_resume_rewrites_a_half_written_map_export(tmp_path):
     NeuralMirrorMap.load(out / MIRROR_FILE)
 
 
-def test_es_damaged_state_files_are_named(tmp_path):
+def _es_run(out, iterations=2):
     import numpy as np
 
     from gbmpo.meta.analytic import QuadraticFitness
     from gbmpo.meta.backends import SerialBackend
-    from gbmpo.meta.checkpoint import STATE_FILE, load_state
     from gbmpo.meta.es import ESConfig
     from gbmpo.meta.runner import run_es_loop
 
-    cfg = ESConfig(population=4, iterations=2, sigma0=0.1, seed=1)
+    cfg = ESConfig(population=4, iterations=iterations, sigma0=0.1, seed=1)
+    return run_es_loop(QuadraticFitness(target=np.zeros(6)), SerialBackend(), cfg, out,
+                       theta0=np.zeros(6), resume=(out / "es_state.json").exists())
+
+
+def test_es_damaged_state_falls_back_to_the_previous_one_with_a_warning(tmp_path):
+    from gbmpo.meta.checkpoint import PREV_STATE_FILE, STATE_FILE, load_state
+
     out = tmp_path / "es"
-    run_es_loop(QuadraticFitness(target=np.zeros(6)), SerialBackend(), cfg, out,
-                theta0=np.zeros(6))
+    _es_run(out)
     theta = out / "theta" / "iter_0002.safetensors"
     theta.write_bytes(theta.read_bytes()[:50])
-    with pytest.raises(ValueError, match=r"parameter file \S*iter_0002.safetensors is damaged"):
-        load_state(out)
+    with pytest.warns(RuntimeWarning, match=r"iter_0002.safetensors is damaged.*previous state"):
+        state, _ = load_state(out)
+    assert state.iteration == 1
     theta.unlink()
-    with pytest.raises(ValueError, match=r"parameter file \S*iter_0002.safetensors is missing"):
-        load_state(out)
+    with pytest.warns(RuntimeWarning, match=r"iter_0002.safetensors is missing"):
+        assert load_state(out)[0].iteration == 1
     (out / STATE_FILE).write_text('{"format": "gbmpo-es-st')
-    with pytest.raises(ValueError, match=r"es_state.json is damaged \(not valid JSON"):
+    with pytest.warns(RuntimeWarning, match=r"es_state.json is damaged \(not valid JSON"):
+        assert load_state(out)[0].iteration == 1
+    # resuming redoes iteration 2 from iteration 1's state: the same result as the first run
+    fresh = _es_run(tmp_path / "fresh")
+    with pytest.warns(RuntimeWarning):
+        again = _es_run(out)
+    assert again.iteration == 2 and (again.theta == fresh.theta).all()
+    # both damaged: one error naming both files, nothing is resumed
+    (out / STATE_FILE).write_text("{")
+    (out / PREV_STATE_FILE).write_text("{")
+    with pytest.raises(ValueError, match=r"es_state.json is damaged.*previous state is damaged "
+                                         r"too.*es_state.prev.json"):
         load_state(out)
+
+
+def test_es_state_write_failure_names_the_cause_and_keeps_the_previous_state(
+    tmp_path, monkeypatch
+):
+    import errno
+
+    from gbmpo.meta import checkpoint as es_checkpoint
+    from gbmpo.meta.checkpoint import STATE_FILE, load_state
+    from gbmpo.train.checkpoint import CheckpointError
+
+    out = tmp_path / "es"
+    _es_run(out, iterations=1)
+    before = (out / STATE_FILE).read_bytes()
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(es_checkpoint, "save_file", full_disk)
+    with pytest.raises(CheckpointError, match=r"iteration 2 .*No space left on device.*"
+                                              r"previous es_state.json is untouched"):
+        _es_run(out, iterations=2)
+    assert (out / STATE_FILE).read_bytes() == before
+    assert not list(out.rglob("*.tmp"))
+    assert load_state(out)[0].iteration == 1
 
 
 def test_a_really_full_disk_during_a_checkpoint(micro_model_dir, tmp_path):

@@ -6,8 +6,14 @@ Layout of an ES output directory::
                                 the ES config and whatever run metadata the caller adds
     theta/iter_0003.safetensors theta [d] and elite_deltas [m, d] (float64) after 3 iterations
 
-The tensor file of each iteration is written first under a new name, then ``es_state.json`` is
-replaced atomically (``os.replace``), so a kill at any moment leaves a consistent pair.
+    es_state.prev.json          the state before the last one (its tensor file is kept too)
+
+The tensor file of each iteration is written first under a new name, then the current
+``es_state.json`` is copied to ``es_state.prev.json`` and replaced atomically (``os.replace``), so
+a kill at any moment leaves a consistent pair. A failed write (a full disk) raises
+:class:`~gbmpo.train.checkpoint.CheckpointError` naming the cause and leaves the previous state as
+it was; a damaged ``es_state.json`` (or its tensor file) is reported and the previous state is
+resumed instead, with a warning.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +31,11 @@ from safetensors.numpy import load_file, save_file
 
 from gbmpo.meta.es import Elite, ESState
 
-__all__ = ["STATE_FILE", "STATE_FORMAT", "load_state", "save_state"]
+__all__ = ["PREV_STATE_FILE", "STATE_FILE", "STATE_FORMAT", "load_state", "save_state"]
 
 STATE_FILE = "es_state.json"
+PREV_STATE_FILE = "es_state.prev.json"
 STATE_FORMAT = "gbmpo-es-state/1"
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def save_state(state: ESState, output_dir: str | Path, **metadata: Any) -> Path:
@@ -40,9 +43,28 @@ def save_state(state: ESState, output_dir: str | Path, **metadata: Any) -> Path:
 
     Returns the path of ``es_state.json``.
     """
+    from gbmpo.train.checkpoint import CheckpointError, _root_cause
+
     out = Path(output_dir)
-    (out / "theta").mkdir(parents=True, exist_ok=True)
     rel = Path("theta") / f"iter_{state.iteration:04d}.safetensors"
+    temporaries = [out / (str(rel) + ".tmp"), out / (STATE_FILE + ".tmp"),
+                   out / (PREV_STATE_FILE + ".tmp")]
+    try:
+        return _write_state(state, out, rel, metadata)
+    except Exception as err:  # OSError (ENOSPC...), SafetensorError
+        for tmp in temporaries:
+            tmp.unlink(missing_ok=True)
+        previous = "no earlier state"
+        if (out / STATE_FILE).is_file():
+            previous = f"the previous {STATE_FILE} is untouched"
+        raise CheckpointError(
+            f"could not write the ES state of iteration {state.iteration} in {out}: "
+            f"{_root_cause(err)}; {previous}"
+        ) from err
+
+
+def _write_state(state: ESState, out: Path, rel: Path, metadata: dict[str, Any]) -> Path:
+    (out / "theta").mkdir(parents=True, exist_ok=True)
     deltas = (
         np.stack([e.delta for e in state.elites])
         if state.elites
@@ -70,16 +92,46 @@ def save_state(state: ESState, output_dir: str | Path, **metadata: Any) -> Path:
         **metadata,
     }
     path = out / STATE_FILE
-    _atomic_write_text(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
+    tmp_state = path.with_name(path.name + ".tmp")
+    tmp_state.write_text(text, encoding="utf-8")  # the new state is complete before any rename
+    if path.is_file():
+        prev_tmp = out / (PREV_STATE_FILE + ".tmp")
+        shutil.copyfile(path, prev_tmp)
+        os.replace(prev_tmp, out / PREV_STATE_FILE)
+    os.replace(tmp_state, path)
     return path
 
 
 def load_state(output_dir: str | Path) -> tuple[ESState, dict[str, Any]]:
-    """Read the state saved by :func:`save_state`; returns ``(state, the whole JSON document)``."""
+    """Read the state saved by :func:`save_state`; returns ``(state, the whole JSON document)``.
+
+    If ``es_state.json`` or its tensor file is damaged, the previous state
+    (``es_state.prev.json``) is loaded instead with a warning that names the damage; if that is
+    damaged or missing too, ``ValueError`` names both.
+    """
     out = Path(output_dir)
     path = out / STATE_FILE
     if not path.is_file():
         raise FileNotFoundError(f"no ES state to resume: {path} does not exist")
+    try:
+        return _read_state(out, path)
+    except ValueError as err:
+        prev = out / PREV_STATE_FILE
+        if not prev.is_file():
+            raise
+        try:
+            state, doc = _read_state(out, prev)
+        except ValueError as prev_err:
+            raise ValueError(f"{err}; the previous state is damaged too: {prev_err}") from err
+        warnings.warn(
+            f"{err}; resuming from the previous state {prev} (iteration {state.iteration})",
+            RuntimeWarning, stacklevel=2,
+        )
+        return state, doc
+
+
+def _read_state(out: Path, path: Path) -> tuple[ESState, dict[str, Any]]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
