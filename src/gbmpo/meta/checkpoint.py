@@ -107,8 +107,9 @@ def load_state(output_dir: str | Path) -> tuple[ESState, dict[str, Any]]:
     """Read the state saved by :func:`save_state`; returns ``(state, the whole JSON document)``.
 
     If ``es_state.json`` or its tensor file is damaged, the previous state
-    (``es_state.prev.json``) is loaded instead with a warning that names the damage; if that is
-    damaged or missing too, ``ValueError`` names both.
+    (``es_state.prev.json``) is loaded instead with a warning that names the damage. Without a
+    previous state the damage is a ``ValueError``; if the previous state is damaged too, one
+    ``ValueError`` names both.
     """
     out = Path(output_dir)
     path = out / STATE_FILE
