@@ -206,6 +206,27 @@ def test_sft_calls_on_eval_with_every_candidate_stop_point(
     assert {i for _, _, i in seen} == {id(model)}
 
 
+def test_build_keeps_every_eval_as_a_loadable_candidate(
+    builder: ModuleType, tmp_path: Path
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    cfg = builder.BuildConfig(batch_size=8, max_steps=2, eval_every=1, warmup_steps=1,
+                              target_acc=2.0, tokenizer_corpus=500, eval_batch_size=200)
+    info = builder.build(cfg, tmp_path / "final", require_target=False,
+                         log=lambda *_: None, keep_evals=tmp_path / "evals")
+    assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == ["step1", "step2"]
+    for e in info["evals"]:
+        d = tmp_path / "evals" / f"step{e['step']}"
+        assert json.loads((d / "heldout.json").read_text()) == {
+            "step": e["step"], "heldout_accuracy": e["heldout_accuracy"]}
+        assert (d / "tokenizer.json").is_file()
+    last = AutoModelForCausalLM.from_pretrained(tmp_path / "evals" / "step2")
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    assert all(torch.equal(a, b) for a, b in zip(last.state_dict().values(),
+                                                 final.state_dict().values(), strict=True))
+
+
 def test_compare_assets_detects_differences(builder: ModuleType, tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
