@@ -5,8 +5,8 @@
 Starts from the same shipped tiny model as ``gbmpo train`` and, instead of RL, continues the
 warm-start's SFT recipe (batch 64, AdamW β 0.9/0.98, weight decay 0.01, grad clip 1, loss on the
 completion tokens only, LR ``--lr`` (default the warm-start's 1e-3) after a linear warm-up of
-``--warmup-steps`` (default 20: a fresh AdamW's first full-LR steps knock the model from 45% to
-4% held-out accuracy in one step)) on the
+``--warmup-steps`` (default 20: a fresh AdamW's first full-LR steps knocked the seed-0 asset from
+45% to 4% held-out accuracy in one step)) on the
 gold solutions of the *same* training prompts the RL run draws from (the ``arithmetic`` task's
 ``train`` split, shuffled by the seed), for ``--seconds`` of wall time. Held-out accuracy is
 measured exactly as ``gbmpo train`` measures it (:func:`gbmpo.eval.evaluate`, greedy, the same

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(
     reason="the embedded tiny model has not been built",
 )
 
-STEPS = 20
+STEPS = 30
 K = 6
 
 
@@ -46,7 +46,7 @@ def test_reward_rises_beyond_noise_on_tiny_model(tmp_path):
         None,
         [
             # the default model, task and objective (Dr. GRPO + ProbL2) on an 8-prompt training
-            # set seen in full every step (8 prompts x 4 completions), so that a 20-step run
+            # set seen in full every step (8 prompts x 4 completions), so that a 30-step run
             # learns visibly and the step-to-step noise is sampling noise only
             ("task.params.num_train", "8"),
             ("rollout.prompts_per_step", "8"),
