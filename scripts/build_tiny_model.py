@@ -41,7 +41,7 @@ held-out accuracy are identical)::
     .venv/bin/python scripts/build_tiny_model.py --check
 
 Run on 2026-11-25 against the seed-3 asset: "rebuild identical" (tokenizer, all tensors, steps,
-accuracy), 388 s on one core. The asset is also bit-identical (every tensor, the tokenizer file) to
+accuracy), about 6.5 minutes on one core. The asset is also bit-identical (every tensor, the tokenizer file) to
 the step-450 checkpoint that ``--seed 3 --keep-evals DIR --eval-every 25`` saved for the screen:
 the extra evaluations draw no random numbers.
 
