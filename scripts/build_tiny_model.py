@@ -41,9 +41,9 @@ held-out accuracy are identical)::
     .venv/bin/python scripts/build_tiny_model.py --check
 
 Run on 2026-11-25 against the seed-3 asset: "rebuild identical" (tokenizer, all tensors, steps,
-accuracy), about 6.5 minutes on one core. The asset is also bit-identical (every tensor, the tokenizer file) to
-the step-450 checkpoint that ``--seed 3 --keep-evals DIR --eval-every 25`` saved for the screen:
-the extra evaluations draw no random numbers.
+accuracy), about 6.5 minutes on one core. The asset is also bit-identical (every tensor, the
+tokenizer file) to the step-450 checkpoint that ``--seed 3 --keep-evals DIR --eval-every 25``
+saved for the screen: the extra evaluations draw no random numbers.
 
 CPU training is bit-reproducible for a fixed seed, thread count and torch build; another CPU or
 torch version may round differently and then differs in the last bits (``--check`` reports the
