@@ -17,22 +17,27 @@ Steps (all offline, CPU, fp32, fixed seeds; FEASIBILITY.md section 7):
    accuracy jump so that RL has room to improve it.
 4. ``save_pretrained`` (safetensors) model + tokenizer, plus ``build_info.json``.
 
-The shipped asset is the script's defaults (SFT seed 3, one torch thread)::
+The shipped asset is the script's defaults (SFT seed 5, held-out evaluation every 25 steps, one
+torch thread)::
 
     .venv/bin/python scripts/build_tiny_model.py
 
 Measured on the 2-core project machine on 2026-11-25 (torch 2.13.0+cpu, transformers 5.23.0;
 recorded in ``build_info.json``): vocabulary 447 tokens (the BPE trainer runs out of merges below
-the 512 asked for), 1,857,408 parameters, asset 7.1 MB. SFT reached the 45% target at step 450
-(49.0%); held-out greedy accuracy at steps 50, 100, ..., 450: 2, 1.5, 4.5, 5.5, 5, 6, 20, 36.5,
-49%. Wall time 398 s on one core (load ~1: an RL run on the other core).
+the 512 asked for), 1,857,408 parameters, asset 7.1 MB. SFT reached the 45% target at step 425
+(49.0%); held-out greedy accuracy at steps 25, 50, ..., 425: 0, 1.5, 3, 2, 2.5, 6, 5.5, 8.5, 2.5,
+9.5, 10, 5, 16.5, 14, 34, 44, 49%. Wall time 469 s on one core (the same build alone on a core
+took 391 s; this one shared its core with evaluations for its first two minutes).
 
-Why seed 3: how much 180 s of RL adds depends strongly on the SFT run (``benchmarks/RESULTS.md``
-section 5). Four SFT seeds' first checkpoint at or above 45% (evaluating every 25 steps), each
-RL-trained for 180 s with the default recipe (RL seed 0): seed 0 (step 350, 45%, the asset until
-2026-11-25) +13.0, seed 1 (step 450, 48%) +8.5, seed 2 (step 425, 48%) +16.5, seed 3 (step 450,
-49%) +17.0. Seed 3 also ends highest; RL seeds 1 and 2 then confirmed it (65.5, 66.0%). The
-seed-0 build is ``--seed 0`` (it stops at step 350).
+Why seed 5: how much 180 s of RL adds depends strongly on the SFT run (``benchmarks/RESULTS.md``
+sections 5.1 and 5.3). Seven SFT seeds' first checkpoint at or above 45%, each RL-trained for
+180 s with the default recipe on RL seed 0: seed 0 (step 350, 45%, the asset until 2026-11-25
+14:00) +13.0, seed 1 (450, 48%) +8.5, seed 2 (425, 48%) +16.5, seed 3 (450, 49%, the asset until
+2026-11-25 16:15) +17.0, seed 4 (400, 47.5%) +17.5, seed 5 (425, 49%) +30.5, seed 16 (450, 60%)
++20.5. RL seeds 1 and 2, which took no part in the choice, confirmed seed 5 (84.0 and 81.0%, i.e.
++35.0 and +32.0). The earlier assets are ``--seed 3 --eval-every 50`` (step 450) and ``--seed 0
+--eval-every 50`` (step 350); the evaluations draw no random numbers, so the interval only
+decides where a build stops.
 
 Reproduce and compare with the shipped asset (rebuilds with the recorded settings in a
 temporary directory; exit status 0 iff the tokenizer, every weight tensor, the step count and the
@@ -40,10 +45,10 @@ held-out accuracy are identical)::
 
     .venv/bin/python scripts/build_tiny_model.py --check
 
-Run on 2026-11-25 against the seed-3 asset: "rebuild identical" (tokenizer, all tensors, steps,
-accuracy), about 6.5 minutes on one core. The asset is also bit-identical (every tensor, the
-tokenizer file) to the step-450 checkpoint that ``--seed 3 --keep-evals DIR --eval-every 25``
-saved for the screen: the extra evaluations draw no random numbers.
+The shipped seed-5 asset was built by the plain command above and is bit-identical (every tensor,
+the tokenizer file) to the checkpoint the screen built and RL-trained (``--seed 5 --eval-every 25
+--target-acc 0.45 --max-steps 700 --output-dir DIR``). ``--check`` against the seed-3 asset gave
+"rebuild identical", about 6.5 minutes on one core.
 
 CPU training is bit-reproducible for a fixed seed, thread count and torch build; another CPU or
 torch version may round differently and then differs in the last bits (``--check`` reports the
@@ -95,14 +100,14 @@ DEFAULT_LR = {"2M": 1e-3, "0.5M": 2e-3}
 @dataclass
 class BuildConfig:
     size: str = "2M"
-    seed: int = 3  # the shipped asset; module docstring: why 3
+    seed: int = 5  # the shipped asset; module docstring: why 5
     threads: int = 1
     batch_size: int = 64
     lr: float | None = None  # None -> DEFAULT_LR[size]
     warmup_steps: int = 100
     weight_decay: float = 0.01
     grad_clip: float = 1.0
-    eval_every: int = 50
+    eval_every: int = 25  # the shipped asset stops at step 425
     target_acc: float = 0.45
     max_steps: int = 1500
     vocab_size: int = 512  # requested; the BPE trainer runs out of merges earlier
