@@ -47,8 +47,8 @@ held-out accuracy are identical)::
 
 The shipped seed-5 asset was built by the plain command above and is bit-identical (every tensor,
 the tokenizer file) to the checkpoint the screen built and RL-trained (``--seed 5 --eval-every 25
---target-acc 0.45 --max-steps 700 --output-dir DIR``). ``--check`` against the seed-3 asset gave
-"rebuild identical", about 6.5 minutes on one core.
+--target-acc 0.45 --max-steps 700 --output-dir DIR``). ``--check`` against it (2026-11-25
+17:01-17:08, one core, a CI run on the other): "rebuild identical".
 
 CPU training is bit-reproducible for a fixed seed, thread count and torch build; another CPU or
 torch version may round differently and then differs in the last bits (``--check`` reports the
