@@ -142,7 +142,7 @@ def test_sdist_has_sources_and_no_environment_runs_or_caches(dists):
         names = {m.name.split("/", 1)[1] for m in tf.getmembers() if "/" in m.name}
     for rel in ["pyproject.toml", "README.md", "LICENSE", "src/gbmpo/__init__.py",
                 "src/gbmpo/assets/tiny-qwen3/model.safetensors", "configs/tiny-lora.yaml",
-                "tests/test_packaging.py"]:
+                "tests/test_packaging.py", "Makefile", "requirements.txt"]:
         assert rel in names, rel
     bad = [n for n in names
            if n.split("/")[0] in SKIP or "__pycache__" in n or n.endswith(".pyc")]
