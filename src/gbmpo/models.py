@@ -5,6 +5,10 @@ The embedded default (``None`` or ``"tiny"``) is a 1.86M-parameter ``Qwen3ForCau
 warm-started by SFT on the built-in ``arithmetic`` task. It ships inside the package
 (``src/gbmpo/assets/tiny-qwen3/``) and is rebuilt by ``scripts/build_tiny_model.py`` (its
 ``build_info.json`` records how).
+
+A directory holding a peft adapter (``adapter_config.json``, what a LoRA run exports as
+``RUN/model``) loads as its base model with the adapter merged in, so ``gbmpo eval --model
+RUN/model`` works the same for LoRA and full fine-tuning runs.
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from typing import Any
 import torch
 
 __all__ = [
+    "ADAPTER_CONFIG",
     "HUB_PROBE_TIMEOUT",
     "TINY_MODEL_NAMES",
     "TINY_MODEL_PATH",
+    "adapter_base",
     "load_model_and_tokenizer",
     "resolve_model_path",
 ]
@@ -33,6 +39,10 @@ TINY_MODEL_PATH: Path = Path(str(resources.files("gbmpo"))) / "assets" / "tiny-q
 TINY_MODEL_NAMES: tuple[str, ...] = ("tiny",)
 #: seconds to wait for the Hugging Face Hub to answer before calling it unreachable
 HUB_PROBE_TIMEOUT: float = 3.0
+#: the file that marks a peft adapter directory (``save_pretrained`` of a ``PeftModel``)
+ADAPTER_CONFIG: str = "adapter_config.json"
+#: adapters on adapters (a LoRA run started from another LoRA run's model) nest at most this deep
+_MAX_ADAPTER_DEPTH = 8
 
 # "name" or "namespace/name": ASCII letters, digits, "-", "_", "."; each part 1-96 characters,
 # starting and ending with a letter, digit or "_" (the Hub's rules; see validate_repo_id)
@@ -202,7 +212,10 @@ def _resolve_hub_id(repo_id: str) -> str:
 def resolve_model_path(path_or_id: str | Path | None) -> str:
     """The local directory or hub id that ``from_pretrained`` should receive.
 
-    ``None``/``"tiny"`` -> the embedded model. An existing directory must hold ``config.json``.
+    ``None``/``"tiny"`` -> the embedded model. An existing directory must hold ``config.json``,
+    or be a peft adapter directory (``adapter_config.json``): that resolves to its base model
+    (:func:`adapter_base`), whose config and tokenizer the adapter shares;
+    :func:`load_model_and_tokenizer` then merges the adapter in.
     A name that does not exist locally and does not look like a hub id (``namespace/name``)
     raises :class:`FileNotFoundError` naming it.
 
@@ -228,8 +241,11 @@ def resolve_model_path(path_or_id: str | Path | None) -> str:
         if not local.is_dir():
             raise FileNotFoundError(f"model path {text!r} is a file, not a model directory")
         if not (local / "config.json").is_file():
+            if (local / ADAPTER_CONFIG).is_file():
+                return resolve_model_path(_adapter_stack(local)[1])
             raise FileNotFoundError(
-                f"model directory {text!r} has no config.json (not a saved transformers model)"
+                f"model directory {text!r} has no config.json (not a saved transformers model, "
+                f"nor a peft adapter with {ADAPTER_CONFIG})"
             )
         return str(local)
     if isinstance(path_or_id, Path) or not _looks_like_hub_id(text):
@@ -239,21 +255,102 @@ def resolve_model_path(path_or_id: str | Path | None) -> str:
     return _resolve_hub_id(text)
 
 
-def load_model_and_tokenizer(
-    path_or_id: str | Path | None = None,
-    *,
-    dtype: torch.dtype = torch.float32,
-    device: str | torch.device = "cpu",
-    trust_remote_code: bool = False,
-) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for RL: tokenizer left-padded with a pad token.
+def _is_adapter_dir(path_or_id: str | Path | None) -> bool:
+    """Whether ``path_or_id`` is an existing directory holding a peft adapter and no full model."""
+    if path_or_id is None or (isinstance(path_or_id, str) and path_or_id in TINY_MODEL_NAMES):
+        return False
+    local = Path(str(path_or_id)).expanduser()
+    return (
+        local.is_dir()
+        and (local / ADAPTER_CONFIG).is_file()
+        and not (local / "config.json").is_file()
+    )
 
-    ``path_or_id``: ``None`` or ``"tiny"`` for the embedded tiny Qwen3, a local directory saved
-    with ``save_pretrained``, or a Hugging Face Hub id (read from the local Hugging Face cache
-    when it is there, else downloaded; see :func:`resolve_model_path`). The pad token
-    falls back to EOS when the tokenizer has none; a tokenizer with neither raises
-    ``ValueError``. The model is returned in eval mode on ``device`` with ``dtype`` weights.
+
+def adapter_base(directory: str | Path) -> str:
+    """The base model of the peft adapter in ``directory``: ``base_model_name_or_path`` of its
+    ``adapter_config.json`` (a local directory or a hub id).
+
+    An adapter trained on the embedded tiny model records the absolute path of the package that
+    trained it (``.../gbmpo/assets/tiny-qwen3``); when that path no longer exists (another
+    install, another machine), it names the embedded model of this install instead.
+    Raises :class:`FileNotFoundError` when the file is unreadable or names no base model.
     """
+    config_file = Path(directory).expanduser() / ADAPTER_CONFIG
+    try:
+        base = json.loads(config_file.read_text(encoding="utf-8"))["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise FileNotFoundError(
+            f"adapter {str(directory)!r}: {ADAPTER_CONFIG} is unreadable or names no base model "
+            f"(base_model_name_or_path): {type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(base, str) or not base.strip():
+        raise FileNotFoundError(
+            f"adapter {str(directory)!r}: {ADAPTER_CONFIG} names no base model "
+            "(base_model_name_or_path)"
+        )
+    recorded = Path(base).expanduser()
+    if (
+        recorded.is_absolute()
+        and not recorded.exists()
+        and recorded.parts[-3:] == ("gbmpo", "assets", TINY_MODEL_PATH.name)
+    ):
+        return str(TINY_MODEL_PATH)
+    return base
+
+
+def _adapter_stack(directory: Path) -> tuple[list[Path], str]:
+    """``(adapter directories, innermost first, base model)`` of the peft adapter in
+    ``directory``: an adapter's base may itself be an adapter directory (a LoRA run started from
+    a LoRA run's model)."""
+    stack = [directory]
+    base = adapter_base(directory)
+    while _is_adapter_dir(base):
+        if len(stack) >= _MAX_ADAPTER_DEPTH:
+            raise FileNotFoundError(
+                f"adapter {str(directory)!r}: more than {_MAX_ADAPTER_DEPTH} adapters stacked on "
+                "each other (does an adapter name itself as its base?)"
+            )
+        stack.append(Path(base).expanduser())
+        base = adapter_base(stack[-1])
+    return stack[::-1], base
+
+
+def _load_adapter(
+    directory: Path, *, dtype: torch.dtype, trust_remote_code: bool
+) -> tuple[Any, Any]:
+    """``(base model with the adapters of :func:`_adapter_stack` merged in, tokenizer)``."""
+    try:
+        from peft import PeftModel
+    except ImportError as err:
+        raise FileNotFoundError(
+            f"model directory {str(directory)!r} is a peft adapter ({ADAPTER_CONFIG}); loading "
+            "it needs the peft package: pip install peft"
+        ) from err
+    from transformers import AutoTokenizer
+
+    adapters, base = _adapter_stack(directory)
+    try:
+        model, tokenizer = _load_full(base, dtype=dtype, trust_remote_code=trust_remote_code)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"base model of adapter {str(directory)!r}: {err}") from err
+    for adapter in adapters:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        if any((adapter / name).is_file() for name in _TOKENIZER_FILES):
+            tokenizer = AutoTokenizer.from_pretrained(
+                adapter, trust_remote_code=trust_remote_code
+            )
+    # named after the adapter: a LoRA run started from this model records it as its base (peft
+    # reads the model's name_or_path)
+    model.config._name_or_path = model.name_or_path = str(directory)
+    return model, tokenizer
+
+
+def _load_full(
+    path_or_id: str | Path | None, *, dtype: torch.dtype, trust_remote_code: bool
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of a saved transformers model (no adapter), as ``from_pretrained``
+    returns them; errors name the model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_model_path(path_or_id)
@@ -285,12 +382,41 @@ def load_model_and_tokenizer(
             f"Hugging Face Hub ({type(err).__name__}: {err})"
         ) from err
     if cached_id is not None:  # named like a download from the Hub
-        model.config._name_or_path = cached_id
+        model.config._name_or_path = model.name_or_path = cached_id
         tokenizer.name_or_path = cached_id
+    return model, tokenizer
+
+
+def load_model_and_tokenizer(
+    path_or_id: str | Path | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for RL: tokenizer left-padded with a pad token.
+
+    ``path_or_id``: ``None`` or ``"tiny"`` for the embedded tiny Qwen3, a local directory saved
+    with ``save_pretrained``, or a Hugging Face Hub id (read from the local Hugging Face cache
+    when it is there, else downloaded; see :func:`resolve_model_path`). A peft adapter
+    directory (``adapter_config.json``, a LoRA run's ``RUN/model``) loads its base model
+    (:func:`adapter_base`; itself possibly an adapter) with the adapter merged into the
+    weights, and the tokenizer saved beside the adapter (else the base's). The pad token
+    falls back to EOS when the tokenizer has none; a tokenizer with neither raises
+    ``ValueError``. The model is returned in eval mode on ``device`` with ``dtype`` weights.
+    """
+    if _is_adapter_dir(path_or_id):
+        model, tokenizer = _load_adapter(
+            Path(str(path_or_id)).expanduser(), dtype=dtype, trust_remote_code=trust_remote_code
+        )
+    else:
+        model, tokenizer = _load_full(
+            path_or_id, dtype=dtype, trust_remote_code=trust_remote_code
+        )
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         if tokenizer.eos_token is None:
-            raise ValueError(f"tokenizer of {source!r} has neither a pad nor an EOS token")
+            raise ValueError(f"tokenizer of {str(path_or_id)!r} has neither a pad nor an EOS token")
         tokenizer.pad_token = tokenizer.eos_token
     for cfg in (model.config, getattr(model, "generation_config", None)):
         if cfg is not None and getattr(cfg, "pad_token_id", None) is None:
