@@ -167,7 +167,7 @@ def _print_summary(summary: dict[str, Any]) -> None:
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
     from gbmpo.registry import PluginError, UnknownNameError
-    from gbmpo.rewards.sandbox import SandboxUnavailableError
+    from gbmpo.sandbox import SandboxUnavailableError
     from gbmpo.train import ConfigError, DataError, RewardError
 
     return (UsageError, ConfigError, DataError, RewardError, UnknownNameError, FileNotFoundError,

@@ -118,13 +118,12 @@ def run_eval(args: argparse.Namespace) -> int:
         task.split(args.split or task.eval_split)
     except (ValueError, ImportError, FileNotFoundError, TypeError) as err:
         return bad_input(err)
-    if task.kind == "code":  # refuse before generating anything when isolation is missing
-        from gbmpo.rewards.sandbox import SandboxUnavailableError, require_sandbox
+    from gbmpo.sandbox import SandboxUnavailableError
 
-        try:
-            require_sandbox(args.allow_unsandboxed_code)
-        except SandboxUnavailableError as err:
-            return bad_input(err)
+    try:  # a code task refuses before generating anything when isolation is missing
+        task.prepare_reward(allow_unsandboxed_code=args.allow_unsandboxed_code)
+    except SandboxUnavailableError as err:
+        return bad_input(err)
     from gbmpo.train.rewards import RewardError
 
     try:  # a reward function that fails for a whole batch is an input error too

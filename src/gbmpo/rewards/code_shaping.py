@@ -72,7 +72,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gbmpo.rewards.math import strip_thinking
-from gbmpo.rewards.sandbox import RunResult
+from gbmpo.sandbox import RunResult
 
 __all__ = [
     "ALLOWED_FENCES",
