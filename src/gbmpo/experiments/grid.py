@@ -42,6 +42,7 @@ from gbmpo.experiments.runs import (
     main_metric,
     run_status,
 )
+from gbmpo.io import write_atomic
 from gbmpo.train.config import (
     ConfigError,
     TrainConfig,
@@ -395,9 +396,8 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
         for k, v in result["metrics"].items()
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
-    tmp = cached.with_name(cached.name + ".tmp")  # renamed into place: never half-written
-    tmp.write_text(json.dumps({"metrics": metrics, "config": result["config"]}, indent=2))
-    tmp.replace(cached)
+    # renamed into place: never half-written
+    write_atomic(cached, json.dumps({"metrics": metrics, "config": result["config"]}, indent=2))
     return metrics
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from gbmpo.experiments.runs import RunRecord, config_differences, flatten, main_metric
 from gbmpo.experiments.stats import paired_differences, spread
+from gbmpo.io import write_atomic
 
 __all__ = [
     "SETTING_KEYS",
@@ -497,14 +498,8 @@ def write_report(
             images[task] = name
     results["images"] = images
     # each file replaces the previous report whole: a kill leaves the old or the new one
-    _write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
-    _write_atomic(out / "report.md", render_markdown(results, images, title))
-    _write_atomic(out / "report.html", render_html(results, images, title))
+    write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+    write_atomic(out / "report.md", render_markdown(results, images, title))
+    write_atomic(out / "report.html", render_html(results, images, title))
     return results
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
