@@ -282,7 +282,7 @@ def _coef(value: float) -> str:
     return f"{value:g}"
 
 
-def _table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def summary_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     metric = task["metric"]
     base = task.get("baseline")
     header = [
@@ -345,7 +345,7 @@ def _run_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def esc(cell: str) -> str:
         return cell.replace("|", "\\|")
 
@@ -398,13 +398,13 @@ def render_markdown(
     out.append("")
     for task in results["tasks"]:
         out += [f"## Task `{task['task']}`", "", _eval_desc(task) + ":", ""]
-        out += [_md_table(*_table(task)), ""]
+        out += [md_table(*summary_table(task)), ""]
         out += [f"- {n}" for n in _notes(task)]
         settings = ", ".join(f"`{k}`={_yaml(v)}" for k, v in task["settings"].items())
         out += ["", f"Settings: {settings}.", ""]
         if task["task"] in images:
             out += [f"![learning curves, {task['task']}]({images[task['task']]})", ""]
-        out += ["### Per-run results", "", _md_table(*_run_table(task)), ""]
+        out += ["### Per-run results", "", md_table(*_run_table(task)), ""]
     failures = results.get("failures") or {}
     if failures:
         out += ["## Failed runs", ""]
@@ -448,7 +448,7 @@ def render_html(
     for task in results["tasks"]:
         parts.append(f"<h2>Task <code>{esc(task['task'])}</code></h2>")
         parts.append(f"<p>{esc(_eval_desc(task))}:</p>")
-        parts.append(_html_table(*_table(task)))
+        parts.append(_html_table(*summary_table(task)))
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in _notes(task)) + "</ul>")
         settings = ", ".join(f"{k}={_yaml(v)}" for k, v in task["settings"].items())
         parts.append(f"<p>Settings: {esc(settings)}.</p>")
