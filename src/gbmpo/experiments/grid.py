@@ -371,13 +371,15 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
             f"{p}: the final model is a LoRA adapter and the run has no eval_after; train with "
             "--eval.after true to evaluate LoRA runs"
         )
+    import torch
+
     from gbmpo.eval import evaluate
     from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.trainer import _DTYPES, build_task
+    from gbmpo.train.trainer import build_task
 
     cfg = config_from_dict(yaml.safe_load((p / "config.yaml").read_text()))
     model, tokenizer = load_model_and_tokenizer(
-        str(model_dir), dtype=_DTYPES[cfg.model.dtype], device=cfg.model.device
+        str(model_dir), dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device
     )
     task = build_task(cfg, tokenizer)
     result = evaluate(
