@@ -8,17 +8,8 @@ best_fitness, history, ...; the resolved configuration under ``"run"``), the par
 every iteration under ``theta/`` and ``best_mirror.json``, which trains with
 ``gbmpo train --regularizer neural_mirror --mirror DIR/best_mirror.json``.
 
-A YAML ``--config FILE`` overrides any part of the default; its sections:
-
-``es``       :class:`gbmpo.meta.es.ESConfig` (population, iterations, sigma0, sigma_decay,
-             step_size, estimator, acceptance, elites, elites_in_gradient, seed)
-``init``     ``scale`` and ``seed`` of the initial map, ``NeuralMirrorMap.random`` (U[0, scale))
-``fitness``  ``steps`` (T), ``validation_size``, ``validation_seed``, ``metric``, ``device``
-``train``    the inner run's ``TrainConfig`` (as ``gbmpo train --config``; regularizer
-             ``neural_mirror``, the map is set per member)
-``backend``  ``name`` (local | ray | serial), ``workers`` (local pool size), ``address`` (Ray
-             cluster), ``cpus_per_member`` (Ray), ``threads`` (torch threads per member; default
-             cores // workers for local, cpus_per_member for Ray, 1 for serial)
+A YAML ``--config FILE`` overrides any part of the default (its sections:
+:mod:`gbmpo.meta.config`).
 
 ``--resume DIR`` continues a killed run with the configuration saved in it (only the execution
 options ``--backend``, ``--workers``, ``--address`` and a larger ``--iterations`` may change).
