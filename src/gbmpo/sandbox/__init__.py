@@ -7,18 +7,15 @@ layers and the reward-hacking defences.
 """
 
 from gbmpo.sandbox.client import (
-    STATUSES,
-    Program,
-    RunResult,
     Sandbox,
     get_default_sandbox,
-    judge,
     require_sandbox,
     run_program,
     run_programs,
 )
 from gbmpo.sandbox.errors import SandboxError, SandboxUnavailableError, SandboxWarning
 from gbmpo.sandbox.isolation import ALLOW_ENV, ISOLATION_LAYERS, PROTECTIONS
+from gbmpo.sandbox.results import STATUSES, Program, RunResult, judge
 from gbmpo.sandbox.strict_compare import strict_test_source
 
 __all__ = [

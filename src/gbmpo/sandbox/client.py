@@ -1,6 +1,7 @@
 """Hardened execution of untrusted Python programs against unit tests: the client API.
 
-The subpackage's modules: this client (the worker pool, scoring, the process-wide default),
+The subpackage's modules: this client (the worker pool and the process-wide default),
+:mod:`~gbmpo.sandbox.results` (programs in, scored results out),
 :mod:`~gbmpo.sandbox.isolation` (the layers and the command that starts a worker inside them),
 :mod:`~gbmpo.sandbox.channel` (the host side of one worker), :mod:`~gbmpo.sandbox.worker` (the
 program that runs in the sandbox) and :mod:`~gbmpo.sandbox.strict_compare` (the reward-hacking
@@ -25,7 +26,8 @@ Layered design:
    namespaces), a fresh working directory, stdin from /dev/null and output into a capped pipe.
 4. The worker enforces the wall-clock deadline on a pidfd, kills the child's whole process group
    (and, inside its PID namespace, every other process) afterwards, removes every file the run
-   left, and returns the raw result channel. This module then scores the run: a test counts
+   left, and returns the raw result channel. The client then scores the run
+   (:func:`~gbmpo.sandbox.results.judge`): a test counts
    only if the harness reported it with the run's random marker (128 bits from
    :func:`secrets.token_hex`), so exiting early (``exit(0)``, ``os._exit(0)``), raising, or
    printing fake results earns nothing.
@@ -77,7 +79,6 @@ import os
 import queue
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -85,7 +86,6 @@ import time
 import warnings
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from gbmpo.sandbox.channel import Spawner, WorkerProcess
@@ -101,6 +101,7 @@ from gbmpo.sandbox.isolation import (
     env_flag,
     worker_program,
 )
+from gbmpo.sandbox.results import STATUSES, Program, RunResult, judge
 from gbmpo.sandbox.strict_compare import strict_test_source
 
 __all__ = [
@@ -121,133 +122,7 @@ __all__ = [
     "strict_test_source",
 ]
 
-#: every status a run can end with
-STATUSES = ("ok", "failed", "timeout", "error", "killed")
-
 _GRACE_S = 5.0  # extra wait for the worker's answer beyond the program's own deadline
-
-
-@dataclass(frozen=True)
-class Program:
-    """One program to run: ``code`` (untrusted), then ``setup`` (trusted), then each test.
-
-    ``keep`` lists names the program may define although they shadow a builtin (an entry point
-    named ``sum``); every other such module-level name is removed before the tests run.
-    """
-
-    code: str
-    tests: tuple[str, ...] | list[str]
-    setup: str = ""
-    keep: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """Outcome of one sandboxed run.
-
-    ``status`` is one of :data:`STATUSES`:
-
-    * ``ok``: every test ran to completion without raising;
-    * ``failed``: the harness finished but at least one test raised (e.g. ``AssertionError``);
-    * ``timeout``: the wall-clock deadline or the CPU-time limit was reached;
-    * ``error``: the program did not compile or raised at top level, or the process ended
-      (for example by ``exit(0)``) before the harness finished;
-    * ``killed``: the program was killed for too much output, died by a signal, or the worker
-      itself died.
-
-    ``passed`` counts tests reported as passed with the run's marker, whatever the status.
-    """
-
-    status: str
-    passed: int
-    total: int
-    test_passed: tuple[bool, ...] = ()
-    detail: str = ""
-    exit_code: int | None = None
-    signal: int | None = None
-    output: str = ""
-    output_truncated: bool = False
-    duration_s: float = 0.0
-
-    @property
-    def pass_fraction(self) -> float:
-        """``passed / total`` (0 when there are no tests)."""
-        return self.passed / self.total if self.total else 0.0
-
-    @property
-    def all_passed(self) -> bool:
-        """True iff there is at least one test and every test passed."""
-        return self.status == "ok" and self.total > 0 and self.passed == self.total
-
-
-# --------------------------------------------------------------------------------------------
-# scoring of the result channel
-
-
-def judge(
-    response: dict[str, Any], marker: str, total: int, keep_output_bytes: int = 8192
-) -> RunResult:
-    """Turn a worker response into a :class:`RunResult` (only ``marker`` lines count)."""
-    passed = [False] * total
-    failed = [False] * total
-    done = False
-    program_error = setup_error = first_fail = None
-    for line in str(response.get("results", "")).splitlines():
-        parts = line.split(" ")
-        if len(parts) < 2 or parts[0] != marker:
-            continue
-        kind = parts[1]
-        if kind in ("pass", "fail") and len(parts) >= 3 and parts[2].isdigit():
-            i = int(parts[2])
-            if 0 <= i < total:
-                if kind == "pass":
-                    passed[i] = True
-                else:
-                    failed[i] = True
-                    if first_fail is None:
-                        name = parts[3] if len(parts) > 3 else "an exception"
-                        first_fail = f"test {i} raised {name}"
-        elif kind == "done":
-            done = True
-        elif kind == "program-error":
-            program_error = parts[2] if len(parts) > 2 else "an exception"
-        elif kind == "setup-error":
-            setup_error = parts[2] if len(parts) > 2 else "an exception"
-    ok = tuple(p and not f for p, f in zip(passed, failed, strict=True))
-    n_ok = sum(ok)
-    sig = response.get("signal")
-    exit_code = response.get("exit")
-    if response.get("timed_out") or sig == signal.SIGXCPU:
-        status, detail = "timeout", "time limit reached"
-    elif response.get("output_overflow"):
-        status, detail = "killed", "output limit exceeded"
-    elif sig is not None:
-        status, detail = "killed", f"killed by signal {signal.Signals(sig).name}"
-    elif setup_error is not None:
-        status, detail = "error", f"the task's setup code raised {setup_error}"
-    elif program_error is not None:
-        status, detail = "error", f"program raised {program_error}"
-    elif not done:
-        status = "error"
-        detail = f"process exited (code {exit_code}) before the tests finished"
-    elif n_ok == total and total > 0:
-        status, detail = "ok", ""
-    else:
-        status, detail = "failed", first_fail or "no tests"
-    output = str(response.get("output", ""))
-    truncated = bool(response.get("output_overflow")) or len(output) > keep_output_bytes
-    return RunResult(
-        status=status,
-        passed=n_ok,
-        total=total,
-        test_passed=ok,
-        detail=detail,
-        exit_code=exit_code,
-        signal=sig,
-        output=output[:keep_output_bytes],
-        output_truncated=truncated,
-        duration_s=float(response.get("duration_s", 0.0)),
-    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,10 @@ the program, ``setup`` and each test in one module namespace. The harness report
 ``<marker> pass i`` / ``<marker> fail i`` per test and ``<marker> done`` at the end. After
 answering, the worker kills whatever is left in its PID namespace, deletes the run's files and
 forks the next child.
+
+One file of about 680 lines, longer than the others: it is shipped as text into the sandbox, where
+nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, harness,
+pre-forked child, supervision, clean-up, main loop).
 """
 
 import contextlib
