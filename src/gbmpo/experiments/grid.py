@@ -42,6 +42,7 @@ from gbmpo.experiments.runs import (
     main_metric,
     run_status,
 )
+from gbmpo.io import write_atomic
 from gbmpo.train.config import (
     ConfigError,
     TrainConfig,
@@ -370,13 +371,15 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
             f"{p}: the final model is a LoRA adapter and the run has no eval_after; train with "
             "--eval.after true to evaluate LoRA runs"
         )
+    import torch
+
     from gbmpo.eval import evaluate
     from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.trainer import _DTYPES, build_task
+    from gbmpo.train.trainer import build_task
 
     cfg = config_from_dict(yaml.safe_load((p / "config.yaml").read_text()))
     model, tokenizer = load_model_and_tokenizer(
-        str(model_dir), dtype=_DTYPES[cfg.model.dtype], device=cfg.model.device
+        str(model_dir), dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device
     )
     task = build_task(cfg, tokenizer)
     result = evaluate(
@@ -395,9 +398,8 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
         for k, v in result["metrics"].items()
         if isinstance(v, (int, float)) and not isinstance(v, bool)
     }
-    tmp = cached.with_name(cached.name + ".tmp")  # renamed into place: never half-written
-    tmp.write_text(json.dumps({"metrics": metrics, "config": result["config"]}, indent=2))
-    tmp.replace(cached)
+    # renamed into place: never half-written
+    write_atomic(cached, json.dumps({"metrics": metrics, "config": result["config"]}, indent=2))
     return metrics
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from gbmpo.experiments.runs import RunRecord, config_differences, flatten, main_metric
 from gbmpo.experiments.stats import paired_differences, spread
+from gbmpo.io import write_atomic
 
 __all__ = [
     "SETTING_KEYS",
@@ -281,7 +282,7 @@ def _coef(value: float) -> str:
     return f"{value:g}"
 
 
-def _table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def summary_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     metric = task["metric"]
     base = task.get("baseline")
     header = [
@@ -344,7 +345,7 @@ def _run_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def esc(cell: str) -> str:
         return cell.replace("|", "\\|")
 
@@ -397,13 +398,13 @@ def render_markdown(
     out.append("")
     for task in results["tasks"]:
         out += [f"## Task `{task['task']}`", "", _eval_desc(task) + ":", ""]
-        out += [_md_table(*_table(task)), ""]
+        out += [md_table(*summary_table(task)), ""]
         out += [f"- {n}" for n in _notes(task)]
         settings = ", ".join(f"`{k}`={_yaml(v)}" for k, v in task["settings"].items())
         out += ["", f"Settings: {settings}.", ""]
         if task["task"] in images:
             out += [f"![learning curves, {task['task']}]({images[task['task']]})", ""]
-        out += ["### Per-run results", "", _md_table(*_run_table(task)), ""]
+        out += ["### Per-run results", "", md_table(*_run_table(task)), ""]
     failures = results.get("failures") or {}
     if failures:
         out += ["## Failed runs", ""]
@@ -447,7 +448,7 @@ def render_html(
     for task in results["tasks"]:
         parts.append(f"<h2>Task <code>{esc(task['task'])}</code></h2>")
         parts.append(f"<p>{esc(_eval_desc(task))}:</p>")
-        parts.append(_html_table(*_table(task)))
+        parts.append(_html_table(*summary_table(task)))
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in _notes(task)) + "</ul>")
         settings = ", ".join(f"{k}={_yaml(v)}" for k, v in task["settings"].items())
         parts.append(f"<p>Settings: {esc(settings)}.</p>")
@@ -497,14 +498,8 @@ def write_report(
             images[task] = name
     results["images"] = images
     # each file replaces the previous report whole: a kill leaves the old or the new one
-    _write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
-    _write_atomic(out / "report.md", render_markdown(results, images, title))
-    _write_atomic(out / "report.html", render_html(results, images, title))
+    write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
+    write_atomic(out / "report.md", render_markdown(results, images, title))
+    write_atomic(out / "report.html", render_html(results, images, title))
     return results
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 

@@ -10,6 +10,7 @@ the final policy on the task's held-out split) or, when the run was trained with
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,10 @@ __all__ = [
     "IGNORED_CONFIG_KEYS",
     "RunDirError",
     "RunRecord",
+    "assign_labels",
     "config_differences",
     "default_label",
+    "find_run_dirs",
     "flatten",
     "group_key",
     "load_run",
@@ -211,3 +214,45 @@ def load_run(path: str | Path, *, label: str | None = None) -> RunRecord:
         eval_before=summary.get("eval_before") or None,
         label=label if label is not None else default_label(config),
     )
+
+
+def find_run_dirs(paths: Sequence[str | Path]) -> tuple[list[Path], list[Path]]:
+    """``(finished, unfinished)`` run directories: each path itself if it is a run, else every
+    run directory below it. A path that is neither raises :class:`RunDirError`."""
+    finished: list[Path] = []
+    unfinished: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        status = run_status(p)
+        if status == "missing":
+            raise RunDirError(f"{str(p)!r} does not exist")
+        if status == "finished":
+            finished.append(p)
+            continue
+        if status == "unfinished":
+            raise RunDirError(
+                f"run {str(p)!r} has not finished (no complete summary.json); resume it with "
+                "`gbmpo train --resume` first"
+            )
+        found = sorted(c.parent for c in p.rglob("config.yaml"))
+        runs_here = [d for d in found if run_status(d) == "finished"]
+        if not found:
+            raise RunDirError(f"no run directories (config.yaml) found under {str(p)!r}")
+        finished += runs_here
+        unfinished += [d for d in found if run_status(d) == "unfinished"]
+    seen: set[Path] = set()
+    unique = [d for d in finished if not (d.resolve() in seen or seen.add(d.resolve()))]
+    return unique, unfinished
+
+
+def assign_labels(records: Sequence[RunRecord]) -> None:
+    """Give every run its group label from its configuration: the regularizer name (plus its
+    parameters), with ``@coef`` appended where one task has that name at several
+    coefficients."""
+    by_label: dict[tuple[str, str], set[tuple[str, str, float, str]]] = {}
+    for r in records:
+        by_label.setdefault((r.task, default_label(r.config)), set()).add(group_key(r.config))
+    for r in records:
+        base = default_label(r.config)
+        clash = len(by_label[(r.task, base)]) > 1
+        r.label = f"{base}@{r.coef:g}" if clash else base

@@ -9,18 +9,17 @@ Layout of an ES output directory::
     es_state.prev.json          the state before the last one (its tensor file is kept too)
 
 The tensor file of each iteration is written first under a new name, then the current
-``es_state.json`` is copied to ``es_state.prev.json`` and replaced atomically (``os.replace``), so
-a kill at any moment leaves a consistent pair. A failed write (a full disk) raises
-:class:`~gbmpo.train.checkpoint.CheckpointError` naming the cause and leaves the previous state as
-it was; a damaged ``es_state.json`` (or its tensor file) is reported and the previous state is
-resumed instead, with a warning.
+``es_state.json`` is copied to ``es_state.prev.json`` and replaced atomically
+(:func:`gbmpo.io.atomic_path`), so a kill at any moment leaves a consistent pair. A failed write
+(a full disk) raises :class:`~gbmpo.io.CheckpointError` naming the cause and leaves the previous
+state as it was; a damaged ``es_state.json`` (or its tensor file) is reported and the previous
+state is resumed instead, with a warning.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
+from gbmpo.io import CheckpointError, atomic_path, root_cause
 from gbmpo.meta.es import Elite, ESState
 
 __all__ = ["PREV_STATE_FILE", "STATE_FILE", "STATE_FORMAT", "load_state", "save_state"]
@@ -43,23 +43,17 @@ def save_state(state: ESState, output_dir: str | Path, **metadata: Any) -> Path:
 
     Returns the path of ``es_state.json``.
     """
-    from gbmpo.train.checkpoint import CheckpointError, _root_cause
-
     out = Path(output_dir)
     rel = Path("theta") / f"iter_{state.iteration:04d}.safetensors"
-    temporaries = [out / (str(rel) + ".tmp"), out / (STATE_FILE + ".tmp"),
-                   out / (PREV_STATE_FILE + ".tmp")]
-    try:
+    try:  # every file goes through atomic_path, which removes its temporary file on failure
         return _write_state(state, out, rel, metadata)
     except Exception as err:  # OSError (ENOSPC...), SafetensorError
-        for tmp in temporaries:
-            tmp.unlink(missing_ok=True)
         previous = "no earlier state"
         if (out / STATE_FILE).is_file():
             previous = f"the previous {STATE_FILE} is untouched"
         raise CheckpointError(
             f"could not write the ES state of iteration {state.iteration} in {out}: "
-            f"{_root_cause(err)}; {previous}"
+            f"{root_cause(err)}; {previous}"
         ) from err
 
 
@@ -70,16 +64,15 @@ def _write_state(state: ESState, out: Path, rel: Path, metadata: dict[str, Any])
         if state.elites
         else np.zeros((0, state.dim), dtype=np.float64)
     )
-    tmp = out / (str(rel) + ".tmp")
-    save_file(
-        {
-            "theta": np.ascontiguousarray(state.theta, dtype=np.float64),
-            "elite_deltas": np.ascontiguousarray(deltas, dtype=np.float64),
-        },
-        str(tmp),
-        metadata={"iteration": str(state.iteration)},
-    )
-    os.replace(tmp, out / rel)
+    with atomic_path(out / rel) as tmp:
+        save_file(
+            {
+                "theta": np.ascontiguousarray(state.theta, dtype=np.float64),
+                "elite_deltas": np.ascontiguousarray(deltas, dtype=np.float64),
+            },
+            str(tmp),
+            metadata={"iteration": str(state.iteration)},
+        )
     doc = {
         "format": STATE_FORMAT,
         "iteration": state.iteration,
@@ -93,13 +86,11 @@ def _write_state(state: ESState, out: Path, rel: Path, metadata: dict[str, Any])
     }
     path = out / STATE_FILE
     text = json.dumps(doc, indent=1, allow_nan=False) + "\n"
-    tmp_state = path.with_name(path.name + ".tmp")
-    tmp_state.write_text(text, encoding="utf-8")  # the new state is complete before any rename
-    if path.is_file():
-        prev_tmp = out / (PREV_STATE_FILE + ".tmp")
-        shutil.copyfile(path, prev_tmp)
-        os.replace(prev_tmp, out / PREV_STATE_FILE)
-    os.replace(tmp_state, path)
+    with atomic_path(path) as tmp_state:
+        tmp_state.write_text(text, encoding="utf-8")  # the new state is complete before any rename
+        if path.is_file():
+            with atomic_path(out / PREV_STATE_FILE) as prev_tmp:
+                shutil.copyfile(path, prev_tmp)
     return path
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from gbmpo.io import RunLock, atomic_path
 from gbmpo.meta.backends import Backend
 from gbmpo.meta.checkpoint import STATE_FILE, load_state, save_state
 from gbmpo.meta.es import ESConfig, ESState, es_step, init_state
@@ -43,9 +44,8 @@ def export_mirror_map(state: ESState, path: str | Path) -> Path:
 
     # written aside and renamed: a kill never leaves a half-written map under the real name
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    NeuralMirrorMap.from_unconstrained(state.theta).save(tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        NeuralMirrorMap.from_unconstrained(state.theta).save(tmp)
     return path
 
 
@@ -95,8 +95,6 @@ def run_es_loop(
     every iteration (printing). ``stop_after`` ends this call after that many iterations (the
     run stays resumable), which is how tests simulate a kill.
     """
-    from gbmpo.train.checkpoint import RunLock
-
     out = Path(output_dir)
     if resume and not (out / STATE_FILE).is_file():
         load_state(out)  # the "nothing to resume" error, before any directory is created

@@ -31,7 +31,7 @@ from gbmpo.rewards.code import (
     make_code_reward,
 )
 from gbmpo.rewards.math import extract_answer, math_reward, math_reward_fn, parse_number
-from gbmpo.rewards.sandbox import (
+from gbmpo.sandbox import (
     PROTECTIONS,
     STATUSES,
     Program,

@@ -4,7 +4,7 @@ Reward columns (TRL convention, one value per completion):
 
 * ``tests`` (list[str], required): test snippets, e.g. ``"assert f(1) == 2"``; each counts as
   one test and passes iff it runs to completion without raising (see
-  :mod:`gbmpo.rewards.sandbox`).
+  :mod:`gbmpo.sandbox`).
 * ``setup`` (str, optional): trusted code run after the program, before the tests (MBPP's
   ``test_setup_code``, which may use the program's classes).
 * ``prefix`` (str, optional): text the completion continues (HumanEval's prompt: imports,
@@ -25,7 +25,7 @@ from typing import Any
 
 from gbmpo.rewards.code_shaping import shaped_code_rewards, validate_banned_tokens
 from gbmpo.rewards.math import strip_thinking
-from gbmpo.rewards.sandbox import Program, RunResult, Sandbox, run_programs
+from gbmpo.sandbox import Program, RunResult, Sandbox, run_programs
 
 __all__ = [
     "CODE_REWARD_KINDS",

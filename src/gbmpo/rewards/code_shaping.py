@@ -57,7 +57,7 @@ Ambiguities of the spec, resolved here (each function's docstring repeats its ow
     consecutively too. Caveats: two adjacent groups of the *same* prompt (the same example drawn
     at the end of one epoch and the start of the next) are shaped as one group of ``2G``; a
     group split across processes (TRL, several GPUs) or scored one completion at a time (the
-    per-sample retry of :func:`gbmpo.train.rewards.score_completions`) is shaped per part.
+    per-sample retry of :func:`gbmpo.rewards.scoring.score_completions`) is shaped per part.
 
 Bounds: ``r_i ∈ [−0.315 − 0.02·n_i, 1.035]`` with ``n_i`` the counted banned tokens (the
 per-token penalty has no cap in the spec); without the group terms ``[−0.28 − 0.02·n_i, 1.02]``.
@@ -72,7 +72,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gbmpo.rewards.math import strip_thinking
-from gbmpo.rewards.sandbox import RunResult
+from gbmpo.sandbox import RunResult
 
 __all__ = [
     "ALLOWED_FENCES",

@@ -43,6 +43,25 @@ class Task(ABC):
     ]:
         """Score completions (TRL convention); ``columns`` are the examples' extra keys."""
 
+    @property
+    def requires_sandbox(self) -> bool:
+        """Whether :meth:`reward` runs model-written code (in :mod:`gbmpo.sandbox`): true for
+        code tasks."""
+        return self.kind == "code"
+
+    def prepare_reward(self, *, allow_unsandboxed_code: bool = False) -> None:
+        """Start what :meth:`reward` needs, before a command writes anything.
+
+        A task whose reward runs model-written code starts the process-wide sandbox here
+        (:func:`gbmpo.sandbox.require_sandbox`): where an isolation layer is missing this raises
+        :class:`gbmpo.sandbox.SandboxUnavailableError` naming it, unless
+        ``allow_unsandboxed_code``. Other tasks need nothing.
+        """
+        if self.requires_sandbox:
+            from gbmpo.sandbox import require_sandbox
+
+            require_sandbox(allow_unsandboxed_code)
+
     def columns(self, examples: Sequence[Example]) -> dict[str, list[Any]]:
         """Gather every non-prompt key of ``examples`` into lists, one per column."""
         keys = [k for k in examples[0] if k != "prompt"] if examples else []

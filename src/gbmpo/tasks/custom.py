@@ -294,8 +294,8 @@ class DatasetTask(common.TemplatedPrompts, Task):
     ) -> list[dict[str, Any]]:
         """Per-completion records for evaluation, scored with the trainer's failure rules
         (a value that is None/NaN or a per-sample exception scores 0 and is counted; a function
-        that fails for every completion raises :class:`gbmpo.train.RewardError`)."""
-        from gbmpo.train.rewards import score_completions
+        that fails for every completion raises :class:`gbmpo.rewards.scoring.RewardError`)."""
+        from gbmpo.rewards.scoring import score_completions
 
         prompts = [ex["prompt"] for ex in examples]
         scored = score_completions(self.reward_fn, prompts, list(completions),

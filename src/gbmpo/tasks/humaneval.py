@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.rewards.code import HUMANEVAL_STOP, build_program, grade_code, truncate_at_stop
-from gbmpo.rewards.sandbox import RunResult
+from gbmpo.sandbox import RunResult
 from gbmpo.tasks import _common as common
 from gbmpo.tasks.base import TASKS, Example, Task
 

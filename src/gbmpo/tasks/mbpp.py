@@ -26,7 +26,7 @@ Reward (``reward=``): ``"pass_fraction"`` (default; tests passed / tests), ``"al
 ``"shaped"`` (the GBMPO authors' shaped training reward, METHODS.md §6.1: pass fraction plus
 outcome and format penalties, a brevity bonus and the group terms; ``banned_tokens=`` overrides
 its banned-token list; see :mod:`gbmpo.rewards.code_shaping`), from the hardened sandbox
-(:mod:`gbmpo.rewards.sandbox`, ``timeout_s`` 5 s as in the GBMPO evaluator). The shaped group
+(:mod:`gbmpo.sandbox`, ``timeout_s`` 5 s as in the GBMPO evaluator). The shaped group
 terms take a group to be a run of consecutive equal prompts, which is how the trainer calls the
 reward (each prompt repeated ``G`` times). A problem counts as solved (pass@k) only when every
 test passes; :meth:`MBPPTask.grade` reports the shaped reward without the group terms.
@@ -40,7 +40,7 @@ from typing import Any
 
 from gbmpo.rewards.code import extract_code, grade_code
 from gbmpo.rewards.code_shaping import shaped_code_rewards, validate_banned_tokens
-from gbmpo.rewards.sandbox import RunResult
+from gbmpo.sandbox import RunResult
 from gbmpo.tasks import _common as common
 from gbmpo.tasks.base import TASKS, Example, Task
 

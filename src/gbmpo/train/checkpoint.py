@@ -16,17 +16,15 @@ process never leaves a checkpoint that looks complete. On resume the newest chec
 files match its manifest is used (:func:`latest_valid_checkpoint`): a damaged one (truncated,
 edited, missing a file) is reported and skipped, and if no checkpoint is intact the resume stops
 with an error naming them. JSON files (``status.json``, ``summary.json``) and ``config.yaml``
-are written atomically (temporary file + ``os.replace``).
+are written atomically (:func:`gbmpo.io.write_atomic`).
 
-A run directory is owned by one process at a time: :class:`RunLock` holds an exclusive
-``flock`` on ``<run>/.gbmpo.lock`` (which records the owner's pid), so a second process
-started on the same directory stops with :class:`RunDirInUseError` before writing anything.
+A run directory is owned by one process at a time (:class:`gbmpo.io.RunLock`, re-exported here
+with :class:`~gbmpo.io.RunDirInUseError`, :class:`~gbmpo.io.CheckpointError` and the atomic
+writers).
 """
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -37,12 +35,21 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 
-from gbmpo.train.config import ConfigError
+# the run directory's plumbing lives in gbmpo.io; these names stay importable from here
+from gbmpo.io import (
+    LOCK_FILE,
+    CheckpointError,
+    RunDirInUseError,
+    RunLock,
+    root_cause,
+    write_json_atomic,
+)
+from gbmpo.io import write_atomic as write_text_atomic
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -65,90 +72,8 @@ __all__ = [
 
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST_FILE = "manifest.json"
-LOCK_FILE = ".gbmpo.lock"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _TMP_STEP_DIR = re.compile(r"^\.step-\d+\.")
-
-
-class CheckpointError(RuntimeError):
-    """No usable checkpoint (every one is damaged), or one could not be written."""
-
-
-class RunDirInUseError(ConfigError):
-    """Another live process owns the run directory (the message names it and its pid)."""
-
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old or the new file, never a
-    partial one (temporary file in the same directory, fsync, ``os.replace``)."""
-    p = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json_atomic(path: str | Path, data: Any) -> None:
-    """Write ``data`` as JSON to ``path`` so that readers see the old or the new file, never a
-    partial one."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
-
-
-class RunLock:
-    """Exclusive ownership of a run directory: ``flock`` on ``<dir>/.gbmpo.lock``.
-
-    The lock is released when the process exits, however it exits (kill -9 included), so a stale
-    lock file never blocks a resume. ``acquire`` creates the directory if needed and raises
-    :class:`RunDirInUseError` naming the owner's pid when another process holds the lock.
-    """
-
-    def __init__(self, directory: str | Path, what: str = "run") -> None:
-        self.directory = Path(directory)
-        self.path = self.directory / LOCK_FILE
-        self.what = what
-        self._file: IO[str] | None = None
-
-    def acquire(self) -> RunLock:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")  # noqa: SIM115 - held open for the lifetime of the lock
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as err:
-            if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                f.close()
-                raise
-            f.seek(0)
-            owner = f.read().strip() or "unknown"
-            f.close()
-            raise RunDirInUseError(
-                f"{self.what} directory {str(self.directory)!r} is in use by another gbmpo "
-                f"process (pid {owner}); wait for it to finish or choose another output directory"
-            ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self._file = f
-        return self
-
-    def release(self) -> None:
-        if self._file is not None:
-            fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
-            self._file.close()
-            self._file = None
-
-    def __enter__(self) -> RunLock:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -305,7 +230,7 @@ def save_checkpoint(
         except Exception as err:  # OSError, torch's RuntimeError, SafetensorError (disk full...)
             kept = [p.name for _, p in list_checkpoints(run_dir)]
             raise CheckpointError(
-                f"could not write checkpoint {final}: {_root_cause(err)}; the previous "
+                f"could not write checkpoint {final}: {root_cause(err)}; the previous "
                 f"checkpoints are untouched ({', '.join(kept) or 'none yet'})"
             ) from err
         if final.exists():
@@ -321,17 +246,6 @@ def save_checkpoint(
     for _, old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def _root_cause(err: BaseException) -> str:
-    """The OSError behind ``err`` (e.g. "[Errno 28] No space left on device") if there is one in
-    its cause/context chain, else ``err`` itself."""
-    seen: BaseException | None = err
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.strerror:
-            return f"[Errno {seen.errno}] {seen.strerror}"
-        seen = seen.__cause__ or seen.__context__
-    return str(err)
 
 
 def load_checkpoint(

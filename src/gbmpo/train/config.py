@@ -453,7 +453,7 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- overrides
 
 
-def _annotation_at(path: Sequence[str]) -> Any:
+def annotation_at(path: Sequence[str]) -> Any:
     """The annotation of the dotted ``path`` (``Any`` inside a free ``params`` dict)."""
     tp: Any = TrainConfig
     for i, part in enumerate(path):
@@ -562,7 +562,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[tuple[str, Any]]) 
     for raw_key, raw_value in overrides:
         key = canonical_key(raw_key)
         path = key.split(".")
-        tp = _annotation_at(path)
+        tp = annotation_at(path)
         value = _parse_text(raw_value, tp, key) if isinstance(raw_value, str) else raw_value
         if dataclasses.is_dataclass(tp):
             raise ConfigError(f"{key!r} is a section; set one of its keys instead")

@@ -75,7 +75,7 @@ class MetricsWriter:
         self.path = Path(run_dir) / METRICS_FILE
         self.rows = 0  #: rows in the file (kept + written)
         if (keep_up_to_step is not None or keep_rows is not None) and self.path.exists():
-            from gbmpo.train.checkpoint import write_text_atomic
+            from gbmpo.io import write_atomic
 
             # resume: drop what a killed run logged after its last checkpoint (atomically: a
             # kill during the rewrite must not lose the rows before it)
@@ -84,7 +84,7 @@ class MetricsWriter:
                 kept = kept[:keep_rows]
             else:
                 kept = [r for r in kept if r.get("step", 0) <= keep_up_to_step]  # type: ignore[operator]
-            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
             self.rows = len(kept)
         self._file = self.path.open("a")
 

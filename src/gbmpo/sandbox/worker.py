@@ -1,8 +1,9 @@
 """Sandbox worker ("zygote"): runs untrusted programs one at a time, each in a forked child.
 
-This file is **not imported** by gbmpo: :mod:`gbmpo.rewards.sandbox` reads its text and starts it
-as ``python3 -I -S -c <text> <base_dir> <config json>``, usually inside bubblewrap and as uid
-65534. It uses the standard library only, so that any system interpreter can run it.
+This file is **not imported** by gbmpo: :func:`gbmpo.sandbox.isolation.worker_program` ships its
+text, after that of :mod:`gbmpo.sandbox.strict_compare` (the comparison helpers the harness
+installs), to ``python3 -I -S -c <program> <base_dir> <config json>``, usually inside bubblewrap
+and as uid 65534. It uses the standard library only, so that any system interpreter can run it.
 
 Protocol (both directions): a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
 
@@ -25,6 +26,10 @@ the program, ``setup`` and each test in one module namespace. The harness report
 ``<marker> pass i`` / ``<marker> fail i`` per test and ``<marker> done`` at the end. After
 answering, the worker kills whatever is left in its PID namespace, deletes the run's files and
 forks the next child.
+
+One file of about 680 lines, longer than the others: it is shipped as text into the sandbox, where
+nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, harness,
+pre-forked child, supervision, clean-up, main loop).
 """
 
 import contextlib
@@ -37,6 +42,11 @@ import signal
 import struct
 import sys
 import time
+
+try:  # in the sandbox: the module the launcher defined from strict_compare.py's text
+    import gbmpo_strict_compare as strict_compare
+except ImportError:  # imported from an installed gbmpo (documentation, tests)
+    from gbmpo.sandbox import strict_compare
 
 RESULT_FD = 3
 _REQ_FD = 4
@@ -185,125 +195,6 @@ _GUARDED_MODULES = (
 )
 
 
-# --------------------------------------------------------------------------------------------
-# Type-strict comparisons for the (trusted) test code: reward-hacking defences
-
-# Types whose comparisons cannot be redefined by a program, grouped into kinds: values of one
-# kind compare by value (``1 == 1.0``; a Counter equals the dict with the same items), values of
-# different kinds never compare equal (``True == 1`` and ``1 == True`` are False here). Anything
-# else (a class the program defined, a subclass of a builtin, an object from a module the program
-# imported) equals only an object of its own exact type, by that type's own ``__eq__``.
-_KIND_NAMES = (
-    ("bool", ("builtins.bool",)),
-    ("num", ("builtins.int", "builtins.float", "fractions.Fraction", "decimal.Decimal")),
-    ("complex", ("builtins.complex",)),
-    ("str", ("builtins.str",)),
-    ("bytes", ("builtins.bytes", "builtins.bytearray")),
-    ("none", ("builtins.NoneType",)),
-    ("list", ("builtins.list",)),
-    ("tuple", ("builtins.tuple",)),
-    ("deque", ("collections.deque",)),
-    ("dict", ("builtins.dict", "collections.OrderedDict", "collections.defaultdict",
-              "collections.Counter")),
-    ("set", ("builtins.set", "builtins.frozenset")),
-    ("same", ("builtins.range", "datetime.date", "datetime.datetime", "datetime.time",
-              "datetime.timedelta", "re.Match", "re.Pattern")),
-)
-_SCALAR_KINDS = frozenset(("bool", "num", "complex", "str", "bytes", "none"))
-_STRICT_HELPERS = ("__gbmpo_eq__", "__gbmpo_in__", "__gbmpo_order__", "__gbmpo_bool__")
-
-
-def _kind_table():
-    """``{type: kind}`` of :data:`_KIND_NAMES`, resolved now (before any program runs)."""
-    import importlib
-
-    table = {}
-    for kind, names in _KIND_NAMES:
-        for dotted in names:
-            mod, _, attr = dotted.rpartition(".")
-            if mod == "builtins" and attr == "NoneType":
-                table[type(None)] = kind
-                continue
-            with contextlib.suppress(Exception):
-                table[getattr(importlib.import_module(mod), attr)] = kind
-    return table
-
-
-def _strict_helpers(kinds):
-    """The trusted comparison functions the rewritten tests call (the tests arrive rewritten by
-    ``gbmpo.rewards.sandbox.strict_test_source``).
-
-    Every global they use is bound here, before the program runs, so that patching builtins or
-    modules cannot change them.
-    """
-    import operator
-
-    _type, _len, _zip, _all, _any, _bool = type, len, zip, all, any, bool
-    _te = TypeError
-    _ops = {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
-    get = kinds.get
-
-    def plain(x):
-        k = get(_type(x))
-        if k in _SCALAR_KINDS:
-            return True
-        if k in ("tuple", "set"):
-            return _all(plain(v) for v in x)
-        return False
-
-    def eq(a, b):
-        if a is b:
-            return True
-        ka, kb = get(_type(a)), get(_type(b))
-        if ka is None or kb is None:
-            # an unlisted type equals only its own type, by its own __eq__ (a documented limit)
-            return _type(a) is _type(b) and (a == b) is True
-        if ka != kb:
-            return False
-        if ka in _SCALAR_KINDS:
-            return _bool(a == b)
-        if ka == "same":
-            return _type(a) is _type(b) and _bool(a == b)
-        if ka in ("list", "tuple", "deque"):
-            return _len(a) == _len(b) and _all(eq(x, y) for x, y in _zip(a, b))
-        if ka == "dict":
-            if _len(a) != _len(b) or not _all(plain(k) for k in a):
-                return False
-            return _all(k in b and eq(a[k], b[k]) for k in a)
-        # sets: plain elements only, then the builtin comparison
-        return plain(a) and plain(b) and _bool(a == b)
-
-    def contains(item, container):
-        k = get(_type(container))
-        if k in ("str", "bytes") and get(_type(item)) == k:
-            return item in container
-        if k in ("list", "tuple", "deque", "set", "dict"):
-            return _any(eq(item, v) for v in container)
-        if k == "same" and _type(container) is range and get(_type(item)) == "num":
-            return item in container
-        raise _te(f"membership test on an unlisted type {_type(container).__name__}")
-
-    def order(a, b, op):
-        ka, kb = get(_type(a)), get(_type(b))
-        flat = (
-            ka in _SCALAR_KINDS
-            or ka in ("list", "tuple", "set") and _all(plain(v) for v in a)
-            and _all(plain(v) for v in b)
-            or ka == "same" and _type(a) is _type(b)
-        )
-        if ka is None or ka != kb or not flat:
-            raise _te(f"ordering of {_type(a).__name__} and {_type(b).__name__} refused")
-        return _bool(_ops[op](a, b))
-
-    def truth(x):
-        if get(_type(x)) is None:
-            raise _te(f"truth value of an unlisted type {_type(x).__name__} refused")
-        return _bool(x)
-
-    return {"__gbmpo_eq__": eq, "__gbmpo_in__": contains, "__gbmpo_order__": order,
-            "__gbmpo_bool__": truth}
-
-
 def _harness(req):
     """Run program, setup and tests in one namespace; report on the result channel only.
 
@@ -319,7 +210,7 @@ def _harness(req):
 
     _exec, _compile, _base_exc, _type, _enumerate = exec, compile, BaseException, type, enumerate
     _len, _range, _list, _dict, _isinstance, _zip = len, range, list, dict, isinstance, zip
-    _id = id
+    _id, helper_names = id, strict_compare.HELPER_NAMES
     _module_type, _settrace, _setprofile = types.ModuleType, sys.settrace, sys.setprofile
     write = os.write
     marker = req.pop("marker")
@@ -341,7 +232,7 @@ def _harness(req):
             codes.append(_compile(test, name, "exec"))
         except _base_exc as exc:  # noqa: BLE001 - reported as that test's failure
             codes.append(exc)
-    helpers = _strict_helpers(_kind_table()) if strict else {}
+    helpers = strict_compare.strict_helpers(strict_compare.kind_table()) if strict else {}
 
     module = _module_type("solution")
     sys.modules["solution"] = module
@@ -406,7 +297,7 @@ def _harness(req):
     # before the program ran: a program function that patches builtins (or the namespace it
     # sees as globals) while a test calls it cannot change what the test's own names mean.
     test_ns = _dict(ns)
-    for name in _STRICT_HELPERS:
+    for name in helper_names:
         test_ns.pop(name, None)
     by_id = {_id(m): m.__name__ for m in guarded}
     for name, value in _list(test_ns.items()):

@@ -1,0 +1,125 @@
+"""What every subcommand shares: argument types, the ``--section.key VALUE`` overrides, and the
+error -> exit-code map.
+
+Exit codes: 0 success; 2 bad input (:func:`input_errors`: unknown key or name, wrong type,
+missing model or data file, a reward function that fails for a whole batch, a missing sandbox
+layer, an output directory in use...), reported in one line naming the cause; 1 when no intact
+checkpoint is left or one could not be written (:class:`gbmpo.io.CheckpointError`); a
+subcommand may return 1 for its own partial failures (``compare``: some runs failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = [
+    "UsageError",
+    "input_errors",
+    "parse_overrides",
+    "positive_int",
+    "report_errors",
+    "split_imports",
+]
+
+
+class UsageError(ValueError):
+    """Malformed command-line arguments."""
+
+
+def positive_int(text: str) -> int:
+    """``argparse`` type of the subcommands' counts: an integer ``>= 1``."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def parse_overrides(tokens: Sequence[str]) -> list[tuple[str, Any]]:
+    """``["--optim.lr", "1e-4", "--lora", "--steps=5"]`` -> ``[(key, value-or-True), ...]``.
+
+    A flag without a value means ``true`` (only valid for boolean keys).
+    """
+    from gbmpo.train.config import annotation_at, canonical_key
+
+    out: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--") or tok == "--":
+            raise UsageError(f"unexpected argument {tok!r}; settings look like --section.key VALUE")
+        body = tok[2:]
+        if "=" in body:
+            key, value = body.split("=", 1)
+            i += 1
+        elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+            key, value = body, tokens[i + 1]
+            i += 2
+        else:
+            key, value = body, None
+            i += 1
+        if value is None:
+            if annotation_at(canonical_key(key).split(".")) is not bool:
+                raise UsageError(f"--{key} needs a value")
+            value = "true"
+        out.append((key, value))
+    return out
+
+
+def split_imports(tokens: list[str]) -> tuple[list[str], list[str]]:
+    """Take every ``--import MODULE`` / ``--import=MODULE`` (comma lists allowed) out of
+    ``tokens``; returns ``(other tokens, modules)``."""
+    rest: list[str] = []
+    modules: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok == "--import":
+            if i + 1 >= len(tokens) or tokens[i + 1].startswith("-"):
+                raise SystemExit("gbmpo: error: --import needs a module name")
+            value, i = tokens[i + 1], i + 2
+        elif tok.startswith("--import="):
+            value, i = tok.split("=", 1)[1], i + 1
+        else:
+            rest.append(tok)
+            i += 1
+            continue
+        modules += [m.strip() for m in value.split(",") if m.strip()]
+    return rest, modules
+
+
+def input_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]:
+    """The exceptions that are bad input (exit code 2) for every subcommand, plus ``extra``
+    (a subcommand's own, e.g. ``ValueError`` for ``es`` and ``report``)."""
+    from gbmpo.experiments.runs import RunDirError
+    from gbmpo.io import RunDirInUseError
+    from gbmpo.registry import PluginError, UnknownNameError
+    from gbmpo.rewards.scoring import RewardError
+    from gbmpo.sandbox import SandboxUnavailableError
+    from gbmpo.train import ConfigError, DataError
+
+    return (UsageError, ConfigError, DataError, RewardError, UnknownNameError, FileNotFoundError,
+            PluginError, SandboxUnavailableError, RunDirInUseError, RunDirError, *extra)
+
+
+def report_errors(
+    command: str, run: Callable[[], int], *, extra: tuple[type[BaseException], ...] = ()
+) -> int:
+    """``run()``'s exit code; bad input (:func:`input_errors` plus ``extra``) is reported on
+    stderr in one line as ``gbmpo COMMAND: error: ...`` and gives 2, a checkpoint that cannot be
+    read or written (:class:`gbmpo.io.CheckpointError`) gives 1."""
+    from gbmpo.io import CheckpointError
+
+    try:
+        return int(run())
+    except input_errors(*extra) as err:
+        print(f"gbmpo {command}: error: {err}", file=sys.stderr)
+        return 2
+    except CheckpointError as err:  # no intact checkpoint, or one could not be written
+        print(f"gbmpo {command}: error: {err}", file=sys.stderr)
+        return 1

@@ -1,0 +1,224 @@
+"""``gbmpo compare``: run a regularizer x seed grid and report it.
+
+    gbmpo compare --regularizers kl_k3,prob_l2,neural_mirror,none --seeds 0,1,2
+                  [--task T[,T2]] [--config FILE] [--coefs LABEL=V,...]
+                  [--regularizer-params JSON] [--backend serial|local|ray] [--workers N]
+                  [--baseline LABEL] [--dry-run] --output-dir DIR  [any train override]
+
+Train overrides are the ``gbmpo train`` ones (``--optim.lr 1e-4``, ``--steps 200``,
+``--time-budget 120``...); the keys the grid sets itself (regularizer name and coefficient,
+seed, task, output directory) are rejected with the option to use instead.
+
+:func:`run_compare` needs the unparsed train overrides: ``run_compare(args, extra)`` or
+``args.overrides``. Exit codes: 0 success, 1 some grid runs failed (the report covers the
+others), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gbmpo.cli.args import parse_overrides, positive_int, report_errors
+from gbmpo.cli.report import add_report_options, print_table
+from gbmpo.experiments.grid import (
+    GridError,
+    parse_coefs,
+    parse_regularizers,
+    parse_seeds,
+    plan_action,
+    plan_grid,
+    run_grid,
+)
+from gbmpo.experiments.runs import RunDirError, RunRecord, load_run
+from gbmpo.io import RunLock
+
+__all__ = ["add_compare_parser", "run_compare"]
+
+
+def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``compare`` to an ``argparse`` subparsers object; returns the parser."""
+    p = subparsers.add_parser(
+        "compare",
+        help="run regularizers x seeds as trainer runs and report mean ± std",
+        description=(
+            "Run every regularizer with every seed (ordinary `gbmpo train` runs under "
+            "DIR/runs/<task>/<label>/seed<k>/; finished runs are reused, unfinished ones "
+            "resumed), then write DIR/results.json, DIR/report.md, DIR/report.html and "
+            "learning-curve PNGs. Any `gbmpo train` setting can be added (--section.key VALUE)."
+        ),
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "--regularizers",
+        required=True,
+        help="comma-separated regularizer names, optionally labelled: kl_k3,nm_es=neural_mirror",
+    )
+    p.add_argument("--seeds", default="0,1,2", help="seeds, e.g. 0,1,2 or 0-4 (default 0,1,2)")
+    p.add_argument("--task", default=None, help="task name(s), comma-separated (default: config)")
+    p.add_argument("--config", metavar="FILE", help="base YAML training configuration")
+    p.add_argument(
+        "--coefs",
+        default=None,
+        metavar="LABEL=V,...",
+        help="coefficient per label (default: the config's for its own regularizer, else "
+        "kl_k3 0.04, prob_l2 0.05, neural_mirror 1.0, none 0)",
+    )
+    p.add_argument(
+        "--regularizer-params",
+        default=None,
+        metavar="JSON",
+        help='parameters per label, e.g. \'{"nm_es": {"mirror": "es/best_mirror.json"}}\'',
+    )
+    p.add_argument(
+        "--backend",
+        default="serial",
+        help="where runs execute: serial (this process, one at a time; default), local "
+        "(process pool) or ray",
+    )
+    p.add_argument("--workers", type=positive_int, default=None, help="local backend: processes")
+    p.add_argument("--ray-address", default=None, help="ray backend: cluster address")
+    p.add_argument("--output-dir", required=True, metavar="DIR", help="grid and report directory")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate every run's configuration and show what would run; train nothing",
+    )
+    add_report_options(p)
+    return p
+
+
+def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
+    from gbmpo.experiments.grid import check_overrides
+    from gbmpo.experiments.report import write_report
+    from gbmpo.meta.backends import BACKENDS
+    from gbmpo.train import load_config
+    from gbmpo.train.config import canonical_key
+
+    overrides = parse_overrides(tokens)
+    check_overrides(overrides)
+    if args.backend not in BACKENDS:
+        raise GridError(
+            f"--backend: unknown backend {args.backend!r}; valid: {', '.join(BACKENDS.names())}"
+        )
+    entries = parse_regularizers(args.regularizers)
+    seeds = parse_seeds(args.seeds)
+    coefs = parse_coefs(args.coefs)
+    params: dict[str, Any] = {}
+    if args.regularizer_params:
+        try:
+            params = json.loads(args.regularizer_params)
+        except json.JSONDecodeError as err:
+            raise GridError(f"--regularizer-params is not valid JSON: {err}") from None
+        if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+            raise GridError('--regularizer-params must map labels to objects: {"label": {...}}')
+    tasks = [t.strip() for t in args.task.split(",") if t.strip()] if args.task else None
+    base = load_config(args.config, overrides)
+    keep_progress = any(canonical_key(k) == "run.progress" for k, _ in overrides)
+    runs = plan_grid(
+        base,
+        entries,
+        seeds,
+        args.output_dir,
+        tasks=tasks,
+        coefs=coefs,
+        params=params,
+        progress=None if keep_progress else False,
+    )
+    seen: set[str] = set()
+    for run in runs:
+        if run.label in seen:
+            continue
+        seen.add(run.label)
+        reg = run.config.objective.regularizer
+        extra = f", params {reg.params}" if reg.params else ""
+        print(
+            f"[compare] {run.label}: regularizer {reg.name}, coef {reg.coef:g} "
+            f"(from {run.coef_source}){extra}"
+        )
+    if args.dry_run:
+        for run in runs:
+            action, ovr = plan_action(run)
+            more = f" with {ovr}" if ovr else ""
+            print(f"[compare] {run.name}: {action}{more}")
+        print(f"dry run OK: {len(runs)} runs")
+        return 0
+
+    backend_params: dict[str, Any] = {}
+    threads = base.run.num_threads
+    if args.backend == "local":
+        backend_params = {"workers": args.workers, "threads_per_worker": threads}
+    elif args.backend == "ray":
+        backend_params = {"address": args.ray_address, "cpus_per_member": threads or 1}
+    elif args.backend == "serial":
+        backend_params = {"threads": threads}
+    if args.workers is not None and args.backend != "local":
+        raise GridError("--workers is for --backend local")
+    # one compare per output directory: a second one would delete and restart the runs the
+    # first is training ("fresh" runs start from an empty directory)
+    with RunLock(args.output_dir, "compare output"):
+        outcome = run_grid(runs, backend=args.backend, backend_params=backend_params)
+
+        records: list[RunRecord] = []
+        failures = dict(outcome.failures)
+        for run in runs:
+            if run.name in failures:
+                continue
+            try:
+                records.append(load_run(run.run_dir, label=run.label))
+            except RunDirError as err:
+                failures[run.name] = str(err)
+        if not records:
+            print("gbmpo compare: no run finished; nothing to report", file=sys.stderr)
+            for name, err in failures.items():
+                print(f"  {name}: {err}", file=sys.stderr)
+            return 1
+        grid_spec = {
+            "regularizers": [
+                {
+                    "label": e.label,
+                    "regularizer": e.regularizer,
+                    "coef": next(r.config.objective.regularizer.coef for r in runs
+                                 if r.label == e.label),
+                    "coef_source": next(r.coef_source for r in runs if r.label == e.label),
+                    "params": next(r.config.objective.regularizer.params for r in runs
+                                   if r.label == e.label),
+                }
+                for e in entries
+            ],
+            "seeds": seeds,
+            "tasks": sorted({r.task for r in runs}),
+            "config_file": args.config,
+            "overrides": [[k, v] for k, v in overrides],
+            "backend": args.backend,
+            "actions": outcome.actions,
+        }
+        results = write_report(
+            records,
+            args.output_dir,
+            baseline=args.baseline,
+            title=args.title or "Regularizer comparison",
+            window=args.smooth,
+            extra={"grid": grid_spec, "failures": failures},
+            plots=not args.no_plots,
+        )
+        print_table(results)
+        out = Path(args.output_dir)
+        print(f"\nreport: {out / 'report.md'} (also report.html, results.json)")
+        if failures:
+            print(f"gbmpo compare: {len(failures)} run(s) failed:", file=sys.stderr)
+            for name, err in failures.items():
+                print(f"  {name}: {err}", file=sys.stderr)
+            return 1
+        return 0
+
+
+def run_compare(args: argparse.Namespace, extra: Sequence[str] | None = None) -> int:
+    """Run ``gbmpo compare``; ``extra`` (or ``args.overrides``) are the unparsed train
+    overrides (``["--lr", "1e-4", ...]``). Returns the exit code (module docstring)."""
+    tokens = list(getattr(args, "overrides", None) or []) + list(extra or [])
+    return report_errors("compare", lambda: _compare(args, tokens))

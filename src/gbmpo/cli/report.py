@@ -1,0 +1,95 @@
+"""``gbmpo report``: report existing run directories.
+
+    gbmpo report RUN_DIR_OR_PARENT... --output-dir DIR [--baseline LABEL] [--title T]
+
+Runs are grouped by task and regularizer; seeds are aggregated as mean ± sample std. Exit codes:
+0 success, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from gbmpo.cli.args import positive_int, report_errors
+from gbmpo.experiments.runs import RunDirError, assign_labels, find_run_dirs, load_run
+
+__all__ = ["add_report_options", "add_report_parser", "print_table", "run_report"]
+
+
+def add_report_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--baseline",
+        default=None,
+        metavar="LABEL",
+        help="row the others are compared with seed by seed (default: kl_k3 if present)",
+    )
+    p.add_argument(
+        "--smooth",
+        type=positive_int,
+        default=10,
+        metavar="N",
+        help="moving-average window (steps) for training curves (default 10)",
+    )
+    p.add_argument("--title", default="", help="report title")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG learning curves")
+
+
+def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``report`` to an ``argparse`` subparsers object; returns the parser."""
+    p = subparsers.add_parser(
+        "report",
+        help="report finished run directories (grouped by task and regularizer)",
+        description=(
+            "Render results.json, report.md, report.html and learning curves from finished run "
+            "directories. A directory that is not itself a run is searched for runs. Runs are "
+            "grouped by task and regularizer (name, coefficient, parameters); seeds are "
+            "aggregated as mean ± sample std."
+        ),
+        allow_abbrev=False,
+    )
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories or parents")
+    p.add_argument("--output-dir", required=True, metavar="DIR", help="where to write the report")
+    add_report_options(p)
+    return p
+
+
+def print_table(results: dict[str, Any]) -> None:
+    from gbmpo.experiments.report import md_table, summary_table
+
+    for task in results["tasks"]:
+        print(f"\n{task['task']} ({task['metric']}, mean ± sample std over seeds):")
+        print(md_table(*summary_table(task)))
+
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Run ``gbmpo report``: group the finished runs under ``args.run_dirs`` and write the
+    report into ``args.output_dir``. Returns the exit code (0, or 2 for bad input)."""
+    return report_errors("report", lambda: _report(args), extra=(ValueError,))
+
+
+def _report(args: argparse.Namespace) -> int:
+    from gbmpo.experiments.report import write_report
+
+    finished, unfinished = find_run_dirs(args.run_dirs)
+    for d in unfinished:
+        print(f"gbmpo report: skipping unfinished run {d}", file=sys.stderr)
+    if not finished:
+        raise RunDirError("no finished run directories to report")
+    records = [load_run(d) for d in finished]
+    assign_labels(records)
+    results = write_report(
+        records,
+        args.output_dir,
+        baseline=args.baseline,
+        title=args.title or "Regularizer comparison",
+        window=args.smooth,
+        extra={"sources": [str(p) for p in args.run_dirs]},
+        plots=not args.no_plots,
+    )
+    print_table(results)
+    print(f"\nreport: {Path(args.output_dir) / 'report.md'} (also report.html, results.json)")
+    return 0

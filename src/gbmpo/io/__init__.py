@@ -1,0 +1,26 @@
+"""Run-directory input/output shared by training, ES and the experiment grid (see
+:mod:`gbmpo.io.run_dir`)."""
+
+from gbmpo.io.run_dir import (
+    LOCK_FILE,
+    CheckpointError,
+    RunDirInUseError,
+    RunLock,
+    atomic_path,
+    is_nonempty,
+    root_cause,
+    write_atomic,
+    write_json_atomic,
+)
+
+__all__ = [
+    "LOCK_FILE",
+    "CheckpointError",
+    "RunDirInUseError",
+    "RunLock",
+    "atomic_path",
+    "is_nonempty",
+    "root_cause",
+    "write_atomic",
+    "write_json_atomic",
+]
