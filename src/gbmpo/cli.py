@@ -144,6 +144,10 @@ def _run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.dry_run:
         info = dry_run(cfg)
         print(dump_yaml(cfg), end="")
+        for line in info["notes"]:
+            print(line)
+        for line in info["warnings"]:
+            print(f"warning: {line}", file=sys.stderr)
         print("dry run OK: " + json.dumps(info))
         return 0
     summary = Trainer(cfg).train()

@@ -59,7 +59,17 @@ from gbmpo.train.config import (
     dump_yaml,
     validate,
 )
+from gbmpo.train.device import (
+    check_device,
+    check_single_process,
+    device_absent_reason,
+    ONE_DEVICE_REFERENCE_BYTES,
+    device_memory_bytes,
+    estimate_memory,
+    peak_memory_bytes,
+)
 from gbmpo.train.logging import MetricsWriter, Reporters
+from gbmpo.train.precision import MasterWeightOptimizer, check_train_dtype, needs_master_weights
 from gbmpo.train.rewards import RewardError, score_completions
 
 __all__ = [
@@ -193,6 +203,17 @@ def load_splits(
     return train, n_eval, (train_split, eval_split)
 
 
+def eval_limit(cfg: TrainConfig, n_eval: int) -> int | None:
+    """Examples per evaluation: ``eval.limit``, else ``eval.auto_limit`` when the split is longer
+    than it, else all (``None``)."""
+    ev = cfg.eval
+    if ev.limit is not None:
+        return ev.limit
+    if ev.auto_limit is not None and n_eval > ev.auto_limit:
+        return ev.auto_limit
+    return None
+
+
 def default_run_dir(cfg: TrainConfig, root: str | Path = "runs") -> Path:
     """``runs/<YYYYmmdd-HHMMSS>-<regularizer>`` (suffixed if it already exists)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -270,6 +291,11 @@ class Trainer:
         from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
 
         cfg = self.config = validate(config)
+        # refuse what cannot run here before anything is loaded or written
+        check_single_process()
+        if model is None:
+            check_device(cfg.model.device)
+            check_train_dtype(cfg.model.dtype, cfg.lora.enabled)
         self._resume_dir = Path(_resume_dir) if _resume_dir is not None else None
         self.run_dir = self._resume_dir or (
             Path(cfg.run.output_dir) if cfg.run.output_dir else None
@@ -307,7 +333,8 @@ class Trainer:
             from gbmpo.rewards.sandbox import require_sandbox
 
             require_sandbox(cfg.run.allow_unsandboxed_code)
-        self.train_data, _, (self.train_split, self.eval_split) = load_splits(cfg, task)
+        self.train_data, self.n_eval, (self.train_split, self.eval_split) = load_splits(cfg, task)
+        self.eval_limit = eval_limit(cfg, self.n_eval)
         self.reward_fn = reward_fn if reward_fn is not None else task.reward
 
         # model (+ LoRA) and the frozen reference
@@ -350,12 +377,25 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ConfigError("the model has no trainable parameters")
+        # every tensor of a step lives where the policy's weights are
+        self.device = self.params[0].device
 
-        # optimizer; the learning rate is set each step from (step, RL seconds), see lr_at
+        # optimizer; the learning rate is set each step from (step, RL seconds), see lr_at.
+        # bf16 parameters are stepped through fp32 master copies: a small update applied to a
+        # bf16 weight directly rounds back to the same weight
         opt = cfg.optim
-        self.optimizer = _adamw(
-            self.params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-        )
+
+        def adamw(params: list[Tensor]) -> torch.optim.AdamW:
+            return _adamw(
+                params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+            )
+
+        if needs_master_weights(self.params):
+            self.optimizer: Any = MasterWeightOptimizer(self.params, adamw)
+            self.clip_params = self.optimizer.masters
+        else:
+            self.optimizer = adamw(self.params)
+            self.clip_params = self.params
 
         self.sampler = PromptSampler(len(self.train_data), cfg.run.seed)
         self.step = 0
@@ -468,7 +508,7 @@ class Trainer:
             self.tokenizer,
             self.task,
             split=self.eval_split,
-            limit=ev.limit,
+            limit=self.eval_limit,
             samples=1,
             temperature=0.0,
             max_new_tokens=ev.max_new_tokens,
@@ -509,7 +549,7 @@ class Trainer:
             batch_size=ro.batch_size,
             engine=ro.engine,
             lean_decoder=ro.lean_decoder,
-        )
+        ).to(self.device)
         t_generated = time.perf_counter()
         mask = batch.completion_mask.float()
         n = len(batch)
@@ -521,7 +561,7 @@ class Trainer:
         scored = score_completions(
             self.reward_fn, [p for p in prompts for _ in range(G)], batch.texts, columns
         )
-        rewards = torch.tensor(scored.rewards, dtype=torch.float32)
+        rewards = torch.tensor(scored.rewards, dtype=torch.float32, device=self.device)
         self.reward_failures_total += scored.failures
 
         # 4. group advantages: A_i = r_i - mean_g(r)  [/ (std_g + eps) for "grpo"]
@@ -538,7 +578,9 @@ class Trainer:
         #    L_max), so the micro-batch losses sum exactly to the mini-batch loss.
         self.model.train()
         diag = _Accumulator.empty()
-        rollout_logp = torch.zeros(n, mask.shape[1]) if old_logp is None else old_logp
+        rollout_logp = (
+            torch.zeros(n, mask.shape[1], device=self.device) if old_logp is None else old_logp
+        )
         entropy_sum = 0.0
         grad_norms: list[float] = []
         losses: list[float] = []
@@ -552,9 +594,13 @@ class Trainer:
                 stats = self.accumulate_gradients(
                     batch, rows, advantages, old_logp, ref_logp, diag, with_entropy=epoch == 0
                 )
+                if isinstance(self.optimizer, MasterWeightOptimizer):
+                    self.optimizer.grads_to_masters()  # clip and step in fp32
                 # g <- g * min(1, c / ||g||), then AdamW
                 max_norm = opt.grad_clip if opt.grad_clip is not None else math.inf
-                grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, max_norm)))
+                grad_norms.append(
+                    float(torch.nn.utils.clip_grad_norm_(self.clip_params, max_norm))
+                )
                 self.optimizer.step()
                 losses.append(stats.loss)
                 pg_losses.append(stats.pg_loss)
@@ -602,6 +648,9 @@ class Trainer:
         record["time/logprob_seconds"] = t_ref - t_generated
         record["time/update_seconds"] = t_end - t_ref
         record["time/rl_seconds"] = self.rl_seconds
+        peak = peak_memory_bytes(self.device)
+        if peak is not None:
+            record["memory/peak_gib"] = peak / 2**30
         return record
 
     def accumulate_gradients(
@@ -626,7 +675,7 @@ class Trainer:
         mask = batch.completion_mask.float()
         anchor_old = self.config.objective.regularizer.anchor == "old"
         n_seq, n_tok = len(rows), float(mask[rows].sum())
-        stats = _MiniBatchStats(logp=torch.zeros(len(rows), mask.shape[1]))
+        stats = _MiniBatchStats(logp=torch.zeros(len(rows), mask.shape[1], device=mask.device))
         offset = 0
         for micro in rows.split(self.micro_batch):
             m = mask[micro]
@@ -682,11 +731,12 @@ class Trainer:
     def _row_order(self, n: int, epoch: int) -> Tensor:
         """Rows in order for a single mini-batch; a seeded shuffle when there are several."""
         if self.mini_batch >= n:
-            return torch.arange(n)
+            return torch.arange(n, device=self.device)
         gen = torch.Generator().manual_seed(
             _derive_seed(self.config.run.seed, "rows", self.step, epoch)
         )
-        return torch.randperm(n, generator=gen)
+        # drawn on the CPU (the same order on every device), then moved
+        return torch.randperm(n, generator=gen).to(self.device)
 
     # ------------------------------------------------------------------ the run
 
@@ -806,6 +856,12 @@ class Trainer:
         assert self.run_dir is not None
         budget = cfg.run.time_budget_seconds
         console = _Console(cfg.run.progress)
+        console.print(self._placement())
+        if self.eval_limit is not None and self.eval_limit < self.n_eval:
+            console.print(
+                f"evaluating the first {self.eval_limit} of {self.n_eval} {self.eval_split!r} "
+                "examples (eval.limit / eval.auto_limit)"
+            )
 
         if cfg.eval.before and self.eval_before is None:
             record = self._eval_record(0)
@@ -837,12 +893,26 @@ class Trainer:
                 self._log(writer, reporters, {"step": self.step, **record})
             console.print(f"held-out {_fmt_eval(eval_after)} after {self.step} steps")
 
+        peak = peak_memory_bytes(self.device)
+        if peak is not None:
+            console.print(f"peak {self.device} memory {peak / 2**30:.2f} GiB")
         self._checkpoint()
         self._export_model()
         summary = self._summary(eval_after, stop_reason)
         write_json_atomic(self.run_dir / SUMMARY_FILE, summary)  # last: the run is finished
         self._set_status("finished")
         return summary
+
+    def _placement(self) -> str:
+        """One line: device, weights dtype, master weights, device memory."""
+        dtype = str(self.params[0].dtype).removeprefix("torch.")
+        line = f"device {self.device}, trainable weights {dtype}"
+        if isinstance(self.optimizer, MasterWeightOptimizer):
+            line += " (fp32 master weights)"
+        total = device_memory_bytes(str(self.device))
+        if total is not None and self.device.type != "cpu":
+            line += f", {total / 2**30:.1f} GiB device memory"
+        return line
 
     def _export_model(self) -> None:
         assert self.run_dir is not None
@@ -869,6 +939,10 @@ class Trainer:
             "coef": cfg.objective.regularizer.coef,
             "aggregation": cfg.objective.aggregation,
             "seed": cfg.run.seed,
+            "device": str(self.device),
+            "dtype": str(self.params[0].dtype).removeprefix("torch."),
+            "fp32_master_weights": isinstance(self.optimizer, MasterWeightOptimizer),
+            "peak_memory_gib": _gib(peak_memory_bytes(self.device)),
             "run_dir": str(self.run_dir),
             "final_model": str(self.run_dir / MODEL_DIR) if self.run_dir else None,
         }
@@ -888,6 +962,10 @@ def _adamw(params: list[Tensor], **kwargs: Any) -> torch.optim.AdamW:
         return torch.optim.AdamW(params, fused=True, **kwargs)
     except (RuntimeError, ValueError):  # e.g. a device or dtype without the fused kernel
         return torch.optim.AdamW(params, **kwargs)
+
+
+def _gib(n: int | None) -> float | None:
+    return None if n is None else n / 2**30
 
 
 def _nonempty(path: Path) -> bool:
@@ -995,34 +1073,109 @@ def train(config: TrainConfig, **kwargs: Any) -> dict[str, Any]:
 
 def dry_run(config: TrainConfig) -> dict[str, Any]:
     """Validate ``config`` and build everything but the weights: objectives, task splits,
-    tokenizer and model config. Creates no run directory. Returns a short description."""
-    from transformers import AutoConfig
-
+    tokenizer and model config; check the device and estimate the memory the run needs on it.
+    Creates no run directory. Returns a short description; ``warnings`` lists what a real run
+    here would trip on (an absent device, a model not available here, a run that does not fit
+    one device), ``notes`` the memory estimate in words."""
     from gbmpo.models import resolve_model_path
     from gbmpo.objectives import get_surrogate
     from gbmpo.objectives.regularizers import get_regularizer
 
     cfg = validate(config)
+    check_train_dtype(cfg.model.dtype, cfg.lora.enabled)
     o = cfg.objective
     get_surrogate(o.surrogate.name, **o.surrogate.params)
     reg = get_regularizer(o.regularizer.name, **o.regularizer.params)
-    tokenizer = load_tokenizer(cfg)
-    task = build_task(cfg, tokenizer)
+    warnings: list[str] = []
+    absent = device_absent_reason(cfg.model.device)
+    if absent is not None:
+        warnings.append(
+            f"model.device {cfg.model.device!r}: {absent}; a real run here stops at once"
+        )
+    tokenizer = model_cfg = None
+    try:
+        source = resolve_model_path(cfg.model.path)
+        tokenizer = load_tokenizer(cfg)
+        model_cfg = _model_config(source, cfg.model.trust_remote_code)
+    except FileNotFoundError as err:
+        source = cfg.model.path
+        warnings.append(f"{err}; checked without it: prompts in the base template, memory unknown")
+    task_cfg = cfg
+    if tokenizer is None and cfg.task.template == "chat":
+        task_cfg = copy.deepcopy(cfg)
+        task_cfg.task.template = "base"
+    task = build_task(task_cfg, tokenizer)
     train_data, n_eval, _ = load_splits(cfg, task, count_eval=True)
     n_train = len(train_data)
-    source = resolve_model_path(cfg.model.path)
-    model_cfg = AutoConfig.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code)
     if cfg.run.output_dir and Path(cfg.run.output_dir).exists():
         out = Path(cfg.run.output_dir)
         if _nonempty(out):
             raise ConfigError(f"output directory {str(out)!r} already exists and is not empty")
+    needs_ref = bool((reg.needs_ref and o.regularizer.anchor == "ref") or o.monitor_regularizers)
+    memory: dict[str, Any] | None = None
+    notes: list[str] = []
+    if model_cfg is not None and tokenizer is not None:
+        longest = max(len(tokenizer(ex["prompt"])["input_ids"]) for ex in train_data[:1000])
+        memory = estimate_memory(cfg, model_cfg, longest, needs_ref)
+        memory["device_bytes"] = device_memory_bytes(cfg.model.device)
+        fits, line = _memory_verdict(memory, cfg.model.device)
+        memory["fits_one_device"] = fits
+        notes.append(line)
+        if not fits:
+            warnings.append(
+                f"the run does not fit one device ({line}); use an engine that shards it over "
+                "several GPUs: TRL (--engine trl, gbmpo.integrations.trl) or verl (--engine "
+                "verl, gbmpo.integrations.verl)"
+            )
+    limit = eval_limit(cfg, n_eval)
+    if limit is not None and limit < n_eval:
+        notes.append(f"evaluation on the first {limit} of {n_eval} held-out examples")
     return {
         "model": source,
         "model_type": getattr(model_cfg, "model_type", None),
-        "vocab_size": len(tokenizer),
+        "vocab_size": len(tokenizer) if tokenizer is not None else None,
         "task": cfg.task.name,
         "train_examples": n_train,
         "eval_examples": n_eval,
+        "eval_limit": limit,
         "regularizer_needs_ref": bool(reg.needs_ref),
         "batch_sequences": cfg.rollout.prompts_per_step * cfg.rollout.num_generations,
+        "device": cfg.model.device,
+        "device_available": absent is None,
+        "memory": memory,
+        "warnings": warnings,
+        "notes": notes,
     }
+
+
+def _model_config(source: str, trust_remote_code: bool) -> Any:
+    """The model's config (config.json) from ``source`` without network access: a local
+    directory or the local Hugging Face cache; FileNotFoundError when neither has it."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        raise FileNotFoundError(f"model {source!r}: no config.json here ({err})") from err
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _memory_verdict(memory: dict[str, Any], device: str) -> tuple[bool, str]:
+    """Whether the estimate fits the device (or, when the device is absent, one 80 GiB GPU) and
+    a one-line account of it."""
+    parts = ", ".join(
+        f"{name} {_size(memory[name])}"
+        for name in ("weights", "reference", "gradients", "optimizer", "kv_cache")
+        if memory.get(name)
+    )
+    capacity = memory.get("device_bytes")
+    where = f"{device} has {_size(capacity)}" if capacity else None
+    if capacity is None:
+        capacity = ONE_DEVICE_REFERENCE_BYTES
+        where = f"{device} absent here: compared with one {_size(capacity)} GPU"
+    fits = memory["total"] <= capacity
+    line = f"memory estimate {_size(memory['total'])} ({parts}; activations not included); {where}"
+    return fits, line
