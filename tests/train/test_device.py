@@ -12,14 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from simulated_device import DEVICE, SimulatedDevice
+from test_trainer import micro_config, varied_reward
 
 from gbmpo.cli import main
 from gbmpo.train import ConfigError, Trainer, dry_run, load_config
 from gbmpo.train.precision import MasterWeightOptimizer
-
-from simulated_device import DEVICE, SimulatedDevice  # noqa: I001
-from test_trainer import micro_config, varied_reward
-
 
 # ----------------------------------------------------------------------------- device mixing
 
@@ -60,7 +58,7 @@ def test_step_keeps_every_tensor_on_the_policy_device(micro_model_dir, monkeypat
     with SimulatedDevice():
         record = trainer.train_step()
     assert math.isfinite(record["loss"]) and record["grad_norm"] > 0
-    assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.params))
+    assert any(not torch.equal(a, p.detach()) for a, p in zip(before, trainer.params, strict=True))
     assert all(math.isfinite(v) for k, v in record.items() if k.startswith("reg/"))
 
 
@@ -101,14 +99,14 @@ def test_bf16_run_at_small_lr_changes_the_weights(micro_model_dir, tmp_path):
     summary = trainer.train()
     assert summary["dtype"] == "bfloat16" and summary["fp32_master_weights"] is True
     masters = trainer.optimizer.masters
-    changed = sum(int((m.detach() != w).sum()) for m, w in zip(masters, initial))
+    changed = sum(int((m.detach() != w).sum()) for m, w in zip(masters, initial, strict=True))
     total = sum(w.numel() for w in initial)
     assert changed / total > 0.9  # ~1e-6 steps, far below bf16's resolution, are all kept
     # a resumed run continues from the fp32 weights, not from their bf16 rounding
     state = torch.load(
         next((tmp_path / "run" / "checkpoints").iterdir()) / "optimizer.pt", weights_only=False
     )
-    assert all(torch.equal(a, b) for a, b in zip(state["masters"], masters))
+    assert all(torch.equal(a, b) for a, b in zip(state["masters"], masters, strict=True))
 
 
 def test_fp16_training_is_refused(micro_model_dir, tmp_path):

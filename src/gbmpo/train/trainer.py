@@ -60,10 +60,10 @@ from gbmpo.train.config import (
     validate,
 )
 from gbmpo.train.device import (
+    ONE_DEVICE_REFERENCE_BYTES,
     check_device,
     check_single_process,
     device_absent_reason,
-    ONE_DEVICE_REFERENCE_BYTES,
     device_memory_bytes,
     estimate_memory,
     peak_memory_bytes,
