@@ -235,7 +235,7 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     import gbmpo
-    import gbmpo.train.trainer as trainer_module
+    import gbmpo.train.step as step_module
     from gbmpo.train.trainer import Trainer
 
     peak = matmul_peak_gflops(a.threads, a.peak_repeats)
@@ -246,7 +246,7 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
     cpu_ends: list[float] = []
     tokens: list[float] = []
     prompts: list[tuple[float, float]] = []  # (real prompt tokens over rows, distinct prompts')
-    generate = trainer_module.generate
+    generate = step_module.generate
 
     def counted_generate(*args: Any, **kwargs: Any) -> Any:
         batch = generate(*args, **kwargs)
@@ -255,7 +255,7 @@ def child_ours(a: argparse.Namespace) -> dict[str, Any]:
         prompts.append((float(per_row.sum()), float(per_row.sum()) / g))
         return batch
 
-    trainer_module.generate = counted_generate
+    step_module.generate = counted_generate
 
     class Timed(Trainer):
         def train_step(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import gbmpo.train.setup as train_setup
 import gbmpo.train.trainer as trainer_module
 
 glibc = pytest.mark.skipif(
@@ -59,7 +60,7 @@ def test_trainer_applies_it_only_when_configured(micro_model_dir, tmp_path, monk
     from test_trainer import micro_config
 
     calls = []
-    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(train_setup, "keep_freed_memory", lambda: calls.append(1) or True)
     trainer_module.Trainer(micro_config(micro_model_dir, tmp_path / "on"))
     assert calls == [1]
     trainer_module.Trainer(micro_config(micro_model_dir, tmp_path / "off",

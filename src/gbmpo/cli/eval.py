@@ -57,6 +57,8 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="extra task parameter (JSON value or string), repeatable, e.g. "
                         "--task-param size=500 --task-param path=/data/gsm8k")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    p.add_argument("--device", default="cpu",
+                   help="torch device to evaluate on, e.g. cpu, cuda, cuda:1 (default: cpu)")
     p.add_argument("--allow-unsandboxed-code", action="store_true",
                    help="run model-written code even where the sandbox lacks an isolation layer "
                         "(same as GBMPO_ALLOW_UNSANDBOXED_CODE=1); by default it refuses")
@@ -106,9 +108,16 @@ def run_eval(args: argparse.Namespace) -> int:
             raise ValueError("--samples > 1 needs --temperature > 0 (greedy repeats itself)")
     except ValueError as err:
         return bad_input(err)
+    from gbmpo.train.config import ConfigError
+    from gbmpo.train.device import check_device
+
+    try:  # an absent device stops before the model is loaded
+        device = check_device(args.device, option="device")
+    except ConfigError as err:
+        return bad_input(err)
     model_id = None if args.model in (None, "", "tiny") else args.model
     dtype = getattr(torch, args.dtype)
-    model, tokenizer = load_model_and_tokenizer(model_id, dtype=dtype)
+    model, tokenizer = load_model_and_tokenizer(model_id, dtype=dtype, device=device)
 
     def progress(done: int, total: int) -> None:
         print(f"[eval] {done}/{total} problems", file=sys.stderr, flush=True)
@@ -135,6 +144,7 @@ def run_eval(args: argparse.Namespace) -> int:
     except RewardError as err:
         return bad_input(err)
     result["config"]["model"] = args.model
+    result["config"]["device"] = str(device)
     summary = {"metrics": result["metrics"], "config": result["config"]}
     if args.output:
         out = Path(args.output)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from gbmpo.cli.args import UsageError, parse_overrides
@@ -71,6 +72,10 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.dry_run:
         info = dry_run(cfg)
         print(dump_yaml(cfg), end="")
+        for line in info["notes"]:
+            print(line)
+        for line in info["warnings"]:
+            print(f"warning: {line}", file=sys.stderr)
         print("dry run OK: " + json.dumps(info))
         return 0
     summary = Trainer(cfg).train()

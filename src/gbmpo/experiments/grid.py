@@ -354,9 +354,9 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
     """The held-out metrics of a finished run's final policy.
 
     The trainer's ``eval_after`` (greedy, the task's held-out split, ``eval.limit`` /
-    ``eval.max_new_tokens`` of the run) when present; otherwise the same evaluation is run here
-    with :func:`gbmpo.eval.evaluate` on the exported ``model/`` and saved as
-    ``compare_eval.json``.
+    ``eval.auto_limit`` / ``eval.max_new_tokens`` of the run) when present; otherwise the same
+    evaluation is run here with :func:`gbmpo.eval.evaluate` on the exported ``model/`` and saved
+    as ``compare_eval.json``.
     """
     p = Path(run_dir)
     summary = json.loads((p / "summary.json").read_text())
@@ -375,19 +375,20 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
 
     from gbmpo.eval import evaluate
     from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.trainer import build_task
+    from gbmpo.train.trainer import build_task, eval_limit
 
     cfg = config_from_dict(yaml.safe_load((p / "config.yaml").read_text()))
     model, tokenizer = load_model_and_tokenizer(
         str(model_dir), dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device
     )
     task = build_task(cfg, tokenizer)
+    split = cfg.eval.split or task.eval_split
     result = evaluate(
         model,
         tokenizer,
         task,
-        split=cfg.eval.split or task.eval_split,
-        limit=cfg.eval.limit,
+        split=split,
+        limit=eval_limit(cfg, len(task.split(split))),  # as the trainer evaluates
         samples=1,
         temperature=0.0,
         max_new_tokens=cfg.eval.max_new_tokens,

@@ -52,7 +52,7 @@ Ambiguities of the spec, resolved here (each function's docstring repeats its ow
    longest −0.015, equal lengths the same value; it sums to zero over the group, so it
    **preserves the group mean**. Groups of one get 0.
 10. **Groups** are runs of consecutive equal prompts (:func:`consecutive_groups`): the trainer
-    calls the reward with each prompt repeated ``G`` times in a row (``trainer.py``, step 3:
+    calls the reward with each prompt repeated ``G`` times in a row (``gbmpo.train.step``, step 3:
     ``[p for p in prompts for _ in range(G)]``) and TRL's ``RepeatSampler`` repeats each prompt
     consecutively too. Caveats: two adjacent groups of the *same* prompt (the same example drawn
     at the end of one epoch and the start of the next) are shaped as one group of ``2G``; a

@@ -76,6 +76,18 @@ class Rollout:
     def __len__(self) -> int:
         return int(self.completion_ids.shape[0])
 
+    def to(self, device: torch.device | str) -> Rollout:
+        """This rollout with its tensors on ``device`` (texts and lengths stay Python values)."""
+        return Rollout(
+            prompt_ids=self.prompt_ids.to(device),
+            prompt_mask=self.prompt_mask.to(device),
+            completion_ids=self.completion_ids.to(device),
+            completion_mask=self.completion_mask.to(device),
+            texts=self.texts,
+            num_tokens=self.num_tokens,
+            truncated=self.truncated,
+        )
+
     def select(self, rows: Tensor | Sequence[int] | slice) -> Rollout:
         """A new :class:`Rollout` holding only ``rows`` (index tensor, list or slice)."""
         if isinstance(rows, slice):
@@ -84,7 +96,7 @@ class Rollout:
             idx = [int(i) for i in rows.tolist()]
         else:
             idx = [int(i) for i in rows]
-        index = torch.tensor(idx, dtype=torch.long)
+        index = torch.tensor(idx, dtype=torch.long, device=self.completion_ids.device)
         return Rollout(
             prompt_ids=self.prompt_ids[index],
             prompt_mask=self.prompt_mask[index],
@@ -342,7 +354,8 @@ def generate(
             Other models always use their own forward.
 
     Returns:
-        a :class:`Rollout`; padding to common widths across ``batch_size`` chunks.
+        a :class:`Rollout` with its tensors on the CPU (:meth:`Rollout.to` moves them); padding
+        to common widths across ``batch_size`` chunks.
     """
     if not isinstance(prompts, list) or not prompts:
         raise ValueError("generate needs a non-empty list of prompt strings")

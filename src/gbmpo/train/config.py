@@ -203,6 +203,10 @@ class EvalConfig:
     split: str | None = None
     #: evaluate only the first ``limit`` examples (``None``: all)
     limit: int | None = None
+    #: with ``limit`` unset, a split longer than this is evaluated on its first ``auto_limit``
+    #: examples (before, during and after training alike; ``None``: always all), so a large test
+    #: split (GSM8K's 1,319) does not hold up the start of a run
+    auto_limit: int | None = 500
     max_new_tokens: int = 40
     #: prompts per ``generate`` call
     batch_size: int = 100
@@ -751,6 +755,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     _positive_int(ev.every, "eval.every", zero=True)
     _positive_int(ev.limit, "eval.limit", allow_none=True)
+    _positive_int(ev.auto_limit, "eval.auto_limit", allow_none=True)
     _positive_int(ev.max_new_tokens, "eval.max_new_tokens")
     _positive_int(ev.batch_size, "eval.batch_size")
 
