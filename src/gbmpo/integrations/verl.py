@@ -60,8 +60,6 @@ source facts at the first use of a gbmpo name (logged error and warning).
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import logging
 import warnings
 import weakref
@@ -84,6 +82,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
         "e.g. bash scripts/install_verl_env.sh)"
     ) from _err
 
+from gbmpo.integrations.common import check_fields, check_signatures, check_sources, clip_params
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate, get_surrogate
 
@@ -197,25 +196,6 @@ _SOURCE_FACTS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
-def _signature_check(owner: str, fn: Any, name: str, params: tuple[str, ...]) -> None:
-    if fn is None or not callable(fn):
-        raise VerlInternalsError(
-            f"{owner}.{name} no longer exists (verl {verl.__version__}); gbmpo.integrations.verl "
-            f"hooks it and supports verl{SUPPORTED_VERL}"
-        )
-    target = getattr(fn, "__wrapped__", fn)
-    try:
-        sig = inspect.signature(target)
-    except (TypeError, ValueError) as e:  # pragma: no cover - builtins only
-        raise VerlInternalsError(f"cannot read the signature of {owner}.{name}: {e}") from None
-    missing = [p for p in params if p not in sig.parameters]
-    if missing:
-        raise VerlInternalsError(
-            f"{owner}.{name} no longer takes {', '.join(missing)} (signature now {sig}; verl "
-            f"{verl.__version__}); gbmpo.integrations.verl supports verl{SUPPORTED_VERL}"
-        )
-
-
 def check_verl_internals(
     algos: Any = core_algos, losses: Any = _verl_losses, *, strict: bool = False
 ) -> None:
@@ -238,37 +218,33 @@ def check_verl_internals(
             f"{name}.POLICY_LOSS_REGISTRY is no longer a dict (verl {verl.__version__}); "
             f"gbmpo.integrations.verl registers its losses there (supports verl{SUPPORTED_VERL})"
         )
-    for fn_name, params in _HOOKED_FUNCTIONS.items():
-        _signature_check(name, getattr(algos, fn_name, None), fn_name, params)
-    lname = getattr(losses, "__name__", "losses")
-    _signature_check(
-        lname, getattr(losses, "ppo_loss", None), "ppo_loss", ("config", "model_output", "data")
+    context = (
+        f"verl {verl.__version__}; gbmpo.integrations.verl hooks it and supports "
+        f"verl{SUPPORTED_VERL}"
+    )
+    check_signatures(
+        algos, _HOOKED_FUNCTIONS, error=VerlInternalsError, context=context, owner_name=name
+    )
+    check_signatures(
+        losses,
+        {"ppo_loss": ("config", "model_output", "data")},
+        error=VerlInternalsError,
+        context=context,
+        owner_name=getattr(losses, "__name__", "losses"),
     )
     for cls, wanted in _CONFIG_FIELDS.items():
-        names = {f.name for f in dataclasses.fields(cls)}
-        for f in wanted:
-            if f not in names:
-                raise VerlInternalsError(
-                    f"{cls.__name__} has no field {f!r} any more (verl {verl.__version__}); "
-                    f"gbmpo.integrations.verl reads it (supports verl{SUPPORTED_VERL})"
-                )
+        check_fields(cls, wanted, error=VerlInternalsError, context=context)
     if not strict:
         return
     modules = {"core_algos": algos, "losses": losses}
-    for (mod, fn_name), needles in _SOURCE_FACTS.items():
-        fn = getattr(modules[mod], fn_name)
-        fn = getattr(fn, "__wrapped__", fn)
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError) as e:
-            raise VerlInternalsError(f"cannot read the source of {mod}.{fn_name}: {e}") from None
-        flat = " ".join(src.split())
-        for needle in needles:
-            if " ".join(needle.split()) not in flat:
-                raise VerlInternalsError(
-                    f"{getattr(modules[mod], '__name__', mod)}.{fn_name} no longer contains "
-                    f"{needle!r} (verl {verl.__version__}); gbmpo.integrations.verl relies on it"
-                )
+    facts = {
+        f"{getattr(modules[mod], '__name__', mod)}.{fn_name}": (
+            getattr(modules[mod], fn_name),
+            needles,
+        )
+        for (mod, fn_name), needles in _SOURCE_FACTS.items()
+    }
+    check_sources(facts, error=VerlInternalsError, context=context, flatten_whitespace=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,14 +293,8 @@ def surrogate_params(name: str, config: Any) -> dict[str, Any]:
     low = clip if low is None else low
     high = clip if high is None else high
     c = _get(config, "clip_ratio_c", 3.0)
-    defaults: dict[str, dict[str, Any]] = {
-        "clip": {"eps_low": low, "eps_high": high, "dual_clip_c": c},
-        "gspo": {"eps_low": low, "eps_high": high},
-        "atr": {"dual_clip_c": c},
-        "rpg_clip": {"eps_low": low, "eps_high": high, "c": c},
-        "rpg_reinforce": {"eps_low": low, "eps_high": high, "c": c},
-    }
-    params = dict(defaults.get(name, {}))
+    dual = None if name == "gspo" else c  # verl's gspo loss applies no dual clip
+    params = clip_params(name, eps_low=low, eps_high=high, dual_clip_c=dual)
     params.update(_plain(_get(_get(config, "policy_loss"), "gbmpo_surrogate")))
     return params
 
