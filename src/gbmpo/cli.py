@@ -141,6 +141,10 @@ def _run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    if cfg.engine != "gbmpo":  # trl / verl: gbmpo.engines builds and launches them
+        from gbmpo import engines
+
+        return engines.main(cfg, dry=args.dry_run)
     if args.dry_run:
         info = dry_run(cfg)
         print(dump_yaml(cfg), end="")

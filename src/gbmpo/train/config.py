@@ -640,9 +640,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
     from gbmpo.rollout.hf import ENGINES
 
+    engines = (*ENGINES, "vllm") if cfg.engine != "gbmpo" else ENGINES  # TRL / verl: vLLM
     _require(
-        r.engine in ENGINES,
-        f"'rollout.engine': unknown engine {r.engine!r}; valid: {', '.join(ENGINES)}",
+        r.engine in engines,
+        f"'rollout.engine': unknown engine {r.engine!r}; valid: {', '.join(engines)}",
     )
 
     def named(kind: str, registry: Any, name: str) -> None:
