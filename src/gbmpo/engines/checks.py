@@ -21,6 +21,7 @@ __all__ = [
     "DryRunReport",
     "EngineUnavailable",
     "common_checks",
+    "without_missing_mirror",
     "write_summary",
 ]
 
@@ -66,6 +67,18 @@ class DryRunReport:
         }
 
 
+def without_missing_mirror(cfg: Any) -> Any:
+    """``cfg``, or a copy using the mirror map's random initialisation when the configured
+    mirror file does not exist yet (an ES run writes it), to check everything else."""
+    if _missing_mirror(cfg) is None:
+        return cfg
+    checked = copy.deepcopy(cfg)
+    checked.objective.regularizer.params = {
+        k: v for k, v in cfg.objective.regularizer.params.items() if k != "mirror"
+    }
+    return checked
+
+
 def _missing_mirror(cfg: Any) -> str | None:
     """The configured mirror-map file when it does not exist (an ES run produces it)."""
     mirror = cfg.objective.regularizer.params.get("mirror")
@@ -84,16 +97,10 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     from gbmpo.train.config import validate
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
-    checked = cfg
     mirror = _missing_mirror(cfg)
     if mirror is not None:
-        # validate everything else with the mirror map's random initialisation
-        checked = copy.deepcopy(cfg)
-        checked.objective.regularizer.params = {
-            k: v for k, v in cfg.objective.regularizer.params.items() if k != "mirror"
-        }
         report.skip("mirror map", f"{mirror} not found (a `gbmpo es` run writes it)")
-    validate(checked)
+    validate(without_missing_mirror(cfg))
     o = cfg.objective
     report.ok(
         "config",
@@ -107,7 +114,8 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     except FileNotFoundError as err:
         if not _looks_like_hub_id(cfg.model.path) or Path(cfg.model.path).exists():
             raise
-        report.skip("model", f"{cfg.model.path} is not available here ({str(err).split(';')[0]})")
+        why = str(err).split(". To use it")[0]
+        report.skip("model", f"{cfg.model.path} is not available here: {why}")
     else:
         from transformers import AutoConfig
 

@@ -36,7 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gbmpo.engines.checks import DryRunReport, EngineUnavailable, common_checks, write_summary
+from gbmpo.engines.checks import (
+    DryRunReport,
+    EngineUnavailable,
+    common_checks,
+    without_missing_mirror,
+    write_summary,
+)
 
 __all__ = ["BatchLayout", "batch_layout", "dry_run", "grpo_args", "launch_command",
            "reward_function", "run", "train_dataset"]  # fmt: skip
@@ -185,14 +191,14 @@ def dry_run(cfg: Any) -> DryRunReport:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
     world = cfg.run.num_processes
     lay = batch_layout(cfg, world)
-    probe = cfg
+    probe = without_missing_mirror(cfg)
     on_gpu = cfg.model.device.startswith("cuda")
     import torch
 
     if on_gpu and not torch.cuda.is_available():
         import copy
 
-        probe = copy.deepcopy(cfg)
+        probe = copy.deepcopy(probe)
         probe.model.device = "cpu"  # the GRPOConfig itself, without the GPU-only settings
         report.skip("GRPOConfig on cuda", "bf16 / fp16 / CUDA settings need a GPU here")
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,0 +1,374 @@
+r"""``gbmpo train --engine verl``: verl's ``main_ppo`` (Ray, FSDP, vLLM) from a gbmpo config.
+
+What the config becomes (:func:`overrides`, Hydra overrides of verl's ``ppo_trainer.yaml``):
+
+* ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the surrogate as
+  ``policy_loss.loss_mode=gbmpo_<name>`` with *every* parameter spelled out in
+  ``policy_loss.gbmpo_surrogate`` (so verl's own clip fields add nothing), the regularizer as
+  the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef and its
+  parameters in ``policy_loss.gbmpo_kl``, the aggregation as ``loss_agg_mode``
+  (:data:`gbmpo.integrations.common.VERL_LOSS_AGG_MODES`; ``dr_grpo`` with
+  ``loss_scale_factor`` = the completion length), the advantage as ``algorithm.adv_estimator``
+  / ``norm_adv_by_std_in_grpo``;
+* ``task`` -> ``data/train.parquet`` and ``data/test.parquet`` in the run directory
+  (:func:`write_data`): each prompt rendered exactly as the own trainer renders it, passed
+  through verl's chat templating unchanged (a pass-through ``custom_chat_template``), and the
+  reward's columns in ``extra_info``; the task's reward -> verl's
+  ``reward.custom_reward_function`` (:mod:`gbmpo.engines.verl_reward`, which calls the task's
+  reward: math-verify, the code sandbox, a user's ``module:function``);
+* ``rollout`` / ``optim`` / ``lora`` / ``run`` -> rollout ``n``, lengths, sampling, learning
+  rate and schedule, ``ppo_mini_batch_size`` (prompts), micro-batches, ``ppo_epochs`` = ``mu``,
+  LoRA rank, ``trainer.n_gpus_per_node`` = ``run.num_processes``, ``trainer.nnodes`` =
+  ``run.num_nodes``, steps, checkpoints, validation.
+
+verl lives in its own environment (it pins transformers < 5.11): :func:`verl_python` finds it
+(``$GBMPO_VERL_PYTHON``, else ``.venv-verl/bin/python`` of this checkout or the working
+directory, else this interpreter when it can import verl). ``--dry-run`` composes verl's
+config with the overrides there and runs verl's own validation (:mod:`gbmpo.engines.verl_check`);
+a run launches ``python -m verl.trainer.main_ppo`` there, after checking for GPUs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gbmpo.engines.checks import DryRunReport, EngineUnavailable, common_checks, write_summary
+
+__all__ = ["dry_run", "overrides", "run", "verl_python", "write_data"]
+
+#: verl's chat templating turned into a pass-through: the prompt is gbmpo's rendered text
+PASSTHROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+#: the policy-loss config class that carries gbmpo's hyperparameters
+POLICY_LOSS_CONFIG = "gbmpo.integrations.verl.GBMPOPolicyLossConfig"
+
+
+def _value(v: Any) -> str:
+    """A Python value as a Hydra override value."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_value(x) for x in v) + "]"
+    text = str(v)
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _surrogate_params(spec: Any) -> dict[str, Any]:
+    """Every init parameter of the built surrogate (defaults included, ``None`` as null)."""
+    surrogate = spec.build().surrogate
+    if dataclasses.is_dataclass(surrogate):
+        return {f.name: getattr(surrogate, f.name) for f in dataclasses.fields(surrogate)
+                if f.init}  # fmt: skip
+    return dict(spec.surrogate.params)
+
+
+def overrides(cfg: Any, run_dir: str | Path, *, model_path: str | None = None) -> list[str]:
+    """The Hydra overrides of ``verl.trainer.main_ppo`` that run ``cfg`` (see the module doc).
+
+    ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
+    anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes)."""
+    from gbmpo.integrations.common import VERL_ADV_ESTIMATORS, VERL_LOSS_AGG_MODES
+    from gbmpo.train.config import ConfigError
+
+    run_dir = Path(run_dir).resolve()
+    o, ro, opt, run = cfg.objective, cfg.rollout, cfg.optim, cfg.run
+    if o.advantage not in VERL_ADV_ESTIMATORS:
+        raise ConfigError(
+            f"'objective.advantage'={o.advantage!r} has no verl counterpart; valid with engine "
+            f"verl: {', '.join(VERL_ADV_ESTIMATORS)}"
+        )
+    estimator, norm_std = VERL_ADV_ESTIMATORS[o.advantage]
+    G = ro.num_generations
+    n = ro.prompts_per_step * G
+    mini = opt.mini_batch_size or n
+    if mini % G:
+        raise ConfigError(
+            f"'optim.mini_batch_size'={mini} must be a multiple of rollout.num_generations={G} "
+            "(verl's ppo_mini_batch_size counts prompts)"
+        )
+    a = "actor_rollout_ref.actor"
+    out = [
+        f"algorithm.adv_estimator={estimator}",
+        f"algorithm.norm_adv_by_std_in_grpo={_value(norm_std)}",
+        "algorithm.use_kl_in_reward=false",
+        f"data.train_files={_value(str(run_dir / 'data' / 'train.parquet'))}",
+        f"data.val_files={_value(str(run_dir / 'data' / 'test.parquet'))}",
+        f"data.train_batch_size={ro.prompts_per_step}",
+        f"data.max_response_length={ro.max_new_tokens}",
+        "data.filter_overlong_prompts=true",
+        f"data.seed={run.seed}",
+        f"actor_rollout_ref.model.path={_value(model_path or cfg.model.path)}",
+        f"actor_rollout_ref.model.trust_remote_code={_value(cfg.model.trust_remote_code)}",
+        f"actor_rollout_ref.model.custom_chat_template={_value(PASSTHROUGH_TEMPLATE)}",
+        f"{a}.optim.lr={opt.lr!r}",
+        f"{a}.optim.weight_decay={opt.weight_decay!r}",
+        f"{a}.optim.betas={_value(list(opt.betas))}",
+        f"{a}.optim.lr_warmup_steps={opt.warmup_steps}",
+        f"{a}.optim.lr_scheduler_type={opt.schedule}",
+        f"{a}.optim.min_lr_ratio={opt.min_lr_ratio!r}",
+        f"{a}.optim.clip_grad={opt.grad_clip if opt.grad_clip is not None else 1e9!r}",
+        f"{a}.ppo_mini_batch_size={mini // G}",
+        f"{a}.ppo_epochs={opt.mu}",
+        f"{a}.entropy_coeff=0",
+        # the objective (gbmpo verl plugin)
+        f"{a}.policy_loss._target_={POLICY_LOSS_CONFIG}",
+        f"{a}.policy_loss.loss_mode=gbmpo_{o.surrogate.name}",
+        f"{a}.loss_agg_mode={VERL_LOSS_AGG_MODES[o.aggregation]}",
+    ]
+    if o.aggregation == "dr_grpo":
+        out.append(f"{a}.loss_scale_factor={ro.max_new_tokens}")
+    for key, value in _surrogate_params(o).items():
+        out.append(f"+{a}.policy_loss.gbmpo_surrogate.{key}={_value(value)}")
+    reg = o.regularizer
+    if reg.name == "none" or reg.coef == 0:
+        out.append(f"{a}.use_kl_loss=false")
+    else:
+        out += [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef={reg.coef!r}",
+                f"{a}.kl_loss_type=gbmpo_{reg.name}"]  # fmt: skip
+        params = dict(reg.params)
+        if reg.anchor == "old":
+            if not reg.name.startswith("rpg_"):
+                raise ConfigError(
+                    f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
+                    "anchored at the reference model; only the rpg_* regularizers take the "
+                    "rollout policy as anchor there"
+                )
+            params["anchor"] = "old"
+        for key, value in params.items():
+            if key == "mirror" and value is not None:
+                value = str(Path(value).expanduser().resolve())
+            out.append(f"+{a}.policy_loss.gbmpo_kl.{key}={_value(value)}")
+    if opt.micro_batch_size:
+        out.append(f"{a}.ppo_micro_batch_size_per_gpu={opt.micro_batch_size}")
+        for who in ("rollout", "ref"):
+            out.append(
+                f"actor_rollout_ref.{who}.log_prob_micro_batch_size_per_gpu={opt.micro_batch_size}"
+            )
+    else:
+        out.append(f"{a}.use_dynamic_bsz=true")
+        for who in ("rollout", "ref"):
+            out.append(f"actor_rollout_ref.{who}.log_prob_use_dynamic_bsz=true")
+    if cfg.lora.enabled:
+        modules = _value(list(cfg.lora.target_modules))
+        out += [f"actor_rollout_ref.model.lora_rank={cfg.lora.r}",
+                f"actor_rollout_ref.model.lora_alpha={cfg.lora.alpha}",
+                f"actor_rollout_ref.model.target_modules={modules}"]  # fmt: skip
+    out += [
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.n={G}",
+        f"actor_rollout_ref.rollout.temperature={ro.temperature!r}",
+        f"actor_rollout_ref.rollout.top_p={ro.top_p!r}",
+        f"actor_rollout_ref.rollout.top_k={ro.top_k if ro.top_k else -1}",
+        f"actor_rollout_ref.rollout.response_length={ro.max_new_tokens}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        # the reward: the task's own (gbmpo.engines.verl_reward)
+        f"reward.custom_reward_function.path={_value(reward_module_path())}",
+        "reward.custom_reward_function.name=compute_score",
+        "+reward.custom_reward_function.reward_kwargs.gbmpo_config="
+        + _value(str(run_dir / "config.yaml")),
+        # the run
+        f"trainer.n_gpus_per_node={run.num_processes}",
+        f"trainer.nnodes={run.num_nodes}",
+        f"trainer.total_training_steps={run.steps}",
+        "trainer.total_epochs=1000000",
+        f"trainer.save_freq={run.checkpoint_every or -1}",
+        f"trainer.max_actor_ckpt_to_keep={run.keep_checkpoints}",
+        f"trainer.test_freq={cfg.eval.every or -1}",
+        f"trainer.val_before_train={_value(cfg.eval.before)}",
+        f"trainer.default_local_dir={_value(str(run_dir / 'checkpoints'))}",
+        "trainer.project_name=gbmpo",
+        f"trainer.experiment_name={_value(run_dir.name)}",
+        f"trainer.logger={_value(['console', 'file', *run.report_to])}",
+    ]
+    return out
+
+
+def reward_module_path() -> str:
+    """The file verl loads the reward function from."""
+    return str(Path(__file__).with_name("verl_reward.py"))
+
+
+def write_data(cfg: Any, task: Any, data_dir: Path) -> dict[str, int]:
+    """``train.parquet`` / ``test.parquet`` in verl's row layout (prompt, data_source, ability,
+    reward_model.ground_truth, extra_info with the rendered prompt and the reward's columns)."""
+    import pandas as pd
+
+    from gbmpo.train.trainer import load_splits
+
+    train, _, (train_split, eval_split) = load_splits(cfg, task, count_eval=True)
+    splits = {"train": train, "test": task.split(eval_split)}
+    if cfg.eval.limit is not None:
+        splits["test"] = splits["test"][: cfg.eval.limit]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name, examples in splits.items():
+        rows = []
+        for i, ex in enumerate(examples):
+            columns = {k: v for k, v in ex.items() if k != "prompt"}
+            rows.append({
+                "data_source": f"gbmpo/{cfg.task.name}",
+                "prompt": [{"role": "user", "content": ex["prompt"]}],
+                "ability": task.kind,
+                "reward_model": {"style": "rule", "ground_truth": str(ex.get("answer", ""))},
+                "extra_info": {"split": name, "index": i, "prompt": ex["prompt"],
+                               "columns": json.dumps(columns, default=str)},
+            })  # fmt: skip
+        pd.DataFrame(rows).to_parquet(data_dir / f"{name}.parquet")
+        counts[name] = len(rows)
+    return counts
+
+
+def verl_python() -> str | None:
+    """The interpreter of verl's environment, or ``None`` (see the module doc)."""
+    env = os.environ.get("GBMPO_VERL_PYTHON")
+    if env:
+        return env
+    here = Path(__file__).resolve().parents[3]  # the checkout holding src/gbmpo
+    for root in (here, Path.cwd()):
+        candidate = root / ".venv-verl" / "bin" / "python"
+        if candidate.exists():
+            return str(candidate)
+    if importlib.util.find_spec("verl") is not None:
+        return sys.executable
+    return None
+
+
+def _verl_env() -> dict[str, str]:
+    """This process's environment, with this gbmpo first on the path and the plugin loaded."""
+    src = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""),
+            "VERL_USE_EXTERNAL_MODULES": "gbmpo.integrations.verl"}  # fmt: skip
+
+
+def dry_run(cfg: Any) -> DryRunReport:
+    """Engine-independent checks, the overrides, and verl's own validation of the composed
+    ``ppo_trainer.yaml`` in verl's environment (:mod:`gbmpo.engines.verl_check`)."""
+    import tempfile
+
+    report = DryRunReport("verl")
+    common_checks(cfg, report)
+    run_dir = Path(cfg.run.output_dir or "runs/verl-dry-run")
+    with tempfile.TemporaryDirectory() as tmp:
+        probe = cfg
+        missing_mirror = cfg.objective.regularizer.params.get("mirror")
+        if isinstance(missing_mirror, str) and not Path(missing_mirror).expanduser().exists():
+            import copy
+
+            from gbmpo.objectives.mirror import NeuralMirrorMap
+
+            probe = copy.deepcopy(cfg)
+            stand_in = Path(tmp) / "mirror.json"
+            NeuralMirrorMap.random(0.01, 42).save(stand_in)  # shape only: validation of the rest
+            probe.objective.regularizer.params["mirror"] = str(stand_in)
+        ov = overrides(probe, run_dir, model_path=report.info.get("model"))
+        report.ok("overrides", f"{len(ov)} Hydra overrides of verl.trainer.main_ppo")
+        report.info["overrides"] = ov
+        python = verl_python()
+        if python is None:
+            report.skip("verl config", "no verl environment here (GBMPO_VERL_PYTHON, .venv-verl)")
+            return report
+        ov_file = Path(tmp) / "overrides.json"
+        ov_file.write_text(json.dumps(ov))
+        proc = subprocess.run(
+            [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
+            env=_verl_env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    if proc.returncode != 0:
+        from gbmpo.train.config import ConfigError
+
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(f"verl rejects the composed config: {tail}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    report.ok("verl config", f"verl {result['verl']}: ppo_trainer.yaml + overrides validated; "
+              f"actor loss {result['surrogate']} + {result['regularizer']}")  # fmt: skip
+    return report
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    """Write the run directory (config, data, overrides) and launch ``verl.trainer.main_ppo``;
+    :class:`EngineUnavailable` (nothing written) where verl or GPUs are missing."""
+    from gbmpo.models import resolve_model_path
+    from gbmpo.train.checkpoint import write_text_atomic
+    from gbmpo.train.config import ConfigError, dump_yaml, validate
+    from gbmpo.train.trainer import _nonempty, build_task, default_run_dir, load_tokenizer
+
+    validate(cfg)
+    python = verl_python()
+    if python is None:
+        raise EngineUnavailable(
+            "engine verl needs verl: install it in its own environment (pip install "
+            "'gbmpo[verl]'; bash scripts/install_verl_env.sh builds .venv-verl) or point "
+            "GBMPO_VERL_PYTHON at its python"
+        )
+    probe = subprocess.run(
+        [python, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    gpus = int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+    if gpus < cfg.run.num_processes:
+        raise EngineUnavailable(
+            f"engine verl needs {cfg.run.num_processes} NVIDIA GPU(s) per node "
+            f"(run.num_processes), found {gpus} in verl's environment ({python}); "
+            "`gbmpo train --engine verl --dry-run` checks the config without them"
+        )
+    run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
+    if _nonempty(run_dir):
+        raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
+    cfg.run.output_dir = str(run_dir)
+    model_path = resolve_model_path(cfg.model.path)
+    task = build_task(cfg, load_tokenizer(cfg))
+    ov = overrides(cfg, run_dir, model_path=model_path)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    write_data(cfg, task, run_dir / "data")
+    write_text_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
+    env = {**_verl_env(), "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / "verl_metrics.jsonl")}
+    proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov], env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"verl.trainer.main_ppo failed (exit {proc.returncode}); see above")
+    summary = _summary_from_verl(cfg, run_dir)
+    write_summary(run_dir, summary)
+    return summary
+
+
+def _summary_from_verl(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """metrics.jsonl (gbmpo's names) and the summary from verl's file logger."""
+    rows = []
+    src = run_dir / "verl_metrics.jsonl"
+    if src.is_file():
+        rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    vals = [(r["step"], {k.split("/")[-1]: v for k, v in r["data"].items()
+                         if k.startswith("val-core/")}) for r in rows]  # fmt: skip
+    vals = [(s, v) for s, v in vals if v]
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps({"step": r["step"], **r["data"]}) + "\n")
+    o = cfg.objective
+    return {
+        "status": "finished",
+        "engine": "verl",
+        "steps": max((r["step"] for r in rows), default=0),
+        "eval_before": vals[0][1] if vals and cfg.eval.before else None,
+        "eval_after": vals[-1][1] if vals else None,
+        "model": cfg.model.path,
+        "task": cfg.task.name,
+        "advantage": o.advantage,
+        "surrogate": o.surrogate.name,
+        "regularizer": o.regularizer.name,
+        "coef": o.regularizer.coef,
+        "aggregation": o.aggregation,
+        "seed": cfg.run.seed,
+        "run_dir": str(run_dir),
+        "final_model": str(run_dir / "checkpoints"),
+    }
