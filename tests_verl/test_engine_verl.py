@@ -98,3 +98,28 @@ def test_reward_function_with_verls_signature_equals_the_task_reward(tmp_path: P
             assert got == want, (completion, got, want)
             n_right += got == 1.0
     assert n_right == 6  # the gold solutions score 1
+
+
+def test_plugin_prints_the_overrides_of_an_objective_file(tmp_path: Path) -> None:
+    """The verl plugin takes the same spec: ``python -m gbmpo.integrations.verl --objective``."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    spec = {"advantage": "grpo", "aggregation": "bnpo", "regularizer": {"name": "none", "coef": 0},
+            "surrogate": {"name": "atr", "params": {"delta": 0.02}}}  # fmt: skip
+    path = tmp_path / "objective.yaml"
+    path.write_text(yaml.safe_dump({"objective": spec}))
+    cmd = [sys.executable, "-m", "gbmpo.integrations.verl", "--objective", str(path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.split()
+    assert lines == gv.objective_overrides(spec, max_response_length=1024)
+    assert "+actor_rollout_ref.actor.policy_loss.gbmpo_surrogate.delta=0.02" in lines
+    from verl.utils.config import omega_conf_to_dataclass
+
+    composed = _compose([*lines, "actor_rollout_ref.actor.use_dynamic_bsz=true"])
+    actor = composed.actor_rollout_ref.actor
+    chosen = gv.describe(omega_conf_to_dataclass(actor))
+    assert chosen["surrogate"] == get_surrogate("atr", delta=0.02)

@@ -30,7 +30,6 @@ a run launches ``python -m verl.trainer.main_ppo`` there, after checking for GPU
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -40,36 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.engines.checks import DryRunReport, EngineUnavailable, common_checks, write_summary
+from gbmpo.integrations.common import hydra_value as _value
 
 __all__ = ["dry_run", "overrides", "run", "verl_python", "write_data"]
 
 #: verl's chat templating turned into a pass-through: the prompt is gbmpo's rendered text
 PASSTHROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-#: the policy-loss config class that carries gbmpo's hyperparameters
-POLICY_LOSS_CONFIG = "gbmpo.integrations.verl.GBMPOPolicyLossConfig"
-
-
-def _value(v: Any) -> str:
-    """A Python value as a Hydra override value."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_value(x) for x in v) + "]"
-    text = str(v)
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _surrogate_params(spec: Any) -> dict[str, Any]:
-    """Every init parameter of the built surrogate (defaults included, ``None`` as null)."""
-    surrogate = spec.build().surrogate
-    if dataclasses.is_dataclass(surrogate):
-        return {f.name: getattr(surrogate, f.name) for f in dataclasses.fields(surrogate)
-                if f.init}  # fmt: skip
-    return dict(spec.surrogate.params)
 
 
 def overrides(cfg: Any, run_dir: str | Path, *, model_path: str | None = None) -> list[str]:
@@ -77,17 +52,11 @@ def overrides(cfg: Any, run_dir: str | Path, *, model_path: str | None = None) -
 
     ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
     anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes)."""
-    from gbmpo.integrations.common import VERL_ADV_ESTIMATORS, VERL_LOSS_AGG_MODES
+    from gbmpo.integrations.common import verl_objective_overrides
     from gbmpo.train.config import ConfigError
 
     run_dir = Path(run_dir).resolve()
     o, ro, opt, run = cfg.objective, cfg.rollout, cfg.optim, cfg.run
-    if o.advantage not in VERL_ADV_ESTIMATORS:
-        raise ConfigError(
-            f"'objective.advantage'={o.advantage!r} has no verl counterpart; valid with engine "
-            f"verl: {', '.join(VERL_ADV_ESTIMATORS)}"
-        )
-    estimator, norm_std = VERL_ADV_ESTIMATORS[o.advantage]
     G = ro.num_generations
     n = ro.prompts_per_step * G
     mini = opt.mini_batch_size or n
@@ -98,8 +67,6 @@ def overrides(cfg: Any, run_dir: str | Path, *, model_path: str | None = None) -
         )
     a = "actor_rollout_ref.actor"
     out = [
-        f"algorithm.adv_estimator={estimator}",
-        f"algorithm.norm_adv_by_std_in_grpo={_value(norm_std)}",
         "algorithm.use_kl_in_reward=false",
         f"data.train_files={_value(str(run_dir / 'data' / 'train.parquet'))}",
         f"data.val_files={_value(str(run_dir / 'data' / 'test.parquet'))}",
@@ -120,34 +87,11 @@ def overrides(cfg: Any, run_dir: str | Path, *, model_path: str | None = None) -
         f"{a}.ppo_mini_batch_size={mini // G}",
         f"{a}.ppo_epochs={opt.mu}",
         f"{a}.entropy_coeff=0",
-        # the objective (gbmpo verl plugin)
-        f"{a}.policy_loss._target_={POLICY_LOSS_CONFIG}",
-        f"{a}.policy_loss.loss_mode=gbmpo_{o.surrogate.name}",
-        f"{a}.loss_agg_mode={VERL_LOSS_AGG_MODES[o.aggregation]}",
     ]
-    if o.aggregation == "dr_grpo":
-        out.append(f"{a}.loss_scale_factor={ro.max_new_tokens}")
-    for key, value in _surrogate_params(o).items():
-        out.append(f"+{a}.policy_loss.gbmpo_surrogate.{key}={_value(value)}")
-    reg = o.regularizer
-    if reg.name == "none" or reg.coef == 0:
-        out.append(f"{a}.use_kl_loss=false")
-    else:
-        out += [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef={reg.coef!r}",
-                f"{a}.kl_loss_type=gbmpo_{reg.name}"]  # fmt: skip
-        params = dict(reg.params)
-        if reg.anchor == "old":
-            if not reg.name.startswith("rpg_"):
-                raise ConfigError(
-                    f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
-                    "anchored at the reference model; only the rpg_* regularizers take the "
-                    "rollout policy as anchor there"
-                )
-            params["anchor"] = "old"
-        for key, value in params.items():
-            if key == "mirror" and value is not None:
-                value = str(Path(value).expanduser().resolve())
-            out.append(f"+{a}.policy_loss.gbmpo_kl.{key}={_value(value)}")
+    try:  # the objective: the gbmpo verl plugin's overrides for the spec
+        out += verl_objective_overrides(o, max_response_length=ro.max_new_tokens)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if opt.micro_batch_size:
         out.append(f"{a}.ppo_micro_batch_size_per_gpu={opt.micro_batch_size}")
         for who in ("rollout", "ref"):

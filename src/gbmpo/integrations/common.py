@@ -29,6 +29,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 __all__ = [
+    "VERL_POLICY_LOSS_CONFIG",
+    "hydra_value",
+    "verl_objective_overrides",
     "TRL_LOSS_TYPES",
     "TRL_SCALE_REWARDS",
     "VERL_ADV_ESTIMATORS",
@@ -111,6 +114,85 @@ def clip_params(
     for name, value in zip(names, (eps_low, eps_high, dual_clip_c, ratio_cap), strict=True):
         if name is not None and value is not None:
             out[name] = value
+    return out
+
+
+#: the verl policy-loss config class that carries gbmpo's hyperparameters
+VERL_POLICY_LOSS_CONFIG = "gbmpo.integrations.verl.GBMPOPolicyLossConfig"
+
+
+def hydra_value(v: Any) -> str:
+    """A Python value as a Hydra command-line override value (strings quoted)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    text = str(v)
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
+    """The verl ``main_ppo`` overrides that select the objective ``spec`` (an
+    :class:`~gbmpo.objectives.spec.ObjectiveSpec`, a dict or a YAML path) through the gbmpo verl
+    plugin: advantage -> ``algorithm.adv_estimator`` / ``norm_adv_by_std_in_grpo``; surrogate ->
+    ``policy_loss.loss_mode=gbmpo_<name>`` with every parameter of the built surrogate in
+    ``policy_loss.gbmpo_surrogate`` (so none comes from verl's clip fields); regularizer -> the
+    actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (``anchor:
+    old`` only for the ``rpg_*`` regularizers, which take it as a parameter); aggregation ->
+    ``loss_agg_mode`` (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``).
+    ``ValueError`` names what verl cannot express."""
+    from pathlib import Path
+
+    from gbmpo.objectives.spec import ObjectiveSpec
+
+    o = ObjectiveSpec.load(spec)
+    if o.advantage not in VERL_ADV_ESTIMATORS:
+        raise ValueError(
+            f"'objective.advantage'={o.advantage!r} has no verl counterpart; valid with engine "
+            f"verl: {', '.join(VERL_ADV_ESTIMATORS)}"
+        )
+    estimator, norm_std = VERL_ADV_ESTIMATORS[o.advantage]
+    a = "actor_rollout_ref.actor"
+    out = [
+        f"algorithm.adv_estimator={estimator}",
+        f"algorithm.norm_adv_by_std_in_grpo={hydra_value(norm_std)}",
+        f"{a}.policy_loss._target_={VERL_POLICY_LOSS_CONFIG}",
+        f"{a}.policy_loss.loss_mode=gbmpo_{o.surrogate.name}",
+        f"{a}.loss_agg_mode={VERL_LOSS_AGG_MODES[o.aggregation]}",
+    ]
+    if o.aggregation == "dr_grpo":
+        out.append(f"{a}.loss_scale_factor={max_response_length}")
+    surrogate = o.build().surrogate
+    if dataclasses.is_dataclass(surrogate):
+        params = {f.name: getattr(surrogate, f.name) for f in dataclasses.fields(surrogate)
+                  if f.init}  # fmt: skip
+    else:  # a plugin surrogate that is not a dataclass: the spec's own parameters
+        params = dict(o.surrogate.params)
+    for key, value in params.items():
+        out.append(f"+{a}.policy_loss.gbmpo_surrogate.{key}={hydra_value(value)}")
+    reg = o.regularizer
+    if reg.name == "none" or reg.coef == 0:
+        out.append(f"{a}.use_kl_loss=false")
+        return out
+    out += [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef={reg.coef!r}",
+            f"{a}.kl_loss_type=gbmpo_{reg.name}"]  # fmt: skip
+    reg_params = dict(reg.params)
+    if reg.anchor == "old":
+        if not reg.name.startswith("rpg_"):
+            raise ValueError(
+                f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
+                "anchored at the reference model; only the rpg_* regularizers take the "
+                "rollout policy as anchor there"
+            )
+        reg_params["anchor"] = "old"
+    for key, value in reg_params.items():
+        if key == "mirror" and value is not None:
+            value = str(Path(value).expanduser().resolve())
+        out.append(f"+{a}.policy_loss.gbmpo_kl.{key}={hydra_value(value)}")
     return out
 
 

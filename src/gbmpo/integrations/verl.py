@@ -82,7 +82,13 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
         "e.g. bash scripts/install_verl_env.sh)"
     ) from _err
 
-from gbmpo.integrations.common import check_fields, check_signatures, check_sources, clip_params
+from gbmpo.integrations.common import (
+    check_fields,
+    check_signatures,
+    check_sources,
+    clip_params,
+    verl_objective_overrides,
+)
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate, get_surrogate
 
@@ -100,6 +106,7 @@ __all__ = [
     "install_kl_hook",
     "kl_loss_types",
     "main",
+    "objective_overrides",
     "policy_loss_names",
     "register_policy_losses",
     "surrogate_params",
@@ -629,9 +636,29 @@ def _install() -> None:
 _install()
 
 
-def main() -> int:
+def objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
+    """The ``main_ppo`` overrides that select the gbmpo objective ``spec`` (an ``ObjectiveSpec``,
+    the ``objective:`` dict or a YAML file): see
+    :func:`gbmpo.integrations.common.verl_objective_overrides`, the one mapping that
+    ``gbmpo train --engine verl`` uses too."""
+    return verl_objective_overrides(spec, max_response_length=max_response_length)
+
+
+def main(argv: list[str] | None = None) -> int:
     """``python -m gbmpo.integrations.verl``: run the strict internals check against the installed
-    verl and print the names this plugin serves (exit status 1 if verl's internals moved)."""
+    verl and print the names this plugin serves (exit status 1 if verl's internals moved).
+    ``--objective FILE [--max-response-length N]``: print the overrides selecting that objective
+    spec instead, one per line (to paste after ``python -m verl.trainer.main_ppo``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m gbmpo.integrations.verl")
+    ap.add_argument("--objective", help="gbmpo objective spec (YAML: the section or a config)")
+    ap.add_argument("--max-response-length", type=int, default=1024)
+    ns = ap.parse_args(argv)
+    if ns.objective:
+        for line in objective_overrides(ns.objective, max_response_length=ns.max_response_length):
+            print(line)
+        return 0
     try:
         check_verl_internals(strict=True)
     except VerlInternalsError as e:
