@@ -309,7 +309,9 @@ class _RunDirCallback:
                 if dist.is_available() and dist.is_initialized():  # every process agrees
                     import torch
 
-                    flag = torch.tensor([float(stop)])
+                    on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
+                    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
+                    flag = torch.tensor([float(stop)], device=device)
                     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                     stop = bool(flag.item())
                 if stop:
@@ -358,8 +360,13 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
 
         require_sandbox(cfg.run.allow_unsandboxed_code)
     train, _, (_, eval_split) = load_splits(cfg, task)
+    dtype = cfg.model.dtype
+    if not cfg.lora.enabled and dtype != "float32" and state.device.type == "cuda":
+        # full fine-tuning: fp32 master weights, bf16 / fp16 compute through TRL's autocast
+        # (GRPOConfig bf16 / fp16), so that small updates are not rounded away
+        dtype = "float32"
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model.path, dtype=_DTYPES[cfg.model.dtype], device=str(state.device),
+        cfg.model.path, dtype=_DTYPES[dtype], device=str(state.device),
         trust_remote_code=cfg.model.trust_remote_code,
     )  # fmt: skip
     writer = MetricsWriter(run_dir) if main else None
