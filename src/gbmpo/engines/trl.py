@@ -152,7 +152,12 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
         "save_total_limit": run.keep_checkpoints,
         "shuffle_dataset": True,
     }
-    return GBMPOConfig(**kw)
+    try:
+        return GBMPOConfig(**kw)
+    except ValueError as err:  # TRL's own checks (batch divisibility, vLLM, precision, ...)
+        from gbmpo.train.config import ConfigError
+
+        raise ConfigError(f"TRL's GRPOConfig rejects this configuration: {err}") from err
 
 
 def train_dataset(examples: Sequence[dict[str, Any]]) -> Any:
@@ -202,7 +207,9 @@ def dry_run(cfg: Any) -> DryRunReport:
         probe.model.device = "cpu"  # the GRPOConfig itself, without the GPU-only settings
         report.skip("GRPOConfig on cuda", "bf16 / fp16 / CUDA settings need a GPU here")
     with tempfile.TemporaryDirectory() as tmp:
-        args = grpo_args(probe, tmp, world=world)
+        # TRL sizes the generation batch with the processes that build the config: here one, so
+        # the GRPOConfig is checked with the 1-process layout and the N-process layout above
+        args = grpo_args(probe, tmp, world=1)
     report.ok(
         "GRPOConfig",
         f"loss_type {args.loss_type}, scale_rewards {args.scale_rewards}, "

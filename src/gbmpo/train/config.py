@@ -243,6 +243,7 @@ class TrainConfig:
 
 #: short command-line spellings -> dotted config keys
 ALIASES: dict[str, str] = {
+    "engine": "engine",
     "model": "model.path",
     "task": "task.name",
     "lr": "optim.lr",
