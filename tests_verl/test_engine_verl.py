@@ -123,3 +123,15 @@ def test_plugin_prints_the_overrides_of_an_objective_file(tmp_path: Path) -> Non
     actor = composed.actor_rollout_ref.actor
     chosen = gv.describe(omega_conf_to_dataclass(actor))
     assert chosen["surrogate"] == get_surrogate("atr", delta=0.02)
+
+
+def test_data_files_give_the_longest_prompt(tmp_path: Path) -> None:
+    cfg = load_config(None, [("engine", "verl")])
+    tok = load_tokenizer(cfg)
+    task = build_task(cfg, tok)
+    counts = write_data(cfg, task, tmp_path, tok)
+    longest = max(len(tok(ex["prompt"])["input_ids"]) for name in ("train", "test")
+                  for ex in task.split(name))  # fmt: skip
+    assert counts["max_prompt_tokens"] == longest
+    ov = overrides(cfg, tmp_path, max_prompt_length=longest)
+    assert f"data.max_prompt_length={longest}" in ov

@@ -133,6 +133,9 @@ def _run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.resume:
         if args.config:
             raise UsageError("--resume uses the run's own config.yaml; drop --config")
+        from gbmpo.engines import check_resumable
+
+        check_resumable(args.resume)  # trl / verl runs are not resumed by the own trainer
         trainer = Trainer.resume(args.resume, overrides)
         summary = trainer.train()
         _print_summary(summary)

@@ -21,7 +21,15 @@ from typing import Any
 
 from gbmpo.engines.checks import Check, DryRunReport, EngineUnavailable
 
-__all__ = ["Check", "DryRunReport", "EngineUnavailable", "dry_run", "main", "run"]
+__all__ = [
+    "Check",
+    "DryRunReport",
+    "EngineUnavailable",
+    "check_resumable",
+    "dry_run",
+    "main",
+    "run",
+]
 
 
 def run(config: Any) -> dict[str, Any]:
@@ -38,6 +46,25 @@ def run(config: Any) -> dict[str, Any]:
 
         return verl.run(config)
     raise ValueError(f"gbmpo.engines.run: engine {config.engine!r} is the own trainer's")
+
+
+def check_resumable(run_dir: str) -> None:
+    """``gbmpo train --resume DIR`` continues runs of the own engine only: ``ConfigError`` (exit
+    2) naming the engine when ``DIR/config.yaml`` says ``engine: trl`` or ``verl``."""
+    from pathlib import Path
+
+    from gbmpo.train.config import ConfigError, load_config
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return  # the own trainer's resume reports a missing run
+    engine = load_config(path).engine
+    if engine != "gbmpo":
+        where = str(Path(run_dir) / "checkpoints")
+        raise ConfigError(
+            f"--resume continues runs of the own engine; {run_dir!r} was trained with engine "
+            f"{engine!r} (its checkpoints are that engine's, in {where!r})"
+        )
 
 
 def dry_run(config: Any) -> DryRunReport:

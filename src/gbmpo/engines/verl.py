@@ -47,8 +47,15 @@ __all__ = ["dry_run", "overrides", "run", "verl_python", "write_data"]
 PASSTHROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 
 
-def overrides(cfg: Any, run_dir: str | Path, *, model_path: str | None = None) -> list[str]:
-    """The Hydra overrides of ``verl.trainer.main_ppo`` that run ``cfg`` (see the module doc).
+def overrides(
+    cfg: Any,
+    run_dir: str | Path,
+    *,
+    model_path: str | None = None,
+    max_prompt_length: int | None = None,
+) -> list[str]:
+    """The Hydra overrides of ``verl.trainer.main_ppo`` that run ``cfg`` (see the module doc);
+    ``max_prompt_length``: the longest tokenized prompt of the data (verl's default otherwise).
 
     ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
     anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes)."""
@@ -72,6 +79,7 @@ def overrides(cfg: Any, run_dir: str | Path, *, model_path: str | None = None) -
         f"data.val_files={_value(str(run_dir / 'data' / 'test.parquet'))}",
         f"data.train_batch_size={ro.prompts_per_step}",
         f"data.max_response_length={ro.max_new_tokens}",
+        *([f"data.max_prompt_length={max_prompt_length}"] if max_prompt_length else []),
         "data.filter_overlong_prompts=true",
         f"data.seed={run.seed}",
         f"actor_rollout_ref.model.path={_value(model_path or cfg.model.path)}",
@@ -142,9 +150,10 @@ def reward_module_path() -> str:
     return str(Path(__file__).with_name("verl_reward.py"))
 
 
-def write_data(cfg: Any, task: Any, data_dir: Path) -> dict[str, int]:
+def write_data(cfg: Any, task: Any, data_dir: Path, tokenizer: Any = None) -> dict[str, int]:
     """``train.parquet`` / ``test.parquet`` in verl's row layout (prompt, data_source, ability,
-    reward_model.ground_truth, extra_info with the rendered prompt and the reward's columns)."""
+    reward_model.ground_truth, extra_info with the rendered prompt and the reward's columns).
+    Returns the row counts and, with ``tokenizer``, ``max_prompt_tokens``."""
     import pandas as pd
 
     from gbmpo.train.trainer import load_splits
@@ -169,6 +178,9 @@ def write_data(cfg: Any, task: Any, data_dir: Path) -> dict[str, int]:
             })  # fmt: skip
         pd.DataFrame(rows).to_parquet(data_dir / f"{name}.parquet")
         counts[name] = len(rows)
+        if tokenizer is not None and examples:
+            longest = max(len(tokenizer(ex["prompt"])["input_ids"]) for ex in examples)
+            counts["max_prompt_tokens"] = max(counts.get("max_prompt_tokens", 0), longest)
     return counts
 
 
@@ -271,11 +283,15 @@ def run(cfg: Any) -> dict[str, Any]:
         raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
     cfg.run.output_dir = str(run_dir)
     model_path = resolve_model_path(cfg.model.path)
-    task = build_task(cfg, load_tokenizer(cfg))
-    ov = overrides(cfg, run_dir, model_path=model_path)
+    tokenizer = load_tokenizer(cfg)
+    task = build_task(cfg, tokenizer)
+    overrides(cfg, run_dir, model_path=model_path)  # what verl cannot express, before writing
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-    write_data(cfg, task, run_dir / "data")
+    counts = write_data(cfg, task, run_dir / "data", tokenizer)
+    ov = overrides(
+        cfg, run_dir, model_path=model_path, max_prompt_length=counts.get("max_prompt_tokens")
+    )
     write_text_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
     env = {**_verl_env(), "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / "verl_metrics.jsonl")}
     proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov], env=env)
