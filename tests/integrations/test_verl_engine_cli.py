@@ -43,3 +43,20 @@ def test_settings_verl_cannot_express_are_named(tmp_path: Path) -> None:
         overrides(load_config(None, [("advantage", "batch")]), tmp_path)
     with pytest.raises(ConfigError, match="anchor'=old with 'prob_l2'"):
         overrides(load_config(None, [("anchor", "old")]), tmp_path)
+
+
+def test_default_mirror_map_is_written_for_verl(tmp_path: Path) -> None:
+    """verl's workers read the mirror map from a file: without one, the engine writes the map
+    gbmpo's neural_mirror uses by default and points the KL loss at it."""
+    from gbmpo.engines.verl import with_mirror_file
+    from gbmpo.objectives import NeuralMirrorMap, get_regularizer
+
+    cfg = load_config(None, [("regularizer", "neural_mirror"), ("coef", 1e-4)])
+    path = tmp_path / "mirror_init.json"
+    used = with_mirror_file(cfg, path)
+    assert cfg.objective.regularizer.params == {}  # the run's config.yaml keeps the spec as is
+    default = get_regularizer("neural_mirror").params["mirror"].to_vector()
+    assert NeuralMirrorMap.load(path).to_vector().tolist() == default.tolist()
+    ov = overrides(used, tmp_path)
+    assert f"+actor_rollout_ref.actor.policy_loss.gbmpo_kl.mirror='{path.resolve()}'" in ov
+    assert with_mirror_file(used, tmp_path / "other.json") is used  # an existing file is kept

@@ -41,7 +41,7 @@ from typing import Any
 from gbmpo.engines.checks import DryRunReport, EngineUnavailable, common_checks, write_summary
 from gbmpo.integrations.common import hydra_value as _value
 
-__all__ = ["dry_run", "overrides", "run", "verl_python", "write_data"]
+__all__ = ["dry_run", "overrides", "run", "verl_python", "with_mirror_file", "write_data"]
 
 #: verl's chat templating turned into a pass-through: the prompt is gbmpo's rendered text
 PASSTHROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -145,6 +145,29 @@ def overrides(
     return out
 
 
+def with_mirror_file(cfg: Any, path: Path) -> Any:
+    """``cfg``, or a copy whose ``neural_mirror`` regularizer reads ``path`` where it names no
+    existing map file; writes there the map gbmpo uses by default (``NeuralMirrorMap.random(
+    0.01, 42)``, the NM-GRPO initialisation), unless a file is already there. verl's workers
+    read the map from a file, so it must exist."""
+    import copy
+
+    reg = cfg.objective.regularizer
+    mirror = reg.params.get("mirror")
+    if reg.name != "neural_mirror" or (
+        isinstance(mirror, str) and Path(mirror).expanduser().exists()
+    ):
+        return cfg
+    from gbmpo.objectives.mirror import NeuralMirrorMap
+
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        NeuralMirrorMap.random(0.01, 42).save(path)
+    out = copy.deepcopy(cfg)
+    out.objective.regularizer.params = {**reg.params, "mirror": str(path.resolve())}
+    return out
+
+
 def reward_module_path() -> str:
     """The file verl loads the reward function from."""
     return str(Path(__file__).with_name("verl_reward.py"))
@@ -216,17 +239,8 @@ def dry_run(cfg: Any) -> DryRunReport:
     common_checks(cfg, report)
     run_dir = Path(cfg.run.output_dir or "runs/verl-dry-run")
     with tempfile.TemporaryDirectory() as tmp:
-        probe = cfg
-        missing_mirror = cfg.objective.regularizer.params.get("mirror")
-        if isinstance(missing_mirror, str) and not Path(missing_mirror).expanduser().exists():
-            import copy
-
-            from gbmpo.objectives.mirror import NeuralMirrorMap
-
-            probe = copy.deepcopy(cfg)
-            stand_in = Path(tmp) / "mirror.json"
-            NeuralMirrorMap.random(0.01, 42).save(stand_in)  # shape only: validation of the rest
-            probe.objective.regularizer.params["mirror"] = str(stand_in)
+        # a mirror map not written yet (by ES, or the run's default map): a stand-in file
+        probe = with_mirror_file(cfg, Path(tmp) / "mirror.json")
         ov = overrides(probe, run_dir, model_path=report.info.get("model"))
         report.ok("overrides", f"{len(ov)} Hydra overrides of verl.trainer.main_ppo")
         report.info["overrides"] = ov
@@ -234,12 +248,12 @@ def dry_run(cfg: Any) -> DryRunReport:
         if python is None:
             report.skip("verl config", "no verl environment here (GBMPO_VERL_PYTHON, .venv-verl)")
             return report
-        ov_file = Path(tmp) / "overrides.json"
-        ov_file.write_text(json.dumps(ov))
-        proc = subprocess.run(
-            [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
-            env=_verl_env(), capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+        proc = _verl_check(python, ov, Path(tmp))
+        if proc.returncode != 0 and "vllm version" in proc.stderr and cfg.lora.enabled:
+            # verl checks the installed vLLM for LoRA rollouts: validate the rest without LoRA
+            report.skip("verl LoRA", "verl validates LoRA against an installed vLLM (GPU only)")
+            proc = _verl_check(python, [o for o in ov if ".lora_" not in o
+                                        and ".target_modules=" not in o], Path(tmp))  # fmt: skip
     if proc.returncode != 0:
         from gbmpo.train.config import ConfigError
 
@@ -249,6 +263,15 @@ def dry_run(cfg: Any) -> DryRunReport:
     report.ok("verl config", f"verl {result['verl']}: ppo_trainer.yaml + overrides validated; "
               f"actor loss {result['surrogate']} + {result['regularizer']}")  # fmt: skip
     return report
+
+
+def _verl_check(python: str, ov: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    ov_file = tmp / "overrides.json"
+    ov_file.write_text(json.dumps(ov))
+    return subprocess.run(
+        [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
+        env=_verl_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
 
 
 def run(cfg: Any) -> dict[str, Any]:
@@ -290,8 +313,9 @@ def run(cfg: Any) -> dict[str, Any]:
     write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
     counts = write_data(cfg, task, run_dir / "data", tokenizer)
     ov = overrides(
-        cfg, run_dir, model_path=model_path, max_prompt_length=counts.get("max_prompt_tokens")
-    )
+        with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir, model_path=model_path,
+        max_prompt_length=counts.get("max_prompt_tokens"),
+    )  # fmt: skip
     write_text_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
     env = {**_verl_env(), "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / "verl_metrics.jsonl")}
     proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov], env=env)
