@@ -61,6 +61,9 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.resume:
         if args.config:
             raise UsageError("--resume uses the run's own config.yaml; drop --config")
+        from gbmpo.engines import check_resumable
+
+        check_resumable(args.resume)  # trl / verl runs are not resumed by the own trainer
         trainer = Trainer.resume(args.resume, overrides)
         summary = trainer.train()
         print_summary(summary)
@@ -69,6 +72,10 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    if cfg.engine != "gbmpo":  # trl / verl: gbmpo.engines builds and launches them
+        from gbmpo import engines
+
+        return engines.main(cfg, dry=args.dry_run)
     if args.dry_run:
         info = dry_run(cfg)
         print(dump_yaml(cfg), end="")

@@ -30,8 +30,6 @@ Supported TRL: ``>=1.16,<1.17`` (the version whose internals this module hooks;
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import math
 import os
 import warnings
@@ -50,9 +48,18 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
         f"(supported: trl{'>=1.16,<1.17'})"
     ) from _err
 
+from gbmpo.integrations.common import (
+    TRL_LOSS_TYPES,
+    TRL_SCALE_REWARDS,
+    check_fields,
+    check_signatures,
+    check_sources,
+    clip_params,
+)
 from gbmpo.objectives.loss import compute_policy_loss
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer, kl_k3
-from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SurrogateSpec
+from gbmpo.objectives.surrogates import Surrogate
 
 __all__ = [
     "CLIP_MODES",
@@ -64,6 +71,8 @@ __all__ = [
     "TRLObjective",
     "TRLInternalsError",
     "build_objective",
+    "objective_spec",
+    "spec_from_trl_fields",
     "check_trl_internals",
     "dapo_normalizer",
     "entropy_bonus",
@@ -93,6 +102,21 @@ _UNSUPPORTED_LOSS_TYPES: dict[str, str] = {
     "cispo": "a detached clipped-IS-weight REINFORCE loss",
     "sapo": "a sigmoid soft gate instead of a clip",
     "vespo": "sequence gamma weights on a REINFORCE loss",
+}
+
+#: GBMPOConfig's alias fields (TRL's spelling of the objective) and their defaults; with
+#: ``objective=`` they must keep these values.
+_ALIAS_DEFAULTS: dict[str, Any] = {
+    "regularizer": "kl_k3",
+    "regularizer_coef": None,
+    "regularizer_anchor": "ref",
+    "regularizer_clamp": None,
+    "mirror_path": None,
+    "clip_mode": "ratio",
+    "atr_delta": None,
+    "dual_clip_c": None,
+    "rpg_variant": "none",
+    "rpg_beta": 0.0,
 }
 
 # Regularizers that take a ``clamp`` parameter.
@@ -240,46 +264,18 @@ def check_trl_internals(
     its log-probs, and the keys of the batch dict); those are text checks, so the trainer runs
     them only in the test-suite, where a false alarm costs nothing.
     """
-    for name, params in _HOOKED_METHODS.items():
-        fn = inspect.getattr_static(trainer_cls, name, None)
-        if fn is None:
-            raise TRLInternalsError(
-                f"{trainer_cls.__name__}.{name} no longer exists (TRL {trl.__version__}); "
-                f"GBMPOTrainer hooks it and supports trl{SUPPORTED_TRL}"
-            )
-        if isinstance(fn, (staticmethod, classmethod)):
-            fn = fn.__func__
-        try:
-            sig = inspect.signature(fn)
-        except (TypeError, ValueError) as e:  # pragma: no cover - builtins only
-            raise TRLInternalsError(f"cannot read the signature of {name}: {e}") from None
-        missing = [p for p in params if p not in sig.parameters]
-        if missing:
-            raise TRLInternalsError(
-                f"{trainer_cls.__name__}.{name} no longer takes {', '.join(missing)} "
-                f"(signature now {sig}; TRL {trl.__version__}); GBMPOTrainer supports "
-                f"trl{SUPPORTED_TRL}"
-            )
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    for f in _CONFIG_FIELDS:
-        if f not in names:
-            raise TRLInternalsError(
-                f"{config_cls.__name__} has no field {f!r} any more (TRL {trl.__version__}); "
-                f"GBMPOConfig supports trl{SUPPORTED_TRL}"
-            )
+    context = f"TRL {trl.__version__}; GBMPOTrainer hooks it and supports trl{SUPPORTED_TRL}"
+    check_signatures(
+        trainer_cls, _HOOKED_METHODS, error=TRLInternalsError, context=context, static=True
+    )
+    check_fields(config_cls, _CONFIG_FIELDS, error=TRLInternalsError, context=context)
     if not strict:
         return
-    for name, needles in _SOURCE_FACTS.items():
-        try:
-            src = inspect.getsource(getattr(trainer_cls, name))
-        except (OSError, TypeError) as e:
-            raise TRLInternalsError(f"cannot read the source of {name}: {e}") from None
-        for needle in needles:
-            if needle not in src:
-                raise TRLInternalsError(
-                    f"{trainer_cls.__name__}.{name} no longer contains {needle!r} "
-                    f"(TRL {trl.__version__}); GBMPOTrainer relies on it"
-                )
+    facts = {
+        f"{trainer_cls.__name__}.{name}": (getattr(trainer_cls, name), needles)
+        for name, needles in _SOURCE_FACTS.items()
+    }
+    check_sources(facts, error=TRLInternalsError, context=context)
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,12 +426,21 @@ class GBMPOConfig(GRPOConfig):
         default=True,
         metadata={"help": "Log every parameter-free regularizer's value against the anchor."},
     )
+    objective: dict[str, Any] | str | None = field(
+        default=None,
+        metadata={
+            "help": "gbmpo objective spec (the `objective:` section of a gbmpo config, as a dict "
+            "or a YAML file path); replaces the alias fields above, loss_type and scale_rewards."
+        },
+    )
 
     def __post_init__(self) -> None:
         self._validate_gbmpo()
         super().__post_init__()
 
     def _validate_gbmpo(self) -> None:
+        if self.objective is not None:
+            self._apply_objective_spec()
         if self.regularizer not in REGULARIZERS:
             REGULARIZERS.get(self.regularizer)  # raises UnknownNameError listing valid names
         if self.regularizer_anchor not in REGULARIZER_ANCHORS:
@@ -472,6 +477,9 @@ class GBMPOConfig(GRPOConfig):
                 "(a fixed entropy_coef is)"
             )
         self._resolve_coefficient()
+        if self.objective is not None:  # the spec's own parameters were checked by its build
+            build_objective(self)
+            return
         if self.mirror_path is not None and self.regularizer != "neural_mirror":
             raise ValueError(
                 f"GBMPOConfig: mirror_path is set but regularizer={self.regularizer!r}; "
@@ -507,6 +515,40 @@ class GBMPOConfig(GRPOConfig):
             )
         # Build the objective once: surrogate / regularizer parameter errors surface here.
         build_objective(self)
+
+    def _apply_objective_spec(self) -> None:
+        """``objective=`` given: parse and check it, refuse alias fields set beside it, and set
+        the TRL fields it determines (``loss_type``, ``scale_rewards``, the regularizer fields
+        that ``beta`` and the reference model follow). The spec is stored back as a dict."""
+        spec = ObjectiveSpec.load(self.objective).check()
+        changed = [
+            name
+            for name, default in _ALIAS_DEFAULTS.items()
+            if getattr(self, name) != default
+        ]
+        if changed:
+            raise ValueError(
+                f"GBMPOConfig: objective= is given, so the alias fields must keep their defaults; "
+                f"got {', '.join(changed)} (put them into the objective spec instead)"
+            )
+        if self.beta not in (0.0, spec.regularizer.coef):
+            raise ValueError(
+                f"GBMPOConfig: beta={self.beta:g} disagrees with the objective's "
+                f"regularizer.coef={spec.regularizer.coef:g}; leave beta at 0"
+            )
+        if spec.aggregation not in TRL_LOSS_TYPES or spec.advantage not in TRL_SCALE_REWARDS:
+            raise ValueError(
+                f"GBMPOConfig: the objective's aggregation {spec.aggregation!r} / advantage "
+                f"{spec.advantage!r} has no TRL counterpart; supported aggregations: "
+                f"{', '.join(TRL_LOSS_TYPES)}; advantages: {', '.join(TRL_SCALE_REWARDS)}"
+            )
+        self.objective = spec.to_dict()
+        self.regularizer = spec.regularizer.name
+        self.regularizer_coef = spec.regularizer.coef
+        self.regularizer_anchor = spec.regularizer.anchor
+        self.log_all_regularizers = spec.monitor_regularizers
+        self.loss_type = TRL_LOSS_TYPES[spec.aggregation]
+        self.scale_rewards = TRL_SCALE_REWARDS[spec.advantage]
 
     def _resolve_coefficient(self) -> None:
         beta = float(self.beta)
@@ -560,63 +602,90 @@ class TRLObjective:
     aggregation: str
     max_len: int
     diagnostics: dict[str, Regularizer]
+    #: the objective spec these pieces were built from
+    spec: ObjectiveSpec | None = None
 
 
-def build_objective(args: GBMPOConfig) -> TRLObjective:
-    """Resolve ``args`` to a surrogate, a regularizer and an aggregation mode.
+def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
+    """The gbmpo objective spec that ``args`` names: its ``objective`` if given, else the one
+    its alias fields spell (:func:`spec_from_trl_fields`)."""
+    if args.objective is not None:
+        return ObjectiveSpec.load(args.objective)
+    return spec_from_trl_fields(args)
+
+
+def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
+    """TRL's spelling of an objective -> the gbmpo objective spec (the alias mapping).
 
     Surrogate: ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance
     sampling) with ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta`` and
     ``dual_clip_c``; ``atr`` -> ``atr(delta=atr_delta, dual_clip_c)``; ``rpg_dual`` ->
-    ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``.
+    ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``
+    (host clip settings through :func:`gbmpo.integrations.common.clip_params`). Regularizer:
+    ``regularizer`` with ``regularizer_coef`` (else ``beta``), ``regularizer_anchor``,
+    ``regularizer_clamp`` -> ``clamp``, ``mirror_path`` -> ``mirror``. Aggregation from
+    ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`), advantage from ``scale_rewards``
+    (``group`` -> grpo, ``batch`` -> batch, ``none`` -> dr_grpo).
     """
     eps_low = float(args.epsilon)
     eps_high = float(args.epsilon_high) if args.epsilon_high is not None else eps_low
     if args.clip_mode == "ratio":
         name = "gspo" if args.importance_sampling_level == "sequence" else "clip"
-        surrogate = get_surrogate(
-            name,
-            eps_low=eps_low,
-            eps_high=eps_high,
-            dual_clip_c=args.dual_clip_c,
-            delta=args.delta,
-        )
+        params = clip_params(
+            name, eps_low=eps_low, eps_high=eps_high, dual_clip_c=args.dual_clip_c,
+            ratio_cap=args.delta,
+        )  # fmt: skip
     elif args.clip_mode == "atr":
         name = "atr"
-        surrogate = get_surrogate(name, delta=args.atr_delta, dual_clip_c=args.dual_clip_c)
+        params = {"delta": args.atr_delta, **clip_params(name, dual_clip_c=args.dual_clip_c)}
     else:
         name = "rpg_clip"
-        surrogate = get_surrogate(
-            name,
-            variant=args.rpg_variant,
-            beta=args.rpg_beta,
-            eps_low=eps_low,
-            eps_high=eps_high,
-            c=3.0 if args.dual_clip_c is None else args.dual_clip_c,
-        )
-    params: dict[str, Any] = {}
+        c = 3.0 if args.dual_clip_c is None else args.dual_clip_c
+        params = {
+            "variant": args.rpg_variant,
+            "beta": args.rpg_beta,
+            **clip_params(name, eps_low=eps_low, eps_high=eps_high, dual_clip_c=c),
+        }
+    reg_params: dict[str, Any] = {}
     if args.regularizer_clamp is not None:
-        params["clamp"] = args.regularizer_clamp
+        reg_params["clamp"] = args.regularizer_clamp
     if args.regularizer == "neural_mirror":
-        params["mirror"] = args.mirror_path
-    regularizer = get_regularizer(args.regularizer, **params)
+        reg_params["mirror"] = args.mirror_path
+    coef = float(args.regularizer_coef if args.regularizer_coef is not None else args.beta)
+    scale = {True: "group", False: "none"}.get(args.scale_rewards, args.scale_rewards)
+    advantage = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}.get(scale, "grpo")
+    return ObjectiveSpec(
+        advantage=advantage,
+        surrogate=SurrogateSpec(name, params),
+        regularizer=RegularizerSpec(args.regularizer, coef, args.regularizer_anchor, reg_params),
+        aggregation=LOSS_TYPE_AGGREGATION.get(args.loss_type, "bnpo"),
+        monitor_regularizers=bool(args.log_all_regularizers),
+    )
+
+
+def build_objective(args: GBMPOConfig) -> TRLObjective:
+    """Resolve ``args`` to a surrogate, a regularizer and an aggregation mode, through the
+    objective spec (:func:`objective_spec`): ``args.objective`` if given, else the alias
+    fields (:func:`spec_from_trl_fields`)."""
+    spec = objective_spec(args)
+    built = spec.build()
     diagnostics: dict[str, Regularizer] = {}
-    if args.log_all_regularizers:
+    if spec.monitor_regularizers:
         for reg_name in REGULARIZERS:
-            if reg_name in ("none", args.regularizer, *_NEEDS_PARAMS):
+            if reg_name in ("none", spec.regularizer.name, *_NEEDS_PARAMS):
                 continue
             diagnostics[reg_name] = get_regularizer(reg_name)
-    coef = float(args.regularizer_coef if args.regularizer_coef is not None else args.beta)
     return TRLObjective(
-        surrogate=surrogate,
-        surrogate_name=name,
-        regularizer=regularizer,
-        coef=coef,
-        anchor=args.regularizer_anchor,
+        surrogate=built.surrogate,
+        surrogate_name=spec.surrogate.name,
+        regularizer=built.regularizer,
+        coef=built.coef,
+        anchor=built.anchor,
         loss_type=args.loss_type,
         aggregation=LOSS_TYPE_AGGREGATION[args.loss_type],
         max_len=int(args.max_completion_length),
         diagnostics=diagnostics,
+        spec=spec,
     )
 
 

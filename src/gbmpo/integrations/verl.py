@@ -60,8 +60,6 @@ source facts at the first use of a gbmpo name (logged error and warning).
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import logging
 import warnings
 import weakref
@@ -84,6 +82,13 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
         "e.g. bash scripts/install_verl_env.sh)"
     ) from _err
 
+from gbmpo.integrations.common import (
+    check_fields,
+    check_signatures,
+    check_sources,
+    clip_params,
+    verl_objective_overrides,
+)
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate, get_surrogate
 
@@ -101,6 +106,7 @@ __all__ = [
     "install_kl_hook",
     "kl_loss_types",
     "main",
+    "objective_overrides",
     "policy_loss_names",
     "register_policy_losses",
     "surrogate_params",
@@ -197,25 +203,6 @@ _SOURCE_FACTS: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
-def _signature_check(owner: str, fn: Any, name: str, params: tuple[str, ...]) -> None:
-    if fn is None or not callable(fn):
-        raise VerlInternalsError(
-            f"{owner}.{name} no longer exists (verl {verl.__version__}); gbmpo.integrations.verl "
-            f"hooks it and supports verl{SUPPORTED_VERL}"
-        )
-    target = getattr(fn, "__wrapped__", fn)
-    try:
-        sig = inspect.signature(target)
-    except (TypeError, ValueError) as e:  # pragma: no cover - builtins only
-        raise VerlInternalsError(f"cannot read the signature of {owner}.{name}: {e}") from None
-    missing = [p for p in params if p not in sig.parameters]
-    if missing:
-        raise VerlInternalsError(
-            f"{owner}.{name} no longer takes {', '.join(missing)} (signature now {sig}; verl "
-            f"{verl.__version__}); gbmpo.integrations.verl supports verl{SUPPORTED_VERL}"
-        )
-
-
 def check_verl_internals(
     algos: Any = core_algos, losses: Any = _verl_losses, *, strict: bool = False
 ) -> None:
@@ -238,37 +225,33 @@ def check_verl_internals(
             f"{name}.POLICY_LOSS_REGISTRY is no longer a dict (verl {verl.__version__}); "
             f"gbmpo.integrations.verl registers its losses there (supports verl{SUPPORTED_VERL})"
         )
-    for fn_name, params in _HOOKED_FUNCTIONS.items():
-        _signature_check(name, getattr(algos, fn_name, None), fn_name, params)
-    lname = getattr(losses, "__name__", "losses")
-    _signature_check(
-        lname, getattr(losses, "ppo_loss", None), "ppo_loss", ("config", "model_output", "data")
+    context = (
+        f"verl {verl.__version__}; gbmpo.integrations.verl hooks it and supports "
+        f"verl{SUPPORTED_VERL}"
+    )
+    check_signatures(
+        algos, _HOOKED_FUNCTIONS, error=VerlInternalsError, context=context, owner_name=name
+    )
+    check_signatures(
+        losses,
+        {"ppo_loss": ("config", "model_output", "data")},
+        error=VerlInternalsError,
+        context=context,
+        owner_name=getattr(losses, "__name__", "losses"),
     )
     for cls, wanted in _CONFIG_FIELDS.items():
-        names = {f.name for f in dataclasses.fields(cls)}
-        for f in wanted:
-            if f not in names:
-                raise VerlInternalsError(
-                    f"{cls.__name__} has no field {f!r} any more (verl {verl.__version__}); "
-                    f"gbmpo.integrations.verl reads it (supports verl{SUPPORTED_VERL})"
-                )
+        check_fields(cls, wanted, error=VerlInternalsError, context=context)
     if not strict:
         return
     modules = {"core_algos": algos, "losses": losses}
-    for (mod, fn_name), needles in _SOURCE_FACTS.items():
-        fn = getattr(modules[mod], fn_name)
-        fn = getattr(fn, "__wrapped__", fn)
-        try:
-            src = inspect.getsource(fn)
-        except (OSError, TypeError) as e:
-            raise VerlInternalsError(f"cannot read the source of {mod}.{fn_name}: {e}") from None
-        flat = " ".join(src.split())
-        for needle in needles:
-            if " ".join(needle.split()) not in flat:
-                raise VerlInternalsError(
-                    f"{getattr(modules[mod], '__name__', mod)}.{fn_name} no longer contains "
-                    f"{needle!r} (verl {verl.__version__}); gbmpo.integrations.verl relies on it"
-                )
+    facts = {
+        f"{getattr(modules[mod], '__name__', mod)}.{fn_name}": (
+            getattr(modules[mod], fn_name),
+            needles,
+        )
+        for (mod, fn_name), needles in _SOURCE_FACTS.items()
+    }
+    check_sources(facts, error=VerlInternalsError, context=context, flatten_whitespace=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,14 +300,8 @@ def surrogate_params(name: str, config: Any) -> dict[str, Any]:
     low = clip if low is None else low
     high = clip if high is None else high
     c = _get(config, "clip_ratio_c", 3.0)
-    defaults: dict[str, dict[str, Any]] = {
-        "clip": {"eps_low": low, "eps_high": high, "dual_clip_c": c},
-        "gspo": {"eps_low": low, "eps_high": high},
-        "atr": {"dual_clip_c": c},
-        "rpg_clip": {"eps_low": low, "eps_high": high, "c": c},
-        "rpg_reinforce": {"eps_low": low, "eps_high": high, "c": c},
-    }
-    params = dict(defaults.get(name, {}))
+    dual = None if name == "gspo" else c  # verl's gspo loss applies no dual clip
+    params = clip_params(name, eps_low=low, eps_high=high, dual_clip_c=dual)
     params.update(_plain(_get(_get(config, "policy_loss"), "gbmpo_surrogate")))
     return params
 
@@ -659,9 +636,29 @@ def _install() -> None:
 _install()
 
 
-def main() -> int:
+def objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
+    """The ``main_ppo`` overrides that select the gbmpo objective ``spec`` (an ``ObjectiveSpec``,
+    the ``objective:`` dict or a YAML file): see
+    :func:`gbmpo.integrations.common.verl_objective_overrides`, the one mapping that
+    ``gbmpo train --engine verl`` uses too."""
+    return verl_objective_overrides(spec, max_response_length=max_response_length)
+
+
+def main(argv: list[str] | None = None) -> int:
     """``python -m gbmpo.integrations.verl``: run the strict internals check against the installed
-    verl and print the names this plugin serves (exit status 1 if verl's internals moved)."""
+    verl and print the names this plugin serves (exit status 1 if verl's internals moved).
+    ``--objective FILE [--max-response-length N]``: print the overrides selecting that objective
+    spec instead, one per line (to paste after ``python -m verl.trainer.main_ppo``)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m gbmpo.integrations.verl")
+    ap.add_argument("--objective", help="gbmpo objective spec (YAML: the section or a config)")
+    ap.add_argument("--max-response-length", type=int, default=1024)
+    ns = ap.parse_args(argv)
+    if ns.objective:
+        for line in objective_overrides(ns.objective, max_response_length=ns.max_response_length):
+            print(line)
+        return 0
     try:
         check_verl_internals(strict=True)
     except VerlInternalsError as e:

@@ -27,6 +27,8 @@ from typing import Any, Union
 
 import yaml
 
+from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SpecError, SurrogateSpec
+
 __all__ = [
     "ALIASES",
     "ConfigError",
@@ -40,6 +42,7 @@ __all__ = [
     "RolloutConfig",
     "RunConfig",
     "SurrogateConfig",
+    "TRAIN_ENGINES",
     "TaskConfig",
     "TrainConfig",
     "apply_overrides",
@@ -51,7 +54,7 @@ __all__ = [
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(SpecError):
     """A bad configuration: unknown key, wrong type or invalid value (the message names it)."""
 
 
@@ -116,42 +119,10 @@ class RolloutConfig:
     lean_forward: bool = True
 
 
-@dataclass
-class SurrogateConfig:
-    """Policy-gradient surrogate from ``SURROGATES`` (``clip``, ``gspo``, ``atr``, ``rpg_*``)."""
-
-    name: str = "clip"
-    #: keyword arguments of the surrogate (e.g. eps_low, eps_high, delta)
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RegularizerConfig:
-    """Per-token regularizer from ``REGULARIZERS`` and its coefficient."""
-
-    name: str = "prob_l2"
-    #: coefficient lambda (beta for KL): per-token loss = surrogate + coef * D
-    coef: float = 0.05
-    #: "ref": anchor at the frozen reference policy (initial weights / adapters disabled);
-    #: "old": anchor at the rollout policy of the current batch (RPG's iterative reference)
-    anchor: str = "ref"
-    #: keyword arguments of the regularizer (e.g. clamp, mirror=path/to/mirror.json)
-    params: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class ObjectiveConfig:
-    """Advantages -> surrogate + coef * regularizer per token -> aggregation."""
-
-    #: advantage estimator from ``ADVANTAGES`` (grpo | batch | dr_grpo | rpg)
-    advantage: str = "dr_grpo"
-    surrogate: SurrogateConfig = field(default_factory=SurrogateConfig)
-    regularizer: RegularizerConfig = field(default_factory=RegularizerConfig)
-    #: aggregation mode from ``AGGREGATIONS`` (grpo | bnpo | dr_grpo | seq_mean_token_sum)
-    aggregation: str = "dr_grpo"
-    #: log the value of every registered regularizer (vs the frozen reference) each step, even
-    #: when the optimised one needs no reference (then one extra no-grad forward per step)
-    monitor_regularizers: bool = True
+# The objective section is the objective spec every engine reads (gbmpo.objectives.spec).
+SurrogateConfig = SurrogateSpec
+RegularizerConfig = RegularizerSpec
+ObjectiveConfig = ObjectiveSpec
 
 
 @dataclass
@@ -250,12 +221,20 @@ class RunConfig:
     #: (bubblewrap, seccomp, uid 65534...); off by default: the sandbox then refuses and names
     #: what to install. Same as ``GBMPO_ALLOW_UNSANDBOXED_CODE=1``
     allow_unsandboxed_code: bool = False
+    #: engines trl and verl: processes (GPUs) per node; trl launches them through accelerate
+    num_processes: int = 1
+    #: engine verl: nodes of the Ray cluster
+    num_nodes: int = 1
 
 
 @dataclass
 class TrainConfig:
     """The whole configuration of one training run."""
 
+    #: the trainer that runs this config: gbmpo (the own trainer: one process, CPU or one
+    #: GPU) | trl (TRL's GRPOTrainer with gbmpo's loss: accelerate, DeepSpeed, vLLM) | verl
+    #: (verl's main_ppo with the gbmpo plugin: Ray, FSDP, vLLM); see docs/engines.md
+    engine: str = "gbmpo"
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -268,6 +247,7 @@ class TrainConfig:
 
 #: short command-line spellings -> dotted config keys
 ALIASES: dict[str, str] = {
+    "engine": "engine",
     "model": "model.path",
     "task": "task.name",
     "lr": "optim.lr",
@@ -291,7 +271,11 @@ ALIASES: dict[str, str] = {
     "max-new-tokens": "rollout.max_new_tokens",
     "temperature": "rollout.temperature",
     "eval-every": "eval.every",
+    "num-processes": "run.num_processes",
 }
+
+#: values of the top-level ``engine`` key (``gbmpo train --engine NAME``)
+TRAIN_ENGINES: tuple[str, ...] = ("gbmpo", "trl", "verl")
 
 #: names accepted by ``run.report_to``, with the package each needs
 REPORTERS: dict[str, str] = {"tensorboard": "tensorboard", "trackio": "trackio", "wandb": "wandb"}
@@ -639,6 +623,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError(f"run.plugins: {err}") from None
     r, o, opt, ev, run = cfg.rollout, cfg.objective, cfg.optim, cfg.eval, cfg.run
     _require(
+        cfg.engine in TRAIN_ENGINES,
+        f"'engine': unknown engine {cfg.engine!r}; valid: {', '.join(TRAIN_ENGINES)}",
+    )
+    _positive_int(run.num_processes, "run.num_processes")
+    _positive_int(run.num_nodes, "run.num_nodes")
+    _require(
         cfg.model.dtype in ("float32", "bfloat16", "float16"),
         f"'model.dtype' must be float32, bfloat16 or float16, got {cfg.model.dtype!r}",
     )
@@ -655,9 +645,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
     from gbmpo.rollout.hf import ENGINES
 
+    engines = (*ENGINES, "vllm") if cfg.engine != "gbmpo" else ENGINES  # TRL / verl: vLLM
     _require(
-        r.engine in ENGINES,
-        f"'rollout.engine': unknown engine {r.engine!r}; valid: {', '.join(ENGINES)}",
+        r.engine in engines,
+        f"'rollout.engine': unknown engine {r.engine!r}; valid: {', '.join(engines)}",
     )
 
     def named(kind: str, registry: Any, name: str) -> None:

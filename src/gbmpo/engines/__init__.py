@@ -1,0 +1,112 @@
+"""Engines: one gbmpo config, three trainers (``gbmpo train --engine gbmpo|trl|verl``).
+
+* ``gbmpo``: the own trainer (:class:`gbmpo.train.Trainer`): one process, CPU or one GPU.
+* ``trl`` (:mod:`gbmpo.engines.trl`): TRL's ``GRPOTrainer`` with gbmpo's loss
+  (:class:`gbmpo.integrations.trl.GBMPOTrainer`), built from the same config; one process
+  in-process, several through ``accelerate launch`` (gloo on CPU, NCCL on GPUs), vLLM
+  generation with ``rollout.engine: vllm``.
+* ``verl`` (:mod:`gbmpo.engines.verl`): verl's ``main_ppo`` (Ray, FSDP, vLLM) with the gbmpo
+  plugin; the config becomes verl's data files, Hydra overrides and a reward function.
+
+Every engine writes the same run directory: ``config.yaml``, ``metrics.jsonl``,
+``summary.json`` (evaluation before / after) and ``model/`` (verl: its own checkpoints).
+
+:func:`run` and :func:`dry_run` dispatch on ``config.engine``; the CLI's ``train`` subcommand
+calls them for the ``trl`` and ``verl`` engines.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gbmpo.engines.checks import Check, DryRunReport, EngineUnavailable
+
+__all__ = [
+    "Check",
+    "DryRunReport",
+    "EngineUnavailable",
+    "check_resumable",
+    "dry_run",
+    "main",
+    "run",
+]
+
+
+def run(config: Any) -> dict[str, Any]:
+    """Train with ``config.engine`` (``trl`` or ``verl``); returns the run's summary.
+
+    Raises :class:`EngineUnavailable` (the CLI exits 2, naming what is missing) when the engine
+    cannot run here, e.g. verl without its package or GPUs."""
+    if config.engine == "trl":
+        from gbmpo.engines import trl
+
+        return trl.run(config)
+    if config.engine == "verl":
+        from gbmpo.engines import verl
+
+        return verl.run(config)
+    raise ValueError(f"gbmpo.engines.run: engine {config.engine!r} is the own trainer's")
+
+
+def check_resumable(run_dir: str) -> None:
+    """``gbmpo train --resume DIR`` continues runs of the own engine only: ``ConfigError`` (exit
+    2) naming the engine when ``DIR/config.yaml`` says ``engine: trl`` or ``verl``."""
+    from pathlib import Path
+
+    from gbmpo.train.config import ConfigError, load_config
+
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        return  # the own trainer's resume reports a missing run
+    engine = load_config(path).engine
+    if engine != "gbmpo":
+        where = str(Path(run_dir) / "checkpoints")
+        raise ConfigError(
+            f"--resume continues runs of the own engine; {run_dir!r} was trained with engine "
+            f"{engine!r} (its checkpoints are that engine's, in {where!r})"
+        )
+
+
+def dry_run(config: Any) -> DryRunReport:
+    """Check ``config`` for ``config.engine`` without training: the engine-independent checks
+    (:func:`gbmpo.engines.checks.common_checks`) and the engine's own (TRL's ``GRPOConfig``;
+    verl's composed Hydra config and its validation). GPU-only checks are reported as skipped."""
+    if config.engine == "trl":
+        from gbmpo.engines import trl
+
+        return trl.dry_run(config)
+    if config.engine == "verl":
+        from gbmpo.engines import verl
+
+        return verl.dry_run(config)
+    raise ValueError(f"gbmpo.engines.dry_run: engine {config.engine!r} is the own trainer's")
+
+
+def main(config: Any, *, dry: bool = False) -> int:
+    """The ``gbmpo train`` hook for ``engine: trl | verl``: dry run (prints the resolved config
+    and the report) or run (prints the summary line); returns the exit code (2 where the engine
+    cannot run here, naming what is missing)."""
+    import json
+    import sys
+
+    from gbmpo.train.config import dump_yaml
+
+    try:
+        if dry:
+            report = dry_run(config)
+            print(dump_yaml(config), end="")
+            print("dry run OK: " + json.dumps(report.to_dict()))
+            return 0
+        summary = run(config)
+    except EngineUnavailable as err:
+        print(f"gbmpo train: error: {err}", file=sys.stderr)
+        return 2
+    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+    line = f"finished {summary.get('steps')} steps ({config.engine}) in "
+    line += f"{summary.get('wall_seconds', 0):.0f} s"
+    key = next((k for k in ("accuracy", "pass@1") if k in before and k in after), None)
+    if key is not None:
+        line += f"; held-out {key}: {100 * before[key]:.1f}% -> {100 * after[key]:.1f}%"
+    print(line)
+    print(f"run directory: {summary.get('run_dir')}")
+    return 0

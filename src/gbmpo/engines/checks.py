@@ -1,0 +1,161 @@
+"""Dry-run checks shared by the engines, and the run-directory writing they share.
+
+:func:`common_checks` runs what does not depend on the engine: config values and registry
+names (:func:`gbmpo.train.config.validate`, which builds the objective once), the model
+(resolved locally or from the hub cache), the tokenizer, the task and its splits, the device.
+What needs a resource this machine lacks (a CUDA device, a hub model that is not cached and
+cannot be downloaded, a mirror map that a ``gbmpo es`` run produces) is recorded as *skipped*,
+with the reason, instead of failing: the rest of the config is still checked.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Check",
+    "DryRunReport",
+    "EngineUnavailable",
+    "common_checks",
+    "without_missing_mirror",
+    "write_summary",
+]
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run here (its package, GPUs or launcher are missing); the message
+    says what is missing. The CLI exits 2."""
+
+
+@dataclass
+class Check:
+    """One dry-run check: ``status`` is ``ok`` or ``skipped`` (failures raise)."""
+
+    name: str
+    status: str
+    detail: str = ""
+
+
+@dataclass
+class DryRunReport:
+    """What a dry run checked (:attr:`checks`) and found (:attr:`info`)."""
+
+    engine: str
+    checks: list[Check] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def ok(self, name: str, detail: str = "") -> None:
+        self.checks.append(Check(name, "ok", detail))
+
+    def skip(self, name: str, reason: str) -> None:
+        self.checks.append(Check(name, "skipped", reason))
+
+    @property
+    def skipped(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "skipped"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "checks": {c.name: f"{c.status}" + (f": {c.detail}" if c.detail else "")
+                       for c in self.checks},  # fmt: skip
+            **self.info,
+        }
+
+
+def without_missing_mirror(cfg: Any) -> Any:
+    """``cfg``, or a copy using the mirror map's random initialisation when the configured
+    mirror file does not exist yet (an ES run writes it), to check everything else."""
+    if _missing_mirror(cfg) is None:
+        return cfg
+    checked = copy.deepcopy(cfg)
+    checked.objective.regularizer.params = {
+        k: v for k, v in cfg.objective.regularizer.params.items() if k != "mirror"
+    }
+    return checked
+
+
+def _missing_mirror(cfg: Any) -> str | None:
+    """The configured mirror-map file when it does not exist (an ES run produces it)."""
+    mirror = cfg.objective.regularizer.params.get("mirror")
+    if isinstance(mirror, str) and not Path(mirror).expanduser().exists():
+        return mirror
+    return None
+
+
+def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
+    """The engine-independent checks of ``cfg`` into ``report``; returns ``(tokenizer, task)``
+    (``None`` where skipped). Bad input raises (``ConfigError``, ``UnknownNameError``,
+    ``DataError``, ``FileNotFoundError``), as the own trainer's dry run does."""
+    import torch
+
+    from gbmpo.models import _looks_like_hub_id, resolve_model_path
+    from gbmpo.train.config import validate
+    from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
+
+    mirror = _missing_mirror(cfg)
+    if mirror is not None:
+        report.skip("mirror map", f"{mirror} not found (a `gbmpo es` run writes it)")
+    validate(without_missing_mirror(cfg))
+    o = cfg.objective
+    report.ok(
+        "config",
+        f"objective {o.advantage} / {o.surrogate.name} / {o.regularizer.name} "
+        f"(coef {o.regularizer.coef:g}, anchor {o.regularizer.anchor}) / {o.aggregation}",
+    )
+
+    tokenizer = None
+    try:
+        source = resolve_model_path(cfg.model.path)
+    except FileNotFoundError as err:
+        if not _looks_like_hub_id(cfg.model.path) or Path(cfg.model.path).exists():
+            raise
+        why = str(err).split(". To use it")[0]
+        report.skip("model", f"{cfg.model.path} is not available here: {why}")
+    else:
+        from transformers import AutoConfig
+
+        model_cfg = AutoConfig.from_pretrained(
+            source, trust_remote_code=cfg.model.trust_remote_code
+        )
+        tokenizer = load_tokenizer(cfg)
+        report.ok("model", f"{source} ({getattr(model_cfg, 'model_type', '?')})")
+        report.info["model"] = source
+
+    task_cfg = cfg
+    if tokenizer is None and cfg.task.template == "chat":
+        # without the tokenizer the chat prompts cannot be rendered; the data can be counted
+        task_cfg = copy.deepcopy(cfg)
+        task_cfg.task.template = "base"
+    task = build_task(task_cfg, tokenizer)
+    train, n_eval, (train_split, eval_split) = load_splits(task_cfg, task, count_eval=True)
+    report.ok(
+        "task",
+        f"{cfg.task.name}: {len(train)} {train_split} / {n_eval} {eval_split} examples"
+        + ("" if task_cfg is cfg else " (chat prompts not rendered: no tokenizer)"),
+    )
+    report.info.update(train_examples=len(train), eval_examples=n_eval)
+
+    device = cfg.model.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        report.skip("device", f"{device}: no CUDA device here (GPU-only checks skipped)")
+    else:
+        report.ok("device", device)
+    if cfg.run.output_dir and Path(cfg.run.output_dir).exists():
+        out = Path(cfg.run.output_dir)
+        if out.is_dir() and any(out.iterdir()):
+            from gbmpo.train.config import ConfigError
+
+            raise ConfigError(f"output directory {str(out)!r} already exists and is not empty")
+    return tokenizer, (task if task_cfg is cfg else None)
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``summary.json``, written last and atomically (a finished run)."""
+    from gbmpo.train.checkpoint import write_json_atomic
+
+    write_json_atomic(run_dir / "summary.json", json.loads(json.dumps(summary, default=str)))

@@ -1,0 +1,358 @@
+r"""``gbmpo train --engine verl``: verl's ``main_ppo`` (Ray, FSDP, vLLM) from a gbmpo config.
+
+What the config becomes (:func:`overrides`, Hydra overrides of verl's ``ppo_trainer.yaml``):
+
+* ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the surrogate as
+  ``policy_loss.loss_mode=gbmpo_<name>`` with *every* parameter spelled out in
+  ``policy_loss.gbmpo_surrogate`` (so verl's own clip fields add nothing), the regularizer as
+  the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef and its
+  parameters in ``policy_loss.gbmpo_kl``, the aggregation as ``loss_agg_mode``
+  (:data:`gbmpo.integrations.common.VERL_LOSS_AGG_MODES`; ``dr_grpo`` with
+  ``loss_scale_factor`` = the completion length), the advantage as ``algorithm.adv_estimator``
+  / ``norm_adv_by_std_in_grpo``;
+* ``task`` -> ``data/train.parquet`` and ``data/test.parquet`` in the run directory
+  (:func:`write_data`): each prompt rendered exactly as the own trainer renders it, passed
+  through verl's chat templating unchanged (a pass-through ``custom_chat_template``), and the
+  reward's columns in ``extra_info``; the task's reward -> verl's
+  ``reward.custom_reward_function`` (:mod:`gbmpo.engines.verl_reward`, which calls the task's
+  reward: math-verify, the code sandbox, a user's ``module:function``);
+* ``rollout`` / ``optim`` / ``lora`` / ``run`` -> rollout ``n``, lengths, sampling, learning
+  rate and schedule, ``ppo_mini_batch_size`` (prompts), micro-batches, ``ppo_epochs`` = ``mu``,
+  LoRA rank, ``trainer.n_gpus_per_node`` = ``run.num_processes``, ``trainer.nnodes`` =
+  ``run.num_nodes``, steps, checkpoints, validation.
+
+verl lives in its own environment (it pins transformers < 5.11): :func:`verl_python` finds it
+(``$GBMPO_VERL_PYTHON``, else ``.venv-verl/bin/python`` of this checkout or the working
+directory, else this interpreter when it can import verl). ``--dry-run`` composes verl's
+config with the overrides there and runs verl's own validation (:mod:`gbmpo.engines.verl_check`);
+a run launches ``python -m verl.trainer.main_ppo`` there, after checking for GPUs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from gbmpo.engines.checks import DryRunReport, EngineUnavailable, common_checks, write_summary
+from gbmpo.integrations.common import hydra_value as _value
+
+__all__ = ["dry_run", "overrides", "run", "verl_python", "with_mirror_file", "write_data"]
+
+#: verl's chat templating turned into a pass-through: the prompt is gbmpo's rendered text
+PASSTHROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def overrides(
+    cfg: Any,
+    run_dir: str | Path,
+    *,
+    model_path: str | None = None,
+    max_prompt_length: int | None = None,
+) -> list[str]:
+    """The Hydra overrides of ``verl.trainer.main_ppo`` that run ``cfg`` (see the module doc);
+    ``max_prompt_length``: the longest tokenized prompt of the data (verl's default otherwise).
+
+    ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
+    anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes)."""
+    from gbmpo.integrations.common import verl_objective_overrides
+    from gbmpo.train.config import ConfigError
+
+    run_dir = Path(run_dir).resolve()
+    o, ro, opt, run = cfg.objective, cfg.rollout, cfg.optim, cfg.run
+    G = ro.num_generations
+    n = ro.prompts_per_step * G
+    mini = opt.mini_batch_size or n
+    if mini % G:
+        raise ConfigError(
+            f"'optim.mini_batch_size'={mini} must be a multiple of rollout.num_generations={G} "
+            "(verl's ppo_mini_batch_size counts prompts)"
+        )
+    a = "actor_rollout_ref.actor"
+    out = [
+        "algorithm.use_kl_in_reward=false",
+        f"data.train_files={_value(str(run_dir / 'data' / 'train.parquet'))}",
+        f"data.val_files={_value(str(run_dir / 'data' / 'test.parquet'))}",
+        f"data.train_batch_size={ro.prompts_per_step}",
+        f"data.max_response_length={ro.max_new_tokens}",
+        *([f"data.max_prompt_length={max_prompt_length}"] if max_prompt_length else []),
+        "data.filter_overlong_prompts=true",
+        f"data.seed={run.seed}",
+        f"actor_rollout_ref.model.path={_value(model_path or cfg.model.path)}",
+        f"actor_rollout_ref.model.trust_remote_code={_value(cfg.model.trust_remote_code)}",
+        f"actor_rollout_ref.model.custom_chat_template={_value(PASSTHROUGH_TEMPLATE)}",
+        f"{a}.optim.lr={opt.lr!r}",
+        f"{a}.optim.weight_decay={opt.weight_decay!r}",
+        f"{a}.optim.betas={_value(list(opt.betas))}",
+        f"{a}.optim.lr_warmup_steps={opt.warmup_steps}",
+        f"{a}.optim.lr_scheduler_type={opt.schedule}",
+        f"{a}.optim.min_lr_ratio={opt.min_lr_ratio!r}",
+        f"{a}.optim.clip_grad={opt.grad_clip if opt.grad_clip is not None else 1e9!r}",
+        f"{a}.ppo_mini_batch_size={mini // G}",
+        f"{a}.ppo_epochs={opt.mu}",
+        f"{a}.entropy_coeff=0",
+    ]
+    try:  # the objective: the gbmpo verl plugin's overrides for the spec
+        out += verl_objective_overrides(o, max_response_length=ro.max_new_tokens)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if opt.micro_batch_size:
+        out.append(f"{a}.ppo_micro_batch_size_per_gpu={opt.micro_batch_size}")
+        for who in ("rollout", "ref"):
+            out.append(
+                f"actor_rollout_ref.{who}.log_prob_micro_batch_size_per_gpu={opt.micro_batch_size}"
+            )
+    else:
+        out.append(f"{a}.use_dynamic_bsz=true")
+        for who in ("rollout", "ref"):
+            out.append(f"actor_rollout_ref.{who}.log_prob_use_dynamic_bsz=true")
+    if cfg.lora.enabled:
+        modules = _value(list(cfg.lora.target_modules))
+        out += [f"actor_rollout_ref.model.lora_rank={cfg.lora.r}",
+                f"actor_rollout_ref.model.lora_alpha={cfg.lora.alpha}",
+                f"actor_rollout_ref.model.target_modules={modules}"]  # fmt: skip
+    out += [
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.n={G}",
+        f"actor_rollout_ref.rollout.temperature={ro.temperature!r}",
+        f"actor_rollout_ref.rollout.top_p={ro.top_p!r}",
+        f"actor_rollout_ref.rollout.top_k={ro.top_k if ro.top_k else -1}",
+        f"actor_rollout_ref.rollout.response_length={ro.max_new_tokens}",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        # the reward: the task's own (gbmpo.engines.verl_reward)
+        f"reward.custom_reward_function.path={_value(reward_module_path())}",
+        "reward.custom_reward_function.name=compute_score",
+        "+reward.custom_reward_function.reward_kwargs.gbmpo_config="
+        + _value(str(run_dir / "config.yaml")),
+        # the run
+        f"trainer.n_gpus_per_node={run.num_processes}",
+        f"trainer.nnodes={run.num_nodes}",
+        f"trainer.total_training_steps={run.steps}",
+        "trainer.total_epochs=1000000",
+        f"trainer.save_freq={run.checkpoint_every or -1}",
+        f"trainer.max_actor_ckpt_to_keep={run.keep_checkpoints}",
+        f"trainer.test_freq={cfg.eval.every or -1}",
+        f"trainer.val_before_train={_value(cfg.eval.before)}",
+        f"trainer.default_local_dir={_value(str(run_dir / 'checkpoints'))}",
+        "trainer.project_name=gbmpo",
+        f"trainer.experiment_name={_value(run_dir.name)}",
+        f"trainer.logger={_value(['console', 'file', *run.report_to])}",
+    ]
+    return out
+
+
+def with_mirror_file(cfg: Any, path: Path) -> Any:
+    """``cfg``, or a copy whose ``neural_mirror`` regularizer reads ``path`` where it names no
+    existing map file; writes there the map gbmpo uses by default (``NeuralMirrorMap.random(
+    0.01, 42)``, the NM-GRPO initialisation), unless a file is already there. verl's workers
+    read the map from a file, so it must exist."""
+    import copy
+
+    reg = cfg.objective.regularizer
+    mirror = reg.params.get("mirror")
+    if reg.name != "neural_mirror" or (
+        isinstance(mirror, str) and Path(mirror).expanduser().exists()
+    ):
+        return cfg
+    from gbmpo.objectives.mirror import NeuralMirrorMap
+
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        NeuralMirrorMap.random(0.01, 42).save(path)
+    out = copy.deepcopy(cfg)
+    out.objective.regularizer.params = {**reg.params, "mirror": str(path.resolve())}
+    return out
+
+
+def reward_module_path() -> str:
+    """The file verl loads the reward function from."""
+    return str(Path(__file__).with_name("verl_reward.py"))
+
+
+def write_data(cfg: Any, task: Any, data_dir: Path, tokenizer: Any = None) -> dict[str, int]:
+    """``train.parquet`` / ``test.parquet`` in verl's row layout (prompt, data_source, ability,
+    reward_model.ground_truth, extra_info with the rendered prompt and the reward's columns).
+    Returns the row counts and, with ``tokenizer``, ``max_prompt_tokens``."""
+    import pandas as pd
+
+    from gbmpo.train.trainer import load_splits
+
+    train, _, (train_split, eval_split) = load_splits(cfg, task, count_eval=True)
+    splits = {"train": train, "test": task.split(eval_split)}
+    if cfg.eval.limit is not None:
+        splits["test"] = splits["test"][: cfg.eval.limit]
+    data_dir.mkdir(parents=True, exist_ok=True)
+    counts = {}
+    for name, examples in splits.items():
+        rows = []
+        for i, ex in enumerate(examples):
+            columns = {k: v for k, v in ex.items() if k != "prompt"}
+            rows.append({
+                "data_source": f"gbmpo/{cfg.task.name}",
+                "prompt": [{"role": "user", "content": ex["prompt"]}],
+                "ability": task.kind,
+                "reward_model": {"style": "rule", "ground_truth": str(ex.get("answer", ""))},
+                "extra_info": {"split": name, "index": i, "prompt": ex["prompt"],
+                               "columns": json.dumps(columns, default=str)},
+            })  # fmt: skip
+        pd.DataFrame(rows).to_parquet(data_dir / f"{name}.parquet")
+        counts[name] = len(rows)
+        if tokenizer is not None and examples:
+            longest = max(len(tokenizer(ex["prompt"])["input_ids"]) for ex in examples)
+            counts["max_prompt_tokens"] = max(counts.get("max_prompt_tokens", 0), longest)
+    return counts
+
+
+def verl_python() -> str | None:
+    """The interpreter of verl's environment, or ``None`` (see the module doc)."""
+    env = os.environ.get("GBMPO_VERL_PYTHON")
+    if env:
+        return env
+    here = Path(__file__).resolve().parents[3]  # the checkout holding src/gbmpo
+    for root in (here, Path.cwd()):
+        candidate = root / ".venv-verl" / "bin" / "python"
+        if candidate.exists():
+            return str(candidate)
+    if importlib.util.find_spec("verl") is not None:
+        return sys.executable
+    return None
+
+
+def _verl_env() -> dict[str, str]:
+    """This process's environment, with this gbmpo first on the path and the plugin loaded."""
+    src = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""),
+            "VERL_USE_EXTERNAL_MODULES": "gbmpo.integrations.verl"}  # fmt: skip
+
+
+def dry_run(cfg: Any) -> DryRunReport:
+    """Engine-independent checks, the overrides, and verl's own validation of the composed
+    ``ppo_trainer.yaml`` in verl's environment (:mod:`gbmpo.engines.verl_check`)."""
+    import tempfile
+
+    report = DryRunReport("verl")
+    common_checks(cfg, report)
+    run_dir = Path(cfg.run.output_dir or "runs/verl-dry-run")
+    with tempfile.TemporaryDirectory() as tmp:
+        # a mirror map not written yet (by ES, or the run's default map): a stand-in file
+        probe = with_mirror_file(cfg, Path(tmp) / "mirror.json")
+        ov = overrides(probe, run_dir, model_path=report.info.get("model"))
+        report.ok("overrides", f"{len(ov)} Hydra overrides of verl.trainer.main_ppo")
+        report.info["overrides"] = ov
+        python = verl_python()
+        if python is None:
+            report.skip("verl config", "no verl environment here (GBMPO_VERL_PYTHON, .venv-verl)")
+            return report
+        proc = _verl_check(python, ov, Path(tmp))
+        if proc.returncode != 0 and "vllm version" in proc.stderr and cfg.lora.enabled:
+            # verl checks the installed vLLM for LoRA rollouts: validate the rest without LoRA
+            report.skip("verl LoRA", "verl validates LoRA against an installed vLLM (GPU only)")
+            proc = _verl_check(python, [o for o in ov if ".lora_" not in o
+                                        and ".target_modules=" not in o], Path(tmp))  # fmt: skip
+    if proc.returncode != 0:
+        from gbmpo.train.config import ConfigError
+
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(f"verl rejects the composed config: {tail}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    report.ok("verl config", f"verl {result['verl']}: ppo_trainer.yaml + overrides validated; "
+              f"actor loss {result['surrogate']} + {result['regularizer']}")  # fmt: skip
+    return report
+
+
+def _verl_check(python: str, ov: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+    ov_file = tmp / "overrides.json"
+    ov_file.write_text(json.dumps(ov))
+    return subprocess.run(
+        [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
+        env=_verl_env(), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    """Write the run directory (config, data, overrides) and launch ``verl.trainer.main_ppo``;
+    :class:`EngineUnavailable` (nothing written) where verl or GPUs are missing."""
+    from gbmpo.models import resolve_model_path
+    from gbmpo.train.checkpoint import write_text_atomic
+    from gbmpo.train.config import ConfigError, dump_yaml, validate
+    from gbmpo.train.trainer import _nonempty, build_task, default_run_dir, load_tokenizer
+
+    validate(cfg)
+    python = verl_python()
+    if python is None:
+        raise EngineUnavailable(
+            "engine verl needs verl: install it in its own environment (pip install "
+            "'gbmpo[verl]'; bash scripts/install_verl_env.sh builds .venv-verl) or point "
+            "GBMPO_VERL_PYTHON at its python"
+        )
+    probe = subprocess.run(
+        [python, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    gpus = int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+    if gpus < cfg.run.num_processes:
+        raise EngineUnavailable(
+            f"engine verl needs {cfg.run.num_processes} NVIDIA GPU(s) per node "
+            f"(run.num_processes), found {gpus} in verl's environment ({python}); "
+            "`gbmpo train --engine verl --dry-run` checks the config without them"
+        )
+    run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
+    if _nonempty(run_dir):
+        raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
+    cfg.run.output_dir = str(run_dir)
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(cfg)
+    task = build_task(cfg, tokenizer)
+    overrides(cfg, run_dir, model_path=model_path)  # what verl cannot express, before writing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    counts = write_data(cfg, task, run_dir / "data", tokenizer)
+    ov = overrides(
+        with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir, model_path=model_path,
+        max_prompt_length=counts.get("max_prompt_tokens"),
+    )  # fmt: skip
+    write_text_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
+    env = {**_verl_env(), "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / "verl_metrics.jsonl")}
+    proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov], env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"verl.trainer.main_ppo failed (exit {proc.returncode}); see above")
+    summary = _summary_from_verl(cfg, run_dir)
+    write_summary(run_dir, summary)
+    return summary
+
+
+def _summary_from_verl(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """metrics.jsonl (gbmpo's names) and the summary from verl's file logger."""
+    rows = []
+    src = run_dir / "verl_metrics.jsonl"
+    if src.is_file():
+        rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    vals = [(r["step"], {k.split("/")[-1]: v for k, v in r["data"].items()
+                         if k.startswith("val-core/")}) for r in rows]  # fmt: skip
+    vals = [(s, v) for s, v in vals if v]
+    with (run_dir / "metrics.jsonl").open("w") as f:
+        for r in rows:
+            f.write(json.dumps({"step": r["step"], **r["data"]}) + "\n")
+    o = cfg.objective
+    return {
+        "status": "finished",
+        "engine": "verl",
+        "steps": max((r["step"] for r in rows), default=0),
+        "eval_before": vals[0][1] if vals and cfg.eval.before else None,
+        "eval_after": vals[-1][1] if vals else None,
+        "model": cfg.model.path,
+        "task": cfg.task.name,
+        "advantage": o.advantage,
+        "surrogate": o.surrogate.name,
+        "regularizer": o.regularizer.name,
+        "coef": o.regularizer.coef,
+        "aggregation": o.aggregation,
+        "seed": cfg.run.seed,
+        "run_dir": str(run_dir),
+        "final_model": str(run_dir / "checkpoints"),
+    }

@@ -1,0 +1,272 @@
+r"""What the TRL drop-in and the verl plugin share: host clip settings -> surrogate parameters,
+host loss names <-> the objective spec, and the check of a host library's internals.
+
+Both hosts spell the objective their own way (TRL: ``epsilon`` / ``epsilon_high`` / ``delta`` /
+``loss_type`` / ``scale_rewards``; verl: ``clip_ratio_low`` / ``clip_ratio_high`` /
+``clip_ratio_c`` / ``loss_agg_mode`` / ``adv_estimator``). The gbmpo objective spec
+(:class:`gbmpo.objectives.spec.ObjectiveSpec`) is the one way to name an objective; the host
+spellings are aliases mapped here, once:
+
+* :func:`clip_params`: a host's ratio-clip settings -> the parameters of a gbmpo surrogate
+  (which of ``eps_low``, ``eps_high``, the dual-clip constant and the ratio cap that surrogate
+  takes, under its own parameter names);
+* :data:`TRL_LOSS_TYPES` / :data:`VERL_LOSS_AGG_MODES`: aggregation names;
+* :data:`TRL_SCALE_REWARDS` / :data:`VERL_ADV_ESTIMATORS`: advantage names.
+
+:func:`check_signatures`, :func:`check_fields` and :func:`check_sources` are the one helper
+both integrations use to fail loudly, naming the method, parameter, field or source text, when
+a host library's internals that they hook have moved.
+
+Imports neither TRL nor verl: the engines (``gbmpo train --engine trl|verl``) use it in the
+main environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = [
+    "VERL_POLICY_LOSS_CONFIG",
+    "hydra_value",
+    "verl_objective_overrides",
+    "TRL_LOSS_TYPES",
+    "TRL_SCALE_REWARDS",
+    "VERL_ADV_ESTIMATORS",
+    "VERL_LOSS_AGG_MODES",
+    "check_fields",
+    "check_signatures",
+    "check_sources",
+    "clip_params",
+]
+
+# --------------------------------------------------------------------------------------------
+# Host spellings of the objective
+# --------------------------------------------------------------------------------------------
+
+#: gbmpo aggregation -> TRL ``loss_type`` (``bnpo`` is TRL's local token mean; TRL's ``dapo``,
+#: the global token mean, is also ``bnpo`` in gbmpo).
+TRL_LOSS_TYPES: dict[str, str] = {
+    "grpo": "grpo",
+    "bnpo": "bnpo",
+    "dr_grpo": "dr_grpo",
+    "seq_mean_token_sum": "luspo",
+}
+#: gbmpo advantage -> TRL ``scale_rewards`` (TRL always subtracts the group mean).
+TRL_SCALE_REWARDS: dict[str, str] = {
+    "grpo": "group",
+    "batch": "batch",
+    "dr_grpo": "none",
+    "rpg": "none",
+}
+#: gbmpo aggregation -> verl ``actor.loss_agg_mode`` (``dr_grpo`` is verl's
+#: ``seq-mean-token-sum-norm`` with ``loss_scale_factor`` = the maximal completion length).
+VERL_LOSS_AGG_MODES: dict[str, str] = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "seq_mean_token_sum": "seq-mean-token-sum",
+}
+#: gbmpo advantage -> verl ``(algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo)``;
+#: ``batch`` (group mean, batch std) has no verl counterpart.
+VERL_ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
+    "grpo": ("grpo", True),
+    "dr_grpo": ("grpo", False),
+    "rpg": ("grpo", False),
+}
+
+#: surrogate -> (its lower-eps, upper-eps, dual-clip and ratio-cap parameter names; None where
+#: the surrogate has no such parameter). Plugin surrogates take none of the host's settings.
+_CLIP_PARAM_NAMES: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
+    "clip": ("eps_low", "eps_high", "dual_clip_c", "delta"),
+    "gspo": ("eps_low", "eps_high", "dual_clip_c", "delta"),
+    "atr": (None, None, "dual_clip_c", None),
+    "rpg_clip": ("eps_low", "eps_high", "c", None),
+    "rpg_reinforce": ("eps_low", "eps_high", "c", None),
+}
+
+
+def clip_params(
+    surrogate: str,
+    *,
+    eps_low: float | None = None,
+    eps_high: float | None = None,
+    dual_clip_c: float | None = None,
+    ratio_cap: float | None = None,
+) -> dict[str, Any]:
+    r"""The parameters of gbmpo surrogate ``surrogate`` that a host's ratio-clip settings give.
+
+    A host clips the ratio to :math:`[1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}}]`
+    (TRL ``epsilon`` / ``epsilon_high``; verl ``clip_ratio_low`` / ``clip_ratio_high``), may
+    apply the dual clip :math:`c` for negative advantages (verl ``clip_ratio_c``) and may cap
+    the unclipped ratio at :math:`\delta` (TRL ``delta``). Each surrogate takes the settings it
+    has a parameter for, under its own name (``rpg_*`` call the dual clip ``c``; ``atr``
+    derives its bounds from its own ``delta`` and takes only the dual clip); settings left at
+    ``None`` are not passed (the surrogate's default applies). Unknown (plugin) surrogates get
+    ``{}``.
+    """
+    names = _CLIP_PARAM_NAMES.get(surrogate)
+    if names is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name, value in zip(names, (eps_low, eps_high, dual_clip_c, ratio_cap), strict=True):
+        if name is not None and value is not None:
+            out[name] = value
+    return out
+
+
+#: the verl policy-loss config class that carries gbmpo's hyperparameters
+VERL_POLICY_LOSS_CONFIG = "gbmpo.integrations.verl.GBMPOPolicyLossConfig"
+
+
+def hydra_value(v: Any) -> str:
+    """A Python value as a Hydra command-line override value (strings quoted)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    text = str(v)
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
+    """The verl ``main_ppo`` overrides that select the objective ``spec`` (an
+    :class:`~gbmpo.objectives.spec.ObjectiveSpec`, a dict or a YAML path) through the gbmpo verl
+    plugin: advantage -> ``algorithm.adv_estimator`` / ``norm_adv_by_std_in_grpo``; surrogate ->
+    ``policy_loss.loss_mode=gbmpo_<name>`` with every parameter of the built surrogate in
+    ``policy_loss.gbmpo_surrogate`` (so none comes from verl's clip fields); regularizer -> the
+    actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (``anchor:
+    old`` only for the ``rpg_*`` regularizers, which take it as a parameter); aggregation ->
+    ``loss_agg_mode`` (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``).
+    ``ValueError`` names what verl cannot express."""
+    from pathlib import Path
+
+    from gbmpo.objectives.spec import ObjectiveSpec
+
+    o = ObjectiveSpec.load(spec)
+    if o.advantage not in VERL_ADV_ESTIMATORS:
+        raise ValueError(
+            f"'objective.advantage'={o.advantage!r} has no verl counterpart; valid with engine "
+            f"verl: {', '.join(VERL_ADV_ESTIMATORS)}"
+        )
+    estimator, norm_std = VERL_ADV_ESTIMATORS[o.advantage]
+    a = "actor_rollout_ref.actor"
+    out = [
+        f"algorithm.adv_estimator={estimator}",
+        f"algorithm.norm_adv_by_std_in_grpo={hydra_value(norm_std)}",
+        f"{a}.policy_loss._target_={VERL_POLICY_LOSS_CONFIG}",
+        f"{a}.policy_loss.loss_mode=gbmpo_{o.surrogate.name}",
+        f"{a}.loss_agg_mode={VERL_LOSS_AGG_MODES[o.aggregation]}",
+    ]
+    if o.aggregation == "dr_grpo":
+        out.append(f"{a}.loss_scale_factor={max_response_length}")
+    surrogate = o.build().surrogate
+    if dataclasses.is_dataclass(surrogate):
+        params = {f.name: getattr(surrogate, f.name) for f in dataclasses.fields(surrogate)
+                  if f.init}  # fmt: skip
+    else:  # a plugin surrogate that is not a dataclass: the spec's own parameters
+        params = dict(o.surrogate.params)
+    for key, value in params.items():
+        out.append(f"+{a}.policy_loss.gbmpo_surrogate.{key}={hydra_value(value)}")
+    reg = o.regularizer
+    if reg.name == "none" or reg.coef == 0:
+        out.append(f"{a}.use_kl_loss=false")
+        return out
+    out += [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef={reg.coef!r}",
+            f"{a}.kl_loss_type=gbmpo_{reg.name}"]  # fmt: skip
+    reg_params = dict(reg.params)
+    if reg.anchor == "old":
+        if not reg.name.startswith("rpg_"):
+            raise ValueError(
+                f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
+                "anchored at the reference model; only the rpg_* regularizers take the "
+                "rollout policy as anchor there"
+            )
+        reg_params["anchor"] = "old"
+    for key, value in reg_params.items():
+        if key == "mirror" and value is not None:
+            value = str(Path(value).expanduser().resolve())
+        out.append(f"+{a}.policy_loss.gbmpo_kl.{key}={hydra_value(value)}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The check of a host library's internals
+# --------------------------------------------------------------------------------------------
+
+
+def check_signatures(
+    owner: Any,
+    methods: Mapping[str, tuple[str, ...]],
+    *,
+    error: type[Exception],
+    context: str,
+    static: bool = False,
+    owner_name: str | None = None,
+) -> None:
+    """Raise ``error`` naming the first function of ``methods`` missing from ``owner`` (a class
+    or a module) or no longer accepting one of its listed parameters (a subset check: new
+    parameters are fine). ``static``: look methods up with ``inspect.getattr_static`` (class
+    attributes, unwrapping static/class methods); otherwise ``getattr`` and ``__wrapped__``.
+    ``context`` ends each message (host version and what supports it)."""
+    label = owner_name or getattr(owner, "__name__", type(owner).__name__)
+    for name, params in methods.items():
+        if static:
+            fn = inspect.getattr_static(owner, name, None)
+            if isinstance(fn, (staticmethod, classmethod)):
+                fn = fn.__func__
+        else:
+            fn = getattr(owner, name, None)
+        if fn is None or not callable(fn):
+            raise error(f"{label}.{name} no longer exists ({context})")
+        target = getattr(fn, "__wrapped__", fn)
+        try:
+            sig = inspect.signature(target)
+        except (TypeError, ValueError) as e:  # pragma: no cover - builtins only
+            raise error(f"cannot read the signature of {label}.{name}: {e}") from None
+        missing = [p for p in params if p not in sig.parameters]
+        if missing:
+            raise error(
+                f"{label}.{name} no longer takes {', '.join(missing)} (signature now {sig}; "
+                f"{context})"
+            )
+
+
+def check_fields(
+    cls: type, wanted: tuple[str, ...], *, error: type[Exception], context: str
+) -> None:
+    """Raise ``error`` naming the first of ``wanted`` that is not a field of dataclass ``cls``."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    for f in wanted:
+        if f not in names:
+            raise error(f"{cls.__name__} has no field {f!r} any more ({context})")
+
+
+def check_sources(
+    facts: Mapping[str, tuple[Callable[..., Any], tuple[str, ...]]],
+    *,
+    error: type[Exception],
+    context: str,
+    flatten_whitespace: bool = False,
+) -> None:
+    """Raise ``error`` naming the first function (``label -> (function, needles)``) whose source
+    lacks one of its needles (text checks: what a hook relies on that a signature cannot
+    show). ``flatten_whitespace`` compares with runs of whitespace collapsed."""
+    for label, (fn, needles) in facts.items():
+        target = getattr(fn, "__wrapped__", fn)
+        try:
+            src = inspect.getsource(target)
+        except (OSError, TypeError) as e:
+            raise error(f"cannot read the source of {label}: {e}") from None
+        if flatten_whitespace:
+            src = " ".join(src.split())
+        for needle in needles:
+            probe = " ".join(needle.split()) if flatten_whitespace else needle
+            if probe not in src:
+                raise error(f"{label} no longer contains {needle!r} ({context})")

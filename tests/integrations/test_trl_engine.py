@@ -1,0 +1,137 @@
+"""``gbmpo train --engine trl``: TRL's GRPOTrainer (GBMPOTrainer) built from a gbmpo config, on the
+embedded tiny model; the same run directory as the own engine; 2 processes through accelerate
+(gloo on CPU), whose first update on a fixed batch equals the 1-process update."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("trl")
+
+from gbmpo.cli import main  # noqa: E402
+from gbmpo.engines.trl import batch_layout, grpo_args  # noqa: E402
+from gbmpo.train.config import ConfigError, load_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--rollout.prompts_per_step", "2", "--num-generations", "4", "--max-new-tokens", "16",
+         "--optim.mini_batch_size", "4", "--eval.limit", "8", "--eval.max_new_tokens", "16",
+         "--run.progress", "false", "--run.checkpoint_every", "0"]  # fmt: skip
+
+
+CLI = "import sys; from gbmpo.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TOKENIZERS_PARALLELISM": "false"}
+
+
+def test_batch_layout() -> None:
+    cfg = load_config()  # 8 prompts x 8 completions, mini-batches of 16
+    one, two = batch_layout(cfg, 1), batch_layout(cfg, 2)
+    assert (one.per_device, one.grad_accum, one.steps_per_generation, one.optimizer_steps) == (
+        16, 1, 4, 4)  # fmt: skip
+    assert (two.per_device, two.grad_accum, two.steps_per_generation) == (8, 1, 4)
+    cfg.optim.micro_batch_size = 4
+    assert batch_layout(cfg, 2).grad_accum == 2
+    cfg.optim.mini_batch_size = 8
+    with pytest.raises(ConfigError, match="must be a multiple of run.num_processes=3"):
+        batch_layout(cfg, 3)
+
+
+def test_grpo_args_follow_the_config(tmp_path: Path) -> None:
+    cfg = load_config(None, [("objective.surrogate.name", "atr"),
+                             ("objective.surrogate.params", {"delta": 0.02}),
+                             ("advantage", "grpo"), ("aggregation", "grpo"),
+                             ("optim.mu", 2), ("steps", 3)])  # fmt: skip
+    args = grpo_args(cfg, tmp_path)
+    assert args.objective["surrogate"] == {"name": "atr", "params": {"delta": 0.02}}
+    assert (args.loss_type, args.scale_rewards, args.num_iterations) == ("grpo", "group", 2)
+    assert args.generation_batch_size == 64 and args.num_generations == 8
+    assert args.max_steps == 3 * 8 and args.learning_rate == cfg.optim.lr
+
+
+def test_same_yaml_runs_with_both_engines(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """One YAML file, --engine gbmpo and --engine trl: the same run-directory files."""
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump({"run": {"steps": 1, "time_budget_seconds": None}}))
+    dirs = {}
+    for engine in ("gbmpo", "trl"):
+        out = tmp_path / engine
+        assert main(["train", "--config", str(cfg_file), "--engine", engine,
+                     "--output-dir", str(out), *SMALL]) == 0  # fmt: skip
+        dirs[engine] = out
+    for engine, out in dirs.items():
+        for name in ("config.yaml", "metrics.jsonl", "summary.json", "model/config.json"):
+            assert (out / name).is_file(), (engine, name)
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["steps"] == 1 and summary["status"] == "finished"
+        assert "accuracy" in summary["eval_before"] and "accuracy" in summary["eval_after"]
+        assert load_config(out / "config.yaml").engine == engine
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        train_rows = [r for r in rows if "loss" in r]
+        assert len(train_rows) == 1 and train_rows[0]["step"] == 1
+        assert "reg/prob_l2" in train_rows[0] and "reward_mean" in train_rows[0], engine
+    assert "finished 1 steps (trl)" in capsys.readouterr().out
+
+
+def test_vllm_maps_to_trl_vllm_in_the_dry_run(capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--engine", "trl", "--rollout.engine", "vllm", "--dry-run"]) == 0
+    report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
+    assert report["engine"] == "trl" and report["checks"]["GRPOConfig"].startswith("ok")
+    assert "vllm_mode=colocate" in report["checks"]["vllm"]
+    cfg = load_config(None, [("engine", "trl"), ("rollout.engine", "vllm")])
+    assert grpo_args(cfg, "unused").use_vllm is True
+
+
+def test_own_engine_refuses_vllm(capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--rollout.engine", "vllm", "--dry-run"]) == 2
+    assert "'rollout.engine': unknown engine 'vllm'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_processes_train_two_steps(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-c", CLI, "train", "--engine", "trl", "--num-processes", "2",
+         "--steps", "2", "--output-dir", str(out), *SMALL],
+        env=_env(), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["world_size"] == 2
+    assert (out / "model" / "config.json").is_file()
+    assert "finished 2 steps (trl)" in proc.stdout
+
+
+@pytest.mark.slow
+def test_first_update_on_a_fixed_batch_is_the_same_on_two_processes(tmp_path: Path) -> None:
+    import torch
+
+    script = str(Path(__file__).with_name("_trl_fixed_batch_update.py"))
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+              "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+              "--dynamo_backend", "no"]  # fmt: skip
+    for cmd, name in (([sys.executable], "one.pt"), (launch, "two.pt")):
+        proc = subprocess.run([*cmd, script, str(tmp_path / name)], env=_env(),
+                              capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert (one["world"], two["world"]) == (1, 2)
+    d1, d2 = one["delta"], two["delta"]
+    assert d1.abs().max() > 1e-4  # the step moved the weights
+    assert torch.allclose(d1, d2, rtol=1e-4, atol=1e-7), float((d1 - d2).abs().max())
+
+
+def test_resume_refuses_a_trl_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("engine: trl\n")
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "was trained with engine 'trl'" in capsys.readouterr().err

@@ -1,0 +1,62 @@
+"""``gbmpo train --engine verl`` from the main environment: the dry run composes verl's config and
+has verl validate it (in .venv-verl where it exists); a real run stops with exit 2, naming what is
+missing, and writes nothing where verl or its GPUs are absent."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gbmpo.cli import main
+from gbmpo.engines.verl import overrides, verl_python
+from gbmpo.train.config import ConfigError, load_config
+
+
+def test_dry_run_validates_with_verl(capsys: pytest.CaptureFixture) -> None:
+    assert main(["train", "--engine", "verl", "--dry-run", "--num-processes", "2"]) == 0
+    report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
+    assert report["engine"] == "verl"
+    assert "trainer.n_gpus_per_node=2" in report["overrides"]
+    assert "actor_rollout_ref.actor.kl_loss_type=gbmpo_prob_l2" in report["overrides"]
+    if verl_python() is not None:
+        assert report["checks"]["verl config"].startswith("ok: verl 0.9")
+
+
+def test_run_without_gpus_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the run would start")
+    out = tmp_path / "run"
+    assert main(["train", "--engine", "verl", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "engine verl needs" in err and ("GPU" in err or "verl" in err)
+    assert not out.exists()
+
+
+def test_settings_verl_cannot_express_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'objective.advantage'='batch' has no verl counterpart"):
+        overrides(load_config(None, [("advantage", "batch")]), tmp_path)
+    with pytest.raises(ConfigError, match="anchor'=old with 'prob_l2'"):
+        overrides(load_config(None, [("anchor", "old")]), tmp_path)
+
+
+def test_default_mirror_map_is_written_for_verl(tmp_path: Path) -> None:
+    """verl's workers read the mirror map from a file: without one, the engine writes the map
+    gbmpo's neural_mirror uses by default and points the KL loss at it."""
+    from gbmpo.engines.verl import with_mirror_file
+    from gbmpo.objectives import NeuralMirrorMap, get_regularizer
+
+    cfg = load_config(None, [("regularizer", "neural_mirror"), ("coef", 1e-4)])
+    path = tmp_path / "mirror_init.json"
+    used = with_mirror_file(cfg, path)
+    assert cfg.objective.regularizer.params == {}  # the run's config.yaml keeps the spec as is
+    default = get_regularizer("neural_mirror").params["mirror"].to_vector()
+    assert NeuralMirrorMap.load(path).to_vector().tolist() == default.tolist()
+    ov = overrides(used, tmp_path)
+    assert f"+actor_rollout_ref.actor.policy_loss.gbmpo_kl.mirror='{path.resolve()}'" in ov
+    assert with_mirror_file(used, tmp_path / "other.json") is used  # an existing file is kept
