@@ -50,4 +50,5 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         assert (site / page).is_file(), page
     assert (site / "results" / "arithmetic-150-seed5" / "curves_arithmetic.png").is_file()
     api = (site / "api" / "objectives" / "index.html").read_text()
-    assert "gbmpo.objectives.compute_policy_loss" in api
+    assert "gbmpo.objectives.loss.compute_policy_loss" in api
+    assert "gbmpo.objectives.regularizers.kl_k3" in api
