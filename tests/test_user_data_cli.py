@@ -1,7 +1,7 @@
 """A user's own data, reward and plugins through the command line, as a user meets them:
 ``gbmpo train`` / ``gbmpo eval`` with ``--task jsonl``, rewards by import path, ``--import``,
-an installed plugin package, bad input (exit 2, nothing that looks finished), and the README's
-"Your own data" commands run verbatim."""
+an installed plugin package, bad input (exit 2, nothing that looks finished), and the commands of
+the documentation page ``docs/own-data.md`` run verbatim."""
 
 from __future__ import annotations
 
@@ -176,25 +176,35 @@ def test_example_plugin_package_installs_and_trains(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "delta must be > 0" in proc.stderr
 
 
-def _readme_section(title: str) -> str:
-    text = (REPO / "README.md").read_text()
+def _doc_section(page: str, title: str) -> str:
+    """The bash blocks of the section ``## title`` of ``docs/page``."""
+    text = (REPO / "docs" / page).read_text()
     start = text.index(f"## {title}")
     end = text.find("\n## ", start + 1)
     blocks = re.findall(r"```bash\n(.*?)```", text[start:end if end > 0 else None], re.S)
-    assert blocks, f"no bash block in README section {title!r}"
+    assert blocks, f"no bash block in section {title!r} of docs/{page}"
     return "\n".join(blocks)
 
 
-@pytest.mark.skipif(not (REPO / ".venv" / "bin" / "gbmpo").exists(),
-                    reason="the README commands call .venv/bin/gbmpo (scripts/install.sh)")
-def test_readme_own_data_commands_run_verbatim(tmp_path: Path) -> None:
-    script = _readme_section("Your own data")
-    assert ".venv/bin/gbmpo train" in script and ".venv/bin/gbmpo eval" in script
+def _console_env() -> dict[str, str]:
+    """``gbmpo`` on PATH (the console script of this interpreter's environment), importing this
+    checkout's sources."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+    pythonpath = os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PATH": path, "PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "gbmpo").exists(),
+                    reason="the documented commands call the gbmpo console script (pip install)")
+def test_own_data_page_commands_run_verbatim(tmp_path: Path) -> None:
+    script = _doc_section("own-data.md", "A data file and a reward function")
+    assert "gbmpo train" in script and "gbmpo eval" in script
+    assert ".venv/bin/" not in script
     runs = REPO / "runs"
     before = set(runs.iterdir()) if runs.exists() else set()
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=REPO,
-                          capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=900, env=_console_env())
     try:
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
         assert "held-out accuracy" in proc.stdout
