@@ -380,3 +380,15 @@ def test_usable_through_the_trainer_config():
 
     with pytest.raises(ConfigError, match="unknown measure 'kl'"):
         validate(cfg)
+
+
+@pytest.mark.parametrize("measure", ["prob_l2", "neural_mirror"])
+def test_masked_garbage_never_reaches_per_token_bounds(measure):
+    surr = get_surrogate("divergence_clip", **_measure_params(measure))
+    logp = torch.tensor([[-0.5, float("nan"), -math.inf]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-0.3, math.inf, float("nan")]], dtype=F64)
+    mask = torch.tensor([[1.0, 0.0, 0.0]], dtype=F64)
+    loss, g, diag = grad_of(surr, logp, old, torch.ones(1, dtype=F64), mask)
+    assert torch.isfinite(loss).all() and (loss[0, 1:] == 0).all()
+    assert torch.isfinite(g).all() and (g[0, 1:] == 0).all() and g[0, 0] != 0
+    assert all(torch.isfinite(v) for v in diag.values())
