@@ -263,8 +263,8 @@ def _call(loss_mode: str, x: dict[str, Tensor], mode: str, **pl: Any) -> tuple[T
 
 def test_every_surrogate_is_registered() -> None:
     names = gv.policy_loss_names()
-    assert set(names) >= {"gbmpo_clip", "gbmpo_gspo", "gbmpo_atr", "gbmpo_rpg_clip",
-                          "gbmpo_rpg_reinforce"}  # fmt: skip
+    assert set(names) >= {"gbmpo_clip", "gbmpo_gspo", "gbmpo_atr", "gbmpo_divergence_clip",
+                          "gbmpo_rpg_clip", "gbmpo_rpg_reinforce"}  # fmt: skip
     for n in names:
         assert n in core_algos.POLICY_LOSS_REGISTRY
         assert core_algos.get_policy_loss_fn(n).__name__ == f"compute_policy_loss_{n}"
@@ -276,6 +276,8 @@ def test_every_surrogate_is_registered() -> None:
         ("gbmpo_clip", {}),
         ("gbmpo_gspo", {}),
         ("gbmpo_atr", {"delta": 0.02}),
+        ("gbmpo_divergence_clip", {"measure": "k1", "delta": 0.2}),
+        ("gbmpo_divergence_clip", {"measure": "prob_l2", "delta": 0.01}),
         ("gbmpo_rpg_clip", {"variant": "urkl", "beta": 0.01}),
         ("gbmpo_rpg_reinforce", {"variant": "rkl", "beta": 0.01}),
     ],
@@ -290,6 +292,7 @@ def test_plugin_name_matches_gbmpo(loss_mode: str, params: dict[str, Any]) -> No
         "clip": {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0},
         "gspo": {"eps_low": 0.2, "eps_high": 0.28},
         "atr": {"dual_clip_c": 3.0},
+        "divergence_clip": {"dual_clip_c": 3.0},
         "rpg_clip": {"eps_low": 0.2, "eps_high": 0.28, "c": 3.0},
         "rpg_reinforce": {"eps_low": 0.2, "eps_high": 0.28, "c": 3.0},
     }[name]
@@ -316,6 +319,27 @@ def test_atr_equals_vanilla_with_kl3_bounds(mode: str) -> None:
     cfg = FSDPActorConfig(
         strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=1.0 - low,
         clip_ratio_high=high - 1.0, clip_ratio_c=3.0, loss_agg_mode=mode,
+    )  # fmt: skip
+    lp = x["logp"].clone().requires_grad_(True)
+    l_ref, _ = core_algos.get_policy_loss_fn("vanilla")(
+        old_log_prob=x["old"], log_prob=lp, advantages=x["adv"], response_mask=x["mask"],
+        loss_agg_mode=mode, config=cfg,
+    )  # fmt: skip
+    (g_ref,) = torch.autograd.grad(l_ref, lp)
+    assert float((loss - l_ref).abs()) <= TOL
+    assert float((grad - g_ref).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_divergence_clip_ratio_equals_vanilla(mode: str) -> None:
+    """gbmpo_divergence_clip with measure=ratio and delta_low / delta_high is verl's vanilla
+    with clip_ratio_low / clip_ratio_high (the ratio clip as the framework's first measure)."""
+    x = _tensors(seed=22)
+    loss, grad = _call("gbmpo_divergence_clip", x, mode,
+                       gbmpo_surrogate={"measure": "ratio", "delta_low": 0.2, "delta_high": 0.28})
+    cfg = FSDPActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio_low=0.2,
+        clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode,
     )  # fmt: skip
     lp = x["logp"].clone().requires_grad_(True)
     l_ref, _ = core_algos.get_policy_loss_fn("vanilla")(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import subprocess
 import sys
 from typing import Any
@@ -79,7 +80,15 @@ def test_inconsistent_beta_and_coef_raise() -> None:
     ("kwargs", "error", "match"),
     [
         ({"regularizer": "kl9"}, UnknownNameError, "valid names: kl_k1, kl_k2, kl_k3"),
-        ({"clip_mode": "trust"}, ValueError, "valid: ratio, atr, rpg_dual"),
+        ({"clip_mode": "trust"}, ValueError, "valid: ratio, atr, divergence, rpg_dual"),
+        ({"clip_mode": "divergence"}, ValueError, "needs clip_measure and clip_delta"),
+        ({"clip_mode": "divergence", "clip_measure": "k1"}, ValueError, "needs clip_measure"),
+        ({"clip_measure": "k1", "clip_delta": 0.2}, ValueError,
+         "clip_measure, clip_delta set but clip_mode='ratio'"),
+        ({"clip_mode": "divergence", "clip_measure": "js", "clip_delta": 0.2}, ValueError,
+         "unknown measure 'js'"),
+        ({"clip_mode": "divergence", "clip_measure": "k1", "clip_delta": 0.2,
+          "clip_mirror_path": "m.json"}, ValueError, "mirror is used only"),
         ({"regularizer_anchor": "base"}, ValueError, "valid: ref, old"),
         ({"loss_type": "sapo"}, ValueError, "supported: grpo, bnpo, dr_grpo, dapo, luspo"),
         ({"loss_type": "cispo"}, ValueError, "gbmpo has no counterpart"),
@@ -120,6 +129,12 @@ def test_objective_mapping() -> None:
     assert o.surrogate_name == "atr" and o.surrogate.bounds == atr_bounds(0.02)
     o = build_objective(cfg(clip_mode="rpg_dual"))
     assert o.surrogate_name == "rpg_clip" and o.surrogate.c == 3.0
+    o = build_objective(cfg(clip_mode="divergence", clip_measure="k1", clip_delta=0.2,
+                            clip_delta_high=0.3, dual_clip_c=3.0))
+    assert o.surrogate_name == "divergence_clip" and o.surrogate.measure == "k1"
+    assert o.surrogate.bounds == (math.exp(-0.2), math.exp(0.3)) and o.surrogate.dual_clip_c == 3
+    o = build_objective(cfg(clip_mode="divergence", clip_measure="k3", clip_delta=0.02))
+    assert o.surrogate.bounds == atr_bounds(0.02)
     o = build_objective(cfg(loss_type="luspo", regularizer="rpg_rkl", regularizer_clamp=10.0))
     assert o.aggregation == "seq_mean_token_sum" and o.regularizer.params["clamp"] == 10.0
     o = build_objective(cfg(regularizer="neural_mirror", regularizer_coef=1e-4))

@@ -35,6 +35,9 @@ CASES: list[tuple[str, dict[str, Any]]] = [
 ] + [
     ("atr", {"clip_mode": "atr", "atr_delta": 0.02, "regularizer": "prob_l2",
              "regularizer_coef": 0.1}),
+    ("divergence_prob_l2", {"clip_mode": "divergence", "clip_measure": "prob_l2",
+                            "clip_delta": 0.01, "regularizer": "kl_k3",
+                            "regularizer_coef": 0.05}),
     ("rpg_dual", {"clip_mode": "rpg_dual", "dual_clip_c": 3.0, "rpg_variant": "urkl",
                   "rpg_beta": 0.01, "regularizer": "rpg_ufkl", "regularizer_coef": 0.01,
                   "regularizer_anchor": "old"}),

@@ -375,8 +375,12 @@ def test_rpg_reinforce_branches_on_effective_advantage():
 
 
 def test_registry_names_unknown_name_and_params():
-    assert set(SURROGATES.names()) == {"clip", "gspo", "atr", "rpg_clip", "rpg_reinforce"}
-    with pytest.raises(UnknownNameError, match="atr, clip, gspo, rpg_clip, rpg_reinforce"):
+    assert set(SURROGATES.names()) == {
+        "clip", "gspo", "atr", "divergence_clip", "rpg_clip", "rpg_reinforce"
+    }
+    with pytest.raises(
+        UnknownNameError, match="atr, clip, divergence_clip, gspo, rpg_clip, rpg_reinforce"
+    ):
         get_surrogate("ppo")
     with pytest.raises(TypeError, match="'epsilon'.*valid parameters: eps_low, eps_high"):
         get_surrogate("clip", epsilon=0.2)

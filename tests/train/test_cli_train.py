@@ -62,6 +62,7 @@ def test_overrides_parsing():
         (["--objective.surrogate.params.eps_hgh", "0.3"], "eps_hgh"),
         (["--config", "/nonexistent/c.yaml"], "does not exist"),
         (["--model", "/nonexistent/model-dir"], "/nonexistent/model-dir"),
+        (["--rollout.num_generations", "1", "--dry-run"], "a group of one has advantage 0"),
     ],
 )
 def test_bad_input_exit_2_without_run_dir(tmp_path, capsys, args, needle):

@@ -168,6 +168,7 @@ def test_unknown_names_list_valid_ones(key, value, valid_name):
         ([("run.report_to", "mlflow")], "unknown logger 'mlflow'"),
         ([("model.dtype", "float8")], "'model.dtype'"),
         ([("run.steps", "0")], "'run.steps'"),
+        ([("rollout.num_generations", "1")], "a group of one has advantage 0"),
     ],
 )
 def test_invalid_values(overrides, message):

@@ -1,9 +1,16 @@
-"""``gbmpo compare``: run a regularizer x seed grid and report it.
+"""``gbmpo compare``: run an arms x seed grid and report it.
 
-    gbmpo compare --regularizers kl_k3,prob_l2,neural_mirror,none --seeds 0,1,2
-                  [--task T[,T2]] [--config FILE] [--coefs LABEL=V,...]
-                  [--regularizer-params JSON] [--backend serial|local|ray] [--workers N]
-                  [--baseline LABEL] [--dry-run] --output-dir DIR  [any train override]
+    gbmpo compare --arms 'ratio:objective.surrogate.name=clip'
+                         'atr:objective.surrogate.name=atr,objective.surrogate.params.delta=0.02'
+                  --seeds 0,1,2 [--task T[,T2]] [--config FILE] [--backend serial|local|ray]
+                  [--workers N] [--baseline LABEL] [--dry-run] --output-dir DIR
+                  [any train override]
+    gbmpo compare --arms ARMS.yaml ...
+    gbmpo compare --regularizers kl_k3,prob_l2,neural_mirror,none [--coefs LABEL=V,...]
+                  [--regularizer-params JSON] ...
+
+An arm is a label plus configuration overrides (any ``gbmpo train`` key); ``--regularizers`` is
+the shorthand for arms that differ only in the regularizer. Exactly one of the two is required.
 
 Train overrides are the ``gbmpo train`` ones (``--optim.lr 1e-4``, ``--steps 200``,
 ``--time-budget 120``...); the keys the grid sets itself (regularizer name and coefficient,
@@ -27,10 +34,12 @@ from gbmpo.cli.args import parse_overrides, positive_int, report_errors
 from gbmpo.cli.report import add_report_options, print_table
 from gbmpo.experiments.grid import (
     GridError,
+    parse_arms,
     parse_coefs,
     parse_regularizers,
     parse_seeds,
     plan_action,
+    plan_arms,
     plan_grid,
     run_grid,
 )
@@ -44,9 +53,10 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``compare`` to an ``argparse`` subparsers object; returns the parser."""
     p = subparsers.add_parser(
         "compare",
-        help="run regularizers x seeds as trainer runs and report mean ± std",
+        help="run arms (or regularizers) x seeds as trainer runs and report mean ± std",
         description=(
-            "Run every regularizer with every seed (ordinary `gbmpo train` runs under "
+            "Run every arm (a label plus configuration overrides) or every regularizer with "
+            "every seed (ordinary `gbmpo train` runs under "
             "DIR/runs/<task>/<label>/seed<k>/; finished runs are reused, unfinished ones "
             "resumed), then write DIR/results.json, DIR/report.md, DIR/report.html and "
             "learning-curve PNGs. Any `gbmpo train` setting can be added (--section.key VALUE)."
@@ -54,9 +64,19 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     p.add_argument(
+        "--arms",
+        nargs="+",
+        default=None,
+        metavar="ARM",
+        help="arms: LABEL:key=value,key=value (gbmpo train keys, e.g. "
+        "'atr:objective.surrogate.name=atr,objective.surrogate.params.delta=0.02'; 'LABEL:' "
+        "is the base configuration) or a YAML file mapping labels to settings",
+    )
+    p.add_argument(
         "--regularizers",
-        required=True,
-        help="comma-separated regularizer names, optionally labelled: kl_k3,nm_es=neural_mirror",
+        default=None,
+        help="shorthand for regularizer arms: comma-separated regularizer names, optionally "
+        "labelled: kl_k3,nm_es=neural_mirror",
     )
     p.add_argument("--seeds", default="0,1,2", help="seeds, e.g. 0,1,2 or 0-4 (default 0,1,2)")
     p.add_argument("--task", default=None, help="task name(s), comma-separated (default: config)")
@@ -99,36 +119,61 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
     from gbmpo.train import load_config
     from gbmpo.train.config import canonical_key
 
+    use_arms = getattr(args, "arms", None) is not None
+    if use_arms == (args.regularizers is not None):
+        raise GridError(
+            "give exactly one of --arms (LABEL:key=value,... or a YAML file) and "
+            "--regularizers (the regularizer shorthand)"
+        )
+    if use_arms:
+        for opt, value in (("--coefs", args.coefs), ("--regularizer-params",
+                                                     args.regularizer_params)):
+            if value is not None:
+                raise GridError(
+                    f"{opt} goes with --regularizers; with --arms set the regularizer in the "
+                    "arm (objective.regularizer.coef=..., objective.regularizer.params.X=...)"
+                )
     overrides = parse_overrides(tokens)
-    check_overrides(overrides)
+    check_overrides(overrides, arms=use_arms)
     if args.backend not in BACKENDS:
         raise GridError(
             f"--backend: unknown backend {args.backend!r}; valid: {', '.join(BACKENDS.names())}"
         )
-    entries = parse_regularizers(args.regularizers)
     seeds = parse_seeds(args.seeds)
-    coefs = parse_coefs(args.coefs)
-    params: dict[str, Any] = {}
-    if args.regularizer_params:
-        try:
-            params = json.loads(args.regularizer_params)
-        except json.JSONDecodeError as err:
-            raise GridError(f"--regularizer-params is not valid JSON: {err}") from None
-        if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
-            raise GridError('--regularizer-params must map labels to objects: {"label": {...}}')
     tasks = [t.strip() for t in args.task.split(",") if t.strip()] if args.task else None
-    base = load_config(args.config, overrides)
     keep_progress = any(canonical_key(k) == "run.progress" for k, _ in overrides)
-    runs = plan_grid(
-        base,
-        entries,
-        seeds,
-        args.output_dir,
-        tasks=tasks,
-        coefs=coefs,
-        params=params,
-        progress=None if keep_progress else False,
-    )
+    progress = None if keep_progress else False
+    if use_arms:
+        arms = parse_arms(args.arms)
+        base = load_config(args.config, overrides)
+        runs = plan_arms(base, arms, seeds, args.output_dir, tasks=tasks, progress=progress)
+        entries: list[Any] = []
+    else:
+        entries = parse_regularizers(args.regularizers)
+        coefs = parse_coefs(args.coefs)
+        params: dict[str, Any] = {}
+        if args.regularizer_params:
+            try:
+                params = json.loads(args.regularizer_params)
+            except json.JSONDecodeError as err:
+                raise GridError(f"--regularizer-params is not valid JSON: {err}") from None
+            if not isinstance(params, dict) or not all(
+                isinstance(v, dict) for v in params.values()
+            ):
+                raise GridError(
+                    '--regularizer-params must map labels to objects: {"label": {...}}'
+                )
+        base = load_config(args.config, overrides)
+        runs = plan_grid(
+            base,
+            entries,
+            seeds,
+            args.output_dir,
+            tasks=tasks,
+            coefs=coefs,
+            params=params,
+            progress=progress,
+        )
     seen: set[str] = set()
     for run in runs:
         if run.label in seen:
@@ -136,10 +181,18 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
         seen.add(run.label)
         reg = run.config.objective.regularizer
         extra = f", params {reg.params}" if reg.params else ""
-        print(
-            f"[compare] {run.label}: regularizer {reg.name}, coef {reg.coef:g} "
-            f"(from {run.coef_source}){extra}"
-        )
+        if use_arms:
+            surr = run.config.objective.surrogate
+            sp = f" {surr.params}" if surr.params else ""
+            print(
+                f"[compare] {run.label}: surrogate {surr.name}{sp}, regularizer {reg.name}, "
+                f"coef {reg.coef:g}{extra}"
+            )
+        else:
+            print(
+                f"[compare] {run.label}: regularizer {reg.name}, coef {reg.coef:g} "
+                f"(from {run.coef_source}){extra}"
+            )
     if args.dry_run:
         for run in runs:
             action, ovr = plan_action(run)
@@ -177,7 +230,7 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
             for name, err in failures.items():
                 print(f"  {name}: {err}", file=sys.stderr)
             return 1
-        grid_spec = {
+        grid_spec: dict[str, Any] = {
             "regularizers": [
                 {
                     "label": e.label,
@@ -197,11 +250,16 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
             "backend": args.backend,
             "actions": outcome.actions,
         }
+        if use_arms:
+            grid_spec["arms"] = [_arm_spec(arm, runs) for arm in arms]
+        baseline = args.baseline
+        if baseline is None and use_arms:
+            baseline = arms[0].label
         results = write_report(
             records,
             args.output_dir,
-            baseline=args.baseline,
-            title=args.title or "Regularizer comparison",
+            baseline=baseline,
+            title=args.title or ("Comparison" if use_arms else "Regularizer comparison"),
             window=args.smooth,
             extra={"grid": grid_spec, "failures": failures},
             plots=not args.no_plots,
@@ -215,6 +273,23 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
                 print(f"  {name}: {err}", file=sys.stderr)
             return 1
         return 0
+
+
+def _arm_spec(arm: Any, runs: Sequence[Any]) -> dict[str, Any]:
+    """What an arm ran: its overrides and the resulting surrogate and regularizer."""
+    cfg = next(r.config for r in runs if r.label == arm.label)
+    o = cfg.objective
+    return {
+        "label": arm.label,
+        "overrides": [[k, v] for k, v in arm.overrides],
+        "surrogate": o.surrogate.name,
+        "surrogate_params": dict(o.surrogate.params),
+        "regularizer": o.regularizer.name,
+        "coef": o.regularizer.coef,
+        "regularizer_params": dict(o.regularizer.params),
+        "advantage": o.advantage,
+        "aggregation": o.aggregation,
+    }
 
 
 def run_compare(args: argparse.Namespace, extra: Sequence[str] | None = None) -> int:

@@ -24,7 +24,8 @@ def add_report_options(p: argparse.ArgumentParser) -> None:
         "--baseline",
         default=None,
         metavar="LABEL",
-        help="row the others are compared with seed by seed (default: kl_k3 if present)",
+        help="row the others are compared with seed by seed (default: the first arm with "
+        "--arms, else kl_k3 if present)",
     )
     p.add_argument(
         "--smooth",

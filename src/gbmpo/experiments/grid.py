@@ -1,10 +1,16 @@
-"""The comparison grid: tasks x regularizers x seeds, each an ordinary trainer run.
+"""The comparison grid: tasks x arms x seeds, each an ordinary trainer run.
+
+An *arm* is a label plus configuration overrides (:class:`GridArm`, :func:`parse_arms`, e.g.
+``atr:objective.surrogate.name=atr,objective.surrogate.params.delta=0.02``), so one grid can
+compare surrogates (clip measures), RPG forms, regularizers or any other setting. A regularizer
+grid (:class:`GridEntry`, ``--regularizers kl_k3,prob_l2``) is the shorthand whose arms set the
+regularizer's name, coefficient and parameters.
 
 Layout: ``<output_dir>/runs/<task>/<label>/seed<k>/`` is a normal run directory of
-:class:`gbmpo.train.Trainer` (``config.yaml``, ``metrics.jsonl``, ``summary.json``...). The
-``label`` is the regularizer's name unless the grid gives it another one (``nm_es=neural_mirror``
-runs the ``neural_mirror`` regularizer under the label ``nm_es``), so one grid can hold the same
-regularizer twice with different coefficients or parameters.
+:class:`gbmpo.train.Trainer` (``config.yaml``, ``metrics.jsonl``, ``summary.json``...). In a
+regularizer grid the ``label`` is the regularizer's name unless the grid gives it another one
+(``nm_es=neural_mirror`` runs the ``neural_mirror`` regularizer under the label ``nm_es``), so one
+grid can hold the same regularizer twice with different coefficients or parameters.
 
 Re-invoking the same grid is cheap and safe (:func:`plan_action`):
 
@@ -54,15 +60,18 @@ from gbmpo.train.config import (
 
 __all__ = [
     "DEFAULT_COEFS",
+    "GridArm",
     "GridEntry",
     "GridError",
     "GridRun",
     "ensure_final_eval",
     "execute_run",
+    "parse_arms",
     "parse_coefs",
     "parse_regularizers",
     "parse_seeds",
     "plan_action",
+    "plan_arms",
     "plan_grid",
     "run_grid",
 ]
@@ -198,12 +207,13 @@ class GridRun:
         return f"{self.task}/{self.label}/seed{self.seed}"
 
 
-def check_overrides(overrides: Sequence[tuple[str, Any]]) -> None:
+def check_overrides(overrides: Sequence[tuple[str, Any]], *, arms: bool = False) -> None:
     """Reject command-line overrides of the keys the grid sets itself (naming the option to
-    use instead)."""
+    use instead). With ``arms`` the regularizer's name and coefficient are ordinary settings
+    (the same for every arm unless an arm overrides them)."""
     for key, _ in overrides:
         k = canonical_key(key)
-        if k in _GRID_KEYS:
+        if k in _GRID_KEYS and not (arms and k.startswith("objective.regularizer.")):
             raise GridError(f"--{key} is set by the grid; use {_GRID_KEYS[k]} instead")
 
 
@@ -292,6 +302,179 @@ def plan_grid(
                 except ValueError as err:  # UnknownNameError
                     raise GridError(f"{task}/{entry.label}: {err}") from err
                 runs.append(GridRun(task, entry.label, int(seed), run_dir, cfg, source))
+    return runs
+
+
+# ------------------------------------------------------------------------------------ arms
+
+#: keys an arm may not set (the grid sets them per run)
+_ARM_FORBIDDEN = {k: v for k, v in _GRID_KEYS.items() if not k.startswith("objective.regularizer")}
+_ARM_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_.+-]*\s*=)")
+
+
+@dataclass(frozen=True)
+class GridArm:
+    """One row of an arms comparison: a label and the configuration overrides (dotted keys or
+    ``gbmpo train`` aliases, values as text or typed) applied on top of the base configuration."""
+
+    label: str
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+
+def _check_arm(label: str, overrides: Sequence[tuple[str, Any]], where: str) -> GridArm:
+    if not _LABEL.fullmatch(label):
+        raise GridError(
+            f"{where}: bad arm label {label!r} (letters, digits and _ . + @ - only, not "
+            "starting with a symbol)"
+        )
+    for key, _ in overrides:
+        k = canonical_key(key)
+        if not k:
+            raise GridError(f"{where}: arm {label!r} has an empty key")
+        if k in _ARM_FORBIDDEN:
+            raise GridError(
+                f"{where}: arm {label!r} sets {k}, which the grid sets per run; use "
+                f"{_ARM_FORBIDDEN[k]} instead"
+            )
+    return GridArm(label, tuple((canonical_key(k), v) for k, v in overrides))
+
+
+def _flatten_arm(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, Any]] = []
+        for key, sub in value.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            out += _flatten_arm(sub, path)
+        return out
+    return [(prefix, value)]
+
+
+def _arms_file(path: Path) -> list[GridArm]:
+    """Arms of a YAML file: a mapping ``label -> {dotted.key: value}`` (nested mappings are
+    flattened to dotted keys), optionally under a top-level ``arms:`` key."""
+    where = f"--arms {path}"
+    if not path.is_file():
+        raise GridError(f"{where}: the arms file does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise GridError(f"{where}: not valid YAML: {err}") from None
+    if isinstance(data, dict) and set(data) == {"arms"}:
+        data = data["arms"]
+    if not isinstance(data, dict) or not data:
+        raise GridError(
+            f"{where}: expected a mapping of arm labels to settings, e.g. "
+            "'atr: {objective.surrogate.name: atr, objective.surrogate.params.delta: 0.02}'"
+        )
+    arms = []
+    for label, settings in data.items():
+        if settings is None:
+            settings = {}
+        if not isinstance(settings, dict):
+            raise GridError(
+                f"{where}: arm {label!r} must map setting keys to values, got "
+                f"{type(settings).__name__}"
+            )
+        arms.append(_check_arm(str(label), _flatten_arm(settings), where))
+    return arms
+
+
+def parse_arms(items: Sequence[str]) -> list[GridArm]:
+    """``--arms`` values -> arms. Each item is ``LABEL:key=value,key=value`` (keys as in
+    ``gbmpo train --key value``: dotted config keys or aliases; a value may contain commas
+    unless they are followed by ``key=``) or a YAML file (``.yaml`` / ``.yml``, see
+    :func:`_arms_file`). ``LABEL:`` alone is the base configuration. Labels must be unique."""
+    arms: list[GridArm] = []
+    for raw in items:
+        item = raw.strip()
+        if not item:
+            continue
+        if item.endswith((".yaml", ".yml")) and "=" not in item:
+            arms += _arms_file(Path(item))
+            continue
+        label, sep, rest = item.partition(":")
+        if not sep:
+            raise GridError(
+                f"--arms: {item!r} must look like LABEL:key=value,key=value (or be a .yaml "
+                "file of arms)"
+            )
+        overrides: list[tuple[str, Any]] = []
+        for part in (p.strip() for p in _ARM_SPLIT.split(rest)):
+            if not part:
+                continue
+            key, eq, value = part.partition("=")
+            if not eq or not key.strip():
+                raise GridError(
+                    f"--arms: {part!r} in arm {label.strip()!r} must look like key=value"
+                )
+            overrides.append((key.strip(), value.strip()))
+        arms.append(_check_arm(label.strip(), overrides, "--arms"))
+    if not arms:
+        raise GridError("--arms is empty")
+    seen: set[str] = set()
+    for arm in arms:
+        if arm.label in seen:
+            raise GridError(f"--arms: the label {arm.label!r} appears twice")
+        seen.add(arm.label)
+    return arms
+
+
+def _arm_config(base: TrainConfig, arm: GridArm) -> TrainConfig:
+    """``base`` with ``arm``'s overrides. An arm that switches the surrogate or the regularizer
+    to another name drops the base's parameters of that component (they belong to the other
+    one); its own ``...params.X`` overrides then apply."""
+    from gbmpo.train.config import apply_overrides
+
+    data = config_to_dict(base)
+    keys = dict(arm.overrides)
+    for comp in ("surrogate", "regularizer"):
+        name = keys.get(f"objective.{comp}.name")
+        if name is not None and name != data["objective"][comp]["name"]:
+            data["objective"][comp]["params"] = {}
+    try:
+        apply_overrides(data, list(arm.overrides))
+        return config_from_dict(data)
+    except ConfigError as err:
+        raise GridError(f"arm {arm.label!r}: {err}") from None
+
+
+def plan_arms(
+    base: TrainConfig,
+    arms: Sequence[GridArm],
+    seeds: Sequence[int],
+    output_dir: str | Path,
+    *,
+    tasks: Sequence[str] | None = None,
+    progress: bool | None = False,
+) -> list[GridRun]:
+    """The validated configuration of every run of an arms grid (nothing is created on disk):
+    ``base`` with each arm's overrides (:func:`_arm_config`), then the task, the seed and the
+    output directory of the run. ``progress`` as in :func:`plan_grid`."""
+    out = Path(output_dir)
+    runs: list[GridRun] = []
+    for task in tasks or [base.task.name]:
+        if not _LABEL.fullmatch(task):
+            raise GridError(f"--task: bad task name {task!r}")
+        for arm in arms:
+            arm_cfg = _arm_config(base, arm)
+            for seed in seeds:
+                cfg = copy.deepcopy(arm_cfg)
+                if task != cfg.task.name:
+                    cfg.task.name = task
+                    cfg.task.params = {}
+                    cfg.task.train_split = None
+                cfg.run.seed = int(seed)
+                run_dir = out / RUNS_DIR / task / arm.label / f"seed{seed}"
+                cfg.run.output_dir = str(run_dir)
+                if progress is not None:
+                    cfg.run.progress = progress
+                try:
+                    validate(cfg)
+                except ConfigError as err:
+                    raise GridError(f"{task}/{arm.label}: {err}") from err
+                except ValueError as err:  # UnknownNameError
+                    raise GridError(f"{task}/{arm.label}: {err}") from err
+                runs.append(GridRun(task, arm.label, int(seed), run_dir, cfg, "arm"))
     return runs
 
 

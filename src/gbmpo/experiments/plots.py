@@ -4,7 +4,9 @@ For every group, each seed's ``metrics.jsonl`` gives a curve ``{step: value}``; 
 are smoothed per seed with a trailing moving average, then the seeds are aligned by step and
 summarised as mean +- sample std (:func:`gbmpo.experiments.stats.step_band`; only the steps every
 seed of the group reached are drawn). Panels: sampled training reward, held-out accuracy (or
-pass@1), training response length, and the value of each regularizer of the grid measured
+pass@1), training response length, policy entropy, the fractions of tokens clipped below and
+above (the surrogate's ``clip_frac_low`` / ``clip_frac_high``), and the value of each
+regularizer of the grid measured
 against the frozen reference (the trainer's ``reg/<name>`` monitors; without monitoring, the
 optimised regularizer's own ``reg_value``).
 
@@ -63,12 +65,16 @@ def curve(run: RunRecord, key: str, *, window: int = 1) -> dict[int, float]:
 
 
 def panels_for(groups: Mapping[str, Sequence[RunRecord]], metric: str) -> list[Panel]:
-    """The panels for a task's groups: reward, held-out ``metric``, response length, then one
-    per regularizer (other than ``none``) present in the groups."""
+    """The panels for a task's groups: reward, held-out ``metric``, response length, entropy,
+    the two clip fractions, then one per regularizer (other than ``none``) present in the
+    groups."""
     panels = [
         Panel("reward_mean", "training reward (sampled)", True),
         Panel(f"eval/{metric}", f"held-out {metric} (greedy)", False),
         Panel("response_length_mean", "training response length (tokens)", True),
+        Panel("entropy", "policy entropy (sampled tokens, nats)", True),
+        Panel("clip_frac_low", "clipped low (A<0, w<l), token fraction", True),
+        Panel("clip_frac_high", "clipped high (A>0, w>u), token fraction", True),
     ]
     seen: list[str] = []
     for runs in groups.values():

@@ -4,8 +4,10 @@
 one table per task and one row per group (runs with the same label: the seeds of one setting).
 Each row reports, over seeds, the final held-out metric (accuracy for math tasks, pass@1 for
 code tasks) as mean +- sample std (ddof = 1) and min - max, the metric before training and the
-gain, the paired difference to a baseline row (same seeds), the held-out response length, the
-number of RL steps and the wall time per run. :func:`write_report` renders it.
+gain, the paired difference to a baseline row (same seeds) with its paired t-test p-value, the
+held-out response length, the number of RL steps and the wall time per run; a second table
+gives the training dynamics: policy entropy at the start and the end of training and the
+fractions of tokens the surrogate's clip acted on. :func:`write_report` renders it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.experiments.runs import RunRecord, config_differences, flatten, main_metric
-from gbmpo.experiments.stats import paired_differences, spread
+from gbmpo.experiments.stats import paired_differences, paired_t_test, spread
 from gbmpo.io import write_atomic
 
 __all__ = [
@@ -115,6 +117,40 @@ def _mean_last(run: RunRecord, key: str, k: int = _LAST_STEPS) -> float | None:
     return sum(vals[-k:]) / len(vals[-k:]) if vals else None
 
 
+def _mean_first(run: RunRecord, key: str, k: int = _LAST_STEPS) -> float | None:
+    vals = _logged(run, key)
+    return sum(vals[:k]) / len(vals[:k]) if vals else None
+
+
+def _mean_all(run: RunRecord, key: str) -> float | None:
+    vals = _logged(run, key)
+    return sum(vals) / len(vals) if vals else None
+
+
+def _logged(run: RunRecord, key: str) -> list[float]:
+    """The training-step values of ``key`` in a run's metrics, in step order."""
+    return [
+        float(r[key])
+        for r in run.metrics
+        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
+    ]
+
+
+#: training dynamics per run: key in the run row -> (metrics key, reduction)
+DYNAMICS: dict[str, tuple[str, str]] = {
+    "entropy_first": ("entropy", "first"),
+    "entropy_last": ("entropy", "last"),
+    "clip_frac_low": ("clip_frac_low", "all"),
+    "clip_frac_high": ("clip_frac_high", "all"),
+    "clip_frac_dual": ("clip_frac_dual", "all"),
+}
+
+
+def _dynamics(run: RunRecord) -> dict[str, float | None]:
+    reduce = {"first": _mean_first, "last": _mean_last, "all": _mean_all}
+    return {k: reduce[how](run, key) for k, (key, how) in DYNAMICS.items()}
+
+
 def _run_row(run: RunRecord, metric: str, base: Path | None) -> dict[str, Any]:
     final = run.final_eval or {}
     before = run.eval_before or {}
@@ -132,6 +168,7 @@ def _run_row(run: RunRecord, metric: str, base: Path | None) -> dict[str, Any]:
         "response_tokens": final.get("mean_response_tokens"),
         "train_reward_last": _mean_last(run, "reward_mean"),
         "train_response_length_last": _mean_last(run, "response_length_mean"),
+        **_dynamics(run),
         "steps": run.summary.get("steps"),
         "stop_reason": run.summary.get("stop_reason"),
         "wall_seconds": run.summary.get("wall_seconds"),
@@ -199,7 +236,14 @@ def build_results(
             if base_label is not None and label != base_label:
                 seeds, sp = paired_differences(finals, base_final)
                 if sp is not None:
-                    paired = {"baseline": base_label, "seeds": seeds, **sp.to_dict()}
+                    test = paired_t_test([finals[s] - base_final[s] for s in seeds])
+                    paired = {
+                        "baseline": base_label,
+                        "seeds": seeds,
+                        **sp.to_dict(),
+                        "t": None if test is None else test[0],
+                        "p_value": None if test is None else test[1],
+                    }
             differing = sorted(
                 {
                     k
@@ -211,6 +255,10 @@ def build_results(
             rows_out.append(
                 {
                     "label": label,
+                    "surrogate": str(runs[0].config["objective"]["surrogate"]["name"]),
+                    "surrogate_params": dict(
+                        runs[0].config["objective"]["surrogate"].get("params") or {}
+                    ),
                     "regularizer": runs[0].regularizer,
                     "coef": runs[0].coef,
                     "params": runs[0].regularizer_params,
@@ -222,6 +270,7 @@ def build_results(
                     "paired_vs_baseline": paired,
                     "response_tokens": _spread_or_none(_values(rows, "response_tokens")),
                     "train_reward_last": _spread_or_none(_values(rows, "train_reward_last")),
+                    **{k: _spread_or_none(_values(rows, k)) for k in DYNAMICS},
                     "steps": _spread_or_none(_values(rows, "steps")),
                     "wall_seconds": _spread_or_none(_values(rows, "wall_seconds")),
                     "rl_seconds": _spread_or_none(_values(rows, "rl_seconds")),
@@ -253,12 +302,14 @@ def build_results(
 # ------------------------------------------------------------------------------ rendering
 
 
-def _pct(sp: Mapping[str, Any] | None, *, signed: bool = False, scale: float = 100.0) -> str:
+def _pct(
+    sp: Mapping[str, Any] | None, *, signed: bool = False, scale: float = 100.0, digits: int = 1
+) -> str:
     if not sp:
         return "n/a"
-    fmt = "{:+.1f}" if signed else "{:.1f}"
+    fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
     mean = fmt.format(scale * sp["mean"])
-    return mean if sp.get("std") is None else f"{mean} ± {scale * sp['std']:.1f}"
+    return mean if sp.get("std") is None else f"{mean} ± {scale * sp['std']:.{digits}f}"
 
 
 def _range(sp: Mapping[str, Any] | None, scale: float = 100.0) -> str:
@@ -294,6 +345,7 @@ def summary_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
         "before",
         "gain (points)",
         f"Δ vs {base} (paired)" if base else "Δ vs baseline",
+        "p (paired t)",
         "response tokens",
         "RL steps",
         "wall s / run",
@@ -311,12 +363,66 @@ def summary_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
                 _pct(g["before"]),
                 _pct(g["gain"], signed=True),
                 _pct(paired, signed=True) if paired else "–",
+                _p_value(paired),
                 _num(g["response_tokens"]),
                 _num(g["steps"], 0),
                 _num(g["wall_seconds"], 0),
             ]
         )
     return header, rows
+
+
+def _p_value(paired: Mapping[str, Any] | None) -> str:
+    if not paired or paired.get("p_value") is None:
+        return "–"
+    return f"{paired['p_value']:.2f}"
+
+
+def _dynamics_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    """Entropy at the start / end of training and clip fractions per group (None when no run
+    logged them)."""
+    if not any(g.get(k) for g in task["groups"] for k in DYNAMICS):
+        return None
+    header = [
+        "arm",
+        f"entropy, first {_LAST_STEPS} steps",
+        f"entropy, last {_LAST_STEPS} steps",
+        "clipped low % (A<0, w<l)",
+        "clipped high % (A>0, w>u)",
+        "dual-clipped %",
+        f"train reward, last {_LAST_STEPS} steps",
+    ]
+    rows = [
+        [
+            g["label"],
+            _num(g.get("entropy_first"), 3),
+            _num(g.get("entropy_last"), 3),
+            _pct(g.get("clip_frac_low"), scale=100.0, digits=2),
+            _pct(g.get("clip_frac_high"), scale=100.0, digits=2),
+            _pct(g.get("clip_frac_dual"), scale=100.0, digits=2),
+            _num(g.get("train_reward_last"), 3),
+        ]
+        for g in task["groups"]
+    ]
+    return header, rows
+
+
+_DYNAMICS_NOTE = (
+    "Training dynamics (mean ± sample std over seeds; entropy of the sampled tokens in nats; "
+    "clipped % = share of valid tokens whose gradient the clip removed, over a step's updates, "
+    "averaged over the steps)"
+)
+
+
+def _arms_lines(results: Mapping[str, Any]) -> list[str]:
+    arms = (results.get("grid") or {}).get("arms") or []
+    lines = []
+    for a in arms:
+        ovr = ", ".join(f"{k}={v}" for k, v in a["overrides"]) or "(the base configuration)"
+        surr = a["surrogate"] + (f" {a['surrogate_params']}" if a["surrogate_params"] else "")
+        reg = f"{a['regularizer']} (coef {a['coef']:g})"
+        lines.append(f"`{a['label']}`: {ovr} -> surrogate {surr}, regularizer {reg}")
+    return lines
 
 
 def _run_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -370,7 +476,8 @@ def _notes(task: Mapping[str, Any]) -> list[str]:
         f"± is the {STD_NOTE}; min – max is the range over seeds; all in percentage points.",
         "gain = final minus before-training value of the same run; Δ vs baseline = per-seed "
         "difference to the baseline row with the same seed (same prompts, same initial model), "
-        "then mean ± std over seeds.",
+        "then mean ± std over seeds; p = two-sided paired t-test of a zero mean difference "
+        "(n - 1 degrees of freedom; with 3 seeds only large effects can reach p < 0.05).",
         "response tokens: mean completion length on the held-out evaluation (greedy).",
     ]
     for g in task["groups"]:
@@ -396,10 +503,16 @@ def render_markdown(
             "Machine: " + ", ".join(f"{k} {v}" for k, v in machine.items()) + "."
         )
     out.append("")
+    arms = _arms_lines(results)
+    if arms:
+        out += ["Arms:", ""] + [f"- {a}" for a in arms] + [""]
     for task in results["tasks"]:
         out += [f"## Task `{task['task']}`", "", _eval_desc(task) + ":", ""]
         out += [md_table(*summary_table(task)), ""]
         out += [f"- {n}" for n in _notes(task)]
+        dyn = _dynamics_table(task)
+        if dyn is not None:
+            out += ["", _DYNAMICS_NOTE + ":", "", md_table(*dyn)]
         settings = ", ".join(f"`{k}`={_yaml(v)}" for k, v in task["settings"].items())
         out += ["", f"Settings: {settings}.", ""]
         if task["task"] in images:
@@ -445,11 +558,18 @@ def render_html(
         parts.append(
             "<p>Machine: " + esc(", ".join(f"{k} {v}" for k, v in machine.items())) + ".</p>"
         )
+    arms = _arms_lines(results)
+    if arms:
+        parts.append("<p>Arms:</p><ul>" + "".join(f"<li>{esc(a)}</li>" for a in arms) + "</ul>")
     for task in results["tasks"]:
         parts.append(f"<h2>Task <code>{esc(task['task'])}</code></h2>")
         parts.append(f"<p>{esc(_eval_desc(task))}:</p>")
         parts.append(_html_table(*summary_table(task)))
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in _notes(task)) + "</ul>")
+        dyn = _dynamics_table(task)
+        if dyn is not None:
+            parts.append(f"<p>{esc(_DYNAMICS_NOTE)}:</p>")
+            parts.append(_html_table(*dyn))
         settings = ", ".join(f"{k}={_yaml(v)}" for k, v in task["settings"].items())
         parts.append(f"<p>Settings: {esc(settings)}.</p>")
         if task["task"] in images:

@@ -83,6 +83,7 @@ _CLIP_PARAM_NAMES: dict[str, tuple[str | None, str | None, str | None, str | Non
     "clip": ("eps_low", "eps_high", "dual_clip_c", "delta"),
     "gspo": ("eps_low", "eps_high", "dual_clip_c", "delta"),
     "atr": (None, None, "dual_clip_c", None),
+    "divergence_clip": (None, None, "dual_clip_c", None),
     "rpg_clip": ("eps_low", "eps_high", "c", None),
     "rpg_reinforce": ("eps_low", "eps_high", "c", None),
 }
@@ -102,10 +103,10 @@ def clip_params(
     (TRL ``epsilon`` / ``epsilon_high``; verl ``clip_ratio_low`` / ``clip_ratio_high``), may
     apply the dual clip :math:`c` for negative advantages (verl ``clip_ratio_c``) and may cap
     the unclipped ratio at :math:`\delta` (TRL ``delta``). Each surrogate takes the settings it
-    has a parameter for, under its own name (``rpg_*`` call the dual clip ``c``; ``atr``
-    derives its bounds from its own ``delta`` and takes only the dual clip); settings left at
-    ``None`` are not passed (the surrogate's default applies). Unknown (plugin) surrogates get
-    ``{}``.
+    has a parameter for, under its own name (``rpg_*`` call the dual clip ``c``; ``atr`` and
+    ``divergence_clip`` derive their bounds from their own radius and take only the dual clip);
+    settings left at ``None`` are not passed (the surrogate's default applies). Unknown (plugin)
+    surrogates get ``{}``.
     """
     names = _CLIP_PARAM_NAMES.get(surrogate)
     if names is None:

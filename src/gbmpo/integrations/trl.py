@@ -11,7 +11,8 @@ logging, checkpoints) and replace only the per-micro-batch loss with gbmpo's obj
 
 with the surrogate :math:`\ell^{\text{surr}}` chosen by ``clip_mode`` (``ratio``: PPO/DAPO clip,
 GSPO when ``importance_sampling_level="sequence"``; ``atr``: ATR-GRPO KL3 trust region;
-``rpg_dual``: RPG-style dual clip), :math:`D` by ``regularizer`` (any name of
+``divergence``: ATR-GRPO's clip by any policy divergence, ``divergence_clip``; ``rpg_dual``:
+RPG-style dual clip), :math:`D` by ``regularizer`` (any name of
 :data:`gbmpo.objectives.regularizers.REGULARIZERS`), :math:`\lambda` = ``regularizer_coef``, the
 anchor by ``regularizer_anchor`` (the frozen reference, or the rollout policy as in RPG),
 :math:`\omega` TRL's token weights (off-policy mask, high-entropy mask, vLLM importance-sampling
@@ -83,7 +84,7 @@ SUPPORTED_TRL = ">=1.16,<1.17"
 _SUPPORTED_MIN, _SUPPORTED_MAX = (1, 16), (1, 17)
 
 #: ``clip_mode`` values.
-CLIP_MODES: tuple[str, ...] = ("ratio", "atr", "rpg_dual")
+CLIP_MODES: tuple[str, ...] = ("ratio", "atr", "divergence", "rpg_dual")
 #: ``regularizer_anchor`` values.
 REGULARIZER_ANCHORS: tuple[str, ...] = ("ref", "old")
 
@@ -355,8 +356,13 @@ class GBMPOConfig(GRPOConfig):
             (RPG-style clip: ``epsilon`` / ``epsilon_high`` plus a dual clip ``dual_clip_c``,
             default 3).
         atr_delta: KL3 radius :math:`\delta` of ``clip_mode="atr"`` (required there).
+        clip_measure, clip_delta, clip_delta_high, clip_mirror_path: ``clip_mode="divergence"``
+            (the ``divergence_clip`` surrogate): the measure (``ratio``, ``k1``, ``k2``, ``k3``,
+            ``prob_l2``, ``neural_mirror``), its radius :math:`\delta` (required; the lower
+            side's when ``clip_delta_high`` is set), the upper side's radius, and the mirror
+            map file of ``neural_mirror``.
         dual_clip_c: dual-clip constant ``c > 1`` for negative advantages; optional with
-            ``ratio`` / ``atr``, default 3.0 with ``rpg_dual``.
+            ``ratio`` / ``atr`` / ``divergence``, default 3.0 with ``rpg_dual``.
         rpg_variant: with ``rpg_dual``, RPG's regularized advantage: ``none`` (plain A),
             ``urkl`` (:math:`A - \beta_{\text{rpg}}\log w`) or ``rkl``.
         rpg_beta: :math:`\beta_{\text{rpg}}` of ``rpg_variant`` (``urkl`` / ``rkl`` only).
@@ -404,11 +410,30 @@ class GBMPOConfig(GRPOConfig):
     )
     clip_mode: str = field(
         default="ratio",
-        metadata={"help": "Surrogate clip: 'ratio', 'atr' (ATR-GRPO) or 'rpg_dual'."},
+        metadata={"help": "Surrogate clip: 'ratio', 'atr' (ATR-GRPO), 'divergence' (clip by "
+                  "clip_measure) or 'rpg_dual'."},
     )
     atr_delta: float | None = field(
         default=None,
         metadata={"help": "KL3 radius delta of clip_mode='atr'."},
+    )
+    clip_measure: str | None = field(
+        default=None,
+        metadata={"help": "Divergence of clip_mode='divergence': ratio, k1, k2, k3, prob_l2, "
+                  "neural_mirror."},
+    )
+    clip_delta: float | None = field(
+        default=None,
+        metadata={"help": "Radius delta of clip_mode='divergence' (lower side if "
+                  "clip_delta_high is set)."},
+    )
+    clip_delta_high: float | None = field(
+        default=None,
+        metadata={"help": "Upper-side radius of clip_mode='divergence' (default clip_delta)."},
+    )
+    clip_mirror_path: str | None = field(
+        default=None,
+        metadata={"help": "Neural mirror map file for clip_measure='neural_mirror'."},
     )
     dual_clip_c: float | None = field(
         default=None,
@@ -497,6 +522,23 @@ class GBMPOConfig(GRPOConfig):
             raise ValueError(
                 f"GBMPOConfig: atr_delta is set but clip_mode={self.clip_mode!r}; "
                 "set clip_mode='atr' to use it"
+            )
+        divergence_fields = {
+            "clip_measure": self.clip_measure,
+            "clip_delta": self.clip_delta,
+            "clip_delta_high": self.clip_delta_high,
+            "clip_mirror_path": self.clip_mirror_path,
+        }
+        if self.clip_mode == "divergence":
+            if self.clip_measure is None or self.clip_delta is None:
+                raise ValueError(
+                    "GBMPOConfig: clip_mode='divergence' needs clip_measure and clip_delta"
+                )
+        elif any(v is not None for v in divergence_fields.values()):
+            given = ", ".join(k for k, v in divergence_fields.items() if v is not None)
+            raise ValueError(
+                f"GBMPOConfig: {given} set but clip_mode={self.clip_mode!r}; set "
+                "clip_mode='divergence' to use them"
             )
         if self.clip_mode != "ratio":
             if self.importance_sampling_level != "token":
@@ -619,7 +661,9 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
 
     Surrogate: ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance
     sampling) with ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta`` and
-    ``dual_clip_c``; ``atr`` -> ``atr(delta=atr_delta, dual_clip_c)``; ``rpg_dual`` ->
+    ``dual_clip_c``; ``atr`` -> ``atr(delta=atr_delta, dual_clip_c)``; ``divergence`` ->
+    ``divergence_clip(measure=clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or
+    clip_delta, dual_clip_c, mirror=clip_mirror_path)``; ``rpg_dual`` ->
     ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``
     (host clip settings through :func:`gbmpo.integrations.common.clip_params`). Regularizer:
     ``regularizer`` with ``regularizer_coef`` (else ``beta``), ``regularizer_anchor``,
@@ -638,6 +682,17 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
     elif args.clip_mode == "atr":
         name = "atr"
         params = {"delta": args.atr_delta, **clip_params(name, dual_clip_c=args.dual_clip_c)}
+    elif args.clip_mode == "divergence":
+        name = "divergence_clip"
+        high = args.clip_delta_high if args.clip_delta_high is not None else args.clip_delta
+        params = {
+            "measure": args.clip_measure,
+            "delta_low": args.clip_delta,
+            "delta_high": high,
+            **clip_params(name, dual_clip_c=args.dual_clip_c),
+        }
+        if args.clip_mirror_path is not None:
+            params["mirror"] = args.clip_mirror_path
     else:
         name = "rpg_clip"
         c = 3.0 if args.dual_clip_c is None else args.dual_clip_c

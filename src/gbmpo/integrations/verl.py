@@ -14,9 +14,10 @@ with the policy loss picked by name from ``core_algos.POLICY_LOSS_REGISTRY``
 Since ``agg`` is linear this is gbmpo's :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}} + \beta D)`
 (:func:`gbmpo.objectives.compute_policy_loss`). Importing this module
 
-* registers every gbmpo surrogate ``NAME`` (``clip``, ``gspo``, ``atr``, ``rpg_clip``,
-  ``rpg_reinforce`` and any plugin surrogate) as the verl policy loss ``gbmpo_NAME``, aggregated
-  by verl's own ``agg_loss`` (so every ``loss_agg_mode``, data-parallel scaling and
+* registers every gbmpo surrogate ``NAME`` (``clip``, ``gspo``, ``atr``, ``divergence_clip``,
+  ``rpg_clip``, ``rpg_reinforce`` and any plugin surrogate) as the verl policy loss
+  ``gbmpo_NAME``, aggregated by verl's own ``agg_loss`` (so every ``loss_agg_mode``,
+  data-parallel scaling and
   ``rollout_is_weights`` behave exactly as in verl's built-in losses);
 * wraps ``core_algos.kl_penalty_forward`` (:func:`install_kl_hook`) so that any
   ``kl_loss_type`` starting with ``gbmpo_`` (``gbmpo_prob_l2``, ``gbmpo_neural_mirror``,
@@ -289,7 +290,8 @@ def surrogate_params(name: str, config: Any) -> dict[str, Any]:
     ``clip_ratio_low`` (else ``clip_ratio``), ``eps_high`` = ``clip_ratio_high`` (else
     ``clip_ratio``), the dual-clip constant = ``clip_ratio_c`` (verl's vanilla loss always applies
     it); per surrogate: ``clip``: eps and ``dual_clip_c``; ``gspo``: eps only (verl's ``gspo`` has
-    no dual clip); ``atr``: ``dual_clip_c`` (its bounds come from ``delta``); ``rpg_clip``,
+    no dual clip); ``atr``, ``divergence_clip``: ``dual_clip_c`` (their bounds come from
+    ``delta`` / ``measure``); ``rpg_clip``,
     ``rpg_reinforce``: eps and ``c``; plugin surrogates: none. Then every entry of
     ``policy_loss.gbmpo_surrogate`` overrides (``null`` turns an optional one off, e.g.
     ``dual_clip_c: null``).

@@ -3,8 +3,8 @@
 Each family is a :class:`gbmpo.registry.Registry` whose unknown-name error lists the valid names:
 
 * :data:`ADVANTAGES` (:func:`group_advantages`): ``grpo``, ``batch``, ``dr_grpo``, ``rpg``;
-* :data:`SURROGATES` (:func:`get_surrogate`): ``clip``, ``gspo``, ``atr``, ``rpg_clip``,
-  ``rpg_reinforce``;
+* :data:`SURROGATES` (:func:`get_surrogate`): ``clip``, ``gspo``, ``atr``, ``divergence_clip``
+  (measures in :mod:`gbmpo.objectives.clip_measures`), ``rpg_clip``, ``rpg_reinforce``;
 * :data:`REGULARIZERS` (:func:`get_regularizer`): KL estimators, ProbL2, neural mirror, RPG forms;
 * :data:`AGGREGATIONS` (:func:`aggregate`): ``grpo``, ``bnpo``, ``dr_grpo``,
   ``seq_mean_token_sum``;

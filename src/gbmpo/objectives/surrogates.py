@@ -19,6 +19,7 @@ Diagnostics are detached 0-dim tensors, masked means over valid tokens (0 on an 
 ``clip_frac_dual`` (tokens capped by the dual clip), ``ratio_mean``, ``ratio_min``, ``ratio_max``.
 
 Names (registry :data:`SURROGATES`, built by :func:`get_surrogate`): ``clip``, ``gspo``, ``atr``,
+``divergence_clip`` (clip by any policy divergence; ``atr`` is its ``measure="k3"``),
 ``rpg_clip``, ``rpg_reinforce``.
 """
 
@@ -31,9 +32,20 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from scipy.special import lambertw
 from torch import Tensor
 
+from gbmpo.objectives.clip_measures import (
+    CLIP_MEASURES,
+    PER_TOKEN_MEASURES,
+    atr_bounds,
+    k1_interval,
+    k2_interval,
+    k3_interval,
+    mirror_interval,
+    prob_l2_interval,
+    ratio_interval,
+)
+from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -41,6 +53,7 @@ __all__ = [
     "SURROGATES",
     "ATRSurrogate",
     "ClipSurrogate",
+    "DivergenceClipSurrogate",
     "GSPOSurrogate",
     "RPGClipSurrogate",
     "RPGReinforceSurrogate",
@@ -74,8 +87,8 @@ _LOG_RATIO_CLAMP = 20.0
 def ppo_clip_loss(
     ratio: Tensor,
     adv: Tensor,
-    low: float,
-    high: float,
+    low: float | Tensor,
+    high: float | Tensor,
     dual_clip_c: float | None = None,
     ratio_cap: float | None = None,
 ) -> Tensor:
@@ -111,29 +124,6 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
     """
     m = mask.to(log_ratio.dtype)
     return (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
-
-
-def atr_bounds(delta: float) -> tuple[float, float]:
-    r"""ATR-GRPO ratio bounds: the interval where :math:`\mathrm{KL3}(w) = w - 1 - \log w \le
-    \delta` (UCF, arXiv 2602.05494 §KL3 clipping; METHODS.md §4):
-
-    .. math::
-        l_\delta = -W_0(z),\quad u_\delta = -W_{-1}(z),\quad z = -e^{-(1+\delta)},
-
-    with :math:`W_0, W_{-1}` the two real branches of Lambert W (``scipy.special.lambertw``).
-    E.g. ``atr_bounds(0.02) == (0.8131..., 1.2135...)``.
-    """
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)):
-        raise TypeError(f"delta must be a number, got {type(delta).__name__}")
-    if not (math.isfinite(delta) and delta > 0):
-        raise ValueError(f"ATR delta must be finite and > 0, got {delta!r}")
-    z = -math.exp(-(1.0 + float(delta)))
-    w0 = complex(lambertw(z, 0))
-    wm1 = complex(lambertw(z, -1))
-    low, high = -w0.real, -wm1.real
-    if not (0.0 < low < 1.0 < high) or abs(w0.imag) > 1e-9 or abs(wm1.imag) > 1e-9:
-        raise ValueError(f"Lambert W gave no real interval for delta={delta!r}: ({low}, {high})")
-    return low, high
 
 
 def rpg_regularized_advantage(adv: Tensor, log_w: Tensor, variant: str, beta: float) -> Tensor:
@@ -317,13 +307,14 @@ def _masked_clip_loss(
     ratio: Tensor,
     adv: Tensor,
     m: Tensor,
-    low: float,
-    high: float,
+    low: float | Tensor,
+    high: float | Tensor,
     dual_clip_c: float | None,
     ratio_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics: the
-    ``__call__`` tail of the clip-family surrogates (clip, gspo, atr, rpg_clip)."""
+    ``__call__`` tail of the clip-family surrogates (clip, gspo, atr, divergence_clip,
+    rpg_clip); ``low`` / ``high`` may be per-token tensors of ``ratio``'s shape."""
     loss = ppo_clip_loss(ratio, adv, low, high, dual_clip_c, ratio_cap)
     loss = torch.where(m, loss, torch.zeros_like(loss))
     r = ratio.detach()
@@ -486,7 +477,8 @@ class GSPOSurrogate:
 @dataclass(frozen=True)
 class ATRSurrogate:
     r"""ATR-GRPO: the token clip with the KL3 trust-region bounds of :func:`atr_bounds`
-    (UCF, arXiv 2602.05494; METHODS.md §4):
+    (UCF, arXiv 2602.05494; METHODS.md §4), the alias of
+    ``divergence_clip(measure="k3", delta=delta)`` (:class:`DivergenceClipSurrogate`, same bits):
     :math:`\ell = -\min(wA, \mathrm{clip}(w, l_\delta, u_\delta)A)`, i.e. the ratio's gradient
     is removed once :math:`w - 1 - \log w > \delta` in the direction the advantage pushes.
 
@@ -515,6 +507,126 @@ class ATRSurrogate:
         ratio = torch.exp(log_ratio)
         low, high = self.bounds
         return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
+
+
+@SURROGATES.register("divergence_clip")
+@dataclass(frozen=True)
+class DivergenceClipSurrogate:
+    r"""Clip by any policy divergence: ATR-GRPO's unified clipping framework (arXiv 2602.05494)
+    with GBMPO's Bregman divergences (arXiv 2602.04380) as further measures.
+
+    The token ratio :math:`w` is kept in :math:`\{w : f(w) \le \delta\}` of the measure
+    :math:`f` (``measure``, :mod:`gbmpo.objectives.clip_measures`, :math:`f(1) = 0`), the
+    interval :math:`[l, u]`, and the loss is PPO's clip with these bounds,
+    :math:`\ell = -\min(wA, \mathrm{clip}(w, l, u)A)` (:func:`ppo_clip_loss`, dual clip
+    optional): the gradient of a token is removed once :math:`f(w) > \delta` in the direction
+    its advantage pushes. ``measure="k3"`` is ATR-GRPO's KL3 trust region, the ``atr``
+    surrogate (same bounds, same bits); ``measure="ratio"`` with ``delta=eps`` is ``clip``.
+    ``prob_l2`` and ``neural_mirror`` give per-token bounds that depend on the sampled token's
+    old probability :math:`p = \pi_{\text{old}}(o_t)`: a rare token may move its ratio further
+    than a likely one (ProbL2: :math:`|w - 1| \le \sqrt\delta / p`).
+
+    Args:
+        measure: one of ``ratio`` (:math:`|w-1|`), ``k1`` (:math:`|\log w|`), ``k2``
+            (:math:`\frac12\log^2 w`), ``k3`` (:math:`w - 1 - \log w`), ``prob_l2``
+            (:math:`(wp - p)^2`), ``neural_mirror`` (:math:`D_h(wp, p)`).
+        delta: radius :math:`\delta > 0` of both sides.
+        delta_low, delta_high: per-side radii (override ``delta``): the lower end :math:`l`
+            uses ``delta_low``, the upper end :math:`u` uses ``delta_high``.
+        dual_clip_c: optional dual clip ``c > 1`` for negative advantages.
+        mirror: ``neural_mirror`` only: a :class:`~gbmpo.objectives.mirror.NeuralMirrorMap`, a
+            path to a saved map (as the ``neural_mirror`` regularizer takes), or ``None`` for
+            ``NeuralMirrorMap.random(0.01, seed=42)``.
+    """
+
+    measure: str
+    delta: float | None = None
+    delta_low: float | None = None
+    delta_high: float | None = None
+    dual_clip_c: float | None = None
+    mirror: Any = None
+    name: ClassVar[str] = "divergence_clip"
+
+    def __post_init__(self) -> None:
+        cls = self.name
+        if self.measure not in CLIP_MEASURES:
+            raise ValueError(
+                f"{cls}: unknown measure {self.measure!r}; valid: {', '.join(CLIP_MEASURES)}"
+            )
+        for key in ("delta", "delta_low", "delta_high"):
+            value = getattr(self, key)
+            if value is not None and _finite_number(cls, key, value) <= 0:
+                raise ValueError(f"{cls}: {key} must be > 0, got {value!r}")
+        if self.radii[0] is None or self.radii[1] is None:
+            raise ValueError(
+                f"{cls}: give delta (both sides) or both delta_low and delta_high; got "
+                f"delta={self.delta!r}, delta_low={self.delta_low!r}, "
+                f"delta_high={self.delta_high!r}"
+            )
+        _check_dual(cls, "dual_clip_c", self.dual_clip_c)
+        if self.measure == "neural_mirror":
+            object.__setattr__(self, "_mirror_map", as_mirror_map(self.mirror))
+        elif self.mirror is not None:
+            raise ValueError(
+                f"{cls}: mirror is used only with measure='neural_mirror', not {self.measure!r}"
+            )
+        if self.measure not in PER_TOKEN_MEASURES:
+            self.bounds  # noqa: B018 - computes (and so checks) the interval once
+
+    @property
+    def radii(self) -> tuple[float | None, float | None]:
+        """``(delta_low, delta_high)`` after defaulting each to ``delta``."""
+        lo = self.delta_low if self.delta_low is not None else self.delta
+        hi = self.delta_high if self.delta_high is not None else self.delta
+        return lo, hi
+
+    @property
+    def per_token(self) -> bool:
+        """True when the bounds depend on the token's old probability (``prob_l2``,
+        ``neural_mirror``)."""
+        return self.measure in PER_TOKEN_MEASURES
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """``(l, u)`` of a measure whose interval is the same for every token."""
+        lo, hi = self.radii
+        assert lo is not None and hi is not None
+        fn = {"ratio": ratio_interval, "k1": k1_interval, "k2": k2_interval,
+              "k3": k3_interval}.get(self.measure)  # fmt: skip
+        if fn is None:
+            raise ValueError(
+                f"{self.name}: measure {self.measure!r} has per-token bounds; use "
+                "interval(old_logp)"
+            )
+        return fn(lo, hi)
+
+    def interval(self, old_logp: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token ``(l, u)`` (float64, the shape of ``old_logp``) for the tokens whose old
+        log-probs are ``old_logp``; constant tensors for the token-independent measures."""
+        lo, hi = self.radii
+        assert lo is not None and hi is not None
+        p_old = torch.exp(old_logp.detach().to(torch.float64))
+        if self.measure == "prob_l2":
+            return prob_l2_interval(p_old, lo, hi)
+        if self.measure == "neural_mirror":
+            mirror: NeuralMirrorMap = self._mirror_map  # type: ignore[attr-defined]
+            return mirror_interval(p_old, mirror, lo, hi)
+        low, high = self.bounds
+        return torch.full_like(p_old, low), torch.full_like(p_old, high)
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        ratio = torch.exp(log_ratio)
+        if not self.per_token:
+            low, high = self.bounds
+            return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
+        old = torch.where(m, old_logp.detach().to(torch.float64), 0.0)
+        lo_t, hi_t = self.interval(old)
+        return _masked_clip_loss(
+            ratio, adv, m, lo_t.to(ratio.dtype), hi_t.to(ratio.dtype), self.dual_clip_c
+        )
 
 
 @SURROGATES.register("rpg_clip")

@@ -635,6 +635,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(bool(cfg.model.path.strip()), "'model.path' is empty")
     _positive_int(r.prompts_per_step, "rollout.prompts_per_step")
     _positive_int(r.num_generations, "rollout.num_generations")
+    _require(
+        r.num_generations >= 2,
+        f"'rollout.num_generations' must be >= 2, got {r.num_generations}: every advantage "
+        "estimator subtracts the group mean, so a group of one has advantage 0 and the run "
+        "would train nothing",
+    )
     _positive_int(r.max_new_tokens, "rollout.max_new_tokens")
     _positive_int(r.batch_size, "rollout.batch_size", allow_none=True)
     _require(

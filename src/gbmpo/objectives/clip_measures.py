@@ -1,0 +1,265 @@
+r"""Clipping by a policy divergence: the admissible ratio interval of each measure.
+
+The unified clipping framework of ATR-GRPO (arXiv 2602.05494) keeps a token's importance ratio
+:math:`w = \pi_\theta(o_t)/\pi_{\text{old}}(o_t)` inside the region
+
+.. math::
+    \mathcal R_\delta = \{\, w > 0 : f(w) \le \delta \,\},\qquad f(1) = 0,
+
+of a policy-divergence measure :math:`f` that decreases on :math:`(0, 1]` and increases on
+:math:`[1, \infty)`, so :math:`\mathcal R_\delta` is an interval :math:`[l, u] \ni 1`. With an
+asymmetric radius the lower end uses :math:`\delta_{\text{low}}` (the part :math:`w \le 1`) and
+the upper end :math:`\delta_{\text{high}}` (:math:`w \ge 1`). The surrogate
+:class:`gbmpo.objectives.surrogates.DivergenceClipSurrogate` (``divergence_clip``) then applies
+the PPO clip with these bounds. The measures (:data:`CLIP_MEASURES`):
+
+* ``ratio``: :math:`f(w) = |w - 1|`, :math:`[\max(0, 1-\delta), 1+\delta]` (PPO / GRPO clip);
+* ``k1``: :math:`f(w) = |\log w|`, :math:`[e^{-\delta}, e^{\delta}]` (ATR-GRPO);
+* ``k2``: :math:`f(w) = \tfrac12 \log^2 w`, :math:`[e^{-\sqrt{2\delta}}, e^{\sqrt{2\delta}}]`
+  (ATR-GRPO);
+* ``k3``: :math:`f(w) = w - 1 - \log w`, :math:`[-W_0(z), -W_{-1}(z)]` with Lambert W
+  (ATR-GRPO's KL3 trust region);
+* ``prob_l2``: :math:`f(w) = (w p - p)^2 = (w-1)^2 p^2`,
+  :math:`[\max(0, 1-\sqrt\delta/p), 1+\sqrt\delta/p]`, per token (GBMPO arXiv 2602.04380);
+* ``neural_mirror``: :math:`f(w) = D_h(w p, p)`, bracketed bisection, per token (GBMPO).
+
+(:math:`z = -e^{-(1+\delta)}`; :math:`p = \pi_{\text{old}}(o_t)`, the sampled token's
+probability under the rollout policy.) The last two are GBMPO's Bregman divergences between the
+token's new and old probability, :math:`D_h(\pi_\theta(o_t), \pi_{\text{old}}(o_t))` with
+:math:`\pi_\theta(o_t) = w\,p`, used here as clipping measures instead of penalties; their
+interval depends on :math:`p`, so their bounds are per-token tensors. ``prob_l2`` is exactly the
+``prob_l2`` regularizer of :mod:`gbmpo.objectives.regularizers`, :math:`(p_\theta - q)^2`, the
+Bregman divergence of :math:`h(y) = y^2` (not :math:`\tfrac12 y^2`, which would halve it and give
+:math:`\sqrt{2\delta}/p`). ``neural_mirror`` has no closed form: :func:`bisect_interval` finds
+its ends. The lower end is 0 (no lower clip) where the region reaches :math:`w \to 0`, the upper
+end :math:`+\infty` where it contains every attainable ratio (:math:`w \le 1/p`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from scipy.special import lambertw
+from torch import Tensor
+
+from gbmpo.objectives.mirror import PROB_FLOOR, NeuralMirrorMap
+
+__all__ = [
+    "BISECT_ITERS",
+    "CLIP_MEASURES",
+    "PER_TOKEN_MEASURES",
+    "atr_bounds",
+    "bisect_interval",
+    "k1_interval",
+    "k2_interval",
+    "k3_interval",
+    "measure_k1",
+    "measure_k2",
+    "measure_k3",
+    "measure_mirror",
+    "measure_prob_l2",
+    "measure_ratio",
+    "mirror_interval",
+    "prob_l2_interval",
+    "ratio_interval",
+]
+
+#: every measure ``divergence_clip`` accepts
+CLIP_MEASURES: tuple[str, ...] = ("ratio", "k1", "k2", "k3", "prob_l2", "neural_mirror")
+#: measures whose interval depends on the token's old probability (tensor bounds)
+PER_TOKEN_MEASURES: tuple[str, ...] = ("prob_l2", "neural_mirror")
+#: bisection steps of :func:`bisect_interval`: each halves a log-ratio bracket of width at most
+#: log(1 / 1e-10) = 23.03, so the error in log w is at most 23.03 / 2^60 = 2.0e-17, below the
+#: float64 spacing near the roots: the ends are exact up to float64 rounding of f.
+BISECT_ITERS = 60
+
+
+# --------------------------------------------------------------------------------- measures
+
+
+def measure_ratio(w: Tensor) -> Tensor:
+    r""":math:`f(w) = |w - 1|`: the ratio clip of PPO / GRPO as a divergence (ATR-GRPO,
+    arXiv 2602.05494, the framework's first instance)."""
+    return (w - 1.0).abs()
+
+
+def measure_k1(w: Tensor) -> Tensor:
+    r""":math:`f(w) = |\log w|`: the k1 estimator's magnitude (ATR-GRPO, arXiv 2602.05494)."""
+    return torch.log(w).abs()
+
+
+def measure_k2(w: Tensor) -> Tensor:
+    r""":math:`f(w) = \tfrac12 \log^2 w`: the k2 estimator (ATR-GRPO, arXiv 2602.05494)."""
+    return 0.5 * torch.log(w).square()
+
+
+def measure_k3(w: Tensor) -> Tensor:
+    r""":math:`f(w) = w - 1 - \log w`: the k3 estimator, ATR-GRPO's KL3 trust region
+    (arXiv 2602.05494)."""
+    return w - 1.0 - torch.log(w)
+
+
+def measure_prob_l2(w: Tensor, p_old: Tensor) -> Tensor:
+    r""":math:`f(w) = (w p - p)^2 = (w - 1)^2 p^2`: the ProbL2 Bregman divergence
+    (:math:`h(y) = y^2`) between the token's new probability :math:`w p` and old one :math:`p`
+    (GBMPO, arXiv 2602.04380; the ``prob_l2`` regularizer's formula)."""
+    return (w * p_old - p_old).square()
+
+
+def measure_mirror(w: Tensor, p_old: Tensor, mirror: NeuralMirrorMap) -> Tensor:
+    r""":math:`f(w) = D_h(w p, p)` for a neural mirror map :math:`h` (GBMPO NM-GRPO,
+    arXiv 2602.04380; :meth:`NeuralMirrorMap.bregman`, probabilities floored at 1e-10)."""
+    return mirror.bregman(w * p_old, p_old)
+
+
+# ------------------------------------------------------------------------- closed forms
+
+
+def _radius(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+def ratio_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
+    r"""``ratio``: :math:`|w-1| \le \delta` gives :math:`[\max(0, 1-\delta_{\text{low}}),
+    1+\delta_{\text{high}}]` (PPO's clip with :math:`\varepsilon = \delta`)."""
+    dl = _radius("delta_low", delta_low)
+    dh = _radius("delta_high", delta_high)
+    return max(0.0, 1.0 - dl), 1.0 + dh
+
+
+def k1_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
+    r"""``k1``: :math:`|\log w| \le \delta` gives :math:`[e^{-\delta_{\text{low}}},
+    e^{\delta_{\text{high}}}]` (ATR-GRPO, arXiv 2602.05494)."""
+    dl = _radius("delta_low", delta_low)
+    dh = _radius("delta_high", delta_high)
+    return math.exp(-dl), math.exp(dh)
+
+
+def k2_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
+    r"""``k2``: :math:`\tfrac12\log^2 w \le \delta` gives :math:`[e^{-\sqrt{2\delta_{\text{low}}}},
+    e^{\sqrt{2\delta_{\text{high}}}}]` (ATR-GRPO, arXiv 2602.05494)."""
+    dl = _radius("delta_low", delta_low)
+    dh = _radius("delta_high", delta_high)
+    return math.exp(-math.sqrt(2.0 * dl)), math.exp(math.sqrt(2.0 * dh))
+
+
+def atr_bounds(delta: float) -> tuple[float, float]:
+    r"""ATR-GRPO ratio bounds: the interval where :math:`\mathrm{KL3}(w) = w - 1 - \log w \le
+    \delta` (UCF, arXiv 2602.05494 §KL3 clipping):
+
+    .. math::
+        l_\delta = -W_0(z),\quad u_\delta = -W_{-1}(z),\quad z = -e^{-(1+\delta)},
+
+    with :math:`W_0, W_{-1}` the two real branches of Lambert W (``scipy.special.lambertw``).
+    E.g. ``atr_bounds(0.02) == (0.8131..., 1.2135...)``.
+    """
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)):
+        raise TypeError(f"delta must be a number, got {type(delta).__name__}")
+    if not (math.isfinite(delta) and delta > 0):
+        raise ValueError(f"ATR delta must be finite and > 0, got {delta!r}")
+    z = -math.exp(-(1.0 + float(delta)))
+    w0 = complex(lambertw(z, 0))
+    wm1 = complex(lambertw(z, -1))
+    low, high = -w0.real, -wm1.real
+    if not (0.0 < low < 1.0 < high) or abs(w0.imag) > 1e-9 or abs(wm1.imag) > 1e-9:
+        raise ValueError(f"Lambert W gave no real interval for delta={delta!r}: ({low}, {high})")
+    return low, high
+
+
+def k3_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
+    r"""``k3``: :math:`w - 1 - \log w \le \delta` gives :math:`[-W_0(z_{\text{low}}),
+    -W_{-1}(z_{\text{high}})]`, :math:`z = -e^{-(1+\delta)}` (:func:`atr_bounds`, ATR-GRPO
+    arXiv 2602.05494)."""
+    dl = _radius("delta_low", delta_low)
+    dh = _radius("delta_high", delta_high)
+    return atr_bounds(dl)[0], atr_bounds(dh)[1]
+
+
+def prob_l2_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tuple[Tensor, Tensor]:
+    r"""``prob_l2``, per token: :math:`(w-1)^2 p^2 \le \delta` gives
+    :math:`|w - 1| \le \sqrt\delta / p`, i.e.
+    :math:`[\max(0, 1 - \sqrt{\delta_{\text{low}}}/p),\ 1 + \sqrt{\delta_{\text{high}}}/p]`
+    (GBMPO ProbL2, arXiv 2602.04380; :math:`h(y) = y^2` as in the ``prob_l2`` regularizer).
+    ``p_old`` is the sampled token's old probability (any shape); computed in float64."""
+    dl = _radius("delta_low", delta_low)
+    dh = _radius("delta_high", delta_high)
+    p = p_old.to(torch.float64)
+    return (1.0 - math.sqrt(dl) / p).clamp_min(0.0), 1.0 + math.sqrt(dh) / p
+
+
+# ---------------------------------------------------------------------------- root finder
+
+
+def bisect_interval(
+    f: Callable[[Tensor], Tensor],
+    delta_low: float,
+    delta_high: float,
+    w_min: Tensor,
+    w_max: Tensor,
+    iters: int = BISECT_ITERS,
+) -> tuple[Tensor, Tensor]:
+    r"""The ends of :math:`\{w \in [w_{\min}, w_{\max}] : f(w) \le \delta\}` by vectorised
+    bisection in :math:`\log w`, float64, elementwise over the shape of ``w_min`` / ``w_max``.
+
+    Requires :math:`w_{\min} \le 1 \le w_{\max}`, :math:`f(1) = 0` and :math:`f` non-increasing
+    on :math:`[w_{\min}, 1]`, non-decreasing on :math:`[1, w_{\max}]` (true for any Bregman
+    divergence :math:`D_h(wp, p)`, convex in :math:`w`). Each end keeps a bracket
+    :math:`[a, b]` in :math:`t = \log w` with one side inside the region and the other outside,
+    halving it ``iters`` times, and returns the *inside* side, so :math:`f(l), f(u) \le \delta`
+    (up to rounding of :math:`f`). Tolerance: :math:`|\log \hat l - \log l| \le
+    2^{-\text{iters}}\log(1/w_{\min})`, same for :math:`u` with :math:`\log w_{\max}`; with the
+    default 60 steps and brackets of width at most 23.03 (probabilities down to 1e-10), below
+    2.0e-17. Where :math:`f(w_{\min}) \le \delta_{\text{low}}` the lower end is 0 (no lower clip);
+    where :math:`f(w_{\max}) \le \delta_{\text{high}}` the upper end is :math:`+\infty`.
+    """
+    dl = _radius("delta_low", delta_low)
+    dh = _radius("delta_high", delta_high)
+    lo_w = w_min.to(torch.float64)
+    hi_w = w_max.to(torch.float64)
+    lo_w, hi_w = torch.broadcast_tensors(lo_w, hi_w)
+    if bool((lo_w > 1.0).any()) or bool((hi_w < 1.0).any()) or bool((lo_w <= 0).any()):
+        raise ValueError("bisect_interval needs 0 < w_min <= 1 <= w_max")
+
+    def g(t: Tensor) -> Tensor:
+        return f(torch.exp(t))
+
+    zero = torch.zeros_like(lo_w)
+    # lower end: inside at t = 0, outside at t = log w_min (unless the whole side is inside)
+    a, b = torch.log(lo_w), zero.clone()
+    for _ in range(iters):
+        mid = 0.5 * (a + b)
+        inside = g(mid) <= dl
+        b = torch.where(inside, mid, b)
+        a = torch.where(inside, a, mid)
+    low = torch.where(g(torch.log(lo_w)) <= dl, zero, torch.exp(b))
+    # upper end: inside at t = 0, outside at t = log w_max
+    a, b = zero.clone(), torch.log(hi_w)
+    for _ in range(iters):
+        mid = 0.5 * (a + b)
+        inside = g(mid) <= dh
+        a = torch.where(inside, mid, a)
+        b = torch.where(inside, b, mid)
+    high = torch.where(g(torch.log(hi_w)) <= dh, torch.full_like(zero, math.inf), torch.exp(a))
+    return low, high
+
+
+def mirror_interval(
+    p_old: Tensor, mirror: NeuralMirrorMap, delta_low: float, delta_high: float
+) -> tuple[Tensor, Tensor]:
+    r"""``neural_mirror``, per token: the ends of :math:`\{w : D_h(wp, p) \le \delta\}` by
+    :func:`bisect_interval` over the attainable ratios :math:`w \in [10^{-10}/p, 1/p]`
+    (new probability between the mirror map's floor and 1; GBMPO NM-GRPO, arXiv 2602.04380).
+    Lower end 0 where even :math:`w p = 10^{-10}` stays inside, upper end :math:`+\infty` where
+    :math:`w p = 1` does."""
+    p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
+    w_min = (PROB_FLOOR / p).clamp_max(1.0)
+    w_max = 1.0 / p
+    return bisect_interval(
+        lambda w: measure_mirror(w, p, mirror), delta_low, delta_high, w_min, w_max
+    )

@@ -1,0 +1,394 @@
+"""Clipping by a policy divergence (``divergence_clip``): intervals, root finder, gradients, alias.
+
+Closed forms against the framework's rule {w : f(w) <= delta} (ATR-GRPO arXiv 2602.05494), the
+bisection against closed forms and a dense grid, properties with hypothesis, the exact zero
+gradient on the clipped side, and ``atr`` == ``divergence_clip(measure="k3")`` bit for bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.special import lambertw
+
+from gbmpo.objectives import get_surrogate
+from gbmpo.objectives.clip_measures import (
+    BISECT_ITERS,
+    CLIP_MEASURES,
+    atr_bounds,
+    bisect_interval,
+    k1_interval,
+    k2_interval,
+    k3_interval,
+    measure_k1,
+    measure_k2,
+    measure_k3,
+    measure_mirror,
+    measure_prob_l2,
+    measure_ratio,
+    mirror_interval,
+    prob_l2_interval,
+    ratio_interval,
+)
+from gbmpo.objectives.mirror import NeuralMirrorMap
+from gbmpo.objectives.surrogates import _masked_clip_loss, _prepare
+
+F64 = torch.float64
+SCALAR = {
+    "ratio": (ratio_interval, measure_ratio),
+    "k1": (k1_interval, measure_k1),
+    "k2": (k2_interval, measure_k2),
+    "k3": (k3_interval, measure_k3),
+}
+MIRROR = NeuralMirrorMap.random(scale=0.5, seed=3)
+
+
+def make_batch(b=6, t=7, spread=0.8, seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    logp = (-torch.rand(b, t, generator=g, dtype=F64) * 3 - 0.05).to(dtype).requires_grad_()
+    old = logp.detach() + (spread * (torch.rand(b, t, generator=g, dtype=F64) * 2 - 1)).to(dtype)
+    adv = torch.randn(b, generator=g, dtype=F64).to(dtype)
+    lengths = torch.randint(1, t + 1, (b,), generator=g)
+    mask = (torch.arange(t)[None, :] < lengths[:, None]).to(dtype)
+    return logp, old, adv, mask
+
+
+def grad_of(surr, logp, old, adv, mask):
+    loss, diag = surr(logp, old, adv, mask)
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    return loss, g, diag
+
+
+# --------------------------------------------------------------------------- closed forms
+
+
+@pytest.mark.parametrize("dl,dh", [(0.2, 0.2), (0.1, 0.28), (0.5, 0.05)])
+def test_closed_forms(dl, dh):
+    assert ratio_interval(dl, dh) == (1 - dl, 1 + dh)
+    assert k1_interval(dl, dh) == (math.exp(-dl), math.exp(dh))
+    assert k2_interval(dl, dh) == (math.exp(-math.sqrt(2 * dl)), math.exp(math.sqrt(2 * dh)))
+    # k3: Lambert W, z = -exp(-(1 + delta)), l = -W0(z_low), u = -W_{-1}(z_high)
+    lo, hi = k3_interval(dl, dh)
+    assert lo == -lambertw(-math.exp(-(1 + dl)), 0).real
+    assert hi == -lambertw(-math.exp(-(1 + dh)), -1).real
+    # every end is on the boundary f = delta of its side
+    for name, (interval, f) in SCALAR.items():
+        lo, hi = interval(dl, dh)
+        flo = float(f(torch.tensor(lo, dtype=F64)))
+        fhi = float(f(torch.tensor(hi, dtype=F64)))
+        assert flo == pytest.approx(dl, rel=1e-12), name
+        assert fhi == pytest.approx(dh, rel=1e-12), name
+
+
+def test_ratio_interval_floors_at_zero():
+    assert ratio_interval(1.5, 0.2) == (0.0, 1.2)
+
+
+def test_prob_l2_interval_is_the_regularizer_bregman_bound():
+    """(w p - p)^2 <= delta  <=>  |w - 1| <= sqrt(delta) / p: the prob_l2 regularizer's own
+    value (p_theta - q)^2 at p_theta = w p is delta exactly at both ends."""
+    from gbmpo.objectives.regularizers import prob_l2
+
+    p = torch.tensor([0.05, 0.3, 0.5, 0.9], dtype=F64)
+    lo, hi = prob_l2_interval(p, 0.01, 0.02)
+    torch.testing.assert_close(lo, (1 - 0.1 / p).clamp_min(0))
+    torch.testing.assert_close(hi, 1 + math.sqrt(0.02) / p)
+    inside = lo > 0
+    torch.testing.assert_close(
+        prob_l2(torch.log(lo[inside] * p[inside]), torch.log(p[inside])),
+        torch.full_like(p[inside], 0.01), rtol=1e-12, atol=0,
+    )  # fmt: skip
+    torch.testing.assert_close(
+        prob_l2(torch.log(hi * p), torch.log(p)), torch.full_like(p, 0.02), rtol=1e-12, atol=0
+    )
+    assert float(lo[0]) == 0.0  # sqrt(0.01) / 0.05 = 2 > 1: no lower clip for that rare token
+
+
+def test_atr_bounds_is_lambert_w():
+    for d in (0.005, 0.02, 0.1):
+        assert atr_bounds(d) == k3_interval(d, d)
+
+
+# ---------------------------------------------------------------------------- root finder
+
+
+@pytest.mark.parametrize("name", list(SCALAR))
+def test_bisection_matches_closed_forms(name):
+    interval, f = SCALAR[name]
+    deltas = [(0.01, 0.01), (0.05, 0.2), (0.3, 0.1)]
+    for dl, dh in deltas:
+        lo, hi = interval(dl, dh)
+        w_min = torch.tensor([1e-6], dtype=F64)
+        w_max = torch.tensor([1e6], dtype=F64)
+        blo, bhi = bisect_interval(f, dl, dh, w_min, w_max)
+        assert float(blo) == pytest.approx(lo, rel=1e-13), (name, dl)
+        assert float(bhi) == pytest.approx(hi, rel=1e-13), (name, dh)
+        assert float(f(blo)) <= dl + 1e-15 and float(f(bhi)) <= dh + 1e-15
+
+
+def test_bisection_matches_prob_l2_per_token():
+    p = torch.tensor([1e-4, 0.01, 0.2, 0.5, 0.8], dtype=F64)
+    lo, hi = prob_l2_interval(p, 0.003, 0.004)
+    blo, bhi = bisect_interval(lambda w: measure_prob_l2(w, p), 0.003, 0.004, 1e-10 / p, 1 / p)
+    reach = hi < 1 / p  # the closed-form end is attainable; elsewhere bisection says inf
+    torch.testing.assert_close(blo, lo, rtol=1e-13, atol=0)
+    torch.testing.assert_close(bhi[reach], hi[reach], rtol=1e-13, atol=0)
+    assert torch.isinf(bhi[~reach]).all()
+
+
+def test_mirror_interval_matches_dense_grid():
+    """The bisection ends of D_h(w p, p) <= delta against a dense log grid of w: the grid's
+    inside points all lie in [l, u] and the grid's extreme inside points are within one grid
+    step of the ends."""
+    p = torch.tensor([0.02, 0.3, 0.9], dtype=F64)
+    delta = 0.01
+    lo, hi = mirror_interval(p, MIRROR, delta, delta)
+    step = 2e-4
+    t = torch.linspace(-2, 2, 20_001, dtype=F64)  # log w, step 2e-4
+    w = torch.exp(t)
+    for i in range(len(p)):
+        pi = p[i]
+        ok = (w <= 1 / pi) & (measure_mirror(w, pi, MIRROR) <= delta)
+        inside = w[ok]
+        assert float(inside.min()) >= float(lo[i]) * (1 - 1e-12)
+        if math.isfinite(float(hi[i])):
+            assert float(inside.max()) <= float(hi[i]) * (1 + 1e-12)
+            assert math.log(float(hi[i])) - math.log(float(inside.max())) <= step * 1.01
+        else:
+            assert float(measure_mirror(1 / pi, pi, MIRROR)) <= delta
+        if float(lo[i]) > 0:
+            assert math.log(float(inside.min())) - math.log(float(lo[i])) <= step * 1.01
+        # f is at delta at every finite, non-zero end (the root)
+        for end, finite in ((lo[i], float(lo[i]) > 0), (hi[i], math.isfinite(float(hi[i])))):
+            if finite:
+                assert float(measure_mirror(end, pi, MIRROR)) == pytest.approx(delta, rel=1e-9)
+
+
+def test_bisection_tolerance_is_the_stated_one():
+    """After n steps the log-bracket is width / 2^n: with few steps the error is visible and
+    within the bound; with the default it is at float64 rounding."""
+    w_min, w_max = torch.tensor([1e-10], dtype=F64), torch.tensor([1e10], dtype=F64)
+    exact = k3_interval(0.02, 0.02)
+    for n in (10, 20, 30):
+        lo, hi = bisect_interval(measure_k3, 0.02, 0.02, w_min, w_max, iters=n)
+        bound = math.log(1e10) / 2**n
+        assert abs(math.log(float(lo)) - math.log(exact[0])) <= bound
+        assert abs(math.log(float(hi)) - math.log(exact[1])) <= bound
+        assert measure_k3(lo) <= 0.02 + 1e-15 and measure_k3(hi) <= 0.02 + 1e-15  # inside end
+    lo, hi = bisect_interval(measure_k3, 0.02, 0.02, w_min, w_max)
+    assert BISECT_ITERS == 60
+    assert float(lo) == pytest.approx(exact[0], rel=4e-16)
+    assert float(hi) == pytest.approx(exact[1], rel=4e-16)
+
+
+def test_bisection_rejects_a_bad_bracket():
+    with pytest.raises(ValueError, match="w_min <= 1 <= w_max"):
+        bisect_interval(measure_k3, 0.1, 0.1, torch.tensor([1.5]), torch.tensor([2.0]))
+
+
+# ----------------------------------------------------------------------------- properties
+
+radius = st.floats(min_value=1e-4, max_value=0.5)
+prob = st.floats(min_value=1e-3, max_value=0.999)
+
+
+def _ends(measure: str, dl: float, dh: float, p: float) -> tuple[float, float]:
+    if measure in SCALAR:
+        return SCALAR[measure][0](dl, dh)
+    pt = torch.tensor([p], dtype=F64)
+    if measure == "prob_l2":
+        lo, hi = prob_l2_interval(pt, dl, dh)
+    else:
+        lo, hi = mirror_interval(pt, MIRROR, dl, dh)
+    return float(lo), float(hi)
+
+
+@settings(max_examples=40, deadline=None)
+@given(measure=st.sampled_from(CLIP_MEASURES), d1=radius, d2=radius, p=prob)
+def test_interval_contains_one_and_grows_with_delta(measure, d1, d2, p):
+    small, big = min(d1, d2), max(d1, d2)
+    lo_s, hi_s = _ends(measure, small, small, p)
+    lo_b, hi_b = _ends(measure, big, big, p)
+    assert 0 <= lo_s < 1 < hi_s and 0 <= lo_b < 1 < hi_b
+    assert lo_b <= lo_s and hi_b >= hi_s  # monotone in delta
+    # asymmetric radii move only their own side
+    lo_a, hi_a = _ends(measure, small, big, p)
+    assert lo_a == lo_s and hi_a == hi_b
+
+
+@settings(max_examples=30, deadline=None)
+@given(p1=prob, p2=prob, d=radius)
+def test_prob_l2_rarer_tokens_get_wider_intervals(p1, p2, d):
+    lo1, hi1 = _ends("prob_l2", d, d, min(p1, p2))
+    lo2, hi2 = _ends("prob_l2", d, d, max(p1, p2))
+    assert lo1 <= lo2 and hi1 >= hi2
+
+
+# ---------------------------------------------------------------------- the surrogate
+
+
+def _measure_params(measure):
+    delta = {"ratio": 0.2, "k1": 0.2, "k2": 0.02, "k3": 0.02, "prob_l2": 0.02,
+             "neural_mirror": 0.01}[measure]  # fmt: skip
+    params = {"measure": measure, "delta": delta}
+    if measure == "neural_mirror":
+        params["mirror"] = MIRROR
+    return params
+
+
+@pytest.mark.parametrize("measure", CLIP_MEASURES)
+def test_gradient_is_exactly_zero_outside_on_the_clipped_side(measure):
+    surr = get_surrogate("divergence_clip", **_measure_params(measure))
+    logp, old, adv, mask = make_batch(b=8, t=9, spread=1.2)
+    loss, g, diag = grad_of(surr, logp, old, adv, mask)
+    lo, hi = surr.interval(torch.where(mask.bool(), old, 0.0))
+    w = torch.exp(logp.detach() - old)
+    a = adv[:, None].expand_as(w)
+    m = mask.bool()
+    up_clipped = m & (w > hi) & (a > 0)
+    down_clipped = m & (w < lo) & (a < 0)
+    active = m & ~up_clipped & ~down_clipped
+    assert up_clipped.any() and down_clipped.any() and active.any(), measure
+    assert (g[up_clipped] == 0).all() and (g[down_clipped] == 0).all()
+    # elsewhere the PPO gradient -A w d log pi
+    torch.testing.assert_close(g[active], -(a * w)[active], rtol=1e-12, atol=1e-12)
+    assert (g[~m] == 0).all()
+    # diagnostics count exactly those tokens
+    n = m.sum()
+    assert float(diag["clip_frac_high"]) == pytest.approx(float(up_clipped.sum() / n))
+    assert float(diag["clip_frac_low"]) == pytest.approx(float(down_clipped.sum() / n))
+
+
+@pytest.mark.parametrize("measure", ["ratio", "k1", "k2"])
+def test_scalar_measures_equal_clip_with_their_bounds(measure):
+    params = _measure_params(measure)
+    surr = get_surrogate("divergence_clip", **params)
+    lo, hi = surr.bounds
+    ref = get_surrogate("clip", eps_low=1 - lo, eps_high=hi - 1)
+    logp, old, adv, mask = make_batch(spread=0.6)
+    la, ga, da = grad_of(surr, logp, old, adv, mask)
+    lb, gb, db = grad_of(ref, logp, old, adv, mask)
+    torch.testing.assert_close(la, lb, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ga, gb, rtol=1e-12, atol=1e-12)
+    if measure == "ratio":  # same float bounds: the very same numbers
+        assert torch.equal(la, lb) and torch.equal(ga, gb)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("dual", [None, 3.0])
+def test_atr_alias_is_bit_identical(dtype, dual):
+    """``atr(delta)`` and ``divergence_clip(measure="k3", delta)`` give the same bits, and both
+    equal the pre-framework ATR computation: PPO's clip with the Lambert-W bounds on the
+    clamped log-ratio (written out here)."""
+    logp, old, adv, mask = make_batch(spread=0.9, dtype=dtype)
+    atr = get_surrogate("atr", delta=0.03, dual_clip_c=dual)
+    k3 = get_surrogate("divergence_clip", measure="k3", delta=0.03, dual_clip_c=dual)
+    la, ga, da = grad_of(atr, logp, old, adv, mask)
+    lb, gb, db = grad_of(k3, logp, old, adv, mask)
+    assert torch.equal(la, lb) and torch.equal(ga, gb)
+    assert da.keys() == db.keys() and all(torch.equal(da[k], db[k]) for k in da)
+
+    def before(x):
+        _, log_ratio, a, m = _prepare(x, old, adv, mask)
+        z = -math.exp(-(1.0 + 0.03))
+        lo, hi = -lambertw(z, 0).real, -lambertw(z, -1).real
+        return _masked_clip_loss(torch.exp(log_ratio), a, m, lo, hi, dual)
+
+    lc, dc = before(logp)
+    (gc,) = torch.autograd.grad(lc.sum(), logp)
+    assert torch.equal(la, lc) and torch.equal(ga, gc)
+    assert all(torch.equal(da[k], dc[k]) for k in da)
+
+
+def test_per_token_bounds_differ_by_token():
+    surr = get_surrogate("divergence_clip", measure="prob_l2", delta=0.01)
+    old = torch.log(torch.tensor([[0.05, 0.5, 0.95]], dtype=F64))
+    lo, hi = surr.interval(old)
+    assert float(hi[0, 0]) > float(hi[0, 1]) > float(hi[0, 2])
+    # a ratio of 1.5 is clipped for the likely token (p = 0.5, u = 1.2) but not the rare one
+    logp = (old + math.log(1.5)).clone().requires_grad_()
+    _, g, _ = grad_of(surr, logp[:, :2], old[:, :2], torch.ones(1, dtype=F64),
+                      torch.ones(1, 2, dtype=F64))  # fmt: skip
+    assert float(g[0, 0]) == pytest.approx(-1.5) and float(g[0, 1]) == 0.0
+
+
+def test_neural_mirror_from_a_file(tmp_path):
+    path = tmp_path / "mirror.json"
+    MIRROR.save(path)
+    a = get_surrogate("divergence_clip", measure="neural_mirror", delta=0.01, mirror=str(path))
+    b = get_surrogate("divergence_clip", measure="neural_mirror", delta=0.01, mirror=MIRROR)
+    old = torch.log(torch.tensor([[0.1, 0.4, 0.7]], dtype=F64))
+    for x, y in zip(a.interval(old), b.interval(old), strict=True):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("measure", CLIP_MEASURES)
+def test_bf16_and_float32_inputs_are_finite(measure):
+    surr = get_surrogate("divergence_clip", **_measure_params(measure))
+    logp, old, adv, mask = make_batch(b=4, t=5, spread=2.0)
+    x = logp.detach().to(torch.bfloat16).requires_grad_()
+    loss, diag = surr(x, old.to(torch.bfloat16), adv.to(torch.bfloat16), mask.bool())
+    assert loss.dtype == torch.float32 and torch.isfinite(loss).all()
+    (g,) = torch.autograd.grad(loss.sum(), x)
+    assert torch.isfinite(g).all() and all(torch.isfinite(v) for v in diag.values())
+
+
+@pytest.mark.parametrize(
+    "params,error,match",
+    [
+        ({"measure": "js", "delta": 0.1}, ValueError,
+         "unknown measure 'js'; valid: ratio, k1, k2, k3, prob_l2, neural_mirror"),
+        ({"measure": "k3"}, ValueError, "give delta"),
+        ({"measure": "k3", "delta_low": 0.1}, ValueError, "give delta"),
+        ({"measure": "k3", "delta": 0.0}, ValueError, "delta must be > 0"),
+        ({"measure": "k1", "delta": math.nan}, ValueError, "delta must be finite"),
+        ({"measure": "k1", "delta": True}, TypeError, "delta must be a number"),
+        ({"measure": "k2", "delta": 0.1, "dual_clip_c": 1.0}, ValueError, "must be > 1"),
+        ({"measure": "k3", "delta": 0.1, "mirror": "m.json"}, ValueError,
+         "mirror is used only with measure='neural_mirror'"),
+        ({"measure": "neural_mirror", "delta": 0.1, "mirror": "/nonexistent/m.json"},
+         FileNotFoundError, "m.json"),
+    ],
+)  # fmt: skip
+def test_bad_parameters(params, error, match):
+    with pytest.raises(error, match=match):
+        get_surrogate("divergence_clip", **params)
+
+
+def test_asymmetric_radii_override_delta():
+    s = get_surrogate("divergence_clip", measure="k1", delta=0.2, delta_high=0.3)
+    assert s.bounds == (math.exp(-0.2), math.exp(0.3))
+    s = get_surrogate("divergence_clip", measure="ratio", delta_low=0.2, delta_high=0.28)
+    assert s.bounds == (0.8, 1.28)
+    with pytest.raises(ValueError, match="per-token bounds"):
+        get_surrogate("divergence_clip", measure="prob_l2", delta=0.1).bounds  # noqa: B018
+
+
+def test_usable_through_the_trainer_config():
+    from gbmpo.train.config import TrainConfig, validate
+
+    cfg = TrainConfig()
+    cfg.objective.surrogate.name = "divergence_clip"
+    cfg.objective.surrogate.params = {"measure": "prob_l2", "delta": 0.01}
+    validate(cfg)
+    cfg.objective.surrogate.params = {"measure": "kl"}
+    from gbmpo.train import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown measure 'kl'"):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("measure", ["prob_l2", "neural_mirror"])
+def test_masked_garbage_never_reaches_per_token_bounds(measure):
+    surr = get_surrogate("divergence_clip", **_measure_params(measure))
+    logp = torch.tensor([[-0.5, float("nan"), -math.inf]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-0.3, math.inf, float("nan")]], dtype=F64)
+    mask = torch.tensor([[1.0, 0.0, 0.0]], dtype=F64)
+    loss, g, diag = grad_of(surr, logp, old, torch.ones(1, dtype=F64), mask)
+    assert torch.isfinite(loss).all() and (loss[0, 1:] == 0).all()
+    assert torch.isfinite(g).all() and (g[0, 1:] == 0).all() and g[0, 0] != 0
+    assert all(torch.isfinite(v) for v in diag.values())
