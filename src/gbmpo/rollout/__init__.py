@@ -1,17 +1,21 @@
-"""Rollouts: sampling completions and computing the log-probs of the sampled tokens."""
+"""Rollouts: sampling completions (:mod:`gbmpo.rollout.sampling`) and computing the log-probs
+of the sampled tokens (:mod:`gbmpo.rollout.logprobs`); :class:`LeanDecoder` and
+:class:`LeanForward` are the lean implementations of their forwards for Llama-shaped models."""
 
 from gbmpo.rollout.decoder import LeanDecoder, lean_decoder_unsupported_reason
-from gbmpo.rollout.hf import (
-    Rollout,
+from gbmpo.rollout.lean_forward import LeanForward, lean_forward_unsupported_reason
+from gbmpo.rollout.logprobs import (
     completion_logprobs,
-    completion_mask_from_ids,
-    eos_token_ids,
-    generate,
     selective_log_softmax,
     selective_log_softmax_and_entropy,
     token_entropy,
 )
-from gbmpo.rollout.lean_forward import LeanForward, lean_forward_unsupported_reason
+from gbmpo.rollout.sampling import (
+    Rollout,
+    completion_mask_from_ids,
+    eos_token_ids,
+    generate,
+)
 
 __all__ = [
     "LeanDecoder",

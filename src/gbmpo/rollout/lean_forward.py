@@ -23,7 +23,7 @@ every layer, grouped-query attention done by folding the ``H/KV`` query heads of
 head into its query sequence (no key repetition), and the final :math:`\mathrm{rms}_f` and LM
 head applied only at the ``C`` positions that predict completion tokens.
 
-Prompt sharing (the layout :func:`gbmpo.rollout.hf.completion_logprobs` uses when the ``G``
+Prompt sharing (the layout :func:`gbmpo.rollout.logprobs.completion_logprobs` uses when the ``G``
 completions of a group share a prompt): the ``U`` distinct prompts run once, their per-layer
 keys/values are gathered to the ``B`` rows (``index_select``; its backward sums each prompt's
 gradient over its rows) and the completion tokens attend to ``[prompt keys | own keys]``.
@@ -183,7 +183,7 @@ class LeanForward(_LlamaWeights):
     def sequence_logits(self, ids: Tensor, mask: Tensor, keep: int) -> Tensor:
         """Logits ``[R, keep, V]`` at the last ``keep`` positions of the left-padded rows
         ``ids`` ``[R, S]`` (``mask`` marks real tokens; position ids from its cumulative sum,
-        as in generation): the single forward of :func:`~gbmpo.rollout.hf.completion_logprobs`
+        as in generation): the single forward of :func:`~gbmpo.rollout.logprobs.completion_logprobs`
         with ``logits_to_keep=keep``."""
         rows, width = ids.shape
         real = mask.bool()
@@ -242,7 +242,7 @@ class LeanForward(_LlamaWeights):
         and completion positions ``0..C-2``) with each distinct prompt forwarded once.
 
         ``first`` ``[U]``: a row holding each distinct prompt; ``inverse`` ``[B]``: the
-        distinct prompt of each row (as :func:`gbmpo.rollout.hf._distinct_prompts`)."""
+        distinct prompt of each row (as :func:`gbmpo.rollout.logprobs._distinct_prompts`)."""
         ids_u, mask_u = prompt_ids[first], prompt_mask[first]
         n_u, width = ids_u.shape
         rows, c = completion_ids.shape

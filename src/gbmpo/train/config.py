@@ -649,7 +649,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     )
     _require(0 < r.top_p <= 1, f"'rollout.top_p' must be in (0, 1], got {r.top_p}")
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
-    from gbmpo.rollout.hf import ENGINES
+    from gbmpo.rollout.sampling import ENGINES
 
     engines = (*ENGINES, "vllm") if cfg.engine != "gbmpo" else ENGINES  # TRL / verl: vLLM
     _require(

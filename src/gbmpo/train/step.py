@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.rewards.scoring import score_completions
-from gbmpo.rollout.hf import Rollout, generate
+from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
 from gbmpo.train.device import peak_memory_bytes
 from gbmpo.train.precision import MasterWeightOptimizer

@@ -20,7 +20,8 @@ from typing import Any
 from torch import Tensor
 
 from gbmpo.rewards.scoring import RewardError
-from gbmpo.rollout.hf import Rollout, completion_logprobs
+from gbmpo.rollout.logprobs import completion_logprobs
+from gbmpo.rollout.sampling import Rollout
 from gbmpo.train import run as _run
 from gbmpo.train import step as _step
 from gbmpo.train.batching import DataError, PromptSampler, _MiniBatchStats

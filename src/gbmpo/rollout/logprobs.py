@@ -1,0 +1,451 @@
+r"""Log-probs of the sampled tokens: :func:`completion_logprobs` and the log-softmax under it.
+
+What lives here, and why it is apart from sampling (:mod:`gbmpo.rollout.sampling`): these are
+the passes the loss differentiates (policy, old policy, reference), run several times per
+generation batch, where the cost is the forward, the ``[B, C, V]`` logits and the backward.
+
+* :func:`completion_logprobs` returns
+  :math:`\log\pi(o_t\mid h_t) = z_{o_t} - \operatorname{logsumexp}_v z_v` per completion token.
+  It picks a forward implementation once (:func:`logits_forward`) and asks it, through the one
+  small interface :class:`CompletionLogits`, for the logits that predict the completion
+  tokens: in one forward over ``[prompt | completion]`` rows, or, when rows share a prompt,
+  with each distinct prompt forwarded once. Two implementations: the lean forward
+  (:class:`~gbmpo.rollout.lean_forward.LeanForward`, Llama-shaped models) and the model's own
+  transformers forward (any causal LM).
+* :func:`selective_log_softmax` (a custom autograd function, :class:`_SelectiveLogSoftmax`),
+  :func:`selective_log_softmax_and_entropy` and :func:`token_entropy` work chunk by chunk and
+  never build a ``[B, T, V]`` log-softmax; the backward writes the gradient straight into one
+  ``[B, T, V]`` tensor.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from gbmpo.rollout.lean_forward import LeanForward
+
+__all__ = [
+    "DEFAULT_CHUNK_ROWS",
+    "CompletionLogits",
+    "completion_logprobs",
+    "logits_forward",
+    "selective_log_softmax",
+    "selective_log_softmax_and_entropy",
+    "token_entropy",
+]
+
+#: default number of rows (token positions) per chunk in :func:`selective_log_softmax`
+DEFAULT_CHUNK_ROWS = 1024
+
+# --------------------------------------------------------------------- selective log-softmax
+
+#: at most this many logits per chunk of :func:`selective_log_softmax` (16 MB of float32), so the
+#: chunk temporaries stay small even with a 150k-token vocabulary
+_CHUNK_ELEMENTS = 1 << 22
+
+
+def _row_blocks(logits: Tensor) -> list[tuple[int, Tensor]]:
+    """``(first flat row, [rows, V] view)`` blocks covering ``logits`` [..., V] without a copy
+    when possible (a [B, T, V] slice such as ``logits[:, :-1]`` is not viewable as [B*T, V],
+    but each ``logits[b]`` is)."""
+    vocab = logits.shape[-1]
+    try:
+        return [(0, logits.view(-1, vocab))]
+    except RuntimeError:
+        pass
+    if logits.dim() == 3:
+        t = logits.shape[1]
+        return [(b * t, logits[b]) for b in range(logits.shape[0])]
+    return [(0, logits.reshape(-1, vocab))]
+
+
+def _chunks_of(logits: Tensor, chunk_rows: int) -> Iterable[tuple[int, Tensor]]:
+    """``(first flat row, [c, V] view)`` chunks of at most ``chunk_rows`` rows and about
+    :data:`_CHUNK_ELEMENTS` elements."""
+    step = max(1, min(chunk_rows, _CHUNK_ELEMENTS // max(logits.shape[-1], 1)))
+    for offset, block in _row_blocks(logits):
+        for s in range(0, block.shape[0], step):
+            yield offset + s, block[s : s + step]
+
+
+def _selected_logp(
+    logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype,
+    entropy: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    r"""(z_i - logsumexp(z) [N], flat index [N], logsumexp(z) [N]) chunk by chunk; with
+    ``entropy`` ``[N]`` also writes :math:`H = \operatorname{lse}(z) - \sum_v
+    e^{z_v - \operatorname{lse}(z)} z_v` into it from the same chunk and log-sum-exp (what
+    :func:`token_entropy` computes, without a second pass over the logits)."""
+    flat_index = index.reshape(-1)
+    out = torch.empty(flat_index.shape[0], dtype=out_dtype, device=logits.device)
+    lse = torch.empty_like(out)
+    for s, z in _chunks_of(logits, chunk_rows):
+        e = s + z.shape[0]
+        zc = z.to(out_dtype)
+        torch.logsumexp(zc, dim=-1, out=lse[s:e])
+        out[s:e] = zc.gather(-1, flat_index[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
+        if entropy is not None:
+            probs = torch.sub(zc, lse[s:e].unsqueeze(-1)).exp_()
+            entropy[s:e] = lse[s:e] - probs.mul_(zc).sum(-1)
+    return out, flat_index, lse
+
+
+class _SelectiveLogSoftmax(torch.autograd.Function):
+    r"""z_i - logsumexp(z) per row; the backward writes
+    :math:`\partial L/\partial z = g\,(\mathbb 1_i - \operatorname{softmax}(z))` chunk by chunk into
+    the one gradient tensor (autograd through row slices would allocate a full-size zero tensor
+    per chunk)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any, logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype,
+        entropy: Tensor | None = None,
+    ) -> Tensor:
+        out, flat_index, lse = _selected_logp(logits, index, chunk_rows, out_dtype, entropy)
+        ctx.save_for_backward(logits, flat_index, lse)
+        ctx.chunk_rows = chunk_rows
+        return out.reshape(index.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:
+        logits, flat_index, lse = ctx.saved_tensors
+        g = grad_out.reshape(-1).to(lse.dtype)
+        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        flat_grad = grad.view(-1, logits.shape[-1])
+        for s, z in _chunks_of(logits, ctx.chunk_rows):
+            e = s + z.shape[0]
+            gs = g[s:e].unsqueeze(-1)
+            target = flat_grad[s:e]
+            buf = target if target.dtype == lse.dtype else torch.empty_like(z, dtype=lse.dtype)
+            torch.sub(z.to(lse.dtype), lse[s:e].unsqueeze(-1), out=buf).exp_().mul_(gs.neg())
+            buf.scatter_add_(-1, flat_index[s:e].unsqueeze(-1), gs)
+            if buf is not target:
+                target.copy_(buf)
+        return grad, None, None, None, None
+
+
+def selective_log_softmax(
+    logits: Tensor, index: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> Tensor:
+    r"""Log-probability of the selected token, :math:`z_{i} - \log\sum_v e^{z_v}`, per row.
+
+    ``logits`` ``[..., V]``, ``index`` ``[...]`` (long). The rows are processed in chunks of at
+    most ``chunk_rows`` rows and about 4M logits (16 MB of float32), so a full ``[..., V]``
+    log-softmax (or float32 copy) is never built, and a ``[B, T, V]`` slice of a larger logits
+    tensor is read in place. Differentiable w.r.t. ``logits``: the forward saves the input and
+    one log-sum-exp per row; the backward writes
+    :math:`g\,(\mathbb 1_i - \operatorname{softmax}(z))` straight into the gradient (one
+    ``[..., V]`` tensor, nothing else vocabulary-sized). Returns float32 (float64 for float64
+    logits).
+    """
+    return _selective_log_softmax(logits, index, chunk_rows, with_entropy=False)[0]
+
+
+def selective_log_softmax_and_entropy(
+    logits: Tensor, index: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
+) -> tuple[Tensor, Tensor]:
+    r""":func:`selective_log_softmax` (differentiable) and :func:`token_entropy` (float32,
+    no gradient) of the same logits in one pass over them: the entropy reuses each chunk's
+    log-sum-exp, :math:`H = \operatorname{lse}(z) - \sum_v e^{z_v-\operatorname{lse}(z)} z_v`
+    (the same quantity as :func:`token_entropy`, equal up to float rounding)."""
+    logp, entropy = _selective_log_softmax(logits, index, chunk_rows, with_entropy=True)
+    assert entropy is not None
+    return logp, entropy
+
+
+def _selective_log_softmax(
+    logits: Tensor, index: Tensor, chunk_rows: int, *, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Both paths of :func:`selective_log_softmax` (the entropy only with ``with_entropy``)."""
+    if logits.shape[:-1] != index.shape:
+        raise ValueError(
+            f"index shape {tuple(index.shape)} must equal logits shape without the vocab "
+            f"dimension {tuple(logits.shape[:-1])}"
+        )
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    if index.numel() == 0:
+        zeros = torch.zeros(index.shape, dtype=out_dtype, device=logits.device)
+        return zeros, (zeros.float() if with_entropy else None)
+    index = index.to(device=logits.device, dtype=torch.long)
+    entropy = (
+        torch.empty(index.numel(), dtype=out_dtype, device=logits.device)
+        if with_entropy else None
+    )
+    if torch.is_grad_enabled() and logits.requires_grad:
+        out: Tensor = _SelectiveLogSoftmax.apply(logits, index, chunk_rows, out_dtype, entropy)
+    else:
+        with torch.no_grad():
+            out = _selected_logp(logits, index, chunk_rows, out_dtype, entropy)[0]
+        out = out.reshape(index.shape)
+    if entropy is None:
+        return out, None
+    return out, entropy.reshape(index.shape).float()
+
+
+@torch.no_grad()
+def token_entropy(logits: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
+    r"""Entropy of the next-token distribution, :math:`H = \operatorname{lse}(z) - \sum_v
+    \operatorname{softmax}(z)_v z_v`, per row, in chunks, without gradient. Returns float32."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = []
+    for s in range(0, flat.shape[0], chunk_rows):
+        z = flat[s : s + chunk_rows].float()
+        lse = torch.logsumexp(z, dim=-1)
+        parts.append(lse - (torch.softmax(z, dim=-1) * z).sum(-1))
+    if not parts:
+        return torch.zeros(logits.shape[:-1], device=logits.device)
+    return torch.cat(parts).reshape(logits.shape[:-1])
+
+
+# ------------------------------------------------------ the logits of the completion tokens
+
+
+class CompletionLogits(Protocol):
+    """A forward implementation for :func:`completion_logprobs`: the logits that predict each
+    completion token (at the last prompt position and at completion positions ``0..C-2``; the
+    last completion token is never fed), returned as pieces ``[B, n_i, V]`` along the
+    completion axis with :math:`\\sum_i n_i = C`."""
+
+    def sequence_logits(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+        completion_mask: Tensor,
+    ) -> list[Tensor]:
+        """One forward over ``[prompt | completion[:, :-1]]`` per row."""
+        ...
+
+    def shared_prompt_logits(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+        completion_mask: Tensor, first: Tensor, inverse: Tensor,
+    ) -> list[Tensor] | None:
+        """Each distinct prompt (``first`` ``[U]``: a row holding it; ``inverse`` ``[B]``: the
+        distinct prompt of each row, from :func:`_distinct_prompts`) forwarded once, its
+        keys/values gathered to its rows (gradients summed over them), the completions run on
+        top; ``None`` when this model cannot share a prompt (the caller then uses
+        :meth:`sequence_logits`)."""
+        ...
+
+
+class _LeanLogits:
+    """:class:`CompletionLogits` through :class:`~gbmpo.rollout.lean_forward.LeanForward`."""
+
+    def __init__(self, forward: LeanForward) -> None:
+        self.forward = forward
+
+    def sequence_logits(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+        completion_mask: Tensor,
+    ) -> list[Tensor]:
+        attention = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
+        ids = torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1)
+        return [self.forward.sequence_logits(ids, attention, completion_ids.shape[1])]
+
+    def shared_prompt_logits(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+        completion_mask: Tensor, first: Tensor, inverse: Tensor,
+    ) -> list[Tensor] | None:
+        return [self.forward.shared_prompt_logits(
+            prompt_ids, prompt_mask, first, inverse, completion_ids, completion_mask
+        )]
+
+
+class _ModelLogits:
+    """:class:`CompletionLogits` through the model's own (transformers) forward, for any
+    causal LM. Position ids come from the mask's cumulative sum, so left padding does not shift
+    positions (as in generation); with ``logits_to_keep`` only the ``C`` needed positions get
+    logits."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.keep = _accepts_logits_to_keep(model)
+
+    def sequence_logits(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+        completion_mask: Tensor,
+    ) -> list[Tensor]:
+        c = completion_ids.shape[1]
+        attention = torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1)
+        kwargs: dict[str, Any] = {
+            "input_ids": torch.cat([prompt_ids, completion_ids[:, :-1]], dim=1),
+            "attention_mask": attention,
+            "position_ids": (attention.long().cumsum(-1) - 1).clamp_min(0),
+            "use_cache": False,
+        }
+        if self.keep:
+            kwargs["logits_to_keep"] = c
+        logits = self.model(**kwargs).logits
+        if logits.shape[1] != c:  # a model without logits_to_keep returns every position
+            logits = logits[:, -c:]
+        return [logits]
+
+    def shared_prompt_logits(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+        completion_mask: Tensor, first: Tensor, inverse: Tensor,
+    ) -> list[Tensor] | None:
+        """Two pieces: ``[B, 1, V]`` at the last prompt position (the prompt's forward, its KV
+        cache gathered to the rows by a differentiable index) and ``[B, C-1, V]`` at completion
+        positions ``0..C-2`` (the completions run on that cache). ``None`` when the model's
+        cache is not a plain dynamic cache (:func:`_shareable`)."""
+        mask_u = prompt_mask[first]
+        kwargs: dict[str, Any] = {
+            "attention_mask": mask_u,
+            "position_ids": (mask_u.long().cumsum(-1) - 1).clamp_min(0),
+            "use_cache": True,
+        }
+        if self.keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(input_ids=prompt_ids[first], **kwargs)
+        cache = getattr(out, "past_key_values", None)
+        if cache is None or not _shareable(cache):
+            return None
+        cache.batch_select_indices(inverse)
+        head = out.logits[:, -1][inverse].unsqueeze(1)
+        c = completion_ids.shape[1]
+        if c == 1:
+            return [head]
+        start = prompt_mask.long().sum(dim=1, keepdim=True)
+        positions = start + torch.arange(c - 1, device=start.device).unsqueeze(0)
+        out = self.model(
+            input_ids=completion_ids[:, :-1],
+            attention_mask=torch.cat([prompt_mask, completion_mask[:, :-1]], dim=1),
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        return [head, out.logits]
+
+
+def logits_forward(model: Any, lean: bool = True) -> CompletionLogits:
+    """The forward implementation for ``model``: :class:`~gbmpo.rollout.lean_forward.LeanForward`
+    with ``lean`` and a model it supports (the same arithmetic on the model's own parameters
+    without transformers' per-call overhead), otherwise the model's own forward."""
+    forward = LeanForward.for_model(model) if lean else None
+    return _ModelLogits(model) if forward is None else _LeanLogits(forward)
+
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (logits only at the last positions;
+    also used by the sampling engine's prefill)."""
+    forward = getattr(model, "forward", None)
+    try:
+        params = inspect.signature(forward).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+    if "logits_to_keep" in params:
+        return True
+    # PEFT wrappers forward **kwargs to the base model
+    base = getattr(model, "get_base_model", None)
+    return bool(base is not None and _accepts_logits_to_keep(base()))
+
+
+def _distinct_prompts(prompt_ids: Tensor, prompt_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(row of the first occurrence of each distinct prompt [U], prompt index of each row [B])."""
+    key = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    rows = torch.arange(inverse.shape[0], device=inverse.device)
+    first = torch.full((int(inverse.max()) + 1,), inverse.shape[0], device=inverse.device)
+    first = first.scatter_reduce(0, inverse, rows, reduce="amin")
+    return first, inverse
+
+
+def _shareable(cache: Any) -> bool:
+    """True for a plain dynamic cache (every layer a ``DynamicLayer``): its rows can be
+    gathered with gradients and later tokens attend to all of it. Sliding-window, static,
+    quantized or custom caches go through the single forward instead."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    layers = getattr(cache, "layers", None)
+    return (
+        isinstance(cache, DynamicCache)
+        and bool(layers)
+        and all(type(layer) is DynamicLayer for layer in layers)
+    )
+
+
+def completion_logprobs(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    with_entropy: bool = False,
+    share_prompts: bool = True,
+    lean: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    r"""Per-token :math:`\log\pi_\theta(o_t \mid q, o_{<t})` of the completion tokens.
+
+    The logits that predict completion token :math:`t` sit at the last prompt position
+    (:math:`t=0`) and at completion position :math:`t-1`, so the last completion token is
+    never fed. Two ways to get them, equal up to float rounding:
+
+    * single forward over ``[prompt | completion[:, :-1]]`` keeping the last ``C`` logits
+      (``logits_to_keep``), attention mask = both masks, position ids from the mask's
+      cumulative sum so left padding does not shift positions (as in ``generate``);
+    * ``share_prompts=True`` and some rows share a prompt (the ``G`` completions of a group):
+      each distinct prompt is forwarded once and its KV cache gathered to its rows, then the
+      completions run on the cache, so the prompt's share of the forward and backward is done
+      once per group instead of ``G`` times. Models whose cache is not a plain dynamic cache
+      take the single forward.
+
+    With ``lean`` (default) and a model :class:`~gbmpo.rollout.lean_forward.LeanForward`
+    supports (Llama-shaped, no adapters, no dropout in training mode, no gradient
+    checkpointing), either layout runs through it: the same arithmetic on the model's own
+    parameters (same values and parameter gradients up to float rounding) without
+    transformers' per-call and per-op overhead; otherwise, and with ``lean=False``, through the
+    model's own forward (:func:`logits_forward`).
+
+    Logits are divided by ``temperature`` (the sampling distribution). Gradients flow when
+    grad is enabled. Nothing of size ``[B, C, V]`` is sliced or copied, except for the
+    temperature division.
+
+    Returns ``(logp [B, C] float32, entropy [B, C] or None)``; values at masked positions are
+    whatever the model gives and must be masked by the caller.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
+    b, c = completion_ids.shape
+    if c == 0:
+        empty = torch.zeros(b, 0, device=device)
+        return empty, (empty.clone() if with_entropy else None)
+
+    forward = logits_forward(model, lean)  # picked once: the lean forward or the model's own
+    batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    pieces: list[Tensor] | None = None
+    if share_prompts and b > 1:
+        first, inverse = _distinct_prompts(prompt_ids, prompt_mask)
+        if first.shape[0] < b:  # rows share a prompt: forward it once for all of them
+            pieces = forward.shared_prompt_logits(*batch, first, inverse)
+    if pieces is None:  # every prompt distinct, or a model cache that cannot be shared
+        pieces = forward.sequence_logits(*batch)
+
+    logps, entropies = [], []
+    start = 0
+    for logits in pieces:  # [B, n, V] predicting completion tokens start .. start+n-1
+        targets = completion_ids[:, start : start + logits.shape[1]]
+        start += logits.shape[1]
+        if temperature != 1.0:
+            logits = logits / temperature
+        if with_entropy:  # one pass over the logits for both
+            logp, entropy = selective_log_softmax_and_entropy(logits, targets, chunk_rows)
+            logps.append(logp)
+            entropies.append(entropy)
+        else:
+            logps.append(selective_log_softmax(logits, targets, chunk_rows))
+    logp = logps[0] if len(logps) == 1 else torch.cat(logps, dim=1)
+    if not with_entropy:
+        return logp, None
+    return logp, entropies[0] if len(entropies) == 1 else torch.cat(entropies, dim=1)

@@ -1,0 +1,445 @@
+r"""Sampling: gbmpo's own rollout engine and the batch it returns.
+
+What lives here, and why it is apart from the log-probs (:mod:`gbmpo.rollout.logprobs`):
+sampling runs under ``no_grad`` in eval mode, once per generation batch, and its cost is the
+decode loop; the log-prob passes run with gradients, several times per batch, and their cost
+is the forward and backward. The two share only the model.
+
+* :class:`Rollout`: the batch (prompts, completions, masks, texts, lengths), with
+  :meth:`Rollout.to` and :meth:`Rollout.select`.
+* :func:`generate` samples ``num_return_sequences`` completions per prompt (temperature, top-p,
+  top-k, at most ``max_new_tokens``, stop at EOS, prompts left-padded). Rows are ordered prompt
+  by prompt: rows ``g*G .. g*G+G-1`` are the ``G`` completions of prompt ``g``, the layout
+  :func:`gbmpo.objectives.group_advantages` expects. The completion mask covers every token up
+  to **and including** the first EOS (:func:`completion_mask_from_ids`); a completion that
+  never emits EOS is truncated and fully masked in.
+* Two engines: ``"gbmpo"`` (default) prefills each prompt once (:func:`_prefill`), expands its
+  KV cache to its ``G`` rows and decodes with a plain loop (:func:`_decode`, sampling with
+  :func:`filter_logits` and :func:`sample_from_logits`) whose forwards, for Llama-shaped models
+  (Qwen3, Qwen2, Llama), run through :class:`~gbmpo.rollout.decoder.LeanDecoder` (prefill
+  through :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`); ``"hf"`` calls
+  transformers' ``generate``. Greedy decoding takes the same tokens with both.
+
+Reproducibility: with ``generator_seed`` the sampling runs under :func:`torch.random.fork_rng`
+seeded with it, so the same seed gives the same completions and the caller's global RNG state
+is left untouched. Without it the global torch RNG is used (and advanced).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gbmpo.rollout.decoder import LeanDecoder
+from gbmpo.rollout.lean_forward import LeanForward
+from gbmpo.rollout.logprobs import _accepts_logits_to_keep
+
+__all__ = [
+    "ENGINES",
+    "Rollout",
+    "completion_mask_from_ids",
+    "eos_token_ids",
+    "filter_logits",
+    "generate",
+    "sample_from_logits",
+]
+
+
+@dataclass
+class Rollout:
+    """The output of :func:`generate` (``N = len(prompts) * num_return_sequences`` rows).
+
+    ``prompt_ids``/``prompt_mask``: ``[N, P]`` left-padded prompts (each repeated per sample);
+    ``completion_ids``/``completion_mask``: ``[N, C]`` completions, right-padded, mask up to and
+    including the first EOS; ``texts``: decoded completions without special tokens;
+    ``num_tokens``: completion lengths (``completion_mask.sum(1)``); ``truncated``: whether each
+    completion hit ``max_new_tokens`` without an EOS.
+    """
+
+    prompt_ids: Tensor
+    prompt_mask: Tensor
+    completion_ids: Tensor
+    completion_mask: Tensor
+    texts: list[str]
+    num_tokens: list[int]
+    truncated: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return int(self.completion_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> Rollout:
+        """This rollout with its tensors on ``device`` (texts and lengths stay Python values)."""
+        return Rollout(
+            prompt_ids=self.prompt_ids.to(device),
+            prompt_mask=self.prompt_mask.to(device),
+            completion_ids=self.completion_ids.to(device),
+            completion_mask=self.completion_mask.to(device),
+            texts=self.texts,
+            num_tokens=self.num_tokens,
+            truncated=self.truncated,
+        )
+
+    def select(self, rows: Tensor | Sequence[int] | slice) -> Rollout:
+        """A new :class:`Rollout` holding only ``rows`` (index tensor, list or slice)."""
+        if isinstance(rows, slice):
+            idx = list(range(len(self)))[rows]
+        elif isinstance(rows, Tensor):
+            idx = [int(i) for i in rows.tolist()]
+        else:
+            idx = [int(i) for i in rows]
+        index = torch.tensor(idx, dtype=torch.long, device=self.completion_ids.device)
+        return Rollout(
+            prompt_ids=self.prompt_ids[index],
+            prompt_mask=self.prompt_mask[index],
+            completion_ids=self.completion_ids[index],
+            completion_mask=self.completion_mask[index],
+            texts=[self.texts[i] for i in idx],
+            num_tokens=[self.num_tokens[i] for i in idx],
+            truncated=[self.truncated[i] for i in idx] if self.truncated else [],
+        )
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and the generation config's EOS ids."""
+    ids: list[int] = []
+    candidates: list[Any] = [getattr(tokenizer, "eos_token_id", None)]
+    gen_cfg = getattr(model, "generation_config", None)
+    if gen_cfg is not None:
+        candidates.append(getattr(gen_cfg, "eos_token_id", None))
+    for c in candidates:
+        if c is None:
+            continue
+        for i in c if isinstance(c, Iterable) else [c]:
+            if int(i) not in ids:
+                ids.append(int(i))
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config defines an EOS")
+    return ids
+
+
+def completion_mask_from_ids(completion_ids: Tensor, eos_ids: Sequence[int]) -> Tensor:
+    """``[N, C]`` long mask: 1 up to and including the first EOS of each row, 0 after it.
+
+    A row without EOS is all ones (a truncated completion). Equation:
+    :math:`m_t = \\mathbb 1[t \\le t^*]`, with :math:`t^*` the first EOS position (``C - 1`` if
+    there is none).
+    """
+    is_eos = torch.zeros_like(completion_ids, dtype=torch.bool)
+    for e in eos_ids:
+        is_eos |= completion_ids == e
+    n, c = completion_ids.shape
+    has_eos = is_eos.any(dim=1)
+    first = torch.where(has_eos, is_eos.int().argmax(dim=1), torch.full((n,), c - 1))
+    positions = torch.arange(c).unsqueeze(0).expand(n, c)
+    return (positions <= first.unsqueeze(1)).long()
+
+
+def _check_sampling(
+    num_return_sequences: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int
+) -> None:
+    if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+        raise ValueError(
+            f"num_return_sequences must be a positive int, got {num_return_sequences!r}"
+        )
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if not (
+        isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature > 0
+    ):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
+
+
+#: rollout engines of :func:`generate`
+ENGINES = ("gbmpo", "hf")
+
+
+def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> Tensor:
+    r"""The logits of the sampling distribution, in float32: temperature, then top-k, then top-p.
+
+    :math:`z \leftarrow z / T`; top-k keeps the ``k`` largest logits (ties at the k-th value
+    kept; 0 = off); top-p (nucleus, 1 = off) removes the tokens whose cumulative probability,
+    summed from the least likely upwards, is at most :math:`1-p`, so the kept set is the
+    smallest most-likely set with mass :math:`\ge p` (the most likely token is always kept).
+    Removed tokens get :math:`-\infty`. This is the order and the semantics of Hugging Face's
+    ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (Holtzman et al.
+    2020 for nucleus sampling).
+    """
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    vocab = z.shape[-1]
+    if 0 < top_k < vocab:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=False)
+        cum = sorted_z.softmax(dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= 1 - top_p
+        remove_sorted[..., -1:] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        z = z.masked_fill(remove, -math.inf)
+    return z
+
+
+def sample_from_logits(z: Tensor, uniform: Tensor) -> Tensor:
+    r"""Inverse-CDF sampling: token :math:`i` with :math:`F_{i-1} \le u\,F_V < F_i`, where
+    :math:`F_i=\sum_{v\le i}\operatorname{softmax}(z)_v` (accumulated in float64) and ``uniform``
+    holds one :math:`u\sim U[0,1)` per row, so :math:`P(i)=\operatorname{softmax}(z)_i` and a
+    token of probability 0 (logit :math:`-\infty`) is never drawn. ``z`` ``[N, V]``, returns
+    ``[N]`` long."""
+    cdf = torch.softmax(z.float(), dim=-1).double().cumsum_(dim=-1)
+    total = cdf[:, -1:]
+    # u * F < F, also after rounding, so the draw lands on a token of positive probability
+    u = torch.minimum(uniform.to(cdf.dtype).reshape(-1, 1) * total,
+                      torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(z.shape[-1] - 1)
+
+
+def _prefill(model: Any, ids: Tensor, mask: Tensor, repeats: int) -> tuple[Any, Tensor]:
+    """Forward the prompts once with a KV cache; return (cache, last logits), both expanded to
+    ``repeats`` rows per prompt (``repeat_interleave`` order)."""
+    kwargs: dict[str, Any] = {
+        "attention_mask": mask,
+        "position_ids": (mask.long().cumsum(-1) - 1).clamp_min(0),
+        "use_cache": True,
+    }
+    if _accepts_logits_to_keep(model):
+        kwargs["logits_to_keep"] = 1
+    out = model(input_ids=ids, **kwargs)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None:
+        raise RuntimeError(
+            f"{type(model).__name__} returned no KV cache with use_cache=True; the 'gbmpo' "
+            "rollout engine needs one (set rollout.engine: hf to use transformers' generate)"
+        )
+    last = out.logits[:, -1]
+    if repeats > 1:
+        if hasattr(cache, "batch_repeat_interleave"):
+            cache.batch_repeat_interleave(repeats)
+            last = last.repeat_interleave(repeats, dim=0)
+        else:  # a cache that cannot be expanded: prefill every row
+            return _prefill(
+                model, ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0), 1
+            )
+    return cache, last
+
+
+def _decode(
+    model: Any,
+    ids: Tensor,
+    mask: Tensor,
+    *,
+    repeats: int,
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    eos_ids: Sequence[int],
+    pad_id: int,
+    lean: bool = True,
+) -> Tensor:
+    """The 'gbmpo' engine: prefill each prompt once, expand its KV cache to its ``repeats``
+    rows, then decode one token per row per forward until every row has emitted an EOS or
+    ``max_new_tokens`` tokens; finished rows are filled with ``pad_id``. Returns the
+    ``[rows, steps]`` completion ids. With ``lean`` (default) and a model
+    :class:`~gbmpo.rollout.decoder.LeanDecoder` supports, the decode forwards run through it
+    (the same arithmetic on the model's weights without transformers' per-call overhead);
+    otherwise, and with ``lean=False``, through the model's own forward. With the lean
+    decoder the prefill runs through :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`
+    too (when :class:`~gbmpo.rollout.lean_forward.LeanForward` supports the model in its
+    current mode), whose keys and values are copied straight into the decoder's buffers."""
+    decoder = LeanDecoder.for_model(model) if lean and max_new_tokens > 1 else None
+    prefill = LeanForward.for_model(model) if decoder is not None else None
+    att = mask.repeat_interleave(repeats, dim=0)
+    position = att.sum(dim=-1, keepdim=True)
+    cache: Any = None
+    if decoder is not None and prefill is not None:
+        # the prompts' keys/values go straight into the decoder's buffers, G rows per prompt
+        logits, keys_values = prefill.prompt_cache(ids, mask)
+        logits = logits.repeat_interleave(repeats, dim=0) if repeats > 1 else logits
+        decoder.start_repeated(keys_values, mask, repeats, max_new_tokens - 1)
+    else:
+        cache, logits = _prefill(model, ids, mask, repeats)
+        if decoder is not None:
+            decoder.start(cache, att, max_new_tokens - 1)
+            cache = None
+    eos = torch.tensor(list(eos_ids), device=ids.device)
+    done = torch.zeros(att.shape[0], dtype=torch.bool, device=ids.device)
+    tokens: list[Tensor] = []
+    for t in range(max_new_tokens):
+        if do_sample:
+            z = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+            u = torch.rand(z.shape[0], dtype=torch.float64, device=z.device)
+            tok = sample_from_logits(z, u)
+        else:
+            tok = logits.argmax(dim=-1)
+        tok = tok.masked_fill(done, pad_id)
+        tokens.append(tok)
+        done |= torch.isin(tok, eos)
+        if t == max_new_tokens - 1 or bool(done.all()):
+            break
+        if decoder is not None:
+            logits = decoder.step(tok, position[:, 0])
+            position = position + 1
+            continue
+        att = torch.cat([att, att.new_ones(att.shape[0], 1)], dim=1)
+        out = model(
+            input_ids=tok.unsqueeze(1),
+            attention_mask=att,
+            position_ids=position,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        cache = out.past_key_values
+        logits = out.logits[:, -1]
+        position = position + 1
+    return torch.stack(tokens, dim=1)
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    tokenizer: Any,
+    prompts: list[str],
+    *,
+    num_return_sequences: int = 1,
+    max_new_tokens: int = 256,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    generator_seed: int | None = None,
+    batch_size: int | None = None,
+    engine: str = "gbmpo",
+    lean_decoder: bool = True,
+) -> Rollout:
+    """Sample (or, with ``do_sample=False``, greedily decode) completions of ``prompts``.
+
+    Args:
+        model: a causal LM with ``generate`` (put in eval mode for the call, mode restored).
+        tokenizer: its tokenizer; padding is forced to the left for the call.
+        prompts: already-templated prompt texts (at least one).
+        num_return_sequences: completions per prompt ``G``; output rows are grouped by prompt.
+        max_new_tokens: completion budget ``L_max``.
+        do_sample: sample from ``softmax(z / temperature)`` restricted by ``top_k`` (0 = off) and
+            ``top_p`` (1 = off); ``False`` is greedy decoding (sampling knobs ignored).
+        generator_seed: seed for the sampling RNG (under ``fork_rng``; global state untouched).
+            The same seed and ``batch_size`` give the same samples; another ``batch_size``
+            draws the random numbers in another order (greedy decoding does not depend on it).
+        batch_size: prompts per forward batch (``None``: all at once).
+        engine: ``"gbmpo"`` (default): each prompt is prefilled once and its KV cache expanded
+            to its ``G`` rows, then a plain decode loop samples with :func:`filter_logits` and
+            :func:`sample_from_logits` (one uniform number per row and step); ``"hf"``:
+            transformers' ``generate`` with the same sampling settings (``G`` prefills per
+            prompt, its own random stream). Both draw from the same distribution; the same
+            seed gives different samples across engines.
+        lean_decoder: with the ``"gbmpo"`` engine, run the decode forwards of a model
+            :class:`~gbmpo.rollout.decoder.LeanDecoder` supports through it (the same logits,
+            without transformers' per-call overhead); ``False``: the model's own forward.
+            Other models always use their own forward.
+
+    Returns:
+        a :class:`Rollout` with its tensors on the CPU (:meth:`Rollout.to` moves them); padding
+        to common widths across ``batch_size`` chunks.
+    """
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError("generate needs a non-empty list of prompt strings")
+    if not all(isinstance(p, str) for p in prompts):
+        raise TypeError("every prompt must be a str")
+    _check_sampling(num_return_sequences, max_new_tokens, temperature, top_p, top_k)
+    if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"unknown rollout engine {engine!r}; valid engines: {', '.join(ENGINES)}")
+    eos_ids = eos_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to EOS)")
+    device = next(model.parameters()).device
+
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    finally:
+        tokenizer.padding_side = old_side
+    prompt_ids: Tensor = enc["input_ids"]
+    prompt_mask: Tensor = enc["attention_mask"]
+
+    gen_kwargs: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "num_return_sequences": num_return_sequences,
+        "do_sample": do_sample,
+        "eos_token_id": eos_ids,
+        "pad_token_id": pad_id,
+        "use_cache": True,
+    }
+    if do_sample:
+        # explicit values so that a model's own generation defaults (e.g. top_k=20) do not leak in
+        gen_kwargs.update(
+            temperature=float(temperature),
+            top_p=float(top_p),
+            top_k=int(top_k),
+            repetition_penalty=1.0,
+        )
+    chunk = batch_size or len(prompts)
+    was_training = model.training
+    model.eval()
+    pieces: list[Tensor] = []
+    try:
+        with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
+            if generator_seed is not None:
+                torch.manual_seed(int(generator_seed))
+            for start in range(0, len(prompts), chunk):
+                ids = prompt_ids[start : start + chunk].to(device)
+                att = prompt_mask[start : start + chunk].to(device)
+                if engine == "hf":
+                    out = model.generate(input_ids=ids, attention_mask=att, **gen_kwargs)
+                    pieces.append(out[:, ids.shape[1] :].cpu())
+                    continue
+                completion = _decode(
+                    model, ids, att, repeats=num_return_sequences,
+                    max_new_tokens=max_new_tokens, do_sample=do_sample,
+                    temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                    eos_ids=eos_ids, pad_id=int(pad_id), lean=lean_decoder,
+                )
+                pieces.append(completion.cpu())
+    finally:
+        model.train(was_training)
+
+    width = max(max(p.shape[1] for p in pieces), 1)
+    completion_ids = torch.cat(
+        [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces]
+    )
+    completion_mask = completion_mask_from_ids(completion_ids, eos_ids)
+    # generate stops a row at its EOS or at L_max, so a chunk narrower than ``width`` only holds
+    # rows that ended with EOS: the pad columns added above fall after it and are masked out.
+    has_eos = torch.zeros(completion_ids.shape[0], dtype=torch.bool)
+    for e in eos_ids:
+        has_eos |= (completion_ids == e).any(dim=1)
+    lengths = completion_mask.sum(dim=1)
+    texts = tokenizer.batch_decode(
+        [row[: int(n)] for row, n in zip(completion_ids, lengths, strict=True)],
+        skip_special_tokens=True,
+    )
+    g = num_return_sequences
+    return Rollout(
+        prompt_ids=prompt_ids.repeat_interleave(g, dim=0),
+        prompt_mask=prompt_mask.repeat_interleave(g, dim=0),
+        completion_ids=completion_ids,
+        completion_mask=completion_mask,
+        texts=list(texts),
+        num_tokens=[int(n) for n in lengths],
+        truncated=[not bool(h) for h in has_eos],
+    )
