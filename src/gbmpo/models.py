@@ -53,12 +53,14 @@ _WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def _looks_like_hub_id(name: str) -> bool:
+def looks_like_hub_id(name: str) -> bool:
     """Whether ``name`` is a valid Hugging Face Hub model id (``name`` or ``namespace/name``)."""
     if _HUB_ID.fullmatch(name) is None or "--" in name or ".." in name:
         return False
     return not name.endswith(".git")
 
+
+_looks_like_hub_id = looks_like_hub_id  # the former private name
 
 def _offline() -> bool:
     from huggingface_hub import constants
@@ -248,7 +250,7 @@ def resolve_model_path(path_or_id: str | Path | None) -> str:
                 f"nor a peft adapter with {ADAPTER_CONFIG})"
             )
         return str(local)
-    if isinstance(path_or_id, Path) or not _looks_like_hub_id(text):
+    if isinstance(path_or_id, Path) or not looks_like_hub_id(text):
         raise FileNotFoundError(
             f"model path {text!r} does not exist (and is not a Hugging Face Hub id)"
         )

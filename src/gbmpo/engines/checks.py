@@ -93,7 +93,7 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     ``DataError``, ``FileNotFoundError``), as the own trainer's dry run does."""
     import torch
 
-    from gbmpo.models import _looks_like_hub_id, resolve_model_path
+    from gbmpo.models import looks_like_hub_id, resolve_model_path
     from gbmpo.train.config import validate
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
@@ -112,7 +112,7 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     try:
         source = resolve_model_path(cfg.model.path)
     except FileNotFoundError as err:
-        if not _looks_like_hub_id(cfg.model.path) or Path(cfg.model.path).exists():
+        if not looks_like_hub_id(cfg.model.path) or Path(cfg.model.path).exists():
             raise
         why = str(err).split(". To use it")[0]
         report.skip("model", f"{cfg.model.path} is not available here: {why}")

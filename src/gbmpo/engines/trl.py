@@ -250,23 +250,23 @@ def run(cfg: Any) -> dict[str, Any]:
     directory's ``config.yaml`` (this process waits and reads back the summary)."""
     import importlib.util
 
-    from gbmpo.train.checkpoint import write_text_atomic
+    from gbmpo.io import is_nonempty, write_atomic
     from gbmpo.train.config import ConfigError, dump_yaml, validate
-    from gbmpo.train.trainer import _nonempty, default_run_dir
+    from gbmpo.train.trainer import default_run_dir
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
     validate(cfg)
     batch_layout(cfg, cfg.run.num_processes)  # batch errors before anything is written
     run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
-    if _nonempty(run_dir):
+    if is_nonempty(run_dir):
         raise ConfigError(
             f"output directory {str(run_dir)!r} already exists and is not empty; choose another "
             "--output-dir"
         )
     cfg.run.output_dir = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
     if cfg.run.num_processes == 1:
         return train_in_process(cfg, run_dir)
     env = {**os.environ, "ACCELERATE_USE_CPU": "true"} if cfg.model.device == "cpu" else None
@@ -354,7 +354,7 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from gbmpo.integrations.trl import GBMPOTrainer
     from gbmpo.models import load_model_and_tokenizer
     from gbmpo.train.logging import MetricsWriter
-    from gbmpo.train.trainer import _DTYPES, build_task, load_splits, load_tokenizer
+    from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
     t0 = time.perf_counter()
     if cfg.run.num_threads is not None:
@@ -373,7 +373,7 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
         # (GRPOConfig bf16 / fp16), so that small updates are not rounded away
         dtype = "float32"
     model, tokenizer = load_model_and_tokenizer(
-        cfg.model.path, dtype=_DTYPES[dtype], device=str(state.device),
+        cfg.model.path, dtype=getattr(torch, dtype), device=str(state.device),
         trust_remote_code=cfg.model.trust_remote_code,
     )  # fmt: skip
     writer = MetricsWriter(run_dir) if main else None

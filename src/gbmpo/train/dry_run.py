@@ -24,8 +24,10 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     """Validate ``config`` and build everything but the weights: objectives, task splits,
     tokenizer and model config; check the device and estimate the memory the run needs on it.
     Creates no run directory. Returns a short description; ``warnings`` lists what a real run
-    here would trip on (an absent device, a model not available here, a run that does not fit
-    one device), ``notes`` the memory estimate in words."""
+    here would trip on (an absent device, a run that does not fit one device, and, for a config
+    meant for another machine (its device is absent here), a model not available here), ``notes``
+    the memory estimate in words. A model that cannot be found is an error (``FileNotFoundError``)
+    when the configured device is present."""
     from gbmpo.models import resolve_model_path
     from gbmpo.objectives import get_surrogate
     from gbmpo.objectives.regularizers import get_regularizer
@@ -47,7 +49,9 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
         tokenizer = load_tokenizer(cfg)
         model_cfg = _model_config(source, cfg.model.trust_remote_code)
     except FileNotFoundError as err:
-        source = cfg.model.path
+        if absent is None:  # a run meant for this machine needs its model here
+            raise
+        source = cfg.model.path  # a config for another machine: check the rest without it
         warnings.append(f"{err}; checked without it: prompts in the base template, memory unknown")
     task_cfg = cfg
     if tokenizer is None and cfg.task.template == "chat":
