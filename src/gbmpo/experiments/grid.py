@@ -23,6 +23,10 @@ Re-invoking the same grid is cheap and safe (:func:`plan_action`):
 
 Runs are executed by an ES backend of :mod:`gbmpo.meta.backends`: ``serial`` (in this
 process, one after another; the default), ``local`` (a process pool) or ``ray``.
+
+Why one module of ~690 lines: planning a grid (arms, seeds, coefficients), deciding whether a run is
+reused, resumed or restarted, and executing a run all follow the same run-directory layout, whose
+rules are kept in one place. Reports are in :mod:`gbmpo.experiments.report`.
 """
 
 from __future__ import annotations

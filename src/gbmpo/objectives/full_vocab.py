@@ -41,6 +41,9 @@ Memory (N = B*T rows, V vocabulary, C = chunk_size, H hidden size, 4-byte floats
 Reused buffers also avoid glibc malloc's fragmentation of repeatedly freed ~20 MB chunks (a
 freed buffer below malloc's 32 MB mmap threshold moves to the heap and keeps the resident size
 high): each call allocates its chunk buffers once.
+
+Why one module of ~610 lines: the two public functions share the chunking, the closed-form row
+kernels and the two custom autograd functions whose memory accounting is given above.
 """
 
 from __future__ import annotations

@@ -32,6 +32,10 @@ replaces the authors' ``|w_j| < 1e-12`` switch to the linear primitive sigma(b_j
 w_j -> 0 limit is reached continuously (for w_j = 0 the unit contributes sigma(b_j) y to h and 0
 to D_h). Probabilities are floored at 1e-10 before anything is computed, as in the authors' code.
 Math is float64 for float64 inputs and float32 for every other dtype (bf16 log-probs underflow).
+
+Why one module of ~630 lines: :class:`NeuralMirrorMap` and its Bregman kernels (the series near p =
+q, the per-activation mean and curvature terms, the custom autograd function) are one formula whose
+float64 accuracy argument is made here; split, that argument would be spread over files.
 """
 
 from __future__ import annotations
