@@ -250,16 +250,17 @@ def run(cfg: Any) -> dict[str, Any]:
     directory's ``config.yaml`` (this process waits and reads back the summary)."""
     import importlib.util
 
+    from gbmpo.io import is_nonempty
     from gbmpo.train.checkpoint import write_text_atomic
     from gbmpo.train.config import ConfigError, dump_yaml, validate
-    from gbmpo.train.trainer import _nonempty, default_run_dir
+    from gbmpo.train.trainer import default_run_dir
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
     validate(cfg)
     batch_layout(cfg, cfg.run.num_processes)  # batch errors before anything is written
     run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
-    if _nonempty(run_dir):
+    if is_nonempty(run_dir):
         raise ConfigError(
             f"output directory {str(run_dir)!r} already exists and is not empty; choose another "
             "--output-dir"

@@ -277,10 +277,11 @@ def _verl_check(python: str, ov: list[str], tmp: Path) -> subprocess.CompletedPr
 def run(cfg: Any) -> dict[str, Any]:
     """Write the run directory (config, data, overrides) and launch ``verl.trainer.main_ppo``;
     :class:`EngineUnavailable` (nothing written) where verl or GPUs are missing."""
+    from gbmpo.io import is_nonempty
     from gbmpo.models import resolve_model_path
     from gbmpo.train.checkpoint import write_text_atomic
     from gbmpo.train.config import ConfigError, dump_yaml, validate
-    from gbmpo.train.trainer import _nonempty, build_task, default_run_dir, load_tokenizer
+    from gbmpo.train.trainer import build_task, default_run_dir, load_tokenizer
 
     validate(cfg)
     python = verl_python()
@@ -302,7 +303,7 @@ def run(cfg: Any) -> dict[str, Any]:
             "`gbmpo train --engine verl --dry-run` checks the config without them"
         )
     run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
-    if _nonempty(run_dir):
+    if is_nonempty(run_dir):
         raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
     cfg.run.output_dir = str(run_dir)
     model_path = resolve_model_path(cfg.model.path)
