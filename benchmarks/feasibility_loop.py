@@ -1,4 +1,4 @@
-"""FEASIBILITY.md section 7's hand-written RL loop, run on any model of the ``arithmetic`` task.
+"""The feasibility study's hand-written RL loop, run on any model of the ``arithmetic`` task.
 
 A reference point for the trainer's embedded default that does not use gbmpo's trainer: each
 step takes 8 training prompts, samples 8 completions each with transformers' ``generate``

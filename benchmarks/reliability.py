@@ -1,4 +1,4 @@
-"""Reliability suite (issue 15): kill -9 and resume, damaged checkpoints, racing runs, a full
+"""Reliability suite: kill -9 and resume, damaged checkpoints, racing runs, a full
 disk, bad inputs. Every scenario is counted as tried / survived / lost.
 
     python benchmarks/reliability.py            # 20 kill points per command (~25 min, 2 cores)

@@ -107,7 +107,7 @@ SIZES: dict[str, dict[str, int]] = {
     "toy": dict(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                 num_key_value_heads=1, head_dim=8, intermediate_size=32),
 }
-#: issue 17: gbmpo/TRL steps/s, met only when every round meets it too
+#: speed targets, gbmpo/TRL steps/s, met only when every round meets it too
 GOALS = {"0.2M": 3.0, "10M": 2.0}
 
 # the shared settings of both trainers

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Build the embedded tiny Qwen3 model shipped in ``src/gbmpo/assets/tiny-qwen3/``.
 
-Steps (all offline, CPU, fp32, fixed seeds; FEASIBILITY.md section 7):
+Steps (all offline, CPU, fp32, fixed seeds; docs/development.md, "The embedded tiny model"):
 
 1. Train a byte-level BPE tokenizer (``tokenizers``) on 20k problems of the built-in
    ``arithmetic`` task, with digits split into single tokens; special tokens ``<|endoftext|>``
@@ -87,7 +87,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
-#: model sizes from FEASIBILITY.md section 7: (hidden, layers, heads, kv heads, head_dim, ffn)
+#: model sizes tried for the embedded model: (hidden, layers, heads, kv heads, head_dim, ffn)
 SIZES: dict[str, dict[str, int]] = {
     "2M": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4,
                num_key_value_heads=2, head_dim=48, intermediate_size=576),

@@ -14,7 +14,7 @@ PY=${PYTHON:-python3}
 "$PY" -m venv .venv
 # torch first, pinned to the CPU build (any other torch pin pulls a multi-GB CUDA build)
 .venv/bin/pip install -q --disable-pip-version-check -r requirements.txt
-# GSM8K/MBPP as package data (gzip, checked against the sha256 in ../shared/data/*/SOURCE.md);
+# GSM8K/MBPP as package data (gzip, checked against the sha256 in the offline data's SOURCE.md);
 # nothing is packed where that folder is absent, and tasks then use GBMPO_DATA_DIR or the hub
 .venv/bin/python scripts/pack_data.py
 .venv/bin/pip install -q --disable-pip-version-check --no-deps -e .

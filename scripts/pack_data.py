@@ -1,12 +1,12 @@
 """Pack the offline copies of GSM8K and MBPP into the package as gzip files (install time only).
 
-    python scripts/pack_data.py [--source ../shared/data] [--dest src/gbmpo/data] [--check]
+    python scripts/pack_data.py [--source DIR] [--dest src/gbmpo/data] [--check]
 
 The data sets are not kept in git: ``scripts/install.sh`` runs this script on a checkout that
-has the offline copies beside it (``../shared/data``, whose ``SOURCE.md`` files give each file's
-origin and sha256), and the files it writes (``src/gbmpo/data/<name>/<file>.gz``) are package
+has the offline copies in ``shared/data`` next to the checkout (whose ``SOURCE.md`` files give each
+file's origin and sha256), and the files it writes (``src/gbmpo/data/<name>/<file>.gz``) are package
 data, so an installed gbmpo (and a wheel built from this tree) carries them and never reads
-``../shared`` at run time. Every source file is checked against the sha256 in its ``SOURCE.md``
+that folder at run time. Every source file is checked against the sha256 in its ``SOURCE.md``
 before it is packed; the gzip stream is written with mtime 0, so packing is byte-reproducible.
 The licences (``LICENSE`` / ``NOTICE`` beside the packed files) are kept in git.
 

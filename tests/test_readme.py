@@ -89,6 +89,22 @@ def test_cli_quick_start_output_has_the_format_a_run_prints(tmp_path: Path) -> N
     assert re.search(r"held-out accuracy \d+\.\d% \(n=4\) after 1 steps", proc.stderr)
 
 
+def test_engine_commands_are_the_ones_docs_engines_runs() -> None:
+    """The README's "Engines" block, optional ``[...]`` parts dropped, is a subset of the
+    ``gbmpo train`` commands of docs/engines.md, which tests/test_docs_engines.py runs verbatim
+    (as dry runs); the block names all three engines."""
+    block = _section("Engines", "bash")[0]
+    commands = [re.sub(r"\s*\[[^]]*\]", "", ln.split("#", 1)[0]).strip()
+                for ln in block.splitlines() if ln.strip()]
+    assert commands and all(c.startswith("gbmpo train") for c in commands)
+    engines_doc = (REPO / "docs" / "engines.md").read_text()
+    documented = {ln.split("#", 1)[0].strip()
+                  for block in re.findall(r"```bash\n(.*?)```", engines_doc, re.S)
+                  for ln in block.splitlines()}
+    assert [c for c in commands if c not in documented] == []
+    assert "--engine trl" in block and "--num-processes" in block and "engine: verl" in block
+
+
 def test_trl_quick_start_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     pytest.importorskip("trl")
     import torch

@@ -1,6 +1,7 @@
 """Real-data tasks: GSM8K, MBPP (full, sanitized), HumanEval, reasoning-gym.
 
-Data-dependent tests skip when ``../shared/data`` (relative to the repo root) is absent.
+Data-dependent tests skip when the offline data folder ``shared/data`` next to the repository
+checkout is absent.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ def test_hub_fallback_by_default_and_off_switches(tmp_path: Path,
 
 
 @pytest.mark.skipif(not (common.package_data_dir() / "gsm8k" / "test.jsonl.gz").is_file(),
-                    reason="this install carries no packed data (no ../shared/data at install)")
+                    reason="this install carries no packed data (no offline data folder)")
 def test_package_data_is_used_and_equals_the_source(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(common.DATA_DIR_ENV, raising=False)
     for rel in ("gsm8k/test.jsonl", "gsm8k/train.jsonl", "mbpp/mbpp.jsonl",

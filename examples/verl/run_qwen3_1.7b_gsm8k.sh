@@ -7,7 +7,7 @@
 #             random init U[0, 0.01), seed 42, if missing; or a map from `gbmpo es`)
 #   atr_grpo  ATR-GRPO (UCF, arXiv 2602.05494): GRPO with the KL3 trust region
 #             w - 1 - log w <= delta as the ratio clip (delta 0.02; the paper's value was not
-#             recovered, METHODS.md suggests sweeping 0.01-0.03), verl's k3 KL loss
+#             recovered, docs/methods.md suggests sweeping 0.01-0.03), verl's k3 KL loss
 # Usage (in the verl environment, e.g. .venv-verl on a GPU machine with vLLM):
 #   bash examples/verl/run_qwen3_1.7b_gsm8k.sh nm_grpo [more hydra overrides]
 #   bash examples/verl/run_qwen3_1.7b_gsm8k.sh atr_grpo trainer.n_gpus_per_node=4

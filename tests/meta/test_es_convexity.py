@@ -1,4 +1,4 @@
-"""Every ES proposal is a convex mirror map: D_h(p, q) >= 0 (METHODS.md §3.4, §7 item 4)."""
+"""Every ES proposal is a convex mirror map: D_h(p, q) >= 0 (docs/methods.md, "Choices" item 4)."""
 
 from __future__ import annotations
 

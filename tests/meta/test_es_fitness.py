@@ -64,7 +64,7 @@ def test_duplicated_training_prompts_never_leak_into_validation() -> None:
 @pytest.mark.skipif(not (DATA / "gsm8k" / "train.jsonl").is_file(), reason="no GSM8K data")
 def test_gsm8k_validation_does_not_overlap_inner_training() -> None:
     """The authors' inner split (first 80% unshuffled) overlaps their shuffled validation 20%
-    (METHODS.md §7 item 11); the carve here is disjoint by construction."""
+    (docs/methods.md, "Choices" item 10); the carve here is disjoint by construction."""
     base = get_task("gsm8k", path=str(DATA / "gsm8k"))
     task = HeldOutSplitTask(base, size=1495, seed=42)
     inner, val = task.split("train"), task.split("validation")

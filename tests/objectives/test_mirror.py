@@ -221,10 +221,11 @@ def _mp_bregman_integral(vec: torch.Tensor, p: float, q: float) -> float:
 
 
 def test_scale_sanity_numbers_at_the_documented_seed() -> None:
-    # METHODS.md 3.4: NM-GRPO's init, every parameter U[0, 0.01) at seed 42. The spec's own
-    # estimate (D_h(0.9, 0.5) ~ 7.9e-3, D_h(0.99, 0.9) ~ 3.3e-4) came from a different draw; ours
-    # gives 5.96e-3 and 2.55e-4, far below ProbL2 (0.16) and the generalized KL (0.129). Checked
-    # to 1e-12 against mpmath quadrature of int_q^p (h'(s) - h'(q)) ds.
+    # docs/methods.md, section "Neural mirror map": NM-GRPO's init, every parameter U[0, 0.01) at
+    # seed 42. The estimate in docs/methods.md (D_h(0.9, 0.5) ~ 7.9e-3, D_h(0.99, 0.9) ~ 3.3e-4)
+    # came from a different draw; ours gives 5.96e-3 and 2.55e-4, far below ProbL2 (0.16) and the
+    # generalized KL (0.129). Checked to 1e-12 against mpmath quadrature of
+    # int_q^p (h'(s) - h'(q)) ds.
     m = _map(0.01, 42)
     d = m.bregman(_t(0.9, 0.99), _t(0.5, 0.9))
     vec = m.to_vector()

@@ -1,7 +1,7 @@
-"""Numerical safety of the objectives (issue 15): extreme log-ratios, -inf logits, empty masks,
-bf16 inputs. Every regularizer, surrogate, full-vocabulary divergence and aggregation mode must
-give a finite value and a finite (never NaN) gradient, and the safety measures must not change a
-single bit in the normal range."""
+"""Numerical safety of the objectives (docs/methods.md, section "Numerical safety"): extreme
+log-ratios, -inf logits, empty masks, bf16 inputs. Every regularizer, surrogate, full-vocabulary
+divergence and aggregation mode must give a finite value and a finite (never NaN) gradient, and the
+safety measures must not change a single bit in the normal range."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def _value_and_grad(name, clamp, logp, ref, old, mask=None):
     return v.detach(), g
 
 
-# --- the failures reported in the issue ---------------------------------------------------------
+# --- the failures first reported: extreme log-ratios, -inf logits ------------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -61,7 +61,7 @@ CASES: dict[str, Case] = {
         - MIRROR.derivative(r.exp()) * (l.exp() - r.exp()),
         lambda l, r, o: (MIRROR.derivative(l.exp()) - MIRROR.derivative(r.exp())) * l.exp(),
     ),
-    # RPG Table 1 / Table 4 (METHODS.md 3.2), w = exp(l - r)
+    # RPG Table 1 / Table 4 (docs/methods.md, section "RPG"), w = exp(l - r)
     "rpg_fkl": (lambda l, r, o: -(l - r), lambda l, r, o: -torch.ones_like(l)),
     "rpg_rkl": (
         lambda l, r, o: (l - r).exp() * (l - r),

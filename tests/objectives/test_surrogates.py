@@ -43,7 +43,7 @@ def assert_same_surrogate(a, b, logp, old, adv, mask):
 
 # ---------------------------------------------------------------------------- ATR bounds
 
-# METHODS.md §4 table: delta -> (l_delta, u_delta), 3 decimals.
+# docs/methods.md, section "ATR-GRPO", table: delta -> (l_delta, u_delta), 3 decimals.
 ATR_TABLE = [
     (0.005, 0.903, 1.103),
     (0.01, 0.865, 1.148),
@@ -60,9 +60,9 @@ ATR_TABLE = [
 def test_atr_bounds_reproduce_methods_table(delta, low, high):
     lo, hi = atr_bounds(delta)
     if delta == 0.0177:
-        # The table prints 0.824, but l = 0.82346 (0.8235 - log 0.8235 = 1.01769 < 1.0177 and
-        # the function is decreasing below 1), so it rounds to 0.823: a rounding slip in
-        # METHODS.md. The upper bound matches.
+        # The parametrised table says 0.824, but l = 0.82346 (0.8235 - log 0.8235 = 1.01769 <
+        # 1.0177 and the function is decreasing below 1), so it rounds to 0.823, as
+        # docs/methods.md prints it. The upper bound matches.
         assert round(lo, 3) == 0.823
     else:
         assert round(lo, 3) == low

@@ -1,5 +1,6 @@
-"""The GBMPO authors' shaped MBPP reward (METHODS.md §6.1): every term on hand-built cases,
-properties of the group terms, and one end-to-end run through the sandbox on real MBPP data."""
+"""The GBMPO authors' shaped MBPP reward (docs/methods.md, section "Shaped MBPP reward"): every term
+on hand-built cases, properties of the group terms, and one end-to-end run through the sandbox on
+real MBPP data."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run-directory integrity (issue 15 reliability): damaged checkpoints are detected and skipped,
+"""Run-directory integrity (reliability): damaged checkpoints are detected and skipped,
 a failed checkpoint write (full disk) keeps the previous one, one process per run directory,
 a metrics line cut short by a kill is dropped on resume, the ES map export is never
 half-written."""

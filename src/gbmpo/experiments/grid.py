@@ -23,6 +23,10 @@ Re-invoking the same grid is cheap and safe (:func:`plan_action`):
 
 Runs are executed by an ES backend of :mod:`gbmpo.meta.backends`: ``serial`` (in this
 process, one after another; the default), ``local`` (a process pool) or ``ray``.
+
+Why one module of ~690 lines: planning a grid (arms, seeds, coefficients), deciding whether a run is
+reused, resumed or restarted, and executing a run all follow the same run-directory layout, whose
+rules are kept in one place. Reports are in :mod:`gbmpo.experiments.report`.
 """
 
 from __future__ import annotations
@@ -79,12 +83,13 @@ __all__ = [
 #: Coefficient used for a grid regularizer when neither ``--coefs`` nor the base configuration
 #: (same regularizer name) sets one. Sources:
 #:   kl_k3: 0.04, the GRPO KL beta of DeepSeekMath / TRL's former default (the GBMPO baseline's
-#:          beta is unknown, METHODS.md 7.6); also configs/tiny-kl.yaml;
+#:          beta is unknown, docs/methods.md "Choices" item 6); also configs/tiny-kl.yaml;
 #:   prob_l2: 0.05, the trainer's default (the paper's lambda is unknown; the authors' code
-#:          defaults are 0.1 and 1e-4, METHODS.md 3.3 / 7.5);
+#:          defaults are 0.1 and 1e-4, docs/methods.md "Choices" item 5);
 #:   neural_mirror: 1.0, configs/tiny-neural-mirror.yaml: at the random init (scale 0.01) this
-#:          puts coef * D_h on the scale of ProbL2 at 0.05 (METHODS.md 3.4 scale check); the
-#:          authors' 1e-4 makes the term ~1e-6 per token (METHODS.md 7.5);
+#:          puts coef * D_h on the scale of ProbL2 at 0.05 (docs/methods.md, "Neural mirror
+#:          map", Scale); the authors' 1e-4 makes the term ~1e-6 per token (docs/methods.md
+#:          "Choices" item 5);
 #:   none: 0 (the lambda = 0 ablation; the value is irrelevant since D = 0).
 DEFAULT_COEFS: dict[str, float] = {
     "kl_k3": 0.04,

@@ -27,6 +27,12 @@ model and computes its log-probs exactly when ``beta != 0``, whatever the regula
 
 Supported TRL: ``>=1.16,<1.17`` (the version whose internals this module hooks;
 :func:`check_trl_internals` fails loudly, naming the method, if they move).
+
+Why one module of ~970 lines: :class:`GBMPOConfig`'s fields (about a third of the file, the
+documentation users read in the API reference), the objective built from them and
+:class:`GBMPOTrainer`'s overrides of ``GRPOTrainer`` are one contract with one TRL version
+(:data:`SUPPORTED_TRL`), checked together by :func:`check_trl_internals`; split over files, a TRL
+upgrade would have to be reviewed across them.
 """
 
 from __future__ import annotations

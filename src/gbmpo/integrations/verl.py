@@ -57,6 +57,11 @@ them from the gbmpo policy loss of the same micro-batch (verl calls the policy l
 Supported verl: :data:`SUPPORTED_VERL`; :func:`check_verl_internals` fails loudly, naming the
 function, if what this module hooks moves: the signatures at import (VerlInternalsError), the
 source facts at the first use of a gbmpo name (logged error and warning).
+
+Why one module of ~680 lines: importing it must register everything verl needs (the policy losses,
+the KL hook, the config class) in one step, inside each of verl's worker processes, and all of it
+depends on one verl version (:data:`SUPPORTED_VERL`), checked together by
+:func:`check_verl_internals`.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 The search runs in the *unconstrained* parameterization of
 :class:`gbmpo.objectives.mirror.NeuralMirrorMap` (``from_unconstrained`` maps any real vector to a
 convex potential), so every proposal is a valid Bregman geometry. The authors' code perturbs the
-constrained parameters directly and can produce D_h < 0 (METHODS.md §3.4, §7 item 4).
+constrained parameters directly and can produce D_h < 0 (docs/methods.md, "Choices" item 4).
 
-One iteration, :func:`es_step` (METHODS.md §5, with the fixes listed below):
+One iteration, :func:`es_step` (docs/methods.md, section "Evolution strategies", with the fixes
+listed below):
 
 1. sigma_k = sigma0 * gamma^k.
 2. Reuse the stored elites (if any) as m members with their stored fitness.
@@ -34,7 +35,8 @@ Gradient estimators (registry :data:`ESTIMATORS`, chosen by ``ESConfig.estimator
   fitness; failed and zero-fitness members dropped). With complete antithetic pairs the
   constant part of f cancels. With elites (chosen by fitness, not in pairs) or dropped members
   it does not: g_hat carries f_bar * sum_i eps_i / (N_succ sigma), a term that grows with the
-  fitness *level* (METHODS.md §5 pitfalls). Dropping f_i <= 0 is itself selection on fitness.
+  fitness *level* (docs/methods.md, "Choices" item 8). Dropping f_i <= 0 is itself selection on
+  fitness.
 
 By default (``elites_in_gradient=False``) only the fresh members enter the gradient. Elites are
 selected *by fitness*, so their eps are not Gaussian draws and every estimator that uses them is
@@ -98,7 +100,8 @@ ACCEPTANCE_RULES: tuple[str, ...] = ("best", "always")
 
 
 def sigma_at(iteration: int, sigma0: float, decay: float) -> float:
-    """Noise scale of iteration k: sigma_k = sigma0 * gamma^k (METHODS.md §5 step 1)."""
+    """Noise scale of iteration k: sigma_k = sigma0 * gamma^k (docs/methods.md, section "Evolution
+    strategies" step 1)."""
     if iteration < 0:
         raise ValueError(f"iteration must be >= 0, got {iteration}")
     return float(sigma0 * decay**iteration)
@@ -107,7 +110,8 @@ def sigma_at(iteration: int, sigma0: float, decay: float) -> float:
 def elite_count(population: int) -> int:
     """Elites kept after a rejection: k_e = max(2, 2 floor((N/4)/2)).
 
-    About a quarter of the population, always even (GBMPO authors' code, METHODS.md §5 step 6).
+    About a quarter of the population, always even (GBMPO authors' code, docs/methods.md, section
+    "Evolution strategies" step 6).
     """
     if population < 1:
         raise ValueError(f"population must be >= 1, got {population}")
@@ -118,7 +122,7 @@ def antithetic_noise(rng: np.random.Generator, n_pairs: int, dim: int) -> np.nda
     """``[2*n_pairs, dim]`` rows ``+e_1, -e_1, +e_2, -e_2, ...`` with e_j ~ N(0, I).
 
     Antithetic (mirrored) sampling: with both signs, sum_i f_i eps_i is a sum of central
-    differences (f+ - f-) eps (METHODS.md §5 step 3).
+    differences (f+ - f-) eps (docs/methods.md, section "Evolution strategies" step 3).
     """
     if n_pairs < 0 or dim < 1:
         raise ValueError(f"need n_pairs >= 0 and dim >= 1, got n_pairs={n_pairs}, dim={dim}")
@@ -197,7 +201,8 @@ def rank_estimator(
 def raw_estimator(
     fitness: np.ndarray, eps: np.ndarray, sigma: float, pair_ids: np.ndarray
 ) -> np.ndarray:
-    """The GBMPO authors' raw-fitness ES gradient (METHODS.md §5 step 6; biased, see module doc).
+    """The GBMPO authors' raw-fitness ES gradient (docs/methods.md, section "Evolution strategies"
+    step 6; biased, see module doc).
 
     g_hat = sum_{i: f_i > 0} f_i eps_i / (N_succ sigma), N_succ = |{i : f_i > 0}|. No baseline,
     no rank shaping.
@@ -229,8 +234,9 @@ def estimate_gradient(
 
 @dataclass(frozen=True)
 class ESConfig:
-    """ES hyper-parameters. Defaults: the authors' code defaults (METHODS.md §5 table) with the
-    unbiased ``centered`` estimator; :meth:`authors_code` gives their estimator settings too."""
+    """ES hyper-parameters. Defaults: the authors' code defaults (docs/methods.md, section
+    "Evolution strategies" table) with the unbiased ``centered`` estimator; :meth:`authors_code`
+    gives their estimator settings too."""
 
     #: population size N (even; new members come in antithetic pairs)
     population: int = 10

@@ -1,18 +1,18 @@
 """Fitness of an ES member: a short training run with its mirror map, scored on held-out data.
 
-A member's fitness (GBMPO NM-GRPO-ES, METHODS.md §5) is the validation score of a policy trained
-for ``T`` RL steps by :class:`gbmpo.train.Trainer` with the ``neural_mirror`` regularizer frozen
-to that member's map, ``NeuralMirrorMap.from_unconstrained(theta)``. Every member starts from the
-same base model with the same seed; only the map differs. No evaluation runs during the inner
-training; afterwards the policy is scored greedily on a validation split that is **disjoint**
-from the inner training prompts:
+A member's fitness (GBMPO NM-GRPO-ES, docs/methods.md, section "Evolution strategies") is the
+validation score of a policy trained for ``T`` RL steps by :class:`gbmpo.train.Trainer` with the
+``neural_mirror`` regularizer frozen to that member's map,
+``NeuralMirrorMap.from_unconstrained(theta)``. Every member starts from the same base model with the
+same seed; only the map differs. No evaluation runs during the inner training; afterwards the policy
+is scored greedily on a validation split that is **disjoint** from the inner training prompts:
 
 :class:`HeldOutSplitTask` carves the validation set out of the base task's training split with
 a seeded shuffle and removes every validation prompt from the inner training data (duplicates
 of the training stream included), then checks the two are disjoint. On GSM8K this replaces the
 authors' inner split (the first 80% of the unshuffled train split), which overlaps their
-shuffled validation 20% (METHODS.md §7 item 11). The task's own test split stays untouched for
-the final evaluation.
+shuffled validation 20% (docs/methods.md, "Choices" item 10). The task's own test split stays
+untouched for the final evaluation.
 """
 
 from __future__ import annotations
@@ -101,7 +101,8 @@ def default_inner_config() -> dict[str, Any]:
 
     The tiny model on the built-in arithmetic task, Dr. GRPO with the neural-mirror regularizer
     (the map itself is set per member), 8 prompts x 8 completions, 40 new tokens, LR 5e-5
-    (FEASIBILITY.md §7 recommendation for the 2M model).
+    (the learning rate that gave a steady RL gain on the 2M model; docs/development.md,
+    "The embedded tiny model").
     """
     return {
         "model": {"path": "tiny"},

@@ -1,8 +1,8 @@
 r"""Loss aggregation: per-token losses ``[B, T]`` and a completion mask -> one scalar.
 
 The normaliser is a named, separate step (verl's ``loss_agg_mode``, TRL's ``loss_type``;
-METHODS.md §2.4). Modes (registry :data:`AGGREGATIONS`), with :math:`m` the mask and
-:math:`\ell` the per-token loss:
+docs/methods.md, section "Aggregation"). Modes (registry :data:`AGGREGATIONS`), with :math:`m` the
+mask and :math:`\ell` the per-token loss:
 
 =======================  ====================================================================
 ``grpo``                 :math:`\frac1B\sum_i\frac{\sum_t m_{i,t}\ell_{i,t}}{\sum_t m_{i,t}}`

@@ -4,11 +4,11 @@ For a separable potential h (see :mod:`gbmpo.objectives.potentials`) and each to
 
     D_full = sum_{v in V} D_h(pi_theta(v | h_t), pi_ref(v | h_t))
 
-(METHODS.md section 3.5; the vocabulary-level reading of GBMPO, arXiv 2602.04380). With
-h = negative entropy this is the exact KL(pi_theta || pi_ref), computed from log-softmax directly
-(sum_v p_v (log p_v - log q_v); no floor); with h = y^2 it is sum_v (p_v - q_v)^2; any
-:class:`NeuralMirrorMap` works as h. It is a different regularizer from the selected-token one
-(which estimates it only after reweighting by 1/p).
+(docs/methods.md, section "Sampled-token and full-vocabulary divergences"; the vocabulary-level
+reading of GBMPO, arXiv 2602.04380). With h = negative entropy this is the exact KL(pi_theta ||
+pi_ref), computed from log-softmax directly (sum_v p_v (log p_v - log q_v); no floor); with h = y^2
+it is sum_v (p_v - q_v)^2; any :class:`NeuralMirrorMap` works as h. It is a different regularizer
+from the selected-token one (which estimates it only after reweighting by 1/p).
 
 Gradients. With p = softmax(x) and u_v = dD/dp_v = h'(p_v) - h'(q_v), the gradient with respect
 to the policy logits of one row is the softmax Jacobian applied to u:
@@ -36,11 +36,14 @@ Memory (N = B*T rows, V vocabulary, C = chunk_size, H hidden size, 4-byte floats
   shared head the policy and reference rows of a chunk go through one product of 2C rows.
   The backward recomputes each chunk's policy and reference logits (two extra projections per
   chunk: six [C, H] x [H, V] products per chunk in all, against four for an unchunked
-  forward/backward). This is the path for training with large vocabularies (FEASIBILITY.md
-  section 6).
+  forward/backward). This is the path for training with large vocabularies.
 
-Reused buffers also avoid glibc malloc's fragmentation of repeatedly freed ~20 MB chunks
-(FEASIBILITY.md section 6): each call allocates its chunk buffers once.
+Reused buffers also avoid glibc malloc's fragmentation of repeatedly freed ~20 MB chunks (a
+freed buffer below malloc's 32 MB mmap threshold moves to the heap and keeps the resident size
+high): each call allocates its chunk buffers once.
+
+Why one module of ~610 lines: the two public functions share the chunking, the closed-form row
+kernels and the two custom autograd functions whose memory accounting is given above.
 """
 
 from __future__ import annotations
@@ -475,15 +478,16 @@ def full_vocab_bregman(
     """Per-token full-vocabulary Bregman divergence [B, T] from logits [B, T, V].
 
     D[b, t] = sum_v D_h(softmax(policy_logits[b, t])_v, softmax(ref_logits[b, t])_v)
-    (METHODS.md 3.5). ``potential``: a name from POTENTIALS (``neg_entropy`` = exact KL,
-    ``square``/``prob_l2``, ``neural_mirror``) or a potential object such as a NeuralMirrorMap.
-    ``chunk_size`` rows (token positions) are processed at a time (None: all at once). With
-    grad into the policy logits only, the forward stores the gradient itself (one [B, T, V]
-    buffer, returned as the logits' gradient by the backward, which can run only once) and
-    [chunk_size, V] scratch; with grad into ``ref_logits`` too, each chunk is checkpointed.
-    Gradients flow into whichever logits require grad (normally only the policy's).
-    ``mask`` [B, T] zeroes padded positions: their value is 0 and their gradient exactly 0,
-    whatever their logits hold (NaN, all -inf). Output float32 (float64 for float64 logits).
+    (docs/methods.md, section "Sampled-token and full-vocabulary divergences"). ``potential``: a
+    name from POTENTIALS (``neg_entropy`` = exact KL, ``square``/``prob_l2``, ``neural_mirror``) or
+    a potential object such as a NeuralMirrorMap. ``chunk_size`` rows (token positions) are
+    processed at a time (None: all at once). With grad into the policy logits only, the forward
+    stores the gradient itself (one [B, T, V] buffer, returned as the logits' gradient by the
+    backward, which can run only once) and [chunk_size, V] scratch; with grad into ``ref_logits``
+    too, each chunk is checkpointed. Gradients flow into whichever logits require grad (normally
+    only the policy's). ``mask`` [B, T] zeroes padded positions: their value is 0 and their gradient
+    exactly 0, whatever their logits hold (NaN, all -inf). Output float32 (float64 for float64
+    logits).
 
     -inf logits are allowed in unmasked rows as long as each row keeps a finite one: a -inf
     policy logit (p_v = 0) contributes exactly 0; for ``neg_entropy`` a -inf reference logit

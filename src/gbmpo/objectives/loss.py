@@ -4,11 +4,11 @@ r"""The full policy loss: (weighted) surrogate + coef * regularizer per token, t
     \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t} + \lambda\,D_{i,t},\ m\big)
 
 (GBMPO adds the regularizer per token before aggregation, as TRL does with its KL term;
-METHODS.md §2.4 and §3.3). The optional token weights :math:`\omega` (default 1) multiply the
-surrogate only, as TRL 1.16 applies its vLLM importance-sampling ratio, off-policy mask and
-high-entropy mask before adding :math:`\beta\,\mathrm{KL}`. Surrogates come from
-:mod:`gbmpo.objectives.surrogates`, regularizers from :mod:`gbmpo.objectives.regularizers`,
-aggregation modes from :mod:`gbmpo.objectives.aggregate`.
+docs/methods.md, sections "Aggregation" and "GBMPO regularizers"). The optional token weights
+:math:`\omega` (default 1) multiply the surrogate only, as TRL 1.16 applies its vLLM
+importance-sampling ratio, off-policy mask and high-entropy mask before adding
+:math:`\beta\,\mathrm{KL}`. Surrogates come from :mod:`gbmpo.objectives.surrogates`, regularizers
+from :mod:`gbmpo.objectives.regularizers`, aggregation modes from :mod:`gbmpo.objectives.aggregate`.
 """
 
 from __future__ import annotations

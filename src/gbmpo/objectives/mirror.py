@@ -13,8 +13,8 @@ cbrt([u]_+), log([u]_+ + 1e-3) and exp(u). The potential is the antiderivative
     H_j(y) = int_0^y sigma(w_j s + b_j) ds,
 
 and the regularizer is its Bregman divergence D_h(p, q) = h(p) - h(q) - h'(q) (p - q) on the
-probabilities of the sampled token (METHODS.md section 3.4). The parameter vector has the
-authors' 380-value layout ``[v(126), w(126), b(126), a, c]``.
+probabilities of the sampled token (docs/methods.md, section "Neural mirror map"). The parameter
+vector has the authors' 380-value layout ``[v(126), w(126), b(126), a, c]``.
 
 Convexity by construction. h''(y) = sum_j v_j w_j sigma'(u_j) + a + c / y. Every activation is
 non-decreasing on u >= 0, so h'' >= 0 on (0, inf) when v, w, a, c >= 0 *and* u_j = w_j y + b_j
@@ -32,6 +32,10 @@ replaces the authors' ``|w_j| < 1e-12`` switch to the linear primitive sigma(b_j
 w_j -> 0 limit is reached continuously (for w_j = 0 the unit contributes sigma(b_j) y to h and 0
 to D_h). Probabilities are floored at 1e-10 before anything is computed, as in the authors' code.
 Math is float64 for float64 inputs and float32 for every other dtype (bf16 log-probs underflow).
+
+Why one module of ~630 lines: :class:`NeuralMirrorMap` and its Bregman kernels (the series near p =
+q, the per-activation mean and curvature terms, the custom autograd function) are one formula whose
+float64 accuracy argument is made here; split, that argument would be spread over files.
 """
 
 from __future__ import annotations
@@ -142,10 +146,10 @@ def _exp_phi(d: Tensor) -> Tensor:
 def generalized_kl(p: Tensor, q: Tensor) -> Tensor:
     """Elementwise generalized (unnormalised) KL  p log(p/q) - p + q  for p, q > 0.
 
-    The Bregman divergence of the negative entropy h(y) = y log y - y (METHODS.md section 3.4,
-    special case v=0, a=0, c=1 of the GBMPO neural mirror map). Computed as (p - q)^2 K(p, q)
-    with K >= 0 (see :func:`_gkl_over_sq`), so it is >= 0 in floating point and exactly 0 at
-    p = q. Inputs must be positive (callers floor probabilities at 1e-10 first).
+    The Bregman divergence of the negative entropy h(y) = y log y - y (docs/methods.md, section
+    "Neural mirror map", special case v=0, a=0, c=1 of the GBMPO neural mirror map). Computed as
+    (p - q)^2 K(p, q) with K >= 0 (see :func:`_gkl_over_sq`), so it is >= 0 in floating point and
+    exactly 0 at p = q. Inputs must be positive (callers floor probabilities at 1e-10 first).
     """
     return (p - q).square() * _gkl_over_sq(p, q)
 
@@ -287,12 +291,13 @@ class NeuralMirrorMap:
     """Separable convex potential h with h'(y) = sum_j v_j sigma_j(w_j y + b_j) + a y + c log y.
 
     GBMPO (arXiv 2602.04380) NM-GRPO regularizer, omega-potential parameterisation of Alfano et
-    al. (arXiv 2402.05187); formulas in METHODS.md section 3.4 and the module docstring. 126 units,
-    21 each of cube, square, sqrt, cbrt, log, exp (in that order). The parameters are frozen
-    (plain float64 tensors, no autograd) and must all be >= 0, which makes h convex on (0, inf):
-    h'' = sum_j v_j w_j sigma'(w_j y + b_j) + a + c / y >= 0 because every activation is
-    non-decreasing for u >= 0 and b >= 0 keeps u = w y + b >= 0 for y > 0 (with b < 0 the square
-    unit bends down for small y and D_h can go negative). h is strictly convex when a > 0 or c > 0.
+    al. (arXiv 2402.05187); formulas in docs/methods.md, section "Neural mirror map" and the module
+    docstring. 126 units, 21 each of cube, square, sqrt, cbrt, log, exp (in that order). The
+    parameters are frozen (plain float64 tensors, no autograd) and must all be >= 0, which makes h
+    convex on (0, inf): h'' = sum_j v_j w_j sigma'(w_j y + b_j) + a + c / y >= 0 because every
+    activation is non-decreasing for u >= 0 and b >= 0 keeps u = w y + b >= 0 for y > 0 (with b < 0
+    the square unit bends down for small y and D_h can go negative). h is strictly convex when a > 0
+    or c > 0.
 
     Special cases: ``NeuralMirrorMap(a=2.0)`` gives ProbL2, D_h = (p - q)^2;
     ``NeuralMirrorMap(c=1.0)`` gives the generalized KL p log(p/q) - p + q.
@@ -526,7 +531,7 @@ class NeuralMirrorMap:
     def bregman(self, p: Tensor, q: Tensor) -> Tensor:
         """D_h(p, q) = h(p) - h(q) - h'(q)(p - q), elementwise (broadcast), p, q floored at 1e-10.
 
-        GBMPO neural mirror regularizer (METHODS.md section 3.4):
+        GBMPO neural mirror regularizer (docs/methods.md, section "Neural mirror map"):
         sum_j v_j [H_j(p) - H_j(q) - sigma_j(w_j q + b_j)(p - q)] + (a/2)(p - q)^2
         + c [p log(p/q) - p + q], evaluated as (p - q)^2 [sum_j v_j w_j K_j + a/2 + c K_gkl]
         with every K >= 0 (see the module docstring), so the result is >= 0 and 0 at p = q.

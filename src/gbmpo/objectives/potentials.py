@@ -1,10 +1,10 @@
 """Separable convex potentials h for Bregman divergences D_h(p, q) = h(p) - h(q) - h'(q)(p - q).
 
 A potential acts elementwise on probabilities; the full-vocabulary divergence of
-:mod:`gbmpo.objectives.full_vocab` sums D_h over the vocabulary (METHODS.md section 3.5), the
-selected-token regularizers of :mod:`gbmpo.objectives.regularizers` evaluate it on the sampled
-token only (GBMPO, arXiv 2602.04380). Registry :data:`POTENTIALS`; build with
-:func:`get_potential`:
+:mod:`gbmpo.objectives.full_vocab` sums D_h over the vocabulary (docs/methods.md, section
+"Sampled-token and full-vocabulary divergences"), the selected-token regularizers of
+:mod:`gbmpo.objectives.regularizers` evaluate it on the sampled token only (GBMPO, arXiv
+2602.04380). Registry :data:`POTENTIALS`; build with :func:`get_potential`:
 
 =================  ============================  ==========================================
 name               h(y)                          D_h(p, q)
@@ -64,7 +64,8 @@ class NegEntropy:
 
     Summed over a normalised distribution D_h is exactly KL(p || q) (the -p + q terms cancel);
     it is the geometry of natural policy gradient / KL-regularised GRPO (PMD-MM, arXiv
-    2402.05187; METHODS.md sections 3.4-3.5). Elementwise inputs are floored at 1e-10.
+    2402.05187; docs/methods.md, sections "Neural mirror map" and "Sampled-token and
+    full-vocabulary divergences"). Elementwise inputs are floored at 1e-10.
     """
 
     name = "neg_entropy"
@@ -87,8 +88,8 @@ class NegEntropy:
 class Square:
     """h(y) = y^2, h'(y) = 2 y; D_h(p, q) = (p - q)^2.
 
-    GBMPO's ProbL2 regularizer ("L2 in probability space", arXiv 2602.04380; METHODS.md 3.3(b)).
-    No floor is needed (no logarithm).
+    GBMPO's ProbL2 regularizer ("L2 in probability space", arXiv 2602.04380; docs/methods.md,
+    section "GBMPO regularizers"). No floor is needed (no logarithm).
     """
 
     name = "square"

@@ -11,15 +11,15 @@ optionally the rollout policy (``old_logp``). Math is float32 whatever the input
 stays float64). ``mask`` ({0,1} or bool, same shape) zeroes padded positions; their inputs are
 replaced by 0 before computing so that garbage there cannot produce NaN values or gradients.
 
-Numerical safety (issue 15): for finite log-probs every regularizer returns a finite value and
-a finite gradient in float32, bf16/fp16 (computed in float32) and float64, with or without
-``clamp``. The exp-based ones (``kl_k3``, ``kl_k3_is``, ``rpg_rkl``, ``rpg_ufkl``, ``rpg_urkl``)
-are exact for log-ratios up to E = :func:`exp_bound` (22.18 in float32, 177.45 in float64; a
-ratio of 4.3e9 in float32) and continue on their tangent line beyond, so their gradient there is
-the constant value it has at E (the plain formulas overflow at log-ratio 88.7 in float32: inf
-values without ``clamp``, NaN gradients (inf * 0) with it). ``clamp`` then clips the value with
-zero gradient where it binds, as verl and the RPG code do. Masked positions may hold anything
-(NaN, +-inf): they give 0 and exactly 0 gradient.
+Numerical safety (docs/methods.md, section "Numerical safety"): for finite log-probs every
+regularizer returns a finite value and a finite gradient in float32, bf16/fp16 (computed in float32)
+and float64, with or without ``clamp``. The exp-based ones (``kl_k3``, ``kl_k3_is``, ``rpg_rkl``,
+``rpg_ufkl``, ``rpg_urkl``) are exact for log-ratios up to E = :func:`exp_bound` (22.18 in float32,
+177.45 in float64; a ratio of 4.3e9 in float32) and continue on their tangent line beyond, so their
+gradient there is the constant value it has at E (the plain formulas overflow at log-ratio 88.7 in
+float32: inf values without ``clamp``, NaN gradients (inf * 0) with it). ``clamp`` then clips the
+value with zero gradient where it binds, as verl and the RPG code do. Masked positions may hold
+anything (NaN, +-inf): they give 0 and exactly 0 gradient.
 
 Notation: l = logp, r = ref_logp, o = old_logp, p = exp(l), q = exp(r), rho = q / p,
 w = exp(l - r) (RPG, anchor r). "d/dl" is the derivative of the per-token value with respect to
@@ -123,7 +123,8 @@ def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """k1 = log p - log q (Schulman 2020, "Approximating KL divergence"; verl ``kl``).
 
     Unbiased estimator of KL(pi_theta || pi_ref) on samples of pi_theta, can be negative;
-    d/dlogp = 1 (so as a loss term its expected gradient on-policy is 0; METHODS.md 3.1).
+    d/dlogp = 1 (so as a loss term its expected gradient on-policy is 0; docs/methods.md, section
+    "KL estimators").
     """
     return logp - ref_logp
 
@@ -136,19 +137,19 @@ def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
     """k3 = rho - 1 - log rho with rho = q / p = exp(log q - log p) (Schulman 2020).
 
-    TRL's GRPO ``per_token_kl`` and verl's ``low_var_kl`` (METHODS.md 3.1; the GBMPO "KL"
-    baseline). d/dlogp = 1 - rho. Computed as expm1(log rho) - log rho. ``clamp=c`` clips the
-    value to [-c, c] (zero gradient where it binds): verl uses c = 10 (and clips log rho to
-    [-20, 20] before exp, which only matters where the value is clipped anyway; the results
+    TRL's GRPO ``per_token_kl`` and verl's ``low_var_kl`` (docs/methods.md, section "KL estimators";
+    the GBMPO "KL" baseline). d/dlogp = 1 - rho. Computed as expm1(log rho) - log rho. ``clamp=c``
+    clips the value to [-c, c] (zero gradient where it binds): verl uses c = 10 (and clips log rho
+    to [-20, 20] before exp, which only matters where the value is clipped anyway; the results
     are the same); TRL does not clamp (default None).
 
-    Extreme log-ratios (issue 15). For log rho > E = :func:`exp_bound` (22.18 in float32,
-    177.45 in float64) k3 continues on its tangent line, k3(E) + (e^E - 1)(log rho - E), so
-    value and gradient stay finite with or without ``clamp`` (the plain formula overflows at
-    log rho > 88.7 in float32: inf without clamp, NaN gradient with it); in that region
-    d/dlogp = 1 - e^E instead of 1 - rho. For log rho <= E (rho <= 4.3e9 in float32) the
-    result is bit for bit the plain formula, so TRL parity is unchanged. Computed in float32
-    (float64 stays float64).
+    Extreme log-ratios (docs/methods.md, section "Numerical safety"). For log rho > E =
+    :func:`exp_bound` (22.18 in float32, 177.45 in float64) k3 continues on its tangent line,
+    k3(E) + (e^E - 1)(log rho - E), so value and gradient stay finite with or without ``clamp``
+    (the plain formula overflows at log rho > 88.7 in float32: inf without clamp, NaN gradient
+    with it); in that region d/dlogp = 1 - e^E instead of 1 - rho. For log rho <= E (rho <= 4.3e9
+    in float32) the result is bit for bit the plain formula, so TRL parity is unchanged. Computed
+    in float32 (float64 stays float64).
     """
     logp, ref_logp = _compute(logp, ref_logp)
     log_rho = ref_logp - logp
@@ -172,9 +173,9 @@ def kl_k3_is(
 ) -> Tensor:
     """Importance-corrected k3: w_o * k3(l, r) with w_o = exp(logp - old_logp) (not detached).
 
-    RPG (arXiv 2505.17508, section 3 / METHODS.md 3.1): on tokens sampled from pi_old, the
-    off-policy-correct estimate of KL(pi_theta || pi_ref) is E_old[w_o k3]; the same as TRL's
-    ``use_bias_correction_kl`` (DeepSeek-V3.2). d/dlogp = w_o (k3 + 1 - rho).
+    RPG (arXiv 2505.17508, section 3; docs/methods.md, section "KL estimators"): on tokens sampled
+    from pi_old, the off-policy-correct estimate of KL(pi_theta || pi_ref) is E_old[w_o k3]; the
+    same as TRL's ``use_bias_correction_kl`` (DeepSeek-V3.2). d/dlogp = w_o (k3 + 1 - rho).
     With ``old_logp=None`` the tokens are taken as on-policy: w_o = exp(l - SG(l)), which has
     value 1 but carries the score-function gradient, giving d/dlogp = k3 + 1 - rho, whose
     expectation under pi_theta is the exact reverse-KL gradient. ``clamp`` clips k3 as in
@@ -190,10 +191,10 @@ def kl_k3_is(
 def prob_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """ProbL2: (p - q)^2 with p = exp(logp), q = exp(ref_logp) (GBMPO, arXiv 2602.04380).
 
-    The Bregman divergence of h(y) = y^2 on the sampled token (METHODS.md 3.3(b));
-    d/dlogp = 2 (p - q) p. The authors' code floors p and q at 1e-10; that is only needed for
-    logarithms, so no floor is applied here (the value changes by < 1e-20 and a floor would cut
-    the gradient of tokens with p < 1e-10).
+    The Bregman divergence of h(y) = y^2 on the sampled token (docs/methods.md, section "GBMPO
+    regularizers"); d/dlogp = 2 (p - q) p. The authors' code floors p and q at 1e-10; that is only
+    needed for logarithms, so no floor is applied here (the value changes by < 1e-20 and a floor
+    would cut the gradient of tokens with p < 1e-10).
     """
     return (torch.exp(logp) - torch.exp(ref_logp)).square()
 
@@ -201,7 +202,7 @@ def prob_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def log_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """(log p - log q)^2: GBMPO code's ``L2GRPOTrainer`` (superseded by ProbL2; = 2 k2).
 
-    d/dlogp = 2 (log p - log q). (METHODS.md 3.3(b).)
+    d/dlogp = 2 (log p - log q). (docs/methods.md, section "GBMPO regularizers".)
     """
     return (logp - ref_logp).square()
 
@@ -209,7 +210,8 @@ def log_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
 def mirror_bregman(logp: Tensor, ref_logp: Tensor, mirror: NeuralMirrorMap) -> Tensor:
     """D_h(p, q) for a neural mirror map h, p = exp(logp), q = exp(ref_logp) floored at 1e-10.
 
-    GBMPO NM-GRPO (arXiv 2602.04380; METHODS.md 3.4). d/dlogp = (h'(p) - h'(q)) p.
+    GBMPO NM-GRPO (arXiv 2602.04380; docs/methods.md, section "Neural mirror map").
+    d/dlogp = (h'(p) - h'(q)) p.
     """
     return mirror.bregman(torch.exp(logp), torch.exp(ref_logp))
 
@@ -217,8 +219,8 @@ def mirror_bregman(logp: Tensor, ref_logp: Tensor, mirror: NeuralMirrorMap) -> T
 def rpg_fkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
     """-log w, w = exp(logp - anchor_logp): RPG FKL, KL(pi_anchor || pi_theta) (arXiv 2505.17508).
 
-    Fully differentiable KL part of RPG Table 1 (code ``kl_loss_type=rpg_fkl``, METHODS.md 3.2);
-    d/dlogp = -1. The RPG code does not clamp this one.
+    Fully differentiable KL part of RPG Table 1 (code ``kl_loss_type=rpg_fkl``, docs/methods.md,
+    section "RPG"); d/dlogp = -1. The RPG code does not clamp this one.
     """
     return _clamp(anchor_logp - logp, clamp)
 

@@ -21,6 +21,10 @@ Diagnostics are detached 0-dim tensors, masked means over valid tokens (0 on an 
 Names (registry :data:`SURROGATES`, built by :func:`get_surrogate`): ``clip``, ``gspo``, ``atr``,
 ``divergence_clip`` (clip by any policy divergence; ``atr`` is its ``measure="k3"``),
 ``rpg_clip``, ``rpg_reinforce``.
+
+Why one module of ~750 lines: the surrogates share one signature, one set of diagnostics, the
+masking and dtype helpers and one registry, and the formulas read best side by side; each class is
+short. The clip measures of ``divergence_clip`` are in :mod:`gbmpo.objectives.clip_measures`.
 """
 
 from __future__ import annotations
@@ -100,9 +104,9 @@ def ppo_clip_loss(
 
     and with dual clip (Ye et al. 2020, as in verl and RPG): for :math:`A < 0`,
     :math:`\ell \leftarrow \min(\ell, -cA)`. With :math:`l = 1-\varepsilon_{\text{low}}`,
-    :math:`h = 1+\varepsilon_{\text{high}}` this is METHODS.md §2.2. Gradient:
-    :math:`-A\,w\,\nabla\log\pi_\theta` inside the trust region, 0 where the clip binds in the
-    direction the advantage pushes, and 0 where the dual cap binds.
+    :math:`h = 1+\varepsilon_{\text{high}}` this is docs/methods.md, section "Clipped surrogate".
+    Gradient: :math:`-A\,w\,\nabla\log\pi_\theta` inside the trust region, 0 where the clip binds in
+    the direction the advantage pushes, and 0 where the dual cap binds.
     """
     unclipped = ratio if ratio_cap is None else ratio.clamp(max=ratio_cap)
     clipped = ratio.clamp(low, high)
@@ -399,7 +403,7 @@ class ClipSurrogate:
 
     :math:`\ell_{i,t} = -\min(\min(w,\delta)A_i,\ \mathrm{clip}(w, 1-\varepsilon_{\text{low}},
     1+\varepsilon_{\text{high}})A_i)`, then :math:`\min(\ell, -cA_i)` for :math:`A_i<0`
-    (see :func:`ppo_clip_loss`; METHODS.md §2.2).
+    (see :func:`ppo_clip_loss`; docs/methods.md, section "Clipped surrogate").
 
     Args:
         eps_low: lower clip range, ratio floor ``1 - eps_low``; in [0, 1].
@@ -435,8 +439,8 @@ class ClipSurrogate:
 class GSPOSurrogate:
     r"""GSPO: the clip of :class:`ClipSurrogate` applied to the sequence ratio
     :math:`s_i = \exp(\frac{1}{|o_i|}\sum_t m_{i,t}\log w_{i,t})` (Zheng et al. 2025,
-    arXiv 2507.18071; TRL ``importance_sampling_level="sequence"``; METHODS.md §2.3),
-    broadcast to every token of completion ``i``.
+    arXiv 2507.18071; TRL ``importance_sampling_level="sequence"``; docs/methods.md, section
+    "GSPO"), broadcast to every token of completion ``i``.
 
     Gradient form: the per-token loss is the same for every token of a sequence and each
     token's log-prob receives :math:`\partial/\partial\log\pi_{i,t} = -A_i s_i/|o_i|` inside the
@@ -448,10 +452,10 @@ class GSPOSurrogate:
     sequence by its length. Diagnostics are over tokens (the broadcast ratio).
 
     Args:
-        eps_low, eps_high: clip ranges; defaults 3e-4 / 4e-4 as reported for GSPO (METHODS.md
-            §2.3, [I]); ``eps_high=None`` means equal to ``eps_low``.
-        dual_clip_c: dual clip on the sequence ratio (``None``: off).
-        delta: cap on the unclipped sequence ratio (TRL ``delta``).
+        eps_low, eps_high: clip ranges; defaults 3e-4 / 4e-4 as reported for GSPO (docs/methods.md,
+        section "GSPO"); ``eps_high=None`` means equal to ``eps_low``. dual_clip_c: dual clip
+        on the sequence ratio (``None``: off). delta: cap on the unclipped sequence ratio (TRL
+        ``delta``).
     """
 
     eps_low: float = 3e-4
@@ -477,7 +481,7 @@ class GSPOSurrogate:
 @dataclass(frozen=True)
 class ATRSurrogate:
     r"""ATR-GRPO: the token clip with the KL3 trust-region bounds of :func:`atr_bounds`
-    (UCF, arXiv 2602.05494; METHODS.md §4), the alias of
+    (UCF, arXiv 2602.05494; docs/methods.md, section "ATR-GRPO"), the alias of
     ``divergence_clip(measure="k3", delta=delta)`` (:class:`DivergenceClipSurrogate`, same bits):
     :math:`\ell = -\min(wA, \mathrm{clip}(w, l_\delta, u_\delta)A)`, i.e. the ratio's gradient
     is removed once :math:`w - 1 - \log w > \delta` in the direction the advantage pushes.
@@ -632,7 +636,8 @@ class DivergenceClipSurrogate:
 @SURROGATES.register("rpg_clip")
 @dataclass(frozen=True)
 class RPGClipSurrogate:
-    r"""RPG-Style Clip (arXiv 2505.17508 §3.3; METHODS.md §3.2 :math:`L^{\text{RPG-Clip}}`):
+    r"""RPG-Style Clip (arXiv 2505.17508 §3.3; docs/methods.md, section "RPG"
+    :math:`L^{\text{RPG-Clip}}`):
 
     .. math::
         L = \begin{cases} \max(-w\hat A, -\mathrm{clip}(w, 1-\epsilon_1, 1+\epsilon_2)\hat A)
@@ -688,15 +693,16 @@ class RPGClipSurrogate:
 @dataclass(frozen=True)
 class RPGReinforceSurrogate:
     r"""RPG-REINFORCE with RPG-Style Clip (arXiv 2505.17508 Algorithm 2 and Table 2;
-    METHODS.md §3.2), token level; see :func:`rpg_reinforce_loss` for the five branches.
+    docs/methods.md, section "RPG"), token level; see :func:`rpg_reinforce_loss` for the five
+    branches.
 
     The REINFORCE weight is :math:`\mathrm{SG}(wA + C_{KL})` with :math:`C_{KL}` of
     :func:`rpg_kl_component` computed from the clipped ratio :math:`\bar w`; the KL anchor is
     :math:`\pi_{\text{old}}` (``old_logp``), RPG's iterative reference. Active-region gradient:
     :math:`-(wA + C_{KL})\nabla\log\pi_\theta`. Implemented from the paper: the authors'
-    repository defines but never calls ``compute_policy_loss_reinforce`` (METHODS.md §7.14).
-    The loss value is a REINFORCE surrogate (weight times :math:`-\log\pi`), not an objective
-    estimate.
+    repository defines but never calls ``compute_policy_loss_reinforce`` (docs/methods.md, "Choices"
+    item 12). The loss value is a REINFORCE surrogate (weight times :math:`-\log\pi`), not an
+    objective estimate.
 
     Args:
         variant: ``fkl``, ``rkl``, ``ufkl`` or ``urkl`` (required).

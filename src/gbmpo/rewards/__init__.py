@@ -7,8 +7,8 @@ list[float | None]`` and are registered by name in :data:`REWARDS`:
 * ``code_pass_fraction``: fraction of tests passed (columns ``tests``, ``setup``, ``prefix``,
   ``entry_point``; see :mod:`gbmpo.rewards.code`);
 * ``code_all_pass``: 1.0 iff every test passed;
-* ``code_shaped``: the GBMPO authors' shaped MBPP reward (METHODS.md §6.1; see
-  :mod:`gbmpo.rewards.code_shaping`);
+* ``code_shaped``: the GBMPO authors' shaped MBPP reward (docs/methods.md, section "Shaped MBPP
+  reward"; see :mod:`gbmpo.rewards.code_shaping`);
 * ``exact``: final answer equals column ``answer`` as a string
   (:func:`gbmpo.rewards.resolve.exact_match_reward`).
 

@@ -180,7 +180,7 @@ def make_code_reward(
     """A TRL-style code reward: ``kind`` is ``"pass_fraction"``, ``"all_pass"`` or ``"shaped"``.
 
     ``"shaped"``: :func:`gbmpo.rewards.code_shaping.shaped_code_rewards`, with groups = runs of
-    consecutive equal prompts and ``banned_tokens`` (default: the three the spec names).
+    consecutive equal prompts and ``banned_tokens`` (default: the three the authors name).
     """
     if kind not in CODE_REWARD_KINDS:
         raise ValueError(
@@ -225,5 +225,5 @@ def make_code_reward(
 code_pass_fraction = make_code_reward("pass_fraction")
 #: 1.0 iff every test passed (default sandbox, 5 s, 1 GiB)
 code_all_pass = make_code_reward("all_pass")
-#: the GBMPO authors' shaped reward (default sandbox, 5 s, 1 GiB; the spec's banned tokens)
+#: the GBMPO authors' shaped reward (default sandbox, 5 s, 1 GiB; its three banned tokens)
 code_shaped = make_code_reward("shaped")

@@ -1,8 +1,8 @@
-"""The GBMPO authors' shaped MBPP training reward (METHODS.md §6.1, "Rewards in the code" [C]).
+"""The GBMPO authors' shaped MBPP training reward (docs/methods.md, section "Shaped MBPP reward").
 
-Source: the GBMPO authors' MBPP training code, as summarised in METHODS.md §6.1; whether the
-paper used this shaping is unknown (METHODS.md §7, item 12). For completion ``i`` of a group of
-``G`` completions of one prompt::
+Source: the GBMPO authors' MBPP training code, as summarised in docs/methods.md, section "Shaped
+MBPP reward"; whether the paper used this shaping is unknown (docs/methods.md, "Choices" item 15).
+For completion ``i`` of a group of ``G`` completions of one prompt::
 
     r_i = b_i + o_i + f_i + β_i + d_i + t_i
 
@@ -19,7 +19,7 @@ paper used this shaping is unknown (METHODS.md §7, item 12). For completion ``i
 The first four terms depend on the completion alone (:func:`sample_reward`), the last two on its
 group (:func:`shape_group`).
 
-Ambiguities of the spec, resolved here (each function's docstring repeats its own):
+Ambiguities of the description, resolved here (each function's docstring repeats its own):
 
 1. **Terms add up.** ``o_i`` is a single value chosen by priority: no tests or unparseable code
    (−0.10) > timeout (−0.25) > another execution failure (−0.15) > no test passed (−0.10) >
@@ -34,9 +34,9 @@ Ambiguities of the spec, resolved here (each function's docstring repeats its ow
    one code block are expected by our prompts (the chat system prompt asks for a single
    ```` ```python ```` block; base prompts end with an opening fence, restored before grading),
    so the first ``allowed_fences`` (2) fences are exempt and only further fences count.
-   The default list is exactly the three tokens the spec names, :data:`SPEC_BANNED_TOKENS`:
-   ```` ``` ````, ``input(``, ``Example:``; the spec's "…" (the rest of the authors' list) is
-   not known and nothing is added.
+   The default list is exactly the three tokens the description names,
+   :data:`SPEC_BANNED_TOKENS`: ```` ``` ````, ``input(``, ``Example:``; the description's "…" (the
+   rest of the authors' list) is not known and nothing is added.
 5. **Non-ASCII** is a flat −0.03 when the answer text has any character above U+007F (not per
    character).
 6. **"When tests pass"** (brevity) means *every* test passed (:attr:`RunResult.all_passed`), so
@@ -95,7 +95,8 @@ __all__ = [
     "validate_banned_tokens",
 ]
 
-#: the banned tokens METHODS.md §6.1 names (code fences, ``input(``, "Example:"); its "…" is unknown
+#: the banned tokens the authors' code names (code fences, ``input(``, "Example:"); its "…" is
+#: unknown
 SPEC_BANNED_TOKENS: tuple[str, ...] = ("```", "input(", "Example:")
 #: fences of the one expected code block, exempt from the banned-token count
 ALLOWED_FENCES = 2
@@ -167,15 +168,16 @@ def classify_outcome(result: RunResult, parseable: bool = True) -> str:
 
 
 def pass_fraction(passed: int, total: int) -> float:
-    """Base reward ``b = passed / total`` (0 without tests). METHODS.md §6.1: "Base reward =
-    fraction of tests passed"."""
+    """Base reward ``b = passed / total`` (0 without tests). docs/methods.md, section "Shaped MBPP
+    reward": "Base reward = fraction of tests passed"."""
     return passed / total if total else 0.0
 
 
 def outcome_penalty(outcome: str) -> float:
-    """Outcome penalty ``o`` (METHODS.md §6.1, the authors' code): −0.10 if no test passes,
-    −0.25 on timeout, −0.15 on another execution failure, −0.10 if the code cannot be parsed or
-    there are no tests, else 0. Exactly one applies (``outcome`` from :func:`classify_outcome`).
+    """Outcome penalty ``o`` (docs/methods.md, section "Shaped MBPP reward", the authors' code):
+    −0.10 if no test passes, −0.25 on timeout, −0.15 on another execution failure, −0.10 if the code
+    cannot be parsed or there are no tests, else 0. Exactly one applies (``outcome`` from
+    :func:`classify_outcome`).
     """
     try:
         return _OUTCOME_PENALTY[outcome]
@@ -206,17 +208,18 @@ def format_penalty(
     banned_tokens: Sequence[str] = SPEC_BANNED_TOKENS,
     allowed_fences: int = ALLOWED_FENCES,
 ) -> float:
-    """Format penalty ``f = −0.02·n − 0.03·[text has a non-ASCII character]`` (METHODS.md §6.1,
-    the authors' code: "−0.02 per banned token ... and −0.03 for non-ASCII characters"), with
-    ``n`` from :func:`count_banned_tokens`. ``text`` is the answer (after any ``</think>``)."""
+    """Format penalty ``f = −0.02·n − 0.03·[text has a non-ASCII character]`` (docs/methods.md,
+    section "Shaped MBPP reward", the authors' code: "−0.02 per banned token ... and −0.03 for
+    non-ASCII characters"), with ``n`` from :func:`count_banned_tokens`. ``text`` is the answer
+    (after any ``</think>``)."""
     n = count_banned_tokens(text, banned_tokens, allowed_fences)
     return BANNED_TOKEN_PENALTY * n + (NON_ASCII_PENALTY if not text.isascii() else 0.0)
 
 
 def brevity_bonus(length: int, all_passed: bool) -> float:
-    """Brevity bonus ``β`` (METHODS.md §6.1, the authors' code: "+0.02 under 100 characters,
-    +0.01 under 150" when tests pass): ``0.02·[L < 100] + 0.01·[100 ≤ L < 150]`` if every test
-    passed, else 0; ``L`` = :func:`code_length`."""
+    """Brevity bonus ``β`` (docs/methods.md, section "Shaped MBPP reward", the authors' code: "+0.02
+    under 100 characters, +0.01 under 150" when tests pass): ``0.02·[L < 100] + 0.01·[100 ≤ L <
+    150]`` if every test passed, else 0; ``L`` = :func:`code_length`."""
     if not all_passed:
         return 0.0
     if length < BREVITY_SHORT:
@@ -240,7 +243,8 @@ def sample_reward(
     banned_tokens: Sequence[str] = SPEC_BANNED_TOKENS,
     allowed_fences: int = ALLOWED_FENCES,
 ) -> float:
-    """Per-completion part ``b + o + f + β`` (module docstring; METHODS.md §6.1).
+    """Per-completion part ``b + o + f + β`` (module docstring; docs/methods.md, section "Shaped
+    MBPP reward").
 
     ``result``: the sandbox run of ``program`` (the code that ran, task prefix included);
     ``completion``: the completion text (format terms, on the text after ``</think>``);
@@ -260,8 +264,8 @@ def sample_reward(
 
 
 def duplicate_penalties(texts: Sequence[str]) -> list[float]:
-    """``d_i = −0.02·[∃ j ≠ i: texts_j == texts_i]`` (METHODS.md §6.1, the authors' code:
-    "−0.02 for an exact duplicate within the group"); every copy is penalised."""
+    """``d_i = −0.02·[∃ j ≠ i: texts_j == texts_i]`` (docs/methods.md, section "Shaped MBPP reward",
+    the authors' code: "−0.02 for an exact duplicate within the group"); every copy is penalised."""
     counts = Counter(texts)
     return [DUPLICATE_PENALTY if counts[t] > 1 else 0.0 for t in texts]
 
@@ -269,8 +273,8 @@ def duplicate_penalties(texts: Sequence[str]) -> list[float]:
 def length_tiebreak(
     rewards: Sequence[float], lengths: Sequence[int], magnitude: float = TIEBREAK
 ) -> list[float]:
-    """Tie-breaker for a zero-variance group (METHODS.md §6.1, the authors' code: "length-ranked
-    tie-breaker between +0.015 and −0.015").
+    """Tie-breaker for a zero-variance group (docs/methods.md, section "Shaped MBPP reward", the
+    authors' code: "length-ranked tie-breaker between +0.015 and −0.015").
 
     If ``max(r) − min(r) ≤ 1e-9`` and ``G ≥ 2``: ``t_i = m·(1 − 2·ρ_i/(G − 1))`` with ``ρ_i``
     the ascending rank of ``lengths_i`` in 0..G−1 (average rank for ties) and ``m = 0.015``:

@@ -14,7 +14,7 @@ Each example: ``prompt``, ``answer`` (the reference solution), ``tests`` (the as
 ``challenge_test_list`` with ``challenge_tests=True``), ``setup`` (``test_setup_code``, or the
 sanitized ``test_imports``), ``entry_point`` (the function the tests call), ``task_id``.
 
-Prompt (GBMPO's MBPP prompt, METHODS.md sections 5 and 6.1): the problem text, then
+Prompt (GBMPO's MBPP prompt, docs/methods.md, section "Paper settings"): the problem text, then
 ``"Your code should pass these tests:"``, then the asserts (:data:`USER_TEMPLATE`).
 
 * base: that text followed by an opening ````` ```python ````` fence, so a pretrained model
@@ -23,12 +23,12 @@ Prompt (GBMPO's MBPP prompt, METHODS.md sections 5 and 6.1): the problem text, t
   the reply's ```` ```python ```` block.
 
 Reward (``reward=``): ``"pass_fraction"`` (default; tests passed / tests), ``"all_pass"`` or
-``"shaped"`` (the GBMPO authors' shaped training reward, METHODS.md §6.1: pass fraction plus
-outcome and format penalties, a brevity bonus and the group terms; ``banned_tokens=`` overrides
-its banned-token list; see :mod:`gbmpo.rewards.code_shaping`), from the hardened sandbox
-(:mod:`gbmpo.sandbox`, ``timeout_s`` 5 s as in the GBMPO evaluator). The shaped group
-terms take a group to be a run of consecutive equal prompts, which is how the trainer calls the
-reward (each prompt repeated ``G`` times). A problem counts as solved (pass@k) only when every
+``"shaped"`` (the GBMPO authors' shaped training reward, docs/methods.md, section "Shaped MBPP
+reward": pass fraction plus outcome and format penalties, a brevity bonus and the group terms;
+``banned_tokens=`` overrides its banned-token list; see :mod:`gbmpo.rewards.code_shaping`), from the
+hardened sandbox (:mod:`gbmpo.sandbox`, ``timeout_s`` 5 s as in the GBMPO evaluator). The shaped
+group terms take a group to be a run of consecutive equal prompts, which is how the trainer calls
+the reward (each prompt repeated ``G`` times). A problem counts as solved (pass@k) only when every
 test passes; :meth:`MBPPTask.grade` reports the shaped reward without the group terms.
 """
 

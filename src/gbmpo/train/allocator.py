@@ -4,12 +4,9 @@ PyTorch's CPU allocator takes every tensor straight from ``malloc``. With glibc'
 block above the (dynamic) mmap threshold is a fresh ``mmap`` and its ``free`` an ``munmap``,
 and free space at the top of the heap beyond the trim threshold is returned with ``brk``, so a
 training step that creates and drops the same activation-sized tensors thousands of times
-page-faults on every one of them: the kernel zeroes each new 4 KiB page. Measured on this
-project's VM (one thread, ``benchmarks/RESULTS.md`` §3.0): an RMSNorm over a ``[2560, 384]``
-float32 tensor took 4.5 ms of CPU with the defaults and 0.47 ms after :func:`keep_freed_memory`
-(at load ~3); in the trainer benchmark at load 1.3-2.2 the step was 2% shorter at 0.15M
-parameters and 5% at 9.6M (medians of two rounds that overlap; a quick test at load ~4 gave
-17% at 0.15M).
+page-faults on every one of them: the kernel zeroes each new 4 KiB page. On small CPU models
+that page-faulting is a visible part of a step (the measurements, with their dates, are in
+``benchmarks/RESULTS.md``, section 3.0, item 2).
 
 :func:`keep_freed_memory` raises both thresholds with ``mallopt`` (the run-time equivalent of
 the ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables, which only

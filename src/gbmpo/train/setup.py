@@ -206,9 +206,8 @@ def build_optimizer(params: list[Tensor], cfg: TrainConfig) -> tuple[Any, list[T
 def _adamw(params: list[Tensor], **kwargs: Any) -> torch.optim.AdamW:
     """torch's fused AdamW (each parameter's update in one kernel; what transformers' Trainer,
     and so TRL, uses by default) when it supports the parameters' device and dtype, else the
-    for-loop implementation; the same update rule either way. One step of the 9.6M-parameter
-    benchmark model: 23 ms for-loop, 11 ms fused (0.15M: 1.0 vs 0.4 ms), updates equal to
-    ~1e-7."""
+    for-loop implementation; the same update rule either way (updates equal to ~1e-7), about
+    twice as fast on CPU (``benchmarks/RESULTS.md``, section 3.0.1, item 6)."""
     try:
         return torch.optim.AdamW(params, fused=True, **kwargs)
     except (RuntimeError, ValueError):  # e.g. a device or dtype without the fused kernel
