@@ -2,9 +2,8 @@ r"""A lean one-token decode step for Llama-shaped causal LMs (Qwen3, Qwen2, Llam
 
 At small model sizes a decode step is dominated by Python overhead, not arithmetic: each
 transformers forward builds masks, position embeddings and cache objects and goes through
-several module wrappers per layer (about 5.5 ms per 64-row call for a 2-layer, 64-wide Qwen3
-on one CPU thread, of which the arithmetic is about a third; pyinstrument profile in
-``benchmarks/RESULTS.md`` section 3).
+several module wrappers per layer, and the arithmetic is a small part of a call (the profile is
+in ``benchmarks/RESULTS.md`` section 3).
 
 :class:`LeanDecoder` runs the same computation on the model's own weights with plain tensor
 functions, for one new token per row, against preallocated key/value buffers:
@@ -32,10 +31,9 @@ attention reads them once per prompt (:meth:`LeanDecoder.start_repeated`). The r
 the halves with one ``roll`` against a sin table whose first half is
 negated (:func:`_rotate_swap`: the same products and sums as the rotate-half formula, so the
 same bits), and the single-query attention is written out as two small products and a softmax
-against an additive ``0/-inf`` mask kept in a buffer (shared by the layers): CPU's fused
-``scaled_dot_product_attention`` kernel cost ~160 us per call at 0.2M and the whole decode step
-was 5% faster without it (1.07 -> 1.01 ms, alternating A/B in one process; at 9.6M within
-noise, 25.2 -> 24.7 ms).
+against an additive ``0/-inf`` mask kept in a buffer (shared by the layers): at these sizes the
+call overhead of CPU's fused ``scaled_dot_product_attention`` costs more than it saves
+(measured in ``benchmarks/RESULTS.md`` section 3.0.1).
 
 :meth:`LeanDecoder.for_model` returns ``None`` (and the caller keeps transformers' forward) for
 anything it does not reproduce exactly: other architectures, adapters or quantised layers in
@@ -90,9 +88,8 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 #: the decode step reads each prompt's keys/values once per prompt instead of once per row
 #: (LeanDecoder.start_repeated) when the rows' copies would be at least this many bytes per step
-#: over all layers: then it is cheaper to read them once (9.6M benchmark model, 64 rows, 8
-#: prompts of ~36 tokens: ~15 MB per step, generate 1051 -> 980 ms); below it the extra
-#: products and reshapes cost more than they save (0.15M model: ~1.2 MB, 52 -> 57 ms)
+#: over all layers: then it is cheaper to read them once; below it the extra products and
+#: reshapes cost more than they save (both sides measured in ``benchmarks/RESULTS.md`` 3.0.1)
 _SHARED_PROMPT_MIN_BYTES = 1 << 22
 
 
