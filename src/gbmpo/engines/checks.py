@@ -154,8 +154,25 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     return tokenizer, (task if task_cfg is cfg else None)
 
 
+def run_identity(cfg: Any) -> dict[str, Any]:
+    """The part of an engine's ``summary.json`` that names what ran: model, task, the
+    objective (advantage, surrogate, regularizer and coefficient, aggregation) and seed; the
+    same keys as the own trainer's summary, so reports group runs of every engine alike."""
+    o = cfg.objective
+    return {
+        "model": cfg.model.path,
+        "task": cfg.task.name,
+        "advantage": o.advantage,
+        "surrogate": o.surrogate.name,
+        "regularizer": o.regularizer.name,
+        "coef": o.regularizer.coef,
+        "aggregation": o.aggregation,
+        "seed": cfg.run.seed,
+    }
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """``summary.json``, written last and atomically (a finished run)."""
-    from gbmpo.train.checkpoint import write_json_atomic
+    from gbmpo.io import write_json_atomic
 
     write_json_atomic(run_dir / "summary.json", json.loads(json.dumps(summary, default=str)))

@@ -40,6 +40,7 @@ from gbmpo.engines.checks import (
     DryRunReport,
     EngineUnavailable,
     common_checks,
+    run_identity,
     without_missing_mirror,
     write_summary,
 )
@@ -437,7 +438,6 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
 def _summary(cfg: Any, run_dir: Path, steps: int, callback: _RunDirCallback,
              before: dict[str, Any] | None, after: dict[str, Any] | None,
              t0: float) -> dict[str, Any]:  # fmt: skip
-    o = cfg.objective
     summary: dict[str, Any] = {
         "status": "finished",
         "engine": "trl",
@@ -447,14 +447,7 @@ def _summary(cfg: Any, run_dir: Path, steps: int, callback: _RunDirCallback,
         "rl_seconds": callback.rl_seconds,
         "eval_before": before,
         "eval_after": after,
-        "model": cfg.model.path,
-        "task": cfg.task.name,
-        "advantage": o.advantage,
-        "surrogate": o.surrogate.name,
-        "regularizer": o.regularizer.name,
-        "coef": o.regularizer.coef,
-        "aggregation": o.aggregation,
-        "seed": cfg.run.seed,
+        **run_identity(cfg),
         "num_processes": cfg.run.num_processes,
         "finished": _dt.datetime.now().isoformat(timespec="seconds"),
         "run_dir": str(run_dir),

@@ -38,7 +38,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gbmpo.engines.checks import DryRunReport, EngineUnavailable, common_checks, write_summary
+from gbmpo.engines.checks import (
+    DryRunReport,
+    EngineUnavailable,
+    common_checks,
+    run_identity,
+    write_summary,
+)
 from gbmpo.integrations.common import hydra_value as _value
 
 __all__ = ["dry_run", "overrides", "run", "verl_python", "with_mirror_file", "write_data"]
@@ -338,21 +344,13 @@ def _summary_from_verl(cfg: Any, run_dir: Path) -> dict[str, Any]:
     with (run_dir / "metrics.jsonl").open("w") as f:
         for r in rows:
             f.write(json.dumps({"step": r["step"], **r["data"]}) + "\n")
-    o = cfg.objective
     return {
         "status": "finished",
         "engine": "verl",
         "steps": max((r["step"] for r in rows), default=0),
         "eval_before": vals[0][1] if vals and cfg.eval.before else None,
         "eval_after": vals[-1][1] if vals else None,
-        "model": cfg.model.path,
-        "task": cfg.task.name,
-        "advantage": o.advantage,
-        "surrogate": o.surrogate.name,
-        "regularizer": o.regularizer.name,
-        "coef": o.regularizer.coef,
-        "aggregation": o.aggregation,
-        "seed": cfg.run.seed,
+        **run_identity(cfg),
         "run_dir": str(run_dir),
         "final_model": str(run_dir / "checkpoints"),
     }

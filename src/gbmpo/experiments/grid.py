@@ -239,6 +239,29 @@ def _resolve_coef(
     )
 
 
+def _grid_run(
+    cfg: TrainConfig,
+    task: str,
+    label: str,
+    seed: int,
+    out: Path,
+    progress: bool | None,
+    source: str,
+) -> GridRun:
+    """The grid run of ``cfg`` (already set up for its task and arm) for ``seed``: its own run
+    directory ``out/runs/<task>/<label>/seed<k>``, validated (a bad setting names the run)."""
+    cfg.run.seed = int(seed)
+    run_dir = out / RUNS_DIR / task / label / f"seed{seed}"
+    cfg.run.output_dir = str(run_dir)
+    if progress is not None:
+        cfg.run.progress = progress
+    try:
+        validate(cfg)
+    except ValueError as err:  # ConfigError, UnknownNameError
+        raise GridError(f"{task}/{label}: {err}") from err
+    return GridRun(task, label, int(seed), run_dir, cfg, source)
+
+
 def plan_grid(
     base: TrainConfig,
     entries: Sequence[GridEntry],
@@ -295,18 +318,7 @@ def plan_grid(
                 reg.coef = float(coef)
                 reg.params.update(entry.params)
                 reg.params.update(params.get(entry.label, {}))
-                cfg.run.seed = int(seed)
-                run_dir = out / RUNS_DIR / task / entry.label / f"seed{seed}"
-                cfg.run.output_dir = str(run_dir)
-                if progress is not None:
-                    cfg.run.progress = progress
-                try:
-                    validate(cfg)
-                except ConfigError as err:
-                    raise GridError(f"{task}/{entry.label}: {err}") from err
-                except ValueError as err:  # UnknownNameError
-                    raise GridError(f"{task}/{entry.label}: {err}") from err
-                runs.append(GridRun(task, entry.label, int(seed), run_dir, cfg, source))
+                runs.append(_grid_run(cfg, task, entry.label, seed, out, progress, source))
     return runs
 
 
@@ -468,18 +480,7 @@ def plan_arms(
                     cfg.task.name = task
                     cfg.task.params = {}
                     cfg.task.train_split = None
-                cfg.run.seed = int(seed)
-                run_dir = out / RUNS_DIR / task / arm.label / f"seed{seed}"
-                cfg.run.output_dir = str(run_dir)
-                if progress is not None:
-                    cfg.run.progress = progress
-                try:
-                    validate(cfg)
-                except ConfigError as err:
-                    raise GridError(f"{task}/{arm.label}: {err}") from err
-                except ValueError as err:  # UnknownNameError
-                    raise GridError(f"{task}/{arm.label}: {err}") from err
-                runs.append(GridRun(task, arm.label, int(seed), run_dir, cfg, "arm"))
+                runs.append(_grid_run(cfg, task, arm.label, seed, out, progress, "arm"))
     return runs
 
 
