@@ -50,3 +50,21 @@ def test_paper_config_states_its_engine_and_dry_runs(
     else:
         assert checks["overrides"].startswith("ok")
         assert checks["verl config"].startswith(("ok", "skipped: no verl environment"))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize(
+    "name", ["gbmpo-qwen3-1.7b-gsm8k-probl2.yaml", "rpg-qwen3-4b-ufkl.yaml"]
+)
+def test_paper_config_without_its_device_stops_at_once(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real run of a GPU config on a machine without the GPU: exit 2 naming what is missing
+    (the device for TRL, the GPUs for verl), before any model is loaded or anything written."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    out = tmp_path / "run"
+    code = main(["train", "--config", str(CONFIGS / "paper" / name), "--output-dir", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "model.device is 'cuda'" in err or "GPU" in err, err
+    assert not out.exists()

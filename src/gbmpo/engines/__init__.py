@@ -39,7 +39,9 @@ def run(config: Any) -> dict[str, Any]:
     cannot run here, e.g. verl without its package or GPUs."""
     if config.engine == "trl":
         from gbmpo.engines import trl
+        from gbmpo.train.device import check_device
 
+        check_device(config.model.device)  # an absent device stops before anything is loaded
         return trl.run(config)
     if config.engine == "verl":
         from gbmpo.engines import verl
