@@ -173,6 +173,7 @@ def test_report_dynamics_and_p_values(tmp_path, make_run, gbmpo_cli):
     assert pl["paired_vs_baseline"]["p_value"] == pytest.approx(ref.pvalue)
     md = (out / "report.md").read_text()
     assert f"| {ref.pvalue:.2f} |" in md and "p (paired t)" in md
+    assert "| regularizer | coef | seeds |" in md  # a regularizer grid names its rows so
     assert "| prob_l2 | 1.945 ± 0.000 | 1.845 ± 0.000 | 6.00 ± 3.00 | 0.00 ± 0.00 |" in md
     assert "Training dynamics" in (out / "report.html").read_text()
 
@@ -279,6 +280,7 @@ def test_rpg_forms_grid_runs_and_reports_dynamics(rpg_grid):
     assert spec[0]["overrides"][0] == ["objective.surrogate.name", "rpg_reinforce"]
     md = (out / "report.md").read_text()
     assert "Training dynamics" in md and "`clip_urkl`: objective.surrogate.name=rpg_clip" in md
+    assert md.count("| arm | coef | seeds |") == 1 and md.count("| arm | seed |") == 1
     assert (out / "curves_arithmetic.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -337,11 +337,15 @@ def _coef(value: float) -> str:
     return f"{value:g}"
 
 
-def summary_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def summary_table(
+    task: Mapping[str, Any], row: str = "regularizer"
+) -> tuple[list[str], list[list[str]]]:
+    """The summary table of one task: one row per group (``row`` names the first column: the
+    regularizer of a regularizer grid, the arm of an arms grid)."""
     metric = task["metric"]
     base = task.get("baseline")
     header = [
-        "regularizer",
+        row,
         "coef",
         "seeds",
         f"{metric} % (mean ± std)",
@@ -429,10 +433,12 @@ def _arms_lines(results: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _run_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+def _run_table(
+    task: Mapping[str, Any], row: str = "regularizer"
+) -> tuple[list[str], list[list[str]]]:
     metric = task["metric"]
     header = [
-        "regularizer", "seed", f"{metric} % before", f"{metric} % after", "response tokens",
+        row, "seed", f"{metric} % before", f"{metric} % after", "response tokens",
         "train reward (last 10 steps)", "RL steps", "stop", "wall s", "run directory",
     ]
     rows = []
@@ -510,9 +516,10 @@ def render_markdown(
     arms = _arms_lines(results)
     if arms:
         out += ["Arms:", ""] + [f"- {a}" for a in arms] + [""]
+    row = "arm" if arms else "regularizer"
     for task in results["tasks"]:
         out += [f"## Task `{task['task']}`", "", _eval_desc(task) + ":", ""]
-        out += [md_table(*summary_table(task)), ""]
+        out += [md_table(*summary_table(task, row)), ""]
         out += [f"- {n}" for n in _notes(task)]
         dyn = _dynamics_table(task)
         if dyn is not None:
@@ -521,7 +528,7 @@ def render_markdown(
         out += ["", f"Settings: {settings}.", ""]
         if task["task"] in images:
             out += [f"![learning curves, {task['task']}]({images[task['task']]})", ""]
-        out += ["### Per-run results", "", md_table(*_run_table(task)), ""]
+        out += ["### Per-run results", "", md_table(*_run_table(task, row)), ""]
     failures = results.get("failures") or {}
     if failures:
         out += ["## Failed runs", ""]
@@ -565,10 +572,11 @@ def render_html(
     arms = _arms_lines(results)
     if arms:
         parts.append("<p>Arms:</p><ul>" + "".join(f"<li>{esc(a)}</li>" for a in arms) + "</ul>")
+    row = "arm" if arms else "regularizer"
     for task in results["tasks"]:
         parts.append(f"<h2>Task <code>{esc(task['task'])}</code></h2>")
         parts.append(f"<p>{esc(_eval_desc(task))}:</p>")
-        parts.append(_html_table(*summary_table(task)))
+        parts.append(_html_table(*summary_table(task, row)))
         parts.append("<ul>" + "".join(f"<li>{esc(n)}</li>" for n in _notes(task)) + "</ul>")
         dyn = _dynamics_table(task)
         if dyn is not None:
@@ -580,7 +588,7 @@ def render_html(
             src = esc(images[task["task"]])
             parts.append(f"<p><img src='{src}' alt='learning curves {esc(task['task'])}'></p>")
         parts.append("<h3>Per-run results</h3>")
-        parts.append(_html_table(*_run_table(task)))
+        parts.append(_html_table(*_run_table(task, row)))
     failures = results.get("failures") or {}
     if failures:
         parts.append("<h2>Failed runs</h2><ul>")
