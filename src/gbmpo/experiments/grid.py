@@ -248,8 +248,13 @@ def _grid_run(
     progress: bool | None,
     source: str,
 ) -> GridRun:
-    """The grid run of ``cfg`` (already set up for its task and arm) for ``seed``: its own run
-    directory ``out/runs/<task>/<label>/seed<k>``, validated (a bad setting names the run)."""
+    """The grid run of ``cfg`` (already set up for its arm) on ``task`` (another task than the
+    configured one starts from that task's defaults) for ``seed``: its own run directory
+    ``out/runs/<task>/<label>/seed<k>``, validated (a bad setting names the run)."""
+    if task != cfg.task.name:
+        cfg.task.name = task
+        cfg.task.params = {}
+        cfg.task.train_split = None
     cfg.run.seed = int(seed)
     run_dir = out / RUNS_DIR / task / label / f"seed{seed}"
     cfg.run.output_dir = str(run_dir)
@@ -307,10 +312,6 @@ def plan_grid(
             coef, source = _resolve_coef(entry, base, coefs)
             for seed in seeds:
                 cfg = copy.deepcopy(base)
-                if task != base.task.name:
-                    cfg.task.name = task
-                    cfg.task.params = {}
-                    cfg.task.train_split = None
                 reg = cfg.objective.regularizer
                 if entry.regularizer != reg.name:
                     reg.params = {}
@@ -476,10 +477,6 @@ def plan_arms(
             arm_cfg = _arm_config(base, arm)
             for seed in seeds:
                 cfg = copy.deepcopy(arm_cfg)
-                if task != cfg.task.name:
-                    cfg.task.name = task
-                    cfg.task.params = {}
-                    cfg.task.train_split = None
                 runs.append(_grid_run(cfg, task, arm.label, seed, out, progress, "arm"))
     return runs
 
