@@ -1,0 +1,71 @@
+"""One metrics schema for every engine's run directory.
+
+``metrics.jsonl`` holds one row per RL step (and ``eval/*`` rows); ``summary.json`` one object
+per run. A quantity every engine has gets one name and one definition here (:data:`STEP_METRICS`,
+:data:`SUMMARY_KEYS`); what only a host library logs is kept under its prefix (``trl/`` or
+``verl/``, :func:`host_name`). ``gbmpo compare`` and ``gbmpo report`` read these names only, so
+run directories of every engine sit side by side.
+
+Definitions (per RL step: one generation batch of ``prompts_per_step * num_generations``
+completions and the ``mu`` passes over it):
+
+* ``reg/<name>``: the masked per-token mean of regularizer ``<name>`` at the *rollout* policy
+  against the frozen reference, :math:`D(\\pi_{old}\\,\\|\\,\\pi_{ref})`, over the batch's
+  completion tokens, for the optimised regularizer and (with
+  ``objective.monitor_regularizers``) every registered one;
+* ``reg_value``: the masked mean of the *optimised* regularizer during the update,
+  :math:`D(\\pi_\\theta\\,\\|\\,\\text{anchor})`; ``reg_loss``: its aggregated, coefficient-scaled
+  term :math:`\\mathrm{agg}(\\lambda D)`;
+* ``loss`` / ``pg_loss``: the aggregated objective / surrogate term, averaged over the step's
+  optimizer steps.
+"""
+
+from __future__ import annotations
+
+__all__ = ["HOST_PREFIXES", "STEP_METRICS", "SUMMARY_KEYS", "host_name", "is_shared"]
+
+#: metrics.jsonl names every engine writes (where the engine computes the quantity) -> meaning
+STEP_METRICS: dict[str, str] = {
+    "step": "RL steps done (1-based)",
+    "loss": "aggregated objective, mean over the step's optimizer steps",
+    "pg_loss": "aggregated surrogate term alone, mean over the step's optimizer steps",
+    "reg_loss": "aggregated coef * regularizer term alone",
+    "reg_value": "masked per-token mean of the optimised regularizer, D(pi_theta || anchor)",
+    "clip_frac_low": "fraction of valid tokens clipped at the lower bound",
+    "clip_frac_high": "fraction of valid tokens clipped at the upper bound",
+    "clip_frac_dual": "fraction of valid tokens clipped by the dual clip",
+    "ratio_mean": "masked mean importance ratio pi_theta / pi_old",
+    "ratio_min": "minimum importance ratio over valid tokens",
+    "ratio_max": "maximum importance ratio over valid tokens",
+    "entropy": "mean per-token entropy of the policy on the completions",
+    "response_length_mean": "mean completion length in tokens",
+    "response_length_max": "longest completion in tokens",
+    "truncated_frac": "fraction of completions stopped by rollout.max_new_tokens",
+    "accuracy": "fraction of completions with reward >= 1",
+    "reward_mean": "mean reward of the step's completions",
+    "reward_std": "standard deviation of the step's rewards (population)",
+    "frac_reward_zero_std": "fraction of groups whose rewards are all equal",
+    "lr": "learning rate used by the step",
+    "grad_norm": "mean global gradient norm (before clipping) over the step's optimizer steps",
+    "step_seconds": "wall-clock seconds of the RL step",
+}
+
+#: summary.json keys every engine writes
+SUMMARY_KEYS: tuple[str, ...] = (
+    "status", "engine", "steps", "stop_reason", "wall_seconds", "eval_before", "eval_after",
+    "model", "task", "advantage", "surrogate", "regularizer", "coef", "aggregation", "seed",
+    "device", "dtype", "run_dir", "final_model",
+)  # fmt: skip
+
+#: where host-only metrics go
+HOST_PREFIXES: dict[str, str] = {"trl": "trl/", "verl": "verl/"}
+
+
+def is_shared(name: str) -> bool:
+    """Whether ``name`` is a schema name (``reg/<name>`` and ``eval/<metric>`` included)."""
+    return name in STEP_METRICS or name.startswith(("reg/", "eval/", "reg_loss/", "time/"))
+
+
+def host_name(host: str, name: str) -> str:
+    """A host library's own metric ``name`` kept beside the schema: ``trl/<name>``."""
+    return HOST_PREFIXES[host] + name

@@ -1,0 +1,69 @@
+"""The support matrix: every config key has an answer on every engine, and it is applied."""
+
+from __future__ import annotations
+
+import pytest
+
+from gbmpo.engines.support import (
+    ENGINES,
+    NO_EFFECT,
+    REFUSED,
+    SUPPORT,
+    check_support,
+    config_keys,
+    render_markdown,
+)
+from gbmpo.train.config import ConfigError, TrainConfig, load_config
+
+
+def test_every_config_key_has_an_entry_for_every_engine() -> None:
+    keys = set(config_keys())
+    for engine in ENGINES:
+        missing = keys - set(SUPPORT[engine])
+        assert not missing, f"engine {engine!r} has no support entry for {sorted(missing)}"
+        stale = set(SUPPORT[engine]) - keys
+        assert not stale, f"engine {engine!r} has entries for keys that do not exist: {stale}"
+
+
+def test_a_new_key_without_an_entry_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gbmpo.engines import support
+
+    monkeypatch.setattr(support, "config_keys", lambda: [*config_keys(), "run.brand_new_key"])
+    with pytest.raises(ConfigError, match="run.brand_new_key"):
+        check_support(TrainConfig())
+
+
+def test_defaults_pass_on_every_engine() -> None:
+    for engine in ENGINES:
+        assert check_support(TrainConfig(), engine) == []
+
+
+@pytest.mark.parametrize(
+    ("engine", "key"),
+    [(e, k) for e in ENGINES for k, s in SUPPORT[e].items() if s.status == REFUSED],
+)
+def test_every_refused_entry_refuses_its_probe(engine: str, key: str) -> None:
+    entry = SUPPORT[engine][key]
+    assert entry.how, f"{engine}/{key}: a refusal says why"
+    assert entry.probe is not None, f"{engine}/{key}: a refusal names a refused value (probe)"
+    cfg = load_config(overrides=[(key, entry.probe)])
+    with pytest.raises(ConfigError, match=rf"{key}.*engine {engine!r}"):
+        check_support(cfg, engine)
+
+
+def test_no_effect_key_at_a_non_default_value_gives_one_notice() -> None:
+    cfg = load_config(overrides=[("rollout.lean_decoder", "false")])
+    notices = check_support(cfg, "gbmpo")
+    assert len(notices) == 1 and "rollout.lean_decoder" in notices[0]
+    assert SUPPORT["gbmpo"]["rollout.lean_decoder"].status == NO_EFFECT
+
+
+def test_own_engine_refuses_several_processes() -> None:
+    cfg = load_config(overrides=[("run.num_processes", "2")])
+    with pytest.raises(ConfigError, match=r"run.num_processes.*engine 'gbmpo'"):
+        check_support(cfg, "gbmpo")
+
+
+def test_markdown_has_one_row_per_key() -> None:
+    table = render_markdown()
+    assert len(table.strip().splitlines()) == 2 + len(config_keys())
