@@ -37,9 +37,8 @@ def test_doc_has_commands_for_every_engine() -> None:
 
 
 @pytest.mark.parametrize("command", _commands())
-def test_doc_command_runs(command: str, monkeypatch: pytest.MonkeyPatch,
-                          capsys: pytest.CaptureFixture) -> None:  # fmt: skip
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+def test_doc_command_runs(command: str, data_mode: str, capsys: pytest.CaptureFixture) -> None:
+    """Each command exits 0 with this checkout's data and in a user's clone without it."""
     argv = shlex.split(command)[1:]
     assert main(argv) == 0, capsys.readouterr().err[-2000:]
     assert "dry run OK" in capsys.readouterr().out

@@ -97,6 +97,8 @@ def main(config: Any, *, dry: bool = False) -> int:
         if dry:
             report = dry_run(config)
             print(dump_yaml(config), end="")
+            for check in report.skipped:
+                print(f"warning: {check.name}: {check.detail}", file=sys.stderr)
             print("dry run OK: " + json.dumps(report.to_dict()))
             return 0
         summary = run(config)

@@ -4,8 +4,10 @@
 names (:func:`gbmpo.train.config.validate`, which builds the objective once), the model
 (resolved locally or from the hub cache), the tokenizer, the task and its splits, the device.
 What needs a resource this machine lacks (a CUDA device, a hub model that is not cached and
-cannot be downloaded, a mirror map that a ``gbmpo es`` run produces) is recorded as *skipped*,
-with the reason, instead of failing: the rest of the config is still checked.
+cannot be downloaded, a mirror map that a ``gbmpo es`` run produces, and the data set of a
+config meant for another machine) is recorded as *skipped*, with the reason, instead of
+failing: the rest of the config is still checked. ``gbmpo train --dry-run`` prints each skipped
+check as a warning.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     import torch
 
     from gbmpo.models import looks_like_hub_id, resolve_model_path
+    from gbmpo.tasks import DataUnavailable
     from gbmpo.train.config import validate
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
@@ -131,17 +134,26 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
         # without the tokenizer the chat prompts cannot be rendered; the data can be counted
         task_cfg = copy.deepcopy(cfg)
         task_cfg.task.template = "base"
-    task = build_task(task_cfg, tokenizer)
-    train, n_eval, (train_split, eval_split) = load_splits(task_cfg, task, count_eval=True)
-    report.ok(
-        "task",
-        f"{cfg.task.name}: {len(train)} {train_split} / {n_eval} {eval_split} examples"
-        + ("" if task_cfg is cfg else " (chat prompts not rendered: no tokenizer)"),
-    )
-    report.info.update(train_examples=len(train), eval_examples=n_eval)
-
     device = cfg.model.device
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    device_absent = device.startswith("cuda") and not torch.cuda.is_available()
+    task = build_task(task_cfg, tokenizer)
+    try:
+        train, n_eval, (train_split, eval_split) = load_splits(task_cfg, task, count_eval=True)
+    except DataUnavailable as err:
+        if not device_absent and tokenizer is not None:  # a run meant for this machine
+            raise
+        # a config for another machine: like a model it cannot find, a warning
+        report.skip("task", f"{cfg.task.name}: data not available here: {err}")
+        task = None
+    else:
+        report.ok(
+            "task",
+            f"{cfg.task.name}: {len(train)} {train_split} / {n_eval} {eval_split} examples"
+            + ("" if task_cfg is cfg else " (chat prompts not rendered: no tokenizer)"),
+        )
+        report.info.update(train_examples=len(train), eval_examples=n_eval)
+
+    if device_absent:
         report.skip("device", f"{device}: no CUDA device here (GPU-only checks skipped)")
     else:
         report.ok("device", device)

@@ -73,8 +73,14 @@ def find_data_file(relpath: str, path: str | os.PathLike[str] | None = None) -> 
     return None
 
 
+class DataUnavailable(FileNotFoundError):
+    """A task's data set is found nowhere here (no data file, no package data, no hub): the
+    message names every place looked in. A dry run of a config meant for another machine
+    reports it as a warning, like a model it cannot find."""
+
+
 def missing_data_error(relpath: str, hub_id: str | None, hub_reason: str | None = None
-                       ) -> FileNotFoundError:
+                       ) -> DataUnavailable:
     """The error for a data file found nowhere; ``hub_reason`` says why the hub was not used."""
     tried = ", ".join(str(d / relpath) + "[.gz]" for d in data_dirs())
     if hub_id is None:
@@ -83,7 +89,7 @@ def missing_data_error(relpath: str, hub_id: str | None, hub_reason: str | None 
         hub = (f"; the Hugging Face hub ({hub_id!r}) is turned off (hub=False or {HUB_ENV}=0)")
     else:
         hub = f"; the Hugging Face hub ({hub_id!r}) cannot be used: {hub_reason}"
-    return FileNotFoundError(
+    return DataUnavailable(
         f"data file {relpath!r} not found (looked in: {tried}){hub}. Pass path=... "
         f"(--task.params.path), set {DATA_DIR_ENV} to a directory holding {relpath}, or reinstall "
         "gbmpo from a checkout with the data beside it (scripts/pack_data.py)"

@@ -6,6 +6,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from gbmpo.tasks import DataUnavailable
 from gbmpo.train.config import TrainConfig, validate
 from gbmpo.train.device import (
     ONE_DEVICE_REFERENCE_BYTES,
@@ -26,8 +27,9 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     Creates no run directory. Returns a short description; ``warnings`` lists what a real run
     here would trip on (an absent device, a run that does not fit one device, and, for a config
     meant for another machine (its device is absent here), a model not available here), ``notes``
-    the memory estimate in words. A model that cannot be found is an error (``FileNotFoundError``)
-    when the configured device is present."""
+    the memory estimate in words. A model or a data set that cannot be found is an error
+    (``FileNotFoundError``) when the configured device is present; for a config meant for
+    another machine each is a warning and the rest is still checked."""
     from gbmpo.models import resolve_model_path
     from gbmpo.objectives import get_surrogate
     from gbmpo.objectives.regularizers import get_regularizer
@@ -58,14 +60,21 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
         task_cfg = copy.deepcopy(cfg)
         task_cfg.task.template = "base"
     task = build_task(task_cfg, tokenizer)
-    train_data, n_eval, _ = load_splits(cfg, task, count_eval=True)
-    n_train = len(train_data)
+    try:
+        train_data, n_eval, _ = load_splits(cfg, task, count_eval=True)
+    except DataUnavailable as err:
+        if absent is None and model_cfg is not None:  # a run meant for this machine
+            raise
+        # a config for another machine: like a model it cannot find, check the rest without it
+        warnings.append(f"task {cfg.task.name!r}: {err}; checked without its data")
+        train_data, n_eval = [], None
+    n_train = len(train_data) if n_eval is not None else None
     if cfg.run.output_dir:
         refuse_nonempty(Path(cfg.run.output_dir))
     needs_ref = bool((reg.needs_ref and o.regularizer.anchor == "ref") or o.monitor_regularizers)
     memory: dict[str, Any] | None = None
     notes: list[str] = []
-    if model_cfg is not None and tokenizer is not None:
+    if model_cfg is not None and tokenizer is not None and train_data:
         longest = max(len(tokenizer(ex["prompt"])["input_ids"]) for ex in train_data[:1000])
         memory = estimate_memory(cfg, model_cfg, longest, needs_ref)
         memory["device_bytes"] = device_memory_bytes(cfg.model.device)
@@ -78,8 +87,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
                 "several GPUs: TRL (--engine trl, gbmpo.integrations.trl) or verl (--engine "
                 "verl, gbmpo.integrations.verl)"
             )
-    limit = eval_limit(cfg, n_eval)
-    if limit is not None and limit < n_eval:
+    limit = eval_limit(cfg, n_eval) if n_eval is not None else None
+    if limit is not None and n_eval is not None and limit < n_eval:
         notes.append(f"evaluation on the first {limit} of {n_eval} held-out examples")
     return {
         "model": source,
