@@ -72,6 +72,12 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    from gbmpo.train.config import validate
+    from gbmpo.train.support import check_support
+
+    validate(cfg)  # bad values and what the engine refuses stop here (exit 2), before any write
+    for notice in check_support(cfg):
+        print(f"note: {notice}", file=sys.stderr)
     if cfg.engine != "gbmpo":  # trl / verl: gbmpo.engines builds and launches them
         from gbmpo import engines
 

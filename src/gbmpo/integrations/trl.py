@@ -64,7 +64,7 @@ from gbmpo.integrations.common import (
     clip_params,
 )
 from gbmpo.objectives.loss import compute_policy_loss
-from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer, kl_k3
+from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, kl_k3
 from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SurrogateSpec
 from gbmpo.objectives.surrogates import Surrogate
 
@@ -128,9 +128,6 @@ _ALIAS_DEFAULTS: dict[str, Any] = {
 
 # Regularizers that take a ``clamp`` parameter.
 _CLAMPABLE = ("kl_k3", "kl_k3_is", "rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl")
-# Regularizers evaluated for logging only (``log_all_regularizers``): every registered one that
-# needs no parameter. ``neural_mirror`` needs a map and is logged only when it is the active one.
-_NEEDS_PARAMS = ("neural_mirror",)
 
 # Multimodal keys that TRL's _compute_loss forwards from ``inputs`` to the log-prob helper.
 _FORWARD_KEYS: tuple[str, ...] = (
@@ -508,8 +505,7 @@ class GBMPOConfig(GRPOConfig):
                 "(a fixed entropy_coef is)"
             )
         self._resolve_coefficient()
-        if self.objective is not None:  # the spec's own parameters were checked by its build
-            build_objective(self)
+        if self.objective is not None:  # built once by _apply_objective_spec
             return
         if self.mirror_path is not None and self.regularizer != "neural_mirror":
             raise ValueError(
@@ -561,14 +557,18 @@ class GBMPOConfig(GRPOConfig):
             raise ValueError(
                 "GBMPOConfig: rpg_variant / rpg_beta are used only with clip_mode='rpg_dual'"
             )
-        # Build the objective once: surrogate / regularizer parameter errors surface here.
-        build_objective(self)
+        # Build the objective once: surrogate / regularizer parameter errors surface here; the
+        # trainer uses this build unless a field changed since (build_objective compares specs).
+        spec = spec_from_trl_fields(self)
+        self._built = (spec.to_dict(), spec.build())
 
     def _apply_objective_spec(self) -> None:
-        """``objective=`` given: parse and check it, refuse alias fields set beside it, and set
-        the TRL fields it determines (``loss_type``, ``scale_rewards``, the regularizer fields
-        that ``beta`` and the reference model follow). The spec is stored back as a dict."""
-        spec = ObjectiveSpec.load(self.objective).check()
+        """``objective=`` given: parse the spec and build it once (kept for the trainer), refuse
+        alias fields set beside it, and set the two TRL fields it determines (``loss_type``,
+        ``scale_rewards``); ``beta`` follows in :meth:`_resolve_coefficient`. The spec is
+        stored back as a dict (``GRPOConfig`` fields stay plain data)."""
+        spec = ObjectiveSpec.load(self.objective)
+        built = spec.build()
         changed = [
             name
             for name, default in _ALIAS_DEFAULTS.items()
@@ -591,14 +591,16 @@ class GBMPOConfig(GRPOConfig):
                 f"{', '.join(TRL_LOSS_TYPES)}; advantages: {', '.join(TRL_SCALE_REWARDS)}"
             )
         self.objective = spec.to_dict()
-        self.regularizer = spec.regularizer.name
-        self.regularizer_coef = spec.regularizer.coef
-        self.regularizer_anchor = spec.regularizer.anchor
-        self.log_all_regularizers = spec.monitor_regularizers
+        self._built = (spec.to_dict(), built)
         self.loss_type = TRL_LOSS_TYPES[spec.aggregation]
         self.scale_rewards = TRL_SCALE_REWARDS[spec.advantage]
 
     def _resolve_coefficient(self) -> None:
+        if self.objective is not None:  # the spec's coefficient (checked by its build)
+            built = self._built[1]
+            self.beta = built.coef if built.anchored_on_ref else 0.0
+            self._check_sync_ref_model(built.spec.regularizer.name, built.anchor, built.coef)
+            return
         beta = float(self.beta)
         coef = beta if self.regularizer_coef is None else float(self.regularizer_coef)
         if self.regularizer_coef is not None and beta != 0.0 and beta != coef:
@@ -618,16 +620,20 @@ class GBMPOConfig(GRPOConfig):
         self.regularizer_coef = coef
         # TRL loads the reference model and computes its log-probs exactly when beta != 0.
         self.beta = coef if self.needs_reference_model else 0.0
+        self._check_sync_ref_model(self.regularizer, self.regularizer_anchor, coef)
+
+    def _check_sync_ref_model(self, regularizer: str, anchor: str, coef: float) -> None:
         if self.sync_ref_model and not self.needs_reference_model:
             raise ValueError(
                 "GBMPOConfig: sync_ref_model=True but no reference model is used "
-                f"(regularizer={self.regularizer!r}, anchor={self.regularizer_anchor!r}, "
-                f"coefficient={coef:g})"
+                f"(regularizer={regularizer!r}, anchor={anchor!r}, coefficient={coef:g})"
             )
 
     @property
     def needs_reference_model(self) -> bool:
         """True when the loss needs the reference model's log-probs (TRL's ``beta != 0``)."""
+        if self.objective is not None and getattr(self, "_built", None) is not None:
+            return bool(self._built[1].anchored_on_ref)
         coef = self.regularizer_coef if self.regularizer_coef is not None else self.beta
         return self.regularizer != "none" and self.regularizer_anchor == "ref" and coef != 0
 
@@ -727,15 +733,11 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
 def build_objective(args: GBMPOConfig) -> TRLObjective:
     """Resolve ``args`` to a surrogate, a regularizer and an aggregation mode, through the
     objective spec (:func:`objective_spec`): ``args.objective`` if given, else the alias
-    fields (:func:`spec_from_trl_fields`)."""
+    fields (:func:`spec_from_trl_fields`). The spec is built once, when ``args`` is checked;
+    that build is used as is unless a field changed since."""
     spec = objective_spec(args)
-    built = spec.build()
-    diagnostics: dict[str, Regularizer] = {}
-    if spec.monitor_regularizers:
-        for reg_name in REGULARIZERS:
-            if reg_name in ("none", spec.regularizer.name, *_NEEDS_PARAMS):
-                continue
-            diagnostics[reg_name] = get_regularizer(reg_name)
+    cached = getattr(args, "_built", None)
+    built = cached[1] if cached is not None and cached[0] == spec.to_dict() else spec.build()
     return TRLObjective(
         surrogate=built.surrogate,
         surrogate_name=spec.surrogate.name,
@@ -745,7 +747,8 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
         loss_type=args.loss_type,
         aggregation=LOSS_TYPE_AGGREGATION[args.loss_type],
         max_len=int(args.max_completion_length),
-        diagnostics=diagnostics,
+        # the monitored set is the own engine's (every registered regularizer but "none")
+        diagnostics={n: r for n, r in built.monitors.items() if n != spec.regularizer.name},
         spec=spec,
     )
 

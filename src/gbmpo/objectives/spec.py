@@ -228,27 +228,64 @@ class ObjectiveSpec:
             raise SpecError(
                 f"'{where}.regularizer.anchor' must be 'ref' or 'old', got {r.anchor!r}"
             )
+        monitors: dict[str, Any] = {}
+        if self.monitor_regularizers:
+            from gbmpo.objectives.regularizers import REGULARIZERS
+
+            monitors = {
+                name: regularizer if name == r.name else get_regularizer(name)
+                for name in REGULARIZERS.names()
+                if name != "none"
+            }
         return BuiltObjective(
+            spec=self,
             advantage=ADVANTAGES.get(self.advantage),
             surrogate=surrogate,
             regularizer=regularizer,
             coef=float(r.coef),
             anchor=r.anchor,
             aggregation=self.aggregation,
+            monitors=monitors,
         )
 
 
 @dataclass(frozen=True)
 class BuiltObjective:
-    """What an :class:`ObjectiveSpec` names, built: the advantage function, the surrogate and
-    regularizer objects, the coefficient, the anchor and the aggregation mode's name."""
+    """What an :class:`ObjectiveSpec` names, built once and used as is by every engine (the own
+    trainer, ``GBMPOTrainer`` and the verl plugin): the advantage function, the surrogate and
+    regularizer objects, the coefficient, the anchor, the aggregation mode's name and the
+    regularizers monitored as ``reg/<name>``."""
 
+    #: the spec this was built from
+    spec: ObjectiveSpec
+    #: ``(rewards [N], group_size) -> advantages [N]`` from ``ADVANTAGES``
     advantage: Any
+    #: ``(logp, old_logp, advantages, mask) -> (per-token loss, diagnostics)``
     surrogate: Any
+    #: ``(logp, ref_logp, old_logp, mask) -> per-token divergence``
     regularizer: Any
     coef: float
+    #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
     anchor: str
     aggregation: str
+    #: every registered regularizer but ``none`` (the optimised one is the same object), when
+    #: ``monitor_regularizers``; empty otherwise
+    monitors: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether the reference policy's log-probs are needed: the regularizer is anchored on
+        it, or regularizers are monitored against it."""
+        anchored = bool(getattr(self.regularizer, "needs_ref", True)) and self.anchor == "ref"
+        return anchored or bool(self.monitors)
+
+    @property
+    def anchored_on_ref(self) -> bool:
+        """Whether the optimised term needs the reference's log-probs (a nonzero coefficient on
+        a regularizer anchored on the frozen reference): TRL's ``beta != 0``."""
+        reg_needs = bool(getattr(self.regularizer, "needs_ref", True))
+        return self.spec.regularizer.name != "none" and reg_needs and self.anchor == "ref" \
+            and self.coef != 0
 
 
 # ---------------------------------------------------------------------- parsing helpers

@@ -614,10 +614,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Check values and registry names (objectives are built once to check their parameters).
 
     Raises :class:`ConfigError` (or :class:`gbmpo.registry.UnknownNameError`, which lists the
-    valid names) naming the key. Does not touch the filesystem or load a model.
+    valid names) naming the key, also for a value ``cfg.engine`` cannot honour (the support
+    matrix, :func:`gbmpo.train.support.check_support`). Does not touch the filesystem or load a
+    model.
     """
-    from gbmpo.objectives import ADVANTAGES, AGGREGATIONS, get_surrogate
-    from gbmpo.objectives.regularizers import get_regularizer
     from gbmpo.registry import PluginError, UnknownNameError, add_plugin_modules
     from gbmpo.tasks import TASKS
 
@@ -661,14 +661,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         f"'rollout.engine': unknown engine {r.engine!r}; valid: {', '.join(engines)}",
     )
 
-    def named(kind: str, registry: Any, name: str) -> None:
-        if name not in registry:
-            raise UnknownNameError(
-                f"{kind}: unknown name {name!r}; valid names: {', '.join(registry.names())}"
-            )
-
-    named("objective.advantage", ADVANTAGES, o.advantage)
-    named("objective.aggregation", AGGREGATIONS, o.aggregation)
     if cfg.task.name not in TASKS:
         try:
             from gbmpo.tasks.reasoning_gym import list_datasets
@@ -685,26 +677,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         cfg.task.template in ("auto", "base", "chat"),
         f"'task.template' must be auto, base or chat, got {cfg.task.template!r}",
     )
-    try:
-        get_surrogate(o.surrogate.name, **o.surrogate.params)
-    except UnknownNameError as err:
-        raise UnknownNameError(f"objective.surrogate.name: {err}") from None
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"objective.surrogate ({o.surrogate.name!r}): {err}") from None
-    try:
-        get_regularizer(o.regularizer.name, **o.regularizer.params)
-    except UnknownNameError as err:
-        raise UnknownNameError(f"objective.regularizer.name: {err}") from None
-    except (TypeError, ValueError, OSError) as err:
+    try:  # the spec's own check: names, parameters (each built once), coef, anchor
+        o.check("objective")
+    except UnknownNameError:
+        raise
+    except ConfigError:
+        raise
+    except SpecError as err:
+        raise ConfigError(str(err)) from None
+    except OSError as err:  # e.g. a mirror-map file that is not there
         raise ConfigError(f"objective.regularizer ({o.regularizer.name!r}): {err}") from None
-    _require(
-        math.isfinite(o.regularizer.coef),
-        f"'objective.regularizer.coef' must be finite, got {o.regularizer.coef}",
-    )
-    _require(
-        o.regularizer.anchor in ("ref", "old"),
-        f"'objective.regularizer.anchor' must be 'ref' or 'old', got {o.regularizer.anchor!r}",
-    )
 
     _require(math.isfinite(opt.lr) and opt.lr >= 0, f"'optim.lr' must be >= 0, got {opt.lr}")
     _positive_int(opt.warmup_steps, "optim.warmup_steps", zero=True)
@@ -779,4 +761,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 f"'run.report_to' {name!r} needs the {package} package, which is not installed "
                 f"(pip install {package})"
             )
+    # the support matrix: a value this engine cannot honour is refused here, before any write
+    from gbmpo.train.support import check_support
+
+    check_support(cfg)
     return cfg

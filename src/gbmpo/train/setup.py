@@ -6,20 +6,19 @@ from __future__ import annotations
 
 import copy
 import random
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.spec import BuiltObjective
 from gbmpo.train.allocator import keep_freed_memory
 from gbmpo.train.batching import DataError
 from gbmpo.train.config import ConfigError, TrainConfig
 from gbmpo.train.precision import MasterWeightOptimizer, needs_master_weights
 
 __all__ = [
-    "Objectives",
     "build_objectives",
     "build_optimizer",
     "build_task",
@@ -44,36 +43,10 @@ def configure_process(cfg: TrainConfig) -> None:
         keep_freed_memory()
 
 
-@dataclass
-class Objectives:
-    """The loss's parts, by name from the registries (``objective.*``)."""
-
-    advantage_fn: Any
-    surrogate: Any
-    regularizer: Any
-    #: every registered regularizer, evaluated for monitoring (empty when off)
-    monitors: dict[str, Any]
-
-
-def build_objectives(cfg: TrainConfig) -> Objectives:
-    """The advantage function, surrogate, regularizer and monitors of ``cfg.objective``."""
-    from gbmpo.objectives import ADVANTAGES, get_surrogate
-    from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
-
-    o = cfg.objective
-    advantage_fn = ADVANTAGES.get(o.advantage)
-    surrogate = get_surrogate(o.surrogate.name, **o.surrogate.params)
-    regularizer = get_regularizer(o.regularizer.name, **o.regularizer.params)
-    monitors = (
-        {
-            name: (regularizer if name == o.regularizer.name else get_regularizer(name))
-            for name in REGULARIZERS.names()
-            if name != "none"
-        }
-        if o.monitor_regularizers
-        else {}
-    )
-    return Objectives(advantage_fn, surrogate, regularizer, monitors)
+def build_objectives(cfg: TrainConfig) -> BuiltObjective:
+    """``cfg.objective`` built once by its spec (:meth:`gbmpo.objectives.spec.ObjectiveSpec.build`):
+    advantage, surrogate, regularizer with coef and anchor, aggregation, monitors."""
+    return cfg.objective.build()
 
 
 def load_tokenizer(cfg: TrainConfig) -> Any:

@@ -72,7 +72,7 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     tr.reward_failures_total += scored.failures
 
     # 4. group advantages: A_i = r_i - mean_g(r)  [/ (std_g + eps) for "grpo"]
-    advantages = tr.advantage_fn(rewards, G)
+    advantages = tr.objective.advantage(rewards, G)
 
     # 5. log pi_old only if the policy moves before the batch is used up (mu > 1 or several
     #    mini-batches); log pi_ref only if the regularizer (or monitoring) needs it
@@ -142,10 +142,10 @@ def train_step(tr: Trainer) -> dict[str, Any]:
         "grad_norm_max": max(grad_norms),
     }
     record.update(diag.result())
-    if ref_logp is not None and tr.monitors:
+    if ref_logp is not None and tr.objective.monitors:
         # value of every registered regularizer at pi_old, vs the frozen reference
         with torch.no_grad():
-            for name, reg in tr.monitors.items():
+            for name, reg in tr.objective.monitors.items():
                 values = reg(rollout_logp, ref_logp, rollout_logp, mask)
                 record[f"reg/{name}"] = float((values * mask).sum() / mask.sum().clamp_min(1))
     record["step_seconds"] = step_seconds
@@ -180,7 +180,7 @@ def accumulate_gradients(
     and the accumulated gradient equals the one-batch gradient.
     """
     mask = batch.completion_mask.float()
-    anchor_old = tr.config.objective.regularizer.anchor == "old"
+    anchor_old = tr.objective.anchor == "old"
     n_seq, n_tok = len(rows), float(mask[rows].sum())
     stats = _MiniBatchStats(logp=torch.zeros(len(rows), mask.shape[1], device=mask.device))
     offset = 0
@@ -220,10 +220,10 @@ def policy_loss(
     micro-batch, normalised as its mini-batch."""
     from gbmpo.objectives import compute_policy_loss
 
-    o = tr.config.objective
+    o = tr.objective
     return compute_policy_loss(
         logp, old, anchor, advantages, mask,
-        surrogate=tr.surrogate, regularizer=tr.regularizer, coef=o.regularizer.coef,
+        surrogate=o.surrogate, regularizer=o.regularizer, coef=o.coef,
         aggregation=o.aggregation, max_len=tr.config.rollout.max_new_tokens,
         num_sequences=num_sequences, num_tokens=num_tokens,
     )

@@ -101,11 +101,7 @@ class Trainer:
         configure_process(cfg)
 
         # objectives, by name from the registries
-        objectives = build_objectives(cfg)
-        self.advantage_fn = objectives.advantage_fn
-        self.surrogate = objectives.surrogate
-        self.regularizer = objectives.regularizer
-        self.monitors = objectives.monitors
+        self.objective = build_objectives(cfg)  # built once; the step uses it as is
 
         # task and data
         if task is None:
@@ -120,8 +116,7 @@ class Trainer:
         # model (+ LoRA) and the frozen reference
         seed_everything(cfg.run.seed)
         self.model, self.tokenizer = load_policy(cfg, model, tokenizer)
-        anchored = self.regularizer.needs_ref and cfg.objective.regularizer.anchor == "ref"
-        self.needs_ref = bool(anchored or self.monitors)
+        self.needs_ref = self.objective.needs_ref
         self.ref_model: Any = frozen_reference(self.model, self.needs_ref, cfg.lora.enabled)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gbmpo.engines.support import (
+from gbmpo.train.config import ConfigError, TrainConfig, load_config
+from gbmpo.train.support import (
     ENGINES,
     NO_EFFECT,
     REFUSED,
@@ -13,7 +14,6 @@ from gbmpo.engines.support import (
     config_keys,
     render_markdown,
 )
-from gbmpo.train.config import ConfigError, TrainConfig, load_config
 
 
 def test_every_config_key_has_an_entry_for_every_engine() -> None:
@@ -26,7 +26,7 @@ def test_every_config_key_has_an_entry_for_every_engine() -> None:
 
 
 def test_a_new_key_without_an_entry_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gbmpo.engines import support
+    from gbmpo.train import support
 
     monkeypatch.setattr(support, "config_keys", lambda: [*config_keys(), "run.brand_new_key"])
     with pytest.raises(ConfigError, match="run.brand_new_key"):
@@ -67,3 +67,35 @@ def test_own_engine_refuses_several_processes() -> None:
 def test_markdown_has_one_row_per_key() -> None:
     table = render_markdown()
     assert len(table.strip().splitlines()) == 2 + len(config_keys())
+
+
+def test_validate_refuses_for_the_configured_engine() -> None:
+    from gbmpo.train.config import validate
+
+    with pytest.raises(ConfigError, match=r"run.num_nodes.*engine 'gbmpo'"):
+        validate(load_config(overrides=[("run.num_nodes", "2")]))
+
+
+def test_cli_refuses_before_writing_and_prints_notices_once(
+    tmp_path, capsys: pytest.CaptureFixture
+) -> None:
+    from gbmpo.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--run.num_processes", "2", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "run.num_processes" in err and "'gbmpo'" in err and not out.exists()
+    argv = ["train", "--dry-run", "--rollout.lean_decoder", "false"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("note: rollout.lean_decoder=False has no effect on results") == 1
+
+
+def test_docs_page_holds_the_current_matrix() -> None:
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "render_support_matrix.py"
+    mod = runpy.run_path(str(script))
+    text = mod["PAGE"].read_text()
+    assert mod["rendered"](text) == text, "run python scripts/render_support_matrix.py"

@@ -12,8 +12,10 @@ One config is one experiment on every engine, so each key has one answer per eng
 
 :func:`check_support` applies the matrix to a config: it raises
 :class:`gbmpo.train.config.ConfigError` for a refused value and returns the notices for
-no-effect keys set to non-default values. ``docs/cli-and-config.md`` holds the rendered table
-(:func:`render_markdown`), and a test fails for a config key without an entry for every engine.
+no-effect keys set to non-default values. :func:`gbmpo.train.config.validate` calls it, so every
+engine refuses before anything is written; ``gbmpo train`` prints the notices once.
+``docs/cli-and-config.md`` holds the rendered table (:func:`render_markdown`), and a test fails
+for a config key without an entry for every engine.
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ GBMPO: dict[str, Support] = {
     "run.report_to": H(),
     "run.num_threads": N(_SPEED),
     "run.keep_freed_memory": N(_SPEED),
-    "run.progress": N("display only"),
+    "run.progress": H("the progress display"),
     "run.plugins": H(),
     "run.allow_unsandboxed_code": H(),
     "run.num_processes": R("the own trainer runs one process; engines trl and verl run "
@@ -150,7 +152,7 @@ GBMPO: dict[str, Support] = {
                        _never_default("run.num_nodes"), probe=2),
 }
 
-# ------------------------------------------------------------------- TRL (engines/trl.py)
+# ------------------------------------------------------------------- TRL (gbmpo.engines.trl)
 
 TRL: dict[str, Support] = dict(GBMPO)  # filled in by the TRL engine's owner: see below
 TRL.update({
@@ -158,7 +160,7 @@ TRL.update({
     "run.num_processes": H("accelerate launch --num_processes", probe=2),
 })
 
-# ------------------------------------------------------------------- verl (engines/verl.py)
+# ------------------------------------------------------------------- verl (gbmpo.engines.verl)
 
 VERL: dict[str, Support] = dict(GBMPO)  # filled in by the verl engine's owner: see below
 VERL.update({
