@@ -62,3 +62,17 @@ def test_spec_surrogates_without_an_alias() -> None:
 def test_spec_refusals(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         GBMPOConfig(**BASE, **{"objective": ATR, **kw})
+
+
+def test_gbmpo_config_pickles_without_its_built_objective(tmp_path) -> None:
+    """HF's Trainer saves its arguments into every checkpoint (torch.save): the objective built
+    once by the config is left out and rebuilt from the spec after loading."""
+    import pickle
+
+    from gbmpo.integrations.trl import GBMPOConfig, build_objective
+
+    args = GBMPOConfig(str(tmp_path), objective={"regularizer": {"name": "prob_l2", "coef": 0.1}},
+                       report_to="none", use_cpu=True)  # fmt: skip
+    again = pickle.loads(pickle.dumps(args))
+    assert again.objective == args.objective and again.needs_reference_model
+    assert build_objective(again).coef == 0.1

@@ -629,10 +629,23 @@ class GBMPOConfig(GRPOConfig):
                 f"(regularizer={regularizer!r}, anchor={anchor!r}, coefficient={coef:g})"
             )
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the built objective holds functions and is rebuilt from the fields where needed
+        # (HF's Trainer pickles its arguments into every checkpoint)
+        state = dict(self.__dict__)
+        state.pop("_built", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
     @property
     def needs_reference_model(self) -> bool:
         """True when the loss needs the reference model's log-probs (TRL's ``beta != 0``)."""
-        if self.objective is not None and getattr(self, "_built", None) is not None:
+        if self.objective is not None:
+            if getattr(self, "_built", None) is None:  # e.g. unpickled from a checkpoint
+                spec = ObjectiveSpec.load(self.objective)
+                self._built = (spec.to_dict(), spec.build())
             return bool(self._built[1].anchored_on_ref)
         coef = self.regularizer_coef if self.regularizer_coef is not None else self.beta
         return self.regularizer != "none" and self.regularizer_anchor == "ref" and coef != 0
