@@ -290,3 +290,20 @@ def test_arms_grid_reuses_finished_runs(rpg_grid, gbmpo_cli):
     code, stdout, stderr = _call(gbmpo_cli, argv)
     assert code == 0, stderr
     assert "2 finished (reused), 0 to resume, 0 to train" in stdout
+
+
+@needs_tiny
+def test_an_arm_may_be_an_engine(tmp_path, gbmpo_cli):
+    """``--arms own:engine=gbmpo trl:engine=trl``: each arm runs on its own engine (the grid
+    used to train every arm with the own trainer, whatever its engine said)."""
+    out = tmp_path / "grid"
+    argv = ["compare", "--arms", "own:engine=gbmpo", "trl:engine=trl", "--seeds", "0",
+            "--output-dir", str(out), *SMALL]  # fmt: skip
+    code, stdout, stderr = _call(gbmpo_cli, argv)
+    assert code == 0, stderr
+    runs = out / "runs" / "arithmetic"
+    for arm, engine in (("own", "gbmpo"), ("trl", "trl")):
+        summary = json.loads((runs / arm / "seed0" / "summary.json").read_text())
+        assert summary["engine"] == engine
+    results = json.loads((out / "results.json").read_text())
+    assert [g["label"] for g in results["tasks"][0]["groups"]] == ["own", "trl"]

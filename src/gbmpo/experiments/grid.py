@@ -518,7 +518,8 @@ def plan_action(run: GridRun) -> tuple[str, list[tuple[str, Any]]]:
                 f"({', '.join(diff)}); use another --output-dir or delete that run"
             )
         return "reuse", []
-    if status == "unfinished" and saved is not None:
+    if status == "unfinished" and saved is not None and run.config.engine == "gbmpo":
+        # (runs of the trl and verl engines are restarted: the own trainer resumes its own)
         diff = config_differences(saved, wanted, ignore=frozenset())
         resumable = set(_resumable_keys())
         if set(diff) <= resumable | IGNORED_CONFIG_KEYS:
@@ -604,7 +605,13 @@ def execute_run(job: Mapping[str, Any]) -> float:
     if job["action"] == "fresh":
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        Trainer(config_from_dict(job["config"])).train()
+        cfg = config_from_dict(job["config"])
+        if cfg.engine == "gbmpo":
+            Trainer(cfg).train()
+        else:  # an arm may be an engine: TRL's or verl's trainer, same run directory
+            from gbmpo import engines
+
+            engines.run(cfg)
     elif job["action"] == "resume":
         Trainer.resume(run_dir, list(job.get("overrides") or [])).train()
     elif job["action"] != "reuse":

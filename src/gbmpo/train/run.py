@@ -297,6 +297,7 @@ def _summary(tr: Trainer, eval_after: dict[str, Any] | None, stop_reason: str) -
     cfg = tr.config
     summary: dict[str, Any] = {
         "status": "finished",
+        "engine": "gbmpo",
         "steps": tr.step,
         "stop_reason": stop_reason,
         "wall_seconds": tr.wall_seconds_before + (time.perf_counter() - tr._t0),
