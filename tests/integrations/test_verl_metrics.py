@@ -147,3 +147,27 @@ def test_entropy_only_with_token_mean(tmp_path: Path) -> None:
     _, metrics = _run(tmp_path, rows, ("eval.every", 0), ("eval.before", False),
                       ("run.steps", 1), ("objective.aggregation", "dr_grpo"))  # fmt: skip
     assert "entropy" not in metrics[0] and metrics[0]["verl/actor/entropy"] == 0.9
+
+
+@pytest.mark.parametrize(
+    ("limit", "auto_limit", "rows"),
+    [(None, 50, 50), (None, 500, 200), (30, 50, 30), (None, None, 200)],
+)
+def test_held_out_file_holds_what_the_own_engine_evaluates(
+    tmp_path: Path, limit: int | None, auto_limit: int | None, rows: int
+) -> None:
+    pd = pytest.importorskip("pandas")
+    pytest.importorskip("pyarrow")
+    from gbmpo.engines.verl import write_data
+    from gbmpo.train.setup import eval_limit
+    from gbmpo.train.trainer import build_task, load_tokenizer
+
+    cfg = load_config(None, [*VERL_OK, ("eval.limit", limit), ("eval.auto_limit", auto_limit)])
+    task = build_task(cfg, load_tokenizer(cfg))
+    n_eval = len(task.split(task.eval_split))  # 200 arithmetic problems
+    assert (eval_limit(cfg, n_eval) or n_eval) == rows  # the own engine's evaluation size
+    counts = write_data(cfg, task, tmp_path)
+    test = pd.read_parquet(tmp_path / "test.parquet")
+    assert counts["test"] == len(test) == rows
+    first = [ex["prompt"] for ex in task.split(task.eval_split)[:rows]]
+    assert [p[0]["content"] for p in test["prompt"]] == first

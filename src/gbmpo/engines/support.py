@@ -257,7 +257,7 @@ VERL.update({
     "run.checkpoint_every": H("trainer.save_freq (0: run.steps, the final one only)", probe=5),
     "run.keep_checkpoints": H("trainer.max_actor_ckpt_to_keep", probe=3),
     "run.report_to": H("trainer.logger", probe=["tensorboard"]),
-    "run.num_threads": N(_SPEED),
+    "run.num_threads": N("the own engine's torch threads; verl's workers set their own"),
     "run.keep_freed_memory": N("the own engine's allocator setting"),
     "run.progress": N("display only"),
     "run.plugins": H("imported in verl's processes (VERL_USE_EXTERNAL_MODULES)"),
