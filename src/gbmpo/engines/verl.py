@@ -19,7 +19,13 @@ What the config becomes (:func:`overrides`, Hydra overrides of verl's ``ppo_trai
 * ``rollout`` / ``optim`` / ``lora`` / ``run`` -> rollout ``n``, lengths, sampling, learning
   rate and schedule, ``ppo_mini_batch_size`` (prompts), micro-batches, ``ppo_epochs`` = ``mu``,
   LoRA rank, ``trainer.n_gpus_per_node`` = ``run.num_processes``, ``trainer.nnodes`` =
-  ``run.num_nodes``, steps, checkpoints, validation.
+  ``run.num_nodes``, steps, checkpoints, validation (:func:`validation_freq`: the last step
+  is the final evaluation), seeds, precision (:func:`precision_overrides`).
+
+Every key is honoured or refused (:data:`gbmpo.engines.support.VERL`): :func:`run` and
+:func:`dry_run` call :func:`check_engine_support` before anything is written. After the run
+:func:`summarize_run` turns verl's file log into ``metrics.jsonl`` (the schema of
+:mod:`gbmpo.io.metrics`, verl's own names under ``verl/``) and ``summary.json``.
 
 verl lives in its own environment (it pins transformers < 5.11): :func:`verl_python` finds it
 (``$GBMPO_VERL_PYTHON``, else ``.venv-verl/bin/python`` of this checkout or the working
