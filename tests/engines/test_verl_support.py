@@ -10,18 +10,20 @@ from typing import Any
 
 import pytest
 
-from gbmpo.engines.support import HONOURED, NO_EFFECT, REFUSED, VERL, check_support
+from gbmpo.engines.support import (
+    HONOURED,
+    NO_EFFECT,
+    REFUSED,
+    VERL,
+    VERL_REQUIRED,
+    check_support,
+)
 from gbmpo.engines.verl import overrides, precision_overrides, validation_freq
 from gbmpo.train.config import ConfigError, load_config
 
-#: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set)
-VERL_OK: list[tuple[str, Any]] = [
-    ("engine", "verl"),
-    ("model.device", "cuda"),
-    ("run.time_budget_seconds", None),
-    ("objective.monitor_regularizers", False),
-    ("eval.every", 0),
-]
+#: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set);
+#: eval.every 0, so that eval.after changes test_freq
+VERL_OK: list[tuple[str, Any]] = [("engine", "verl"), *VERL_REQUIRED.items(), ("eval.every", 0)]
 
 
 def _cfg(*settings: tuple[str, Any]) -> Any:
@@ -30,6 +32,15 @@ def _cfg(*settings: tuple[str, Any]) -> Any:
 
 def test_the_base_config_passes_on_verl() -> None:
     assert check_support(_cfg(), "verl") == []
+
+
+def test_the_own_defaults_fail_on_verl_only_for_the_required_keys() -> None:
+    for key in VERL_REQUIRED:
+        assert VERL[key].status == REFUSED
+        others = [(k, v) for k, v in VERL_REQUIRED.items() if k != key]
+        with pytest.raises(ConfigError, match=rf"'{key}'=.*engine 'verl'"):
+            check_support(load_config(None, others), "verl")
+    assert check_support(load_config(None, list(VERL_REQUIRED.items())), "verl") == []
 
 
 @pytest.mark.parametrize(

@@ -30,6 +30,7 @@ __all__ = [
     "NO_EFFECT",
     "REFUSED",
     "SUPPORT",
+    "VERL_REQUIRED",
     "Support",
     "check_support",
     "config_keys",
@@ -159,6 +160,14 @@ TRL.update({
 })
 
 # ------------------------------------------------------------------- verl (engines/verl.py)
+
+#: the values verl needs where the own engine's defaults are refused on verl (a CPU device, a
+#: time budget, monitoring every regularizer): a default config with these passes on verl
+VERL_REQUIRED: dict[str, Any] = {
+    "model.device": "cuda",
+    "run.time_budget_seconds": None,
+    "objective.monitor_regularizers": False,
+}
 
 VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl.py)
 _A = "actor_rollout_ref.actor"
