@@ -88,7 +88,9 @@ def overrides(
     ``max_prompt_length``: the longest tokenized prompt of the data (verl's default otherwise).
 
     ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
-    anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes)."""
+    anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes, ``eval.after:
+    false`` where verl would validate at the last step: :func:`validation_freq`); the values
+    :data:`gbmpo.engines.support.VERL` refuses are checked by :func:`check_engine_support`."""
     from gbmpo.integrations.common import verl_objective_overrides
     from gbmpo.train.config import ConfigError
 
