@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("verl")
 
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
@@ -95,8 +96,8 @@ def test_reward_function_with_verls_signature_equals_the_task_reward(tmp_path: P
                      extra_info=row["extra_info"])  # fmt: skip
             cols = {k: [v] for k, v in json.loads(row["extra_info"]["columns"]).items()}
             want = task.reward([ex["prompt"]], [completion], **cols)[0] or 0.0
-            assert got == want, (completion, got, want)
-            n_right += got == 1.0
+            assert got == {"score": want, "acc": float(want >= 1.0)}, (completion, got, want)
+            n_right += got["score"] == 1.0
     assert n_right == 6  # the gold solutions score 1
 
 
@@ -135,3 +136,121 @@ def test_data_files_give_the_longest_prompt(tmp_path: Path) -> None:
     assert counts["max_prompt_tokens"] == longest
     ov = overrides(cfg, tmp_path, max_prompt_length=longest)
     assert f"data.max_prompt_length={longest}" in ov
+
+
+def test_held_out_rows_are_graded_as_the_own_evaluation(tmp_path: Path) -> None:
+    """On data/test.parquet the reward function returns the own evaluation's grading: ``acc`` is
+    its ``correct`` and ``score`` its reward (:func:`gbmpo.eval.evaluation.score_samples`)."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+
+    from gbmpo.eval.evaluation import score_samples
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(None, [("engine", "verl"), ("output-dir", str(run_dir))])
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    task = build_task(cfg, load_tokenizer(cfg))
+    write_data(cfg, task, run_dir / "data")
+    fn = get_custom_reward_fn(_compose(overrides(cfg, run_dir)))
+    rows = pd.read_parquet(run_dir / "data" / "test.parquet").head(4)
+    examples = task.split(task.eval_split)[:4]
+    assert all(r["extra_info"]["split"] == "test" for _, r in rows.iterrows())
+    for (_, row), ex in zip(rows.iterrows(), examples, strict=True):
+        for completion in ("", ex["solution"], " 12 #### 99999"):
+            got = fn(data_source=row["data_source"], solution_str=completion,
+                     ground_truth=row["reward_model"]["ground_truth"],
+                     extra_info=row["extra_info"])  # fmt: skip
+            graded = score_samples(task, [completion], [ex])[0]
+            assert got == {"score": float(graded["reward"] or 0.0),
+                           "acc": float(graded["correct"])}, (completion, got, graded)
+
+
+def _verls_val_metrics_update() -> Any:
+    """``RayPPOTrainer._val_metrics_update`` (it does not use ``self``): imported, or, where the
+    trainer module's optional imports (cachetools, ...) are missing, verl's own source of that
+    method run on ``process_validation_metrics``."""
+    try:
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    except ImportError:
+        import ast
+        import importlib.util
+
+        from verl.trainer.ppo.metric_utils import process_validation_metrics
+
+        spec = importlib.util.find_spec("verl.trainer.ppo.ray_trainer")
+        assert spec is not None and spec.origin is not None
+        source = Path(spec.origin).read_text()
+        cls = next(n for n in ast.parse(source).body
+                   if isinstance(n, ast.ClassDef) and n.name == "RayPPOTrainer")  # fmt: skip
+        name = "_val_metrics_update"
+        fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+        namespace: dict[str, Any] = {"np": np, "process_validation_metrics":
+                                     process_validation_metrics}  # fmt: skip
+        exec(compile(ast.Module([fn], []), spec.origin, "exec"), namespace)  # noqa: S102
+        return namespace["_val_metrics_update"]
+    return RayPPOTrainer._val_metrics_update
+
+
+def test_summary_from_verls_own_logger_and_validation_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl's FileLogger and RayPPOTrainer's validation-metric code, fed with the reward
+    function's results as ``_validate`` feeds them, give the summary the own evaluation's
+    accuracy of the same completions, before and after training."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.utils.tracking import FileLogger
+
+    from gbmpo.engines.verl import VERL_METRICS_FILE, data_source, summarize_run
+    from gbmpo.eval.evaluation import score_samples, summarize
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(None, [("engine", "verl"), ("output-dir", str(run_dir)),
+                             ("model.device", "cuda"), ("run.time_budget_seconds", None),
+                             ("objective.monitor_regularizers", False), ("eval.every", 0),
+                             ("run.steps", 2)])  # fmt: skip
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(dump_yaml(cfg))
+    task = build_task(cfg, load_tokenizer(cfg))
+    counts = write_data(cfg, task, run_dir / "data")
+    fn = get_custom_reward_fn(_compose(overrides(cfg, run_dir)))
+    rows = pd.read_parquet(run_dir / "data" / "test.parquet")
+    examples = task.split(task.eval_split)[: len(rows)]
+
+    def validate(n_right: int) -> tuple[dict[str, Any], float]:
+        """verl's validation metrics for completions of which the first n_right are gold."""
+        completions = [ex["solution"] if i < n_right else "no answer"
+                       for i, ex in enumerate(examples)]  # fmt: skip
+        results = [fn(data_source=r["data_source"], solution_str=c,
+                      ground_truth=r["reward_model"]["ground_truth"], extra_info=r["extra_info"])
+                   for (_, r), c in zip(rows.iterrows(), completions, strict=True)]  # fmt: skip
+        infos: dict[str, list[Any]] = {"reward": [r["score"] for r in results]}
+        for key in results[0]:
+            infos[key] = [r[key] for r in results]
+        sources = np.array([data_source(cfg)] * len(rows), dtype=object)
+        uids = [str(i) for i in range(len(rows))]
+        metrics = _val_metrics_update(None, sources, uids, infos, [])
+        graded = score_samples(task, completions, examples)
+        records = [{"num_correct": int(g["correct"]), "num_tokens": [1], "rewards": [g["reward"]]}
+                   for g in graded]  # fmt: skip
+        return metrics, summarize(records, kind=task.kind, samples=1)["accuracy"]
+
+    _val_metrics_update = _verls_val_metrics_update()
+    before, acc_before = validate(1)
+    after, acc_after = validate(3)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(run_dir / VERL_METRICS_FILE))
+    logger = FileLogger("gbmpo", run_dir.name)
+    logger.log(data=before, step=0)
+    train = {"training/global_step": 1, "actor/pg_loss": np.float32(0.5),
+             "critic/score/mean": 0.25, "timing_s/step": 1.0}  # fmt: skip
+    logger.log(data=train, step=1)
+    logger.log(data={**train, "training/global_step": 2, **after}, step=2)
+    logger.finish()
+
+    summary = summarize_run(cfg, run_dir, kind=task.kind, wall_seconds=1.0, n_eval=counts["test"])
+    assert acc_before != acc_after
+    assert summary["eval_before"]["accuracy"] == pytest.approx(acc_before)
+    assert summary["eval_after"]["accuracy"] == pytest.approx(acc_after)
+    assert summary["steps"] == 2
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    last = json.loads(lines[-1])
+    assert last["eval/accuracy"] == pytest.approx(acc_after) and last["pg_loss"] == 0.5

@@ -13,10 +13,20 @@ from gbmpo.cli import main
 from gbmpo.engines.verl import overrides, verl_python
 from gbmpo.train.config import ConfigError, load_config
 
+#: the keys verl refuses at the own engine's defaults (CPU, a time budget, all-regularizer
+#: monitoring), set to values verl honours
+VERL_OK = ["--model.device", "cuda", "--time-budget", "null",
+           "--objective.monitor_regularizers", "false"]  # fmt: skip
+
 
 def test_dry_run_validates_with_verl(capsys: pytest.CaptureFixture) -> None:
-    assert main(["train", "--engine", "verl", "--dry-run", "--num-processes", "2"]) == 0
-    report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
+    argv = ["train", "--engine", "verl", "--dry-run", "--num-processes", "2", *VERL_OK,
+            "--rollout.batch_size", "4"]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    notes = [line for line in captured.err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "rollout.batch_size=4 has no effect" in notes[0]
+    report = json.loads(captured.out.split("dry run OK: ", 1)[1])
     assert report["engine"] == "verl"
     assert "trainer.n_gpus_per_node=2" in report["overrides"]
     assert "actor_rollout_ref.actor.kl_loss_type=gbmpo_prob_l2" in report["overrides"]
@@ -32,9 +42,31 @@ def test_run_without_gpus_exits_2_and_writes_nothing(
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the run would start")
     out = tmp_path / "run"
-    assert main(["train", "--engine", "verl", "--output-dir", str(out)]) == 2
+    assert main(["train", "--engine", "verl", "--output-dir", str(out), *VERL_OK]) == 2
     err = capsys.readouterr().err
     assert "engine verl needs" in err and ("GPU" in err or "verl" in err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "key"),
+    [([], "model.device"),  # the own engine's defaults: CPU
+     (["--time-budget", "60"], "run.time_budget_seconds"),
+     (["--model.dtype", "float16"], "model.dtype"),
+     (["--lora.dropout", "0.1"], "lora.dropout"),
+     (["--eval.max_new_tokens", "64"], "eval.max_new_tokens"),
+     (["--objective.monitor_regularizers", "true"], "objective.monitor_regularizers")],
+)  # fmt: skip
+@pytest.mark.parametrize("dry", [False, True])
+def test_refused_values_exit_2_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], key: str, dry: bool
+) -> None:
+    out = tmp_path / "run"
+    base = VERL_OK if flags else []
+    argv = ["train", "--engine", "verl", "--output-dir", str(out), *base, *flags]
+    assert main(argv + (["--dry-run"] if dry else [])) == 2
+    err = capsys.readouterr().err
+    assert f"'{key}'=" in err and "engine 'verl'" in err
     assert not out.exists()
 
 

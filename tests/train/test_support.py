@@ -9,6 +9,7 @@ from gbmpo.train.support import (
     ENGINES,
     NO_EFFECT,
     REFUSED,
+    REQUIRED,
     SUPPORT,
     check_support,
     config_keys,
@@ -33,9 +34,20 @@ def test_a_new_key_without_an_entry_fails(monkeypatch: pytest.MonkeyPatch) -> No
         check_support(TrainConfig())
 
 
+def _base(engine: str, *overrides: tuple[str, object]) -> TrainConfig:
+    """The defaults, with what ``engine`` needs where it refuses a default (REQUIRED)."""
+    return load_config(overrides=[*REQUIRED[engine].items(), *overrides])
+
+
 def test_defaults_pass_on_every_engine() -> None:
+    """The own engine's defaults pass everywhere except where an engine needs other values
+    (verl: a GPU, no time budget), and then those values pass."""
     for engine in ENGINES:
-        assert check_support(TrainConfig(), engine) == []
+        assert check_support(_base(engine), engine) == []
+        for key in REQUIRED[engine]:  # each required value alone: its default is refused
+            others = [(k, v) for k, v in REQUIRED[engine].items() if k != key]
+            with pytest.raises(ConfigError, match=key):
+                check_support(load_config(overrides=others), engine)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +58,7 @@ def test_every_refused_entry_refuses_its_probe(engine: str, key: str) -> None:
     entry = SUPPORT[engine][key]
     assert entry.how, f"{engine}/{key}: a refusal says why"
     assert entry.probe is not None, f"{engine}/{key}: a refusal names a refused value (probe)"
-    cfg = load_config(overrides=[(key, entry.probe)])
+    cfg = _base(engine, (key, entry.probe))
     with pytest.raises(ConfigError, match=rf"{key}.*engine {engine!r}"):
         check_support(cfg, engine)
 

@@ -19,7 +19,13 @@ What the config becomes (:func:`overrides`, Hydra overrides of verl's ``ppo_trai
 * ``rollout`` / ``optim`` / ``lora`` / ``run`` -> rollout ``n``, lengths, sampling, learning
   rate and schedule, ``ppo_mini_batch_size`` (prompts), micro-batches, ``ppo_epochs`` = ``mu``,
   LoRA rank, ``trainer.n_gpus_per_node`` = ``run.num_processes``, ``trainer.nnodes`` =
-  ``run.num_nodes``, steps, checkpoints, validation.
+  ``run.num_nodes``, steps, checkpoints, validation (:func:`validation_freq`: the last step
+  is the final evaluation), seeds, precision (:func:`precision_overrides`).
+
+Every key is honoured or refused (:data:`gbmpo.train.support.VERL`): :func:`run` and
+:func:`dry_run` call :func:`check_engine_support` before anything is written. After the run
+:func:`summarize_run` turns verl's file log into ``metrics.jsonl`` (the schema of
+:mod:`gbmpo.io.metrics`, verl's own names under ``verl/``) and ``summary.json``.
 
 verl lives in its own environment (it pins transformers < 5.11): :func:`verl_python` finds it
 (``$GBMPO_VERL_PYTHON``, else ``.venv-verl/bin/python`` of this checkout or the working
@@ -35,6 +41,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +54,24 @@ from gbmpo.engines.checks import (
 )
 from gbmpo.integrations.common import hydra_value as _value
 
-__all__ = ["dry_run", "overrides", "run", "verl_python", "with_mirror_file", "write_data"]
+__all__ = [
+    "SHARED_METRICS",
+    "VERL_METRICS_FILE",
+    "check_engine_support",
+    "convert_row",
+    "data_source",
+    "dry_run",
+    "eval_metrics",
+    "overrides",
+    "precision_overrides",
+    "read_verl_log",
+    "run",
+    "summarize_run",
+    "validation_freq",
+    "verl_python",
+    "with_mirror_file",
+    "write_data",
+]
 
 #: verl's chat templating turned into a pass-through: the prompt is gbmpo's rendered text
 PASSTHROUGH_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -64,7 +88,9 @@ def overrides(
     ``max_prompt_length``: the longest tokenized prompt of the data (verl's default otherwise).
 
     ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
-    anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes)."""
+    anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes, ``eval.after:
+    false`` where verl would validate at the last step: :func:`validation_freq`); the values
+    :data:`gbmpo.train.support.VERL` refuses are checked by :func:`check_engine_support`."""
     from gbmpo.integrations.common import verl_objective_overrides
     from gbmpo.train.config import ConfigError
 
@@ -78,6 +104,7 @@ def overrides(
             f"'optim.mini_batch_size'={mini} must be a multiple of rollout.num_generations={G} "
             "(verl's ppo_mini_batch_size counts prompts)"
         )
+    validation_freq(cfg)  # eval.after that verl cannot express
     a = "actor_rollout_ref.actor"
     out = [
         "algorithm.use_kl_in_reward=false",
@@ -87,20 +114,29 @@ def overrides(
         f"data.max_response_length={ro.max_new_tokens}",
         *([f"data.max_prompt_length={max_prompt_length}"] if max_prompt_length else []),
         "data.filter_overlong_prompts=true",
+        f"data.trust_remote_code={_value(cfg.model.trust_remote_code)}",
+        # run.seed: the data order, the mini-batch order, vLLM's sampling, FSDP's seeding
         f"data.seed={run.seed}",
+        f"{a}.data_loader_seed={run.seed}",
+        f"actor_rollout_ref.rollout.seed={run.seed}",
+        f"{a}.fsdp_config.seed={run.seed}",
+        f"actor_rollout_ref.ref.fsdp_config.seed={run.seed}",
         f"actor_rollout_ref.model.path={_value(model_path or cfg.model.path)}",
         f"actor_rollout_ref.model.trust_remote_code={_value(cfg.model.trust_remote_code)}",
         f"actor_rollout_ref.model.custom_chat_template={_value(PASSTHROUGH_TEMPLATE)}",
         f"{a}.optim.lr={opt.lr!r}",
         f"{a}.optim.weight_decay={opt.weight_decay!r}",
         f"{a}.optim.betas={_value(list(opt.betas))}",
+        f"{a}.optim.override_optimizer_config={{eps:{opt.eps!r}}}",
         f"{a}.optim.lr_warmup_steps={opt.warmup_steps}",
         f"{a}.optim.lr_scheduler_type={opt.schedule}",
         f"{a}.optim.min_lr_ratio={opt.min_lr_ratio!r}",
         f"{a}.optim.clip_grad={opt.grad_clip if opt.grad_clip is not None else 1e9!r}",
         f"{a}.ppo_mini_batch_size={mini // G}",
         f"{a}.ppo_epochs={opt.mu}",
+        f"{a}.shuffle=true",  # a seeded shuffle of the rows into mini-batches, as the own engine
         f"{a}.entropy_coeff=0",
+        *precision_overrides(cfg.model.dtype),
     ]
     try:  # the objective: the gbmpo verl plugin's overrides for the spec
         out += verl_objective_overrides(o, max_response_length=ro.max_new_tokens)
@@ -128,7 +164,10 @@ def overrides(
         f"actor_rollout_ref.rollout.top_p={ro.top_p!r}",
         f"actor_rollout_ref.rollout.top_k={ro.top_k if ro.top_k else -1}",
         f"actor_rollout_ref.rollout.response_length={ro.max_new_tokens}",
+        # validation: greedy, one completion per prompt (the own engine's evaluation)
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+        "actor_rollout_ref.rollout.val_kwargs.n=1",
         # the reward: the task's own (gbmpo.engines.verl_reward)
         f"reward.custom_reward_function.path={_value(reward_module_path())}",
         "reward.custom_reward_function.name=compute_score",
@@ -139,15 +178,56 @@ def overrides(
         f"trainer.nnodes={run.num_nodes}",
         f"trainer.total_training_steps={run.steps}",
         "trainer.total_epochs=1000000",
-        f"trainer.save_freq={run.checkpoint_every or -1}",
+        f"trainer.save_freq={run.checkpoint_every or run.steps}",
         f"trainer.max_actor_ckpt_to_keep={run.keep_checkpoints}",
-        f"trainer.test_freq={cfg.eval.every or -1}",
+        f"trainer.test_freq={validation_freq(cfg)}",
         f"trainer.val_before_train={_value(cfg.eval.before)}",
         f"trainer.default_local_dir={_value(str(run_dir / 'checkpoints'))}",
         "trainer.project_name=gbmpo",
         f"trainer.experiment_name={_value(run_dir.name)}",
         f"trainer.logger={_value(['console', 'file', *run.report_to])}",
     ]
+    return out
+
+
+def validation_freq(cfg: Any) -> int:
+    """verl's ``trainer.test_freq`` for ``cfg.eval``.
+
+    verl validates at step ``s`` when ``test_freq > 0`` and (``s % test_freq == 0`` or ``s`` is
+    the last step): ``eval.every`` gives the periodic evaluations and the last step is the
+    final one (``eval.after``); with ``eval.every: 0`` only the final step validates
+    (``test_freq = run.steps``), with ``eval.after: false`` as well none (``-1``).
+    ``ConfigError`` for ``eval.after: false`` with an ``eval.every`` that does not divide
+    ``run.steps``: verl would validate at the last step anyway."""
+    from gbmpo.train.config import ConfigError
+
+    ev, steps = cfg.eval, cfg.run.steps
+    if ev.every:
+        if not ev.after and steps % ev.every:
+            raise ConfigError(
+                f"'eval.after'=False with eval.every={ev.every} and run.steps={steps} is not "
+                "supported by engine 'verl': verl validates at the last step whenever it "
+                "validates periodically (make eval.every divide run.steps, or eval.after true)"
+            )
+        return ev.every
+    return steps if ev.after else -1
+
+
+def precision_overrides(dtype: str) -> list[str]:
+    """``model.dtype`` on verl's FSDP workers and vLLM.
+
+    ``bfloat16``: verl's default mixed precision, fp32 master weights (``model_dtype=fp32``) with
+    bf16 compute (FSDP ``param_dtype=bf16``, gradients reduced in fp32) and a bf16 vLLM, which is
+    what the own engine's bfloat16 does (bf16 weights trained through fp32 master weights);
+    ``float32``: fp32 weights, compute and rollout. ``float16`` is refused
+    (:mod:`gbmpo.train.support`)."""
+    p = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
+    mixed = f"{{param_dtype:{p},reduce_dtype:fp32,buffer_dtype:fp32}}"
+    out = []
+    for who in ("actor", "ref"):
+        out += [f"actor_rollout_ref.{who}.fsdp_config.model_dtype=fp32",
+                f"+actor_rollout_ref.{who}.fsdp_config.mixed_precision={mixed}"]  # fmt: skip
+    out.append(f"actor_rollout_ref.rollout.dtype={dtype}")
     return out
 
 
@@ -181,16 +261,18 @@ def reward_module_path() -> str:
 
 def write_data(cfg: Any, task: Any, data_dir: Path, tokenizer: Any = None) -> dict[str, int]:
     """``train.parquet`` / ``test.parquet`` in verl's row layout (prompt, data_source, ability,
-    reward_model.ground_truth, extra_info with the rendered prompt and the reward's columns).
-    Returns the row counts and, with ``tokenizer``, ``max_prompt_tokens``."""
+    reward_model.ground_truth, extra_info with the rendered prompt and the reward's columns);
+    the test file holds the examples the own engine evaluates (``eval.limit``, else
+    ``eval.auto_limit``: :func:`gbmpo.train.setup.eval_limit`). Returns the row counts and,
+    with ``tokenizer``, ``max_prompt_tokens``."""
     import pandas as pd
 
-    from gbmpo.train.trainer import load_splits
+    from gbmpo.train.setup import eval_limit, load_splits
 
     train, _, (train_split, eval_split) = load_splits(cfg, task, count_eval=True)
-    splits = {"train": train, "test": task.split(eval_split)}
-    if cfg.eval.limit is not None:
-        splits["test"] = splits["test"][: cfg.eval.limit]
+    test = task.split(eval_split)
+    limit = eval_limit(cfg, len(test))  # the held-out subset the own engine evaluates
+    splits = {"train": train, "test": test if limit is None else test[:limit]}
     data_dir.mkdir(parents=True, exist_ok=True)
     counts = {}
     for name, examples in splits.items():
@@ -198,7 +280,7 @@ def write_data(cfg: Any, task: Any, data_dir: Path, tokenizer: Any = None) -> di
         for i, ex in enumerate(examples):
             columns = {k: v for k, v in ex.items() if k != "prompt"}
             rows.append({
-                "data_source": f"gbmpo/{cfg.task.name}",
+                "data_source": data_source(cfg),
                 "prompt": [{"role": "user", "content": ex["prompt"]}],
                 "ability": task.kind,
                 "reward_model": {"style": "rule", "ground_truth": str(ex.get("answer", ""))},
@@ -228,12 +310,24 @@ def verl_python() -> str | None:
     return None
 
 
-def _verl_env() -> dict[str, str]:
-    """This process's environment, with this gbmpo first on the path and the plugin loaded."""
+def _verl_env(plugins: list[str] | None = None) -> dict[str, str]:
+    """This process's environment, with this gbmpo first on the path and the plugin loaded
+    (after the run's ``run.plugins``, which may register surrogates and regularizers that the
+    plugin then registers with verl)."""
     src = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
+    modules = ",".join([*(plugins or []), "gbmpo.integrations.verl"])
     return {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""),
-            "VERL_USE_EXTERNAL_MODULES": "gbmpo.integrations.verl"}  # fmt: skip
+            "VERL_USE_EXTERNAL_MODULES": modules}  # fmt: skip
+
+
+def check_engine_support(cfg: Any) -> list[str]:
+    """:func:`gbmpo.train.support.check_support` for engine verl: ``ConfigError`` (exit 2,
+    nothing written) for a value verl cannot honour; returns the no-effect notices (``gbmpo
+    train`` prints them once)."""
+    from gbmpo.train.support import check_support
+
+    return check_support(cfg, "verl")
 
 
 def dry_run(cfg: Any) -> DryRunReport:
@@ -242,6 +336,9 @@ def dry_run(cfg: Any) -> DryRunReport:
     import tempfile
 
     report = DryRunReport("verl")
+    notices = check_engine_support(cfg)
+    if notices:
+        report.info["notices"] = notices
     common_checks(cfg, report)
     run_dir = Path(cfg.run.output_dir or "runs/verl-dry-run")
     with tempfile.TemporaryDirectory() as tmp:
@@ -254,12 +351,14 @@ def dry_run(cfg: Any) -> DryRunReport:
         if python is None:
             report.skip("verl config", "no verl environment here (GBMPO_VERL_PYTHON, .venv-verl)")
             return report
-        proc = _verl_check(python, ov, Path(tmp))
+        plugins = list(cfg.run.plugins)
+        proc = _verl_check(python, ov, Path(tmp), plugins)
         if proc.returncode != 0 and "vllm version" in proc.stderr and cfg.lora.enabled:
             # verl checks the installed vLLM for LoRA rollouts: validate the rest without LoRA
             report.skip("verl LoRA", "verl validates LoRA against an installed vLLM (GPU only)")
             proc = _verl_check(python, [o for o in ov if ".lora_" not in o
-                                        and ".target_modules=" not in o], Path(tmp))  # fmt: skip
+                                        and ".target_modules=" not in o], Path(tmp),
+                               plugins)  # fmt: skip
     if proc.returncode != 0:
         from gbmpo.train.config import ConfigError
 
@@ -271,12 +370,14 @@ def dry_run(cfg: Any) -> DryRunReport:
     return report
 
 
-def _verl_check(python: str, ov: list[str], tmp: Path) -> subprocess.CompletedProcess[str]:
+def _verl_check(
+    python: str, ov: list[str], tmp: Path, plugins: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
     ov_file = tmp / "overrides.json"
     ov_file.write_text(json.dumps(ov))
     return subprocess.run(
         [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
-        env=_verl_env(), capture_output=True, text=True, timeout=300,
+        env=_verl_env(plugins), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
 
@@ -289,6 +390,7 @@ def run(cfg: Any) -> dict[str, Any]:
     from gbmpo.train.trainer import build_task, default_run_dir, load_tokenizer
 
     validate(cfg)
+    check_engine_support(cfg)  # a value verl cannot honour stops here, before anything else
     python = verl_python()
     if python is None:
         raise EngineUnavailable(
@@ -323,34 +425,142 @@ def run(cfg: Any) -> dict[str, Any]:
         max_prompt_length=counts.get("max_prompt_tokens"),
     )  # fmt: skip
     write_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
-    env = {**_verl_env(), "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / "verl_metrics.jsonl")}
+    env = {**_verl_env(list(cfg.run.plugins)),
+           "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / VERL_METRICS_FILE)}  # fmt: skip
+    t0 = time.perf_counter()
     proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov], env=env)
+    wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"verl.trainer.main_ppo failed (exit {proc.returncode}); see above")
-    summary = _summary_from_verl(cfg, run_dir)
+    summary = summarize_run(cfg, run_dir, kind=task.kind, wall_seconds=wall,
+                            n_eval=counts["test"])  # fmt: skip
     write_summary(run_dir, summary)
     return summary
 
 
-def _summary_from_verl(cfg: Any, run_dir: Path) -> dict[str, Any]:
-    """metrics.jsonl (gbmpo's names) and the summary from verl's file logger."""
-    rows = []
-    src = run_dir / "verl_metrics.jsonl"
-    if src.is_file():
-        rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
-    vals = [(r["step"], {k.split("/")[-1]: v for k, v in r["data"].items()
-                         if k.startswith("val-core/")}) for r in rows]  # fmt: skip
-    vals = [(s, v) for s, v in vals if v]
-    with (run_dir / "metrics.jsonl").open("w") as f:
+#: verl's file logger output in the run directory (``VERL_FILE_LOGGER_PATH``): one JSON object
+#: ``{"step": N, "data": {metric: value}}`` per ``Tracking.log`` call
+VERL_METRICS_FILE = "verl_metrics.jsonl"
+
+#: verl metric -> metrics.jsonl schema name (:mod:`gbmpo.io.metrics`), where verl's definition is
+#: the schema's. Kept only under ``verl/``: ``actor/lr`` (read after the step's scheduler step:
+#: the next step's rate), ``response_length/clip_ratio`` (length equal to the limit, which also
+#: counts an EOS in the last position), ``actor/pg_clipfrac*`` / ``actor/gbmpo/*`` (means of
+#: per-micro-batch fractions, not fractions of the step's tokens), ``actor/loss``.
+SHARED_METRICS: dict[str, str] = {
+    "actor/pg_loss": "pg_loss",
+    "actor/grad_norm": "grad_norm",
+    "critic/score/mean": "reward_mean",
+    "response_length/mean": "response_length_mean",
+    "response_length/max": "response_length_max",
+    "timing_s/step": "step_seconds",
+}
+
+
+def data_source(cfg: Any) -> str:
+    """The ``data_source`` of the run's data rows (verl groups validation metrics by it)."""
+    return f"gbmpo/{cfg.task.name}"
+
+
+def eval_metrics(cfg: Any, data: dict[str, Any], kind: str, n_eval: int | None = None
+                 ) -> dict[str, Any] | None:  # fmt: skip
+    """The own engine's evaluation metrics from one verl log row's validation metrics, or
+    ``None`` when the row holds none.
+
+    verl validates greedily (``val_kwargs``: ``do_sample=false``, ``n=1``) on data/test.parquet
+    and reports ``val-core/<data_source>/acc/mean@1``, the mean over the examples of the reward
+    function's ``acc`` (:func:`gbmpo.engines.verl_reward.compute_score`: the own evaluation's
+    ``correct``), i.e. ``accuracy`` (``pass@1`` for code tasks), and
+    ``val-aux/<data_source>/reward/mean@1``, the mean reward (``mean_reward``)."""
+    ds = data_source(cfg)
+    acc = data.get(f"val-core/{ds}/acc/mean@1")
+    reward = data.get(f"val-aux/{ds}/reward/mean@1")
+    if acc is None and reward is None:
+        return None
+    out: dict[str, Any] = {}
+    if acc is not None:
+        out["pass@1" if kind == "code" else "accuracy"] = float(acc)
+    if reward is not None:
+        out["mean_reward"] = float(reward)
+    if n_eval is not None:
+        out["n"] = n_eval
+    out["samples"] = 1
+    return out
+
+
+def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = None
+                ) -> dict[str, Any]:  # fmt: skip
+    """One verl file-logger row -> one metrics.jsonl row: the schema names of
+    :data:`SHARED_METRICS` (``entropy`` from ``actor/entropy`` with the token-mean aggregation
+    ``bnpo``, the only one where verl's aggregate is the per-token mean), ``eval/<metric>``
+    (:func:`eval_metrics`), and every verl metric under ``verl/<name>``."""
+    from gbmpo.io.metrics import host_name
+
+    data = row["data"]
+    out: dict[str, Any] = {"step": int(row["step"])}
+    for key, value in data.items():
+        out[host_name("verl", key)] = value
+        if key in SHARED_METRICS:
+            out[SHARED_METRICS[key]] = value
+        elif key == "actor/entropy" and cfg.objective.aggregation == "bnpo":
+            out["entropy"] = value
+    ev = eval_metrics(cfg, data, kind, n_eval)
+    if ev is not None:
+        out.update({f"eval/{k}": v for k, v in ev.items()})
+    return out
+
+
+def read_verl_log(path: Path) -> list[dict[str, Any]]:
+    """The rows of verl's file logger (:data:`VERL_METRICS_FILE`); ``[]`` when absent."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize_run(
+    cfg: Any,
+    run_dir: Path,
+    *,
+    kind: str,
+    wall_seconds: float,
+    n_eval: int | None = None,
+) -> dict[str, Any]:
+    """Write metrics.jsonl (:func:`convert_row`) from verl's log and return the summary (every
+    key of :data:`gbmpo.io.metrics.SUMMARY_KEYS`).
+
+    verl logs the evaluation before training as the row of step 0 and each later one in the
+    row of its training step. ``eval_before``: step 0's evaluation (with ``eval.before``);
+    ``eval_after``: the evaluation in the row of the last training step (with ``eval.after``;
+    :func:`validation_freq` makes verl validate there), ``None`` where there is none."""
+    from gbmpo.io import write_atomic
+
+    rows = read_verl_log(run_dir / VERL_METRICS_FILE)
+    converted = [convert_row(cfg, r, kind, n_eval) for r in rows]
+    write_atomic(run_dir / "metrics.jsonl",
+                 "".join(json.dumps(r, default=str) + "\n" for r in converted))  # fmt: skip
+    steps = max((int(r["step"]) for r in rows if "training/global_step" in r["data"]),
+                default=0)  # fmt: skip
+
+    def eval_at(step: int) -> dict[str, Any] | None:
+        found = None
         for r in rows:
-            f.write(json.dumps({"step": r["step"], **r["data"]}) + "\n")
+            if int(r["step"]) == step:
+                found = eval_metrics(cfg, r["data"], kind, n_eval) or found
+        return found
+
     return {
         "status": "finished",
         "engine": "verl",
-        "steps": max((r["step"] for r in rows), default=0),
-        "eval_before": vals[0][1] if vals and cfg.eval.before else None,
-        "eval_after": vals[-1][1] if vals else None,
+        "steps": steps,
+        "stop_reason": "steps",
+        "wall_seconds": wall_seconds,
+        "eval_before": eval_at(0) if cfg.eval.before else None,
+        "eval_after": eval_at(steps) if cfg.eval.after and steps > 0 else None,
         **run_identity(cfg),
+        "device": "cuda",
+        "gpus": cfg.run.num_processes * cfg.run.num_nodes,
+        "dtype": cfg.model.dtype,
+        "fp32_master_weights": cfg.model.dtype == "bfloat16",
         "run_dir": str(run_dir),
-        "final_model": str(run_dir / "checkpoints"),
+        "final_model": str(run_dir / "checkpoints" / f"global_step_{steps}" / "actor"),
     }

@@ -8,6 +8,13 @@ reward (math-verify for math tasks, the hardened sandbox for code, a user's
 ``module:function``) scores the response on the example's columns, which the data files carry in
 ``extra_info["columns"]``. Failures (``None``, NaN, an exception) score 0, as in the own
 trainer (:func:`gbmpo.train.rewards.score_completions`).
+
+The result is ``{"score": reward, "acc": correct}``: verl trains on ``score`` and reports the
+mean of ``acc`` over the validation set as ``val-core/<data_source>/acc/mean@1``. On the
+held-out rows (``extra_info["split"] == "test"``) both come from the own evaluation's grading
+(:func:`gbmpo.eval.evaluation.score_samples`: the task's ``grade`` where it has one), so that
+mean is the own engine's ``accuracy`` (``pass@1`` for code tasks) and ``score`` its reward; on
+the training rows ``acc`` is ``reward >= 1``.
 """
 
 from __future__ import annotations
@@ -43,9 +50,10 @@ def compute_score(
     extra_info: dict[str, Any] | None = None,
     gbmpo_config: str | None = None,
     **kwargs: Any,
-) -> float:
-    """The reward of ``solution_str`` under the gbmpo task of ``gbmpo_config`` (see the module
-    doc); verl's custom reward-function signature."""
+) -> dict[str, float]:
+    """``{"score": reward, "acc": correct}`` of ``solution_str`` under the gbmpo task of
+    ``gbmpo_config`` (see the module doc); verl's custom reward-function signature."""
+    from gbmpo.eval.evaluation import score_samples
     from gbmpo.train.rewards import score_completions
 
     if gbmpo_config is None:
@@ -56,8 +64,20 @@ def compute_score(
     info = extra_info or {}
     columns = json.loads(info.get("columns") or "{}")
     prompt = info.get("prompt", "")
+    task = _task(str(gbmpo_config))
+    if info.get("split") == "test":  # held-out: the own evaluation's grading
+        graded = score_samples(task, [solution_str], [{**columns, "prompt": prompt}])[0]
+        reward = graded.get("reward")
+        return {"score": float(reward) if _finite(reward) else 0.0,
+                "acc": float(bool(graded.get("correct")))}  # fmt: skip
     scored = score_completions(
-        _task(str(gbmpo_config)).reward, [prompt], [solution_str],
-        {k: [v] for k, v in columns.items()},
-    )  # fmt: skip
-    return float(scored.rewards[0])
+        task.reward, [prompt], [solution_str], {k: [v] for k, v in columns.items()}
+    )
+    reward = float(scored.rewards[0])
+    return {"score": reward, "acc": float(reward >= 1.0)}
+
+
+def _finite(x: Any) -> bool:
+    import math
+
+    return isinstance(x, (int, float)) and math.isfinite(float(x))

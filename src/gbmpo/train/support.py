@@ -32,6 +32,8 @@ __all__ = [
     "NO_EFFECT",
     "REFUSED",
     "SUPPORT",
+    "REQUIRED",
+    "VERL_REQUIRED",
     "Support",
     "check_support",
     "config_keys",
@@ -162,15 +164,126 @@ TRL.update({
 
 # ------------------------------------------------------------------- verl (gbmpo.engines.verl)
 
-VERL: dict[str, Support] = dict(GBMPO)  # filled in by the verl engine's owner: see below
+#: the values verl needs where the own engine's defaults are refused on verl (a CPU device, a
+#: time budget, monitoring every regularizer): a default config with these passes on verl
+VERL_REQUIRED: dict[str, Any] = {
+    "model.device": "cuda",
+    "run.time_budget_seconds": None,
+    "objective.monitor_regularizers": False,
+}
+
+VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl.py)
+_A = "actor_rollout_ref.actor"
+
+
+def _kl_on(cfg: Any) -> bool:
+    reg = cfg.objective.regularizer
+    return reg.name != "none" and reg.coef != 0
+
+
+_VERL_SAMPLER = "verl samples with vLLM whatever the value (the same sampling distribution)"
 VERL.update({
     "engine": H("verl's main_ppo with the gbmpo plugin"),
+    "model.path": H("actor_rollout_ref.model.path", probe="some/other-model"),
+    "model.dtype": R("float16 training is refused (no loss scaling); float32: FSDP "
+                     "mixed_precision fp32 and vLLM float32; bfloat16: fp32 master weights "
+                     "(FSDP model_dtype fp32) with bf16 compute and bf16 vLLM",
+                     lambda v, c: v == "float16", probe="float16"),
+    "model.device": R("verl places its workers on every GPU of each node through Ray "
+                      "(run.num_processes per node): model.device must be 'cuda' (choose the "
+                      "GPUs with CUDA_VISIBLE_DEVICES)", lambda v, c: v != "cuda", probe="cpu"),
+    "model.trust_remote_code": H("actor_rollout_ref.model.trust_remote_code, "
+                                 "data.trust_remote_code", probe=True),
+    "task.name": H("data/train.parquet, data/test.parquet and the reward function"),
+    "task.params": H("data files and reward function"),
+    "task.train_split": H("data/train.parquet"),
+    "task.template": H("prompts rendered by gbmpo, verl's chat template a pass-through"),
+    "rollout.prompts_per_step": H("data.train_batch_size", probe=4),
+    "rollout.num_generations": H("actor_rollout_ref.rollout.n", probe=4),
+    "rollout.max_new_tokens": H("data.max_response_length, rollout.response_length", probe=64),
+    "rollout.temperature": H("actor_rollout_ref.rollout.temperature", probe=0.7),
+    "rollout.top_p": H("actor_rollout_ref.rollout.top_p", probe=0.9),
+    "rollout.top_k": H("actor_rollout_ref.rollout.top_k (0 -> -1)", probe=20),
+    "rollout.batch_size": N("vLLM batches the requests itself"),
+    "rollout.engine": N(_VERL_SAMPLER),
+    "rollout.lean_decoder": N("the own engine's decoder; " + _VERL_SAMPLER),
+    "rollout.share_prompts": N("the own engine's log-prob forwards; verl has its own"),
+    "rollout.lean_forward": N("the own engine's log-prob forwards; verl has its own"),
+    "objective.advantage": R("verl's grpo estimator has no batch-std scaling: 'batch' is "
+                             "refused", lambda v, c: v == "batch", probe="batch"),
+    "objective.surrogate.name": H(f"{_A}.policy_loss.loss_mode=gbmpo_<name>", probe="gspo"),
+    "objective.surrogate.params": H(f"{_A}.policy_loss.gbmpo_surrogate.*",
+                                    probe={"eps_low": 0.1}),
+    "objective.regularizer.name": H(f"{_A}.kl_loss_type=gbmpo_<name>", probe="kl_k3"),
+    "objective.regularizer.coef": H(f"{_A}.kl_loss_coef", probe=0.5),
+    "objective.regularizer.anchor": R(
+        "verl's KL loss is anchored at the reference model; anchor 'old' only for the rpg_* "
+        "regularizers (a parameter of theirs)",
+        lambda v, c: v == "old" and _kl_on(c) and not c.objective.regularizer.name.startswith(
+            "rpg_"), probe="old"),
+    "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_kl.*"),
+    "objective.aggregation": H(f"{_A}.loss_agg_mode (dr_grpo: loss_scale_factor)",
+                               probe="bnpo"),
+    "objective.monitor_regularizers": R(
+        "verl logs the optimised regularizer only (actor/kl_loss), not reg/<name> for every "
+        "registered one: set objective.monitor_regularizers: false", lambda v, c: bool(v),
+        probe=True),
+    "optim.lr": H(f"{_A}.optim.lr", probe=1e-4),
+    "optim.warmup_steps": H(f"{_A}.optim.lr_warmup_steps (verl's linear warm-up starts at 0: "
+                            "step s gets s/w of the rate, the own engine's (s+1)/w)", probe=5),
+    "optim.schedule": H(f"{_A}.optim.lr_scheduler_type", probe="constant"),
+    "optim.min_lr_ratio": H(f"{_A}.optim.min_lr_ratio", probe=0.1),
+    "optim.weight_decay": H(f"{_A}.optim.weight_decay", probe=0.1),
+    "optim.betas": H(f"{_A}.optim.betas", probe=(0.9, 0.999)),
+    "optim.eps": H(f"{_A}.optim.override_optimizer_config.eps", probe=1e-6),
+    "optim.grad_clip": H(f"{_A}.optim.clip_grad (null: 1e9)", probe=0.5),
+    "optim.mu": H(f"{_A}.ppo_epochs", probe=2),
+    "optim.mini_batch_size": H(f"{_A}.ppo_mini_batch_size (in prompts), rows shuffled "
+                               f"({_A}.shuffle)", probe=32),
+    "optim.micro_batch_size": H(f"{_A}.ppo_micro_batch_size_per_gpu (null: dynamic batch "
+                                "sizes); the same gradient up to float rounding", probe=4),
+    "lora.enabled": H("actor_rollout_ref.model.lora_rank > 0", probe=True),
+    "lora.r": H("actor_rollout_ref.model.lora_rank"),
+    "lora.alpha": H("actor_rollout_ref.model.lora_alpha"),
+    "lora.dropout": R("verl's FSDP LoRA (peft) has no dropout setting: only 0.0",
+                      lambda v, c: v != 0.0, probe=0.05),
+    "lora.target_modules": H("actor_rollout_ref.model.target_modules"),
+    "eval.every": H("trainer.test_freq (verl also validates at the last step)", probe=10),
+    "eval.split": H("data/test.parquet"),
+    "eval.limit": H("data/test.parquet holds the first eval.limit examples"),
+    "eval.auto_limit": H("data/test.parquet holds the examples the own engine evaluates"),
+    "eval.max_new_tokens": R("verl validates with the rollout length: eval.max_new_tokens must "
+                             "equal rollout.max_new_tokens",
+                             lambda v, c: v != c.rollout.max_new_tokens, probe=41),
+    "eval.batch_size": N("verl sends the whole validation set to vLLM at once"),
+    "eval.before": H("trainer.val_before_train", probe=False),
+    "eval.after": H("trainer.test_freq includes the last step (eval.every 0: test_freq = "
+                    "run.steps)", probe=False),
+    "run.steps": H("trainer.total_training_steps", probe=7),
+    "run.time_budget_seconds": R("verl runs every step (its LR schedule spans run.steps): set "
+                                 "run.time_budget_seconds: null",
+                                 lambda v, c: v is not None, probe=60.0),
+    "run.seed": H("data.seed, actor data_loader_seed, rollout.seed, fsdp_config.seed",
+                  probe=1),
+    "run.output_dir": H("the run directory: data, trainer.default_local_dir, metrics"),
+    "run.checkpoint_every": H("trainer.save_freq (0: run.steps, the final one only)", probe=5),
+    "run.keep_checkpoints": H("trainer.max_actor_ckpt_to_keep", probe=3),
+    "run.report_to": H("trainer.logger", probe=["tensorboard"]),
+    "run.num_threads": N("the own engine's torch threads; verl's workers set their own"),
+    "run.keep_freed_memory": N("the own engine's allocator setting"),
+    "run.progress": N("display only"),
+    "run.plugins": H("imported in verl's processes (VERL_USE_EXTERNAL_MODULES)"),
+    "run.allow_unsandboxed_code": H("the reward function's sandbox check"),
     "run.num_processes": H("trainer.n_gpus_per_node", probe=2),
     "run.num_nodes": H("trainer.nnodes", probe=2),
 })
 
 #: engine -> key -> :class:`Support`
 SUPPORT: dict[str, dict[str, Support]] = {"gbmpo": GBMPO, "trl": TRL, "verl": VERL}
+
+#: engine -> the values it needs where the own engine's defaults are refused (a config for that
+#: engine starts from these; tests check every other key from there)
+REQUIRED: dict[str, dict[str, Any]] = {"gbmpo": {}, "trl": {}, "verl": VERL_REQUIRED}
 
 
 # ------------------------------------------------------------------- applying the matrix

@@ -1,0 +1,185 @@
+"""The verl column of the support matrix: every honoured key reaches verl's overrides, every
+refused value stops ``check_support`` (and ``gbmpo train --engine verl``) before anything is
+written, and the keys with a verl-specific translation (evaluation schedule, precision, seeds,
+optimizer eps) become the verl settings the docs name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gbmpo.engines.verl import overrides, precision_overrides, validation_freq
+from gbmpo.train.config import ConfigError, load_config
+from gbmpo.train.support import (
+    HONOURED,
+    NO_EFFECT,
+    REFUSED,
+    VERL,
+    VERL_REQUIRED,
+    check_support,
+)
+
+#: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set);
+#: eval.every 0, so that eval.after changes test_freq
+VERL_OK: list[tuple[str, Any]] = [("engine", "verl"), *VERL_REQUIRED.items(), ("eval.every", 0)]
+
+
+def _cfg(*settings: tuple[str, Any]) -> Any:
+    return load_config(None, [*VERL_OK, *settings])
+
+
+def test_the_base_config_passes_on_verl() -> None:
+    assert check_support(_cfg(), "verl") == []
+
+
+def test_the_own_defaults_fail_on_verl_only_for_the_required_keys() -> None:
+    for key in VERL_REQUIRED:
+        assert VERL[key].status == REFUSED
+        others = [(k, v) for k, v in VERL_REQUIRED.items() if k != key]
+        with pytest.raises(ConfigError, match=rf"'{key}'=.*engine 'verl'"):
+            check_support(load_config(None, others), "verl")
+    assert check_support(load_config(None, list(VERL_REQUIRED.items())), "verl") == []
+
+
+@pytest.mark.parametrize(
+    "key", [k for k, s in VERL.items() if s.status == HONOURED and s.probe is not None]
+)
+def test_every_honoured_probe_changes_the_overrides(key: str, tmp_path: Path) -> None:
+    entry = VERL[key]
+    base = overrides(_cfg(), tmp_path / "run")
+    probed = _cfg((key, entry.probe))
+    changed = overrides(probed, tmp_path / "run")
+    assert changed != base, f"{key}={entry.probe!r} does not change verl's overrides"
+
+
+def test_most_honoured_keys_have_a_probe() -> None:
+    # the honoured keys without a probe act through the data files, the reward function or the
+    # run directory, not through the overrides (tested below and in tests_verl)
+    without = {k for k, s in VERL.items() if s.status == HONOURED and s.probe is None}
+    assert without <= {
+        "engine", "task.name", "task.params", "task.train_split", "task.template",
+        "objective.regularizer.params", "lora.r", "lora.alpha", "lora.target_modules",
+        "eval.split", "eval.limit", "eval.auto_limit", "run.output_dir", "run.plugins",
+        "run.allow_unsandboxed_code",
+    }, without  # fmt: skip
+
+
+@pytest.mark.parametrize("key", [k for k, s in VERL.items() if s.status == REFUSED])
+def test_every_refused_entry_refuses_its_probe_on_verl(key: str) -> None:
+    entry = VERL[key]
+    cfg = _cfg((key, entry.probe))
+    with pytest.raises(ConfigError, match=rf"'{key}'=.*engine 'verl'"):
+        check_support(cfg, "verl")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("model.device", "cpu"), ("model.device", "cuda:1"), ("model.dtype", "float16"),
+     ("run.time_budget_seconds", 240.0), ("objective.monitor_regularizers", True),
+     ("lora.dropout", 0.1), ("eval.max_new_tokens", 64), ("objective.advantage", "batch"),
+     ("objective.regularizer.anchor", "old")],
+)  # fmt: skip
+def test_refused_values(key: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=rf"'{key}'=.*engine 'verl'"):
+        check_support(_cfg((key, value)), "verl")
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [[("model.dtype", "bfloat16")], [("model.dtype", "float32")],
+     [("rollout.max_new_tokens", 64), ("eval.max_new_tokens", 64)],
+     [("objective.regularizer.name", "rpg_ufkl"), ("objective.regularizer.anchor", "old")],
+     [("objective.regularizer.name", "none"), ("objective.regularizer.anchor", "old")],
+     [("lora.enabled", True), ("lora.dropout", 0.0)]],
+)  # fmt: skip
+def test_accepted_values(settings: list[tuple[str, Any]]) -> None:
+    assert check_support(_cfg(*settings), "verl") == []
+
+
+def test_no_effect_keys_give_one_notice_each() -> None:
+    cfg = _cfg(("rollout.batch_size", 4), ("eval.batch_size", 7))
+    notices = check_support(cfg, "verl")
+    assert len(notices) == 2
+    assert "rollout.batch_size" in notices[0] and "eval.batch_size" in notices[1]
+    for key in ("rollout.batch_size", "eval.batch_size", "rollout.engine", "run.num_threads"):
+        assert VERL[key].status == NO_EFFECT
+
+
+def test_paper_verl_configs_pass() -> None:
+    root = Path(__file__).resolve().parents[2] / "configs" / "paper"
+    checked = 0
+    for path in sorted(root.glob("*.yaml")):
+        cfg = load_config(path)
+        if cfg.engine != "verl":
+            continue
+        check_support(cfg, "verl")  # notices allowed, no refusal
+        checked += 1
+    assert checked >= 4
+
+
+# ----------------------------------------------------------------- the evaluation schedule
+
+
+@pytest.mark.parametrize(
+    ("every", "after", "steps", "freq"),
+    [(0, True, 30, 30), (0, False, 30, -1), (10, True, 30, 10), (10, False, 30, 10),
+     (7, True, 30, 7)],
+)  # fmt: skip
+def test_test_freq_validates_at_the_last_step(every: int, after: bool, steps: int, freq: int
+                                              ) -> None:  # fmt: skip
+    cfg = _cfg(("eval.every", every), ("eval.after", after), ("run.steps", steps))
+    assert validation_freq(cfg) == freq
+    # verl validates at step s when test_freq > 0 and (s % test_freq == 0 or s is the last)
+    validated = [s for s in range(1, steps + 1)
+                 if freq > 0 and (s == steps or s % freq == 0)]  # fmt: skip
+    own = [s for s in range(1, steps + 1) if every and s % every == 0]
+    if after and steps not in own:
+        own.append(steps)
+    assert validated == own
+
+
+def test_after_false_with_an_every_that_misses_the_last_step_is_refused(tmp_path: Path) -> None:
+    cfg = _cfg(("eval.every", 7), ("eval.after", False), ("run.steps", 30))
+    with pytest.raises(ConfigError, match=r"'eval.after'=False.*engine 'verl'"):
+        overrides(cfg, tmp_path)
+
+
+def test_eval_switches_reach_verl(tmp_path: Path) -> None:
+    ov = overrides(_cfg(("eval.before", False), ("run.steps", 12)), tmp_path)
+    assert "trainer.val_before_train=false" in ov
+    assert "trainer.test_freq=12" in ov  # eval.every 0: only the final step validates
+    assert "actor_rollout_ref.rollout.val_kwargs.do_sample=false" in ov
+    assert "actor_rollout_ref.rollout.val_kwargs.n=1" in ov
+
+
+def test_checkpoint_every_zero_keeps_the_final_checkpoint(tmp_path: Path) -> None:
+    ov = overrides(_cfg(("run.checkpoint_every", 0), ("run.steps", 12)), tmp_path)
+    assert "trainer.save_freq=12" in ov  # verl saves at the last step when save_freq > 0
+
+
+# ----------------------------------------------------------------- precision, seeds, eps
+
+
+def test_precision() -> None:
+    bf16, fp32 = precision_overrides("bfloat16"), precision_overrides("float32")
+    a = "actor_rollout_ref.actor.fsdp_config"
+    assert f"{a}.model_dtype=fp32" in bf16 and f"{a}.model_dtype=fp32" in fp32  # fp32 masters
+    assert any("param_dtype:bf16" in o for o in bf16)
+    assert all("param_dtype:bf16" not in o for o in fp32)
+    assert "actor_rollout_ref.rollout.dtype=bfloat16" in bf16
+    assert "actor_rollout_ref.rollout.dtype=float32" in fp32
+
+
+def test_seed_reaches_data_actor_and_rollout(tmp_path: Path) -> None:
+    ov = overrides(_cfg(("run.seed", 17)), tmp_path)
+    for key in ("data.seed", "actor_rollout_ref.actor.data_loader_seed",
+                "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.fsdp_config.seed",
+                "actor_rollout_ref.ref.fsdp_config.seed"):  # fmt: skip
+        assert f"{key}=17" in ov, key
+
+
+def test_optimizer_eps(tmp_path: Path) -> None:
+    ov = overrides(_cfg(("optim.eps", 1e-6)), tmp_path)
+    assert "actor_rollout_ref.actor.optim.override_optimizer_config={eps:1e-06}" in ov
