@@ -375,6 +375,11 @@ class GBMPOConfig(GRPOConfig):
         log_all_regularizers: also log the value of every parameter-free registered
             regularizer against the same anchor (``regularizer/<name>``), when the anchor's
             log-probs exist; the active regularizer is always logged.
+        monitor_reference: compute the reference model's log-probs even when the loss does not
+            need them (``beta`` is then TRL's switch for the reference only: 1 when the
+            coefficient is 0 or the anchor is ``old``; the loss uses ``regularizer_coef``), so
+            that ``reference/<name>`` is logged for the active regularizer and, with
+            ``log_all_regularizers``, every registered one.
 
     Changed default: ``use_bias_correction_kl`` is False here (TRL 1.16: True, which multiplies
     k3 by the token importance ratio). The regularizer is exactly the one named; TRL 1.16's
@@ -456,6 +461,13 @@ class GBMPOConfig(GRPOConfig):
     log_all_regularizers: bool = field(
         default=True,
         metadata={"help": "Log every parameter-free regularizer's value against the anchor."},
+    )
+    monitor_reference: bool = field(
+        default=False,
+        metadata={
+            "help": "Load the reference model even when the loss does not use it, to log "
+            "reference/<name> = D(pi_old || pi_ref) for every monitored regularizer."
+        },
     )
     objective: dict[str, Any] | str | None = field(
         default=None,
@@ -616,9 +628,14 @@ class GBMPOConfig(GRPOConfig):
                 "or choose a regularizer"
             )
         self.regularizer_coef = coef
-        # TRL loads the reference model and computes its log-probs exactly when beta != 0.
-        self.beta = coef if self.needs_reference_model else 0.0
-        if self.sync_ref_model and not self.needs_reference_model:
+        # TRL loads the reference model and computes its log-probs exactly when beta != 0; TRL's
+        # own use of beta (its KL term) is replaced by GBMPOTrainer's loss, so with
+        # monitor_reference beta = 1 only switches the reference on.
+        if self.needs_reference_model:
+            self.beta = coef
+        else:
+            self.beta = 1.0 if self.monitor_reference else 0.0
+        if self.sync_ref_model and not (self.needs_reference_model or self.monitor_reference):
             raise ValueError(
                 "GBMPOConfig: sync_ref_model=True but no reference model is used "
                 f"(regularizer={self.regularizer!r}, anchor={self.regularizer_anchor!r}, "
@@ -652,6 +669,9 @@ class TRLObjective:
     diagnostics: dict[str, Regularizer]
     #: the objective spec these pieces were built from
     spec: ObjectiveSpec | None = None
+    #: regularizers logged as ``reference/<name>`` = D(pi_old || pi_ref): the active one and,
+    #: with ``log_all_regularizers``, every registered one (as the own trainer's ``reg/<name>``)
+    reference_monitors: dict[str, Regularizer] = field(default_factory=dict)
 
 
 def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
@@ -736,6 +756,14 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
             if reg_name in ("none", spec.regularizer.name, *_NEEDS_PARAMS):
                 continue
             diagnostics[reg_name] = get_regularizer(reg_name)
+    monitors: dict[str, Regularizer] = {}
+    for reg_name in REGULARIZERS.names():
+        if reg_name == "none":
+            continue
+        if reg_name == spec.regularizer.name:
+            monitors[reg_name] = built.regularizer
+        elif spec.monitor_regularizers:
+            monitors[reg_name] = get_regularizer(reg_name)
     return TRLObjective(
         surrogate=built.surrogate,
         surrogate_name=spec.surrogate.name,
@@ -747,6 +775,7 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
         max_len=int(args.max_completion_length),
         diagnostics=diagnostics,
         spec=spec,
+        reference_monitors=monitors,
     )
 
 
@@ -756,7 +785,7 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
 
 
 class GBMPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` whose loss is gbmpo's (see the module docstring); same constructor.
+    r"""``GRPOTrainer`` whose loss is gbmpo's (see the module docstring); same constructor.
 
     ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL). Only
     ``_compute_loss`` is overridden: generation, rewards, advantages, reference log-probs
@@ -769,7 +798,11 @@ class GBMPOTrainer(GRPOTrainer):
     parameter-free one, against the anchor), ``loss/surrogate`` and ``loss/regularizer`` (the
     two parts of the loss, per optimizer step), ``clip_ratio/low_mean``,
     ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``,
-    ``ratio/mean``, ``ratio/min``, ``ratio/max``; plus ``entropy_coef`` and ``aux_loss`` as TRL.
+    ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes),
+    ``reference/<name>`` (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the
+    window, for the active regularizer and, with ``log_all_regularizers``, every registered
+    one; when the reference log-probs exist, see ``monitor_reference``); plus ``entropy_coef``
+    and ``aux_loss`` as TRL.
     """
 
     _tag_names = ["trl", "grpo", "gbmpo"]
@@ -915,6 +948,8 @@ class GBMPOTrainer(GRPOTrainer):
             )
 
         self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
+        if mode == "train" and ref_logp is not None:
+            self._add_reference_divergences(old_logp, ref_logp, mask)
         self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
         self._metrics[mode]["loss/regularizer"].append(
             self._mean_over_processes(m["reg_loss"] * accum)
@@ -922,6 +957,44 @@ class GBMPOTrainer(GRPOTrainer):
         return loss
 
     # ---- logging ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _add_reference_divergences(self, old_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
+        r"""Add this micro-batch's token sums of :math:`D(\pi_{old}\,\|\,\pi_{ref})` for every
+        regularizer of ``objective.reference_monitors`` (the mean over the logging window's
+        tokens is logged as ``reference/<name>``; every pass over a batch adds the same values,
+        so ``num_iterations`` > 1 leaves the mean unchanged)."""
+        mf = mask.to(torch.float32)
+        sums = getattr(self, "_reference_sums", None)
+        if sums is None:
+            sums = self._reference_sums = {}
+            self._reference_tokens = 0.0
+        old, ref = old_logp.detach().float(), ref_logp.detach().float()
+        for name, reg in self._gbmpo.reference_monitors.items():
+            value = (reg(old, ref, old, mask) * mf).sum()
+            sums[name] = sums.get(name, 0.0) + float(value)
+        self._reference_tokens += float(mf.sum())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log, with ``reference/<name>`` (token means over every process since the last
+        log) and ``ratio/min`` / ``ratio/max`` as the window's extremes (TRL would average the
+        micro-batches' extremes)."""
+        mode = "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
+        for key, pick in (("ratio/min", min), ("ratio/max", max)):
+            if metrics.get(key):
+                metrics[key] = [pick(metrics[key])]
+        sums = getattr(self, "_reference_sums", None)
+        if mode == "train" and sums:
+            names = sorted(sums)
+            local = torch.tensor([sums[n] for n in names] + [self._reference_tokens],
+                                 dtype=torch.float64, device=self.accelerator.device)  # fmt: skip
+            totals = self.accelerator.reduce(local, reduction="sum")
+            tokens = float(totals[-1].clamp(min=1.0))
+            for i, name in enumerate(names):
+                metrics[f"reference/{name}"] = [float(totals[i]) / tokens]
+            self._reference_sums = None
+        super().log(logs, start_time)
 
     def _mean_over_processes(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float32, device=self.accelerator.device)
