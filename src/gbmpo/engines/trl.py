@@ -277,13 +277,17 @@ def train_dataset(examples: Sequence[dict[str, Any]]) -> Any:
 def reward_function(task: Any, columns: Sequence[str]) -> Callable[..., list[float]]:
     """A TRL reward function computing ``task.reward`` on the completions, with the dataset's
     ``columns``; per-sample failures (``None``, NaN, an exception) score 0 as in the own
-    trainer (:func:`gbmpo.train.rewards.score_completions`)."""
+    trainer (:func:`gbmpo.train.rewards.score_completions`); the function's ``failures``
+    attribute counts them (this process's)."""
     from gbmpo.train.rewards import score_completions
 
     def gbmpo_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         cols = {c: list(kwargs[c]) for c in columns if c in kwargs}
-        return score_completions(task.reward, list(prompts), list(completions), cols).rewards
+        scored = score_completions(task.reward, list(prompts), list(completions), cols)
+        gbmpo_reward.failures += scored.failures  # type: ignore[attr-defined]
+        return scored.rewards
 
+    gbmpo_reward.failures = 0  # type: ignore[attr-defined]
     gbmpo_reward.__name__ = f"{getattr(task, 'name', 'task')}_reward"
     return gbmpo_reward
 
@@ -300,8 +304,8 @@ def dry_run(cfg: Any) -> DryRunReport:
 
     report = DryRunReport("trl")
     notices = check_engine(cfg)
-    for line in notices:
-        report.ok("no effect", line)
+    for line in notices:  # one check per no-effect key set
+        report.ok(line.split("=", 1)[0], "no effect: " + line)
     common_checks(cfg, report)
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
@@ -473,8 +477,9 @@ class _RLProgress:
         return self.lrs[rl_step]
 
 
-def _all_max(value: float) -> float:
-    """``value``'s maximum over the processes (itself with one process)."""
+def _all_reduce(value: float, op: str = "max") -> float:
+    """``value``'s maximum (``op="max"``) or sum (``"sum"``) over the processes (itself with
+    one process)."""
     import torch
     import torch.distributed as dist
 
@@ -483,7 +488,7 @@ def _all_max(value: float) -> float:
     on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
     t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
     return float(t.item())
 
 
@@ -518,7 +523,7 @@ class _RunDirCallback:
                     return
                 p.step_seconds = time.perf_counter() - p.step_start
                 # every process agrees on the RL time: the rate and the stop depend on it
-                p.rl_seconds = _all_max(p.rl_seconds + p.step_seconds)
+                p.rl_seconds = _all_reduce(p.rl_seconds + p.step_seconds)
                 p.step_start = None
                 step = state.global_step // p.k
                 every = outer.cfg.eval.every
@@ -649,6 +654,7 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
 
     from gbmpo.models import load_model_and_tokenizer
     from gbmpo.train.console import Console, fmt_eval
+    from gbmpo.train.device import peak_memory_bytes
     from gbmpo.train.logging import MetricsWriter
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
@@ -700,9 +706,10 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     trainer_cls = _engine_trainer_class()
     with console.progress(cfg.run.steps, cfg.run.time_budget_seconds, 0, 0.0) as bar:
         callback = _RunDirCallback(cfg, progress, writer, evaluate, bar if main else None)
+        reward = reward_function(task, columns)
         trainer = trainer_cls(
             model=model,
-            reward_funcs=[reward_function(task, columns)],
+            reward_funcs=[reward],
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
@@ -722,6 +729,7 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
         console.print(line)
         trainer.train()
     steps = math.ceil(trainer.state.global_step / lay.optimizer_steps)
+    failures = int(_all_reduce(float(reward.failures), "sum"))  # type: ignore[attr-defined]
 
     summary: dict[str, Any] = {}
     if main:
@@ -747,6 +755,11 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
         summary["device"] = str(params[0].device)
         summary["dtype"] = str(params[0].dtype).removeprefix("torch.")
         summary["mixed_precision"] = "bf16" if args.bf16 else "no"
+        # HF's Trainer steps the fp32 weights it computes with under bf16 autocast
+        summary["fp32_master_weights"] = bool(args.bf16) and not cfg.lora.enabled
+        peak = peak_memory_bytes(params[0].device)
+        summary["peak_memory_gib"] = None if peak is None else peak / 2**30
+        summary["reward_failures"] = failures
         summary["world_size"] = state.num_processes  # processes that trained (accelerate)
         write_summary(run_dir, summary)
     state.wait_for_everyone()

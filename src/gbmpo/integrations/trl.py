@@ -479,6 +479,11 @@ class GBMPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         self._validate_gbmpo()
+        # TRL 1.16 sets gradient_checkpointing (True by default), which transformers 5 reads as
+        # a deprecated alias of activation_checkpointing and warns about; the same value under
+        # the new name (when that is unset) keeps the setting and drops the warning.
+        if getattr(self, "activation_checkpointing", False) is None:
+            self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
 
     def _validate_gbmpo(self) -> None:
