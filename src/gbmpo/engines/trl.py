@@ -635,17 +635,6 @@ def _engine_trainer_class() -> type:
     return EngineTrainer
 
 
-def _quiet_host_warnings() -> None:
-    """TRL 1.16 toggles gradient checkpointing around generation through transformers' old
-    method names, which transformers 5 deprecates with a FutureWarning; they say nothing about
-    the run (the GRPOConfig itself uses the new name, ``activation_checkpointing``)."""
-    import warnings
-
-    warnings.filterwarnings(
-        "ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning
-    )
-
-
 def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     """The TRL run of ``cfg`` in this process (one of ``run.num_processes`` under
     ``accelerate launch``); the main process writes the run directory."""
@@ -659,7 +648,6 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
     t0 = time.perf_counter()
-    _quiet_host_warnings()
     if cfg.run.num_threads is not None:
         torch.set_num_threads(cfg.run.num_threads)
     state = PartialState(cpu=cfg.model.device == "cpu")

@@ -163,6 +163,17 @@ if not (_SUPPORTED_MIN <= _trl_version() < _SUPPORTED_MAX):
     )
 
 
+def _quiet_host_warnings() -> None:
+    """TRL 1.16 toggles gradient checkpointing around generation through transformers' old
+    method names (``is_gradient_checkpointing``, ``gradient_checkpointing_disable`` /
+    ``_enable``), which transformers 5 deprecates with a FutureWarning at every toggle's first
+    call; they say nothing about the run. One filter for exactly those messages (GBMPOConfig
+    itself spells the setting ``activation_checkpointing``)."""
+    warnings.filterwarnings(
+        "ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # Hook checks
 # --------------------------------------------------------------------------------------------
@@ -821,6 +832,7 @@ class GBMPOTrainer(GRPOTrainer):
         **trl_kwargs: Any,
     ) -> None:
         check_trl_internals()
+        _quiet_host_warnings()
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = GBMPOConfig(f"{os.path.basename(str(name).rstrip('/'))}-GBMPO")
