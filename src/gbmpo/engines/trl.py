@@ -1,10 +1,12 @@
 r"""``gbmpo train --engine trl``: TRL's ``GRPOTrainer`` (with gbmpo's loss) from a gbmpo config.
 
-What the config becomes:
+What the config becomes (every key's answer on this engine is in the support matrix,
+:data:`gbmpo.engines.support.TRL`, checked by :func:`check_engine` before anything is written):
 
 * ``objective`` -> ``GBMPOConfig(objective=...)`` (the spec itself; TRL's ``loss_type`` and
   ``scale_rewards`` follow from its aggregation and advantage);
-* ``model`` -> the policy, loaded as the own trainer loads it; ``lora`` -> a PEFT config;
+* ``model`` -> the policy, loaded as the own trainer loads it (fp32 weights under bf16 autocast
+  for ``bfloat16``); ``lora`` -> a PEFT config (:func:`lora_config`);
 * ``task`` -> a ``datasets.Dataset`` of the task's prompts (rendered exactly as the own trainer
   renders them) and its other columns; the task's reward -> a TRL reward function
   (:func:`reward_function`: failures count as 0, as in the own trainer);
@@ -12,13 +14,15 @@ What the config becomes:
   one RL step = one generation batch of ``prompts_per_step * num_generations`` completions,
   ``mu`` passes over it in optimizer steps of ``mini_batch_size`` sequences, each the sum of
   micro-batches of ``micro_batch_size`` per process); ``rollout.engine: vllm`` -> TRL's vLLM
-  generation (``vllm_mode="colocate"``);
+  generation (``rollout.vllm_*`` -> ``vllm_mode``, ``vllm_gpu_memory_utilization``, ...);
+  the learning rate of every RL step is the own engine's schedule (:func:`lr_at`);
 * ``run.num_processes`` > 1 -> ``accelerate launch`` of this module (gloo on CPU).
 
-The run directory is the own engine's: ``config.yaml``, ``metrics.jsonl`` (one row per RL step:
-``loss``, ``reward_mean``, ``reg/<name>``, ``lr``, ... and the ``eval/*`` rows),
-``summary.json`` (``eval_before`` / ``eval_after`` from :func:`gbmpo.eval.evaluate`), ``model/``;
-TRL's own checkpoints go to ``checkpoints/``.
+The run directory is the own engine's: ``config.yaml``, ``metrics.jsonl`` (one row per RL step
+under the schema's names, :mod:`gbmpo.io.metrics`, with TRL's other metrics as ``trl/<name>``;
+the ``eval/*`` metrics before, every ``eval.every`` steps and after), ``summary.json``
+(``eval_before`` / ``eval_after`` from :func:`gbmpo.eval.evaluate`), ``model/``; TRL's own
+checkpoints go to ``checkpoints/``.
 """
 
 from __future__ import annotations
