@@ -100,7 +100,7 @@ def test_time_budget_decays_the_rate_and_eval_every_runs(
     own schedule it would stay near its peak), one rate per RL step; eval.every evaluates
     during training with the own engine's rows; the console shows RL steps, not TRL's bar."""
     out = tmp_path / "run"
-    argv = ["train", "--engine", "trl", "--steps", "100", "--time-budget", "4",
+    argv = ["train", "--engine", "trl", "--steps", "100", "--time-budget", "8",
             "--eval-every", "2", "--output-dir", str(out), *SMALL]  # fmt: skip
     argv[argv.index("--run.progress") + 1] = "true"
     assert main(argv) == 0
@@ -117,27 +117,31 @@ def test_time_budget_decays_the_rate_and_eval_every_runs(
     assert lrs[-1] == pytest.approx(lr_at(load_config(out / "config.yaml"), len(train) - 1,
                                           before_last))  # fmt: skip
     assert lrs[-1] < 0.75 * 5e-5  # TRL's schedule over 100 steps: still > 0.99 of the peak
-    assert train[-1]["time/rl_seconds"] >= 4.0 > train[-2]["time/rl_seconds"]
+    assert train[-1]["time/rl_seconds"] >= 8.0 > train[-2]["time/rl_seconds"]
     n = len(train)
     evals = [r["step"] for r in rows if "eval/accuracy" in r]
     # before, every 2 RL steps (in the step's row), after (the last one reused when it is there)
     assert evals == [0, *range(2, n + 1, 2)] + ([n] if n % 2 else [])
-    assert "step " in err and "/100" in err and "4s" in err  # gbmpo's RL-step bar
+    assert "step " in err and "/100" in err and "/8s" in err  # gbmpo's RL-step bar
     assert "it/s" not in err and "FutureWarning" not in err  # no TRL tqdm, no host noise
 
 
 def test_bf16_trains_fp32_weights_and_prints_the_no_effect_notices(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
+    """bfloat16: fp32 weights under bf16 autocast; eval.auto_limit: the own engine's held-out
+    subset (eval.limit unset); a no-effect key: one notice at the start."""
     out = tmp_path / "run"
     assert main(["train", "--engine", "trl", "--steps", "1", "--model.dtype", "bfloat16",
                  "--rollout.batch_size", "1", "--eval.before", "false",
-                 "--output-dir", str(out), *SMALL]) == 0  # fmt: skip
+                 "--output-dir", str(out), *SMALL,
+                 "--eval.limit", "null", "--eval.auto_limit", "6"]) == 0  # fmt: skip
     err = capsys.readouterr().err
     assert err.count("rollout.batch_size=1 has no effect") == 1
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dtype"] == "float32" and summary["mixed_precision"] == "bf16"
     assert summary["fp32_master_weights"] is True and summary["eval_before"] is None
+    assert summary["eval_after"]["n"] == 6  # the first 6 of the 200 test examples
 
 
 def test_vllm_maps_to_trl_vllm_in_the_dry_run(capsys: pytest.CaptureFixture) -> None:
