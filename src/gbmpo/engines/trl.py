@@ -652,6 +652,9 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
     t0 = time.perf_counter()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # weight loading/saving bars (the CLI's, in workers too)
     if cfg.run.num_threads is not None:
         torch.set_num_threads(cfg.run.num_threads)
     state = PartialState(cpu=cfg.model.device == "cpu")
