@@ -53,6 +53,7 @@ __all__ = ["BatchLayout", "batch_layout", "check_engine", "dry_run", "grpo_args"
            "host_settings", "launch_command", "lora_config", "lr_at", "reward_function", "run",
            "schema_record", "train_dataset"]  # fmt: skip
 
+
 @dataclass(frozen=True)
 class BatchLayout:
     """TRL's batch settings for one RL step of a gbmpo config."""
@@ -204,17 +205,29 @@ def host_settings(cfg: Any, output_dir: str | Path = "unused") -> dict[str, Any]
     return {
         "grpo": args,
         "lora": None if lora is None else lora.to_dict(),
-        "eval": {"every": ev.every, "before": ev.before, "after": ev.after,
-                 "split": ev.split, "max_new_tokens": ev.max_new_tokens,
-                 "limit": eval_limit_of(cfg, 10_000)},  # fmt: skip
+        "eval": {
+            "every": ev.every,
+            "before": ev.before,
+            "after": ev.after,
+            "split": ev.split,
+            "max_new_tokens": ev.max_new_tokens,
+            "limit": eval_limit_of(cfg, 10_000),
+        },
         "time_budget_seconds": cfg.run.time_budget_seconds,
         "lr": [lr_at(cfg, s, t) for s, t in ((0, 0.0), (1, 1.0), (5, 30.0), (50, 100.0))],
         "model": {"path": cfg.model.path, "trust_remote_code": cfg.model.trust_remote_code},
-        "task": {"name": cfg.task.name, "params": cfg.task.params,
-                 "train_split": cfg.task.train_split, "template": cfg.task.template},  # fmt: skip
-        "run": {"output_dir": cfg.run.output_dir, "plugins": cfg.run.plugins,
-                "allow_unsandboxed_code": cfg.run.allow_unsandboxed_code,
-                "num_processes": cfg.run.num_processes},  # fmt: skip
+        "task": {
+            "name": cfg.task.name,
+            "params": cfg.task.params,
+            "train_split": cfg.task.train_split,
+            "template": cfg.task.template,
+        },
+        "run": {
+            "output_dir": cfg.run.output_dir,
+            "plugins": cfg.run.plugins,
+            "allow_unsandboxed_code": cfg.run.allow_unsandboxed_code,
+        },
+        "launch": launch_command(cfg, Path("RUN_DIR")),
     }
 
 
@@ -231,9 +244,7 @@ def _check_vllm(cfg: Any) -> None:
 
     ro = cfg.rollout
     if ro.vllm_mode not in ("colocate", "server"):
-        raise ConfigError(
-            f"'rollout.vllm_mode' must be colocate or server, got {ro.vllm_mode!r}"
-        )
+        raise ConfigError(f"'rollout.vllm_mode' must be colocate or server, got {ro.vllm_mode!r}")
     if not 0 < ro.vllm_gpu_memory_utilization <= 1:
         raise ConfigError(
             "'rollout.vllm_gpu_memory_utilization' must be in (0, 1], got "
@@ -622,9 +633,7 @@ def _engine_trainer_class() -> type:
                     self._metrics["train"]["gbmpo/accuracy"].append(
                         sum(r >= 1.0 for r in rewards) / len(rewards)
                     )
-                    self._metrics["train"]["gbmpo/reward_std"].append(
-                        statistics.pstdev(rewards)
-                    )
+                    self._metrics["train"]["gbmpo/reward_std"].append(statistics.pstdev(rewards))
             return out
 
         def get_decay_parameter_names(self, model: Any) -> list[str]:
