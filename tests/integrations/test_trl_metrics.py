@@ -65,3 +65,15 @@ def test_monitoring_loads_the_reference_when_the_loss_does_not() -> None:
                        objective={"regularizer": {"name": "kl_k3", "coef": 0.3,
                                                   "anchor": "old"}})  # fmt: skip
     assert args.beta != 0.0 and build_objective(args).anchor == "old"
+
+
+def test_window_means_weight_micro_batches_by_their_tokens() -> None:
+    from gbmpo.integrations.trl import window_means
+
+    metrics = {"clip_ratio/low_mean": [0.5, 0.0], "ratio/min": [0.9, 0.8], "ratio/max": [1.1, 1.3],
+               "reward": [0.25]}  # fmt: skip
+    weights = {"clip_ratio/low_mean": [10.0, 30.0]}
+    window_means(metrics, weights)
+    assert metrics == {"clip_ratio/low_mean": [0.125], "ratio/min": [0.8], "ratio/max": [1.3],
+                       "reward": [0.25]}  # fmt: skip
+    assert weights == {}

@@ -83,6 +83,7 @@ __all__ = [
     "check_trl_internals",
     "dapo_normalizer",
     "entropy_bonus",
+    "window_means",
 ]
 
 #: The TRL versions whose internals this module was written against and tested with.
@@ -341,6 +342,22 @@ def entropy_bonus(entropies: Tensor, mask: Tensor, accumulation_steps: int) -> T
     """
     m = mask.to(entropies.dtype)
     return (entropies * m).sum() / m.sum().clamp(min=1.0) / accumulation_steps
+
+
+def window_means(metrics: dict[str, list[float]], token_weights: dict[str, list[float]]) -> None:
+    r"""Reduce a logging window's per-micro-batch values in place (then emptied:
+    ``token_weights``): a key with weights becomes its token-weighted mean
+    :math:`\sum_j n_j v_j / \sum_j n_j` (:math:`n_j` valid tokens of micro-batch :math:`j`, so a
+    fraction of tokens stays one over the whole window); ``ratio/min`` / ``ratio/max`` become
+    the window's extremes."""
+    for key, w in token_weights.items():
+        values = metrics.get(key)
+        if values and len(values) == len(w) and sum(w) > 0:
+            metrics[key] = [sum(v * x for v, x in zip(values, w, strict=True)) / sum(w)]
+    token_weights.clear()
+    for key, pick in (("ratio/min", min), ("ratio/max", max)):
+        if metrics.get(key):
+            metrics[key] = [pick(metrics[key])]
 
 
 # --------------------------------------------------------------------------------------------
@@ -994,13 +1011,14 @@ class GBMPOTrainer(GRPOTrainer):
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log, with ``reference/<name>`` (token means over every process since the last
-        log) and ``ratio/min`` / ``ratio/max`` as the window's extremes (TRL would average the
-        micro-batches' extremes)."""
+        log), GBMPOTrainer's per-micro-batch means weighted by their valid tokens and
+        ``ratio/min`` / ``ratio/max`` as the window's extremes (TRL would average the
+        micro-batches' values plainly)."""
         mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
-        for key, pick in (("ratio/min", min), ("ratio/max", max)):
-            if metrics.get(key):
-                metrics[key] = [pick(metrics[key])]
+        # token-weighted means over the window's micro-batches (TRL averages them plainly), so
+        # that e.g. the clip fraction is the fraction of the window's valid tokens
+        window_means(metrics, getattr(self, "_token_weights", {}).get(mode, {}))
         sums = getattr(self, "_reference_sums", None)
         if mode == "train" and sums:
             names = sorted(sums)
@@ -1062,6 +1080,12 @@ class GBMPOTrainer(GRPOTrainer):
         denom = totals[-1].clamp(min=1.0)
         for i, k in enumerate(keys):
             self._metrics[mode][k].append(float(totals[i] / denom))
+        # the micro-batch's valid tokens (all processes): log() weights these means by them
+        weights = getattr(self, "_token_weights", None)
+        if weights is None:
+            weights = self._token_weights = {"train": {}, "eval": {}}
+        for k in keys:
+            weights[mode].setdefault(k, []).append(float(totals[-1]))
         extremes = torch.tensor([m["ratio_min"], -m["ratio_max"]], device=mf.device)
         if n_local == 0:  # no valid token here: do not let the 0 placeholders win
             extremes = torch.full_like(extremes, math.inf)
