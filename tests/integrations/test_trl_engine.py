@@ -16,7 +16,8 @@ import yaml
 pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
-from gbmpo.engines.trl import batch_layout, grpo_args  # noqa: E402
+from gbmpo.engines.trl import batch_layout, grpo_args, lr_at  # noqa: E402
+from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared  # noqa: E402
 from gbmpo.train.config import ConfigError, load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,10 +68,11 @@ def test_same_yaml_runs_with_both_engines(tmp_path: Path, capsys: pytest.Capture
         assert main(["train", "--config", str(cfg_file), "--engine", engine,
                      "--output-dir", str(out), *SMALL]) == 0  # fmt: skip
         dirs[engine] = out
+    shared, summaries = {}, {}
     for engine, out in dirs.items():
         for name in ("config.yaml", "metrics.jsonl", "summary.json", "model/config.json"):
             assert (out / name).is_file(), (engine, name)
-        summary = json.loads((out / "summary.json").read_text())
+        summary = summaries[engine] = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 1 and summary["status"] == "finished"
         assert "accuracy" in summary["eval_before"] and "accuracy" in summary["eval_after"]
         assert load_config(out / "config.yaml").engine == engine
@@ -78,7 +80,68 @@ def test_same_yaml_runs_with_both_engines(tmp_path: Path, capsys: pytest.Capture
         train_rows = [r for r in rows if "loss" in r]
         assert len(train_rows) == 1 and train_rows[0]["step"] == 1
         assert "reg/prob_l2" in train_rows[0] and "reward_mean" in train_rows[0], engine
+        # the schema's names: every step metric, reg/<name> for every registered regularizer
+        names = {k for k in train_rows[0] if is_shared(k) and not k.startswith("time/")}
+        assert set(STEP_METRICS) <= names, (engine, set(STEP_METRICS) - names)
+        shared[engine] = names
+        assert not [k for k in train_rows[0] if not is_shared(k) and "/" in k
+                    and not k.startswith("trl/")], engine  # fmt: skip
+    assert shared["trl"] == shared["gbmpo"]
+    assert set(SUMMARY_KEYS) <= set(summaries["trl"])
+    assert set(summaries["gbmpo"]) & set(SUMMARY_KEYS) <= set(summaries["trl"])
+    assert summaries["trl"]["engine"] == "trl" and summaries["trl"]["dtype"] == "float32"
     assert "finished 1 steps (trl)" in capsys.readouterr().out
+
+
+def test_time_budget_decays_the_rate_and_eval_every_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--steps 100 with a time budget: the cosine decays over the RL time that runs (on TRL's
+    own schedule it would stay near its peak), one rate per RL step; eval.every evaluates
+    during training with the own engine's rows; the console shows RL steps, not TRL's bar."""
+    out = tmp_path / "run"
+    argv = ["train", "--engine", "trl", "--steps", "100", "--time-budget", "8",
+            "--eval-every", "2", "--output-dir", str(out), *SMALL]  # fmt: skip
+    argv[argv.index("--run.progress") + 1] = "true"
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "time_budget" and 2 <= summary["steps"] < 100
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if "loss" in r]
+    lrs = [r["lr"] for r in train]
+    assert lrs[0] == pytest.approx(5e-5)
+    assert all(a > b for a, b in zip(lrs, lrs[1:], strict=False)), lrs
+    # the last rate follows the RL time used before its step (the own engine's rule)
+    before_last = train[-2]["time/rl_seconds"]
+    assert lrs[-1] == pytest.approx(lr_at(load_config(out / "config.yaml"), len(train) - 1,
+                                          before_last))  # fmt: skip
+    assert lrs[-1] < 0.75 * 5e-5  # TRL's schedule over 100 steps: still > 0.99 of the peak
+    assert train[-1]["time/rl_seconds"] >= 8.0 > train[-2]["time/rl_seconds"]
+    n = len(train)
+    evals = [r["step"] for r in rows if "eval/accuracy" in r]
+    # before, every 2 RL steps (in the step's row), after (the last one reused when it is there)
+    assert evals == [0, *range(2, n + 1, 2)] + ([n] if n % 2 else [])
+    assert "step " in err and "/100" in err and "/8s" in err  # gbmpo's RL-step bar
+    assert "it/s" not in err and "FutureWarning" not in err  # no TRL tqdm, no host noise
+
+
+def test_bf16_trains_fp32_weights_and_prints_the_no_effect_notices(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """bfloat16: fp32 weights under bf16 autocast; eval.auto_limit: the own engine's held-out
+    subset (eval.limit unset); a no-effect key: one notice at the start."""
+    out = tmp_path / "run"
+    assert main(["train", "--engine", "trl", "--steps", "1", "--model.dtype", "bfloat16",
+                 "--rollout.batch_size", "1", "--eval.before", "false",
+                 "--output-dir", str(out), *SMALL,
+                 "--eval.limit", "null", "--eval.auto_limit", "6"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.count("rollout.batch_size=1 has no effect") == 1
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dtype"] == "float32" and summary["mixed_precision"] == "bf16"
+    assert summary["fp32_master_weights"] is True and summary["eval_before"] is None
+    assert summary["eval_after"]["n"] == 6  # the first 6 of the 200 test examples
 
 
 def test_vllm_maps_to_trl_vllm_in_the_dry_run(capsys: pytest.CaptureFixture) -> None:

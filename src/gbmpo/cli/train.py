@@ -72,12 +72,11 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
-    from gbmpo.train.config import validate
-    from gbmpo.train.support import check_support
-
     # bad values and what the engine refuses stop here (exit 2), before any write; a dry run
     # checks a config whose mirror map an ES run has yet to write with the map's initialisation
     from gbmpo.engines.checks import without_missing_mirror
+    from gbmpo.train.config import validate
+    from gbmpo.train.support import check_support
 
     validate(without_missing_mirror(cfg) if args.dry_run else cfg)
     for notice in check_support(cfg):

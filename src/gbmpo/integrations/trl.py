@@ -83,6 +83,7 @@ __all__ = [
     "check_trl_internals",
     "dapo_normalizer",
     "entropy_bonus",
+    "window_means",
 ]
 
 #: The TRL versions whose internals this module was written against and tested with.
@@ -157,6 +158,17 @@ if not (_SUPPORTED_MIN <= _trl_version() < _SUPPORTED_MAX):
         f"gbmpo.integrations.trl was written for trl{SUPPORTED_TRL}, found trl {trl.__version__}; "
         "GBMPOTrainer checks the TRL internals it hooks and raises TRLInternalsError if they moved",
         stacklevel=2,
+    )
+
+
+def _quiet_host_warnings() -> None:
+    """TRL 1.16 toggles gradient checkpointing around generation through transformers' old
+    method names (``is_gradient_checkpointing``, ``gradient_checkpointing_disable`` /
+    ``_enable``), which transformers 5 deprecates with a FutureWarning at every toggle's first
+    call; they say nothing about the run. One filter for exactly those messages (GBMPOConfig
+    itself spells the setting ``activation_checkpointing``)."""
+    warnings.filterwarnings(
+        "ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning
     )
 
 
@@ -329,6 +341,22 @@ def entropy_bonus(entropies: Tensor, mask: Tensor, accumulation_steps: int) -> T
     return (entropies * m).sum() / m.sum().clamp(min=1.0) / accumulation_steps
 
 
+def window_means(metrics: dict[str, list[float]], token_weights: dict[str, list[float]]) -> None:
+    r"""Reduce a logging window's per-micro-batch values in place (then emptied:
+    ``token_weights``): a key with weights becomes its token-weighted mean
+    :math:`\sum_j n_j v_j / \sum_j n_j` (:math:`n_j` valid tokens of micro-batch :math:`j`, so a
+    fraction of tokens stays one over the whole window); ``ratio/min`` / ``ratio/max`` become
+    the window's extremes."""
+    for key, w in token_weights.items():
+        values = metrics.get(key)
+        if values and len(values) == len(w) and sum(w) > 0:
+            metrics[key] = [sum(v * x for v, x in zip(values, w, strict=True)) / sum(w)]
+    token_weights.clear()
+    for key, pick in (("ratio/min", min), ("ratio/max", max)):
+        if metrics.get(key):
+            metrics[key] = [pick(metrics[key])]
+
+
 # --------------------------------------------------------------------------------------------
 # Config
 # --------------------------------------------------------------------------------------------
@@ -372,6 +400,11 @@ class GBMPOConfig(GRPOConfig):
         log_all_regularizers: also log the value of every parameter-free registered
             regularizer against the same anchor (``regularizer/<name>``), when the anchor's
             log-probs exist; the active regularizer is always logged.
+        monitor_reference: compute the reference model's log-probs even when the loss does not
+            need them (``beta`` is then TRL's switch for the reference only: 1 when the
+            coefficient is 0 or the anchor is ``old``; the loss uses ``regularizer_coef``), so
+            that ``reference/<name>`` is logged for the active regularizer and, with
+            ``log_all_regularizers``, every registered one.
 
     Changed default: ``use_bias_correction_kl`` is False here (TRL 1.16: True, which multiplies
     k3 by the token importance ratio). The regularizer is exactly the one named; TRL 1.16's
@@ -454,6 +487,13 @@ class GBMPOConfig(GRPOConfig):
         default=True,
         metadata={"help": "Log every parameter-free regularizer's value against the anchor."},
     )
+    monitor_reference: bool = field(
+        default=False,
+        metadata={
+            "help": "Load the reference model even when the loss does not use it, to log "
+            "reference/<name> = D(pi_old || pi_ref) for every monitored regularizer."
+        },
+    )
     objective: dict[str, Any] | str | None = field(
         default=None,
         metadata={
@@ -464,6 +504,11 @@ class GBMPOConfig(GRPOConfig):
 
     def __post_init__(self) -> None:
         self._validate_gbmpo()
+        # TRL 1.16 sets gradient_checkpointing (True by default), which transformers 5 reads as
+        # a deprecated alias of activation_checkpointing and warns about; the same value under
+        # the new name (when that is unset) keeps the setting and drops the warning.
+        if getattr(self, "activation_checkpointing", False) is None:
+            self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
 
     def _validate_gbmpo(self) -> None:
@@ -598,7 +643,7 @@ class GBMPOConfig(GRPOConfig):
     def _resolve_coefficient(self) -> None:
         if self.objective is not None:  # the spec's coefficient (checked by its build)
             built = self._built[1]
-            self.beta = built.coef if built.anchored_on_ref else 0.0
+            self._set_beta(built.coef, built.anchored_on_ref)
             self._check_sync_ref_model(built.spec.regularizer.name, built.anchor, built.coef)
             return
         beta = float(self.beta)
@@ -618,12 +663,20 @@ class GBMPOConfig(GRPOConfig):
                 "or choose a regularizer"
             )
         self.regularizer_coef = coef
-        # TRL loads the reference model and computes its log-probs exactly when beta != 0.
-        self.beta = coef if self.needs_reference_model else 0.0
+        self._set_beta(coef, self.needs_reference_model)
         self._check_sync_ref_model(self.regularizer, self.regularizer_anchor, coef)
 
+    def _set_beta(self, coef: float, needs_reference: bool) -> None:
+        # TRL loads the reference model and computes its log-probs exactly when beta != 0; TRL's
+        # own use of beta (its KL term) is replaced by GBMPOTrainer's loss, so with
+        # monitor_reference beta = 1 only switches the reference on.
+        if needs_reference:
+            self.beta = coef
+        else:
+            self.beta = 1.0 if self.monitor_reference else 0.0
+
     def _check_sync_ref_model(self, regularizer: str, anchor: str, coef: float) -> None:
-        if self.sync_ref_model and not self.needs_reference_model:
+        if self.sync_ref_model and not (self.needs_reference_model or self.monitor_reference):
             raise ValueError(
                 "GBMPOConfig: sync_ref_model=True but no reference model is used "
                 f"(regularizer={regularizer!r}, anchor={anchor!r}, coefficient={coef:g})"
@@ -671,6 +724,9 @@ class TRLObjective:
     diagnostics: dict[str, Regularizer]
     #: the objective spec these pieces were built from
     spec: ObjectiveSpec | None = None
+    #: regularizers logged as ``reference/<name>`` = D(pi_old || pi_ref): the active one and,
+    #: with ``log_all_regularizers``, every registered one (as the own trainer's ``reg/<name>``)
+    reference_monitors: dict[str, Regularizer] = field(default_factory=dict)
 
 
 def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
@@ -763,6 +819,7 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
         # the monitored set is the own engine's (every registered regularizer but "none")
         diagnostics={n: r for n, r in built.monitors.items() if n != spec.regularizer.name},
         spec=spec,
+        reference_monitors=dict(built.monitors),
     )
 
 
@@ -772,7 +829,7 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
 
 
 class GBMPOTrainer(GRPOTrainer):
-    """``GRPOTrainer`` whose loss is gbmpo's (see the module docstring); same constructor.
+    r"""``GRPOTrainer`` whose loss is gbmpo's (see the module docstring); same constructor.
 
     ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL). Only
     ``_compute_loss`` is overridden: generation, rewards, advantages, reference log-probs
@@ -785,7 +842,11 @@ class GBMPOTrainer(GRPOTrainer):
     parameter-free one, against the anchor), ``loss/surrogate`` and ``loss/regularizer`` (the
     two parts of the loss, per optimizer step), ``clip_ratio/low_mean``,
     ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``,
-    ``ratio/mean``, ``ratio/min``, ``ratio/max``; plus ``entropy_coef`` and ``aux_loss`` as TRL.
+    ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes),
+    ``reference/<name>`` (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the
+    window, for the active regularizer and, with ``log_all_regularizers``, every registered
+    one; when the reference log-probs exist, see ``monitor_reference``); plus ``entropy_coef``
+    and ``aux_loss`` as TRL.
     """
 
     _tag_names = ["trl", "grpo", "gbmpo"]
@@ -799,6 +860,7 @@ class GBMPOTrainer(GRPOTrainer):
         **trl_kwargs: Any,
     ) -> None:
         check_trl_internals()
+        _quiet_host_warnings()
         if args is None:
             name = model if isinstance(model, str) else model.config._name_or_path
             args = GBMPOConfig(f"{os.path.basename(str(name).rstrip('/'))}-GBMPO")
@@ -931,6 +993,8 @@ class GBMPOTrainer(GRPOTrainer):
             )
 
         self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
+        if mode == "train" and ref_logp is not None:
+            self._add_reference_divergences(old_logp, ref_logp, mask)
         self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
         self._metrics[mode]["loss/regularizer"].append(
             self._mean_over_processes(m["reg_loss"] * accum)
@@ -938,6 +1002,45 @@ class GBMPOTrainer(GRPOTrainer):
         return loss
 
     # ---- logging ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _add_reference_divergences(self, old_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
+        r"""Add this micro-batch's token sums of :math:`D(\pi_{old}\,\|\,\pi_{ref})` for every
+        regularizer of ``objective.reference_monitors`` (the mean over the logging window's
+        tokens is logged as ``reference/<name>``; every pass over a batch adds the same values,
+        so ``num_iterations`` > 1 leaves the mean unchanged)."""
+        mf = mask.to(torch.float32)
+        sums = getattr(self, "_reference_sums", None)
+        if sums is None:
+            sums = self._reference_sums = {}
+            self._reference_tokens = 0.0
+        old, ref = old_logp.detach().float(), ref_logp.detach().float()
+        for name, reg in self._gbmpo.reference_monitors.items():
+            value = (reg(old, ref, old, mask) * mf).sum()
+            sums[name] = sums.get(name, 0.0) + float(value)
+        self._reference_tokens += float(mf.sum())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log, with ``reference/<name>`` (token means over every process since the last
+        log), GBMPOTrainer's per-micro-batch means weighted by their valid tokens and
+        ``ratio/min`` / ``ratio/max`` as the window's extremes (TRL would average the
+        micro-batches' values plainly)."""
+        mode = "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
+        # token-weighted means over the window's micro-batches (TRL averages them plainly), so
+        # that e.g. the clip fraction is the fraction of the window's valid tokens
+        window_means(metrics, getattr(self, "_token_weights", {}).get(mode, {}))
+        sums = getattr(self, "_reference_sums", None)
+        if mode == "train" and sums:
+            names = sorted(sums)
+            local = torch.tensor([sums[n] for n in names] + [self._reference_tokens],
+                                 dtype=torch.float64, device=self.accelerator.device)  # fmt: skip
+            totals = self.accelerator.reduce(local, reduction="sum")
+            tokens = float(totals[-1].clamp(min=1.0))
+            for i, name in enumerate(names):
+                metrics[f"reference/{name}"] = [float(totals[i]) / tokens]
+            self._reference_sums = None
+        super().log(logs, start_time)
 
     def _mean_over_processes(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float32, device=self.accelerator.device)
@@ -988,6 +1091,12 @@ class GBMPOTrainer(GRPOTrainer):
         denom = totals[-1].clamp(min=1.0)
         for i, k in enumerate(keys):
             self._metrics[mode][k].append(float(totals[i] / denom))
+        # the micro-batch's valid tokens (all processes): log() weights these means by them
+        weights = getattr(self, "_token_weights", None)
+        if weights is None:
+            weights = self._token_weights = {"train": {}, "eval": {}}
+        for k in keys:
+            weights[mode].setdefault(k, []).append(float(totals[-1]))
         extremes = torch.tensor([m["ratio_min"], -m["ratio_max"]], device=mf.device)
         if n_local == 0:  # no valid token here: do not let the 0 placeholders win
             extremes = torch.full_like(extremes, math.inf)

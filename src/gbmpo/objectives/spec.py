@@ -228,15 +228,15 @@ class ObjectiveSpec:
             raise SpecError(
                 f"'{where}.regularizer.anchor' must be 'ref' or 'old', got {r.anchor!r}"
             )
-        monitors: dict[str, Any] = {}
-        if self.monitor_regularizers:
-            from gbmpo.objectives.regularizers import REGULARIZERS
+        from gbmpo.objectives.regularizers import REGULARIZERS
 
-            monitors = {
-                name: regularizer if name == r.name else get_regularizer(name)
-                for name in REGULARIZERS.names()
-                if name != "none"
-            }
+        # reg/<name>: the optimised regularizer always, every registered one when monitoring
+        monitors: dict[str, Any] = {}
+        for name in REGULARIZERS.names():
+            if name == r.name != "none":
+                monitors[name] = regularizer
+            elif name != "none" and self.monitor_regularizers:
+                monitors[name] = get_regularizer(name)
         return BuiltObjective(
             spec=self,
             advantage=ADVANTAGES.get(self.advantage),
@@ -268,16 +268,16 @@ class BuiltObjective:
     #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
     anchor: str
     aggregation: str
-    #: every registered regularizer but ``none`` (the optimised one is the same object), when
-    #: ``monitor_regularizers``; empty otherwise
+    #: the regularizers logged as ``reg/<name>`` = D(pi_old || pi_ref): the optimised one (the
+    #: same object) and, with ``monitor_regularizers``, every registered one but ``none``
     monitors: dict[str, Any] = field(default_factory=dict)
 
     @property
     def needs_ref(self) -> bool:
         """Whether the reference policy's log-probs are needed: the regularizer is anchored on
-        it, or regularizers are monitored against it."""
+        it, or every regularizer is monitored against it."""
         anchored = bool(getattr(self.regularizer, "needs_ref", True)) and self.anchor == "ref"
-        return anchored or bool(self.monitors)
+        return anchored or self.spec.monitor_regularizers
 
     @property
     def anchored_on_ref(self) -> bool:

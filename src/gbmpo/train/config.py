@@ -121,6 +121,17 @@ class RolloutConfig:
     #: values and gradients up to float rounding, no per-op transformers overhead); false: the
     #: model's own forward (adapters, dropout, gradient checkpointing, other models always use it)
     lean_forward: bool = True
+    #: engine trl with ``engine: vllm``: ``colocate`` (vLLM inside the training processes) |
+    #: ``server`` (a running ``trl vllm-serve`` at vllm_server_host:vllm_server_port)
+    vllm_mode: str = "colocate"
+    #: engine trl, vllm_mode colocate: fraction of each GPU's memory vLLM reserves
+    vllm_gpu_memory_utilization: float = 0.3
+    #: engine trl, vllm_mode colocate: GPUs one vLLM engine spans (tensor parallelism)
+    vllm_tensor_parallel_size: int = 1
+    #: engine trl, vllm_mode server: host of the vLLM server
+    vllm_server_host: str = "0.0.0.0"
+    #: engine trl, vllm_mode server: port of the vLLM server
+    vllm_server_port: int = 8000
 
 
 # The objective section is the objective spec every engine reads (gbmpo.objectives.spec).

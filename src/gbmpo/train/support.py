@@ -103,6 +103,13 @@ GBMPO: dict[str, Support] = {
     "rollout.lean_decoder": N(_SPEED),
     "rollout.share_prompts": N(_SPEED),
     "rollout.lean_forward": N(_SPEED),
+    **{key: R("the own trainer has no vLLM (engine trl maps it to TRL's vLLM generation)",
+              _never_default(key), probe=probe)
+       for key, probe in (("rollout.vllm_mode", "server"),
+                          ("rollout.vllm_gpu_memory_utilization", 0.5),
+                          ("rollout.vllm_tensor_parallel_size", 2),
+                          ("rollout.vllm_server_host", "10.0.0.2"),
+                          ("rollout.vllm_server_port", 8001))},  # fmt: skip
     "objective.advantage": H(),
     "objective.surrogate.name": H(),
     "objective.surrogate.params": H(),
@@ -156,11 +163,106 @@ GBMPO: dict[str, Support] = {
 
 # ------------------------------------------------------------------- TRL (gbmpo.engines.trl)
 
-TRL: dict[str, Support] = dict(GBMPO)  # filled in by the TRL engine's owner: see below
-TRL.update({
+def _device_index(value: Any, cfg: Any) -> bool:
+    """A CUDA device index other than 0 (``cuda:1``)."""
+    head, _, index = str(value).partition(":")
+    return head == "cuda" and index not in ("", "0")
+
+
+_TRL_PROMPTS = "the generation batch (prompts_per_step * num_generations = steps_per_generation"
+_TRL_EVAL = "gbmpo.eval on the main process, as the own engine"
+TRL: dict[str, Support] = {
     "engine": H("TRL's GRPOTrainer with GBMPOTrainer's loss"),
+    "model.path": H("the policy, loaded as the own engine loads it (GRPOTrainer model=)",
+                    probe="tiny-other"),
+    "model.dtype": R("float16 training is refused (no loss scaling); bfloat16 trains fp32 "
+                     "weights (the optimizer's masters) under bf16 autocast (GRPOConfig bf16)",
+                     lambda v, c: v == "float16", probe="float16"),
+    "model.device": R("cpu -> GRPOConfig use_cpu, cuda -> one GPU per process (accelerate); a "
+                      "device index other than 0 is refused: select the GPU with "
+                      "CUDA_VISIBLE_DEVICES and use model.device cuda", _device_index,
+                      probe="cuda:1"),
+    "model.trust_remote_code": H("load_model_and_tokenizer(trust_remote_code=)", probe=True),
+    "task.name": H("train_dataset (prompts rendered as the own engine) + the reward function",
+                   probe="gsm8k"),
+    "task.params": H("the task factory's keyword arguments", probe={"num_train": 100}),
+    "task.train_split": H("the split train_dataset is built from", probe="test"),
+    "task.template": H("the prompts' template", probe="base"),
+    "rollout.prompts_per_step": H(f"{_TRL_PROMPTS} x micro-batch)", probe=4),
+    "rollout.num_generations": H("num_generations", probe=4),
+    "rollout.max_new_tokens": H("max_completion_length", probe=16),
+    "rollout.temperature": H("temperature", probe=0.7),
+    "rollout.top_p": H("top_p", probe=0.9),
+    "rollout.top_k": H("top_k", probe=5),
+    "rollout.batch_size": N("TRL generates each process's share of the batch at once"),
+    "rollout.engine": H("gbmpo | hf -> TRL's transformers generation; vllm -> use_vllm",
+                        probe="vllm"),
+    "rollout.lean_decoder": N("the own engine's decoder; TRL generates with transformers"),
+    "rollout.share_prompts": N("the own engine's forward; TRL runs its own"),
+    "rollout.lean_forward": N("the own engine's forward; TRL runs its own"),
+    "rollout.vllm_mode": H("vllm_mode (with rollout.engine vllm)", probe="server"),
+    "rollout.vllm_gpu_memory_utilization": H("vllm_gpu_memory_utilization", probe=0.5),
+    "rollout.vllm_tensor_parallel_size": H("vllm_tensor_parallel_size", probe=2),
+    "rollout.vllm_server_host": H("vllm_server_host", probe="10.0.0.2"),
+    "rollout.vllm_server_port": H("vllm_server_port", probe=8001),
+    "objective.advantage": H("GBMPOConfig objective (TRL scale_rewards)", probe="grpo"),
+    "objective.surrogate.name": H("GBMPOConfig objective", probe="gspo"),
+    "objective.surrogate.params": H("GBMPOConfig objective", probe={"eps_low": 0.1}),
+    "objective.regularizer.name": H("GBMPOConfig objective", probe="kl_k3"),
+    "objective.regularizer.coef": H("GBMPOConfig objective (TRL beta)", probe=0.2),
+    "objective.regularizer.anchor": H("GBMPOConfig objective", probe="old"),
+    "objective.regularizer.params": H("GBMPOConfig objective", probe={"clamp": 10.0}),
+    "objective.aggregation": H("GBMPOConfig objective (TRL loss_type)", probe="grpo"),
+    "objective.monitor_regularizers": H("reg/<name> = D(pi_old || pi_ref) for every registered "
+                                        "regularizer (GBMPOConfig monitor_reference)",
+                                        probe=False),
+    "optim.lr": H("the rate of each RL step from gbmpo's schedule (GRPOConfig learning_rate)",
+                  probe=1e-4),
+    "optim.warmup_steps": H("gbmpo's schedule, per RL step", probe=3),
+    "optim.schedule": H("gbmpo's schedule, per RL step", probe="constant"),
+    "optim.min_lr_ratio": H("gbmpo's schedule, per RL step", probe=0.1),
+    "optim.weight_decay": H("weight_decay, on every parameter as the own engine (no bias / norm "
+                            "exemption)", probe=0.01),
+    "optim.betas": H("adam_beta1, adam_beta2", probe=[0.8, 0.95]),
+    "optim.eps": H("adam_epsilon", probe=1e-6),
+    "optim.grad_clip": H("max_grad_norm", probe=0.5),
+    "optim.mu": H("num_iterations", probe=2),
+    "optim.mini_batch_size": H("per_device_train_batch_size x gradient_accumulation_steps x "
+                               "processes", probe=8),
+    "optim.micro_batch_size": N("gradient accumulation: same gradient up to float rounding"),
+    "lora.enabled": H("peft_config (LoraConfig)", probe=True),
+    "lora.r": H("LoraConfig r (with lora.enabled)", probe=4),
+    "lora.alpha": H("LoraConfig lora_alpha (with lora.enabled)", probe=8),
+    "lora.dropout": H("LoraConfig lora_dropout (with lora.enabled)", probe=0.1),
+    "lora.target_modules": H("LoraConfig target_modules (with lora.enabled)", probe=["q_proj"]),
+    "eval.every": H(f"{_TRL_EVAL}, every N RL steps (a TrainerCallback)", probe=2),
+    "eval.split": H(_TRL_EVAL, probe="train"),
+    "eval.limit": H(_TRL_EVAL, probe=8),
+    "eval.auto_limit": H(f"{_TRL_EVAL} (the same held-out subset)", probe=100),
+    "eval.max_new_tokens": H(_TRL_EVAL, probe=16),
+    "eval.batch_size": N(_SPEED),
+    "eval.before": H(_TRL_EVAL, probe=False),
+    "eval.after": H(_TRL_EVAL, probe=False),
+    "run.steps": H("max_steps = steps x optimizer steps per RL step", probe=3),
+    "run.time_budget_seconds": H("a TrainerCallback stops after that much RL time; the "
+                                 "schedule decays over it", probe=60.0),
+    "run.seed": H("seed", probe=1),
+    "run.output_dir": H("the run directory; TRL's output_dir is its checkpoints/",
+                        probe="runs/probe"),
+    "run.checkpoint_every": H("save_steps (TRL's checkpoints, not resumable by gbmpo)",
+                              probe=5),
+    "run.keep_checkpoints": H("save_total_limit", probe=2),
+    "run.report_to": H("report_to", probe=["tensorboard"]),
+    "run.num_threads": N(_SPEED),
+    "run.keep_freed_memory": N("the own engine's allocator setting; not applied by TRL"),
+    "run.progress": N("display only"),
+    "run.plugins": H("imported in every process", probe=["json"]),
+    "run.allow_unsandboxed_code": H("the code sandbox of the reward function", probe=True),
     "run.num_processes": H("accelerate launch --num_processes", probe=2),
-})
+    "run.num_nodes": R("engine trl runs on one machine (a multi-node accelerate configuration is "
+                       "out of scope; engine verl runs on several)",
+                       _never_default("run.num_nodes"), probe=2),
+}
 
 # ------------------------------------------------------------------- verl (gbmpo.engines.verl)
 
@@ -276,6 +378,13 @@ VERL.update({
     "run.allow_unsandboxed_code": H("the reward function's sandbox check"),
     "run.num_processes": H("trainer.n_gpus_per_node", probe=2),
     "run.num_nodes": H("trainer.nnodes", probe=2),
+    # placeholders until the verl engine's owner maps them (verl's rollout settings)
+    **{key: R("not mapped to verl's vLLM rollout yet", _never_default(key), probe=probe)
+       for key, probe in (("rollout.vllm_mode", "server"),
+                          ("rollout.vllm_gpu_memory_utilization", 0.5),
+                          ("rollout.vllm_tensor_parallel_size", 2),
+                          ("rollout.vllm_server_host", "10.0.0.2"),
+                          ("rollout.vllm_server_port", 8001))},  # fmt: skip
 })
 
 #: engine -> key -> :class:`Support`

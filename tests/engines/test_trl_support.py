@@ -1,0 +1,205 @@
+"""The TRL column of the support matrix: every honoured key with a probe changes what the config
+becomes on TRL, every refused value stops before anything is written (exit 2, naming the key,
+the value and the engine), and the engine's own parts (schedule, weight decay, metric names)
+follow the own engine."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("trl")
+
+from gbmpo.cli import main  # noqa: E402
+from gbmpo.engines import trl as engine  # noqa: E402
+from gbmpo.train.config import ConfigError, load_config  # noqa: E402
+from gbmpo.train.support import HONOURED, NO_EFFECT, REFUSED, TRL, check_support  # noqa: E402
+
+#: settings a probe needs beside it (the same for the default and the probe)
+_COMPANIONS: dict[str, list[tuple[str, Any]]] = {
+    "objective.regularizer.params": [("objective.regularizer.name", "kl_k3")],
+    **{f"lora.{k}": [("lora.enabled", True)] for k in ("r", "alpha", "dropout", "target_modules")},
+}
+
+
+def _cfg(*overrides: tuple[str, Any]) -> Any:
+    return load_config(None, [("engine", "trl"), *overrides])
+
+
+@pytest.mark.parametrize(
+    "key", [k for k, s in TRL.items() if s.status == HONOURED and s.probe is not None]
+)
+def test_every_honoured_probe_changes_what_trl_runs(key: str) -> None:
+    if key == "run.report_to" and importlib.util.find_spec("tensorboard") is None:
+        pytest.skip("tensorboard is not installed")
+    base = _COMPANIONS.get(key, [])
+    default = engine.host_settings(_cfg(*base))
+    probed_cfg = _cfg(*base, (key, TRL[key].probe))
+    assert check_support(probed_cfg, "trl") == []
+    assert engine.host_settings(probed_cfg) != default, f"{key} changes nothing on TRL"
+
+
+def test_the_mapped_grpo_config_fields() -> None:
+    """The honoured keys whose TRL field is named in the matrix land in that field."""
+    fields = {
+        "rollout.num_generations": ("num_generations", 4),
+        "rollout.max_new_tokens": ("max_completion_length", 16),
+        "rollout.temperature": ("temperature", 0.7),
+        "rollout.top_p": ("top_p", 0.9),
+        "rollout.top_k": ("top_k", 5),
+        "rollout.vllm_mode": ("vllm_mode", "server"),
+        "rollout.vllm_gpu_memory_utilization": ("vllm_gpu_memory_utilization", 0.5),
+        "rollout.vllm_tensor_parallel_size": ("vllm_tensor_parallel_size", 2),
+        "rollout.vllm_server_host": ("vllm_server_host", "10.0.0.2"),
+        "rollout.vllm_server_port": ("vllm_server_port", 8001),
+        "optim.weight_decay": ("weight_decay", 0.01),
+        "optim.eps": ("adam_epsilon", 1e-6),
+        "optim.grad_clip": ("max_grad_norm", 0.5),
+        "optim.mu": ("num_iterations", 2),
+        "run.seed": ("seed", 1),
+        "run.keep_checkpoints": ("save_total_limit", 2),
+    }
+    for key, (field, value) in fields.items():
+        args = engine.grpo_args(_cfg((key, value)), "unused")
+        assert getattr(args, field) == value, key
+    args = engine.grpo_args(_cfg(("optim.betas", [0.8, 0.95])), "unused")
+    assert (args.adam_beta1, args.adam_beta2) == (0.8, 0.95)
+    assert engine.grpo_args(_cfg(("rollout.engine", "vllm")), "unused").use_vllm is True
+    assert engine.grpo_args(_cfg(("optim.grad_clip", None)), "unused").max_grad_norm == 0.0
+    assert engine.grpo_args(_cfg(("objective.monitor_regularizers", False)),
+                            "unused").monitor_reference is False  # fmt: skip
+
+
+@pytest.mark.parametrize("key", [k for k, s in TRL.items() if s.status == REFUSED])
+def test_every_refused_trl_value_is_a_config_error(key: str) -> None:
+    value = TRL[key].probe
+    with pytest.raises(ConfigError, match=rf"'{key}'={value!r}.*engine 'trl'"):
+        engine.check_engine(_cfg((key, value)))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("model.dtype", "float16"), ("model.device", "cuda:1"), ("run.num_nodes", "2")],
+)
+def test_refused_values_exit_2_before_anything_is_written(
+    key: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "run"
+    assert main(["train", "--engine", "trl", f"--{key}", value, "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert key in err and value in err  # (cuda:1 on a machine without it: the device check)
+    assert not out.exists()
+    # the dry run refuses it too, naming the engine
+    assert main(["train", "--engine", "trl", f"--{key}", value, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and value in err and "engine 'trl'" in err
+
+
+def test_values_the_matrix_accepts() -> None:
+    for key, value in (("model.device", "cuda:0"), ("model.device", "cuda"),
+                       ("model.dtype", "bfloat16"), ("run.num_nodes", 1)):  # fmt: skip
+        assert check_support(_cfg((key, value)), "trl") == []
+
+
+def test_no_effect_keys_give_notices() -> None:
+    notices = check_support(_cfg(("rollout.batch_size", 4), ("run.progress", False)), "trl")
+    assert len(notices) == 2 and all("engine 'trl'" in n for n in notices)
+    assert TRL["rollout.batch_size"].status == NO_EFFECT
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
+def test_vllm_without_vllm_is_exit_2_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    out = tmp_path / "run"
+    argv = ["train", "--engine", "trl", "--rollout.engine", "vllm", "--output-dir", str(out)]
+    assert main(argv) == 2
+    assert "needs the vllm package" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["train", "--engine", "trl", "--rollout.engine", "vllm", "--dry-run"]) == 0
+    report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
+    assert report["checks"]["vllm"].startswith("skipped")
+    assert "a real run here stops with exit 2" in report["checks"]["vllm"]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [("rollout.vllm_mode", "remote", "colocate or server"),
+     ("rollout.vllm_gpu_memory_utilization", 1.5, r"\(0, 1\]"),
+     ("rollout.vllm_tensor_parallel_size", 0, ">= 1"),
+     ("rollout.vllm_server_port", 70000, "TCP port")],
+)  # fmt: skip
+def test_bad_vllm_values(key: str, value: Any, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        engine.check_engine(_cfg((key, value)))
+
+
+# ------------------------------------------------------------------ the engine's own parts
+
+
+def test_learning_rate_is_the_own_schedule_per_rl_step() -> None:
+    """The rate of every optimizer step of an RL step is the own engine's rate of that RL
+    step, and with a time budget it decays with the RL time used (not over run.steps)."""
+    from types import SimpleNamespace
+
+    from gbmpo.train.trainer import Trainer
+
+    cfg = _cfg(("run.steps", 100), ("run.time_budget_seconds", 8.0), ("optim.warmup_steps", 1))
+    for step, seconds in ((0, 0.0), (1, 2.0), (3, 6.0), (5, 8.0)):
+        own = Trainer.lr_at(SimpleNamespace(config=cfg, step=step, rl_seconds=seconds))  # type: ignore[arg-type]
+        assert engine.lr_at(cfg, step, seconds) == own
+    assert engine.lr_at(cfg, 5, 8.0) == 0.0  # budget used up: the cosine has reached 0
+    assert engine.lr_at(cfg, 3, 6.0) < 0.2 * cfg.optim.lr  # without the budget: ~0.99 lr
+
+    progress = engine._RLProgress(cfg, k=2)
+    hooks = engine._RunDirCallback(cfg, progress, None, None, None).as_trainer_callback()
+    optimizer = SimpleNamespace(param_groups=[{"lr": 1.0}, {"lr": 1.0}])
+    control = SimpleNamespace(should_training_stop=False)
+    args = SimpleNamespace()
+    seen = []
+    for global_step in range(6):
+        state = SimpleNamespace(global_step=global_step)
+        hooks.on_step_begin(args, state, control, optimizer=optimizer)
+        seen.append(optimizer.param_groups[0]["lr"])
+        assert optimizer.param_groups[1]["lr"] == seen[-1]
+        progress.rl_seconds += 3.0 * (global_step % 2)  # 3 s per RL step
+    assert seen[0] == seen[1] and seen[2] == seen[3] and seen[4] == seen[5]
+    assert seen[0] > seen[2] > seen[4]
+    assert seen[2] == engine.lr_at(cfg, 1, 3.0) and seen[4] == engine.lr_at(cfg, 2, 6.0)
+
+
+def test_weight_decay_on_every_parameter_as_the_own_engine() -> None:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    names = engine._engine_trainer_class().get_decay_parameter_names(None, model)
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+    assert "0.bias" in names and "1.weight" in names  # transformers would exempt these
+
+
+def test_bf16_is_autocast_over_fp32_weights() -> None:
+    args = engine.grpo_args(_cfg(("model.dtype", "bfloat16")), "unused")
+    assert args.bf16 is True and args.fp16 is False
+    args = engine.grpo_args(_cfg(), "unused")
+    assert args.bf16 is False and args.fp16 is False
+
+
+def test_schema_record_names() -> None:
+    logs = {"loss": 1.0, "loss/surrogate": 0.5, "loss/regularizer": 0.1, "reward": 0.3,
+            "reward_std": 0.2, "gbmpo/reward_std": 0.19, "gbmpo/accuracy": 0.25,
+            "completions/clipped_ratio": 0.5, "completions/mean_length": 7.0,
+            "completions/max_length": 9.0, "regularizer/prob_l2": 0.01,
+            "regularizer/kl_k1": 0.02, "reference/kl_k1": 0.03, "ratio/min": 0.9,
+            "clip_ratio/low_mean": 0.1, "kl": 0.04}  # fmt: skip
+    rec = engine.schema_record(logs, "prob_l2")
+    assert rec == {
+        "loss": 1.0, "pg_loss": 0.5, "reg_loss": 0.1, "reward_mean": 0.3, "trl/reward_std": 0.2,
+        "reward_std": 0.19, "accuracy": 0.25, "truncated_frac": 0.5,
+        "response_length_mean": 7.0, "response_length_max": 9.0, "reg_value": 0.01,
+        "trl/regularizer/kl_k1": 0.02, "reg/kl_k1": 0.03, "ratio_min": 0.9,
+        "clip_frac_low": 0.1, "trl/kl": 0.04,
+    }  # fmt: skip
