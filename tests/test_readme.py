@@ -308,3 +308,19 @@ def test_objective_names_are_the_registries() -> None:
     assert names("surrogate") == set(SURROGATES)
     assert names("regularizer") == set(REGULARIZERS)
     assert names("aggregation") == set(AGGREGATIONS)
+
+
+def test_links_reach_existing_files_and_anchors() -> None:
+    links = re.findall(r"\]\(([^)\s]+)\)", README)
+    assert any(link.startswith("docs/methods.md#") for link in links)
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = REPO / path
+        assert target.exists(), link
+        if anchor:
+            text = target.read_text()
+            assert f"{{#{anchor}}}" in text or re.search(
+                rf"^#+ .*\b{re.escape(anchor).replace('-', '[- ]')}\s*$", text, re.M | re.I
+            ), link
