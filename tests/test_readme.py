@@ -324,3 +324,31 @@ def test_links_reach_existing_files_and_anchors() -> None:
             assert f"{{#{anchor}}}" in text or re.search(
                 rf"^#+ .*\b{re.escape(anchor).replace('-', '[- ]')}\s*$", text, re.M | re.I
             ), link
+
+
+def test_engine_verl_without_its_environment_says_make_verl(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gbmpo.engines.verl as engine_verl
+    from gbmpo.cli import main
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(engine_verl, "verl_python", lambda: None)
+    assert main(["train", "--engine", "verl", "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "make verl" in err[0] and "GBMPO_VERL_PYTHON" in err[0], err
+    assert not out.exists()
+
+
+def test_engine_verl_python_naming_no_file_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gbmpo.cli import main
+
+    missing = tmp_path / "no-python"
+    monkeypatch.setenv("GBMPO_VERL_PYTHON", str(missing))
+    for extra in (["--dry-run"], ["--output-dir", str(tmp_path / "run")]):
+        assert main(["train", "--engine", "verl", *extra]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"GBMPO_VERL_PYTHON={str(missing)!r}" in err[0], err
+    assert not (tmp_path / "run").exists()
