@@ -95,6 +95,7 @@ def test_every_code_block_is_in_a_tested_section_and_looks_runnable() -> None:
     assert not re.search(r"METHODS\.md|FEASIBILITY\.md|issue \d", README)
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 def test_setup_names_make_targets_that_exist() -> None:
     (block,) = _blocks("Set up", "bash")
     targets = re.findall(r"^make (\w+)", block, re.M)
@@ -113,6 +114,8 @@ def test_setup_names_make_targets_that_exist() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_CONSOLE_SCRIPT, reason="the README's commands call the gbmpo "
                     "console script of .venv (pip install)")  # fmt: skip
+@pytest.mark.skipif(not (Path(sys.prefix) / "bin" / "activate").is_file(),
+                    reason="this python is not a venv's: no bin/activate to source")  # fmt: skip
 def test_cli_quick_start_runs_verbatim(clone: Path) -> None:
     (block,) = _blocks("Quick start: the command line", "bash")
     assert block.startswith("source .venv/bin/activate\n")
