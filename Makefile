@@ -1,38 +1,44 @@
 # Set-up on a fresh machine is one command, either of:
-#   make run    install what is missing, then train the embedded default model (`gbmpo train`)
-#   make test   install what is missing, then run the whole test suite (what CI runs)
+#   make run    install .venv if needed, then train the embedded default model (`gbmpo train`)
+#   make test   install .venv and .venv-verl if needed, then run the whole test suite (what CI runs)
+#   make verl   install .venv-verl if needed: verl, for `--engine verl` and the verl tests
 # Extra arguments go through ARGS:  make run ARGS="--steps 20"   make test ARGS="-x tests/test_cli.py"
 #
-# "Install" is scripts/install.sh (.venv, plus .venv-verl unless GBMPO_INSTALL_VERL=0). It runs
-# only when .venv has no stamp yet, or a requirement file, pyproject.toml or an install script is
-# newer than the stamp, or .venv-verl is missing; otherwise both commands start at once.
+# .venv (scripts/install.sh) is installed when it has no stamp yet or requirements.txt,
+# pyproject.toml, scripts/install.sh or scripts/pack_data.py is newer than the stamp; .venv-verl
+# (scripts/install_verl_env.sh) likewise from its own stamp and inputs. Only `make test` and
+# `make verl` build .venv-verl; `GBMPO_INSTALL_VERL=0 make test` skips it (the verl tests then
+# skip, saying so). Otherwise every command starts at once.
 
 SHELL := /bin/bash
 VENV := .venv
 STAMP := $(VENV)/.gbmpo-installed
-INSTALL_INPUTS := requirements.txt requirements-verl.txt pyproject.toml \
-                  scripts/install.sh scripts/install_verl_env.sh scripts/pack_data.py
+VERL_STAMP := .venv-verl/.gbmpo-installed
+INSTALL_INPUTS := requirements.txt pyproject.toml scripts/install.sh scripts/pack_data.py
+VERL_INPUTS := requirements-verl.txt pyproject.toml scripts/install_verl_env.sh
+TEST_NEEDS := $(STAMP)
 ifneq ($(GBMPO_INSTALL_VERL),0)
-VERL_PYTHON := .venv-verl/bin/python
+TEST_NEEDS += $(VERL_STAMP)
 endif
 ARGS ?=
 
-.PHONY: run test install
+.PHONY: run test install verl
 .DELETE_ON_ERROR:
 
 run: $(STAMP)
 	$(VENV)/bin/gbmpo train $(ARGS)
 
-test: $(STAMP)
+test: $(TEST_NEEDS)
 	$(VENV)/bin/python -m pytest $(ARGS)
 
 install: $(STAMP)
 
-$(STAMP): $(INSTALL_INPUTS) $(VERL_PYTHON)
+verl: $(VERL_STAMP)
+
+$(STAMP): $(INSTALL_INPUTS)
 	bash scripts/install.sh
 	touch $@
 
-ifdef VERL_PYTHON
-# a missing verl environment makes the stamp out of date (install.sh builds it)
-$(VERL_PYTHON): ;
-endif
+$(VERL_STAMP): $(VERL_INPUTS)
+	bash scripts/install_verl_env.sh
+	touch $@

@@ -1,6 +1,8 @@
-"""The Makefile's install check, on a copy of it beside a stand-in ``scripts/install.sh`` that only
-counts its runs: ``make test`` / ``make run`` install when ``.venv`` (or ``.venv-verl``) is
-missing or an install input is newer than the stamp, and go straight to the command otherwise."""
+"""The Makefile's install check, on a copy of it beside stand-ins for ``scripts/install.sh``
+(.venv) and ``scripts/install_verl_env.sh`` (.venv-verl) that only log their runs: each command
+installs the environments it needs when one is missing or one of its inputs is newer than its
+stamp, and goes straight to the command otherwise. ``make run`` needs only .venv; ``make test``
+(what CI runs) needs both, so the verl tests run in CI; ``make verl`` builds .venv-verl alone."""
 
 from __future__ import annotations
 
@@ -13,22 +15,21 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-INPUTS = ["requirements.txt", "requirements-verl.txt", "pyproject.toml", "scripts/install.sh",
-          "scripts/install_verl_env.sh", "scripts/pack_data.py"]
-# stands in for scripts/install.sh: counts its runs and makes the two environments, whose
-# python and gbmpo print what they were asked to run
+VENV_INPUTS = ["requirements.txt", "pyproject.toml", "scripts/install.sh", "scripts/pack_data.py"]
+VERL_INPUTS = ["requirements-verl.txt", "pyproject.toml", "scripts/install_verl_env.sh"]
+INPUTS = sorted(set(VENV_INPUTS + VERL_INPUTS))
+# stands in for both install scripts: logs which ran and makes that environment, whose python and
+# gbmpo print what they were asked to run
 FAKE_INSTALL = """#!/usr/bin/env bash
 set -euo pipefail
-echo run >> installs.log
-for env in .venv .venv-verl; do
-  if [ "$env" = .venv-verl ] && [ "${GBMPO_INSTALL_VERL:-1}" = 0 ]; then continue; fi
-  mkdir -p "$env/bin"
-  for exe in python gbmpo; do
-    printf '#!/usr/bin/env bash\\necho "%s $*"\\n' "$env/bin/$exe" > "$env/bin/$exe"
-    chmod +x "$env/bin/$exe"
-  done
+echo {env} >> installs.log
+mkdir -p {env}/bin
+for exe in python gbmpo; do
+  printf '#!/usr/bin/env bash\\necho "%s $*"\\n' "{env}/bin/$exe" > "{env}/bin/$exe"
+  chmod +x "{env}/bin/$exe"
 done
 """
+FAKES = {"scripts/install.sh": ".venv", "scripts/install_verl_env.sh": ".venv-verl"}
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
 
@@ -38,7 +39,8 @@ def tree(tmp_path: Path) -> Path:
     shutil.copy(REPO / "Makefile", tmp_path / "Makefile")
     for rel in INPUTS:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(FAKE_INSTALL if rel == "scripts/install.sh" else "x\n")
+        text = FAKE_INSTALL.format(env=FAKES[rel]) if rel in FAKES else "x\n"
+        (tmp_path / rel).write_text(text)
     past = time.time() - 3600  # inputs an hour old, so a fresh stamp is newer
     for rel in INPUTS:
         os.utime(tmp_path / rel, (past, past))
@@ -50,57 +52,86 @@ def _make(tree: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str
     full.pop("GBMPO_INSTALL_VERL", None)
     full.update(env)
     return subprocess.run(["make", "--no-print-directory", *args], cwd=tree, env=full,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
-def _installs(tree: Path) -> int:
+def _installs(tree: Path) -> list[str]:
     log = tree / "installs.log"
-    return len(log.read_text().splitlines()) if log.exists() else 0
+    return log.read_text().split() if log.exists() else []
 
 
-def test_installs_once_then_runs_the_command_directly(tree):
-    proc = _make(tree, "test", "ARGS=-x tests/test_cli.py")
-    assert proc.returncode == 0, proc.stderr
-    assert _installs(tree) == 1
-    assert ".venv/bin/python -m pytest -x tests/test_cli.py" in proc.stdout
-    assert (tree / ".venv" / ".gbmpo-installed").is_file()
-    # nothing missing: no install, straight to the command (a dry make shows only it)
-    assert _make(tree, "-q", "install").returncode == 0
+def test_run_installs_only_venv_and_never_mentions_verl(tree):
+    plan = _make(tree, "-n", "run").stdout
+    assert "bash scripts/install.sh" in plan
+    assert "install_verl_env" not in plan and ".venv-verl" not in plan
     proc = _make(tree, "run", "ARGS=--steps 3")
     assert proc.returncode == 0, proc.stderr
+    assert _installs(tree) == [".venv"]
     assert ".venv/bin/gbmpo train --steps 3" in proc.stdout
-    assert _installs(tree) == 1
-    assert "install.sh" not in _make(tree, "-n", "test").stdout
+    assert not (tree / ".venv-verl").exists()
+    # installed: straight to the command, whatever the verl environment's state
+    assert _make(tree, "-n", "run").stdout.strip() == ".venv/bin/gbmpo train"
+
+
+def test_test_installs_both_once_then_runs_the_command_directly(tree):
+    proc = _make(tree, "test", "ARGS=-x tests/test_cli.py")
+    assert proc.returncode == 0, proc.stderr
+    assert _installs(tree) == [".venv", ".venv-verl"]  # CI's `make test` runs the verl tests too
+    assert ".venv/bin/python -m pytest -x tests/test_cli.py" in proc.stdout
+    assert (tree / ".venv" / ".gbmpo-installed").is_file()
+    assert (tree / ".venv-verl" / ".gbmpo-installed").is_file()
+    for target in ("install", "verl", "test", "run"):
+        plan = _make(tree, "-n", target).stdout
+        assert "bash scripts/install" not in plan, (target, plan)
+    assert _make(tree, "-q", "install").returncode == 0
+    assert _make(tree, "-q", "verl").returncode == 0
+    assert _make(tree, "run").returncode == 0
+    assert _installs(tree) == [".venv", ".venv-verl"]
+
+
+def test_verl_builds_only_the_verl_environment(tree):
+    assert _make(tree, "verl").returncode == 0
+    assert _installs(tree) == [".venv-verl"]
+    assert _make(tree, "-q", "verl").returncode == 0
+    assert _make(tree, "test").returncode == 0
+    assert _installs(tree) == [".venv-verl", ".venv"]
 
 
 @pytest.mark.parametrize("changed", INPUTS)
-def test_a_newer_install_input_reinstalls(tree, changed):
-    assert _make(tree, "install").returncode == 0
+def test_a_newer_input_reinstalls_the_environments_it_feeds(tree, changed):
+    assert _make(tree, "test").returncode == 0
     future = time.time() + 60
     os.utime(tree / changed, (future, future))
-    assert _make(tree, "-q", "install").returncode == 1  # out of date
-    assert "bash scripts/install.sh" in _make(tree, "-n", "test").stdout
+    plan = _make(tree, "-n", "test").stdout
+    assert ("bash scripts/install.sh" in plan) == (changed in VENV_INPUTS)
+    assert ("bash scripts/install_verl_env.sh" in plan) == (changed in VERL_INPUTS)
     assert _make(tree, "test").returncode == 0
-    assert _installs(tree) == 2
+    expected = [".venv", ".venv-verl"]
+    expected += [env for env, inputs in ((".venv", VENV_INPUTS), (".venv-verl", VERL_INPUTS))
+                 if changed in inputs]  # fmt: skip
+    assert _installs(tree) == expected
 
 
-def test_a_missing_environment_reinstalls(tree):
-    assert _make(tree, "install").returncode == 0
+def test_a_missing_environment_reinstalls_where_needed(tree):
+    assert _make(tree, "test").returncode == 0
     shutil.rmtree(tree / ".venv-verl")
-    assert _make(tree, "-q", "install").returncode == 1
-    # unless the verl environment is not wanted
-    assert _make(tree, "-q", "install", GBMPO_INSTALL_VERL="0").returncode == 0
-    assert _make(tree, "install").returncode == 0
+    assert _make(tree, "run").returncode == 0  # make run does not need it
+    assert _make(tree, "-q", "verl").returncode == 1
+    # GBMPO_INSTALL_VERL=0: make test without the verl environment (its tests skip)
+    proc = _make(tree, "test", GBMPO_INSTALL_VERL="0")
+    assert proc.returncode == 0 and "install_verl_env" not in proc.stdout
+    assert _make(tree, "test").returncode == 0
     assert (tree / ".venv-verl" / "bin" / "python").is_file()
     shutil.rmtree(tree / ".venv")
     assert _make(tree, "-q", "install").returncode == 1
     assert _make(tree, "run").returncode == 0
-    assert _installs(tree) == 3
+    assert _installs(tree) == [".venv", ".venv-verl", ".venv-verl", ".venv"]
 
 
-def test_a_failed_install_leaves_no_stamp(tree):
-    (tree / "scripts" / "install.sh").write_text("echo run >> installs.log; exit 3\n")
-    proc = _make(tree, "test")
-    assert proc.returncode != 0
-    assert not (tree / ".venv" / ".gbmpo-installed").exists()
-    assert _make(tree, "-q", "install").returncode == 1  # the next call tries again
+@pytest.mark.parametrize("script", sorted(FAKES))
+def test_a_failed_install_leaves_no_stamp(tree, script):
+    (tree / script).write_text("echo failed >> installs.log; exit 3\n")
+    assert _make(tree, "test").returncode != 0
+    assert not (tree / FAKES[script] / ".gbmpo-installed").exists()
+    target = "install" if FAKES[script] == ".venv" else "verl"
+    assert _make(tree, "-q", target).returncode == 1  # the next call tries again

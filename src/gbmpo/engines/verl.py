@@ -296,9 +296,15 @@ def write_data(cfg: Any, task: Any, data_dir: Path, tokenizer: Any = None) -> di
 
 
 def verl_python() -> str | None:
-    """The interpreter of verl's environment, or ``None`` (see the module doc)."""
+    """The interpreter of verl's environment, or ``None`` (see the module doc):
+    ``GBMPO_VERL_PYTHON`` (:class:`EngineUnavailable` where it names no file, rather than falling
+    back to another python), else ``.venv-verl`` of this checkout or of the current directory
+    (``make verl`` builds it), else this python where it has verl."""
     env = os.environ.get("GBMPO_VERL_PYTHON")
     if env:
+        if not Path(env).is_file():
+            raise EngineUnavailable(f"GBMPO_VERL_PYTHON={env!r} is not a file: point it at the "
+                                    "python of an environment with verl, or unset it")  # fmt: skip
         return env
     here = Path(__file__).resolve().parents[3]  # the checkout holding src/gbmpo
     for root in (here, Path.cwd()):
@@ -394,9 +400,10 @@ def run(cfg: Any) -> dict[str, Any]:
     python = verl_python()
     if python is None:
         raise EngineUnavailable(
-            "engine verl needs verl: install it in its own environment (pip install "
-            "'gbmpo[verl]'; bash scripts/install_verl_env.sh builds .venv-verl) or point "
-            "GBMPO_VERL_PYTHON at its python"
+            "engine verl needs verl, in an environment of its own (verl needs transformers<5.11): "
+            "in a clone of gbmpo `make verl` builds .venv-verl (2-4 min, 2.1 GB); elsewhere "
+            "pip install 'gbmpo[verl]' into a new environment and point GBMPO_VERL_PYTHON at its "
+            "python"
         )
     probe = subprocess.run(
         [python, "-c", "import torch; print(torch.cuda.device_count())"],

@@ -82,6 +82,24 @@ try:
     from verl.trainer.ppo import core_algos
     from verl.workers.config import ActorConfig, PolicyLossConfig
 except ImportError as _err:  # pragma: no cover - exercised only without the extra
+    if __name__ == "__main__":  # `python -m gbmpo.integrations.verl` without verl: one line, exit 2
+        import shlex as _shlex
+        import sys as _sys
+        from pathlib import Path as _Path
+
+        # the verl environment of this checkout (or of the current directory), where built
+        _found = [p for p in (_Path(".venv-verl/bin/python"),
+                              _Path(__file__).resolve().parents[3] / ".venv-verl/bin/python")
+                  if p.exists()]  # fmt: skip
+        _cmd = "-m gbmpo.integrations.verl " + _shlex.join(_sys.argv[1:])
+        print(
+            f"python -m gbmpo.integrations.verl: verl is not installed in {_sys.executable}; "
+            + (f"run it in verl's environment: {_found[0]} {_cmd}".rstrip()
+               if _found else "`make verl` builds verl's environment (.venv-verl; verl needs "
+               f"transformers<5.11), then run .venv-verl/bin/python {_cmd}".rstrip()),
+            file=_sys.stderr,
+        )  # fmt: skip
+        raise SystemExit(2) from None
     raise ImportError(
         "gbmpo.integrations.verl needs verl: install the extra with pip install 'gbmpo[verl]' "
         "(supported: verl>=0.9,<0.10; it needs transformers<5.11, so use its own environment, "
@@ -655,16 +673,22 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m gbmpo.integrations.verl``: run the strict internals check against the installed
     verl and print the names this plugin serves (exit status 1 if verl's internals moved).
     ``--objective FILE [--max-response-length N]``: print the overrides selecting that objective
-    spec instead, one per line (to paste after ``python -m verl.trainer.main_ppo``)."""
+    spec instead, one per line (to paste after ``python -m verl.trainer.main_ppo``); a missing or
+    bad objective file: one line on stderr, exit status 2."""
     import argparse
+    import sys
 
     ap = argparse.ArgumentParser(prog="python -m gbmpo.integrations.verl")
     ap.add_argument("--objective", help="gbmpo objective spec (YAML: the section or a config)")
     ap.add_argument("--max-response-length", type=int, default=1024)
     ns = ap.parse_args(argv)
     if ns.objective:
-        for line in objective_overrides(ns.objective, max_response_length=ns.max_response_length):
-            print(line)
+        try:
+            lines = objective_overrides(ns.objective, max_response_length=ns.max_response_length)
+        except (ValueError, OSError) as err:  # SpecError: a missing or bad file, an unknown name
+            print(f"{ap.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
+        print("\n".join(lines))
         return 0
     try:
         check_verl_internals(strict=True)
