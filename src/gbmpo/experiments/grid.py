@@ -204,8 +204,14 @@ class GridRun:
     seed: int
     run_dir: Path
     config: TrainConfig
-    #: how the coefficient was chosen: "--coefs", "config" or "default"
+    #: how the coefficient was chosen: "--coefs", "config", "default" or "--sweep"
     coef_source: str = ""
+    #: the arm (grid row before a sweep, :mod:`gbmpo.experiments.sweep`); default ``label``
+    arm: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.arm:
+            self.arm = self.label
 
     @property
     def name(self) -> str:
