@@ -28,7 +28,7 @@ def add_report_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LABEL",
         help="row the others are compared with seed by seed (default: the first arm with "
-        "--arms, else kl_k3 if present)",
+        "--arms unless it is swept, else kl_k3 if present)",
     )
     p.add_argument(
         "--smooth",
@@ -73,6 +73,28 @@ def print_table(results: dict[str, Any]) -> None:
     for task in results["tasks"]:
         print(f"\n{task['task']} ({task['metric']}, mean ± sample std over seeds):")
         print(md_table(*summary_table(task)))
+        _print_frontier(task)
+
+
+def _print_frontier(task: dict[str, Any]) -> None:
+    """One line per matched drift: which arm is ahead (or why there is no frontier)."""
+    fr = task.get("frontier")
+    if not fr:
+        return
+    if fr.get("reason"):
+        print(f"\nno accuracy-versus-drift frontier: {fr['reason']}")
+        return
+    matched = fr.get("matched") or {}
+    if not matched.get("rows"):
+        why = matched.get("reason", "no arm has two sweep points")
+        print(f"\nfrontier drawn; no matched-drift comparison: {why}")
+        return
+    print(f"\nat matched drift.{fr['measure']} ({fr['metric']}, mean over seeds):")
+    for row in matched["rows"]:
+        cells = ", ".join(
+            f"{arm} {100 * cell['accuracy']['mean']:.1f}%" for arm, cell in row["arms"].items()
+        )
+        print(f"  {row['drift']:.4g}: {cells}; ahead: {row['leader']}")
 
 
 

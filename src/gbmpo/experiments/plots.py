@@ -104,7 +104,8 @@ def plot_curves(
     ncols = 3
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.7 * nrows), squeeze=False)
-    colors = plt.get_cmap("tab10").colors
+    # a sweep has more rows than tab10 has colours
+    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
     for ax, panel in zip(axes.flat, panels, strict=False):
         drawn = False
         for gi, (label, runs) in enumerate(groups.items()):
