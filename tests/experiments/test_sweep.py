@@ -239,8 +239,14 @@ def test_unfinished_sweep_run_is_resumed(sweep_grid, gbmpo_cli):
     shutil.copytree(out, copy)
     (copy / "runs" / "arithmetic" / "pl@coef=0.1" / "seed0" / "summary.json").unlink()
     i = argv.index("--output-dir")
-    code, stdout, stderr = _call(gbmpo_cli, [*argv[:i], "--output-dir", str(copy),
-                                             *argv[i + 2:], "--dry-run"])  # fmt: skip
+    moved = [*argv[:i], "--output-dir", str(copy), *argv[i + 2:]]
+    code, stdout, stderr = _call(gbmpo_cli, [*moved, "--dry-run"])
     assert code == 0, stderr
     assert "arithmetic/pl@coef=0.1/seed0: resume" in stdout
     assert "arithmetic/kl@coef=0.01/seed0: reuse" in stdout
+    # the run resumes from its final checkpoint and finishes; the others are reused
+    code, stdout, stderr = _call(gbmpo_cli, moved)
+    assert code == 0, stderr
+    assert "4 runs: 3 finished (reused), 1 to resume, 0 to train" in stdout
+    assert "pl@coef=0.1/seed0: resume" in stdout
+    assert (copy / "runs" / "arithmetic" / "pl@coef=0.1" / "seed0" / "summary.json").is_file()

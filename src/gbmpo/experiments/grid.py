@@ -10,7 +10,9 @@ Layout: ``<output_dir>/runs/<task>/<label>/seed<k>/`` is a normal run directory 
 :class:`gbmpo.train.Trainer` (``config.yaml``, ``metrics.jsonl``, ``summary.json``...). In a
 regularizer grid the ``label`` is the regularizer's name unless the grid gives it another one
 (``nm_es=neural_mirror`` runs the ``neural_mirror`` regularizer under the label ``nm_es``), so one
-grid can hold the same regularizer twice with different coefficients or parameters.
+grid can hold the same regularizer twice with different coefficients or parameters. A sweep
+(``--sweep``, :mod:`gbmpo.experiments.sweep`) runs each arm once per value of one key under the
+label ``<arm>@<key>=<value>``.
 
 Re-invoking the same grid is cheap and safe (:func:`plan_action`):
 
