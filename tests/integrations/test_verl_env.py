@@ -2,9 +2,10 @@
 
 verl 0.9.x needs transformers<5.11 and tensordict<=0.10, so it cannot live in .venv
 (transformers 5.23 for TRL); ``make test`` and ``make verl`` build .venv-verl with
-``scripts/install_verl_env.sh`` (``make run`` does not). This test makes the README's single test command cover them: it
-runs ``.venv-verl/bin/python -m pytest tests_verl`` on this checkout's sources and requires a
-pass with more than 0 tests. Skipped, saying so, where .venv-verl was not built.
+``scripts/install_verl_env.sh`` (``make run`` does not). This test makes the README's single
+test command cover them: it runs ``.venv-verl/bin/python -m pytest tests_verl`` on this
+checkout's sources and requires a pass with more than 0 tests. Skipped, saying so, where
+.venv-verl was not built.
 """
 
 from __future__ import annotations
