@@ -31,7 +31,13 @@ from typing import Any, Union
 
 import yaml
 
-from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SpecError, SurrogateSpec
+from gbmpo.objectives.spec import (
+    ObjectiveSpec,
+    RegularizerSpec,
+    SpecError,
+    SurrogateSpec,
+    did_you_mean,
+)
 
 __all__ = [
     "ALIASES",
@@ -52,6 +58,7 @@ __all__ = [
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
+    "leaf_keys",
     "dump_yaml",
     "load_config",
     "validate",
@@ -392,7 +399,10 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
         full = f"{path}.{key}" if path else str(key)
         if key not in fields:
             where = f" under {path!r}" if path else ""
-            raise ConfigError(f"unknown key {full!r}; valid keys{where}: {', '.join(fields)}")
+            hint = did_you_mean(str(key), list(fields), prefix=f"{path}." if path else "")
+            raise ConfigError(
+                f"unknown key {full!r}; valid keys{where}: {', '.join(fields)}{hint}"
+            )
         kwargs[key] = _coerce(value, fields[key], full)
     return cls(**kwargs)
 
@@ -456,7 +466,7 @@ def annotation_at(path: Sequence[str]) -> Any:
                 where = f" under {prefix!r}" if prefix else ""
                 raise ConfigError(
                     f"unknown key {'.'.join(path[: i + 1])!r}; valid keys{where}: "
-                    f"{', '.join(fields)}"
+                    f"{', '.join(fields)}{_override_hint(part, prefix, fields)}"
                 )
             tp = fields[part]
         elif typing.get_origin(tp) is dict:
@@ -464,6 +474,33 @@ def annotation_at(path: Sequence[str]) -> Any:
         else:
             raise ConfigError(f"{prefix!r} is a {_type_name(tp)}, it has no key {part!r}")
     return tp
+
+
+def leaf_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the configuration down to its values (``optim.lr``, ...; a free
+    ``params`` dict is one key)."""
+    out: list[str] = []
+    for name, tp in _fields(TrainConfig if cls is None else cls).items():
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(tp):
+            out += leaf_keys(tp, f"{key}.")
+        else:
+            out.append(key)
+    return out
+
+
+def _override_hint(part: str, prefix: str, fields: Mapping[str, Any]) -> str:
+    """The "did you mean" of an unknown override key: a field of the same section; at the top
+    level also an alias (``--regulariser`` -> ``regularizer``) or the dotted key a bare field
+    name belongs to (``--grad_clip`` -> ``optim.grad_clip``)."""
+    if prefix:
+        return did_you_mean(part, list(fields), prefix=f"{prefix}.")
+    table = {name: name for name in fields}
+    for alias in ALIASES:
+        table.setdefault(alias, alias)
+    for key in leaf_keys():
+        table.setdefault(key.rsplit(".", 1)[-1], key)
+    return did_you_mean(part, table)
 
 
 def _parse_text(text: str, tp: Any, key: str) -> Any:
