@@ -19,6 +19,7 @@ __all__ = [
     "UsageError",
     "flag_hint",
     "input_errors",
+    "one_line",
     "own_flags",
     "parse_overrides",
     "positive_int",
@@ -139,6 +140,17 @@ def input_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]
             PluginError, SandboxUnavailableError, RunDirInUseError, RunDirError, *extra)
 
 
+_BREAKS = {ord(c): c.encode("unicode_escape").decode("ascii")
+           for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error message on one line: its lines joined with ``"; "``, and any other character
+    that breaks a line (a carriage return from the user's input, ...) escaped."""
+    text = str(err).translate(_BREAKS)
+    return "; ".join(ln.strip() for ln in text.split("\n") if ln.strip())
+
+
 def report_errors(
     command: str, run: Callable[[], int], *, extra: tuple[type[BaseException], ...] = ()
 ) -> int:
@@ -150,8 +162,8 @@ def report_errors(
     try:
         return int(run())
     except input_errors(*extra) as err:
-        print(f"gbmpo {command}: error: {err}", file=sys.stderr)
+        print(f"gbmpo {command}: error: {one_line(err)}", file=sys.stderr)
         return 2
     except CheckpointError as err:  # no intact checkpoint, or one could not be written
-        print(f"gbmpo {command}: error: {err}", file=sys.stderr)
+        print(f"gbmpo {command}: error: {one_line(err)}", file=sys.stderr)
         return 1

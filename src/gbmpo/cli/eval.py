@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from gbmpo.cli.args import positive_int
+from gbmpo.cli.args import one_line, positive_int
 
 __all__ = ["add_eval_parser", "parse_task_params", "run_eval", "summary_path"]
 
@@ -99,11 +100,18 @@ def run_eval(args: argparse.Namespace) -> int:
     from gbmpo.models import load_model_and_tokenizer
 
     def bad_input(err: BaseException) -> int:
-        print(f"gbmpo eval: error: {err}", file=sys.stderr)
+        print(f"gbmpo eval: error: {one_line(err)}", file=sys.stderr)
         return 2
 
     try:
         params = parse_task_params(list(getattr(args, "task_param", []) or []))
+        if not math.isfinite(args.temperature) or args.temperature < 0:
+            raise ValueError(f"--temperature must be a finite number >= 0, got "
+                             f"{args.temperature}")
+        if not 0 < args.top_p <= 1:  # NaN fails this too
+            raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+        if not -(2**63) <= args.seed < 2**63:  # what torch's generators take
+            raise ValueError(f"--seed must be in [-2**63, 2**63), got {args.seed}")
         if args.samples > 1 and args.temperature <= 0:
             raise ValueError("--samples > 1 needs --temperature > 0 (greedy repeats itself)")
     except ValueError as err:

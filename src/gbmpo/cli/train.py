@@ -54,7 +54,7 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     from transformers.utils import logging as hf_logging
 
     from gbmpo.train import Trainer, dry_run, load_config
-    from gbmpo.train.config import dump_yaml
+    from gbmpo.train.config import TRAIN_ENGINES, ConfigError, dump_yaml
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars; training has its own
     overrides = parse_overrides(extra, flags=getattr(args, "own_flags", ()))
@@ -72,6 +72,10 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    if cfg.engine not in TRAIN_ENGINES:  # before handing a name to gbmpo.engines
+        raise ConfigError(
+            f"'engine': unknown engine {cfg.engine!r}; valid: {', '.join(TRAIN_ENGINES)}"
+        )
     if cfg.engine != "gbmpo":  # trl / verl: gbmpo.engines builds and launches them
         from gbmpo import engines
 

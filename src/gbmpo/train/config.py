@@ -437,14 +437,28 @@ def dump_yaml(cfg: TrainConfig, path: str | Path | None = None) -> str:
     return text
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: the problem and where (``line L, column C``)."""
+    problem = getattr(err, "problem", None)
+    mark = getattr(err, "problem_mark", None)
+    if not problem:
+        return " ".join(str(err).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(err, "context", None)
+    return f"{context + ': ' if context else ''}{problem}{where}"
+
+
 def _read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8-sig"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from err
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(err)}"
+                          ) from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {err}") from err
     if data is None:
         return {}
     if not isinstance(data, dict):
