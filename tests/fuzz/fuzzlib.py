@@ -8,8 +8,10 @@ print their usage block first), never a traceback, never an exception out of ``m
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -17,12 +19,21 @@ from typing import Any
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
+from transformers.utils import logging as hf_logging
 
 from gbmpo.cli import main
 from gbmpo.train.config import annotation_at, leaf_keys
 
 #: the settings of every fuzz target (the profile chosen in conftest.py)
 FUZZ = settings.get_profile(os.environ.get("GBMPO_FUZZ_PROFILE", "fuzz-ci"))
+#: the long profile (``HYPOTHESIS_PROFILE=long``) is running
+LONG = FUZZ.max_examples >= 2000
+
+
+def sized(ci: int, long: int | None = None) -> settings:
+    """:data:`FUZZ` with ``ci`` examples (slow targets) or, in the long profile, ``long``
+    (default: the profile's own count)."""
+    return settings(FUZZ, max_examples=(long or FUZZ.max_examples) if LONG else ci)
 
 #: every dotted configuration key (from the dataclasses of gbmpo.train.config)
 KEYS: list[str] = leaf_keys()
@@ -155,10 +166,19 @@ def to_text(value: Any) -> str:
 
 def check_cli(argv: list[str], capsys: pytest.CaptureFixture[str], command: str) -> tuple[int, str]:
     """Run ``gbmpo`` in-process; check the exit-code contract; return ``(code, stderr)``."""
+    # transformers' log handler keeps the stderr of the test that imported it first (closed by
+    # now): point it at this test's captured stderr while the command runs
+    handlers = [(h, h.stream) for h in hf_logging.get_logger().handlers
+                if type(h) is logging.StreamHandler]
+    for h, _ in handlers:
+        h.stream = sys.stderr
     try:
         code = main(argv)
     except SystemExit as exc:  # argparse's own errors
         code = exc.code if isinstance(exc.code, int) else 2
+    finally:
+        for h, old in handlers:
+            h.stream = old
     captured = capsys.readouterr()
     err = captured.err
     assert "Traceback" not in err, err[-3000:]

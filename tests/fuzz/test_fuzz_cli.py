@@ -12,8 +12,18 @@ from typing import Any
 
 import pytest
 import yaml
-from fuzzlib import FUZZ, FUZZ_KEYS, _junk_values, check_cli, listing, misspell, to_text, value_for
-from hypothesis import example, given, settings
+from fuzzlib import (
+    FUZZ,
+    FUZZ_KEYS,
+    _junk_values,
+    check_cli,
+    listing,
+    misspell,
+    sized,
+    to_text,
+    value_for,
+)
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -146,7 +156,7 @@ def eval_argv(draw: st.DrawFn) -> list[str]:
     return argv
 
 
-@settings(FUZZ, max_examples=max(4, FUZZ.max_examples // 3))  # each one generates
+@sized(4)  # each example loads the model and generates
 @given(argv=eval_argv())
 @example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--temperature=nan"])
 @example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--seed=-1"])

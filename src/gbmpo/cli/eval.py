@@ -168,7 +168,10 @@ def run_eval(args: argparse.Namespace) -> int:
     head = "accuracy" if "accuracy" in m else "pass@1"
     extra = "".join(f", {k} {100 * v:.1f}%" for k, v in m.items()
                     if k.startswith("pass@") and k not in ("pass@1", "pass@1_stderr"))
+    failures = (f"; {m['reward_failures']} reward(s) unusable, scored 0 "
+                f"({', '.join(m['reward_failure_kinds'])[:300]})"
+                if m.get("reward_failures") else "")
     print(f"eval {result['config']['task']}/{result['config']['split']}: {head} "
           f"{100 * m[head]:.1f}% (n={m['n']}, samples={m['samples']}{extra}), "
-          f"mean response {m['mean_response_tokens']:.1f} tokens")
+          f"mean response {m['mean_response_tokens']:.1f} tokens{failures}")
     return 0

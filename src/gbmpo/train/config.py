@@ -563,7 +563,10 @@ def _parse_text(text: str, tp: Any, key: str) -> Any:
 def _reads_as_text(text: str, value: Any) -> bool:
     """Whether a free-params value that YAML read as a mapping or list was meant as text: a
     template such as ``"Q: {question}\nA:"`` or ``"{prompt}"`` (block syntax not opened by
-    ``{``/``[``, or a flow mapping with an empty value)."""
+    ``{``/``[``, or a flow mapping with an empty value); also a number YAML 1.1 read in base 60
+    (``1:2:3``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and ":" in text:
+        return True  # YAML 1.1 base 60 ("1:2:3" = 3723): a "module:function" or a time
     if not isinstance(value, (dict, list)):
         return False
     if not text.lstrip().startswith(("{", "[")):
