@@ -65,6 +65,7 @@ def _dry_run(tmp: Path, capsys: pytest.CaptureFixture[str], spec: str) -> tuple[
 @example(spec="math:pi")
 @example(spec="/nonexistent/r.py:f")
 @example(spec="1:2:3")  # YAML 1.1 read it as the number 3723
+@example(spec="00")  # and this as the octal number 0
 def test_reward_specs(tmp_path_factory: pytest.TempPathFactory,
                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                       spec: str) -> None:

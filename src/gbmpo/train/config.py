@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -560,13 +561,18 @@ def _parse_text(text: str, tp: Any, key: str) -> Any:
     return value
 
 
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
+
+
 def _reads_as_text(text: str, value: Any) -> bool:
     """Whether a free-params value that YAML read as a mapping or list was meant as text: a
     template such as ``"Q: {question}\nA:"`` or ``"{prompt}"`` (block syntax not opened by
     ``{``/``[``, or a flow mapping with an empty value); also a number YAML 1.1 read in base 60
-    (``1:2:3``)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and ":" in text:
-        return True  # YAML 1.1 base 60 ("1:2:3" = 3723): a "module:function" or a time
+    (``1:2:3``) or in octal (``010``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        ":" in text or _LEADING_ZERO.fullmatch(text.strip())
+    ):
+        return True  # YAML 1.1 base 60 ("1:2:3" = 3723) or octal ("010" = 8): not what was typed
     if not isinstance(value, (dict, list)):
         return False
     if not text.lstrip().startswith(("{", "[")):
