@@ -42,7 +42,7 @@ KEYS: list[str] = leaf_keys()
 # pick a device or a remote engine): they get their defaults or a value that is refused.
 _PINNED: dict[str, list[Any]] = {
     "run.plugins": [[], ["gbmpo_fuzz_no_such_plugin"]],
-    "model.path": ["tiny", "/nonexistent/gbmpo-fuzz-model", ""],
+    "model.path": ["tiny", "/nonexistent/gbmpo-fuzz-model", "", "x" * 5000],
     "model.device": ["cpu", "cuda:99", "", "tpu"],
     "run.output_dir": [None],
     "engine": ["gbmpo", "trl ", "nope", ""],

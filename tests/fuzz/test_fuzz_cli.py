@@ -101,6 +101,8 @@ def _dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
 @example(pairs=[("run.num_threads", 10**12)])
 @example(pairs=[("run.time_budget_seconds", float("inf"))])
 @example(pairs=[("rollout.temperature", 1e308)])
+@example(pairs=[("model.path", "x" * 5000)])  # longer than a file name may be
+@example(pairs=[("task.params", {"path": "y" * 5000})])
 def test_train_dry_run_overrides(tmp_path_factory: pytest.TempPathFactory,
                                  capsys: pytest.CaptureFixture[str],
                                  monkeypatch: pytest.MonkeyPatch,
@@ -120,6 +122,8 @@ def test_train_dry_run_overrides(tmp_path_factory: pytest.TempPathFactory,
 @example(doc="run: {steps: 1e3}\n")
 @example(doc="a: &x [*x]\n")
 @example(doc="engine: 'trl '\n")
+@example(doc="rollout:\n  temperature: 1" + "0" * 400 + "\n")  # int beyond float range
+@example(doc="model:\n  path: " + "x" * 100_000 + "\n")  # the message stays short
 def test_train_dry_run_yaml(tmp_path_factory: pytest.TempPathFactory,
                             capsys: pytest.CaptureFixture[str],
                             monkeypatch: pytest.MonkeyPatch, doc: str) -> None:
@@ -162,6 +166,7 @@ def eval_argv(draw: st.DrawFn) -> list[str]:
 @example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--seed=-1"])
 @example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--task-param=="])
 @example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--top-p=0"])
+@example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--max-new-tokens=10000000000"])
 @example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--seed=1180591620717411303424"])
 @example(argv=["eval", "--task", "arithmetic", "--limit", "1", "--task-param=0\r0="])
 def test_eval_flags(tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str],

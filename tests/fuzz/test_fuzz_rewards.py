@@ -66,14 +66,15 @@ def _dry_run(tmp: Path, capsys: pytest.CaptureFixture[str], spec: str) -> tuple[
 @example(spec="/nonexistent/r.py:f")
 @example(spec="1:2:3")  # YAML 1.1 read it as the number 3723
 @example(spec="00")  # and this as the octal number 0
+@example(spec="#")  # and this as a comment (None)
 def test_reward_specs(tmp_path_factory: pytest.TempPathFactory,
                       capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
                       spec: str) -> None:
     tmp = tmp_path_factory.mktemp("spec")
     monkeypatch.chdir(tmp)
     code, err = _dry_run(tmp, capsys, spec)
-    if code == 2 and spec.strip() and "reward" in err:
-        assert repr(spec.strip()) in err or spec.strip() in err, err
+    if code == 2:  # the reward parameter is named (its value as read: YAML folds line breaks)
+        assert "reward" in err, err
 
 
 @FUZZ

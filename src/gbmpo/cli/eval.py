@@ -95,9 +95,12 @@ def run_eval(args: argparse.Namespace) -> int:
     """Run ``gbmpo eval`` from parsed arguments; returns the exit code (0 on success, 2 on bad
     input, reported in one line on stderr)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from gbmpo.eval.evaluation import evaluate, resolve_task
     from gbmpo.models import load_model_and_tokenizer
+
+    hf_logging.disable_progress_bar()  # stderr carries the progress and the error line only
 
     def bad_input(err: BaseException) -> int:
         print(f"gbmpo eval: error: {one_line(err)}", file=sys.stderr)
@@ -126,6 +129,11 @@ def run_eval(args: argparse.Namespace) -> int:
     model_id = None if args.model in (None, "", "tiny") else args.model
     dtype = getattr(torch, args.dtype)
     model, tokenizer = load_model_and_tokenizer(model_id, dtype=dtype, device=device)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and args.max_new_tokens > context:
+        return bad_input(ValueError(
+            f"--max-new-tokens {args.max_new_tokens} exceeds the model's context of {context} "
+            "tokens (max_position_embeddings)"))
 
     def progress(done: int, total: int) -> None:
         print(f"[eval] {done}/{total} problems", file=sys.stderr, flush=True)

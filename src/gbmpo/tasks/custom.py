@@ -220,7 +220,12 @@ class DatasetTask(common.TemplatedPrompts, Task):
 
     # -- data ---------------------------------------------------------------------------------
     def _is_hub_id(self, path: str) -> bool:
-        return not Path(path).exists() and _HUB_ID.match(path) is not None
+        if _HUB_ID.match(path) is None:
+            return False
+        try:
+            return not Path(path).exists()
+        except OSError:  # not a usable local path (e.g. too long)
+            return True
 
     def _hub_rows(self, split: str) -> list[dict[str, Any]]:
         if not self.hub:
@@ -237,7 +242,12 @@ class DatasetTask(common.TemplatedPrompts, Task):
         return common.load_hub(self.path, self.config, split)
 
     def _file_rows(self, path: str) -> list[dict[str, Any]]:
-        if not Path(path).is_file():
+        try:
+            found = Path(path).is_file()
+        except OSError as err:  # a name longer than the file system allows, ...
+            shown = path if len(path) <= 200 else f"{path[:200]}... ({len(path)} characters)"
+            raise ValueError(f"data file {shown!r} cannot be read: {err.strerror}") from None
+        if not found:
             raise FileNotFoundError(f"data file {path!r} does not exist")
         return read_records(path)
 

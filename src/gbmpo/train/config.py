@@ -315,8 +315,15 @@ def _fields(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
+def _describe(value: Any, limit: int = 200) -> str:
+    """``type value`` for messages; a long value is cut (``...`` and its length)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than Python prints
+        text = f"<{value.bit_length()}-bit int>" if isinstance(value, int) else "<unprintable>"
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} characters)"
+    return f"{type(value).__name__} {text}"
 
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:
@@ -378,7 +385,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(f"{path!r} must be int, got {_describe(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int beyond float range
+                raise ConfigError(f"{path!r} must be float, got {_describe(value)} (out of "
+                                  "float range)") from None
         # PyYAML reads exponent notation without a dot ("5e-5") as a string
         if isinstance(value, str):
             try:
@@ -451,7 +462,13 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
+    try:
+        found = p.is_file()
+    except OSError as err:  # a name longer than the file system allows, ...
+        text = str(path)
+        shown = text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
+        raise ConfigError(f"config file {shown!r} cannot be read: {err.strerror}") from None
+    if not found:
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8-sig"))
@@ -568,11 +585,13 @@ def _reads_as_text(text: str, value: Any) -> bool:
     """Whether a free-params value that YAML read as a mapping or list was meant as text: a
     template such as ``"Q: {question}\nA:"`` or ``"{prompt}"`` (block syntax not opened by
     ``{``/``[``, or a flow mapping with an empty value); also a number YAML 1.1 read in base 60
-    (``1:2:3``) or in octal (``010``)."""
+    (``1:2:3``) or in octal (``010``), and text YAML reads as a comment (``# {prompt}``)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and (
         ":" in text or _LEADING_ZERO.fullmatch(text.strip())
     ):
         return True  # YAML 1.1 base 60 ("1:2:3" = 3723) or octal ("010" = 8): not what was typed
+    if value is None and text.strip() not in ("", "~", "null", "Null", "NULL"):
+        return True  # a YAML comment: "# Question: {prompt}"
     if not isinstance(value, (dict, list)):
         return False
     if not text.lstrip().startswith(("{", "[")):
