@@ -254,3 +254,38 @@ def test_compare_arms(tmp_path_factory: pytest.TempPathFactory,
     check_cli(["compare", "--arms", *spec, "--seeds", "1", "--output-dir", str(tmp / "out"),
                "--dry-run"], capsys, "compare")
     assert listing(tmp) == set()
+
+
+@st.composite
+def arms_documents(draw: st.DrawFn) -> str:
+    """An arms file: ``label -> settings`` (dotted or nested), or junk."""
+    kind = draw(st.integers(0, 9))
+    if kind == 0:
+        return draw(st.text(max_size=100))
+    if kind == 1:
+        return yaml.safe_dump(draw(_junk_values()), allow_unicode=True)
+    arms_doc: dict[Any, Any] = {}
+    for i in range(draw(st.integers(0, 3))):
+        label = draw(st.one_of(st.just(f"arm{i}"), st.text(max_size=6), st.integers()))
+        pairs = draw(overrides())
+        arms_doc[label] = dict(pairs) if draw(st.booleans()) else _nest(pairs)
+    if draw(st.booleans()):
+        arms_doc = {"arms": arms_doc}
+    return yaml.safe_dump(arms_doc, allow_unicode=True, sort_keys=False)
+
+
+@FUZZ
+@given(doc=arms_documents())
+@example(doc="arms: {}\n")
+@example(doc="a: [1]\n")
+@example(doc="a: {objective: {regulariser: {name: kl}}}\n")
+@example(doc="1: {optim.lr: .nan}\n")
+def test_compare_arms_file(tmp_path_factory: pytest.TempPathFactory,
+                           capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+                           doc: str) -> None:
+    tmp = tmp_path_factory.mktemp("arms")
+    monkeypatch.chdir(tmp)
+    (tmp / "arms.yaml").write_text(doc, encoding="utf-8")
+    check_cli(["compare", "--arms", str(tmp / "arms.yaml"), "--seeds", "1", "--output-dir",
+               str(tmp / "out"), "--dry-run"], capsys, "compare")
+    assert listing(tmp) == {"arms.yaml"}
