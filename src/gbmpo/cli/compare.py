@@ -166,7 +166,7 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
                     f"{opt} goes with --regularizers; with --arms set the regularizer in the "
                     "arm (objective.regularizer.coef=..., objective.regularizer.params.X=...)"
                 )
-    overrides = parse_overrides(tokens)
+    overrides = parse_overrides(tokens, flags=getattr(args, "own_flags", ()))
     check_overrides(overrides, arms=use_arms)
     if args.backend not in BACKENDS:
         raise GridError(

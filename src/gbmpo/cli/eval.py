@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from gbmpo.cli.args import positive_int
+from gbmpo.cli.args import one_line, positive_int
 
 __all__ = ["add_eval_parser", "parse_task_params", "run_eval", "summary_path"]
 
@@ -94,16 +95,26 @@ def run_eval(args: argparse.Namespace) -> int:
     """Run ``gbmpo eval`` from parsed arguments; returns the exit code (0 on success, 2 on bad
     input, reported in one line on stderr)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from gbmpo.eval.evaluation import evaluate, resolve_task
     from gbmpo.models import load_model_and_tokenizer
 
+    hf_logging.disable_progress_bar()  # stderr carries the progress and the error line only
+
     def bad_input(err: BaseException) -> int:
-        print(f"gbmpo eval: error: {err}", file=sys.stderr)
+        print(f"gbmpo eval: error: {one_line(err)}", file=sys.stderr)
         return 2
 
     try:
         params = parse_task_params(list(getattr(args, "task_param", []) or []))
+        if not math.isfinite(args.temperature) or args.temperature < 0:
+            raise ValueError(f"--temperature must be a finite number >= 0, got "
+                             f"{args.temperature}")
+        if not 0 < args.top_p <= 1:  # NaN fails this too
+            raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+        if not -(2**63) <= args.seed < 2**63:  # what torch's generators take
+            raise ValueError(f"--seed must be in [-2**63, 2**63), got {args.seed}")
         if args.samples > 1 and args.temperature <= 0:
             raise ValueError("--samples > 1 needs --temperature > 0 (greedy repeats itself)")
     except ValueError as err:
@@ -118,6 +129,11 @@ def run_eval(args: argparse.Namespace) -> int:
     model_id = None if args.model in (None, "", "tiny") else args.model
     dtype = getattr(torch, args.dtype)
     model, tokenizer = load_model_and_tokenizer(model_id, dtype=dtype, device=device)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and args.max_new_tokens > context:
+        return bad_input(ValueError(
+            f"--max-new-tokens {args.max_new_tokens} exceeds the model's context of {context} "
+            "tokens (max_position_embeddings)"))
 
     def progress(done: int, total: int) -> None:
         print(f"[eval] {done}/{total} problems", file=sys.stderr, flush=True)
@@ -160,7 +176,10 @@ def run_eval(args: argparse.Namespace) -> int:
     head = "accuracy" if "accuracy" in m else "pass@1"
     extra = "".join(f", {k} {100 * v:.1f}%" for k, v in m.items()
                     if k.startswith("pass@") and k not in ("pass@1", "pass@1_stderr"))
+    failures = (f"; {m['reward_failures']} reward(s) unusable, scored 0 "
+                f"({', '.join(m['reward_failure_kinds'])[:300]})"
+                if m.get("reward_failures") else "")
     print(f"eval {result['config']['task']}/{result['config']['split']}: {head} "
           f"{100 * m[head]:.1f}% (n={m['n']}, samples={m['samples']}{extra}), "
-          f"mean response {m['mean_response_tokens']:.1f} tokens")
+          f"mean response {m['mean_response_tokens']:.1f} tokens{failures}")
     return 0

@@ -29,7 +29,7 @@ This module is pure: it imports the registries only inside :meth:`ObjectiveSpec.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,9 +300,31 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 def _known(d: Mapping[str, Any], where: str, valid: tuple[str, ...]) -> None:
     for key in d:
         if key not in valid:
+            hint = did_you_mean(str(key), valid, prefix=f"{where}.")
             raise SpecError(
                 f"unknown key '{where}.{key}'; valid keys under {where!r}: {', '.join(valid)}"
+                f"{hint}"
             )
+
+
+def did_you_mean(word: str, candidates: Mapping[str, str] | Sequence[str], *,
+                 prefix: str = "") -> str:
+    """``"; did you mean 'NAME'?"`` for the candidate closest to ``word``, or ``""`` when none
+    is close (:func:`difflib.get_close_matches`, ratio >= 0.75, case, ``-`` and ``_`` ignored).
+
+    ``candidates``: names, or a mapping of names to what to suggest for each (an alias to
+    itself, a field name to its dotted key); ``prefix`` is put before a suggested plain name.
+    """
+    import difflib
+
+    table = dict(candidates) if isinstance(candidates, Mapping) else {
+        c: f"{prefix}{c}" for c in candidates}
+    norm: dict[str, str] = {}
+    for name, shown in table.items():
+        norm.setdefault(name.lower().replace("-", "_"), shown)
+    key = word.lower().replace("-", "_")
+    best = difflib.get_close_matches(key, list(norm), n=1, cutoff=0.75)
+    return f"; did you mean {norm[best[0]]!r}?" if best else ""
 
 
 def _text(value: Any, where: str) -> str:
