@@ -1,0 +1,210 @@
+"""Drift from the reference (gbmpo.eval.drift): exact full-vocabulary divergences along the
+policy's samples, checked against a brute-force computation on a 12-token vocabulary."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import torch
+import transformers
+
+from gbmpo.eval.drift import DRIFT_KEYS, drift_rows, measure_drift
+from gbmpo.rollout import sampling
+from gbmpo.tasks.base import Example, Task
+
+F64 = torch.float64
+VOCAB = 12  # ids: 0 pad, 1 eos, 2..11 the digits 0..9
+PAD, EOS = 0, 1
+
+
+class DigitTokenizer:
+    """A character tokenizer over the ten digits (the interface ``generate`` uses)."""
+
+    pad_token_id = PAD
+    eos_token_id = EOS
+    padding_side = "right"
+
+    def __call__(self, texts: list[str], return_tensors: str = "pt",
+                 padding: bool = True) -> dict[str, torch.Tensor]:  # fmt: skip
+        rows = [[2 + int(c) for c in t] for t in texts]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            sl = slice(width - len(r), width) if self.padding_side == "left" else slice(0, len(r))
+            ids[i, sl] = torch.tensor(r)
+            mask[i, sl] = 1
+        return {"input_ids": ids, "attention_mask": mask}
+
+    def batch_decode(self, rows: Sequence[torch.Tensor], skip_special_tokens: bool = True
+                     ) -> list[str]:  # fmt: skip
+        return ["".join(str(int(t) - 2) for t in r if int(t) >= 2) for r in rows]
+
+
+class DigitTask(Task):
+    name = "digits"
+    kind = "math"
+
+    def split(self, name: str) -> list[Example]:
+        if name != "test":
+            raise ValueError(name)
+        return [{"prompt": p, "answer": "0"} for p in ("3", "41", "592", "6", "77", "8", "90")]
+
+    def reward(self, prompts: Sequence[str], completions: Sequence[str],
+               **columns: Any) -> list[float | None]:  # fmt: skip
+        return [0.0 for _ in completions]
+
+
+def tiny_qwen3(seed: int) -> Any:
+    torch.manual_seed(seed)
+    cfg = transformers.Qwen3Config(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+                                   intermediate_size=24, max_position_embeddings=64,
+                                   tie_word_embeddings=False, eos_token_id=EOS,
+                                   pad_token_id=PAD)  # fmt: skip
+    model = transformers.Qwen3ForCausalLM(cfg).to(F64)
+    with torch.no_grad():  # sharper distributions than the default init
+        model.lm_head.weight.normal_(0.0, 1.0)
+    return model.eval()
+
+
+def perturbed(model: Any, scale: float, seed: int) -> Any:
+    out = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in out.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return out
+
+
+def brute_force(policy: Any, reference: Any, rollouts: list[Any]) -> dict[str, float]:
+    """Every per-token value from its definition, one sequence and one vocabulary entry at a
+    time, with each model's plain transformers forward on the unpadded sequence."""
+    sums = dict.fromkeys(("kl", "kl_reverse", "prob_l2", "tv", "entropy"), 0.0)
+    n_tokens = n_prompts = 0
+    for ro in rollouts:
+        for i in range(len(ro)):
+            n_prompts += 1
+            prompt = ro.prompt_ids[i][ro.prompt_mask[i].bool()]
+            length = int(ro.completion_mask[i].sum())
+            completion = ro.completion_ids[i][:length]
+            ids = torch.cat([prompt, completion]).unsqueeze(0)
+            with torch.no_grad():
+                lp = torch.log_softmax(policy(input_ids=ids).logits[0].double(), -1)
+                lq = torch.log_softmax(reference(input_ids=ids).logits[0].double(), -1)
+            for t in range(length):
+                row = len(prompt) - 1 + t
+                p = [math.exp(float(v)) for v in lp[row]]
+                q = [math.exp(float(v)) for v in lq[row]]
+                sums["kl"] += sum(pv * math.log(pv / qv) for pv, qv in zip(p, q, strict=True))
+                sums["kl_reverse"] += sum(qv * math.log(qv / pv)
+                                          for pv, qv in zip(p, q, strict=True))  # fmt: skip
+                sums["prob_l2"] += sum((pv - qv) ** 2 for pv, qv in zip(p, q, strict=True))
+                sums["tv"] += 0.5 * sum(abs(pv - qv) for pv, qv in zip(p, q, strict=True))
+                sums["entropy"] -= sum(pv * math.log(pv) for pv in p)
+                n_tokens += 1
+    out: dict[str, float] = {k: v / n_tokens for k, v in sums.items()}
+    out.update(response_length=n_tokens / n_prompts, n_prompts=n_prompts, n_tokens=n_tokens)
+    return out
+
+
+def spy_generate(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    seen: list[Any] = []
+    real = sampling.generate
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        ro = real(*args, **kwargs)
+        seen.append(ro)
+        return ro
+
+    monkeypatch.setattr(sampling, "generate", spy)
+    return seen
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_measure_drift_equals_brute_force(monkeypatch: pytest.MonkeyPatch, lean: bool) -> None:
+    reference = tiny_qwen3(0)
+    policy = perturbed(reference, 0.3, seed=1)
+    seen = spy_generate(monkeypatch)
+    got = measure_drift(policy, reference, DigitTokenizer(), DigitTask(), max_new_tokens=6,
+                        batch_size=3, seed=5, chunk_size=4, lean=lean)  # fmt: skip
+    assert tuple(got) == DRIFT_KEYS
+    assert len(seen) == 3  # 7 prompts, 3 per generate call
+    want = brute_force(policy, reference, seen)
+    assert got["n_prompts"] == want["n_prompts"] == 7
+    assert got["n_tokens"] == want["n_tokens"] > 7
+    for key in DRIFT_KEYS:
+        assert got[key] == pytest.approx(want[key], rel=1e-9, abs=1e-12), key
+    assert got["kl"] > 0.01 and got["kl_reverse"] > 0.01 and 0 < got["tv"] < 1
+    # sampled at temperature 1 with the seed: the same call gives the same numbers
+    assert measure_drift(policy, reference, DigitTokenizer(), DigitTask(), max_new_tokens=6,
+                         batch_size=3, seed=5, chunk_size=4, lean=lean) == got  # fmt: skip
+
+
+def test_no_drift_from_itself_and_limit() -> None:
+    model = tiny_qwen3(0)
+    got = measure_drift(model, copy.deepcopy(model), DigitTokenizer(), DigitTask(), limit=2,
+                        max_new_tokens=5, seed=0)  # fmt: skip
+    assert got["n_prompts"] == 2
+    for key in ("kl", "kl_reverse", "prob_l2", "tv"):
+        assert got[key] == pytest.approx(0.0, abs=1e-12)
+    assert got["entropy"] > 0.1
+
+
+def test_lora_reference_is_the_policy_with_adapters_disabled() -> None:
+    peft = pytest.importorskip("peft")
+    base = tiny_qwen3(0)
+    frozen = copy.deepcopy(base)
+    lora = peft.LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"])
+    policy = peft.get_peft_model(base, lora)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.5)
+    kw: dict[str, Any] = {"max_new_tokens": 5, "seed": 3, "batch_size": 4}
+    off = measure_drift(policy, None, DigitTokenizer(), DigitTask(), **kw)
+    explicit = measure_drift(policy, frozen, DigitTokenizer(), DigitTask(), **kw)
+    assert off["kl"] > 1e-4
+    for key in DRIFT_KEYS:
+        assert off[key] == pytest.approx(explicit[key], rel=1e-9, abs=1e-12), key
+
+
+def test_modes_are_restored_and_bad_inputs_refused() -> None:
+    policy, reference = tiny_qwen3(0), tiny_qwen3(1)
+    policy.train()
+    measure_drift(policy, reference, DigitTokenizer(), DigitTask(), limit=1, max_new_tokens=2)
+    assert policy.training and not reference.training
+    with pytest.raises(ValueError, match="no adapters"):
+        measure_drift(policy, None, DigitTokenizer(), DigitTask(), limit=1)
+    other = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        vocab_size=VOCAB + 1, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, intermediate_size=24))  # fmt: skip
+    with pytest.raises(ValueError, match="vocabulary"):
+        measure_drift(policy, other, DigitTokenizer(), DigitTask(), limit=1)
+    with pytest.raises(ValueError, match="limit"):
+        measure_drift(policy, reference, DigitTokenizer(), DigitTask(), limit=0)
+
+
+def test_drift_rows_definitions() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = 2.0 * torch.randn(5, VOCAB, generator=g, dtype=F64)
+    y = 2.0 * torch.randn(5, VOCAB, generator=g, dtype=F64)
+    x[0, 3] = float("-inf")  # a token the policy never emits: 0 log 0 = 0 everywhere
+    got = drift_rows(x, y)
+    p, q = torch.softmax(x, -1), torch.softmax(y, -1)
+    lp, lq = torch.log_softmax(x, -1), torch.log_softmax(y, -1)
+    safe = torch.where(p > 0, p * (lp - lq), torch.zeros((), dtype=F64))
+    torch.testing.assert_close(got["kl"], safe.sum(-1))
+    torch.testing.assert_close(got["kl_reverse"][1:], (q * (lq - lp)).sum(-1)[1:])
+    assert got["kl_reverse"][0] > 100  # q has mass where p has none: large and finite
+    torch.testing.assert_close(got["prob_l2"], ((p - q) ** 2).sum(-1))
+    torch.testing.assert_close(got["tv"], 0.5 * (p - q).abs().sum(-1))
+    ent = -torch.where(p > 0, p * lp, torch.zeros((), dtype=F64)).sum(-1)
+    torch.testing.assert_close(got["entropy"], ent)
+    assert all(v.dtype == F64 and torch.isfinite(v).all() for v in got.values())
+    with pytest.raises(ValueError, match=r"\[N, V\]"):
+        drift_rows(x[None], y[None])
