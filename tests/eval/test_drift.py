@@ -208,3 +208,43 @@ def test_drift_rows_definitions() -> None:
     assert all(v.dtype == F64 and torch.isfinite(v).all() for v in got.values())
     with pytest.raises(ValueError, match=r"\[N, V\]"):
         drift_rows(x[None], y[None])
+
+
+def test_gbmpo_eval_reference_writes_drift(tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    import json
+
+    import gbmpo.eval.evaluation as ev
+    import gbmpo.models
+    from gbmpo.cli import main
+
+    models = {"policy": perturbed(tiny_qwen3(0), 0.3, seed=1), "ref": tiny_qwen3(0)}
+    loaded: list[Any] = []
+
+    def load(model_id: Any, **kw: Any) -> tuple[Any, Any]:
+        loaded.append(model_id)
+        if model_id == "other":
+            m = tiny_qwen3(0)
+            m.resize_token_embeddings(VOCAB + 2)
+            return m, DigitTokenizer()
+        return copy.deepcopy(models[model_id]), DigitTokenizer()
+
+    monkeypatch.setattr(gbmpo.models, "load_model_and_tokenizer", load)
+    monkeypatch.setattr(ev, "resolve_task", lambda *a, **k: DigitTask())
+    out = tmp_path / "e.jsonl"
+    argv = ["eval", "--model", "policy", "--reference", "ref", "--task", "digits",
+            "--max-new-tokens", "6", "--batch-size", "3", "--seed", "5", "--output", str(out)]
+    assert main(argv) == 0
+    assert loaded == ["policy", "ref"]
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["config"]["reference"] == "ref"
+    want = measure_drift(models["policy"], models["ref"], DigitTokenizer(), DigitTask(),
+                         max_new_tokens=6, batch_size=3, seed=5)  # fmt: skip
+    assert summary["drift"] == pytest.approx(want)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("drift from ref: KL ") and "7 prompts" in last
+    # a reference over another vocabulary: exit 2, one line, nothing written
+    out2 = tmp_path / "f.jsonl"
+    assert main([*argv[:4], "other", *argv[5:-1], str(out2)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "vocabulary" in err[0] and not out2.exists()
