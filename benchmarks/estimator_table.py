@@ -18,9 +18,11 @@ Each row gives the token mean of an estimator, its bias against the exact value 
 tokens (mean of estimator - exact), the standard error of that bias and of the mean over
 prompts (completions of one prompt are one cluster: the delta-method standard error of a ratio
 of sums), and the per-token standard deviation. The exact row's own standard error is the
-spread that comes from sampling the trajectories; an estimator adds its own on top.
+spread that comes from sampling the trajectories; an estimator adds its own on top. Per pair,
+the JSON also holds the share of sum_v p_v k3(v) (= the KL) carried by the tokens the policy makes
+rare (p_v < RARE) and the probability of sampling one of them.
 
-    python benchmarks/estimator_table.py --policy runs/p30/model      # + 2 perturbations
+    python benchmarks/estimator_table.py --policy "30 RL steps=runs/p30/model"  # + 2 noised
     python benchmarks/estimator_table.py --policy DIR --noise 0.01,0.03 --limit 200 --samples 4
 
 Prints a Markdown table and writes ``benchmarks/results/estimator_table.json`` (``--out``).
@@ -48,6 +50,9 @@ from gbmpo.objectives.regularizers import kl_k1, kl_k2, kl_k3, prob_l2  # noqa: 
 from gbmpo.rollout.logprobs import logits_forward  # noqa: E402
 from gbmpo.rollout.sampling import generate  # noqa: E402
 
+#: a token is rare for the policy below this probability (the ``k3_rare`` / ``p_rare`` figures)
+RARE = 0.01
+
 #: estimator -> the exact quantity it is compared with
 ESTIMATORS: dict[str, str] = {
     "k1": "kl", "k2": "kl", "k3": "kl", "prob_l2 (sampled)": "prob_l2",
@@ -71,7 +76,9 @@ def token_values(policy: Any, reference: Any, tokenizer: Any, prompts: list[str]
                  samples: int, max_new_tokens: int, batch_size: int,
                  seed: int) -> dict[str, list[list[float]]]:  # fmt: skip
     """Per prompt, the per-token values of the exact quantities and of every estimator."""
-    out: dict[str, list[list[float]]] = {k: [] for k in ("kl", "prob_l2", *ESTIMATORS)}
+    out: dict[str, list[list[float]]] = {
+        k: [] for k in ("kl", "prob_l2", *ESTIMATORS, "k3_rare", "p_rare")
+    }
     for chunk_i, lo in enumerate(range(0, len(prompts), batch_size)):
         chunk = prompts[lo : lo + batch_size]
         ro = generate(policy, tokenizer, chunk, num_return_sequences=samples,
@@ -81,13 +88,20 @@ def token_values(policy: Any, reference: Any, tokenizer: Any, prompts: list[str]
         x = torch.cat(logits_forward(policy).sequence_logits(*rows), dim=1).float()
         y = torch.cat(logits_forward(reference).sequence_logits(*rows), dim=1).float()
         exact = drift_rows(x.flatten(0, 1), y.flatten(0, 1))
+        # where k3's expectation sits: its terms p_v k3(q_v / p_v) on the tokens the policy
+        # makes rare (p_v < RARE), and the chance of sampling one of them
+        lpv, lqv = torch.log_softmax(x, -1).flatten(0, 1), torch.log_softmax(y, -1).flatten(0, 1)
+        terms = lqv.exp() - lpv.exp() + lpv.exp() * (lpv - lqv)  # p_v k3(v), exactly
+        rare = lpv < math.log(RARE)
+        k3_rare = (terms * rare).sum(-1)
+        p_rare = (lpv.exp() * rare).sum(-1)
         lp = torch.log_softmax(x, -1).gather(-1, ro.completion_ids.unsqueeze(-1)).squeeze(-1)
         lq = torch.log_softmax(y, -1).gather(-1, ro.completion_ids.unsqueeze(-1)).squeeze(-1)
         lp, lq = lp.flatten(), lq.flatten()
         vals = {
             "kl": exact["kl"], "prob_l2": exact["prob_l2"], "k1": kl_k1(lp, lq),
             "k2": kl_k2(lp, lq), "k3": kl_k3(lp, lq), "prob_l2 (sampled)": prob_l2(lp, lq),
-            "prob_l2 / p (IS)": prob_l2(lp, lq) / lp.exp(),
+            "prob_l2 / p (IS)": prob_l2(lp, lq) / lp.exp(), "k3_rare": k3_rare, "p_rare": p_rare,
         }  # fmt: skip
         mask = ro.completion_mask.bool()
         width = mask.shape[1]
@@ -128,7 +142,8 @@ def stats(values: list[list[float]], exact: list[list[float]] | None = None) -> 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reference", default="tiny", help="reference model ('tiny': embedded)")
-    ap.add_argument("--policy", action="append", default=[], help="trained policy (repeatable)")
+    ap.add_argument("--policy", action="append", default=[], metavar="[LABEL=]PATH",
+                    help="a trained policy, repeatable")
     ap.add_argument("--noise", default="0.01,0.03",
                     help="relative weight-noise scales of perturbed references ('' for none)")
     ap.add_argument("--task", default="arithmetic")
@@ -146,8 +161,9 @@ def main() -> int:
     task = resolve_task(args.task, tokenizer=tokenizer)
     prompts = [ex["prompt"] for ex in task.split(task.eval_split)[: args.limit]]
     policies: list[tuple[str, Any]] = []
-    for path in args.policy:
-        policies.append((f"trained: {path}", load_model_and_tokenizer(path)[0]))
+    for item in args.policy:
+        label, _, path = item.rpartition("=")
+        policies.append((label or f"trained: {path}", load_model_and_tokenizer(path)[0]))
     for i, s in enumerate(float(x) for x in args.noise.split(",") if x.strip()):
         policies.append((f"reference + {s:g} x std noise", noisy(reference, s, seed=100 + i)))
     result["settings"] = {k: v for k, v in vars(args).items() if k != "out"}
@@ -163,6 +179,8 @@ def main() -> int:
                                 "seconds": time.perf_counter() - t}  # fmt: skip
         for q in ("kl", "prob_l2"):
             pair[q] = stats(vals[q])
+        pair["k3_share_on_rare_tokens"] = stats(vals["k3_rare"])["mean"] / pair["kl"]["mean"]
+        pair["prob_of_sampling_a_rare_token"] = stats(vals["p_rare"])["mean"]
         for est, q in ESTIMATORS.items():
             st = pair[est] = stats(vals[est], vals[q])
             ex = pair[q]
@@ -171,7 +189,9 @@ def main() -> int:
                 f"{st['bias']:+.3g} ± {st['bias_se']:.2g} | {st['std']:.3g} | {st['se']:.2g} |"
             )
         result["pairs"][name] = pair
-        print(f"{name}: {pair['tokens']} tokens in {pair['seconds']:.1f} s", file=sys.stderr)
+        print(f"{name}: {pair['tokens']} tokens in {pair['seconds']:.1f} s; tokens with p < "
+              f"{RARE:g} carry {pair['k3_share_on_rare_tokens']:.1%} of the KL's k3 terms and are "
+              f"sampled with probability {pair['prob_of_sampling_a_rare_token']:.2%}")
     table = "\n".join(lines)
     result["table"] = table
     path = finish_result(result, args.out)

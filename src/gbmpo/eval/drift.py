@@ -30,7 +30,8 @@ divergence of the next-token distributions at token :math:`t`, so the sum over e
 tokens is an unbiased estimate of it (with less variance than the sampled log-ratio), and
 dividing the total by the number of tokens gives the per-token figures the regularizers act on.
 A greedy path is one mode of :math:`\pi` and would bias them. The sampling is seeded
-(``seed``): the same models, prompts and seed give the same numbers.
+(``seed``): the same models, prompts, seed and ``batch_size`` give the same numbers (another
+``batch_size`` draws other samples, as in :func:`gbmpo.rollout.generate`).
 
 Memory: the logits of both models are computed for a few sequences at a time (at most
 :data:`FORWARD_ELEMENTS` logits per model per forward) and the divergences ``chunk_size``

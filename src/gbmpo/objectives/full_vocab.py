@@ -42,7 +42,7 @@ Reused buffers also avoid glibc malloc's fragmentation of repeatedly freed ~20 M
 freed buffer below malloc's 32 MB mmap threshold moves to the heap and keeps the resident size
 high): each call allocates its chunk buffers once.
 
-Why one module of ~610 lines: the two public functions share the chunking, the closed-form row
+Why one module of ~630 lines: the two public functions share the chunking, the closed-form row
 kernels and the two custom autograd functions whose memory accounting is given above.
 """
 
