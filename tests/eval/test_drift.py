@@ -248,3 +248,86 @@ def test_gbmpo_eval_reference_writes_drift(tmp_path: Any, monkeypatch: pytest.Mo
     assert main([*argv[:4], "other", *argv[5:-1], str(out2)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "vocabulary" in err[0] and not out2.exists()
+
+
+# ------------------------------------------------------------- summary.json at the end of a run
+
+
+def varied_reward(prompts: Sequence[str], completions: Sequence[str], **columns: Any
+                  ) -> list[float]:  # fmt: skip
+    """Rewards with spread inside every group, so that one step moves the policy."""
+    return [float(sum(map(ord, c)) % 3) / 2 for c in completions]
+
+
+def _run_config(out: Any, **extra: str) -> Any:
+    from gbmpo.train import load_config
+
+    overrides = {
+        "rollout.prompts_per_step": "2", "rollout.num_generations": "4",
+        "rollout.max_new_tokens": "8", "rollout.temperature": "3.0", "eval.before": "false",
+        "eval.every": "0", "eval.limit": "3", "eval.max_new_tokens": "8",
+        "run.time_budget_seconds": "null", "run.progress": "false", "run.steps": "1",
+        "optim.lr": "1e-2", "optim.mini_batch_size": "null", "run.output_dir": str(out), **extra,
+    }  # fmt: skip
+    return load_config(None, list(overrides.items()))
+
+
+@pytest.mark.parametrize(
+    ("held", "extra"),
+    [("frozen copy", {}),
+     ("reloaded", {"objective.regularizer.name": "none",
+                   "objective.monitor_regularizers": "false"}),
+     ("copied at start", {"objective.regularizer.name": "none",
+                          "objective.monitor_regularizers": "false"})],
+)  # fmt: skip
+def test_summary_drift_of_a_training_run(tmp_path: Any, held: str, extra: dict[str, str]) -> None:
+    import json
+
+    from gbmpo.models import load_model_and_tokenizer
+    from gbmpo.train import Trainer
+
+    try:
+        initial, tokenizer = load_model_and_tokenizer(None)
+    except FileNotFoundError as exc:
+        pytest.skip(f"embedded tiny model not built: {exc}")
+    cfg = _run_config(tmp_path / "run", **extra)
+    if held == "copied at start":  # a model object: its initial weights cannot be reloaded
+        given = copy.deepcopy(initial)
+        with torch.no_grad():
+            for p in given.parameters():
+                p.add_(0.01)  # so that reloading model.path would give another reference
+        trainer = Trainer(cfg, model=given, tokenizer=tokenizer, reward_fn=varied_reward)
+        assert trainer.ref_model is None and trainer.initial_model is not None
+        start = copy.deepcopy(given)
+    else:
+        trainer = Trainer(cfg, reward_fn=varied_reward)
+        assert (trainer.ref_model is None) == (held == "reloaded")
+        assert trainer.initial_model is None
+        start = initial
+    trainer.train()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    drift = summary["drift"]
+    assert tuple(drift) == DRIFT_KEYS and drift["n_prompts"] == 3
+    assert summary["drift_seconds"] > 0
+    final, _ = load_model_and_tokenizer(str(tmp_path / "run" / "model"))
+    want = measure_drift(final, start, tokenizer, "arithmetic", limit=3, max_new_tokens=8,
+                         batch_size=cfg.eval.batch_size, seed=cfg.run.seed)  # fmt: skip
+    assert drift == pytest.approx(want, rel=1e-5, abs=1e-9)
+    assert drift["kl"] > 1e-6
+
+
+def test_summary_drift_off(tmp_path: Any) -> None:
+    import json
+
+    from gbmpo.train import Trainer
+
+    try:
+        trainer = Trainer(_run_config(tmp_path / "a", **{"eval.drift": "false"}))
+    except FileNotFoundError as exc:
+        pytest.skip(f"embedded tiny model not built: {exc}")
+    trainer.train()
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["drift"] is None and summary["drift_seconds"] is None
+    # without the final evaluation there is no drift either (and no reference is kept for it)
+    Trainer(_run_config(tmp_path / "b", **{"eval.after": "false"})).train()
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["drift"] is None
