@@ -331,3 +331,31 @@ def test_summary_drift_off(tmp_path: Any) -> None:
     # without the final evaluation there is no drift either (and no reference is kept for it)
     Trainer(_run_config(tmp_path / "b", **{"eval.after": "false"})).train()
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["drift"] is None
+
+
+def test_trl_summary_drift_is_the_same_measurement(tmp_path: Any) -> None:
+    """The TRL engine writes summary.json drift with the own engine's function: the saved final
+    model measured against the initial weights reloaded from model.path."""
+    import json
+
+    pytest.importorskip("trl")
+    from gbmpo.cli import main
+    from gbmpo.models import load_model_and_tokenizer
+
+    try:
+        initial, tokenizer = load_model_and_tokenizer(None)
+    except FileNotFoundError as exc:
+        pytest.skip(f"embedded tiny model not built: {exc}")
+    out = tmp_path / "trl"
+    argv = ["train", "--engine", "trl", "--steps", "1", "--time-budget", "null",
+            "--rollout.prompts_per_step", "2", "--num-generations", "4", "--max-new-tokens", "8",
+            "--optim.mini_batch_size", "8", "--eval.before", "false", "--eval.limit", "3",
+            "--eval.max_new_tokens", "8", "--run.progress", "false", "--run.checkpoint_every",
+            "0", "--output-dir", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    final, _ = load_model_and_tokenizer(str(out / "model"))
+    want = measure_drift(final, initial, tokenizer, "arithmetic", limit=3, max_new_tokens=8,
+                         batch_size=100, seed=0)  # fmt: skip
+    assert summary["drift"] == pytest.approx(want, rel=1e-5, abs=1e-9)
+    assert summary["drift_seconds"] > 0
