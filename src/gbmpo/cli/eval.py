@@ -3,11 +3,18 @@
     gbmpo eval --model PATH --task gsm8k|mbpp|mbpp_sanitized|humaneval|arithmetic|<gym name>
                [--split S] [--limit N] [--samples K --temperature T] [--output FILE]
     gbmpo eval --task jsonl --task-param path=FILE --task-param reward=math|exact|code|mod:fn
+    gbmpo eval --model DIR --reference MODEL --task T     # + drift from the reference
 
 Greedy decoding by default. ``--output FILE`` writes one JSON record per problem to ``FILE``
 and the summary (``{"metrics", "config"}``) to ``FILE`` with its ``.jsonl`` suffix replaced by
-``.summary.json`` (or ``FILE.summary.json``). The summary is also printed on stdout; the last
-line is a one-line digest. ``--model tiny`` (the default) is the embedded tiny model.
+``.summary.json`` (or ``FILE.summary.json``). The summary is also printed on stdout, followed by
+a one-line digest. ``--model tiny`` (the default) is the embedded tiny model.
+
+``--reference MODEL`` also measures the model's drift from ``MODEL`` on the same prompts
+(:func:`gbmpo.eval.drift.measure_drift`: one completion per prompt sampled at temperature 1
+with ``--seed``, exact full-vocabulary divergences per token): the summary gets ``drift`` (the
+keys of :data:`gbmpo.eval.drift.DRIFT_KEYS`) and ``config.reference``, and the digest gets a
+second line. It is how runs of every engine are measured from their saved models.
 
 The main CLI (:func:`gbmpo.cli.main`) adds this subcommand with :func:`add_eval_parser` and runs
 it with :func:`run_eval`.
@@ -63,6 +70,10 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--allow-unsandboxed-code", action="store_true",
                    help="run model-written code even where the sandbox lacks an isolation layer "
                         "(same as GBMPO_ALLOW_UNSANDBOXED_CODE=1); by default it refuses")
+    p.add_argument("--reference", default=None, metavar="MODEL",
+                   help="also measure the drift from this model (directory, hub id or 'tiny'): "
+                        "exact KL both ways, ProbL2, total variation and entropy per token along "
+                        "samples of --model at temperature 1")
     p.add_argument("--output", default=None, metavar="FILE",
                    help="per-problem JSONL; the summary goes next to it (.summary.json)")
     p.set_defaults(func=run_eval)
@@ -149,6 +160,21 @@ def run_eval(args: argparse.Namespace) -> int:
         task.prepare_reward(allow_unsandboxed_code=args.allow_unsandboxed_code)
     except SandboxUnavailableError as err:
         return bad_input(err)
+    reference = getattr(args, "reference", None)
+    drift = None
+    if reference is not None:  # first, so that a reference it cannot compare with stops at once
+        from gbmpo.eval.drift import measure_drift
+
+        ref_id = None if reference in ("", "tiny") else reference
+        ref_model, _ = load_model_and_tokenizer(ref_id, dtype=dtype, device=device)
+        try:
+            drift = measure_drift(
+                model, ref_model, tokenizer, task, split=args.split, limit=args.limit,
+                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+            )  # fmt: skip
+        except ValueError as err:  # e.g. another vocabulary
+            return bad_input(err)
+        del ref_model
     from gbmpo.rewards.scoring import RewardError
 
     try:  # a reward function that fails for a whole batch is an input error too
@@ -161,7 +187,10 @@ def run_eval(args: argparse.Namespace) -> int:
         return bad_input(err)
     result["config"]["model"] = args.model
     result["config"]["device"] = str(device)
-    summary = {"metrics": result["metrics"], "config": result["config"]}
+    summary: dict[str, Any] = {"metrics": result["metrics"], "config": result["config"]}
+    if drift is not None:
+        result["config"]["reference"] = reference
+        summary["drift"] = drift
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -182,4 +211,9 @@ def run_eval(args: argparse.Namespace) -> int:
     print(f"eval {result['config']['task']}/{result['config']['split']}: {head} "
           f"{100 * m[head]:.1f}% (n={m['n']}, samples={m['samples']}{extra}), "
           f"mean response {m['mean_response_tokens']:.1f} tokens{failures}")
+    if drift is not None:
+        d = drift
+        print(f"drift from {reference}: KL {d['kl']:.4g} (reverse {d['kl_reverse']:.4g}), "
+              f"ProbL2 {d['prob_l2']:.4g}, TV {d['tv']:.4g}, entropy {d['entropy']:.4g} per "
+              f"token ({d['n_tokens']} sampled tokens of {d['n_prompts']} prompts)")
     return 0

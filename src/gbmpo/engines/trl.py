@@ -209,6 +209,7 @@ def host_settings(cfg: Any, output_dir: str | Path = "unused") -> dict[str, Any]
             "every": ev.every,
             "before": ev.before,
             "after": ev.after,
+            "drift": ev.drift,
             "split": ev.split,
             "max_new_tokens": ev.max_new_tokens,
             "limit": eval_limit_of(cfg, 10_000),
@@ -656,6 +657,7 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from gbmpo.train.console import Console, fmt_eval
     from gbmpo.train.device import peak_memory_bytes
     from gbmpo.train.logging import MetricsWriter
+    from gbmpo.train.run import final_drift, fmt_drift
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
     t0 = time.perf_counter()
@@ -748,6 +750,9 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
                 writer.write({"step": steps, **{f"eval/{k}": v for k, v in eval_after.items()},
                               "time/eval_seconds": time.perf_counter() - t})  # fmt: skip
             console.print(f"held-out {fmt_eval(eval_after)} after {steps} steps")
+        drift, drift_seconds = final_drift(cfg, policy, tokenizer, task, eval_split, limit)
+        if drift is not None:
+            console.print(fmt_drift(drift, drift_seconds))
         writer.close()
         out = run_dir / "model"
         policy.save_pretrained(out)
@@ -763,6 +768,8 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
         summary["peak_memory_gib"] = None if peak is None else peak / 2**30
         summary["reward_failures"] = failures
         summary["world_size"] = state.num_processes  # processes that trained (accelerate)
+        summary["drift"] = drift  # gbmpo.eval.drift.DRIFT_KEYS, or None
+        summary["drift_seconds"] = drift_seconds if drift is not None else None
         write_summary(run_dir, summary)
     state.wait_for_everyone()
     if main and not cfg.run.checkpoint_every:

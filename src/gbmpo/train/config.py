@@ -206,6 +206,11 @@ class EvalConfig:
     batch_size: int = 100
     before: bool = True
     after: bool = True
+    #: with ``after``: at the end of training, measure the final policy's drift from the
+    #: reference (exact full-vocabulary KL both ways, ProbL2, total variation and entropy along
+    #: samples on the evaluated held-out prompts; ``summary.json`` key ``drift``, see
+    #: ``gbmpo.eval.drift``)
+    drift: bool = True
 
 
 @dataclass

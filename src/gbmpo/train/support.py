@@ -143,6 +143,7 @@ GBMPO: dict[str, Support] = {
     "eval.batch_size": N(_SPEED),
     "eval.before": H(),
     "eval.after": H(),
+    "eval.drift": H("summary.json drift, with eval.after (gbmpo.eval.drift)"),
     "run.steps": H(),
     "run.time_budget_seconds": H(),
     "run.seed": H(),
@@ -243,6 +244,8 @@ TRL: dict[str, Support] = {
     "eval.batch_size": N(_SPEED),
     "eval.before": H(_TRL_EVAL, probe=False),
     "eval.after": H(_TRL_EVAL, probe=False),
+    "eval.drift": H("summary.json drift, with eval.after: measured as the own engine from the "
+                    "final policy on the main process (gbmpo.eval.drift)", probe=False),
     "run.steps": H("max_steps = steps x optimizer steps per RL step", probe=3),
     "run.time_budget_seconds": H("a TrainerCallback stops after that much RL time; the "
                                  "schedule decays over it", probe=60.0),
@@ -272,6 +275,7 @@ VERL_REQUIRED: dict[str, Any] = {
     "model.device": "cuda",
     "run.time_budget_seconds": None,
     "objective.monitor_regularizers": False,
+    "eval.drift": False,
 }
 
 VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl.py)
@@ -361,6 +365,9 @@ VERL.update({
     "eval.before": H("trainer.val_before_train", probe=False),
     "eval.after": H("trainer.test_freq includes the last step (eval.every 0: test_freq = "
                     "run.steps)", probe=False),
+    "eval.drift": R("verl's run ends with an FSDP checkpoint, not a policy gbmpo can load: set "
+                    "eval.drift: false and measure the merged model with gbmpo eval --model DIR "
+                    "--reference MODEL", lambda v, c: bool(v) and c.eval.after, probe=True),
     "run.steps": H("trainer.total_training_steps", probe=7),
     "run.time_budget_seconds": R("verl runs every step (its LR schedule spans run.steps): set "
                                  "run.time_budget_seconds: null",
