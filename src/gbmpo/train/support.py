@@ -113,10 +113,13 @@ GBMPO: dict[str, Support] = {
     "objective.advantage": H(),
     "objective.surrogate.name": H(),
     "objective.surrogate.params": H(),
+    "objective.regularizer": H("one term, or a list of terms whose divergences add up"),
     "objective.regularizer.name": H(),
     "objective.regularizer.coef": H(),
     "objective.regularizer.anchor": H(),
     "objective.regularizer.params": H(),
+    "objective.regularizer.placement": H("reward: coef * sum_t D(pi_old || pi_ref) off each "
+                                         "sequence's reward before the advantages"),
     "objective.aggregation": H(),
     "objective.monitor_regularizers": H("reg/<name> for every registered regularizer"),
     "optim.lr": H(),
@@ -408,7 +411,11 @@ def config_keys() -> list[str]:
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             key = f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(tp):
+            sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+            if sections:  # a section or a list of sections (objective.regularizer): the list
+                yield key  # form is a key of its own, then the section's keys
+                yield from walk(typing.cast(type, sections[0]), key + ".")
+            elif dataclasses.is_dataclass(tp):
                 yield from walk(typing.cast(type, tp), key + ".")
             else:
                 yield key
@@ -417,10 +424,20 @@ def config_keys() -> list[str]:
 
 
 def _value_at(cfg: Any, key: str) -> Any:
+    """The value at ``key``; below a list of sections (regularizer terms), the list of the
+    terms' values."""
     node = cfg
     for part in key.split("."):
-        node = getattr(node, part)
+        if isinstance(node, list):
+            node = [getattr(item, part) for item in node]
+        else:
+            node = getattr(node, part)
     return node
+
+
+def _listed(value: Any, cfg: Any) -> bool:
+    """Whether ``objective.regularizer`` is a list of terms."""
+    return isinstance(value, list)
 
 
 def _default_of(key: str) -> Any:
