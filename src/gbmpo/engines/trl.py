@@ -458,6 +458,8 @@ def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
             record[_SCHEMA_NAMES[key]] = value
         elif key == f"regularizer/{regularizer}":
             record["reg_value"] = value
+        elif key.startswith("loss/regularizer/"):  # a sum of regularizers: each term's part
+            record["reg_loss/" + key.split("/", 2)[2]] = value
         elif key.startswith("reference/"):
             record["reg/" + key.split("/", 1)[1]] = value
         else:
@@ -574,7 +576,7 @@ class _RunDirCallback:
     def write_row(self, step: int, logs: dict[str, Any]) -> None:
         p = self.p
         record: dict[str, Any] = {"step": step}
-        record.update(schema_record(logs, self.cfg.objective.regularizer.name))
+        record.update(schema_record(logs, self.cfg.objective.regularizer_label))
         record.pop("trl/learning_rate", None)  # the scheduler's base rate; "lr" is the used one
         record["lr"] = p.lr(step - 1)
         if p.grad_norms:  # the schema's mean over the step's optimizer steps (TRL: the last)
