@@ -280,7 +280,9 @@ def policy_loss(
         if t.anchor not in by_anchor:
             raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: pass anchors=")
     terms = [LossTerm(t.name, t.regularizer, t.coef, by_anchor[t.anchor]) for t in o.loss_terms]
-    return compute_policy_loss(logp, old, None, advantages, mask, terms=terms, **common)
+    return compute_policy_loss(
+        logp, old, None, advantages, mask, regularizer=None, terms=terms, **common
+    )
 
 
 @torch.no_grad()
