@@ -127,3 +127,21 @@ def test_placement_errors_name_the_key(micro_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"objective.regularizer\[1\].coef"):
         _config(micro_model_dir, None,
                 ("objective.regularizer", [{"name": "kl_k3"}, {"name": "prob_l2", "coef": "x"}]))
+
+
+def test_config_overrides_of_the_list_and_of_one_term(tmp_path: Path) -> None:
+    cfg = load_config(None, [("objective.regularizer.placement", "reward"), ("coef", "0.1")])
+    assert cfg.objective.regularizer.placement == "reward" and cfg.objective.regularizer.coef == 0.1
+    listed = "[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]"
+    cfg = load_config(None, [("objective.regularizer", listed)])
+    assert [t.name for t in cfg.objective.terms] == ["prob_l2", "kl_k3"]
+    assert cfg.objective.regularizer_label == "prob_l2+kl_k3"
+    path = tmp_path / "sum.yaml"
+    path.write_text(f"objective:\n  regularizer: {listed}\n")
+    assert load_config(path).objective.coef_label == [0.05, 0.01]
+    with pytest.raises(ConfigError, match="is a list of 2 terms"):
+        load_config(path, [("coef", "0.2")])
+    with pytest.raises(ConfigError, match=r"unknown key 'objective.regularizer\[1\].foo'"):
+        load_config(None, [("objective.regularizer", "[{name: kl_k3}, {name: kl_k1, foo: 1}]")])
+    with pytest.raises(ConfigError, match=r"unknown key 'objective.regularizer.foo'"):
+        load_config(None, [("objective.regularizer.foo", "1")])
