@@ -717,7 +717,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     except SpecError as err:
         raise ConfigError(str(err)) from None
     except OSError as err:  # e.g. a mirror-map file that is not there
-        raise ConfigError(f"objective.regularizer ({o.regularizer.name!r}): {err}") from None
+        raise ConfigError(f"objective.regularizer ({o.regularizer_label!r}): {err}") from None
 
     _require(math.isfinite(opt.lr) and opt.lr >= 0, f"'optim.lr' must be >= 0, got {opt.lr}")
     _positive_int(opt.warmup_steps, "optim.warmup_steps", zero=True)
