@@ -92,3 +92,14 @@ def test_the_loss_of_a_sum_is_the_sum_of_the_terms(
     assert metrics["loss/regularizer/log_l2"][-1] == pytest.approx(reg_a, abs=1e-6)
     assert metrics["loss/regularizer/kl_k3"][-1] == pytest.approx(reg_b, abs=1e-6)
     assert "regularizer/log_l2+kl_k3" in metrics and "regularizer/kl_k3" in metrics
+
+
+def test_schema_names_of_a_sum() -> None:
+    from gbmpo.engines.trl import schema_record
+
+    logs = {"regularizer/log_l2+kl_k3": 1.0, "regularizer/log_l2": 0.25, "loss/regularizer": 0.5,
+            "loss/regularizer/kl_k3": 0.125, "regularizer/prob_l2": 3.0}  # fmt: skip
+    assert schema_record(logs, "log_l2+kl_k3") == {
+        "reg_value": 1.0, "reg_value/log_l2": 0.25, "reg_loss": 0.5, "reg_loss/kl_k3": 0.125,
+        "trl/regularizer/prob_l2": 3.0,
+    }  # fmt: skip
