@@ -125,8 +125,11 @@ def test_placement_errors_name_the_key(micro_model_dir: Path) -> None:
             ("objective.regularizer", [{"name": "kl_k3"}, {"name": "kl_k3", "coef": 0.1}]),
         )  # fmt: skip
     with pytest.raises(ConfigError, match=r"objective.regularizer\[1\].coef"):
-        _config(micro_model_dir, None,
-                ("objective.regularizer", [{"name": "kl_k3"}, {"name": "prob_l2", "coef": "x"}]))
+        _config(
+            micro_model_dir,
+            None,
+            ("objective.regularizer", [{"name": "kl_k3"}, {"name": "prob_l2", "coef": "x"}]),
+        )
 
 
 def test_config_overrides_of_the_list_and_of_one_term(tmp_path: Path) -> None:
@@ -145,3 +148,26 @@ def test_config_overrides_of_the_list_and_of_one_term(tmp_path: Path) -> None:
         load_config(None, [("objective.regularizer", "[{name: kl_k3}, {name: kl_k1, foo: 1}]")])
     with pytest.raises(ConfigError, match=r"unknown key 'objective.regularizer.foo'"):
         load_config(None, [("objective.regularizer.foo", "1")])
+
+
+def test_reports_group_a_sum_by_its_terms_and_a_placement_apart() -> None:
+    from gbmpo.experiments.report import _coef
+    from gbmpo.experiments.runs import default_label, group_key
+    from gbmpo.train.config import config_to_dict
+
+    def cfg(*overrides: tuple[str, Any]) -> dict[str, Any]:
+        return config_to_dict(load_config(None, list(overrides)))
+
+    listed = cfg(
+        ("objective.regularizer", "[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]")
+    )
+    assert default_label(listed) == "prob_l2+kl_k3"
+    assert group_key(listed)[1:3] == ("prob_l2+kl_k3", (0.05, 0.01))
+    assert _coef(group_key(listed)[2]) == "0.05+0.01"
+    assert group_key(cfg())[1:] == ("prob_l2", 0.05, "{}")  # one term: as before
+    old_run = cfg()
+    del old_run["objective"]["regularizer"]["placement"]  # a run directory from before the key
+    assert group_key(old_run) == group_key(cfg())
+    in_reward = cfg(("regularizer", "kl_k1"), ("objective.regularizer.placement", "reward"))
+    assert default_label(in_reward) == "kl_k1[placement=reward]"
+    assert group_key(in_reward) != group_key(cfg(("regularizer", "kl_k1")))
