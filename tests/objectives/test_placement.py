@@ -180,3 +180,28 @@ def test_sequence_penalty_equals_verl_token_level_rewards() -> None:
     verl = (scores - 0.7 * kld).sum(-1)
     ours = reward_penalty(rewards, [(0.7, sequence_divergence(k3, old, ref, mask))])
     torch.testing.assert_close(ours, verl)
+
+
+def test_spec_terms_round_trip_and_errors() -> None:
+    from gbmpo.objectives.spec import ObjectiveSpec, SpecError
+
+    spec = ObjectiveSpec.from_dict(
+        {"regularizer": [{"name": "prob_l2", "coef": 0.05},
+                         {"name": "kl_k1", "coef": 0.1, "placement": "reward"}]}
+    )  # fmt: skip
+    assert ObjectiveSpec.from_dict(spec.to_dict()) == spec
+    built = spec.build()
+    assert [t.name for t in built.loss_terms] == ["prob_l2"]
+    assert [t.name for t in built.reward_terms] == ["kl_k1"]
+    assert built.needs_ref and built.anchored_on_ref and not built.single_loss_term
+    assert ObjectiveSpec().build().single_loss_term  # the default: one term in the loss
+    for bad, match in (
+        ({"regularizer": []}, "empty list"),
+        ({"regularizer": [{"name": "none"}, {"name": "kl_k3"}]}, "'none' beside"),
+        ({"regularizer": {"name": "kl_k3", "placement": "advantage"}}, "placement' must be"),
+        ({"regularizer": [{"name": "kl_k3", "bogus": 1}]}, r"regularizer\[0\].bogus"),
+    ):
+        with pytest.raises(SpecError, match=match):
+            ObjectiveSpec.from_dict(bad).build()
+    with pytest.raises(SpecError, match="empty list"):
+        ObjectiveSpec(regularizer=[]).build()

@@ -255,6 +255,8 @@ class ObjectiveSpec:
         except (TypeError, ValueError) as err:
             raise SpecError(f"{where}.surrogate ({s.name!r}): {err}") from None
         listed = isinstance(self.regularizer, (list, tuple))
+        if listed and not self.regularizer:
+            raise SpecError(f"'{where}.regularizer' is an empty list; give one term or more")
         terms: list[BuiltTerm] = []
         for i, r in enumerate(self.terms):
             at = f"{where}.regularizer[{i}]" if listed else f"{where}.regularizer"
