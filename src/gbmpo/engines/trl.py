@@ -450,7 +450,9 @@ _SCHEMA_NAMES = {
 def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
     """One TRL log row under the schema's names (:mod:`gbmpo.io.metrics`): shared quantities
     renamed (``regularizer/<active>`` -> ``reg_value``, ``reference/<name>`` ->
-    ``reg/<name>``), TRL's other metrics kept as ``trl/<name>``."""
+    ``reg/<name>``; for a sum ``regularizer`` is ``a+b``, its terms' ``regularizer/<term>`` ->
+    ``reg_value/<term>`` and ``loss/regularizer/<term>`` -> ``reg_loss/<term>``), TRL's other
+    metrics kept as ``trl/<name>``."""
     from gbmpo.io.metrics import host_name
 
     record: dict[str, Any] = {}
@@ -459,6 +461,11 @@ def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
             record[_SCHEMA_NAMES[key]] = value
         elif key == f"regularizer/{regularizer}":
             record["reg_value"] = value
+        elif "+" in regularizer and key.split("/", 1)[-1] in regularizer.split("+") \
+                and key.startswith("regularizer/"):  # fmt: skip
+            record["reg_value/" + key.split("/", 1)[1]] = value  # a term of a sum
+        elif key.startswith("loss/regularizer/"):  # a sum of regularizers: each term's part
+            record["reg_loss/" + key.split("/", 2)[2]] = value
         elif key.startswith("reference/"):
             record["reg/" + key.split("/", 1)[1]] = value
         else:
@@ -575,7 +582,7 @@ class _RunDirCallback:
     def write_row(self, step: int, logs: dict[str, Any]) -> None:
         p = self.p
         record: dict[str, Any] = {"step": step}
-        record.update(schema_record(logs, self.cfg.objective.regularizer.name))
+        record.update(schema_record(logs, self.cfg.objective.regularizer_label))
         record.pop("trl/learning_rate", None)  # the scheduler's base rate; "lr" is the used one
         record["lr"] = p.lr(step - 1)
         if p.grad_norms:  # the schema's mean over the step's optimizer steps (TRL: the last)

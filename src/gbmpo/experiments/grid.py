@@ -237,8 +237,9 @@ def _resolve_coef(
         return coefs[entry.label], "--coefs"
     if entry.regularizer == "none":
         return 0.0, "default"
-    if entry.regularizer == base.objective.regularizer.name:
-        return base.objective.regularizer.coef, "config"
+    terms = base.objective.terms
+    if len(terms) == 1 and entry.regularizer == terms[0].name:
+        return terms[0].coef, "config"
     if entry.regularizer in DEFAULT_COEFS:
         return DEFAULT_COEFS[entry.regularizer], "default"
     raise GridError(
@@ -455,7 +456,8 @@ def _arm_config(base: TrainConfig, arm: GridArm) -> TrainConfig:
     keys = dict(arm.overrides)
     for comp in ("surrogate", "regularizer"):
         name = keys.get(f"objective.{comp}.name")
-        if name is not None and name != data["objective"][comp]["name"]:
+        section = data["objective"][comp]
+        if name is not None and isinstance(section, dict) and name != section["name"]:
             data["objective"][comp]["params"] = {}
     try:
         apply_overrides(data, list(arm.overrides))

@@ -340,7 +340,9 @@ def _yaml(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def _coef(value: float) -> str:
+def _coef(value: float | Sequence[float]) -> str:
+    if isinstance(value, (list, tuple)):  # one per term of a sum of regularizers
+        return "+".join(f"{v:g}" for v in value)
     return f"{value:g}"
 
 

@@ -355,6 +355,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(f"{path!r} must be {_type_name(tp)}, got None")
         errors = []
         for arg in args:
+            # a section or a list of sections (objective.regularizer): the arm of the value's
+            # shape reports its own errors (an unknown key inside a term, say)
+            if dataclasses.is_dataclass(arg) and isinstance(value, Mapping):
+                return _coerce(value, arg, path)
+            if typing.get_origin(arg) is list and isinstance(value, (list, tuple)):
+                return _coerce(value, arg, path)
+        for arg in args:
             if arg is type(None):
                 continue
             try:
@@ -508,6 +515,11 @@ def annotation_at(path: Sequence[str]) -> Any:
     tp: Any = TrainConfig
     for i, part in enumerate(path):
         prefix = ".".join(path[:i])
+        if typing.get_origin(tp) in (Union, types.UnionType):
+            # a section that may also be a list of sections (objective.regularizer): its keys
+            # are the section's
+            sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+            tp = sections[0] if sections else tp
         if dataclasses.is_dataclass(tp):
             fields = _fields(tp)
             if part not in fields:
@@ -617,8 +629,16 @@ def _reads_as_text(text: str, value: Any) -> bool:
 
 def _set_path(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
     node = data
-    for part in path[:-1]:
+    for i, part in enumerate(path[:-1]):
         nxt = node.get(part)
+        if isinstance(nxt, list):
+            where = ".".join(path[: i + 1])
+            raise ConfigError(
+                f"{'.'.join(path)!r}: {where!r} is a list of {len(nxt)} terms here (from the "
+                f"config file), so a key of one term cannot be overridden on the command line; "
+                f"edit the list in the file or set the whole list, e.g. --{where} "
+                "'[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]'"
+            )
         if not isinstance(nxt, dict):
             nxt = {}
             node[part] = nxt
@@ -781,7 +801,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     except SpecError as err:
         raise ConfigError(str(err)) from None
     except OSError as err:  # e.g. a mirror-map file that is not there
-        raise ConfigError(f"objective.regularizer ({o.regularizer.name!r}): {err}") from None
+        raise ConfigError(f"objective.regularizer ({o.regularizer_label!r}): {err}") from None
 
     _require(math.isfinite(opt.lr) and opt.lr >= 0, f"'optim.lr' must be >= 0, got {opt.lr}")
     _positive_int(opt.warmup_steps, "optim.warmup_steps", zero=True)

@@ -71,7 +71,7 @@ RESUMABLE_OVERRIDES = (
 def default_run_dir(cfg: TrainConfig, root: str | Path = "runs") -> Path:
     """``runs/<YYYYmmdd-HHMMSS>-<regularizer>`` (suffixed if it already exists)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{stamp}-{cfg.objective.regularizer.name}"
+    base = Path(root) / f"{stamp}-{cfg.objective.regularizer_label}"
     path, k = base, 1
     while path.exists():
         path, k = Path(f"{base}-{k}"), k + 1
@@ -386,8 +386,8 @@ def _summary(tr: Trainer, eval_after: dict[str, Any] | None, stop_reason: str) -
         "task": cfg.task.name,
         "advantage": cfg.objective.advantage,
         "surrogate": cfg.objective.surrogate.name,
-        "regularizer": cfg.objective.regularizer.name,
-        "coef": cfg.objective.regularizer.coef,
+        "regularizer": cfg.objective.regularizer_label,
+        "coef": cfg.objective.coef_label,
         "aggregation": cfg.objective.aggregation,
         "seed": cfg.run.seed,
         "device": str(tr.device),
