@@ -399,24 +399,94 @@ def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
     return (x * mf).sum() / mf.sum().clamp_min(1.0)
 
 
+class _KnownGradient(torch.autograd.Function):
+    """``value`` (computed without autograd) as a function of ``x`` whose elementwise derivative
+    ``g = d value / d x`` is known: the backward is one multiplication, ``grad * g``. The fused
+    surrogates build value and derivative in one elementwise pass (no graph of intermediates)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+        ctx.save_for_backward(g)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (g,) = ctx.saved_tensors
+        return grad * g, None, None
+
+
+def _attach(x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+    """``value`` with derivative ``g`` with respect to ``x`` (plain ``value`` when no gradient
+    is being recorded)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        out: Tensor = _KnownGradient.apply(x, value, g)
+        return out
+    return value
+
+
+def _prepare_fused(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_prepare` without autograd, for surrogates with an analytic per-token derivative:
+    ``(x, lp, log_ratio, adv, m, inside)`` with ``x`` = ``logp`` in the compute dtype (the
+    tensor the gradient flows to), ``lp`` / ``log_ratio`` / ``adv`` detached and 0 where masked,
+    and ``inside`` the tokens whose log-ratio is within the +-20 clamp (elsewhere the clamp
+    passes no gradient, as in :func:`_prepare`)."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    if tuple(old_logp.shape) != tuple(logp.shape):
+        raise ValueError(
+            f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
+        )
+    m = _check_mask(mask, logp.shape)
+    dt = _compute_dtype(logp)
+    x = logp.to(dt)
+    b, t = logp.shape
+    adv = advantages.detach().to(dt)
+    if adv.dim() == 1 and adv.shape[0] == b:
+        adv = adv.unsqueeze(-1).expand(b, t)
+    elif adv.dim() == 2 and adv.shape[0] == b and adv.shape[1] in (1, t):
+        adv = adv.expand(b, t)
+    else:
+        raise ValueError(
+            f"advantages must be [B]={b} or [B, T]=[{b}, {t}], got shape {tuple(adv.shape)}"
+        )
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=dt, device=x.device)
+        lp = torch.where(m, x.detach(), zero)
+        raw = torch.where(m, lp - old_logp.detach().to(dt), zero)
+        log_ratio = raw.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        inside = raw.abs() <= _LOG_RATIO_CLAMP
+        adv = torch.where(m, adv, zero)
+    return x, lp, log_ratio, adv, m, inside
+
+
 def _diagnostics(
     ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor | None
 ) -> dict[str, Tensor]:
-    r = ratio.detach().to(torch.float32)
-    if bool(m.any()):
-        rmax = r[m].max()
-        rmin = r[m].min()
-    else:
-        rmax = rmin = torch.zeros((), dtype=torch.float32, device=r.device)
-    zero = torch.zeros((), dtype=torch.float32, device=r.device)
-    return {
-        "clip_frac_low": _masked_mean(low, m),
-        "clip_frac_high": _masked_mean(high, m),
-        "clip_frac_dual": _masked_mean(dual, m) if dual is not None else zero,
-        "ratio_mean": _masked_mean(r, m),
-        "ratio_min": rmin,
-        "ratio_max": rmax,
-    }
+    """Masked means of the bool masks ``low`` / ``high`` / ``dual`` and the ratio's masked
+    mean / min / max (0 on an empty mask), float32, without autograd or host syncs."""
+    with torch.no_grad():
+        r = ratio.detach().to(torch.float32)
+        mf = m.to(torch.float32)
+        n = mf.sum()
+        denom = n.clamp_min(1.0)
+        zero = torch.zeros((), dtype=torch.float32, device=r.device)
+
+        def frac(hit: Tensor) -> Tensor:
+            return torch.count_nonzero(hit & m).to(torch.float32) / denom
+
+        any_valid = n > 0
+        rmax = torch.where(any_valid, torch.where(m, r, -math.inf).amax(), zero)
+        rmin = torch.where(any_valid, torch.where(m, r, math.inf).amin(), zero)
+        return {
+            "clip_frac_low": frac(low),
+            "clip_frac_high": frac(high),
+            "clip_frac_dual": frac(dual) if dual is not None else zero,
+            "ratio_mean": (r * mf).sum() / denom,
+            "ratio_min": rmin,
+            "ratio_max": rmax,
+        }
 
 
 def _masked_clip_loss(
@@ -428,9 +498,9 @@ def _masked_clip_loss(
     dual_clip_c: float | None,
     ratio_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics: the
-    ``__call__`` tail of the clip-family surrogates (clip, gspo, atr, divergence_clip,
-    rpg_clip); ``low`` / ``high`` may be per-token tensors of ``ratio``'s shape."""
+    """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics, through
+    autograd (the reference form of :func:`_fused_clip_loss`); ``low`` / ``high`` may be
+    per-token tensors of ``ratio``'s shape."""
     loss = ppo_clip_loss(ratio, adv, low, high, dual_clip_c, ratio_cap)
     loss = torch.where(m, loss, torch.zeros_like(loss))
     r = ratio.detach()
@@ -441,6 +511,51 @@ def _masked_clip_loss(
         ru = r if ratio_cap is None else r.clamp(max=ratio_cap)
         dual = (adv < 0) & (ru > dual_clip_c)
     return loss, _diagnostics(r, m, hit_low, hit_high, dual)
+
+
+def _min_grad(a: Tensor, b: Tensor, da: Tensor, db: Tensor) -> Tensor:
+    """Derivative of ``torch.minimum(a, b)`` as autograd takes it: ``da`` where ``a < b``,
+    ``db`` where ``b < a``, the mean of the two at a tie."""
+    return torch.where(a < b, da, torch.where(b < a, db, 0.5 * (da + db)))
+
+
+def _fused_clip_loss(
+    x: Tensor,
+    log_ratio: Tensor,
+    adv: Tensor,
+    m: Tensor,
+    inside: Tensor,
+    low: float | Tensor,
+    high: float | Tensor,
+    dual_clip_c: float | None,
+    ratio_cap: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    r""":func:`_masked_clip_loss` with its derivative in :math:`\log\pi_\theta` computed in the
+    same elementwise pass (same value, same gradient as autograd takes it, ties included: the
+    clip passes the gradient on its closed interval, ``minimum`` splits it at a tie), attached
+    to ``x`` by one multiplication in the backward instead of a graph of a dozen nodes."""
+    with torch.no_grad():
+        w = torch.exp(log_ratio)
+        a_w = adv * w  # d(w A) / d log pi
+        unclipped = w if ratio_cap is None else w.clamp(max=ratio_cap)
+        clipped = w.clamp(low, high)
+        ua, ca = unclipped * adv, clipped * adv
+        d_u = a_w if ratio_cap is None else torch.where(w <= ratio_cap, a_w, 0.0)
+        d_c = torch.where((w >= low) & (w <= high), a_w, 0.0)
+        loss = -torch.minimum(ua, ca)
+        g = -_min_grad(ua, ca, d_u, d_c)
+        dual = None
+        if dual_clip_c is not None:
+            cap = -dual_clip_c * adv
+            neg = adv < 0
+            g = torch.where(neg, _min_grad(loss, cap, g, torch.zeros_like(g)), g)
+            loss = torch.where(neg, torch.minimum(loss, cap), loss)
+            dual = neg & (unclipped > dual_clip_c)
+        zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
+        loss = torch.where(m, loss, zero)
+        g = torch.where(m & inside, g, zero)
+        diag = _diagnostics(w, m, (w < low) & (adv < 0), (w > high) & (adv > 0), dual)
+    return _attach(x, loss, g), diag
 
 
 def _eps_bounds(eps_low: float, eps_high: float | None) -> tuple[float, float]:
@@ -540,10 +655,11 @@ class ClipSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
+        return _fused_clip_loss(
+            x, log_ratio, adv, m, inside, low, high, self.dual_clip_c, self.delta
+        )
 
 
 @SURROGATES.register("gspo")
@@ -619,10 +735,9 @@ class ATRSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
+        return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
 
 
 @SURROGATES.register("divergence_clip")
@@ -765,34 +880,43 @@ class DivergenceClipSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        lp, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, lp, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         if not self.per_token:
             low, high = self.bounds
-            return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
+            return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
         if self.measure in DPPO_MEASURES:
             old = torch.where(m, old_logp.detach().to(lp.dtype), 0.0)
-            return self._dppo(lp, old, ratio, adv, m)
+            return self._dppo(x, lp, old, log_ratio, adv, m, inside)
         old = torch.where(m, old_logp.detach().to(torch.float64), 0.0)
         lo_t, hi_t = self.interval(old)
-        return _masked_clip_loss(
-            ratio, adv, m, lo_t.to(ratio.dtype), hi_t.to(ratio.dtype), self.dual_clip_c
+        return _fused_clip_loss(
+            x, log_ratio, adv, m, inside, lo_t.to(x.dtype), hi_t.to(x.dtype), self.dual_clip_c
         )
 
     def _dppo(
-        self, lp: Tensor, old: Tensor, ratio: Tensor, adv: Tensor, m: Tensor
+        self,
+        x: Tensor,
+        lp: Tensor,
+        old: Tensor,
+        log_ratio: Tensor,
+        adv: Tensor,
+        m: Tensor,
+        inside: Tensor,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """DPPO's loss and diagnostics (``old``: the old log-probs, 0 where masked)."""
+        """DPPO's loss (:func:`dppo_loss`, its derivative in ``log pi`` attached directly) and
+        diagnostics; ``old``: the old log-probs, 0 where masked."""
         lo, hi = self.radii
         assert lo is not None and hi is not None
-        valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi)
-        loss = dppo_loss(lp, ratio, adv, valid, self.is_cap)
-        loss = torch.where(m, loss, torch.zeros_like(loss))
         with torch.no_grad():
+            ratio = torch.exp(log_ratio)
+            valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi)
+            w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
+            g = torch.where(m, -(adv * w * valid.to(w.dtype)), 0.0)
+            loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
             dropped = ~valid
             capped = valid & (ratio > self.is_cap) if self.is_cap is not None else None
             diag = _diagnostics(ratio, m, dropped & (adv < 0), dropped & (adv > 0), capped)
-        return loss, diag
+        return _attach(x, loss, g), diag
 
 
 @SURROGATES.register("rpg_clip")
@@ -843,12 +967,11 @@ class RPGClipSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
         a_hat = torch.where(m, a_hat, torch.zeros_like(a_hat))
         low, high = _eps_bounds(self.eps_low, self.eps_high)
-        return _masked_clip_loss(ratio, a_hat, m, low, high, self.c)
+        return _fused_clip_loss(x, log_ratio, a_hat, m, inside, low, high, self.c)
 
 
 @SURROGATES.register("rpg_reinforce")
@@ -944,13 +1067,14 @@ class CISPOSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        lp, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        loss = torch.where(m, cispo_loss(lp, ratio, adv, low, high), 0.0)
         with torch.no_grad():
+            ratio = torch.exp(log_ratio)
+            g = -(ratio.clamp(low, high) * adv)  # d loss / d log pi; 0 where masked (adv = 0)
+            loss = g * lp  # = cispo_loss(lp, ratio, adv, low, high)
             diag = _diagnostics(ratio, m, ratio < low, ratio > high, None)
-        return loss, diag
+        return _attach(x, loss, g), diag
 
 
 @SURROGATES.register("sapo")
@@ -985,13 +1109,16 @@ class SAPOSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
-        tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(ratio.dtype)
-        loss = torch.where(m, -sapo_gate(ratio, tau) * adv, 0.0)
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         with torch.no_grad():
+            ratio = torch.exp(log_ratio)
+            tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(ratio.dtype)
+            sig = torch.sigmoid(tau * (ratio - 1.0))
+            loss = torch.where(m, -(sig * (4.0 / tau)) * adv, 0.0)  # -sapo_gate(w, tau) A
+            # d f_tau(w) / d log pi = 4 sigma (1 - sigma) w
+            g = torch.where(m & inside, -(4.0 * sig * (1.0 - sig) * ratio) * adv, 0.0)
             diag = _zero_diag(ratio, m)
-        return loss, diag
+        return _attach(x, loss, g), diag
 
 
 @SURROGATES.register("gmpo")
@@ -1083,14 +1210,15 @@ class VESPOSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        lp, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        seq = (log_ratio.detach() * m.to(log_ratio.dtype)).sum(-1, keepdim=True)
-        phi = vespo_weight(seq, adv, self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg)
-        loss = torch.where(m, -(phi * adv) * lp, 0.0)
+        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         with torch.no_grad():
+            seq = log_ratio.sum(-1, keepdim=True)  # masked log-ratios are 0
+            phi = vespo_weight(seq, adv, self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg)
+            g = torch.where(m, -(phi * adv), 0.0)  # d loss / d log pi
+            loss = g * lp
             w_seq = torch.exp(seq.clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
             diag = _zero_diag(w_seq, m)
-        return loss, diag
+        return _attach(x, loss, g), diag
 
 
 def get_surrogate(name: str, **params: Any) -> Surrogate:
