@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
-from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+from gbmpo.objectives.surrogates import Surrogate, _float_mask, get_surrogate
 
 __all__ = ["compute_policy_loss"]
 
@@ -147,6 +147,11 @@ def compute_policy_loss(
         raise ValueError(f"coef={coef} given but regularizer is None")
     if old_logp is None:
         old_logp = logp.detach()
+    if logp.dim() == 2:
+        # checked here once, then passed on as {0, 1} floats of the compute dtype (float-mask
+        # arithmetic is what the built-in surrogates and regularizers use)
+        dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+        mask = _float_mask(mask, logp.shape, dt)
 
     pg, diag = surr(logp, old_logp, advantages, mask)
     if token_weights is not None:

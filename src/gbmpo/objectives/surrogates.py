@@ -358,6 +358,33 @@ def _check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
     return mask
 
 
+def _float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    """``mask`` as a {0, 1} tensor of ``dtype`` after checking its shape and values. Float
+    arithmetic on such a mask is several times faster on CPU than ``torch.where`` on a bool one.
+    A float mask is checked as ``m * m == m`` (true only for 0 and 1; NaN fails)."""
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
+    if mask.dtype == torch.bool:
+        return mask.to(dtype)
+    mf = mask.to(dtype)
+    if not torch.equal(mf * mf, mf):
+        raise ValueError("mask must contain only 0 and 1")
+    return mf
+
+
+def _masked(x: Tensor, mf: Tensor) -> Tensor:
+    """``x`` where ``mf`` is 1 and 0 where it is 0, whatever ``x`` holds there (NaN, inf): the
+    product's NaNs (garbage times 0) become 0; values at valid tokens are kept, infinities
+    included (the float-mask form of ``torch.where(m, x, 0)``)."""
+    return torch.nan_to_num(x * mf, nan=0.0, posinf=math.inf, neginf=-math.inf)
+
+
+def _fcmp(op: Callable[..., Tensor], a: Tensor, b: Tensor | float) -> Tensor:
+    """Comparison ``op(a, b)`` as a {0, 1} tensor of ``a``'s dtype, written straight into a
+    float buffer (as fast as a multiplication; a bool result plus a cast costs ~10x more)."""
+    return op(a, b, out=torch.empty_like(a))
+
+
 def _prepare(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -428,37 +455,61 @@ def _prepare_fused(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """:func:`_prepare` without autograd, for surrogates with an analytic per-token derivative:
-    ``(x, lp, log_ratio, adv, m, inside)`` with ``x`` = ``logp`` in the compute dtype (the
-    tensor the gradient flows to), ``lp`` / ``log_ratio`` / ``adv`` detached and 0 where masked,
-    and ``inside`` the tokens whose log-ratio is within the +-20 clamp (elsewhere the clamp
-    passes no gradient, as in :func:`_prepare`)."""
+    ``(x, lp, log_ratio, adv, mf, inside)`` with ``x`` = ``logp`` in the compute dtype (the
+    tensor the gradient flows to), ``lp`` / ``log_ratio`` / ``adv`` detached, finite and 0 where
+    masked, ``mf`` the mask as {0, 1} floats and ``inside`` (float) the tokens whose log-ratio
+    is within the +-20 clamp (elsewhere the clamp passes no gradient, as in :func:`_prepare`).
+    Masked garbage (NaN, inf) never reaches a value or a gradient (:func:`_masked`)."""
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
     if tuple(old_logp.shape) != tuple(logp.shape):
         raise ValueError(
             f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
         )
-    m = _check_mask(mask, logp.shape)
     dt = _compute_dtype(logp)
+    mf = _float_mask(mask, logp.shape, dt)
     x = logp.to(dt)
     b, t = logp.shape
     adv = advantages.detach().to(dt)
     if adv.dim() == 1 and adv.shape[0] == b:
-        adv = adv.unsqueeze(-1).expand(b, t)
-    elif adv.dim() == 2 and adv.shape[0] == b and adv.shape[1] in (1, t):
-        adv = adv.expand(b, t)
-    else:
+        adv = adv.unsqueeze(-1)
+    elif not (adv.dim() == 2 and adv.shape[0] == b and adv.shape[1] in (1, t)):
         raise ValueError(
             f"advantages must be [B]={b} or [B, T]=[{b}, {t}], got shape {tuple(adv.shape)}"
         )
     with torch.no_grad():
-        zero = torch.zeros((), dtype=dt, device=x.device)
-        lp = torch.where(m, x.detach(), zero)
-        raw = torch.where(m, lp - old_logp.detach().to(dt), zero)
+        lp = _masked(x.detach(), mf)
+        raw = _masked(lp - old_logp.detach().to(dt), mf)
         log_ratio = raw.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        inside = raw.abs() <= _LOG_RATIO_CLAMP
-        adv = torch.where(m, adv, zero)
-    return x, lp, log_ratio, adv, m, inside
+        inside = _fcmp(torch.le, raw.abs(), _LOG_RATIO_CLAMP)
+        adv = _masked(adv, mf)
+    return x, lp, log_ratio, adv, mf, inside
+
+
+def _fdiag(
+    w: Tensor, mf: Tensor, low: Tensor | None, high: Tensor | None, dual: Tensor | None
+) -> dict[str, Tensor]:
+    """:func:`_diagnostics` from {0, 1} float tensors that are already 0 where masked (``w`` is
+    1 there), with float arithmetic only."""
+    w = w.to(torch.float32)
+    mf = mf.to(torch.float32)
+    n = mf.sum()
+    denom = n.clamp_min(1.0)
+    zero = torch.zeros((), dtype=torch.float32, device=w.device)
+
+    def frac(hit: Tensor | None) -> Tensor:
+        return zero if hit is None else hit.to(torch.float32).sum() / denom
+
+    wm = w * mf
+    rmin = (wm + (1.0 - mf) * 3e38).amin()
+    return {
+        "clip_frac_low": frac(low),
+        "clip_frac_high": frac(high),
+        "clip_frac_dual": frac(dual),
+        "ratio_mean": wm.sum() / denom,
+        "ratio_min": torch.where(n > 0, rmin, zero),
+        "ratio_max": wm.amax() if w.numel() else zero,
+    }
 
 
 def _diagnostics(
@@ -523,7 +574,7 @@ def _fused_clip_loss(
     x: Tensor,
     log_ratio: Tensor,
     adv: Tensor,
-    m: Tensor,
+    mf: Tensor,
     inside: Tensor,
     low: float | Tensor,
     high: float | Tensor,
@@ -531,30 +582,49 @@ def _fused_clip_loss(
     ratio_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     r""":func:`_masked_clip_loss` with its derivative in :math:`\log\pi_\theta` computed in the
-    same elementwise pass (same value, same gradient as autograd takes it, ties included: the
-    clip passes the gradient on its closed interval, ``minimum`` splits it at a tie), attached
-    to ``x`` by one multiplication in the backward instead of a graph of a dozen nodes."""
+    same elementwise pass, float arithmetic only (inputs from :func:`_prepare_fused`), attached
+    to ``x`` by one multiplication in the backward instead of a graph of a dozen nodes.
+
+    Same value, and the gradient as autograd takes it, ties included (the clip passes the
+    gradient on its closed interval, ``minimum`` splits it at a tie): with
+    :math:`u = wA` and :math:`c = \mathrm{clip}(w, l, h)A`, the derivative of
+    :math:`-\min(u, c)` is :math:`-Aw\,[u \le c]` (where :math:`c < u` the ratio is outside
+    :math:`[l, h]` and the clip passes nothing; a tie with :math:`A \ne 0` has :math:`w` in
+    :math:`[l, h]`, both halves pass). The dual clip :math:`\min(\ell, -cA)` for :math:`A < 0`
+    is :math:`\min(\ell, -c\min(A, 0))` (for :math:`A \ge 0`, :math:`\ell \le 0`); the TRL
+    cap :math:`\min(w, \delta)` takes the general tie rule."""
     with torch.no_grad():
         w = torch.exp(log_ratio)
         a_w = adv * w  # d(w A) / d log pi
-        unclipped = w if ratio_cap is None else w.clamp(max=ratio_cap)
         clipped = w.clamp(low, high)
-        ua, ca = unclipped * adv, clipped * adv
-        d_u = a_w if ratio_cap is None else torch.where(w <= ratio_cap, a_w, 0.0)
-        d_c = torch.where((w >= low) & (w <= high), a_w, 0.0)
+        ca = clipped * adv
+        if ratio_cap is None:
+            ua = a_w
+            factor = _fcmp(torch.le, ua, ca)
+        else:
+            unclipped = w.clamp(max=ratio_cap)
+            ua = unclipped * adv
+            u_pass = _fcmp(torch.le, w, ratio_cap)
+            c_pass = _fcmp(torch.ge, w, low) * _fcmp(torch.le, w, high)
+            lt, gt = _fcmp(torch.lt, ua, ca), _fcmp(torch.gt, ua, ca)
+            factor = lt * u_pass + gt * c_pass + (1.0 - lt - gt) * 0.5 * (u_pass + c_pass)
         loss = -torch.minimum(ua, ca)
-        g = -_min_grad(ua, ca, d_u, d_c)
         dual = None
         if dual_clip_c is not None:
-            cap = -dual_clip_c * adv
-            neg = adv < 0
-            g = torch.where(neg, _min_grad(loss, cap, g, torch.zeros_like(g)), g)
-            loss = torch.where(neg, torch.minimum(loss, cap), loss)
-            dual = neg & (unclipped > dual_clip_c)
-        zero = torch.zeros((), dtype=loss.dtype, device=loss.device)
-        loss = torch.where(m, loss, zero)
-        g = torch.where(m & inside, g, zero)
-        diag = _diagnostics(w, m, (w < low) & (adv < 0), (w > high) & (adv > 0), dual)
+            cap = adv.clamp(max=0.0) * -dual_clip_c
+            factor = factor * (0.5 * (_fcmp(torch.le, loss, cap) + _fcmp(torch.lt, loss, cap)))
+            loss = torch.minimum(loss, cap)
+            unc = w if ratio_cap is None else w.clamp(max=ratio_cap)
+            dual = _fcmp(torch.lt, adv, 0.0) * _fcmp(torch.gt, unc, dual_clip_c)
+        loss = loss * mf
+        g = -(a_w * factor) * inside * mf
+        diag = _fdiag(
+            w,
+            mf,
+            _fcmp(torch.lt, w, low) * _fcmp(torch.lt, adv, 0.0),
+            _fcmp(torch.gt, w, high) * _fcmp(torch.gt, adv, 0.0),
+            dual,
+        )
     return _attach(x, loss, g), diag
 
 
@@ -885,9 +955,9 @@ class DivergenceClipSurrogate:
             low, high = self.bounds
             return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
         if self.measure in DPPO_MEASURES:
-            old = torch.where(m, old_logp.detach().to(lp.dtype), 0.0)
+            old = _masked(old_logp.detach().to(lp.dtype), m)
             return self._dppo(x, lp, old, log_ratio, adv, m, inside)
-        old = torch.where(m, old_logp.detach().to(torch.float64), 0.0)
+        old = _masked(old_logp.detach().to(torch.float64), m.to(torch.float64))
         lo_t, hi_t = self.interval(old)
         return _fused_clip_loss(
             x, log_ratio, adv, m, inside, lo_t.to(x.dtype), hi_t.to(x.dtype), self.dual_clip_c
@@ -909,13 +979,17 @@ class DivergenceClipSurrogate:
         assert lo is not None and hi is not None
         with torch.no_grad():
             ratio = torch.exp(log_ratio)
-            valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi)
+            valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi).to(lp.dtype)
             w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
-            g = torch.where(m, -(adv * w * valid.to(w.dtype)), 0.0)
+            g = -(adv * w * valid)  # d loss / d log pi; 0 where masked (adv = 0)
             loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
-            dropped = ~valid
-            capped = valid & (ratio > self.is_cap) if self.is_cap is not None else None
-            diag = _diagnostics(ratio, m, dropped & (adv < 0), dropped & (adv > 0), capped)
+            dropped = (1.0 - valid) * m
+            capped = None
+            if self.is_cap is not None:
+                capped = valid * _fcmp(torch.gt, ratio, self.is_cap) * m
+            low = dropped * _fcmp(torch.lt, adv, 0.0)
+            high = dropped * _fcmp(torch.gt, adv, 0.0)
+            diag = _fdiag(ratio, m, low, high, capped)
         return _attach(x, loss, g), diag
 
 
@@ -969,7 +1043,7 @@ class RPGClipSurrogate:
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
-        a_hat = torch.where(m, a_hat, torch.zeros_like(a_hat))
+        a_hat = a_hat * m
         low, high = _eps_bounds(self.eps_low, self.eps_high)
         return _fused_clip_loss(x, log_ratio, a_hat, m, inside, low, high, self.c)
 
@@ -1073,7 +1147,9 @@ class CISPOSurrogate:
             ratio = torch.exp(log_ratio)
             g = -(ratio.clamp(low, high) * adv)  # d loss / d log pi; 0 where masked (adv = 0)
             loss = g * lp  # = cispo_loss(lp, ratio, adv, low, high)
-            diag = _diagnostics(ratio, m, ratio < low, ratio > high, None)
+            diag = _fdiag(
+                ratio, m, _fcmp(torch.lt, ratio, low) * m, _fcmp(torch.gt, ratio, high) * m, None
+            )
         return _attach(x, loss, g), diag
 
 
@@ -1114,10 +1190,10 @@ class SAPOSurrogate:
             ratio = torch.exp(log_ratio)
             tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(ratio.dtype)
             sig = torch.sigmoid(tau * (ratio - 1.0))
-            loss = torch.where(m, -(sig * (4.0 / tau)) * adv, 0.0)  # -sapo_gate(w, tau) A
+            loss = -(sig * (4.0 / tau)) * adv  # -sapo_gate(w, tau) A; 0 where masked (adv = 0)
             # d f_tau(w) / d log pi = 4 sigma (1 - sigma) w
-            g = torch.where(m & inside, -(4.0 * sig * (1.0 - sig) * ratio) * adv, 0.0)
-            diag = _zero_diag(ratio, m)
+            g = -(4.0 * sig * (1.0 - sig) * ratio) * adv * inside
+            diag = _fdiag(ratio, m, None, None, None)
         return _attach(x, loss, g), diag
 
 
@@ -1214,10 +1290,10 @@ class VESPOSurrogate:
         with torch.no_grad():
             seq = log_ratio.sum(-1, keepdim=True)  # masked log-ratios are 0
             phi = vespo_weight(seq, adv, self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg)
-            g = torch.where(m, -(phi * adv), 0.0)  # d loss / d log pi
+            g = -(phi * adv)  # d loss / d log pi; 0 where masked (adv = 0)
             loss = g * lp
             w_seq = torch.exp(seq.clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
-            diag = _zero_diag(w_seq, m)
+            diag = _fdiag(w_seq, m, None, None, None)
         return _attach(x, loss, g), diag
 
 
