@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
-from gbmpo.objectives.surrogates import Surrogate, _float_mask, get_surrogate
+from gbmpo.objectives.surrogates import Surrogate, _float_mask, _masked, get_surrogate
 
 __all__ = ["compute_policy_loss"]
 
@@ -48,9 +48,9 @@ def _resolve_surrogate(surrogate: str | Surrogate) -> Surrogate:
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    m = mask.to(torch.bool)
-    v = torch.where(m, x.detach().to(torch.float32), torch.zeros((), dtype=torch.float32))
-    return float(v.sum() / m.sum().clamp_min(1))
+    mf = mask.to(torch.float32)
+    v = _masked(x.detach().to(torch.float32), mf)
+    return float(v.sum() / mf.sum().clamp_min(1))
 
 
 def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:

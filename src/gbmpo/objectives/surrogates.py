@@ -243,7 +243,7 @@ def rpg_reinforce_loss(
 
 
 def cispo_loss(logp: Tensor, ratio: Tensor, adv: Tensor, low: float, high: float) -> Tensor:
-    r"""CISPO per-token loss (MiniMax-M1, arXiv 2506.13585, eq. 4-5):
+    r"""CISPO per-token loss (MiniMax-M1, arXiv 2506.13585):
 
     .. math::
         \ell = -\,\mathrm{SG}\big(\mathrm{clip}(w, l, h)\big)\,A\,\log\pi_\theta,
@@ -258,7 +258,7 @@ def cispo_loss(logp: Tensor, ratio: Tensor, adv: Tensor, low: float, high: float
 
 
 def sapo_gate(ratio: Tensor, tau: Tensor | float) -> Tensor:
-    r"""SAPO's soft gate (Gao et al., "Soft Adaptive Policy Optimization", arXiv 2511.20347):
+    r"""SAPO's soft gate ("Soft Adaptive Policy Optimization", arXiv 2511.20347):
 
     .. math::
         f_\tau(w) = \frac{4}{\tau}\,\sigma\big(\tau(w - 1)\big),
@@ -272,8 +272,8 @@ def sapo_gate(ratio: Tensor, tau: Tensor | float) -> Tensor:
 def gmpo_clipped_log_ratio(
     log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float
 ) -> Tensor:
-    r"""GMPO's token log-ratio clipped in log space on the side the advantage pushes (Zhao et al.,
-    "Geometric-Mean Policy Optimization", arXiv 2507.20673, eq. 7; verl ``geo_mean``):
+    r"""GMPO's token log-ratio clipped in log space on the side the advantage pushes
+    ("Geometric-Mean Policy Optimization", arXiv 2507.20673; verl ``geo_mean``):
 
     .. math::
         \tilde r_t = \mathrm{sgn}(A_t)\min\big(\mathrm{sgn}(A_t)\log w_t,\
@@ -373,10 +373,14 @@ def _float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
 
 
 def _masked(x: Tensor, mf: Tensor) -> Tensor:
-    """``x`` where ``mf`` is 1 and 0 where it is 0, whatever ``x`` holds there (NaN, inf): the
-    product's NaNs (garbage times 0) become 0; values at valid tokens are kept, infinities
-    included (the float-mask form of ``torch.where(m, x, 0)``)."""
-    return torch.nan_to_num(x * mf, nan=0.0, posinf=math.inf, neginf=-math.inf)
+    """``torch.where(mf != 0, x, 0)``: ``x`` at valid tokens (NaN and inf included, so a bad
+    value is not hidden), 0 where masked whatever ``x`` holds there. Computed as ``x * mf``
+    (a multiply instead of a ``where``, ~10x cheaper on CPU) when that is finite, which it is
+    unless some entry of ``x`` is NaN or infinite."""
+    y = x * mf
+    if bool(torch.isfinite(y).all()):
+        return y
+    return torch.where(mf != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 def _fcmp(op: Callable[..., Tensor], a: Tensor, b: Tensor | float) -> Tensor:
@@ -1156,7 +1160,7 @@ class CISPOSurrogate:
 @SURROGATES.register("sapo")
 @dataclass(frozen=True)
 class SAPOSurrogate:
-    r"""SAPO: soft adaptive policy optimization (Gao et al., arXiv 2511.20347; docs/methods.md,
+    r"""SAPO: soft adaptive policy optimization (arXiv 2511.20347; docs/methods.md,
     section "Baseline surrogates"): :math:`\ell = -f_\tau(w)\,A` with the sigmoid gate
     :math:`f_\tau(w) = \frac4\tau\sigma(\tau(w-1))` of :func:`sapo_gate`, token level, and
     :math:`\tau = \tau_{\text{pos}}` for :math:`A > 0`, :math:`\tau_{\text{neg}}` otherwise. The
@@ -1200,7 +1204,7 @@ class SAPOSurrogate:
 @SURROGATES.register("gmpo")
 @dataclass(frozen=True)
 class GMPOSurrogate:
-    r"""GMPO: geometric-mean policy optimization (Zhao et al., arXiv 2507.20673; verl
+    r"""GMPO: geometric-mean policy optimization (arXiv 2507.20673; verl
     ``geo_mean``; docs/methods.md, section "Baseline surrogates"). The sequence ratio is the
     geometric mean of the token ratios clipped in log space on the side each token's advantage
     pushes (:func:`gmpo_clipped_log_ratio`),
