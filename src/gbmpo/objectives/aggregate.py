@@ -135,12 +135,12 @@ def aggregate(
         )
     dt = torch.float64 if per_token.dtype == torch.float64 else torch.float32
     m = mask.to(dt)
-    # m * m == m holds only for 0 and 1 (NaN fails); float arithmetic, not a bool where, is the
+    # m - m * m is 0 only for 0 and 1 (NaN fails); float arithmetic, not a bool where, is the
     # cheap form on CPU
-    if mask.dtype != torch.bool and not torch.equal(m * m, m):
+    if mask.dtype != torch.bool and float((m - m * m).abs().sum()) != 0.0:
         raise ValueError("mask must contain only 0 and 1")
     x = per_token.to(dt) * m
-    if not bool(torch.isfinite(x).all()):  # garbage (NaN, inf) under the mask: where, exactly
+    if not math.isfinite(float(x.detach().sum())):  # a non-finite value somewhere: where
         x = torch.where(m != 0, per_token.to(dt), torch.zeros((), dtype=dt, device=m.device))
     b, t = per_token.shape
     if b == 0:

@@ -300,9 +300,13 @@ def _k3_vg(logp: Tensor, ref_logp: Tensor, clamp: float | None) -> tuple[Tensor,
     logp, ref_logp = _compute(logp, ref_logp)
     t = ref_logp - logp
     e = exp_bound(t.dtype)
-    tc = t.clamp_max(e)
-    em = torch.expm1(tc)
-    value = torch.where(t > e, (math.expm1(e) - e) + math.expm1(e) * (t - e), em - tc)
+    if float(t.max()) <= e:  # the usual case: no token on the tangent (one reduction, no where)
+        em = torch.expm1(t)
+        value = em - t
+    else:
+        tc = t.clamp_max(e)
+        em = torch.expm1(tc)
+        value = torch.where(t > e, (math.expm1(e) - e) + math.expm1(e) * (t - e), em - tc)
     return _clamp_with_grad(value, -((em + 1.0) - 1.0), clamp)
 
 
@@ -401,6 +405,8 @@ class Regularizer:
             # float-mask arithmetic (much faster than torch.where on CPU), then the formula's
             # value with its derivative attached: one multiply in the backward
             x = lp.detach()
+            if not self.needs_old:
+                old = None  # the fused built-ins read only logp and the anchor
             if mask is not None:
                 mf = mask.to(dtype)
                 x, an = _masked(x, mf), _masked(an, mf)
