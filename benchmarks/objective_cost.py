@@ -76,16 +76,16 @@ def trl_style_loss(logp, old, ref, adv, mask, eps_low=0.2, eps_high=0.28, beta=B
     return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
-def make_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+def make_batch(seed: int = 0, b: int = B, t: int = T) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    lens = torch.randint(T // 4, T + 1, (B,), generator=g)
-    lens[0] = T
-    mask = (torch.arange(T)[None, :] < lens[:, None]).float()
+    lens = torch.randint(t // 4, t + 1, (b,), generator=g)
+    lens[0] = t
+    mask = (torch.arange(t)[None, :] < lens[:, None]).float()
     # log-probs of sampled tokens: mostly likely tokens, a tail of rare ones
-    logp = -torch.distributions.Exponential(2.0).sample((B, T))
-    old = logp + 0.1 * torch.randn(B, T, generator=g)
-    ref = logp + 0.2 * torch.randn(B, T, generator=g)
-    adv = torch.randn(B, 1, generator=g)
+    logp = -torch.distributions.Exponential(2.0).sample((b, t))
+    old = logp + 0.1 * torch.randn(b, t, generator=g)
+    ref = logp + 0.2 * torch.randn(b, t, generator=g)
+    adv = torch.randn(b, 1, generator=g)
     return {"logp": logp, "old": old, "ref": ref, "adv": adv, "mask": mask}
 
 
@@ -173,7 +173,12 @@ def main() -> None:
     ap.add_argument("--regularizers", default=None,
                     help="comma-separated subset of: " + ", ".join(REGULARIZER_CASES))
     ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
+    ap.add_argument("--shape", default=f"{B},{T}", help="sequences,tokens (default %(default)s)")
     a = ap.parse_args()
+    try:
+        b, t = (int(v) for v in a.shape.split(","))
+    except ValueError:
+        ap.error(f"--shape must be two integers 'B,T', got {a.shape!r}")
     torch.set_num_threads(1)
     torch.manual_seed(0)
     sur_names = a.surrogates.split(",") if a.surrogates else list(SURROGATE_CASES)
@@ -190,14 +195,14 @@ def main() -> None:
     versions: dict[str, ModuleType] = {"after": after}
     if a.before:
         versions = {"before": load_objectives(a.before), "after": after}
-    x = make_batch()
+    x = make_batch(b=b, t=t)
     base = baseline_step(x)
     result = start_result("objective_cost")
-    result.update({"shape": [B, T], "tokens": int(x["mask"].sum()), "threads": 1,
+    result.update({"shape": [b, t], "tokens": int(x["mask"].sum()), "threads": 1,
                    "before": a.before, "rows": []})  # fmt: skip
     base()
     base_t = median([_time(base)[0] for _ in range(max(3, a.reps))])
-    print(f"TRL-style clip + k3 loss, fwd+bwd, {B}x{T} ({int(x['mask'].sum())} valid tokens), "
+    print(f"TRL-style clip + k3 loss, fwd+bwd, {b}x{t} ({int(x['mask'].sum())} valid tokens), "
           f"1 thread: {base_t * 1e3:.2f} ms CPU; load {load_average()}")  # fmt: skip
     print("ratios: CPU time of the pair / CPU time of the TRL-style loss, interleaved")
     cols = list(versions)
