@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
-from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+from gbmpo.objectives.surrogates import Surrogate, _float_mask, _masked, get_surrogate
 
 __all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
 
@@ -99,9 +99,9 @@ def _resolve_surrogate(surrogate: str | Surrogate) -> Surrogate:
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    m = mask.to(torch.bool)
-    v = torch.where(m, x.detach().to(torch.float32), torch.zeros((), dtype=torch.float32))
-    return float(v.sum() / m.sum().clamp_min(1))
+    mf = mask.to(torch.float32)
+    v = _masked(x.detach().to(torch.float32), mf)
+    return float(v.sum() / mf.sum().clamp_min(1))
 
 
 def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:
@@ -206,6 +206,11 @@ def compute_policy_loss(
         raise ValueError("give either terms or regularizer/coef, not both")
     if old_logp is None:
         old_logp = logp.detach()
+    if logp.dim() == 2:
+        # checked here once, then passed on as {0, 1} floats of the compute dtype (float-mask
+        # arithmetic is what the built-in surrogates and regularizers use)
+        dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+        mask = _float_mask(mask, logp.shape, dt)
 
     pg, diag = surr(logp, old_logp, advantages, mask)
     if token_weights is not None:
