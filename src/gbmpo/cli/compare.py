@@ -214,8 +214,13 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
         if run.label in seen:
             continue
         seen.add(run.label)
-        reg = run.config.objective.regularizer
-        extra = f", params {reg.params}" if reg.params else ""
+        o = run.config.objective
+        reg_text = " + ".join(
+            f"{t.name} (coef {t.coef:g}" + (f", {t.placement}" if t.placement != "loss" else "")
+            + (f", params {t.params}" if t.params else "") + ")"
+            for t in o.terms
+        )
+        extra = ""
         if sweep is not None and run.label != run.arm and sweep.key != "objective.regularizer.coef":
             value = swept_value(run.config, sweep.key)
             extra += f", {sweep.key} {value}"
@@ -223,13 +228,11 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
             surr = run.config.objective.surrogate
             sp = f" {surr.params}" if surr.params else ""
             print(
-                f"[compare] {run.label}: surrogate {surr.name}{sp}, regularizer {reg.name}, "
-                f"coef {reg.coef:g}{extra}"
+                f"[compare] {run.label}: surrogate {surr.name}{sp}, regularizer {reg_text}{extra}"
             )
         else:
             print(
-                f"[compare] {run.label}: regularizer {reg.name}, coef {reg.coef:g} "
-                f"(from {run.coef_source}){extra}"
+                f"[compare] {run.label}: regularizer {reg_text} (from {run.coef_source}){extra}"
             )
     if args.dry_run:
         for run in runs:
