@@ -157,7 +157,7 @@ def test_engines_block_runs_verbatim(clone: Path) -> None:
     (block,) = _blocks("Engines", "bash")
     commands = [ln for ln in block.splitlines() if ln.strip()]
     assert all(c.startswith("gbmpo train ") for c in commands)
-    assert "--engine trl" in block and "--num-processes" in block and "--engine verl" in block
+    assert "--engine trl" in block and "--num-processes" in block and "configs/paper/rpg-" in block
     proc = _bash(block, clone)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert re.search(r"finished 3 steps \(trl\) in \d+ s; held-out accuracy", proc.stdout)
@@ -325,7 +325,7 @@ def test_links_reach_existing_files_and_anchors() -> None:
         if anchor:
             text = target.read_text()
             assert f"{{#{anchor}}}" in text or re.search(
-                rf"^#+ .*\b{re.escape(anchor).replace('-', '[- ]')}\s*$", text, re.M | re.I
+                rf"^#+ .*\b{'[- ]'.join(map(re.escape, anchor.split('-')))}\s*$", text, re.M | re.I
             ), link
 
 
@@ -334,10 +334,13 @@ def test_engine_verl_without_its_environment_says_make_verl(
 ) -> None:
     import gbmpo.engines.verl as engine_verl
     from gbmpo.cli import main
+    from gbmpo.train.support import VERL_REQUIRED
 
     out = tmp_path / "run"
     monkeypatch.setattr(engine_verl, "verl_python", lambda: None)
-    assert main(["train", "--engine", "verl", "--output-dir", str(out)]) == 2
+    # the values verl needs where it refuses the own engine's defaults (a GPU, no time budget)
+    required = [a for k, v in VERL_REQUIRED.items() for a in (f"--{k}", str(v).lower())]
+    assert main(["train", "--engine", "verl", *required, "--output-dir", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "make verl" in err[0] and "GBMPO_VERL_PYTHON" in err[0], err
     assert not out.exists()
@@ -347,11 +350,13 @@ def test_engine_verl_python_naming_no_file_is_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gbmpo.cli import main
+    from gbmpo.train.support import VERL_REQUIRED
 
     missing = tmp_path / "no-python"
     monkeypatch.setenv("GBMPO_VERL_PYTHON", str(missing))
+    required = [a for k, v in VERL_REQUIRED.items() for a in (f"--{k}", str(v).lower())]
     for extra in (["--dry-run"], ["--output-dir", str(tmp_path / "run")]):
-        assert main(["train", "--engine", "verl", *extra]) == 2
+        assert main(["train", "--engine", "verl", *required, *extra]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and f"GBMPO_VERL_PYTHON={str(missing)!r}" in err[0], err
     assert not (tmp_path / "run").exists()
