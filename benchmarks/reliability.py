@@ -3,6 +3,8 @@ disk, bad inputs. Every scenario is counted as tried / survived / lost.
 
     python benchmarks/reliability.py            # 20 kill points per command (~25 min, 2 cores)
     python benchmarks/reliability.py --quick    # smoke test: 2 kills of train, a race, 3 bad inputs
+    python benchmarks/reliability.py --commands trl,trl2 --trl-kills 5 --bad-inputs 0 \
+        --no-damaged --no-disk-full              # TRL engine only: 1 and 2 processes
 
 Scenarios (each a real ``gbmpo`` process, tiny configurations, ``--time-budget null`` so that a
 run is reproducible step for step):
@@ -24,6 +26,15 @@ run is reproducible step for step):
   without timings, dates and the per-run actions (fresh / resume / reuse).
   A control pair (the reference run twice, uninterrupted) must be identical, else the comparison
   would prove nothing.
+* **kill -9 + resume of ``--engine trl``** (``trl``: one process; ``trl2``: two, through
+  ``accelerate launch``, gloo on CPU; a checkpoint every RL step): the same, with TRL's
+  checkpoints. The run's process group gets SIGKILL (torch's launcher starts each worker in a
+  session of its own: they must end with their launcher, which the suite checks, no process
+  naming the run directory may outlive the kill by 10 s); ``gbmpo train --resume DIR``
+  continues from the newest checkpoint that gbmpo completed (``gbmpo_state.json``). A
+  ``checkpoint-N/`` without that file is a save the kill cut short: a leftover (the resume
+  removes it), not a corrupt file. "Identical" as for ``train`` (TRL's ``trl/step_time`` is a
+  wall-clock field), plus the final checkpoint's ``model.safetensors``.
 * **no corrupt file**: every ``*.json``, ``*.jsonl``, ``*.yaml``, ``*.safetensors`` and ``*.pt``
   under the directory parses / loads, every checkpoint matches its manifest. Hidden temporary
   files (``.name.XXXX.tmp``, ``.step-N.XXXX/``) are not under a real name; they are listed
@@ -207,19 +218,23 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
     import yaml
     from safetensors import safe_open
 
+    from gbmpo.engines import trl as trl_engine
     from gbmpo.train.checkpoint import LOCK_FILE, list_checkpoints, verify_checkpoint
 
     corrupt: list[str] = []
     temps: list[str] = []
     if not root.exists():
         return corrupt, temps
+    # TRL checkpoints the kill cut short (no gbmpo_state.json): leftovers the resume removes
+    trl_partial = {c for c in root.rglob("checkpoint-*")
+                   if c.is_dir() and not (c / trl_engine.STATE_FILE).is_file()}
     for p in sorted(root.rglob("*")):
         if not p.is_file():
             continue
         rel = p.relative_to(root)
         if p.name == LOCK_FILE:
             continue
-        if _is_temporary(rel):
+        if _is_temporary(rel) or any(c in p.parents for c in trl_partial):
             temps.append(str(rel))
             continue
         try:
@@ -238,13 +253,18 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
                 with safe_open(str(p), framework="pt") as f:
                     for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                         f.get_tensor(k)
-            elif p.suffix == ".pt":
+            elif p.suffix in (".pt", ".pth"):
                 torch.load(p, weights_only=False)
         except Exception as err:  # noqa: BLE001 - any failure to load is corruption
             corrupt.append(f"{rel}: {type(err).__name__}: {str(err)[:200]}")
     for run_dir in {c.parent.parent for c in root.rglob("checkpoints/step-*")}:
         for _, ckpt in list_checkpoints(run_dir):
             problem = verify_checkpoint(ckpt)
+            if problem:
+                corrupt.append(f"{ckpt.relative_to(root)}: {problem}")
+    for run_dir in {c.parent.parent for c in root.rglob("checkpoints/checkpoint-*")}:
+        for _, ckpt in trl_engine.checkpoints(run_dir):
+            problem = trl_engine.verify_checkpoint(ckpt)
             if problem:
                 corrupt.append(f"{ckpt.relative_to(root)}: {problem}")
     return corrupt, temps
@@ -370,6 +390,71 @@ def train_command(steps: int, extra: list[str] | None = None) -> Command:
                    train_fingerprint, progress)
 
 
+#: TRL's wall-clock metric (seconds of the step), besides the schema's timing fields
+TRL_TIMING = {"trl/step_time"}
+TRL_SUMMARY_VOLATILE = TIMING_SUMMARY_KEYS | {"finished"}
+
+
+def trl_fingerprint(run_dir: Path) -> dict[str, Any]:
+    from gbmpo.engines import trl as trl_engine
+    from gbmpo.train.logging import read_metrics, without_timing
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    found = trl_engine.checkpoints(run_dir)
+    model = run_dir / "model" / "model.safetensors"
+    return {
+        "metrics": [{k: v for k, v in without_timing(r).items() if k not in TRL_TIMING}
+                    for r in read_metrics(run_dir)],
+        "summary": {k: v for k, v in summary.items() if k not in TRL_SUMMARY_VOLATILE},
+        "model": _tensor_hashes(model) if model.is_file() else None,
+        "checkpoint": (found[-1][1].name, _tensor_hashes(found[-1][1] / "model.safetensors"))
+        if found else None,
+    }
+
+
+def trl_command(steps: int, processes: int) -> Command:
+    """``gbmpo train --engine trl`` on ``processes`` processes, a checkpoint every RL step."""
+    cmd = train_command(steps, ["--engine", "trl", "--num-processes", str(processes),
+                                "--run.checkpoint_every", "1"])
+
+    def progress(d: Path) -> str:
+        from gbmpo.engines import trl as trl_engine
+
+        if not d.exists():
+            return "no run directory yet"
+        if (d / "summary.json").exists():
+            return "finished"
+        done = trl_engine.checkpoints(d)
+        started = trl_engine.checkpoints(d, complete=False)
+        rows = d / "metrics.jsonl"
+        n = len(rows.read_text().splitlines()) if rows.exists() else 0
+        complete = {p for _, p in done}
+        cut = [p.name for _, p in started if p not in complete]
+        return (f"{done[-1][1].name if done else 'no checkpoint'}"
+                + (f" (cut short: {', '.join(cut)})" if cut else "") + f", {n} metrics rows")
+
+    name = "trl" if processes == 1 else f"trl ({processes} processes)"
+    return Command(name, cmd.fresh, cmd.resume, cmd.complete, trl_fingerprint, progress)
+
+
+def survivors(d: Path, wait: float = 10.0) -> list[str]:
+    """Processes whose command line names ``d`` still running ``wait`` seconds after a kill."""
+    deadline = time.perf_counter() + wait
+    while True:
+        alive = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace")
+                if str(d) in cmdline and int(proc.name) != os.getpid():
+                    stat = (proc / "stat").read_text()
+                    if stat.rsplit(")", 1)[1].split()[0] != "Z":  # zombies are gone
+                        alive.append(f"{proc.name}: {cmdline[:120]}")
+        if not alive or time.perf_counter() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def es_command(config: Path, iterations: int) -> Command:
     def fresh(d: Path) -> list[str]:
         return ["es", "--config", str(config), "--output-dir", str(d)]
@@ -493,10 +578,13 @@ class Suite:
                 if first.killed or draw == 2:
                     break
                 shutil.rmtree(d)
+            left = survivors(d) if first.killed else []
             at_kill = cmd.progress(d)
             corrupt, temps = scan(d)
             looked_complete = cmd.complete(d)
             why = []
+            if left:
+                why.append(f"processes outlived the kill: {left}")
             if corrupt:
                 why.append(f"corrupt after the kill: {corrupt}")
             if looked_complete and self.check_against(key, cmd, d) is not None:
@@ -959,7 +1047,11 @@ def bad_input_cases() -> list[BadInput]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kill points per command (default 20)")
-    ap.add_argument("--commands", default="train,es,compare")
+    ap.add_argument("--trl-kills", type=int, default=5,
+                    help="kill points of the trl and trl2 commands (default 5)")
+    ap.add_argument("--trl-steps", type=int, default=4, help="RL steps of the TRL runs")
+    ap.add_argument("--commands", default="train,es,compare,trl,trl2",
+                    help="train, es, compare, trl (TRL engine, 1 process), trl2 (2 processes)")
     ap.add_argument("--steps", type=int, default=16, help="RL steps of the train runs")
     ap.add_argument("--es-iterations", type=int, default=4)
     ap.add_argument("--races", default="0,0.5,2,5", help="start offsets (s) of the second run")
@@ -1038,9 +1130,17 @@ def main() -> None:
             suite.kills("compare", cmp_cmd, a.kills, rng)
             suite.races("compare", "compare", cmp_cmd, cmp_cmd,
                         [float(x) for x in a.races.split(",")])
+        for name, processes in (("trl", 1), ("trl2", 2)):
+            if name in commands:
+                print(name, flush=True)
+                trl_cmd = trl_command(a.trl_steps, processes)
+                suite.reference(name, trl_cmd, control=not a.no_control)
+                suite.kills(name, trl_cmd, a.trl_kills, rng)
         print("bad inputs", flush=True)
         cases = bad_input_cases()
-        if a.bad_inputs is not None:  # a few of each category
+        if a.bad_inputs == 0:
+            cases = []
+        elif a.bad_inputs is not None:  # a few of each category
             per = max(1, a.bad_inputs // 3)
             cases = [c for cat in ("config", "data", "rewards")
                      for c in [x for x in cases if x.category == cat][:per]]
