@@ -148,3 +148,18 @@ def test_resume_dry_run_and_refused_overrides(
     assert json.loads(out.split("dry run OK: ", 1)[1]) == {"resume_from": str(four)}
     assert main(["train", "--resume", str(run), "--lr", "1"]) == 2
     assert "cannot change 'optim.lr' when resuming" in capsys.readouterr().err
+
+
+def test_own_engine_resume_dry_run_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    small = [a for a in TINY if a not in ("--engine", "trl")]
+    assert main(["train", *small, "--steps", "2", "--output-dir", str(run)]) == 0
+    (run / "summary.json").unlink()  # as if killed after its last checkpoint
+    before = sorted(str(p) for p in run.rglob("*"))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
+    assert plan["resume_from"].endswith("step-2")
+    assert sorted(str(p) for p in run.rglob("*")) == before
