@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,3 +164,28 @@ def test_own_engine_resume_dry_run_writes_nothing(
     plan = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
     assert plan["resume_from"].endswith("step-2")
     assert sorted(str(p) for p in run.rglob("*")) == before
+
+
+def test_resume_continues_the_time_budget_and_drops_rows_past_the_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """Rows logged after the checkpoint go; RL seconds come back from gbmpo_state.json, so a
+    budget they already use up stops the resumed run at the checkpoint, with its weights."""
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    assert main(["train", *TINY, "--run.keep_checkpoints", "3", "--output-dir", str(run)]) == 0
+    (run / "summary.json").unlink()  # as if killed after RL step 3's row, keeping only step 1
+    for n in (4, 6):
+        shutil.rmtree(run / "checkpoints" / f"checkpoint-{n}", ignore_errors=True)
+    one = run / "checkpoints" / "checkpoint-2"
+    saved = json.loads((one / engine.STATE_FILE).read_text())
+    weights = load_file(str(one / "model.safetensors"))
+    budget = saved["rl_seconds"] / 2
+    assert main(["train", "--resume", str(run), "--time-budget", str(budget)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"] == "time_budget" and summary["steps"] == 1
+    assert summary["rl_seconds"] == saved["rl_seconds"]
+    assert [r["step"] for r in read_metrics(run)] == [0, 1, 1]  # + the final evaluation
+    final = _weights(run)
+    assert all(bool((final[k] == weights[k]).all()) for k in final)

@@ -973,10 +973,19 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
         if args.bf16:
             line += " (bf16 autocast: fp32 master weights)"
         console.print(line)
-        if resume_from is not None:
-            console.print(f"resuming from {resume_from.name} (RL step "
-                          f"{saved['rl_step']} of {cfg.run.steps})")  # type: ignore[index]  # fmt: skip
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        budget = cfg.run.time_budget_seconds
+        if saved is not None:
+            console.print(f"resuming from {resume_from.name} (RL step "  # type: ignore[union-attr]
+                          f"{saved['rl_step']} of {cfg.run.steps})")  # fmt: skip
+        if (saved is not None and budget is not None and progress.rl_seconds >= budget
+                and saved["rl_step"] < cfg.run.steps):  # fmt: skip
+            # killed after the step that used up the time budget: the run stops there, with
+            # that checkpoint's weights, as the uninterrupted run did
+            trainer._load_from_checkpoint(str(resume_from))
+            trainer.state.global_step = int(saved["global_step"])
+            progress.stop_reason = "time_budget"
+        else:
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     steps = math.ceil(trainer.state.global_step / lay.optimizer_steps)
     failures = int(_all_reduce(float(reward.failures), "sum"))  # type: ignore[attr-defined]
 
