@@ -28,9 +28,12 @@ run is reproducible step for step):
   would prove nothing.
 * **kill -9 + resume of ``--engine trl``** (``trl``: one process; ``trl2``: two, through
   ``accelerate launch``, gloo on CPU; a checkpoint every RL step): the same, with TRL's
-  checkpoints. The run's process group gets SIGKILL (torch's launcher starts each worker in a
-  session of its own: they must end with their launcher, which the suite checks, no process
-  naming the run directory may outlive the kill by 10 s); ``gbmpo train --resume DIR``
+  checkpoints, and the kill time drawn over the reference's training (its summary's wall
+  seconds), counted from the moment ``metrics.jsonl`` appears (``--trl-kill-anytime``: over
+  the whole process, whose start-up is most of a tiny TRL run). The run's process group gets
+  SIGKILL (torch's launcher starts each worker in a session of its own: they must end with
+  their launcher; no process naming the run directory may outlive the kill by 10 s);
+  ``gbmpo train --resume DIR``
   continues from the newest checkpoint that gbmpo completed (``gbmpo_state.json``). A
   ``checkpoint-N/`` without that file is a save the kill cut short: a leftover (the resume
   removes it), not a corrupt file. "Identical" as for ``train`` (TRL's ``trl/step_time`` is a
@@ -564,9 +567,17 @@ class Suite:
 
     # -------------------------------------------------------------- kill -9 + resume
 
-    def kills(self, key: str, cmd: Command, n: int, rng: random.Random) -> None:
+    def kills(self, key: str, cmd: Command, n: int, rng: random.Random,
+              during_training: bool = False) -> None:
+        """``during_training``: the kill time is drawn over the reference's training (its
+        summary's wall seconds, from loading the model to the summary) and counted from the
+        moment the run's metrics.jsonl appears, instead of over the whole process (whose
+        imports and start-up take most of a tiny TRL run)."""
         cat = self.cat(f"kill -9 + resume: {cmd.name}")
         total = self.ref_seconds[key]
+        if during_training:
+            ref = json.loads((self.dir("ref", key) / "summary.json").read_text())
+            total = float(ref["wall_seconds"])
         for i in range(n):
             d = self.dir("kill", cmd.name, f"{i:02d}")
             logs = self.dir("logs", "kill", cmd.name, f"{i:02d}")
@@ -574,7 +585,11 @@ class Suite:
             # point: draw another time, at most 3 draws
             for draw in range(3):
                 at = rng.uniform(0.0, total)
-                first = run(cmd.fresh(d), logs, self.work, kill_after=at)
+                if during_training:
+                    first = run(cmd.fresh(d), logs, self.work,
+                                kill_when=_after_metrics_appear(d, at))
+                else:
+                    first = run(cmd.fresh(d), logs, self.work, kill_after=at)
                 if first.killed or draw == 2:
                     break
                 shutil.rmtree(d)
@@ -847,6 +862,20 @@ class Suite:
                     why="; ".join(why) or None)
 
 
+def _after_metrics_appear(d: Path, delay: float) -> Callable[[], bool]:
+    """True ``delay`` seconds after ``d/metrics.jsonl`` is first seen (polled)."""
+    seen: list[float] = []
+
+    def ready() -> bool:
+        if not seen:
+            if (d / "metrics.jsonl").exists():
+                seen.append(time.perf_counter())
+            return False
+        return time.perf_counter() - seen[0] >= delay
+
+    return ready
+
+
 def _finished_markers(out: Path) -> set[str]:
     if not out.exists():
         return set()
@@ -1050,6 +1079,9 @@ def main() -> None:
     ap.add_argument("--trl-kills", type=int, default=5,
                     help="kill points of the trl and trl2 commands (default 5)")
     ap.add_argument("--trl-steps", type=int, default=4, help="RL steps of the TRL runs")
+    ap.add_argument("--trl-kill-anytime", action="store_true",
+                    help="draw TRL kill times over the whole process (start-up included) "
+                    "instead of over its training")
     ap.add_argument("--commands", default="train,es,compare,trl,trl2",
                     help="train, es, compare, trl (TRL engine, 1 process), trl2 (2 processes)")
     ap.add_argument("--steps", type=int, default=16, help="RL steps of the train runs")
@@ -1135,7 +1167,8 @@ def main() -> None:
                 print(name, flush=True)
                 trl_cmd = trl_command(a.trl_steps, processes)
                 suite.reference(name, trl_cmd, control=not a.no_control)
-                suite.kills(name, trl_cmd, a.trl_kills, rng)
+                suite.kills(name, trl_cmd, a.trl_kills, rng,
+                            during_training=not a.trl_kill_anytime)
         print("bad inputs", flush=True)
         cases = bad_input_cases()
         if a.bad_inputs == 0:
