@@ -28,8 +28,8 @@ run is reproducible step for step):
   would prove nothing.
 * **kill -9 + resume of ``--engine trl``** (``trl``: one process; ``trl2``: two, through
   ``accelerate launch``, gloo on CPU; a checkpoint every RL step): the same, with TRL's
-  checkpoints, and the kill time drawn over the reference's training (its summary's wall
-  seconds), counted from the moment ``metrics.jsonl`` appears (``--trl-kill-anytime``: over
+  checkpoints, and the kill time drawn over the reference's seconds from its first metrics row
+  to its end, counted from the moment ``metrics.jsonl`` appears (``--trl-kill-anytime``: over
   the whole process, whose start-up is most of a tiny TRL run). The run's process group gets
   SIGKILL (torch's launcher starts each worker in a session of its own: they must end with
   their launcher; no process naming the run directory may outlive the kill by 10 s);
@@ -518,6 +518,7 @@ class Suite:
         self.categories: dict[str, Category] = {}
         self.references: dict[str, dict[str, Any]] = {}
         self.ref_seconds: dict[str, float] = {}
+        self.train_seconds: dict[str, float] = {}
 
     def cat(self, name: str) -> Category:
         return self.categories.setdefault(name, Category())
@@ -531,7 +532,10 @@ class Suite:
 
     def reference(self, key: str, cmd: Command, control: bool) -> None:
         d = self.dir("ref", key)
-        proc = run(cmd.fresh(d), self.dir("logs", "ref", key), self.work)
+        seen = _watch_metrics(d)
+        proc = run(cmd.fresh(d), self.dir("logs", "ref", key), self.work, kill_when=seen)
+        # seconds from the first metrics row (after start-up and model loading) to the end
+        self.train_seconds[key] = proc.seconds - (seen.at - seen.t0) if seen.at else proc.seconds
         if proc.returncode != 0:
             raise RuntimeError(f"reference {key} failed:\n{proc.stderr[-3000:]}")
         self.ref_seconds[key] = proc.seconds
@@ -542,7 +546,12 @@ class Suite:
         print(f"  reference {key}: {proc.seconds:.1f} s", flush=True)
         if control:
             d2 = self.dir("ref", key + "-control")
-            proc2 = run(cmd.fresh(d2), self.dir("logs", "ref", key + "-control"), self.work)
+            seen2 = _watch_metrics(d2)
+            proc2 = run(cmd.fresh(d2), self.dir("logs", "ref", key + "-control"), self.work,
+                        kill_when=seen2)
+            if seen2.at:
+                self.train_seconds[key] = min(self.train_seconds[key],
+                                              proc2.seconds - (seen2.at - seen2.t0))
             diff = first_difference(self.references[key], cmd.fingerprint(d2))
             self.cat("control").add(proc2.returncode == 0 and diff is None, case=key, why=diff)
             # the kill times are drawn over the shorter of the two (the load changes)
@@ -569,15 +578,14 @@ class Suite:
 
     def kills(self, key: str, cmd: Command, n: int, rng: random.Random,
               during_training: bool = False) -> None:
-        """``during_training``: the kill time is drawn over the reference's training (its
-        summary's wall seconds, from loading the model to the summary) and counted from the
-        moment the run's metrics.jsonl appears, instead of over the whole process (whose
-        imports and start-up take most of a tiny TRL run)."""
+        """``during_training``: the kill time is drawn over the reference's seconds from its
+        first metrics row to its end (the shorter of the pair) and counted from the moment the
+        run's metrics.jsonl appears, instead of over the whole process (whose imports and
+        start-up take most of a tiny TRL run)."""
         cat = self.cat(f"kill -9 + resume: {cmd.name}")
         total = self.ref_seconds[key]
         if during_training:
-            ref = json.loads((self.dir("ref", key) / "summary.json").read_text())
-            total = float(ref["wall_seconds"])
+            total = self.train_seconds[key]
         for i in range(n):
             d = self.dir("kill", cmd.name, f"{i:02d}")
             logs = self.dir("logs", "kill", cmd.name, f"{i:02d}")
@@ -860,6 +868,19 @@ class Suite:
                 why.append(f"corrupt: {corrupt}")
             cat.add(not why, case=case.name, error=errs[0] if errs else proc.stderr[-300:],
                     why="; ".join(why) or None)
+
+
+class _watch_metrics:  # noqa: N801 - used as a function
+    """A ``kill_when`` that never kills: it notes when ``d/metrics.jsonl`` first appears."""
+
+    def __init__(self, d: Path) -> None:
+        self.d, self.t0 = d, time.perf_counter()
+        self.at: float | None = None
+
+    def __call__(self) -> bool:
+        if self.at is None and (self.d / "metrics.jsonl").exists():
+            self.at = time.perf_counter()
+        return False
 
 
 def _after_metrics_appear(d: Path, delay: float) -> Callable[[], bool]:
