@@ -3,6 +3,8 @@ disk, bad inputs. Every scenario is counted as tried / survived / lost.
 
     python benchmarks/reliability.py            # 20 kill points per command (~25 min, 2 cores)
     python benchmarks/reliability.py --quick    # smoke test: 2 kills of train, a race, 3 bad inputs
+    python benchmarks/reliability.py --commands trl,trl2 --trl-kills 5 --bad-inputs 0 \
+        --no-damaged --no-disk-full              # TRL engine only: 1 and 2 processes
 
 Scenarios (each a real ``gbmpo`` process, tiny configurations, ``--time-budget null`` so that a
 run is reproducible step for step):
@@ -24,6 +26,18 @@ run is reproducible step for step):
   without timings, dates and the per-run actions (fresh / resume / reuse).
   A control pair (the reference run twice, uninterrupted) must be identical, else the comparison
   would prove nothing.
+* **kill -9 + resume of ``--engine trl``** (``trl``: one process; ``trl2``: two, through
+  ``accelerate launch``, gloo on CPU; a checkpoint every RL step): the same, with TRL's
+  checkpoints, and the kill time drawn over the reference's seconds from its first metrics row
+  to its end, counted from the moment ``metrics.jsonl`` appears (``--trl-kill-anytime``: over
+  the whole process, whose start-up is most of a tiny TRL run). The run's process group gets
+  SIGKILL (torch's launcher starts each worker in a session of its own: they must end with
+  their launcher; no process naming the run directory may outlive the kill by 10 s);
+  ``gbmpo train --resume DIR``
+  continues from the newest checkpoint that gbmpo completed (``gbmpo_state.json``). A
+  ``checkpoint-N/`` without that file is a save the kill cut short: a leftover (the resume
+  removes it), not a corrupt file. "Identical" as for ``train`` (TRL's ``trl/step_time`` is a
+  wall-clock field), plus the final checkpoint's ``model.safetensors``.
 * **no corrupt file**: every ``*.json``, ``*.jsonl``, ``*.yaml``, ``*.safetensors`` and ``*.pt``
   under the directory parses / loads, every checkpoint matches its manifest. Hidden temporary
   files (``.name.XXXX.tmp``, ``.step-N.XXXX/``) are not under a real name; they are listed
@@ -207,19 +221,23 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
     import yaml
     from safetensors import safe_open
 
+    from gbmpo.engines import trl as trl_engine
     from gbmpo.train.checkpoint import LOCK_FILE, list_checkpoints, verify_checkpoint
 
     corrupt: list[str] = []
     temps: list[str] = []
     if not root.exists():
         return corrupt, temps
+    # TRL checkpoints the kill cut short (no gbmpo_state.json): leftovers the resume removes
+    trl_partial = {c for c in root.rglob("checkpoint-*")
+                   if c.is_dir() and not (c / trl_engine.STATE_FILE).is_file()}
     for p in sorted(root.rglob("*")):
         if not p.is_file():
             continue
         rel = p.relative_to(root)
         if p.name == LOCK_FILE:
             continue
-        if _is_temporary(rel):
+        if _is_temporary(rel) or any(c in p.parents for c in trl_partial):
             temps.append(str(rel))
             continue
         try:
@@ -238,13 +256,18 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
                 with safe_open(str(p), framework="pt") as f:
                     for k in f.keys():  # noqa: SIM118 - safe_open has no __iter__
                         f.get_tensor(k)
-            elif p.suffix == ".pt":
+            elif p.suffix in (".pt", ".pth"):
                 torch.load(p, weights_only=False)
         except Exception as err:  # noqa: BLE001 - any failure to load is corruption
             corrupt.append(f"{rel}: {type(err).__name__}: {str(err)[:200]}")
     for run_dir in {c.parent.parent for c in root.rglob("checkpoints/step-*")}:
         for _, ckpt in list_checkpoints(run_dir):
             problem = verify_checkpoint(ckpt)
+            if problem:
+                corrupt.append(f"{ckpt.relative_to(root)}: {problem}")
+    for run_dir in {c.parent.parent for c in root.rglob("checkpoints/checkpoint-*")}:
+        for _, ckpt in trl_engine.checkpoints(run_dir):
+            problem = trl_engine.verify_checkpoint(ckpt)
             if problem:
                 corrupt.append(f"{ckpt.relative_to(root)}: {problem}")
     return corrupt, temps
@@ -370,6 +393,71 @@ def train_command(steps: int, extra: list[str] | None = None) -> Command:
                    train_fingerprint, progress)
 
 
+#: TRL's wall-clock metric (seconds of the step), besides the schema's timing fields
+TRL_TIMING = {"trl/step_time"}
+TRL_SUMMARY_VOLATILE = TIMING_SUMMARY_KEYS | {"finished"}
+
+
+def trl_fingerprint(run_dir: Path) -> dict[str, Any]:
+    from gbmpo.engines import trl as trl_engine
+    from gbmpo.train.logging import read_metrics, without_timing
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    found = trl_engine.checkpoints(run_dir)
+    model = run_dir / "model" / "model.safetensors"
+    return {
+        "metrics": [{k: v for k, v in without_timing(r).items() if k not in TRL_TIMING}
+                    for r in read_metrics(run_dir)],
+        "summary": {k: v for k, v in summary.items() if k not in TRL_SUMMARY_VOLATILE},
+        "model": _tensor_hashes(model) if model.is_file() else None,
+        "checkpoint": (found[-1][1].name, _tensor_hashes(found[-1][1] / "model.safetensors"))
+        if found else None,
+    }
+
+
+def trl_command(steps: int, processes: int) -> Command:
+    """``gbmpo train --engine trl`` on ``processes`` processes, a checkpoint every RL step."""
+    cmd = train_command(steps, ["--engine", "trl", "--num-processes", str(processes),
+                                "--run.checkpoint_every", "1"])
+
+    def progress(d: Path) -> str:
+        from gbmpo.engines import trl as trl_engine
+
+        if not d.exists():
+            return "no run directory yet"
+        if (d / "summary.json").exists():
+            return "finished"
+        done = trl_engine.checkpoints(d)
+        started = trl_engine.checkpoints(d, complete=False)
+        rows = d / "metrics.jsonl"
+        n = len(rows.read_text().splitlines()) if rows.exists() else 0
+        complete = {p for _, p in done}
+        cut = [p.name for _, p in started if p not in complete]
+        return (f"{done[-1][1].name if done else 'no checkpoint'}"
+                + (f" (cut short: {', '.join(cut)})" if cut else "") + f", {n} metrics rows")
+
+    name = "trl" if processes == 1 else f"trl ({processes} processes)"
+    return Command(name, cmd.fresh, cmd.resume, cmd.complete, trl_fingerprint, progress)
+
+
+def survivors(d: Path, wait: float = 10.0) -> list[str]:
+    """Processes whose command line names ``d`` still running ``wait`` seconds after a kill."""
+    deadline = time.perf_counter() + wait
+    while True:
+        alive = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                    errors="replace")
+                if str(d) in cmdline and int(proc.name) != os.getpid():
+                    stat = (proc / "stat").read_text()
+                    if stat.rsplit(")", 1)[1].split()[0] != "Z":  # zombies are gone
+                        alive.append(f"{proc.name}: {cmdline[:120]}")
+        if not alive or time.perf_counter() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def es_command(config: Path, iterations: int) -> Command:
     def fresh(d: Path) -> list[str]:
         return ["es", "--config", str(config), "--output-dir", str(d)]
@@ -430,6 +518,7 @@ class Suite:
         self.categories: dict[str, Category] = {}
         self.references: dict[str, dict[str, Any]] = {}
         self.ref_seconds: dict[str, float] = {}
+        self.train_seconds: dict[str, float] = {}
 
     def cat(self, name: str) -> Category:
         return self.categories.setdefault(name, Category())
@@ -443,7 +532,10 @@ class Suite:
 
     def reference(self, key: str, cmd: Command, control: bool) -> None:
         d = self.dir("ref", key)
-        proc = run(cmd.fresh(d), self.dir("logs", "ref", key), self.work)
+        seen = _watch_metrics(d)
+        proc = run(cmd.fresh(d), self.dir("logs", "ref", key), self.work, kill_when=seen)
+        # seconds from the first metrics row (after start-up and model loading) to the end
+        self.train_seconds[key] = proc.seconds - (seen.at - seen.t0) if seen.at else proc.seconds
         if proc.returncode != 0:
             raise RuntimeError(f"reference {key} failed:\n{proc.stderr[-3000:]}")
         self.ref_seconds[key] = proc.seconds
@@ -454,7 +546,12 @@ class Suite:
         print(f"  reference {key}: {proc.seconds:.1f} s", flush=True)
         if control:
             d2 = self.dir("ref", key + "-control")
-            proc2 = run(cmd.fresh(d2), self.dir("logs", "ref", key + "-control"), self.work)
+            seen2 = _watch_metrics(d2)
+            proc2 = run(cmd.fresh(d2), self.dir("logs", "ref", key + "-control"), self.work,
+                        kill_when=seen2)
+            if seen2.at:
+                self.train_seconds[key] = min(self.train_seconds[key],
+                                              proc2.seconds - (seen2.at - seen2.t0))
             diff = first_difference(self.references[key], cmd.fingerprint(d2))
             self.cat("control").add(proc2.returncode == 0 and diff is None, case=key, why=diff)
             # the kill times are drawn over the shorter of the two (the load changes)
@@ -479,9 +576,16 @@ class Suite:
 
     # -------------------------------------------------------------- kill -9 + resume
 
-    def kills(self, key: str, cmd: Command, n: int, rng: random.Random) -> None:
+    def kills(self, key: str, cmd: Command, n: int, rng: random.Random,
+              during_training: bool = False) -> None:
+        """``during_training``: the kill time is drawn over the reference's seconds from its
+        first metrics row to its end (the shorter of the pair) and counted from the moment the
+        run's metrics.jsonl appears, instead of over the whole process (whose imports and
+        start-up take most of a tiny TRL run)."""
         cat = self.cat(f"kill -9 + resume: {cmd.name}")
         total = self.ref_seconds[key]
+        if during_training:
+            total = self.train_seconds[key]
         for i in range(n):
             d = self.dir("kill", cmd.name, f"{i:02d}")
             logs = self.dir("logs", "kill", cmd.name, f"{i:02d}")
@@ -489,14 +593,21 @@ class Suite:
             # point: draw another time, at most 3 draws
             for draw in range(3):
                 at = rng.uniform(0.0, total)
-                first = run(cmd.fresh(d), logs, self.work, kill_after=at)
+                if during_training:
+                    first = run(cmd.fresh(d), logs, self.work,
+                                kill_when=_after_metrics_appear(d, at))
+                else:
+                    first = run(cmd.fresh(d), logs, self.work, kill_after=at)
                 if first.killed or draw == 2:
                     break
                 shutil.rmtree(d)
+            left = survivors(d) if first.killed else []
             at_kill = cmd.progress(d)
             corrupt, temps = scan(d)
             looked_complete = cmd.complete(d)
             why = []
+            if left:
+                why.append(f"processes outlived the kill: {left}")
             if corrupt:
                 why.append(f"corrupt after the kill: {corrupt}")
             if looked_complete and self.check_against(key, cmd, d) is not None:
@@ -759,6 +870,33 @@ class Suite:
                     why="; ".join(why) or None)
 
 
+class _watch_metrics:  # noqa: N801 - used as a function
+    """A ``kill_when`` that never kills: it notes when ``d/metrics.jsonl`` first appears."""
+
+    def __init__(self, d: Path) -> None:
+        self.d, self.t0 = d, time.perf_counter()
+        self.at: float | None = None
+
+    def __call__(self) -> bool:
+        if self.at is None and (self.d / "metrics.jsonl").exists():
+            self.at = time.perf_counter()
+        return False
+
+
+def _after_metrics_appear(d: Path, delay: float) -> Callable[[], bool]:
+    """True ``delay`` seconds after ``d/metrics.jsonl`` is first seen (polled)."""
+    seen: list[float] = []
+
+    def ready() -> bool:
+        if not seen:
+            if (d / "metrics.jsonl").exists():
+                seen.append(time.perf_counter())
+            return False
+        return time.perf_counter() - seen[0] >= delay
+
+    return ready
+
+
 def _finished_markers(out: Path) -> set[str]:
     if not out.exists():
         return set()
@@ -959,7 +1097,14 @@ def bad_input_cases() -> list[BadInput]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kills", type=int, default=20, help="kill points per command (default 20)")
-    ap.add_argument("--commands", default="train,es,compare")
+    ap.add_argument("--trl-kills", type=int, default=5,
+                    help="kill points of the trl and trl2 commands (default 5)")
+    ap.add_argument("--trl-steps", type=int, default=4, help="RL steps of the TRL runs")
+    ap.add_argument("--trl-kill-anytime", action="store_true",
+                    help="draw TRL kill times over the whole process (start-up included) "
+                    "instead of over its training")
+    ap.add_argument("--commands", default="train,es,compare,trl,trl2",
+                    help="train, es, compare, trl (TRL engine, 1 process), trl2 (2 processes)")
     ap.add_argument("--steps", type=int, default=16, help="RL steps of the train runs")
     ap.add_argument("--es-iterations", type=int, default=4)
     ap.add_argument("--races", default="0,0.5,2,5", help="start offsets (s) of the second run")
@@ -1038,9 +1183,18 @@ def main() -> None:
             suite.kills("compare", cmp_cmd, a.kills, rng)
             suite.races("compare", "compare", cmp_cmd, cmp_cmd,
                         [float(x) for x in a.races.split(",")])
+        for name, processes in (("trl", 1), ("trl2", 2)):
+            if name in commands:
+                print(name, flush=True)
+                trl_cmd = trl_command(a.trl_steps, processes)
+                suite.reference(name, trl_cmd, control=not a.no_control)
+                suite.kills(name, trl_cmd, a.trl_kills, rng,
+                            during_training=not a.trl_kill_anytime)
         print("bad inputs", flush=True)
         cases = bad_input_cases()
-        if a.bad_inputs is not None:  # a few of each category
+        if a.bad_inputs == 0:
+            cases = []
+        elif a.bad_inputs is not None:  # a few of each category
             per = max(1, a.bad_inputs // 3)
             cases = [c for cat in ("config", "data", "rewards")
                      for c in [x for x in cases if x.category == cat][:per]]

@@ -190,11 +190,3 @@ def test_first_update_on_a_fixed_batch_is_the_same_on_two_processes(tmp_path: Pa
     d1, d2 = one["delta"], two["delta"]
     assert d1.abs().max() > 1e-4  # the step moved the weights
     assert torch.allclose(d1, d2, rtol=1e-4, atol=1e-7), float((d1 - d2).abs().max())
-
-
-def test_resume_refuses_a_trl_run(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "config.yaml").write_text("engine: trl\n")
-    assert main(["train", "--resume", str(run)]) == 2
-    assert "was trained with engine 'trl'" in capsys.readouterr().err

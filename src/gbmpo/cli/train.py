@@ -38,7 +38,9 @@ def add_train_parser(subparsers: Any) -> None:
     p.add_argument(
         "--resume",
         metavar="RUN_DIR",
-        help="continue an unfinished run from its last checkpoint (its config.yaml is used)",
+        help="continue an unfinished run from its last checkpoint (its config.yaml is used; "
+        "runs of every engine: trl through TRL's resume_from_checkpoint, verl through its "
+        "trainer.resume_mode)",
     )
     p.add_argument(
         "--dry-run",
@@ -63,7 +65,19 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
             raise UsageError("--resume uses the run's own config.yaml; drop --config")
         from gbmpo.engines import check_resumable
 
-        check_resumable(args.resume)  # trl / verl runs are not resumed by the own trainer
+        engine = check_resumable(args.resume)
+        if engine != "gbmpo":  # trl / verl: the engine's own resume, driven by gbmpo.engines
+            from gbmpo import engines
+
+            return engines.resume(args.resume, overrides, dry=args.dry_run)
+        if args.dry_run:
+            from gbmpo.train.checkpoint import latest_valid_checkpoint
+            from gbmpo.train.run import resume_config
+
+            _, path = resume_config(args.resume, overrides)
+            found = latest_valid_checkpoint(path)
+            print("dry run OK: " + json.dumps({"resume_from": str(found) if found else None}))
+            return 0
         trainer = Trainer.resume(args.resume, overrides)
         summary = trainer.train()
         print_summary(summary)

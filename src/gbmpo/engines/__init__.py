@@ -12,7 +12,8 @@ Every engine writes the same run directory: ``config.yaml``, ``metrics.jsonl``,
 ``summary.json`` (evaluation before / after) and ``model/`` (verl: its own checkpoints).
 
 :func:`run` and :func:`dry_run` dispatch on ``config.engine``; the CLI's ``train`` subcommand
-calls them for the ``trl`` and ``verl`` engines.
+calls them for the ``trl`` and ``verl`` engines, and :func:`resume` for ``--resume DIR`` of a
+``trl`` or ``verl`` run.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "check_resumable",
     "dry_run",
     "main",
+    "resume",
     "run",
 ]
 
@@ -50,23 +52,56 @@ def run(config: Any) -> dict[str, Any]:
     raise ValueError(f"gbmpo.engines.run: engine {config.engine!r} is the own trainer's")
 
 
-def check_resumable(run_dir: str) -> None:
-    """``gbmpo train --resume DIR`` continues runs of the own engine only: ``ConfigError`` (exit
-    2) naming the engine when ``DIR/config.yaml`` says ``engine: trl`` or ``verl``."""
+def check_resumable(run_dir: str) -> str:
+    """The engine that trained ``run_dir`` (``gbmpo train --resume DIR`` continues it with that
+    engine: :func:`resume`); ``gbmpo`` where ``DIR/config.yaml`` is missing (the own trainer's
+    resume reports it). ``ConfigError`` (exit 2) for a finished run."""
     from pathlib import Path
 
     from gbmpo.train.config import ConfigError, load_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
-        return  # the own trainer's resume reports a missing run
-    engine = load_config(path).engine
-    if engine != "gbmpo":
-        where = str(Path(run_dir) / "checkpoints")
-        raise ConfigError(
-            f"--resume continues runs of the own engine; {run_dir!r} was trained with engine "
-            f"{engine!r} (its checkpoints are that engine's, in {where!r})"
-        )
+        return "gbmpo"
+    if (Path(run_dir) / "summary.json").is_file():
+        raise ConfigError(f"cannot resume {str(run_dir)!r}: the run already finished")
+    return str(load_config(path).engine)
+
+
+def resume(run_dir: str, overrides: list[tuple[str, Any]], *, dry: bool = False) -> int:
+    """``gbmpo train --resume DIR [--dry-run]`` for a ``trl`` or ``verl`` run: continue it from
+    its last intact checkpoint with the engine's own resume (:func:`gbmpo.engines.trl.resume`,
+    :func:`gbmpo.engines.verl.resume`); prints the summary line (dry run: the plan); returns the
+    exit code (2 where the engine cannot run here, nothing written)."""
+    import json
+    import sys
+
+    engine = check_resumable(run_dir)
+    try:
+        if engine == "trl":
+            from gbmpo.engines import trl
+
+            if dry:
+                print("dry run OK: " + json.dumps(trl.resume(run_dir, overrides, dry=True)))
+                return 0
+            summary = trl.resume(run_dir, overrides)
+        elif engine == "verl":
+            from gbmpo.engines import verl
+
+            if dry:
+                report = verl.resume_dry_run(run_dir, overrides)
+                for check in report.skipped:
+                    print(f"warning: {check.name}: {check.detail}", file=sys.stderr)
+                print("dry run OK: " + json.dumps(report.to_dict()))
+                return 0
+            summary = verl.resume(run_dir, overrides)
+        else:
+            raise ValueError(f"gbmpo.engines.resume: engine {engine!r} is the own trainer's")
+    except EngineUnavailable as err:
+        print(f"gbmpo train: error: {err}", file=sys.stderr)
+        return 2
+    _print_summary(summary, engine)
+    return 0
 
 
 def dry_run(config: Any) -> DryRunReport:
@@ -105,12 +140,16 @@ def main(config: Any, *, dry: bool = False) -> int:
     except EngineUnavailable as err:
         print(f"gbmpo train: error: {err}", file=sys.stderr)
         return 2
+    _print_summary(summary, config.engine)
+    return 0
+
+
+def _print_summary(summary: dict[str, Any], engine: str) -> None:
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
-    line = f"finished {summary.get('steps')} steps ({config.engine}) in "
+    line = f"finished {summary.get('steps')} steps ({engine}) in "
     line += f"{summary.get('wall_seconds', 0):.0f} s"
     key = next((k for k in ("accuracy", "pass@1") if k in before and k in after), None)
     if key is not None:
         line += f"; held-out {key}: {100 * before[key]:.1f}% -> {100 * after[key]:.1f}%"
     print(line)
     print(f"run directory: {summary.get('run_dir')}")
-    return 0

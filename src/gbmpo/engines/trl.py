@@ -22,7 +22,10 @@ The run directory is the own engine's: ``config.yaml``, ``metrics.jsonl`` (one r
 under the schema's names, :mod:`gbmpo.io.metrics`, with TRL's other metrics as ``trl/<name>``;
 the ``eval/*`` metrics before, every ``eval.every`` steps and after), ``summary.json``
 (``eval_before`` / ``eval_after`` from :func:`gbmpo.eval.evaluate`), ``model/``; TRL's own
-checkpoints go to ``checkpoints/``.
+checkpoints go to ``checkpoints/checkpoint-<optimizer step>/``, each completed by gbmpo's
+:data:`STATE_FILE` (written last, atomically: the RL state TRL does not keep and the size and
+sha256 of every file), so that ``gbmpo train --resume DIR`` (:func:`resume`) continues the run
+from its newest intact checkpoint with TRL's ``resume_from_checkpoint``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import datetime as _dt
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,9 +53,10 @@ from gbmpo.engines.checks import (
     write_summary,
 )
 
-__all__ = ["BatchLayout", "batch_layout", "check_engine", "dry_run", "grpo_args",
-           "host_settings", "launch_command", "lora_config", "lr_at", "reward_function", "run",
-           "schema_record", "train_dataset"]  # fmt: skip
+__all__ = ["STATE_FILE", "BatchLayout", "batch_layout", "check_engine", "checkpoints",
+           "dry_run", "grpo_args", "host_settings", "latest_valid_checkpoint", "launch_command",
+           "lora_config", "lr_at", "resume", "reward_function", "run", "schema_record",
+           "train_dataset", "verify_checkpoint"]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -368,9 +373,11 @@ def dry_run(cfg: Any) -> DryRunReport:
 # ------------------------------------------------------------------------------ the run
 
 
-def launch_command(cfg: Any, run_dir: Path) -> list[str]:
+def launch_command(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
+                   resuming: bool = False) -> list[str]:  # fmt: skip
     """The ``accelerate launch`` command running this module's worker on
-    ``run.num_processes`` processes (gloo on CPU, one GPU each otherwise)."""
+    ``run.num_processes`` processes (gloo on CPU, one GPU each otherwise); ``resuming``: the
+    worker continues the run from the checkpoint ``resume_from`` (``None``: from the start)."""
     n = cfg.run.num_processes
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]  # fmt: skip
@@ -379,6 +386,8 @@ def launch_command(cfg: Any, run_dir: Path) -> list[str]:
     if cfg.model.device == "cpu":
         cmd += ["--num_cpu_threads_per_process", str(cfg.run.num_threads or 1)]
     cmd += ["--module", "gbmpo.engines.trl", "--run-dir", str(run_dir)]
+    if resuming:
+        cmd += ["--resume-from", str(resume_from) if resume_from is not None else ""]
     return cmd
 
 
@@ -414,15 +423,196 @@ def run(cfg: Any) -> dict[str, Any]:
     cfg.run.output_dir = str(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    return _train(cfg, run_dir)
+
+
+def _train(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
+           resuming: bool = False) -> dict[str, Any]:  # fmt: skip
+    """Train in this process (one process) or through ``accelerate launch`` (several)."""
     if cfg.run.num_processes == 1:
-        return train_in_process(cfg, run_dir)
+        return train_in_process(cfg, run_dir, resume_from=resume_from, resuming=resuming)
     env = {**os.environ, "ACCELERATE_USE_CPU": "true"} if cfg.model.device == "cpu" else None
-    proc = subprocess.run(launch_command(cfg, run_dir), env=env)
+    cmd = launch_command(cfg, run_dir, resume_from=resume_from, resuming=resuming)
+    proc = subprocess.run(cmd, env=env, preexec_fn=_die_with_parent())
     if proc.returncode != 0:
         raise RuntimeError(f"the TRL workers failed (exit {proc.returncode}); see above")
     import json
 
     return dict(json.loads((run_dir / "summary.json").read_text()))
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` (Linux; ``None`` elsewhere) after which the process gets SIGKILL when
+    its parent exits. torch's launcher starts each worker in a session of its own, so a kill of
+    ``gbmpo train`` (or of its process group) would otherwise leave the launcher or the workers
+    training, and writing the run directory, next to the resume."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
+
+    def preexec() -> None:
+        prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+    return preexec
+
+
+# ------------------------------------------------------------------------------ resume
+
+#: gbmpo's file in each TRL checkpoint, written last (atomically) once TRL's files are complete:
+#: what TRL does not keep (RL step and seconds, metrics.jsonl rows, evaluations, reward
+#: failures, wall seconds) and the size and sha256 of every other file of the checkpoint
+STATE_FILE = "gbmpo_state.json"
+_CHECKPOINT_DIR = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoints(run_dir: str | Path, *, complete: bool = True) -> list[tuple[int, Path]]:
+    """The run's TRL checkpoints as ``(optimizer step, path)``, oldest first: those gbmpo
+    completed (with :data:`STATE_FILE`), or with ``complete=False`` every ``checkpoint-<N>``
+    directory (a killed save leaves one without the file)."""
+    root = Path(run_dir) / "checkpoints"
+    out = []
+    if root.is_dir():
+        for child in root.iterdir():
+            m = _CHECKPOINT_DIR.match(child.name)
+            if m and child.is_dir() and (not complete or (child / STATE_FILE).is_file()):
+                out.append((int(m.group(1)), child))
+    return sorted(out)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _files(directory: Path) -> dict[str, dict[str, Any]]:
+    """Size and sha256 of every file under ``directory`` but :data:`STATE_FILE`, by relative
+    path."""
+    return {
+        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != STATE_FILE
+    }
+
+
+def verify_checkpoint(path: str | Path) -> str | None:
+    """``None`` when the TRL checkpoint ``path`` is complete and its files match the sizes and
+    sha256 in its :data:`STATE_FILE`, else what is wrong."""
+    import json
+
+    p = Path(path)
+    try:
+        files = json.loads((p / STATE_FILE).read_text())["files"]
+    except FileNotFoundError:
+        return f"{STATE_FILE} is missing (the save did not complete)"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"{STATE_FILE} is unreadable ({err})"
+    for name, meta in files.items():
+        f = p / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != meta["size"]:
+            return f"{name} has {f.stat().st_size} bytes, {STATE_FILE} says {meta['size']}"
+        if _sha256(f) != meta["sha256"]:
+            return f"{name} does not match its sha256 in {STATE_FILE}"
+    return None
+
+
+def latest_valid_checkpoint(run_dir: str | Path,
+                            log: Callable[[str], None] | None = None) -> Path | None:  # fmt: skip
+    """The newest intact TRL checkpoint of the run (``None`` when it completed none): damaged
+    ones are skipped with a message to ``log`` (default stderr); ``CheckpointError`` names them
+    when every completed checkpoint is damaged (starting over would silently redo the run)."""
+    from gbmpo.io import CheckpointError
+
+    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    bad = []
+    for _, path in reversed(checkpoints(run_dir)):
+        problem = verify_checkpoint(path)
+        if problem is None:
+            if bad:
+                say(f"gbmpo: resuming from {path.name} instead")
+            return path
+        bad.append(f"{path.name}: {problem}")
+        say(f"gbmpo: checkpoint {path} is damaged ({problem}); skipping it")
+    if bad:
+        raise CheckpointError(
+            f"no intact checkpoint in {str(Path(run_dir) / 'checkpoints')!r} "
+            f"({'; '.join(bad)}); delete that directory to restart the run from step 0"
+        )
+    return None
+
+
+def _complete_checkpoint(path: Path, state: dict[str, Any], keep: int) -> None:
+    """Write ``path``'s :data:`STATE_FILE` (last, atomically), then keep the newest ``keep``
+    completed checkpoints: an older one goes only once a newer one is complete, its state file
+    first (a kill while deleting leaves an incomplete checkpoint, never a complete-looking
+    damaged one)."""
+    from gbmpo.io import write_json_atomic
+
+    write_json_atomic(path / STATE_FILE, {**state, "files": _files(path)})
+    for _, old in checkpoints(path.parent.parent)[:-keep] if keep > 0 else []:
+        (old / STATE_FILE).unlink(missing_ok=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _prepare_resume(run_dir: Path) -> Path | None:
+    """The checkpoint a resume continues from (:func:`latest_valid_checkpoint`); the
+    checkpoint directories past it (incomplete or damaged saves of the killed run) are removed,
+    saying so, since TRL writes the steps after it again."""
+    start = latest_valid_checkpoint(run_dir)
+    step = int(_CHECKPOINT_DIR.match(start.name).group(1)) if start else -1  # type: ignore[union-attr]
+    for n, path in checkpoints(run_dir, complete=False):
+        if n > step:
+            print(f"gbmpo: removing {path.name} (past the checkpoint the run continues from)",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            shutil.rmtree(path, ignore_errors=True)
+    return start
+
+
+def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
+           *, dry: bool = False) -> dict[str, Any]:  # fmt: skip
+    """``gbmpo train --resume DIR`` for a TRL run: its config.yaml (only the keys of
+    :data:`gbmpo.train.run.RESUMABLE_OVERRIDES` may change; a finished run is refused), TRL's
+    ``resume_from_checkpoint`` on the newest intact checkpoint (weights, optimizer, scheduler,
+    data position, every process's RNG states) and gbmpo's :data:`STATE_FILE` (RL seconds and
+    step for the learning rate and the time budget, the evaluation before training, the
+    metrics.jsonl rows to keep: the ones logged after the checkpoint are dropped). Without an
+    intact checkpoint the run starts over in the same directory. ``dry``: only the plan
+    (``{"resume_from": ...}``), nothing written. Returns the summary."""
+    import importlib.util
+
+    from gbmpo.io import RunLock, write_atomic
+    from gbmpo.train.config import dump_yaml, validate
+    from gbmpo.train.run import resume_config
+
+    cfg, path = resume_config(run_dir, overrides)
+    if importlib.util.find_spec("trl") is None:
+        raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
+    validate(cfg)
+    check_engine(cfg)
+    missing = _vllm_missing(cfg)
+    if missing is not None:
+        raise EngineUnavailable(missing)
+    if dry:
+        found = latest_valid_checkpoint(path)
+        return {"resume_from": None if found is None else str(found)}
+    lock = RunLock(path).acquire()  # one process per run directory
+    try:
+        start = _prepare_resume(path)
+        where = f"from {start.name}" if start else "from the start (no intact checkpoint)"
+        print(f"gbmpo: resuming {str(path)!r} {where}", file=sys.stderr, flush=True)
+        write_atomic(path / "config.yaml", dump_yaml(cfg))
+        return _train(cfg, path, resume_from=start, resuming=True)
+    finally:
+        lock.release()
 
 
 #: TRL / GBMPOTrainer metric names -> the schema's (gbmpo.io.metrics); the rest -> trl/<name>
@@ -628,6 +818,21 @@ def _engine_trainer_class() -> type:
 
     class EngineTrainer(GBMPOTrainer):
         progress: _RLProgress | None = None
+        #: called on every process with each saved checkpoint's directory (gbmpo's state)
+        on_checkpoint: Callable[[Path], None] | None = None
+
+        def _save_checkpoint(self, model: Any, trial: Any) -> None:
+            # TRL's files first, without its rotation: on_checkpoint completes the checkpoint
+            # and only then removes older ones (a kill in between keeps a complete one)
+            limit = self.args.save_total_limit
+            self.args.save_total_limit = None
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self.args.save_total_limit = limit
+            if self.on_checkpoint is not None:
+                out = Path(self._get_output_dir(trial=trial))
+                self.on_checkpoint(out / f"checkpoint-{self.state.global_step}")
 
         def _generate_and_score_completions(self, inputs: Any) -> Any:
             out = super()._generate_and_score_completions(inputs)
@@ -654,9 +859,12 @@ def _engine_trainer_class() -> type:
     return EngineTrainer
 
 
-def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
+def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
+                     resuming: bool = False) -> dict[str, Any]:  # fmt: skip
     """The TRL run of ``cfg`` in this process (one of ``run.num_processes`` under
-    ``accelerate launch``); the main process writes the run directory."""
+    ``accelerate launch``); the main process writes the run directory. ``resuming``: continue
+    from the checkpoint ``resume_from`` (its :data:`STATE_FILE` restores what TRL does not;
+    ``None``: start over, dropping the rows logged so far)."""
     import torch
     from accelerate import PartialState
 
@@ -699,9 +907,17 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     def evaluate(policy: Any) -> dict[str, Any]:
         return _evaluate(cfg, policy, tokenizer, task, eval_split, limit)
 
-    writer = MetricsWriter(run_dir) if main else None
-    eval_before = None
-    if cfg.eval.before and main:
+    import json
+
+    saved: dict[str, Any] | None = None
+    if resume_from is not None:
+        saved = json.loads((resume_from / STATE_FILE).read_text())
+    writer = None
+    if main:  # on resume: the rows the checkpoint counted (none when starting over)
+        keep = {"keep_rows": saved["metrics_rows"]} if saved else {"keep_up_to_step": -1}
+        writer = MetricsWriter(run_dir, **(keep if resuming else {}))
+    eval_before = saved["eval_before"] if saved else None
+    if cfg.eval.before and main and saved is None:
         t = time.perf_counter()
         eval_before = evaluate(model)
         writer.write({"step": 0, **{f"eval/{k}": v for k, v in eval_before.items()},  # type: ignore[union-attr]
@@ -714,6 +930,11 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     args = grpo_args(cfg, run_dir / "checkpoints", world=state.num_processes)
     lay = batch_layout(cfg, state.num_processes)
     progress = _RLProgress(cfg, lay.optimizer_steps)
+    wall_before = 0.0
+    if saved is not None:
+        progress.rl_seconds = float(saved["rl_seconds"])
+        progress.last_eval = tuple(saved["last_eval"]) if saved["last_eval"] else None  # type: ignore[assignment]
+        wall_before = float(saved["wall_seconds"])
     trainer_cls = _engine_trainer_class()
     with console.progress(cfg.run.steps, cfg.run.time_budget_seconds, 0, 0.0) as bar:
         callback = _RunDirCallback(cfg, progress, writer, evaluate, bar if main else None)
@@ -728,6 +949,29 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
             callbacks=[callback.as_trainer_callback()],
         )
         trainer.progress = progress
+        if main and saved is not None:  # the failures counted before (the sum over processes)
+            reward.failures = int(saved["reward_failures"])  # type: ignore[attr-defined]
+
+        def on_checkpoint(path: Path) -> None:
+            # every process: the failures summed and every process's files (RNG states) written
+            failed = int(_all_reduce(float(reward.failures), "sum"))  # type: ignore[attr-defined]
+            state.wait_for_everyone()
+            if main:
+                assert writer is not None
+                _complete_checkpoint(path, {
+                    "global_step": trainer.state.global_step,
+                    "rl_step": trainer.state.global_step // lay.optimizer_steps,
+                    "rl_seconds": progress.rl_seconds,
+                    "wall_seconds": wall_before + time.perf_counter() - t0,
+                    "metrics_rows": writer.rows,
+                    "eval_before": eval_before,
+                    "last_eval": list(progress.last_eval) if progress.last_eval else None,
+                    "reward_failures": failed,
+                    "world_size": state.num_processes,
+                }, cfg.run.keep_checkpoints)  # fmt: skip
+            state.wait_for_everyone()
+
+        trainer.on_checkpoint = on_checkpoint
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # TRL's log dicts; gbmpo's bar shows RL steps
@@ -738,7 +982,19 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
         if args.bf16:
             line += " (bf16 autocast: fp32 master weights)"
         console.print(line)
-        trainer.train()
+        budget = cfg.run.time_budget_seconds
+        if saved is not None:
+            console.print(f"resuming from {resume_from.name} (RL step "  # type: ignore[union-attr]
+                          f"{saved['rl_step']} of {cfg.run.steps})")  # fmt: skip
+        if (saved is not None and budget is not None and progress.rl_seconds >= budget
+                and saved["rl_step"] < cfg.run.steps):  # fmt: skip
+            # killed after the step that used up the time budget: the run stops there, with
+            # that checkpoint's weights, as the uninterrupted run did
+            trainer._load_from_checkpoint(str(resume_from))
+            trainer.state.global_step = int(saved["global_step"])
+            progress.stop_reason = "time_budget"
+        else:
+            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     steps = math.ceil(trainer.state.global_step / lay.optimizer_steps)
     failures = int(_all_reduce(float(reward.failures), "sum"))  # type: ignore[attr-defined]
 
@@ -766,6 +1022,7 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
         tokenizer.save_pretrained(out)
         params = [p for p in policy.parameters() if p.requires_grad]
         summary = _summary(cfg, run_dir, steps, progress, eval_before, eval_after, t0)
+        summary["wall_seconds"] += wall_before  # the parts before a resume too
         summary["device"] = str(params[0].device)
         summary["dtype"] = str(params[0].dtype).removeprefix("torch.")
         summary["mixed_precision"] = "bf16" if args.bf16 else "no"
@@ -813,6 +1070,11 @@ def main(argv: list[str] | None = None) -> int:
     run directory's ``config.yaml``."""
     parser = argparse.ArgumentParser(description="gbmpo TRL engine worker")
     parser.add_argument("--run-dir", required=True)
+    parser.add_argument(
+        "--resume-from",
+        default=None,
+        help="continue from this checkpoint ('': resume from the start)",
+    )
     ns = parser.parse_args(argv)
     from gbmpo.train.config import load_config
 
@@ -821,7 +1083,14 @@ def main(argv: list[str] | None = None) -> int:
     from gbmpo.registry import add_plugin_modules
 
     add_plugin_modules(list(cfg.run.plugins))
-    train_in_process(cfg, run_dir)
+    on_exit = _die_with_parent()  # the launcher killed: this worker too
+    if on_exit is not None:
+        on_exit()
+        if os.getppid() == 1:  # the launcher had already gone
+            return 1
+    resuming = ns.resume_from is not None
+    start = Path(ns.resume_from) if ns.resume_from else None
+    train_in_process(cfg, run_dir, resume_from=start, resuming=resuming)
     return 0
 
 

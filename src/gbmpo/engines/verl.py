@@ -32,6 +32,10 @@ verl lives in its own environment (it pins transformers < 5.11): :func:`verl_pyt
 directory, else this interpreter when it can import verl). ``--dry-run`` composes verl's
 config with the overrides there and runs verl's own validation (:mod:`gbmpo.engines.verl_check`);
 a run launches ``python -m verl.trainer.main_ppo`` there, after checking for GPUs.
+
+``gbmpo train --resume DIR`` (:func:`resume`) continues a verl run from the newest checkpoint
+verl recorded in the directory :data:`LAUNCH_FILE` names, with the launch's overrides plus
+verl's ``trainer.resume_mode=resume_path`` (:func:`resume_overrides`).
 """
 
 from __future__ import annotations
@@ -65,6 +69,9 @@ __all__ = [
     "overrides",
     "precision_overrides",
     "read_verl_log",
+    "resume",
+    "resume_dry_run",
+    "resume_overrides",
     "run",
     "summarize_run",
     "validation_freq",
@@ -389,15 +396,45 @@ def _verl_check(
 
 
 def run(cfg: Any) -> dict[str, Any]:
-    """Write the run directory (config, data, overrides) and launch ``verl.trainer.main_ppo``;
-    :class:`EngineUnavailable` (nothing written) where verl or GPUs are missing."""
-    from gbmpo.io import is_nonempty, write_atomic
+    """Write the run directory (config, data, overrides, :data:`LAUNCH_FILE`) and launch
+    ``verl.trainer.main_ppo``; :class:`EngineUnavailable` (nothing written) where verl or GPUs
+    are missing."""
+    from gbmpo.io import is_nonempty, write_atomic, write_json_atomic
     from gbmpo.models import resolve_model_path
     from gbmpo.train.config import ConfigError, dump_yaml, validate
     from gbmpo.train.trainer import build_task, default_run_dir, load_tokenizer
 
     validate(cfg)
     check_engine_support(cfg)  # a value verl cannot honour stops here, before anything else
+    python = _gpu_python(cfg)
+    run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
+    if is_nonempty(run_dir):
+        raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
+    cfg.run.output_dir = str(run_dir)
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(cfg)
+    task = build_task(cfg, tokenizer)
+    overrides(cfg, run_dir, model_path=model_path)  # what verl cannot express, before writing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    counts = write_data(cfg, task, run_dir / "data", tokenizer)
+    ov = overrides(
+        with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir, model_path=model_path,
+        max_prompt_length=counts.get("max_prompt_tokens"),
+    )  # fmt: skip
+    write_json_atomic(run_dir / LAUNCH_FILE, {
+        "verl_checkpoints": str(run_dir.resolve() / "checkpoints"),
+        "model_path": model_path,
+        "max_prompt_length": counts.get("max_prompt_tokens"),
+        "n_eval": counts["test"],
+        "kind": task.kind,
+    })  # fmt: skip
+    return _launch(cfg, run_dir, python, ov, kind=task.kind, n_eval=counts["test"])
+
+
+def _gpu_python(cfg: Any) -> str:
+    """verl's interpreter where it sees ``run.num_processes`` GPUs; else
+    :class:`EngineUnavailable` naming what is missing."""
     python = verl_python()
     if python is None:
         raise EngineUnavailable(
@@ -417,21 +454,15 @@ def run(cfg: Any) -> dict[str, Any]:
             f"(run.num_processes), found {gpus} in verl's environment ({python}); "
             "`gbmpo train --engine verl --dry-run` checks the config without them"
         )
-    run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
-    if is_nonempty(run_dir):
-        raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
-    cfg.run.output_dir = str(run_dir)
-    model_path = resolve_model_path(cfg.model.path)
-    tokenizer = load_tokenizer(cfg)
-    task = build_task(cfg, tokenizer)
-    overrides(cfg, run_dir, model_path=model_path)  # what verl cannot express, before writing
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-    counts = write_data(cfg, task, run_dir / "data", tokenizer)
-    ov = overrides(
-        with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir, model_path=model_path,
-        max_prompt_length=counts.get("max_prompt_tokens"),
-    )  # fmt: skip
+    return python
+
+
+def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
+            n_eval: int | None) -> dict[str, Any]:  # fmt: skip
+    """Run ``verl.trainer.main_ppo`` with ``ov`` (also written to verl_overrides.txt), then
+    write metrics.jsonl and summary.json."""
+    from gbmpo.io import write_atomic
+
     write_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
     env = {**_verl_env(list(cfg.run.plugins)),
            "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / VERL_METRICS_FILE)}  # fmt: skip
@@ -440,10 +471,107 @@ def run(cfg: Any) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"verl.trainer.main_ppo failed (exit {proc.returncode}); see above")
-    summary = summarize_run(cfg, run_dir, kind=task.kind, wall_seconds=wall,
-                            n_eval=counts["test"])  # fmt: skip
+    summary = summarize_run(cfg, run_dir, kind=kind, wall_seconds=wall, n_eval=n_eval)
     write_summary(run_dir, summary)
     return summary
+
+
+#: written at launch: where verl's checkpoints are (``verl_checkpoints``) and what a resume
+#: needs to rebuild the launch's overrides (model path, longest prompt, evaluation size)
+LAUNCH_FILE = "verl_launch.json"
+
+#: verl's log rows of the parts before a resume (verl's file logger starts its file afresh):
+#: the rows up to the checkpoint each resume continues from
+VERL_EARLIER_METRICS_FILE = "verl_metrics_before_resume.jsonl"
+
+
+def _resume_point(run_dir: Path) -> tuple[dict[str, Any], Path | None, int]:
+    """The launch record, the checkpoint directory verl resumes from (``None``: none yet) and
+    its step (0 without one)."""
+    from gbmpo.train.config import ConfigError
+
+    try:
+        launch = json.loads((run_dir / LAUNCH_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"cannot resume {str(run_dir)!r}: no readable {LAUNCH_FILE} (the record of where "
+            f"verl keeps its checkpoints, written when the run starts): {err}"
+        ) from None
+    ckpts = Path(launch["verl_checkpoints"])
+    try:  # verl's own record of its newest complete checkpoint
+        step = int((ckpts / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return launch, None, 0
+    folder = ckpts / f"global_step_{step}"
+    return (launch, folder, step) if folder.is_dir() else (launch, None, 0)
+
+
+def resume_overrides(cfg: Any, run_dir: str | Path) -> tuple[list[str], int]:
+    """The overrides that continue the verl run ``run_dir`` (``cfg``: its config.yaml with the
+    allowed resume overrides) and the step they continue from: the launch's overrides
+    (:func:`overrides`: the same run directory, data files and checkpoint directory) plus
+    ``trainer.resume_mode=resume_path`` with ``trainer.resume_from_path`` = verl's newest
+    checkpoint and ``trainer.val_before_train=false`` (the evaluation before training is the
+    first part's); without a checkpoint ``trainer.resume_mode=disable`` (the run starts over)."""
+    run_dir = Path(run_dir)
+    launch, folder, step = _resume_point(run_dir)
+    ov = overrides(with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir,
+                   model_path=launch.get("model_path"),
+                   max_prompt_length=launch.get("max_prompt_length"))  # fmt: skip
+    if folder is None:
+        return [*ov, "trainer.resume_mode=disable"], 0
+    ov = [o for o in ov if not o.startswith("trainer.val_before_train=")]
+    return [*ov, "trainer.val_before_train=false", "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={_value(str(folder))}"], step  # fmt: skip
+
+
+def _resume_config(run_dir: str | Path, extra: list[tuple[str, Any]] | None) -> tuple[Any, Path]:
+    from gbmpo.train.config import validate
+    from gbmpo.train.run import resume_config
+
+    cfg, path = resume_config(run_dir, extra)
+    validate(cfg)
+    check_engine_support(cfg)
+    return cfg, path
+
+
+def resume_dry_run(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None
+                   ) -> DryRunReport:  # fmt: skip
+    """``gbmpo train --resume DIR --dry-run`` for a verl run: the resume's overrides
+    (:func:`resume_overrides`) and the step it continues from; nothing written or launched."""
+    cfg, path = _resume_config(run_dir, extra)
+    report = DryRunReport("verl")
+    ov, step = resume_overrides(cfg, path)
+    report.ok("resume", f"from step {step}" if step else "from the start (no checkpoint)")
+    report.info["overrides"] = ov
+    report.info["resume_step"] = step
+    return report
+
+
+def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
+    """Continue the verl run ``run_dir`` from its newest checkpoint (:func:`resume_overrides`);
+    :class:`EngineUnavailable` (nothing written) where verl or its GPUs are missing. verl's log
+    rows past that checkpoint are dropped (the rows up to it are kept in
+    :data:`VERL_EARLIER_METRICS_FILE`), so that metrics.jsonl has each step once."""
+    from gbmpo.io import RunLock, write_atomic
+    from gbmpo.train.config import dump_yaml
+
+    cfg, path = _resume_config(run_dir, extra)
+    python = _gpu_python(cfg)
+    ov, step = resume_overrides(cfg, path)
+    launch = json.loads((path / LAUNCH_FILE).read_text())
+    lock = RunLock(path).acquire()
+    try:
+        earlier = read_verl_log(path / VERL_EARLIER_METRICS_FILE)
+        rows = [r for r in earlier + read_verl_log(path / VERL_METRICS_FILE)
+                if step > 0 and int(r["step"]) <= step]  # fmt: skip
+        write_atomic(path / VERL_EARLIER_METRICS_FILE,
+                     "".join(json.dumps(r) + "\n" for r in rows))  # fmt: skip
+        (path / VERL_METRICS_FILE).unlink(missing_ok=True)
+        write_atomic(path / "config.yaml", dump_yaml(cfg))
+        return _launch(cfg, path, python, ov, kind=launch["kind"], n_eval=launch["n_eval"])
+    finally:
+        lock.release()
 
 
 #: verl's file logger output in the run directory (``VERL_FILE_LOGGER_PATH``): one JSON object
@@ -547,7 +675,9 @@ def summarize_run(
     :func:`validation_freq` makes verl validate there), ``None`` where there is none."""
     from gbmpo.io import write_atomic
 
-    rows = read_verl_log(run_dir / VERL_METRICS_FILE)
+    # the parts before a resume (up to its checkpoint), then the last part
+    rows = read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
+    rows += read_verl_log(run_dir / VERL_METRICS_FILE)
     converted = [convert_row(cfg, r, kind, n_eval) for r in rows]
     write_atomic(run_dir / "metrics.jsonl",
                  "".join(json.dumps(r, default=str) + "\n" for r in converted))  # fmt: skip

@@ -269,7 +269,7 @@ TRL: dict[str, Support] = {
     "run.seed": H("seed", probe=1),
     "run.output_dir": H("the run directory; TRL's output_dir is its checkpoints/",
                         probe="runs/probe"),
-    "run.checkpoint_every": H("save_steps (TRL's checkpoints, not resumable by gbmpo)",
+    "run.checkpoint_every": H("save_steps (TRL's checkpoints, which --resume continues from)",
                               probe=5),
     "run.keep_checkpoints": H("save_total_limit", probe=2),
     "run.report_to": H("report_to", probe=["tensorboard"]),

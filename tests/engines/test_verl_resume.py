@@ -1,0 +1,124 @@
+"""``gbmpo train --resume DIR`` for ``--engine verl`` runs, without GPUs: the run directory
+records where verl keeps its checkpoints (``verl_launch.json``), the resume's overrides are the
+launch's (same run directory, data, checkpoint directory) plus verl's resume settings, a real
+resume without GPUs exits 2 writing nothing, and metrics.jsonl joins the parts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gbmpo.cli import main
+from gbmpo.engines import verl
+from gbmpo.integrations.common import hydra_value
+from gbmpo.train.config import dump_yaml, load_config
+from gbmpo.train.support import VERL_REQUIRED
+
+RESUME_KEYS = ("trainer.resume_mode=", "trainer.resume_from_path=", "trainer.val_before_train=")
+
+
+def _cfg(*settings: tuple[str, Any]) -> Any:
+    return load_config(None, [("engine", "verl"), *VERL_REQUIRED.items(), *settings])
+
+
+def _verl_run(tmp_path: Path, step: int | None) -> Path:
+    """A verl run directory as the launch leaves it, killed after verl's checkpoint of
+    ``step`` (``None``: before any)."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    cfg = _cfg()
+    cfg.run.output_dir = str(run)
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    (run / verl.LAUNCH_FILE).write_text(json.dumps({
+        "verl_checkpoints": str(run.resolve() / "checkpoints"), "model_path": "/models/tiny",
+        "max_prompt_length": 40, "n_eval": 8, "kind": "math"}))  # fmt: skip
+    if step is not None:
+        (run / "checkpoints" / f"global_step_{step}" / "actor").mkdir(parents=True)
+        (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return run
+
+
+def test_resume_overrides_are_the_launch_plus_verl_resume_settings(tmp_path: Path) -> None:
+    run = _verl_run(tmp_path, 4)
+    cfg = _cfg()
+    ov, step = verl.resume_overrides(cfg, run)
+    assert step == 4
+    launch = verl.overrides(verl.with_mirror_file(cfg, run / "mirror_init.json"), run,
+                            model_path="/models/tiny", max_prompt_length=40)  # fmt: skip
+    assert [o for o in ov if not o.startswith(RESUME_KEYS)] == [
+        o for o in launch if not o.startswith(RESUME_KEYS)]  # fmt: skip
+    ckpts = run.resolve() / "checkpoints"
+    assert f"trainer.default_local_dir={hydra_value(str(ckpts))}" in ov
+    train = run.resolve() / "data" / "train.parquet"
+    assert f"data.train_files={hydra_value(str(train))}" in ov
+    assert "trainer.resume_mode=resume_path" in ov
+    assert f"trainer.resume_from_path={hydra_value(str(ckpts / 'global_step_4'))}" in ov
+    assert "trainer.val_before_train=false" in ov  # the first part's evaluation is kept
+    assert sum(o.startswith("trainer.val_before_train=") for o in ov) == 1
+
+
+def test_without_a_checkpoint_the_run_starts_over(tmp_path: Path) -> None:
+    run = _verl_run(tmp_path, None)
+    ov, step = verl.resume_overrides(_cfg(), run)
+    assert step == 0 and "trainer.resume_mode=disable" in ov
+    assert "trainer.val_before_train=true" in ov
+
+
+def test_resume_dry_run_prints_the_overrides(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = _verl_run(tmp_path, 6)
+    before = sorted(p.name for p in run.rglob("*"))
+    assert main(["train", "--resume", str(run), "--dry-run", "--steps", "20"]) == 0
+    report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
+    assert report["engine"] == "verl" and report["resume_step"] == 6
+    assert "trainer.total_training_steps=20" in report["overrides"]  # a resumable override
+    assert "trainer.resume_mode=resume_path" in report["overrides"]
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def test_refusals(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    run = _verl_run(tmp_path, 2)
+    assert main(["train", "--resume", str(run), "--dry-run", "--lr", "1"]) == 2
+    assert "cannot change 'optim.lr' when resuming" in capsys.readouterr().err
+    (run / verl.LAUNCH_FILE).unlink()
+    assert main(["train", "--resume", str(run), "--dry-run"]) == 2
+    assert "no readable verl_launch.json" in capsys.readouterr().err
+    (run / "summary.json").write_text("{}")
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "the run already finished" in capsys.readouterr().err
+
+
+def test_real_resume_without_gpus_exits_2_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the resume would start")
+    run = _verl_run(tmp_path, 4)
+    (run / verl.VERL_METRICS_FILE).write_text(json.dumps({"step": 5, "data": {}}) + "\n")
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
+    assert main(["train", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "engine verl needs" in err and len(err.strip().splitlines()) == 1
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_metrics_join_the_parts_before_and_after_a_resume(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = _cfg()
+
+    def rows(*steps: int) -> str:
+        return "".join(json.dumps({"step": s, "data": {"actor/pg_loss": s / 10,
+                                                       "training/global_step": s}}) + "\n"
+                       for s in steps)  # fmt: skip
+
+    (run / verl.VERL_EARLIER_METRICS_FILE).write_text(rows(1, 2))
+    (run / verl.VERL_METRICS_FILE).write_text(rows(3, 4))
+    summary = verl.summarize_run(cfg, run, kind="math", wall_seconds=1.0)
+    got = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in got] == [1, 2, 3, 4] and summary["steps"] == 4
