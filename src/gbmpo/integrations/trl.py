@@ -1107,8 +1107,14 @@ class GBMPOTrainer(GRPOTrainer):
     ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes),
     ``reference/<name>`` (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the
     window, for the active regularizer and, with ``log_all_regularizers``, every registered
-    one; when the reference log-probs exist, see ``monitor_reference``); plus ``entropy_coef``
-    and ``aux_loss`` as TRL.
+    one; when the reference log-probs exist, see ``monitor_reference``); plus TRL's own names
+    with TRL's definitions: ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (TRL's clip),
+    ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, and with an entropy bonus ``policy_loss`` and
+    ``entropy_coef``; ``aux_loss`` as TRL. ``kl`` is multiplied by the token ratio with
+    ``use_bias_correction_kl``, as TRL's.
+
+    ``use_adaptive_entropy``: TRL's controller (:func:`adaptive_entropy_coef`) on TRL's state
+    attributes (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves.
     """
 
     _tag_names = ["trl", "grpo", "gbmpo"]
