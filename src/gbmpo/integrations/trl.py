@@ -1362,10 +1362,11 @@ class GBMPOTrainer(GRPOTrainer):
                 ratio = torch.exp(seq).unsqueeze(-1).expand_as(log_ratio)
             else:
                 ratio = torch.exp(log_ratio)
-            eps_low = float(self.args.epsilon)
-            eps_high = float(self.args.epsilon_high or self.args.epsilon)
-            low = ((ratio < 1 - eps_low) & (adv < 0)).float()
-            high = ((ratio > 1 + eps_high) & (adv > 0)).float()
+            # the surrogate's own interval (= TRL's 1 - epsilon, 1 + epsilon_high when mapped)
+            sur: Any = obj.surrogate
+            lo, hi = 1.0 - float(sur.eps_low), 1.0 + float(sur.eps_high)
+            low = ((ratio < lo) & (adv < 0)).float()
+            high = ((ratio > hi) & (adv > 0)).float()
             per_seq = torch.stack([(x * mf).sum(-1) / mf.sum(-1) for x in (low, high)], dim=-1)
             gathered = self.accelerator.gather(per_seq)
             low_seq, high_seq = gathered[:, 0], gathered[:, 1]
@@ -1378,7 +1379,7 @@ class GBMPOTrainer(GRPOTrainer):
                 float(high_seq.max()) if high_seq.numel() else nan
             )
         elif obj.loss_type == "cispo":
-            cap = float(self.args.epsilon_high or self.args.epsilon)
+            cap = 1.0 + float(obj.surrogate.eps_high)  # TRL's epsilon_high (loss_type_surrogate)
             hit = ((torch.exp(log_ratio) > cap) & (adv > 0)).float()
             totals = self.accelerator.reduce(torch.stack([(hit * mf).sum(), mf.sum()]), "sum")
             self._metrics[mode]["cispo_clip_ratio"].append(float(totals[0] / totals[1].clamp(1.0)))
