@@ -17,8 +17,8 @@ run is reproducible step for step):
   identical to the reference, and no corrupt file exists after the kill or after the resume, and
   nothing looked complete after the kill unless it was. "Identical": every ``metrics.jsonl``
   row equal after dropping wall-clock fields (``time/*``, ``step_seconds``,
-  ``tokens_per_second``); ``summary.json`` equal but for wall/RL seconds and paths; the sha256 of
-  every tensor of the exported model and of the final checkpoint's weights equal. ES: the
+  ``tokens_per_second``); ``summary.json`` equal but for wall/RL/drift seconds and paths; the
+  sha256 of every tensor of the exported model and of the final checkpoint's weights equal. ES: the
   ``es_state.json`` document (history without ``eval_seconds``), every ``theta/*.safetensors``
   tensor and ``best_mirror.json``. compare: each grid run as for train, plus ``results.json``
   without timings, dates and the per-run actions (fresh / resume / reuse).
@@ -107,7 +107,7 @@ COMPARE_FAST = [
     "--time-budget", "null", "--mu", "1", "--optim.mini_batch_size", "null",
     "--run.checkpoint_every", "2", "--steps", "6",
 ]
-TIMING_SUMMARY_KEYS = {"wall_seconds", "rl_seconds", "run_dir", "final_model"}
+TIMING_SUMMARY_KEYS = {"wall_seconds", "rl_seconds", "drift_seconds", "run_dir", "final_model"}
 RESULTS_VOLATILE_KEYS = {
     "generated", "machine", "actions", "wall_seconds", "rl_seconds", "run_dir", "path",
 }

@@ -207,7 +207,7 @@ def test_summary_from_verls_own_logger_and_validation_metrics(
     cfg = load_config(None, [("engine", "verl"), ("output-dir", str(run_dir)),
                              ("model.device", "cuda"), ("run.time_budget_seconds", None),
                              ("objective.monitor_regularizers", False), ("eval.every", 0),
-                             ("run.steps", 2)])  # fmt: skip
+                             ("eval.drift", False), ("run.steps", 2)])  # fmt: skip
     run_dir.mkdir()
     (run_dir / "config.yaml").write_text(dump_yaml(cfg))
     task = build_task(cfg, load_tokenizer(cfg))

@@ -239,7 +239,12 @@ def resolve_model_path(path_or_id: str | Path | None) -> str:
     if not text.strip():
         raise FileNotFoundError("model path is empty")
     local = Path(text).expanduser()
-    if local.exists():
+    try:
+        exists = local.exists()
+    except OSError as err:  # a name longer than the file system allows, ...
+        shown = text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
+        raise FileNotFoundError(f"model path {shown!r} cannot be read: {err.strerror}") from None
+    if exists:
         if not local.is_dir():
             raise FileNotFoundError(f"model path {text!r} is a file, not a model directory")
         if not (local / "config.json").is_file():

@@ -34,8 +34,10 @@ def fake_run(
     finished: bool = True,
     response_tokens: float = 25.0,
     wall: float = 100.0,
+    drift: dict[str, Any] | None = None,
 ) -> Path:
-    """A run directory as the trainer writes it, with made-up numbers."""
+    """A run directory as the trainer writes it, with made-up numbers (``drift``: the summary's
+    ``drift`` record, absent when ``None``)."""
     cfg = TrainConfig()
     cfg.task.name = task
     cfg.objective.regularizer.name = regularizer
@@ -73,6 +75,8 @@ def fake_run(
             "coef": coef,
             "seed": seed,
         }
+        if drift is not None:
+            summary["drift"] = drift
         (path / "summary.json").write_text(json.dumps(summary))
     return path
 

@@ -307,3 +307,13 @@ def test_an_arm_may_be_an_engine(tmp_path, gbmpo_cli):
         assert summary["engine"] == engine
     results = json.loads((out / "results.json").read_text())
     assert [g["label"] for g in results["tasks"][0]["groups"]] == ["own", "trl"]
+
+
+def test_dry_run_of_an_arm_with_a_sum_of_regularizers(tmp_path, gbmpo_cli):
+    arms = tmp_path / "arms.yaml"
+    arms.write_text("sum:\n  objective.regularizer:\n    - {name: prob_l2, coef: 0.05}\n"
+                    "    - {name: kl_k1, coef: 0.04, placement: reward}\n")  # fmt: skip
+    code, stdout, stderr = _call(gbmpo_cli, ["compare", "--arms", str(arms), "--seeds", "0",
+                                             "--output-dir", str(tmp_path / "o"), "--dry-run"])
+    assert code == 0, stderr
+    assert "regularizer prob_l2 (coef 0.05) + kl_k1 (coef 0.04, reward)" in stdout

@@ -30,19 +30,12 @@ from gbmpo.integrations.trl import (  # noqa: E402
     objective_spec,
     trl_field_status,
 )
-from gbmpo.objectives.surrogates import SURROGATES  # noqa: E402
 
 TOL = 1e-6
 BETA = 0.04
 ACCUM = 2
 COMMON: dict[str, Any] = {"gradient_accumulation_steps": ACCUM, "max_completion_length": 10}
 BASE = {"output_dir": "/tmp/gbmpo-dropin-unused", "report_to": "none", "use_cpu": True}
-
-needs_baselines = pytest.mark.skipif(
-    not all(n in SURROGATES for n in ("cispo", "sapo", "vespo")),
-    reason="gbmpo's cispo / sapo / vespo surrogates are not registered in this checkout",
-)
-
 
 # --- the field table -------------------------------------------------------------------------
 
@@ -85,20 +78,13 @@ def _spec(**kw: Any) -> dict[str, Any]:
         ({}, {"beta": 0.04}),
         ({"beta": 0.04}, {"beta": 0.04, "use_bias_correction_kl": True}),
         ({}, {"loss_type": "dr_grpo"}),
-        pytest.param({"loss_type": "cispo", "epsilon_high": 5.0},
-                     {"loss_type": "cispo", "epsilon_high": 3.0}, marks=needs_baselines),
-        pytest.param({"loss_type": "sapo"}, {"loss_type": "sapo", "sapo_temperature_pos": 2.0},
-                     marks=needs_baselines),
-        pytest.param({"loss_type": "sapo"}, {"loss_type": "sapo", "sapo_temperature_neg": 2.0},
-                     marks=needs_baselines),
-        pytest.param({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_k_pos": 1.0},
-                     marks=needs_baselines),
-        pytest.param({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_lambda_pos": 1.0},
-                     marks=needs_baselines),
-        pytest.param({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_k_neg": 1.0},
-                     marks=needs_baselines),
-        pytest.param({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_lambda_neg": 1.0},
-                     marks=needs_baselines),
+        ({"loss_type": "cispo", "epsilon_high": 5.0}, {"loss_type": "cispo", "epsilon_high": 3.0}),
+        ({"loss_type": "sapo"}, {"loss_type": "sapo", "sapo_temperature_pos": 2.0}),
+        ({"loss_type": "sapo"}, {"loss_type": "sapo", "sapo_temperature_neg": 2.0}),
+        ({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_k_pos": 1.0}),
+        ({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_lambda_pos": 1.0}),
+        ({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_k_neg": 1.0}),
+        ({"loss_type": "vespo"}, {"loss_type": "vespo", "vespo_lambda_neg": 1.0}),
     ],
 )  # fmt: skip
 def test_mapped_fields_change_the_objective(base: dict[str, Any], changed: dict[str, Any]) -> None:
@@ -108,7 +94,6 @@ def test_mapped_fields_change_the_objective(base: dict[str, Any], changed: dict[
     assert _spec(**base) != _spec(**changed)
 
 
-@needs_baselines
 def test_loss_type_surrogates_and_their_refusals() -> None:
     spec = _spec(loss_type="cispo", epsilon_high=5.0, beta=BETA, regularizer="prob_l2")
     assert spec["surrogate"] == {"name": "cispo", "params": {"eps_low": 1.0, "eps_high": 4.0}}
@@ -235,8 +220,6 @@ def test_loss_type_parity_with_trl(
     """sapo / luspo with beta=0, cispo / vespo with TRL's k3 (beta > 0): GBMPOTrainer's loss,
     gradients and TRL's metrics equal TRL's own trainer's; cispo combines with another gbmpo
     regularizer (prob_l2) too."""
-    if loss_type in ("cispo", "sapo", "vespo") and loss_type not in SURROGATES:
-        pytest.skip(f"gbmpo's {loss_type} surrogate is not registered in this checkout")
     beta = BETA if loss_type in ("cispo", "vespo") else 0.0
     kw = {"loss_type": loss_type, "beta": beta, "use_bias_correction_kl": False, **extra}
     stock, ours = pair(kw)

@@ -14,9 +14,9 @@ from gbmpo.engines.verl import overrides, verl_python
 from gbmpo.train.config import ConfigError, load_config
 
 #: the keys verl refuses at the own engine's defaults (CPU, a time budget, all-regularizer
-#: monitoring), set to values verl honours
+#: monitoring, the end-of-run drift measurement), set to values verl honours
 VERL_OK = ["--model.device", "cuda", "--time-budget", "null",
-           "--objective.monitor_regularizers", "false"]  # fmt: skip
+           "--objective.monitor_regularizers", "false", "--eval.drift", "false"]  # fmt: skip
 
 
 def test_dry_run_validates_with_verl(capsys: pytest.CaptureFixture) -> None:
@@ -55,7 +55,8 @@ def test_run_without_gpus_exits_2_and_writes_nothing(
      (["--model.dtype", "float16"], "model.dtype"),
      (["--lora.dropout", "0.1"], "lora.dropout"),
      (["--eval.max_new_tokens", "64"], "eval.max_new_tokens"),
-     (["--objective.monitor_regularizers", "true"], "objective.monitor_regularizers")],
+     (["--objective.monitor_regularizers", "true"], "objective.monitor_regularizers"),
+     (["--eval.drift", "true"], "eval.drift")],
 )  # fmt: skip
 @pytest.mark.parametrize("dry", [False, True])
 def test_refused_values_exit_2_before_anything_is_written(

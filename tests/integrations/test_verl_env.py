@@ -1,10 +1,11 @@
 """Runs the verl integration tests (tests_verl/) in their own environment, .venv-verl.
 
 verl 0.9.x needs transformers<5.11 and tensordict<=0.10, so it cannot live in .venv
-(transformers 5.23 for TRL); ``scripts/install.sh`` builds .venv-verl with
-``scripts/install_verl_env.sh``. This test makes the README's single test command cover them: it
-runs ``.venv-verl/bin/python -m pytest tests_verl`` on this checkout's sources and requires a
-pass with more than 0 tests. Skipped, saying so, where .venv-verl was not built.
+(transformers 5.23 for TRL); ``make test`` and ``make verl`` build .venv-verl with
+``scripts/install_verl_env.sh`` (``make run`` does not). This test makes the README's single
+test command cover them: it runs ``.venv-verl/bin/python -m pytest tests_verl`` on this
+checkout's sources and requires a pass with more than 0 tests. Skipped, saying so, where
+.venv-verl was not built.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ PYTHON = ROOT / ".venv-verl" / "bin" / "python"
 def test_verl_tests_pass_in_venv_verl(tmp_path: Path) -> None:
     if not PYTHON.exists():
         pytest.skip(
-            f"{PYTHON} not found: build it with bash scripts/install_verl_env.sh "
-            "(scripts/install.sh does, unless GBMPO_INSTALL_VERL=0)"
+            f"{PYTHON} not found: build it with make verl (make test does, unless "
+            "GBMPO_INSTALL_VERL=0)"
         )
     junit = tmp_path / "verl.xml"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's gbmpo

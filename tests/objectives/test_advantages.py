@@ -145,3 +145,13 @@ def test_property_group_scale_has_unit_std(data, eps):
             assert float(a.std()) == pytest.approx(expected, rel=1e-6, abs=1e-9)
         else:
             assert torch.all(a == 0)
+
+
+def test_denormal_rewards_give_finite_advantages():
+    """A group whose largest reward is denormal: eps / scale is a tensor division (a Python
+    scalar over a tensor goes through the reciprocal, and 0 * inf is NaN). Found by hypothesis."""
+    r = torch.tensor([0.0, 2.2e-313], dtype=torch.float64)
+    for scale in ("group", "batch", "none"):
+        adv = group_advantages(r, 2, scale, eps=0.0)
+        assert torch.isfinite(adv).all(), (scale, adv)
+        assert adv[0] < 0 < adv[1]

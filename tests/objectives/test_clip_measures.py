@@ -21,9 +21,14 @@ from gbmpo.objectives.clip_measures import (
     CLIP_MEASURES,
     atr_bounds,
     bisect_interval,
+    dppo_kl_interval,
+    dppo_tv_interval,
+    dppo_valid_mask,
     k1_interval,
     k2_interval,
     k3_interval,
+    measure_dppo_kl,
+    measure_dppo_tv,
     measure_k1,
     measure_k2,
     measure_k3,
@@ -202,6 +207,10 @@ def _ends(measure: str, dl: float, dh: float, p: float) -> tuple[float, float]:
     pt = torch.tensor([p], dtype=F64)
     if measure == "prob_l2":
         lo, hi = prob_l2_interval(pt, dl, dh)
+    elif measure == "dppo_tv":
+        lo, hi = dppo_tv_interval(pt, dl, dh)
+    elif measure == "dppo_kl":
+        lo, hi = dppo_kl_interval(pt, dl, dh)
     else:
         lo, hi = mirror_interval(pt, MIRROR, dl, dh)
     return float(lo), float(hi)
@@ -233,7 +242,7 @@ def test_prob_l2_rarer_tokens_get_wider_intervals(p1, p2, d):
 
 def _measure_params(measure):
     delta = {"ratio": 0.2, "k1": 0.2, "k2": 0.02, "k3": 0.02, "prob_l2": 0.02,
-             "neural_mirror": 0.01}[measure]  # fmt: skip
+             "neural_mirror": 0.01, "dppo_tv": 0.15, "dppo_kl": 0.05}[measure]  # fmt: skip
     params = {"measure": measure, "delta": delta}
     if measure == "neural_mirror":
         params["mirror"] = MIRROR
@@ -352,6 +361,11 @@ def test_bf16_and_float32_inputs_are_finite(measure):
          "mirror is used only with measure='neural_mirror'"),
         ({"measure": "neural_mirror", "delta": 0.1, "mirror": "/nonexistent/m.json"},
          FileNotFoundError, "m.json"),
+        ({"measure": "dppo_tv", "delta": 0.15, "dual_clip_c": 3.0}, ValueError,
+         "truncates the importance weight instead of a dual clip"),
+        ({"measure": "dppo_kl", "delta": 0.05, "is_cap": 1.0}, ValueError, "is_cap must be > 1"),
+        ({"measure": "k3", "delta": 0.05, "is_cap": 20.0}, ValueError,
+         "is_cap .* only with the measures dppo_tv, dppo_kl, not 'k3'"),
     ],
 )  # fmt: skip
 def test_bad_parameters(params, error, match):
@@ -392,3 +406,66 @@ def test_masked_garbage_never_reaches_per_token_bounds(measure):
     assert torch.isfinite(loss).all() and (loss[0, 1:] == 0).all()
     assert torch.isfinite(g).all() and (g[0, 1:] == 0).all() and g[0, 0] != 0
     assert all(torch.isfinite(v) for v in diag.values())
+
+
+# ---------------------------------------------------------------------------------- DPPO
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=prob, dl=radius, dh=radius)
+def test_dppo_intervals_are_the_measure_level_sets(p, dl, dh):
+    """TV closed form and KL bisection: f(l) = delta_low, f(u) = delta_high where finite and
+    inside (0, 1/p], f <= delta inside."""
+    pt = torch.tensor([p], dtype=F64)
+    for interval, f in ((dppo_tv_interval, measure_dppo_tv), (dppo_kl_interval, measure_dppo_kl)):
+        lo, hi = interval(pt, dl, dh)
+        if float(lo) > 0:
+            assert float(f(lo, pt)) == pytest.approx(dl, rel=1e-9)
+        if math.isfinite(float(hi)) and float(hi) < 1 / p:
+            assert float(f(hi, pt)) == pytest.approx(dh, rel=1e-9)
+        inside = torch.linspace(max(float(lo), 1e-9), min(float(hi), 1 / p), 101, dtype=F64)
+        assert bool((f(inside, pt) <= max(dl, dh) * (1 + 1e-9)).all())
+
+
+def test_dppo_tv_interval_closed_form():
+    lo, hi = dppo_tv_interval(torch.tensor([0.5, 0.05], dtype=F64), 0.15, 0.2)
+    torch.testing.assert_close(lo, torch.tensor([0.7, 0.0], dtype=F64))
+    torch.testing.assert_close(hi, torch.tensor([1.4, 5.0], dtype=F64))
+
+
+def test_dppo_mask_reads_the_probability_move_not_the_ratio():
+    """DPPO's point: a rare token may multiply its probability (ratio 100, TV 1e-3) and keep its
+    gradient, a likely one loses it for a small ratio move (0.99 -> 0.8: ratio 0.81, TV 0.19)."""
+    old = torch.log(torch.tensor([[1e-5, 0.99]], dtype=F64))
+    new = torch.log(torch.tensor([[1e-3, 0.8]], dtype=F64))
+    adv = torch.tensor([[1.0, -1.0]], dtype=F64)
+    for measure, delta in (("dppo_tv", 0.15), ("dppo_kl", 0.05)):
+        valid = dppo_valid_mask(measure, new, old, adv, delta, delta)
+        assert valid.tolist() == [[True, False]], measure
+    # the ratio clip does the opposite
+    w = torch.exp(new - old)
+    assert float(w[0, 0]) > 1.28 and float(w[0, 1]) > 0.8
+
+
+@pytest.mark.parametrize("measure", ["dppo_tv", "dppo_kl"])
+def test_dppo_truncated_weight_keeps_the_gradient_at_the_cap(measure):
+    """With is_cap=C a kept token whose ratio exceeds C has gradient -A C (truncated IS), not 0
+    (a dual clip would remove it); the value is -A SG(min(w, C)) log pi."""
+    old = torch.log(torch.tensor([[0.001, 0.001, 0.3]], dtype=F64))
+    logp = torch.log(torch.tensor([[0.006, 0.002, 0.32]], dtype=F64)).requires_grad_()
+    adv = torch.tensor([-1.0], dtype=F64)
+    mask = torch.ones(1, 3, dtype=F64)
+    surr = get_surrogate("divergence_clip", measure=measure, delta=0.15 if measure == "dppo_tv"
+                         else 0.05, is_cap=3.0)  # fmt: skip
+    loss, g, diag = grad_of(surr, logp, old, adv, mask)
+    w = torch.exp(logp.detach() - old)
+    torch.testing.assert_close(
+        g, torch.stack([torch.tensor(3.0, dtype=F64), w[0, 1], w[0, 2]])[None]
+    )
+    torch.testing.assert_close(loss, (torch.minimum(w, torch.tensor(3.0)) * logp.detach()))
+    assert float(diag["clip_frac_dual"]) == pytest.approx(1 / 3)
+    # no cap: the plain ratio
+    free = get_surrogate("divergence_clip", measure=measure, delta=0.15 if measure == "dppo_tv"
+                         else 0.05)  # fmt: skip
+    _, g_free, _ = grad_of(free, logp, old, adv, mask)
+    torch.testing.assert_close(g_free, w)

@@ -298,3 +298,25 @@ def test_bad_arguments_are_reported() -> None:
         full_vocab_bregman_from_hidden(h, w.T, ref_hidden=h)
     with pytest.raises(ValueError, match="ref_logits has shape"):
         full_vocab_bregman_from_hidden(h, w, ref_logits=x[..., :5])
+
+
+def test_total_variation_rows() -> None:
+    from gbmpo.objectives.full_vocab import bregman_rows, total_variation_rows
+
+    x, y = _logits(11, (64, 9)), _logits(12, (64, 9))
+    tv = total_variation_rows(x, y)
+    p, q = torch.softmax(x, -1), torch.softmax(y, -1)
+    torch.testing.assert_close(tv, 0.5 * (p - q).abs().sum(-1))
+    torch.testing.assert_close(tv, total_variation_rows(y, x))  # symmetric
+    assert bool(((tv >= 0) & (tv <= 1)).all()) and tv.dtype == F64
+    # Pinsker: TV <= sqrt(KL / 2), for both directions of the KL
+    for a, b in ((x, y), (y, x)):
+        assert bool((tv <= torch.sqrt(bregman_rows(a, b, NegEntropy()) / 2) + 1e-12).all())
+    assert float(total_variation_rows(x, x).abs().max()) == 0.0
+    # disjoint supports: TV = 1; a -inf logit is probability 0; bf16 is computed in float32
+    inf = float("-inf")
+    a = torch.tensor([[0.0, inf, inf]])
+    b = torch.tensor([[inf, 0.0, 0.0]])
+    assert float(total_variation_rows(a, b)) == pytest.approx(1.0)
+    out = total_variation_rows(x.to(torch.bfloat16), y.to(torch.bfloat16))
+    assert out.dtype == torch.float32

@@ -92,7 +92,7 @@ def test_names_are_resolved_through_the_registries():
     )
     torch.testing.assert_close(by_name, by_obj)
     assert m1 == m2
-    with pytest.raises(UnknownNameError, match="valid names: atr, clip"):
+    with pytest.raises(UnknownNameError, match="valid names: atr, cispo, clip"):
         compute_policy_loss(logp, old, ref, adv, mask, surrogate="ppo", regularizer=None)
     with pytest.raises(UnknownNameError, match="valid names"):
         compute_policy_loss(logp, old, ref, adv, mask, surrogate="clip", regularizer="kl_k9")

@@ -182,6 +182,12 @@ SURROGATES = [
     ("rpg_reinforce", {"variant": "rkl"}),
     ("rpg_reinforce", {"variant": "ufkl"}),
     ("rpg_reinforce", {"variant": "urkl"}),
+    ("cispo", {}),
+    ("sapo", {}),
+    ("gmpo", {}),
+    ("vespo", {}),
+    ("divergence_clip", {"measure": "dppo_tv", "delta": 0.15, "is_cap": 20.0}),
+    ("divergence_clip", {"measure": "dppo_kl", "delta": 0.05}),
 ]
 
 

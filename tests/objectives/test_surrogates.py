@@ -376,10 +376,12 @@ def test_rpg_reinforce_branches_on_effective_advantage():
 
 def test_registry_names_unknown_name_and_params():
     assert set(SURROGATES.names()) == {
-        "clip", "gspo", "atr", "divergence_clip", "rpg_clip", "rpg_reinforce"
-    }
+        "clip", "gspo", "atr", "divergence_clip", "rpg_clip", "rpg_reinforce", "cispo", "sapo",
+        "gmpo", "vespo",
+    }  # fmt: skip
     with pytest.raises(
-        UnknownNameError, match="atr, clip, divergence_clip, gspo, rpg_clip, rpg_reinforce"
+        UnknownNameError,
+        match="atr, cispo, clip, divergence_clip, gmpo, gspo, rpg_clip, rpg_reinforce, sapo, vespo",
     ):
         get_surrogate("ppo")
     with pytest.raises(TypeError, match="'epsilon'.*valid parameters: eps_low, eps_high"):
@@ -402,6 +404,12 @@ def test_registry_names_unknown_name_and_params():
         ("rpg_reinforce", {"variant": "kl"}, "valid: fkl, rkl, ufkl, urkl"),
         ("rpg_reinforce", {"variant": "fkl", "beta": -1.0}, "beta"),
         ("rpg_reinforce", {"variant": "fkl", "c": 0.9}, "must be > 1"),
+        ("cispo", {"eps_low": 1.5}, "eps_low"),
+        ("cispo", {"eps_high": -1.0}, "eps_high"),
+        ("sapo", {"tau_pos": 0.0}, "tau_pos must be > 0"),
+        ("sapo", {"tau_neg": math.nan}, "tau_neg must be finite"),
+        ("gmpo", {"eps_low": 0.0}, "eps_low must be > 0"),
+        ("vespo", {"lambda_neg": -1.0}, "lambda_neg must be >= 0"),
     ],
 )
 def test_bad_parameters_raise(name, params, match):
@@ -428,6 +436,12 @@ def test_shape_errors():
         ("atr", {"delta": 0.02}),
         ("rpg_clip", {"variant": "rkl", "beta": 0.01}),
         ("rpg_reinforce", {"variant": "urkl"}),
+        ("cispo", {}),
+        ("sapo", {}),
+        ("gmpo", {}),
+        ("vespo", {}),
+        ("divergence_clip", {"measure": "dppo_tv", "delta": 0.15, "is_cap": 20.0}),
+        ("divergence_clip", {"measure": "dppo_kl", "delta": 0.05}),
     ],
 )
 def test_bf16_inputs_give_finite_float32(name, params):
@@ -440,3 +454,110 @@ def test_bf16_inputs_give_finite_float32(name, params):
     (g,) = torch.autograd.grad(loss.sum(), x)
     assert g.dtype == torch.bfloat16 and torch.isfinite(g).all()
     assert all(v.dtype == torch.float32 and torch.isfinite(v) for v in diag.values())
+
+
+# ------------------------------------------------------------------ baseline surrogates
+
+
+def _masked_w(logp, old, mask):
+    return torch.exp(logp.detach() - old) * mask
+
+
+@pytest.mark.parametrize("low,high", [(1.0, 4.0), (0.2, 0.28)])
+def test_cispo_gradient_is_clipped_weight_on_every_token(low, high):
+    """d loss / d log pi = -clip(w, 1 - eps_low, 1 + eps_high) A on every valid token (no token
+    loses its gradient), value -SG(clip(w)) A log pi."""
+    logp, old, adv, mask = make_batch(b=8, t=6, spread=2.2)
+    surr = get_surrogate("cispo", eps_low=low, eps_high=high)
+    loss, diag = surr(logp, old, adv, mask)
+    w = torch.exp(logp.detach() - old)
+    cw = w.clamp(1 - low, 1 + high)
+    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    torch.testing.assert_close(g, -(cw * adv[:, None]) * mask)
+    torch.testing.assert_close(loss, -(cw * adv[:, None]) * logp.detach() * mask)
+    m = mask.bool()
+    assert float(diag["clip_frac_high"]) == pytest.approx(float((w > 1 + high)[m].float().mean()))
+    assert float(diag["clip_frac_high"]) > 0
+
+
+def test_sapo_gate_gradient_and_on_policy_limit():
+    """d loss / d log pi = -4 sigma (1 - sigma) w A with tau by the advantage's sign; at w = 1 it
+    is the plain policy gradient -A (the gate's slope is 1 there)."""
+    logp, old, adv, mask = make_batch(b=8, t=6, spread=1.0)
+    surr = get_surrogate("sapo", tau_pos=1.5, tau_neg=3.0)
+    w = torch.exp(logp.detach() - old)
+    tau = torch.where(adv[:, None] > 0, 1.5, 3.0).to(F64)
+    sig = torch.sigmoid(tau * (w - 1))
+    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    torch.testing.assert_close(g, -(4 * sig * (1 - sig) * w * adv[:, None]) * mask)
+    g1 = autograd(lambda x: surr(x, x.detach(), adv, mask)[0].sum(), logp)
+    torch.testing.assert_close(g1, -adv[:, None].expand_as(mask) * mask)
+    loss, _ = surr(logp, logp.detach(), adv, mask)
+    torch.testing.assert_close(loss, -(4 / tau) * 0.5 * adv[:, None] * mask)
+
+
+def test_gmpo_is_geometric_mean_with_log_space_clip():
+    """Per-token loss -A_i s_i with s_i = exp(mean of the sign-clipped log-ratios); each unclipped
+    token's gradient -A_i s_i / |o_i|, clipped tokens 0."""
+    logp, old, adv, mask = make_batch(b=8, t=6, spread=0.8)
+    eps = 0.3
+    surr = get_surrogate("gmpo", eps_low=eps, eps_high=eps)
+    lr = logp.detach() - old
+    a = adv[:, None]
+    clipped = torch.where(a > 0, lr.clamp(max=eps), lr.clamp(min=-eps))
+    n = mask.sum(-1, keepdim=True)
+    s = torch.exp((clipped * mask).sum(-1, keepdim=True) / n)
+    loss, diag = surr(logp, old, adv, mask)
+    torch.testing.assert_close(loss, -(a * s) * mask)
+    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    free = ((a > 0) & (lr < eps)) | ((a < 0) & (lr > -eps))
+    # the summed per-token loss holds |o_i| copies of -A_i s_i, each with gradient
+    # -A_i s_i / |o_i| on a free token: -A_i s_i in total
+    torch.testing.assert_close(g, torch.where(free, -(a * s), torch.zeros_like(lr)) * mask)
+    assert bool((~free & mask.bool()).any()) and bool((free & mask.bool()).any())
+    assert float(diag["clip_frac_high"]) + float(diag["clip_frac_low"]) > 0
+
+
+def test_vespo_weight_is_one_on_policy_and_decays_off_policy():
+    """phi(1) = 1 (plain policy gradient on-policy); gradient -phi(W) A with W the product of
+    the token ratios; phi < 1 when W moves away from 1 (k = 2, lambda = 3: phi(2) = 4 e^-3)."""
+    logp, old, adv, mask = make_batch(b=6, t=5, spread=0.5)
+    surr = get_surrogate("vespo")
+    g1 = autograd(lambda x: surr(x, x.detach(), adv, mask)[0].sum(), logp)
+    torch.testing.assert_close(g1, -adv[:, None].expand_as(mask) * mask)
+    log_w = ((logp.detach() - old) * mask).sum(-1, keepdim=True)
+    nonneg = adv[:, None] >= 0
+    k = torch.where(nonneg, 2.0, 3.0).to(F64)
+    lam = torch.where(nonneg, 3.0, 2.0).to(F64)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    torch.testing.assert_close(g, -(phi * adv[:, None]) * mask)
+    one = torch.zeros(1, 1, dtype=F64)
+    two = torch.full((1, 1), math.log(2.0), dtype=F64)
+    from gbmpo.objectives.surrogates import vespo_weight
+
+    a = torch.ones(1, 1, dtype=F64)
+    assert float(vespo_weight(one, a, 2, 3, 3, 2)) == pytest.approx(1.0)
+    assert float(vespo_weight(two, a, 2, 3, 3, 2)) == pytest.approx(4 * math.exp(-3))
+
+
+@pytest.mark.parametrize("name", ["cispo", "sapo", "gmpo", "vespo"])
+def test_baselines_selectable_in_the_trainer_config(name):
+    from gbmpo.train.config import TrainConfig, validate
+
+    cfg = TrainConfig()
+    cfg.objective.surrogate.name = name
+    cfg.objective.surrogate.params = {}
+    validate(cfg)
+
+
+@pytest.mark.parametrize("name", ["cispo", "sapo", "gmpo", "vespo"])
+def test_baselines_mask_garbage(name):
+    logp = torch.tensor([[-0.5, float("nan"), -math.inf]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[-0.3, math.inf, float("nan")]], dtype=F64)
+    mask = torch.tensor([[1.0, 0.0, 0.0]], dtype=F64)
+    loss, diag = get_surrogate(name)(logp, old, torch.ones(1, dtype=F64), mask)
+    (g,) = torch.autograd.grad(loss.sum(), logp)
+    assert torch.isfinite(loss).all() and (loss[0, 1:] == 0).all()
+    assert torch.isfinite(g).all() and (g[0, 1:] == 0).all() and g[0, 0] != 0
+    assert all(torch.isfinite(v) for v in diag.values())

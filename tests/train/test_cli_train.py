@@ -145,6 +145,7 @@ def test_print_config_is_loadable_yaml(capsys):
         "coef": 0.02,
         "anchor": "ref",
         "params": {},
+        "placement": "loss",
     }
 
 

@@ -24,10 +24,12 @@ from collections.abc import Sequence
 
 from gbmpo.cli.args import (
     UsageError,
+    own_flags,
     parse_overrides,
     positive_int,
     report_errors,
     split_imports,
+    unrecognized,
 )
 from gbmpo.cli.compare import add_compare_parser, run_compare
 from gbmpo.cli.es import add_es_parser, run_es
@@ -66,6 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tokens, plugins = split_imports(list(sys.argv[1:] if argv is None else argv))
     args, extra = parser.parse_known_args(tokens)
+    args.own_flags = own_flags(subparsers.choices[args.command])  # for "did you mean"
 
     def run() -> int:
         nonlocal extra
@@ -80,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "compare":  # unparsed options are train overrides for every run
             return int(run_compare(args, extra))
         if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+            raise unrecognized(extra, args.own_flags)
         if args.command == "eval":
             return int(run_eval(args))
         if args.command == "es":

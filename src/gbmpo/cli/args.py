@@ -17,11 +17,15 @@ from typing import Any
 
 __all__ = [
     "UsageError",
+    "flag_hint",
     "input_errors",
+    "one_line",
+    "own_flags",
     "parse_overrides",
     "positive_int",
     "report_errors",
     "split_imports",
+    "unrecognized",
 ]
 
 
@@ -40,12 +44,34 @@ def positive_int(text: str) -> int:
     return v
 
 
-def parse_overrides(tokens: Sequence[str]) -> list[tuple[str, Any]]:
+def own_flags(parser: argparse.ArgumentParser) -> list[str]:
+    """The ``--long`` options a (sub)command's parser defines itself."""
+    return [s for action in parser._actions for s in action.option_strings if s.startswith("--")]
+
+
+def flag_hint(token: str, flags: Sequence[str]) -> str:
+    """``"; did you mean '--dry-run'?"`` for the option in ``flags`` closest to ``token``."""
+    from gbmpo.objectives.spec import did_you_mean
+
+    word = token.split("=", 1)[0].lstrip("-")
+    return did_you_mean(word, {f.lstrip("-"): f for f in flags}) if word else ""
+
+
+def unrecognized(extra: Sequence[str], flags: Sequence[str]) -> UsageError:
+    """The one-line error for arguments a subcommand does not take, with a "did you mean" for
+    the first option among them."""
+    first = next((t for t in extra if t.startswith("-")), "")
+    return UsageError(f"unrecognized arguments: {' '.join(extra)}{flag_hint(first, flags)}")
+
+
+def parse_overrides(tokens: Sequence[str], flags: Sequence[str] = ()) -> list[tuple[str, Any]]:
     """``["--optim.lr", "1e-4", "--lora", "--steps=5"]`` -> ``[(key, value-or-True), ...]``.
 
-    A flag without a value means ``true`` (only valid for boolean keys).
+    A flag without a value means ``true`` (only valid for boolean keys). Every key is checked
+    here: an unknown one raises :class:`~gbmpo.train.config.ConfigError` with a "did you mean"
+    among the config keys or, failing that, among the subcommand's own options ``flags``.
     """
-    from gbmpo.train.config import annotation_at, canonical_key
+    from gbmpo.train.config import ConfigError, annotation_at, canonical_key
 
     out: list[tuple[str, Any]] = []
     i = 0
@@ -63,8 +89,15 @@ def parse_overrides(tokens: Sequence[str]) -> list[tuple[str, Any]]:
         else:
             key, value = body, None
             i += 1
+        try:
+            tp = annotation_at(canonical_key(key).split("."))
+        except ConfigError as err:
+            hint = "" if "did you mean" in str(err) else flag_hint(key, flags)
+            if hint:
+                raise ConfigError(f"{err}{hint}") from None
+            raise
         if value is None:
-            if annotation_at(canonical_key(key).split(".")) is not bool:
+            if tp is not bool:
                 raise UsageError(f"--{key} needs a value")
             value = "true"
         out.append((key, value))
@@ -107,6 +140,17 @@ def input_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]
             PluginError, SandboxUnavailableError, RunDirInUseError, RunDirError, *extra)
 
 
+_BREAKS = {ord(c): c.encode("unicode_escape").decode("ascii")
+           for c in "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(err: BaseException | str) -> str:
+    """An error message on one line: its lines joined with ``"; "``, and any other character
+    that breaks a line (a carriage return from the user's input, ...) escaped."""
+    text = str(err).translate(_BREAKS)
+    return "; ".join(ln.strip() for ln in text.split("\n") if ln.strip())
+
+
 def report_errors(
     command: str, run: Callable[[], int], *, extra: tuple[type[BaseException], ...] = ()
 ) -> int:
@@ -118,8 +162,8 @@ def report_errors(
     try:
         return int(run())
     except input_errors(*extra) as err:
-        print(f"gbmpo {command}: error: {err}", file=sys.stderr)
+        print(f"gbmpo {command}: error: {one_line(err)}", file=sys.stderr)
         return 2
     except CheckpointError as err:  # no intact checkpoint, or one could not be written
-        print(f"gbmpo {command}: error: {err}", file=sys.stderr)
+        print(f"gbmpo {command}: error: {one_line(err)}", file=sys.stderr)
         return 1

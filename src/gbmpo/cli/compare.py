@@ -8,9 +8,13 @@
     gbmpo compare --arms ARMS.yaml ...
     gbmpo compare --regularizers kl_k3,prob_l2,neural_mirror,none [--coefs LABEL=V,...]
                   [--regularizer-params JSON] ...
+    gbmpo compare [--arms ...|--regularizers ...] --sweep [ARM:]KEY=V1,V2,... ...
 
 An arm is a label plus configuration overrides (any ``gbmpo train`` key); ``--regularizers`` is
-the shorthand for arms that differ only in the regularizer. Exactly one of the two is required.
+the shorthand for arms that differ only in the regularizer. At most one of the two; without
+either, ``--sweep`` sweeps the base configuration. ``--sweep`` runs each arm once per value of
+one key (:mod:`gbmpo.experiments.sweep`: labels ``ARM@key=value``) and the report draws the
+accuracy-versus-drift frontier (:mod:`gbmpo.experiments.frontier`).
 
 Train overrides are the ``gbmpo train`` ones (``--optim.lr 1e-4``, ``--steps 200``,
 ``--time-budget 120``...); the keys the grid sets itself (regularizer name and coefficient,
@@ -33,6 +37,7 @@ from typing import Any
 from gbmpo.cli.args import parse_overrides, positive_int, report_errors
 from gbmpo.cli.report import add_report_options, print_table
 from gbmpo.experiments.grid import (
+    GridArm,
     GridError,
     parse_arms,
     parse_coefs,
@@ -44,6 +49,7 @@ from gbmpo.experiments.grid import (
     run_grid,
 )
 from gbmpo.experiments.runs import RunDirError, RunRecord, load_run
+from gbmpo.experiments.sweep import BASE_ARM, parse_sweep, sweep_runs, swept_value
 from gbmpo.io import RunLock
 
 __all__ = ["add_compare_parser", "run_compare"]
@@ -77,6 +83,16 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=None,
         help="shorthand for regularizer arms: comma-separated regularizer names, optionally "
         "labelled: kl_k3,nm_es=neural_mirror",
+    )
+    p.add_argument(
+        "--sweep",
+        action="append",
+        default=None,
+        metavar="[ARM:]KEY=V1,V2,...",
+        help="run every arm (or the base configuration) once per value of KEY (any gbmpo train "
+        "key or alias, e.g. objective.regularizer.coef=0.01,0.05,0.2); ARM:KEY=... gives one "
+        "arm its own values (repeat the option; one KEY per grid); rows are labelled "
+        "ARM@key=value and the report draws held-out accuracy against drift",
     )
     p.add_argument("--seeds", default="0,1,2", help="seeds, e.g. 0,1,2 or 0-4 (default 0,1,2)")
     p.add_argument("--task", default=None, help="task name(s), comma-separated (default: config)")
@@ -120,11 +136,28 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
     from gbmpo.train.config import canonical_key
 
     use_arms = getattr(args, "arms", None) is not None
-    if use_arms == (args.regularizers is not None):
+    sweep_items = getattr(args, "sweep", None)
+    sweep = parse_sweep(sweep_items) if sweep_items else None
+    if use_arms and args.regularizers is not None:
         raise GridError(
             "give exactly one of --arms (LABEL:key=value,... or a YAML file) and "
             "--regularizers (the regularizer shorthand)"
         )
+    if not use_arms and args.regularizers is None and sweep is None:
+        raise GridError(
+            "give exactly one of --arms (LABEL:key=value,... or a YAML file) and "
+            "--regularizers (the regularizer shorthand), or --sweep KEY=V1,V2,... alone"
+        )
+    base_sweep = not use_arms and args.regularizers is None
+    if sweep is not None and args.regularizers is not None:
+        if sweep.key == "objective.regularizer.name":
+            raise GridError("--sweep objective.regularizer.name: use --regularizers")
+        if sweep.key == "objective.regularizer.coef" and args.coefs is not None:
+            raise GridError(
+                "--coefs and --sweep objective.regularizer.coef both set coefficients; give "
+                "an arm its own values with --sweep ARM:coef=V1,V2,..."
+            )
+    use_arms = use_arms or base_sweep
     if use_arms:
         for opt, value in (("--coefs", args.coefs), ("--regularizer-params",
                                                      args.regularizer_params)):
@@ -133,7 +166,7 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
                     f"{opt} goes with --regularizers; with --arms set the regularizer in the "
                     "arm (objective.regularizer.coef=..., objective.regularizer.params.X=...)"
                 )
-    overrides = parse_overrides(tokens)
+    overrides = parse_overrides(tokens, flags=getattr(args, "own_flags", ()))
     check_overrides(overrides, arms=use_arms)
     if args.backend not in BACKENDS:
         raise GridError(
@@ -144,7 +177,7 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
     keep_progress = any(canonical_key(k) == "run.progress" for k, _ in overrides)
     progress = None if keep_progress else False
     if use_arms:
-        arms = parse_arms(args.arms)
+        arms = [GridArm(BASE_ARM)] if base_sweep else parse_arms(args.arms)
         base = load_config(args.config, overrides)
         runs = plan_arms(base, arms, seeds, args.output_dir, tasks=tasks, progress=progress)
         entries: list[Any] = []
@@ -174,24 +207,32 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
             params=params,
             progress=progress,
         )
+    if sweep is not None:
+        runs = sweep_runs(runs, sweep, args.output_dir, progress=progress)
     seen: set[str] = set()
     for run in runs:
         if run.label in seen:
             continue
         seen.add(run.label)
-        reg = run.config.objective.regularizer
-        extra = f", params {reg.params}" if reg.params else ""
+        o = run.config.objective
+        reg_text = " + ".join(
+            f"{t.name} (coef {t.coef:g}" + (f", {t.placement}" if t.placement != "loss" else "")
+            + (f", params {t.params}" if t.params else "") + ")"
+            for t in o.terms
+        )
+        extra = ""
+        if sweep is not None and run.label != run.arm and sweep.key != "objective.regularizer.coef":
+            value = swept_value(run.config, sweep.key)
+            extra += f", {sweep.key} {value}"
         if use_arms:
             surr = run.config.objective.surrogate
             sp = f" {surr.params}" if surr.params else ""
             print(
-                f"[compare] {run.label}: surrogate {surr.name}{sp}, regularizer {reg.name}, "
-                f"coef {reg.coef:g}{extra}"
+                f"[compare] {run.label}: surrogate {surr.name}{sp}, regularizer {reg_text}{extra}"
             )
         else:
             print(
-                f"[compare] {run.label}: regularizer {reg.name}, coef {reg.coef:g} "
-                f"(from {run.coef_source}){extra}"
+                f"[compare] {run.label}: regularizer {reg_text} (from {run.coef_source}){extra}"
             )
     if args.dry_run:
         for run in runs:
@@ -236,10 +277,10 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
                     "label": e.label,
                     "regularizer": e.regularizer,
                     "coef": next(r.config.objective.regularizer.coef for r in runs
-                                 if r.label == e.label),
-                    "coef_source": next(r.coef_source for r in runs if r.label == e.label),
+                                 if r.arm == e.label),
+                    "coef_source": next(r.coef_source for r in runs if r.arm == e.label),
                     "params": next(r.config.objective.regularizer.params for r in runs
-                                   if r.label == e.label),
+                                   if r.arm == e.label),
                 }
                 for e in entries
             ],
@@ -252,8 +293,18 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
         }
         if use_arms:
             grid_spec["arms"] = [_arm_spec(arm, runs) for arm in arms]
+        if sweep is not None:
+            grid_spec["sweep"] = {
+                "key": sweep.key,
+                "label_key": sweep.short,
+                "points": {
+                    r.label: {"arm": r.arm, "value": swept_value(r.config, sweep.key)}
+                    for r in runs
+                    if r.label != r.arm
+                },
+            }
         baseline = args.baseline
-        if baseline is None and use_arms:
+        if baseline is None and use_arms and any(r.label == arms[0].label for r in runs):
             baseline = arms[0].label
         results = write_report(
             records,
@@ -263,6 +314,7 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
             window=args.smooth,
             extra={"grid": grid_spec, "failures": failures},
             plots=not args.no_plots,
+            drift_measure=args.drift_measure,
         )
         print_table(results)
         out = Path(args.output_dir)
@@ -277,7 +329,7 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
 
 def _arm_spec(arm: Any, runs: Sequence[Any]) -> dict[str, Any]:
     """What an arm ran: its overrides and the resulting surrogate and regularizer."""
-    cfg = next(r.config for r in runs if r.label == arm.label)
+    cfg = next(r.config for r in runs if r.arm == arm.label)
     o = cfg.objective
     return {
         "label": arm.label,

@@ -3,11 +3,18 @@
     gbmpo eval --model PATH --task gsm8k|mbpp|mbpp_sanitized|humaneval|arithmetic|<gym name>
                [--split S] [--limit N] [--samples K --temperature T] [--output FILE]
     gbmpo eval --task jsonl --task-param path=FILE --task-param reward=math|exact|code|mod:fn
+    gbmpo eval --model DIR --reference MODEL --task T     # + drift from the reference
 
 Greedy decoding by default. ``--output FILE`` writes one JSON record per problem to ``FILE``
 and the summary (``{"metrics", "config"}``) to ``FILE`` with its ``.jsonl`` suffix replaced by
-``.summary.json`` (or ``FILE.summary.json``). The summary is also printed on stdout; the last
-line is a one-line digest. ``--model tiny`` (the default) is the embedded tiny model.
+``.summary.json`` (or ``FILE.summary.json``). The summary is also printed on stdout, followed by
+a one-line digest. ``--model tiny`` (the default) is the embedded tiny model.
+
+``--reference MODEL`` also measures the model's drift from ``MODEL`` on the same prompts
+(:func:`gbmpo.eval.drift.measure_drift`: one completion per prompt sampled at temperature 1
+with ``--seed``, exact full-vocabulary divergences per token): the summary gets ``drift`` (the
+keys of :data:`gbmpo.eval.drift.DRIFT_KEYS`) and ``config.reference``, and the digest gets a
+second line. It is how runs of every engine are measured from their saved models.
 
 The main CLI (:func:`gbmpo.cli.main`) adds this subcommand with :func:`add_eval_parser` and runs
 it with :func:`run_eval`.
@@ -17,11 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from gbmpo.cli.args import positive_int
+from gbmpo.cli.args import one_line, positive_int
 
 __all__ = ["add_eval_parser", "parse_task_params", "run_eval", "summary_path"]
 
@@ -62,6 +70,10 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--allow-unsandboxed-code", action="store_true",
                    help="run model-written code even where the sandbox lacks an isolation layer "
                         "(same as GBMPO_ALLOW_UNSANDBOXED_CODE=1); by default it refuses")
+    p.add_argument("--reference", default=None, metavar="MODEL",
+                   help="also measure the drift from this model (directory, hub id or 'tiny'): "
+                        "exact KL both ways, ProbL2, total variation and entropy per token along "
+                        "samples of --model at temperature 1")
     p.add_argument("--output", default=None, metavar="FILE",
                    help="per-problem JSONL; the summary goes next to it (.summary.json)")
     p.set_defaults(func=run_eval)
@@ -94,16 +106,26 @@ def run_eval(args: argparse.Namespace) -> int:
     """Run ``gbmpo eval`` from parsed arguments; returns the exit code (0 on success, 2 on bad
     input, reported in one line on stderr)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
     from gbmpo.eval.evaluation import evaluate, resolve_task
     from gbmpo.models import load_model_and_tokenizer
 
+    hf_logging.disable_progress_bar()  # stderr carries the progress and the error line only
+
     def bad_input(err: BaseException) -> int:
-        print(f"gbmpo eval: error: {err}", file=sys.stderr)
+        print(f"gbmpo eval: error: {one_line(err)}", file=sys.stderr)
         return 2
 
     try:
         params = parse_task_params(list(getattr(args, "task_param", []) or []))
+        if not math.isfinite(args.temperature) or args.temperature < 0:
+            raise ValueError(f"--temperature must be a finite number >= 0, got "
+                             f"{args.temperature}")
+        if not 0 < args.top_p <= 1:  # NaN fails this too
+            raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+        if not -(2**63) <= args.seed < 2**63:  # what torch's generators take
+            raise ValueError(f"--seed must be in [-2**63, 2**63), got {args.seed}")
         if args.samples > 1 and args.temperature <= 0:
             raise ValueError("--samples > 1 needs --temperature > 0 (greedy repeats itself)")
     except ValueError as err:
@@ -118,6 +140,11 @@ def run_eval(args: argparse.Namespace) -> int:
     model_id = None if args.model in (None, "", "tiny") else args.model
     dtype = getattr(torch, args.dtype)
     model, tokenizer = load_model_and_tokenizer(model_id, dtype=dtype, device=device)
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and args.max_new_tokens > context:
+        return bad_input(ValueError(
+            f"--max-new-tokens {args.max_new_tokens} exceeds the model's context of {context} "
+            "tokens (max_position_embeddings)"))
 
     def progress(done: int, total: int) -> None:
         print(f"[eval] {done}/{total} problems", file=sys.stderr, flush=True)
@@ -133,6 +160,21 @@ def run_eval(args: argparse.Namespace) -> int:
         task.prepare_reward(allow_unsandboxed_code=args.allow_unsandboxed_code)
     except SandboxUnavailableError as err:
         return bad_input(err)
+    reference = getattr(args, "reference", None)
+    drift = None
+    if reference is not None:  # first, so that a reference it cannot compare with stops at once
+        from gbmpo.eval.drift import measure_drift
+
+        ref_id = None if reference in ("", "tiny") else reference
+        ref_model, _ = load_model_and_tokenizer(ref_id, dtype=dtype, device=device)
+        try:
+            drift = measure_drift(
+                model, ref_model, tokenizer, task, split=args.split, limit=args.limit,
+                max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+            )  # fmt: skip
+        except ValueError as err:  # e.g. another vocabulary
+            return bad_input(err)
+        del ref_model
     from gbmpo.rewards.scoring import RewardError
 
     try:  # a reward function that fails for a whole batch is an input error too
@@ -145,7 +187,10 @@ def run_eval(args: argparse.Namespace) -> int:
         return bad_input(err)
     result["config"]["model"] = args.model
     result["config"]["device"] = str(device)
-    summary = {"metrics": result["metrics"], "config": result["config"]}
+    summary: dict[str, Any] = {"metrics": result["metrics"], "config": result["config"]}
+    if drift is not None:
+        result["config"]["reference"] = reference
+        summary["drift"] = drift
     if args.output:
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +205,15 @@ def run_eval(args: argparse.Namespace) -> int:
     head = "accuracy" if "accuracy" in m else "pass@1"
     extra = "".join(f", {k} {100 * v:.1f}%" for k, v in m.items()
                     if k.startswith("pass@") and k not in ("pass@1", "pass@1_stderr"))
+    failures = (f"; {m['reward_failures']} reward(s) unusable, scored 0 "
+                f"({', '.join(m['reward_failure_kinds'])[:300]})"
+                if m.get("reward_failures") else "")
     print(f"eval {result['config']['task']}/{result['config']['split']}: {head} "
           f"{100 * m[head]:.1f}% (n={m['n']}, samples={m['samples']}{extra}), "
-          f"mean response {m['mean_response_tokens']:.1f} tokens")
+          f"mean response {m['mean_response_tokens']:.1f} tokens{failures}")
+    if drift is not None:
+        d = drift
+        print(f"drift from {reference}: KL {d['kl']:.4g} (reverse {d['kl_reverse']:.4g}), "
+              f"ProbL2 {d['prob_l2']:.4g}, TV {d['tv']:.4g}, entropy {d['entropy']:.4g} per "
+              f"token ({d['n_tokens']} sampled tokens of {d['n_prompts']} prompts)")
     return 0

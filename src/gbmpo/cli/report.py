@@ -2,7 +2,9 @@
 
     gbmpo report RUN_DIR_OR_PARENT... --output-dir DIR [--baseline LABEL] [--title T]
 
-Runs are grouped by task and regularizer; seeds are aggregated as mean ± sample std. Exit codes:
+Runs are grouped by task and regularizer (runs of a ``gbmpo compare --sweep`` grid by their
+directory's label ``ARM@key=value``); seeds are aggregated as mean ± sample std. A sweep with drift
+measurements also gets its accuracy-versus-drift frontier (``--drift-measure``). Exit codes:
 0 success, 2 bad input.
 """
 
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.cli.args import positive_int, report_errors
+from gbmpo.experiments.frontier import DRIFT_MEASURES
 from gbmpo.experiments.runs import RunDirError, assign_labels, find_run_dirs, load_run
 
 __all__ = ["add_report_options", "add_report_parser", "print_table", "run_report"]
@@ -25,7 +28,7 @@ def add_report_options(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="LABEL",
         help="row the others are compared with seed by seed (default: the first arm with "
-        "--arms, else kl_k3 if present)",
+        "--arms unless it is swept, else kl_k3 if present)",
     )
     p.add_argument(
         "--smooth",
@@ -36,6 +39,13 @@ def add_report_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--title", default="", help="report title")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG learning curves")
+    p.add_argument(
+        "--drift-measure",
+        choices=DRIFT_MEASURES,
+        default="kl",
+        help="x-axis of a sweep's accuracy-versus-drift frontier: the summary's drift.<measure> "
+        "(default kl = KL(pi||pi_ref) on held-out prompts)",
+    )
 
 
 def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -63,6 +73,28 @@ def print_table(results: dict[str, Any]) -> None:
     for task in results["tasks"]:
         print(f"\n{task['task']} ({task['metric']}, mean ± sample std over seeds):")
         print(md_table(*summary_table(task)))
+        _print_frontier(task)
+
+
+def _print_frontier(task: dict[str, Any]) -> None:
+    """One line per matched drift: which arm is ahead (or why there is no frontier)."""
+    fr = task.get("frontier")
+    if not fr:
+        return
+    if fr.get("reason"):
+        print(f"\nno accuracy-versus-drift frontier: {fr['reason']}")
+        return
+    matched = fr.get("matched") or {}
+    if not matched.get("rows"):
+        why = matched.get("reason", "no arm has two sweep points")
+        print(f"\nfrontier drawn; no matched-drift comparison: {why}")
+        return
+    print(f"\nat matched drift.{fr['measure']} ({fr['metric']}, mean over seeds):")
+    for row in matched["rows"]:
+        cells = ", ".join(
+            f"{arm} {100 * cell['accuracy']['mean']:.1f}%" for arm, cell in row["arms"].items()
+        )
+        print(f"  {row['drift']:.4g}: {cells}; ahead: {row['leader']}")
 
 
 
@@ -80,8 +112,11 @@ def _report(args: argparse.Namespace) -> int:
         print(f"gbmpo report: skipping unfinished run {d}", file=sys.stderr)
     if not finished:
         raise RunDirError("no finished run directories to report")
+    from gbmpo.experiments.sweep import sweep_labels_from_dirs
+
     records = [load_run(d) for d in finished]
     assign_labels(records)
+    sweep_labels_from_dirs(records)
     results = write_report(
         records,
         args.output_dir,
@@ -90,6 +125,7 @@ def _report(args: argparse.Namespace) -> int:
         window=args.smooth,
         extra={"sources": [str(p) for p in args.run_dirs]},
         plots=not args.no_plots,
+        drift_measure=args.drift_measure,
     )
     print_table(results)
     print(f"\nreport: {Path(args.output_dir) / 'report.md'} (also report.html, results.json)")

@@ -57,7 +57,7 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     from gbmpo.train.config import dump_yaml
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars; training has its own
-    overrides = parse_overrides(extra)
+    overrides = parse_overrides(extra, flags=getattr(args, "own_flags", ()))
     if args.resume:
         if args.config:
             raise UsageError("--resume uses the run's own config.yaml; drop --config")

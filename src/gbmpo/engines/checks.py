@@ -75,17 +75,17 @@ def without_missing_mirror(cfg: Any) -> Any:
     if _missing_mirror(cfg) is None:
         return cfg
     checked = copy.deepcopy(cfg)
-    checked.objective.regularizer.params = {
-        k: v for k, v in cfg.objective.regularizer.params.items() if k != "mirror"
-    }
+    for term in checked.objective.terms:
+        term.params = {k: v for k, v in term.params.items() if k != "mirror"}
     return checked
 
 
 def _missing_mirror(cfg: Any) -> str | None:
     """The configured mirror-map file when it does not exist (an ES run produces it)."""
-    mirror = cfg.objective.regularizer.params.get("mirror")
-    if isinstance(mirror, str) and not Path(mirror).expanduser().exists():
-        return mirror
+    for term in cfg.objective.terms:
+        mirror = term.params.get("mirror")
+        if isinstance(mirror, str) and not Path(mirror).expanduser().exists():
+            return mirror
     return None
 
 
@@ -107,8 +107,13 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     o = cfg.objective
     report.ok(
         "config",
-        f"objective {o.advantage} / {o.surrogate.name} / {o.regularizer.name} "
-        f"(coef {o.regularizer.coef:g}, anchor {o.regularizer.anchor}) / {o.aggregation}",
+        f"objective {o.advantage} / {o.surrogate.name} / "
+        + " + ".join(
+            f"{t.name} (coef {t.coef:g}, anchor {t.anchor}"
+            + (", in the reward)" if t.placement == "reward" else ")")
+            for t in o.terms
+        )
+        + f" / {o.aggregation}",
     )
 
     tokenizer = None
@@ -176,8 +181,8 @@ def run_identity(cfg: Any) -> dict[str, Any]:
         "task": cfg.task.name,
         "advantage": o.advantage,
         "surrogate": o.surrogate.name,
-        "regularizer": o.regularizer.name,
-        "coef": o.regularizer.coef,
+        "regularizer": o.regularizer_label,
+        "coef": o.coef_label,
         "aggregation": o.aggregation,
         "seed": cfg.run.seed,
     }

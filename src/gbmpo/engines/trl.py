@@ -209,6 +209,7 @@ def host_settings(cfg: Any, output_dir: str | Path = "unused") -> dict[str, Any]
             "every": ev.every,
             "before": ev.before,
             "after": ev.after,
+            "drift": ev.drift,
             "split": ev.split,
             "max_new_tokens": ev.max_new_tokens,
             "limit": eval_limit_of(cfg, 10_000),
@@ -449,7 +450,9 @@ _SCHEMA_NAMES = {
 def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
     """One TRL log row under the schema's names (:mod:`gbmpo.io.metrics`): shared quantities
     renamed (``regularizer/<active>`` -> ``reg_value``, ``reference/<name>`` ->
-    ``reg/<name>``), TRL's other metrics kept as ``trl/<name>``."""
+    ``reg/<name>``; for a sum ``regularizer`` is ``a+b``, its terms' ``regularizer/<term>`` ->
+    ``reg_value/<term>`` and ``loss/regularizer/<term>`` -> ``reg_loss/<term>``), TRL's other
+    metrics kept as ``trl/<name>``."""
     from gbmpo.io.metrics import host_name
 
     record: dict[str, Any] = {}
@@ -458,6 +461,11 @@ def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
             record[_SCHEMA_NAMES[key]] = value
         elif key == f"regularizer/{regularizer}":
             record["reg_value"] = value
+        elif "+" in regularizer and key.split("/", 1)[-1] in regularizer.split("+") \
+                and key.startswith("regularizer/"):  # fmt: skip
+            record["reg_value/" + key.split("/", 1)[1]] = value  # a term of a sum
+        elif key.startswith("loss/regularizer/"):  # a sum of regularizers: each term's part
+            record["reg_loss/" + key.split("/", 2)[2]] = value
         elif key.startswith("reference/"):
             record["reg/" + key.split("/", 1)[1]] = value
         else:
@@ -574,7 +582,7 @@ class _RunDirCallback:
     def write_row(self, step: int, logs: dict[str, Any]) -> None:
         p = self.p
         record: dict[str, Any] = {"step": step}
-        record.update(schema_record(logs, self.cfg.objective.regularizer.name))
+        record.update(schema_record(logs, self.cfg.objective.regularizer_label))
         record.pop("trl/learning_rate", None)  # the scheduler's base rate; "lr" is the used one
         record["lr"] = p.lr(step - 1)
         if p.grad_norms:  # the schema's mean over the step's optimizer steps (TRL: the last)
@@ -656,6 +664,7 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
     from gbmpo.train.console import Console, fmt_eval
     from gbmpo.train.device import peak_memory_bytes
     from gbmpo.train.logging import MetricsWriter
+    from gbmpo.train.run import final_drift, fmt_drift
     from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
 
     t0 = time.perf_counter()
@@ -748,6 +757,9 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
                 writer.write({"step": steps, **{f"eval/{k}": v for k, v in eval_after.items()},
                               "time/eval_seconds": time.perf_counter() - t})  # fmt: skip
             console.print(f"held-out {fmt_eval(eval_after)} after {steps} steps")
+        drift, drift_seconds = final_drift(cfg, policy, tokenizer, task, eval_split, limit)
+        if drift is not None:
+            console.print(fmt_drift(drift, drift_seconds))
         writer.close()
         out = run_dir / "model"
         policy.save_pretrained(out)
@@ -763,6 +775,8 @@ def train_in_process(cfg: Any, run_dir: Path) -> dict[str, Any]:
         summary["peak_memory_gib"] = None if peak is None else peak / 2**30
         summary["reward_failures"] = failures
         summary["world_size"] = state.num_processes  # processes that trained (accelerate)
+        summary["drift"] = drift  # gbmpo.eval.drift.DRIFT_KEYS, or None
+        summary["drift_seconds"] = drift_seconds if drift is not None else None
         write_summary(run_dir, summary)
     state.wait_for_everyone()
     if main and not cfg.run.checkpoint_every:

@@ -107,7 +107,6 @@ def overrides(
     validation_freq(cfg)  # eval.after that verl cannot express
     a = "actor_rollout_ref.actor"
     out = [
-        "algorithm.use_kl_in_reward=false",
         f"data.train_files={_value(str(run_dir / 'data' / 'train.parquet'))}",
         f"data.val_files={_value(str(run_dir / 'data' / 'test.parquet'))}",
         f"data.train_batch_size={ro.prompts_per_step}",
@@ -239,6 +238,8 @@ def with_mirror_file(cfg: Any, path: Path) -> Any:
     import copy
 
     reg = cfg.objective.regularizer
+    if isinstance(reg, list):  # a sum of regularizers: refused on verl (the support matrix)
+        return cfg
     mirror = reg.params.get("mirror")
     if reg.name != "neural_mirror" or (
         isinstance(mirror, str) and Path(mirror).expanduser().exists()
@@ -511,6 +512,11 @@ def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = N
             out[SHARED_METRICS[key]] = value
         elif key == "actor/entropy" and cfg.objective.aggregation == "bnpo":
             out["entropy"] = value
+    reward_placed = [t for t in cfg.objective.terms if t.placement == "reward" and t.coef != 0]
+    if reward_placed and "critic/score/mean" in data and "critic/rewards/mean" in data:
+        # in-reward KL: score = task reward, rewards = score - kl_coef * sum_t D (per sequence)
+        score, shaped = data["critic/score/mean"], data["critic/rewards/mean"]
+        out["reward_penalty"] = float(score) - float(shaped)
     ev = eval_metrics(cfg, data, kind, n_eval)
     if ev is not None:
         out.update({f"eval/{k}": v for k, v in ev.items()})

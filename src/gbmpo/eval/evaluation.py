@@ -103,6 +103,11 @@ def summarize(
         "truncated_fraction": sum(truncated) / len(truncated) if truncated else 0.0,
         "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
     }
+    failed = [d["reward_failure"] for r in records for d in r.get("details", [])
+              if d.get("reward_failure")]
+    if failed:  # samples whose reward was unusable (scored 0): how many, and why
+        metrics["reward_failures"] = len(failed)
+        metrics["reward_failure_kinds"] = sorted(set(failed))
     mean, stderr = mean_and_stderr(frac)
     if kind == "code":
         metrics["pass@1"] = mean

@@ -1,6 +1,8 @@
-"""Multi-seed comparisons of regularizers: the grid runner (``gbmpo compare``), run-directory
-readers, statistics over seeds and the reports (``gbmpo report``)."""
+"""Multi-seed comparisons of regularizers: the grid runner (``gbmpo compare``) with its sweeps,
+run-directory readers, statistics over seeds, the accuracy-versus-drift frontier and the reports
+(``gbmpo report``)."""
 
+from gbmpo.experiments.frontier import DRIFT_MEASURES, build_frontier, drift_grid, interpolate
 from gbmpo.experiments.grid import (
     DEFAULT_COEFS,
     GridEntry,
@@ -17,9 +19,11 @@ from gbmpo.experiments.grid import (
 from gbmpo.experiments.report import build_results, group_runs, write_report
 from gbmpo.experiments.runs import RunDirError, RunRecord, load_run, run_status
 from gbmpo.experiments.stats import Spread, StepBand, moving_average, spread, step_band
+from gbmpo.experiments.sweep import Sweep, SweepPoint, parse_sweep, sweep_point, sweep_runs
 
 __all__ = [
     "DEFAULT_COEFS",
+    "DRIFT_MEASURES",
     "GridEntry",
     "GridError",
     "GridRun",
@@ -27,19 +31,27 @@ __all__ = [
     "RunRecord",
     "Spread",
     "StepBand",
+    "Sweep",
+    "SweepPoint",
+    "build_frontier",
     "build_results",
+    "drift_grid",
     "ensure_final_eval",
     "group_runs",
+    "interpolate",
     "load_run",
     "moving_average",
     "parse_coefs",
     "parse_regularizers",
     "parse_seeds",
+    "parse_sweep",
     "plan_action",
     "plan_grid",
     "run_grid",
     "run_status",
     "spread",
     "step_band",
+    "sweep_point",
+    "sweep_runs",
     "write_report",
 ]

@@ -10,7 +10,9 @@ Layout: ``<output_dir>/runs/<task>/<label>/seed<k>/`` is a normal run directory 
 :class:`gbmpo.train.Trainer` (``config.yaml``, ``metrics.jsonl``, ``summary.json``...). In a
 regularizer grid the ``label`` is the regularizer's name unless the grid gives it another one
 (``nm_es=neural_mirror`` runs the ``neural_mirror`` regularizer under the label ``nm_es``), so one
-grid can hold the same regularizer twice with different coefficients or parameters.
+grid can hold the same regularizer twice with different coefficients or parameters. A sweep
+(``--sweep``, :mod:`gbmpo.experiments.sweep`) runs each arm once per value of one key under the
+label ``<arm>@<key>=<value>``.
 
 Re-invoking the same grid is cheap and safe (:func:`plan_action`):
 
@@ -204,8 +206,14 @@ class GridRun:
     seed: int
     run_dir: Path
     config: TrainConfig
-    #: how the coefficient was chosen: "--coefs", "config" or "default"
+    #: how the coefficient was chosen: "--coefs", "config", "default" or "--sweep"
     coef_source: str = ""
+    #: the arm (grid row before a sweep, :mod:`gbmpo.experiments.sweep`); default ``label``
+    arm: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.arm:
+            self.arm = self.label
 
     @property
     def name(self) -> str:
@@ -229,8 +237,9 @@ def _resolve_coef(
         return coefs[entry.label], "--coefs"
     if entry.regularizer == "none":
         return 0.0, "default"
-    if entry.regularizer == base.objective.regularizer.name:
-        return base.objective.regularizer.coef, "config"
+    terms = base.objective.terms
+    if len(terms) == 1 and entry.regularizer == terms[0].name:
+        return terms[0].coef, "config"
     if entry.regularizer in DEFAULT_COEFS:
         return DEFAULT_COEFS[entry.regularizer], "default"
     raise GridError(
@@ -447,7 +456,8 @@ def _arm_config(base: TrainConfig, arm: GridArm) -> TrainConfig:
     keys = dict(arm.overrides)
     for comp in ("surrogate", "regularizer"):
         name = keys.get(f"objective.{comp}.name")
-        if name is not None and name != data["objective"][comp]["name"]:
+        section = data["objective"][comp]
+        if name is not None and isinstance(section, dict) and name != section["name"]:
             data["objective"][comp]["params"] = {}
     try:
         apply_overrides(data, list(arm.overrides))

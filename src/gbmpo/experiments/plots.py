@@ -24,7 +24,7 @@ from typing import Any
 from gbmpo.experiments.runs import RunRecord
 from gbmpo.experiments.stats import moving_average, step_band
 
-__all__ = ["Panel", "curve", "panels_for", "plot_curves"]
+__all__ = ["Panel", "curve", "panels_for", "plot_curves", "plot_frontier"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,8 @@ def plot_curves(
     ncols = 3
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.7 * nrows), squeeze=False)
-    colors = plt.get_cmap("tab10").colors
+    # a sweep has more rows than tab10 has colours
+    colors = plt.get_cmap("tab10" if len(groups) <= 10 else "tab20").colors
     for ax, panel in zip(axes.flat, panels, strict=False):
         drawn = False
         for gi, (label, runs) in enumerate(groups.items()):
@@ -143,6 +144,61 @@ def plot_curves(
     )
     fig.suptitle((title + "\n" if title else "") + caption, fontsize=10)
     fig.tight_layout(rect=(0, 0.06, 1, 0.95))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_frontier(frontier: Mapping[str, Any], path: str | Path, *, title: str = "") -> Path:
+    """Draw a task's frontier (:func:`gbmpo.experiments.frontier.build_frontier`) to a PNG:
+    held-out metric against drift, one curve per arm through its sweep points in sweep order,
+    mean over seeds with ± 1 sample std error bars on both axes, each point labelled with its
+    sweep value; the matched-drift range is shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from gbmpo.experiments.frontier import DRIFT_LABELS
+
+    measure, metric = frontier["measure"], frontier["metric"]
+    fig, ax = plt.subplots(figsize=(7.5, 5.2))
+    colors = plt.get_cmap("tab10").colors
+    xs_all: list[float] = []
+    for i, arm in enumerate(frontier["arms"]):
+        pts = [p for p in arm["points"] if p["drift"] and p["accuracy"]]
+        x = [p["drift"]["mean"] for p in pts]
+        y = [100 * p["accuracy"]["mean"] for p in pts]
+        xerr = [p["drift"]["std"] or 0.0 for p in pts]
+        yerr = [100 * (p["accuracy"]["std"] or 0.0) for p in pts]
+        n = sorted({len(p["seeds"]) for p in pts})
+        seeds = "/".join(str(k) for k in n)
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, color=colors[i % len(colors)], marker="o",
+                    markersize=5, capsize=3, linewidth=1.5, label=f"{arm['arm']} (n={seeds})")
+        for p, px, py in zip(pts, x, y, strict=True):
+            if p["value"]:
+                ax.annotate(p["value"], (px, py), textcoords="offset points", xytext=(4, 4),
+                            fontsize=8, color=colors[i % len(colors)])
+        xs_all += x
+    matched = frontier.get("matched") or {}
+    if matched.get("range"):
+        lo, hi = matched["range"]
+        ax.axvspan(lo, hi, color="0.85", alpha=0.5, linewidth=0, label="matched-drift range")
+    if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel(f"drift.{measure}: {DRIFT_LABELS.get(measure, measure)} on held-out prompts")
+    ax.set_ylabel(f"held-out {metric} % (greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=9, frameon=False)
+    key = frontier.get("sweep_key")
+    caption = (
+        "point: mean over seeds, bars: ± 1 sample std (ddof=1); labels: "
+        + (f"{key} values" if key else "sweep values")
+    )
+    ax.set_title((title + "\n" if title else "") + caption, fontsize=10)
+    fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)

@@ -7,7 +7,9 @@ code tasks) as mean +- sample std (ddof = 1) and min - max, the metric before tr
 gain, the paired difference to a baseline row (same seeds) with its paired t-test p-value, the
 held-out response length, the number of RL steps and the wall time per run; a second table
 gives the training dynamics: policy entropy at the start and the end of training and the
-fractions of tokens the surrogate's clip acted on. :func:`write_report` renders it.
+fractions of tokens the surrogate's clip acted on. For a sweep (rows ``ARM@key=value``) each task
+also has the accuracy-versus-drift frontier (:mod:`gbmpo.experiments.frontier`): a plot, the
+sweep points and the arms compared at matched drift. :func:`write_report` renders it.
 
 Why one module of ~630 lines: the results dictionary and its two renderings (Markdown, HTML) share
 the table builders, so a column is defined once for both. The plots are in
@@ -199,13 +201,17 @@ def build_results(
     baseline: str | None = None,
     output_dir: str | Path | None = None,
     extra: Mapping[str, Any] | None = None,
+    drift_measure: str = "kl",
 ) -> dict[str, Any]:
     """Aggregate finished runs into the ``results.json`` structure (module docstring).
 
     ``baseline``: label of the row the others are compared with, seed by seed (default:
     ``kl_k3`` when a task has that row). ``output_dir``: run paths are stored relative to it.
-    ``extra`` is stored as is (e.g. the grid specification and the failures).
+    ``extra`` is stored as is (e.g. the grid specification and the failures). ``drift_measure``:
+    the ``drift`` key the frontier of a sweep is drawn against.
     """
+    from gbmpo.experiments.frontier import build_frontier
+
     base = Path(output_dir) if output_dir is not None else None
     tasks: list[dict[str, Any]] = []
     for task, groups in group_runs(records).items():
@@ -291,6 +297,7 @@ def build_results(
                 "baseline": base_label,
                 "settings": _settings(all_runs),
                 "groups": rows_out,
+                "frontier": build_frontier(groups, metric=metric, measure=drift_measure),
             }
         )
     return {
@@ -333,7 +340,9 @@ def _yaml(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def _coef(value: float) -> str:
+def _coef(value: float | Sequence[float]) -> str:
+    if isinstance(value, (list, tuple)):  # one per term of a sum of regularizers
+        return "+".join(f"{v:g}" for v in value)
     return f"{value:g}"
 
 
@@ -500,11 +509,16 @@ def _notes(task: Mapping[str, Any]) -> list[str]:
 
 
 def render_markdown(
-    results: Mapping[str, Any], images: Mapping[str, str] | None = None, title: str = ""
+    results: Mapping[str, Any],
+    images: Mapping[str, str] | None = None,
+    title: str = "",
+    frontiers: Mapping[str, str] | None = None,
 ) -> str:
-    """``report.md``: per task the summary table, notes, settings, learning curves and the
-    per-run table. ``images`` maps task -> PNG path relative to the report."""
+    """``report.md``: per task the summary table, notes, settings, learning curves, the
+    frontier of a sweep and the per-run table. ``images`` / ``frontiers`` map task -> PNG path
+    (learning curves / frontier) relative to the report."""
     images = images or {}
+    frontiers = frontiers or {}
     out = [f"# {title or 'Regularizer comparison'}", ""]
     out.append(f"Generated {results['generated']}.")
     machine = results.get("machine") or {}
@@ -528,6 +542,7 @@ def render_markdown(
         out += ["", f"Settings: {settings}.", ""]
         if task["task"] in images:
             out += [f"![learning curves, {task['task']}]({images[task['task']]})", ""]
+        out += _frontier_md(_frontier_blocks(task, frontiers.get(task["task"])))
         out += ["### Per-run results", "", md_table(*_run_table(task, row)), ""]
     failures = results.get("failures") or {}
     if failures:
@@ -535,6 +550,153 @@ def render_markdown(
         out += [f"- `{name}`: {err}" for name, err in failures.items()]
         out.append("")
     return "\n".join(out)
+
+
+
+# ------------------------------------------------------------------------------ frontier
+
+
+def _frontier_points_table(fr: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    m = fr["measure"]
+    header = ["arm", "sweep value", "seeds", f"drift.{m}", f"{fr['metric']} %",
+              "entropy (nats)", "response length"]  # fmt: skip
+    rows = [
+        [
+            a["arm"],
+            p["value"] or "–",
+            ",".join(str(x) for x in p["seeds"]),
+            _num(p["drift"], 4),
+            _pct(p["accuracy"]),
+            _num(p["entropy"], 3),
+            _num(p["response_length"]),
+        ]
+        for a in fr["arms"]
+        for p in a["points"]
+    ]
+    return header, rows
+
+
+def _matched_table(fr: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    m = fr["measure"]
+    header = [f"drift.{m}", "arm", "seeds", f"{fr['metric']} %", "entropy (nats)",
+              "response length"]  # fmt: skip
+    matched = fr["matched"]
+    rows = [
+        [
+            f"{row['drift']:.4g}",
+            arm,
+            ",".join(str(x) for x in matched["seeds"][arm]),
+            _pct(cell["accuracy"]),
+            _num(cell["entropy"], 3),
+            _num(cell["response_length"]),
+        ]
+        for row in matched["rows"]
+        for arm, cell in row["arms"].items()
+    ]
+    return header, rows
+
+
+def _ahead_table(fr: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    header = [f"drift.{fr['measure']}", "ahead", "vs", "Δ points (paired, mean ± std)", "seeds",
+              "p (paired t)"]  # fmt: skip
+    rows = []
+    for row in fr["matched"]["rows"]:
+        for v in row["vs"] or [{"arm": "–"}]:
+            rows.append(
+                [
+                    f"{row['drift']:.4g}",
+                    row["leader"],
+                    v["arm"],
+                    _pct(v, signed=True) if "mean" in v else "–",
+                    ",".join(str(x) for x in v.get("seeds", [])) or "–",
+                    _p_value(v),
+                ]
+            )
+    return header, rows
+
+
+def _frontier_blocks(task: Mapping[str, Any], image: str | None) -> list[tuple[str, Any]]:
+    """The frontier section of a task as blocks ``("h", text)``, ``("p", text)``,
+    ``("ul", [items])``, ``("table", (header, rows))`` and ``("img", (src, alt))``, rendered by
+    both the Markdown and the HTML report."""
+    fr = task.get("frontier")
+    if not fr:
+        return []
+    m = fr["measure"]
+    blocks: list[tuple[str, Any]] = [("h", "Accuracy versus drift")]
+    if fr.get("reason"):
+        blocks.append(("p", f"No frontier: {fr['reason']} (the drift measurement of the final "
+                            "policy on held-out prompts is missing)."))  # fmt: skip
+        return blocks
+    from gbmpo.experiments.frontier import DRIFT_LABELS
+
+    blocks.append(
+        ("p", f"Held-out {fr['metric']} of the final policy against its drift from the "
+              f"reference, drift.{m} = {DRIFT_LABELS.get(m, m)} on held-out prompts; one curve "
+              "per arm through its sweep points, mean ± sample std over seeds:")
+    )  # fmt: skip
+    if image:
+        blocks.append(("img", (image, f"held-out {fr['metric']} against drift.{m}")))
+    blocks.append(("table", _frontier_points_table(fr)))
+    notes = []
+    if fr["missing_drift"]:
+        notes.append("left out (no drift measurement): " + ", ".join(fr["missing_drift"]))
+    matched = fr["matched"] or {}
+    if matched.get("skipped"):
+        notes.append("not in the matched-drift comparison: " + ", ".join(matched["skipped"]))
+    if matched.get("rows"):
+        lo, hi = matched["range"]
+        blocks.append(
+            ("p", f"Matched drift: each arm's per-seed curve (only seeds that ran every sweep "
+                  f"point of the arm) joined linearly in drift.{m} and read at "
+                  f"{len(matched['grid'])} drift values within [{lo:.4g}, {hi:.4g}], the range "
+                  "all those curves cover; mean ± sample std over seeds:")
+        )  # fmt: skip
+        blocks.append(("table", _matched_table(fr)))
+        blocks.append(
+            ("p", "Ahead at each matched drift: the arm with the highest mean; Δ = its per-seed "
+                  "difference to each other arm on the seeds both ran; p = two-sided paired "
+                  "t-test (at least two seeds with differing differences):")
+        )  # fmt: skip
+        blocks.append(("table", _ahead_table(fr)))
+    elif matched.get("reason"):
+        notes.append(f"no matched-drift comparison: {matched['reason']}")
+    if notes:
+        blocks.append(("ul", notes))
+    return blocks
+
+
+def _frontier_md(blocks: Sequence[tuple[str, Any]]) -> list[str]:
+    out: list[str] = []
+    for kind, content in blocks:
+        if kind == "h":
+            out += [f"### {content}", ""]
+        elif kind == "p":
+            out += [content, ""]
+        elif kind == "ul":
+            out += [f"- {c}" for c in content] + [""]
+        elif kind == "table":
+            out += [md_table(*content), ""]
+        elif kind == "img":
+            out += [f"![{content[1]}]({content[0]})", ""]
+    return out
+
+
+def _frontier_html(blocks: Sequence[tuple[str, Any]]) -> list[str]:
+    esc = html.escape
+    out: list[str] = []
+    for kind, content in blocks:
+        if kind == "h":
+            out.append(f"<h3>{esc(content)}</h3>")
+        elif kind == "p":
+            out.append(f"<p>{esc(content)}</p>")
+        elif kind == "ul":
+            out.append("<ul>" + "".join(f"<li>{esc(c)}</li>" for c in content) + "</ul>")
+        elif kind == "table":
+            out.append(_html_table(*content))
+        elif kind == "img":
+            out.append(f"<p><img src='{esc(content[0])}' alt='{esc(content[1])}'></p>")
+    return out
 
 
 def _html_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -555,10 +717,14 @@ _CSS = (
 
 
 def render_html(
-    results: Mapping[str, Any], images: Mapping[str, str] | None = None, title: str = ""
+    results: Mapping[str, Any],
+    images: Mapping[str, str] | None = None,
+    title: str = "",
+    frontiers: Mapping[str, str] | None = None,
 ) -> str:
     """``report.html``: the same content as :func:`render_markdown`, self-contained HTML."""
     images = images or {}
+    frontiers = frontiers or {}
     esc = html.escape
     t = title or "Regularizer comparison"
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(t)}</title>"
@@ -587,6 +753,7 @@ def render_html(
         if task["task"] in images:
             src = esc(images[task["task"]])
             parts.append(f"<p><img src='{src}' alt='learning curves {esc(task['task'])}'></p>")
+        parts += _frontier_html(_frontier_blocks(task, frontiers.get(task["task"])))
         parts.append("<h3>Per-run results</h3>")
         parts.append(_html_table(*_run_table(task, row)))
     failures = results.get("failures") or {}
@@ -611,15 +778,20 @@ def write_report(
     window: int = 10,
     extra: Mapping[str, Any] | None = None,
     plots: bool = True,
+    drift_measure: str = "kl",
 ) -> dict[str, Any]:
-    """Write ``results.json``, ``report.md``, ``report.html`` and ``curves_<task>.png`` into
-    ``output_dir``; returns the results dict."""
+    """Write ``results.json``, ``report.md``, ``report.html``, ``curves_<task>.png`` and, for a
+    sweep with drift measurements, ``frontier_<task>.png`` (against ``drift.<drift_measure>``)
+    into ``output_dir``; returns the results dict."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    results = build_results(records, baseline=baseline, output_dir=out, extra=extra)
+    results = build_results(
+        records, baseline=baseline, output_dir=out, extra=extra, drift_measure=drift_measure
+    )
     images: dict[str, str] = {}
+    frontiers: dict[str, str] = {}
     if plots:
-        from gbmpo.experiments.plots import plot_curves
+        from gbmpo.experiments.plots import plot_curves, plot_frontier
 
         for task, groups in group_runs(records).items():
             metric = next(t["metric"] for t in results["tasks"] if t["task"] == task)
@@ -628,10 +800,16 @@ def write_report(
             fig_title = title if task in title else (f"{title}: {task}" if title else task)
             plot_curves(groups, out / name, metric=metric, title=fig_title, window=window)
             images[task] = name
+            fr = next(t["frontier"] for t in results["tasks"] if t["task"] == task)
+            if fr and fr["arms"]:
+                name = f"frontier_{_slug(task)}.png"
+                plot_frontier(fr, out / name, title=fig_title)
+                frontiers[task] = name
     results["images"] = images
+    results["frontier_images"] = frontiers
     # each file replaces the previous report whole: a kill leaves the old or the new one
     write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
-    write_atomic(out / "report.md", render_markdown(results, images, title))
-    write_atomic(out / "report.html", render_html(results, images, title))
+    write_atomic(out / "report.md", render_markdown(results, images, title, frontiers))
+    write_atomic(out / "report.html", render_html(results, images, title, frontiers))
     return results
 

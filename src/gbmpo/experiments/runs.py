@@ -145,34 +145,60 @@ class RunRecord:
 
     @property
     def regularizer(self) -> str:
-        return str(self.config["objective"]["regularizer"]["name"])
+        """The regularizer's name (terms of a sum joined by ``+``, e.g. ``prob_l2+kl_k3``)."""
+        return "+".join(str(t["name"]) for t in _terms(self.config))
 
     @property
-    def coef(self) -> float:
-        return float(self.config["objective"]["regularizer"]["coef"])
+    def coef(self) -> float | tuple[float, ...]:
+        """The coefficient (one per term for a sum of regularizers)."""
+        coefs = tuple(float(t["coef"]) for t in _terms(self.config))
+        return coefs[0] if len(coefs) == 1 else coefs
 
     @property
     def regularizer_params(self) -> dict[str, Any]:
-        return dict(self.config["objective"]["regularizer"].get("params") or {})
+        terms = _terms(self.config)
+        if len(terms) == 1:
+            return dict(terms[0].get("params") or {})
+        return {str(t["name"]): dict(t.get("params") or {}) for t in terms}
+
+
+def _terms(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The regularizer terms of a configuration (one mapping, or a list of them)."""
+    reg = config["objective"]["regularizer"]
+    return list(reg) if isinstance(reg, list) else [reg]
+
+
+def _term_label(term: dict[str, Any]) -> str:
+    params = dict(term.get("params") or {})
+    if term.get("placement", "loss") != "loss":
+        params["placement"] = term["placement"]
+    if not params:
+        return str(term["name"])
+    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
+    return f"{term['name']}[{inner}]"
 
 
 def default_label(config: dict[str, Any]) -> str:
     """Row label from the configuration: the regularizer name, plus its parameters if any
-    (e.g. ``neural_mirror[mirror=es/best_mirror.json]``)."""
-    reg = config["objective"]["regularizer"]
-    params = reg.get("params") or {}
-    if not params:
-        return str(reg["name"])
-    inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
-    return f"{reg['name']}[{inner}]"
+    (e.g. ``neural_mirror[mirror=es/best_mirror.json]``) and a placement other than the loss;
+    the terms of a sum joined by ``+``."""
+    return "+".join(_term_label(t) for t in _terms(config))
 
 
-def group_key(config: dict[str, Any]) -> tuple[str, str, float, str]:
+def group_key(config: dict[str, Any]) -> tuple[str, str, float | tuple[float, ...], str]:
     """Runs with equal keys are seeds of one setting: task, regularizer name, coefficient and
-    regularizer parameters."""
-    reg = config["objective"]["regularizer"]
-    params = json.dumps(reg.get("params") or {}, sort_keys=True, default=str)
-    return (str(config["task"]["name"]), str(reg["name"]), float(reg["coef"]), params)
+    regularizer parameters (placement included; per term for a sum)."""
+    terms = _terms(config)
+    params = json.dumps(
+        [{**(t.get("params") or {}), "placement": t.get("placement", "loss")} for t in terms]
+        if len(terms) > 1 or terms[0].get("placement", "loss") != "loss"
+        else terms[0].get("params") or {},
+        sort_keys=True,
+        default=str,
+    )
+    coefs = tuple(float(t["coef"]) for t in terms)
+    names = "+".join(str(t["name"]) for t in terms)
+    return (str(config["task"]["name"]), names, coefs[0] if len(coefs) == 1 else coefs, params)
 
 
 def load_run(path: str | Path, *, label: str | None = None) -> RunRecord:

@@ -143,9 +143,11 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     ``policy_loss.loss_mode=gbmpo_<name>`` with every parameter of the built surrogate in
     ``policy_loss.gbmpo_surrogate`` (so none comes from verl's clip fields); regularizer -> the
     actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (``anchor:
-    old`` only for the ``rpg_*`` regularizers, which take it as a parameter); aggregation ->
-    ``loss_agg_mode`` (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``).
-    ``ValueError`` names what verl cannot express."""
+    old`` only for the ``rpg_*`` regularizers, which take it as a parameter), or with
+    ``placement: reward`` verl's in-reward KL (``algorithm.use_kl_in_reward``, ``kl_penalty=
+    gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``); aggregation -> ``loss_agg_mode``
+    (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``). ``ValueError`` names what
+    verl cannot express (a list of regularizer terms: verl has one KL)."""
     from pathlib import Path
 
     from gbmpo.objectives.spec import ObjectiveSpec
@@ -175,10 +177,32 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
         params = dict(o.surrogate.params)
     for key, value in params.items():
         out.append(f"+{a}.policy_loss.gbmpo_surrogate.{key}={hydra_value(value)}")
-    reg = o.regularizer
+    if len(o.terms) > 1:
+        raise ValueError(
+            f"'objective.regularizer' lists {len(o.terms)} terms ({o.regularizer_label}): verl "
+            "has one KL (loss or reward), so a sum of regularizers is refused there"
+        )
+    reg = o.terms[0]
     if reg.name == "none" or reg.coef == 0:
-        out.append(f"{a}.use_kl_loss=false")
+        out += [f"{a}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"]
         return out
+    if reg.placement == "reward":
+        if reg.params:
+            raise ValueError(
+                f"'objective.regularizer.params'={reg.params!r} with placement reward: verl "
+                "computes the in-reward KL in its driver, which receives no gbmpo_kl "
+                "parameters; use a regularizer without parameters or placement: loss"
+            )
+        # verl's apply_kl_penalty: token_level_rewards = scores - kl_coef * D(old || ref), per
+        # token; the outcome score sits at the last token, so the sequence sum is gbmpo's
+        return out + [
+            f"{a}.use_kl_loss=false",
+            "algorithm.use_kl_in_reward=true",
+            f"algorithm.kl_penalty=gbmpo_{reg.name}",
+            "algorithm.kl_ctrl.type=fixed",
+            f"algorithm.kl_ctrl.kl_coef={reg.coef!r}",
+        ]
+    out.append("algorithm.use_kl_in_reward=false")
     out += [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef={reg.coef!r}",
             f"{a}.kl_loss_type=gbmpo_{reg.name}"]  # fmt: skip
     reg_params = dict(reg.params)

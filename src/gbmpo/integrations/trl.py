@@ -63,7 +63,7 @@ from gbmpo.integrations.common import (
     check_sources,
     clip_params,
 )
-from gbmpo.objectives.loss import compute_policy_loss
+from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, kl_k3
 from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SurrogateSpec
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate
@@ -855,11 +855,13 @@ class GBMPOConfig(GRPOConfig):
                 f"GBMPOConfig: objective= is given, so the alias fields must keep their defaults; "
                 f"got {', '.join(changed)} (put them into the objective spec instead)"
             )
-        if self.beta not in (0.0, spec.regularizer.coef):
+        coefs = spec.coef_label
+        if self.beta not in (0.0, *(coefs if isinstance(coefs, list) else [coefs])):
             raise ValueError(
                 f"GBMPOConfig: beta={self.beta:g} disagrees with the objective's "
-                f"regularizer.coef={spec.regularizer.coef:g}; leave beta at 0"
+                f"regularizer.coef={coefs}; leave beta at 0"
             )
+        refuse_reward_placement(spec)
         if spec.aggregation not in TRL_LOSS_TYPES or spec.advantage not in TRL_SCALE_REWARDS:
             raise ValueError(
                 f"GBMPOConfig: the objective's aggregation {spec.aggregation!r} / advantage "
@@ -874,8 +876,12 @@ class GBMPOConfig(GRPOConfig):
     def _resolve_coefficient(self) -> None:
         if self.objective is not None:  # the spec's coefficient (checked by its build)
             built = self._built[1]
-            self._set_beta(built.coef, built.anchored_on_ref)
-            self._check_sync_ref_model(built.spec.regularizer.name, built.anchor, built.coef)
+            # beta: the first term's coefficient, or (a sum of terms) any nonzero value that
+            # switches TRL's reference forward on; GBMPOTrainer's loss replaces TRL's use of it
+            ref_coefs = [t.coef for t in built.terms if t.active and t.needs_ref]
+            beta = built.coef if built.single_loss_term or not ref_coefs else ref_coefs[0]
+            self._set_beta(beta, built.anchored_on_ref)
+            self._check_sync_ref_model(built.spec.regularizer_label, built.anchor, built.coef)
             return
         beta = float(self.beta)
         coef = beta if self.regularizer_coef is None else float(self.regularizer_coef)
@@ -958,6 +964,23 @@ class TRLObjective:
     #: regularizers logged as ``reference/<name>`` = D(pi_old || pi_ref): the active one and,
     #: with ``log_all_regularizers``, every registered one (as the own trainer's ``reg/<name>``)
     reference_monitors: dict[str, Regularizer] = field(default_factory=dict)
+    #: a sum of regularizers (``objective.regularizer`` a list): every term, each with its own
+    #: coefficient and anchor; empty for one regularizer (``regularizer``, ``coef``, ``anchor``)
+    terms: tuple[Any, ...] = ()
+
+
+def refuse_reward_placement(spec: ObjectiveSpec) -> None:
+    """Refuse a regularizer term with ``placement: reward``: TRL 1.16 computes the rewards and
+    the advantages inside ``GRPOTrainer._generate_and_score_completions``, and its reward hook
+    (``_calculate_rewards``) sees neither the rollout nor the reference log-probs."""
+    placed = [t.name for t in spec.terms if t.placement == "reward"]
+    if placed:
+        raise ValueError(
+            f"GBMPOConfig: objective.regularizer.placement=reward ({', '.join(placed)}) is not "
+            "supported with TRL: GRPOTrainer computes rewards and advantages in "
+            "_generate_and_score_completions, whose reward hook sees no log-probs; use "
+            "placement: loss, or the gbmpo or verl engine for an in-reward divergence"
+        )
 
 
 def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
@@ -1079,9 +1102,11 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
         aggregation=LOSS_TYPE_AGGREGATION[args.loss_type],
         max_len=int(args.max_completion_length),
         # the monitored set is the own engine's (every registered regularizer but "none")
-        diagnostics={n: r for n, r in built.monitors.items() if n != spec.regularizer.name},
+        diagnostics={n: r for n, r in built.monitors.items()
+                     if n not in {t.name for t in built.terms}},  # fmt: skip
         spec=spec,
         reference_monitors=dict(built.monitors),
+        terms=() if built.single_loss_term else built.terms,
     )
 
 
@@ -1213,6 +1238,22 @@ class GBMPOTrainer(GRPOTrainer):
             )
         regularizer = obj.regularizer if anchor is not None else None
         coef = obj.coef if regularizer is not None else 0.0
+        terms = None
+        if obj.terms:  # a sum of regularizers: each term with its own anchor
+            anchors = {"ref": ref_logp, "old": old_logp}
+            missing = [t.name for t in obj.terms if t.active and t.needs_ref and ref_logp is None]
+            if missing:
+                raise RuntimeError(
+                    f"regularizers {missing} are anchored on the reference model but the batch "
+                    f"has no 'ref_per_token_logps'; TRL computes them when beta != 0 "
+                    f"(beta={self.beta})"
+                )
+            terms = [
+                LossTerm(t.name, t.regularizer, t.coef, anchors[t.anchor])
+                for t in obj.terms
+                if t.placement == "loss"
+            ]
+            regularizer, coef = None, 0.0
 
         # Aggregation with TRL's normalisers (full accumulation window -> no further division).
         agg_kw: dict[str, Any] = {}
@@ -1245,6 +1286,7 @@ class GBMPOTrainer(GRPOTrainer):
             aggregation=obj.aggregation,
             max_len=obj.max_len if obj.aggregation == "dr_grpo" else None,
             token_weights=weights,
+            terms=terms,
             **agg_kw,
         )
         pg_part = m["pg_loss"]
@@ -1270,6 +1312,10 @@ class GBMPOTrainer(GRPOTrainer):
         self._metrics[mode]["loss/regularizer"].append(
             self._mean_over_processes(m["reg_loss"] * accum)
         )
+        for t in obj.terms:  # a sum of regularizers: each term's part of the loss
+            self._metrics[mode][f"loss/regularizer/{t.name}"].append(
+                self._mean_over_processes(m[f"reg_loss/{t.name}"] * accum)
+            )
         return loss
 
     def _entropy_term(self, entropies: Tensor, mask: Tensor, accum: int, mode: str) -> Tensor:
@@ -1429,7 +1475,14 @@ class GBMPOTrainer(GRPOTrainer):
                 if self.args.use_bias_correction_kl:
                     kl = kl * torch.exp(lp.float() - old_logp.float())
                 values["kl"] = masked_mean(kl)
-            if anchor is not None:
+            if obj.terms:  # a sum: the summed value under its label, then each term's
+                label = obj.spec.regularizer_label if obj.spec is not None else "sum"
+                values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
+                for t in obj.terms:
+                    values[f"regularizer/{t.name}"] = torch.tensor(
+                        m[f"reg_value/{t.name}"], device=mf.device
+                    )
+            if anchor is not None and not obj.terms:
                 values[f"regularizer/{obj.regularizer.name}"] = torch.tensor(
                     m["reg_value"], device=mf.device
                 )

@@ -15,21 +15,34 @@ completions and the ``mu`` passes over it):
   ``objective.monitor_regularizers``) every registered one;
 * ``reg_value``: the masked mean of the *optimised* regularizer during the update,
   :math:`D(\\pi_\\theta\\,\\|\\,\\text{anchor})`; ``reg_loss``: its aggregated, coefficient-scaled
-  term :math:`\\mathrm{agg}(\\lambda D)`;
+  term :math:`\\mathrm{agg}(\\lambda D)`; for a list of regularizer terms, ``reg_loss/<name>`` and
+  ``reg_value/<name>`` per term and ``reg_loss`` / ``reg_value`` their sums (terms placed in
+  the reward add nothing to them);
+* ``reward_mean``: the task's reward, before any in-reward divergence; ``reward_penalty``: the
+  batch mean of the per-sequence penalty :math:`\\beta \\sum_t D(\\pi_{old}\\,\\|\\,\\pi_{ref})`
+  subtracted from it before the advantages (``placement: reward``; ``reward_penalty/<name>``
+  per term of a list);
 * ``loss`` / ``pg_loss``: the aggregated objective / surrogate term, averaged over the step's
   optimizer steps.
 """
 
 from __future__ import annotations
 
-__all__ = ["HOST_PREFIXES", "STEP_METRICS", "SUMMARY_KEYS", "host_name", "is_shared"]
+__all__ = [
+    "HOST_PREFIXES",
+    "OBJECTIVE_METRICS",
+    "STEP_METRICS",
+    "SUMMARY_KEYS",
+    "host_name",
+    "is_shared",
+]
 
 #: metrics.jsonl names every engine writes (where the engine computes the quantity) -> meaning
 STEP_METRICS: dict[str, str] = {
     "step": "RL steps done (1-based)",
     "loss": "aggregated objective, mean over the step's optimizer steps",
     "pg_loss": "aggregated surrogate term alone, mean over the step's optimizer steps",
-    "reg_loss": "aggregated coef * regularizer term alone",
+    "reg_loss": "aggregated coef * regularizer term alone (the sum over the terms in the loss)",
     "reg_value": "masked per-token mean of the optimised regularizer, D(pi_theta || anchor)",
     "clip_frac_low": "fraction of valid tokens clipped at the lower bound",
     "clip_frac_high": "fraction of valid tokens clipped at the upper bound",
@@ -42,12 +55,20 @@ STEP_METRICS: dict[str, str] = {
     "response_length_max": "longest completion in tokens",
     "truncated_frac": "fraction of completions stopped by rollout.max_new_tokens",
     "accuracy": "fraction of completions with reward >= 1",
-    "reward_mean": "mean reward of the step's completions",
+    "reward_mean": "mean task reward of the step's completions (before any in-reward penalty)",
     "reward_std": "standard deviation of the step's rewards (population)",
     "frac_reward_zero_std": "fraction of groups whose rewards are all equal",
     "lr": "learning rate used by the step",
     "grad_norm": "mean global gradient norm (before clipping) over the step's optimizer steps",
     "step_seconds": "wall-clock seconds of the RL step",
+}
+
+#: metrics.jsonl names written only where the objective has the quantity (every engine that
+#: honours the setting writes them under these names)
+OBJECTIVE_METRICS: dict[str, str] = {
+    "reward_penalty": "mean per-sequence coef * sum_t D(pi_old || pi_ref) subtracted from the "
+    "task reward before the advantages (regularizer terms with placement reward); reward_mean "
+    "stays the task reward",
 }
 
 #: summary.json keys every engine writes
@@ -63,7 +84,9 @@ HOST_PREFIXES: dict[str, str] = {"trl": "trl/", "verl": "verl/"}
 
 def is_shared(name: str) -> bool:
     """Whether ``name`` is a schema name (``reg/<name>`` and ``eval/<metric>`` included)."""
-    return name in STEP_METRICS or name.startswith(("reg/", "eval/", "reg_loss/", "time/"))
+    return name in STEP_METRICS or name in OBJECTIVE_METRICS or name.startswith(
+        ("reg/", "eval/", "reg_loss/", "reg_value/", "reward_penalty/", "time/")
+    )
 
 
 def host_name(host: str, name: str) -> str:

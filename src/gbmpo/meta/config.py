@@ -83,19 +83,23 @@ def load_es_config(path: str | Path | None = None) -> dict[str, Any]:
         if not p.is_file():
             raise FileNotFoundError(f"ES config file {str(path)!r} does not exist")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.safe_load(p.read_text(encoding="utf-8-sig")) or {}
         except yaml.YAMLError as err:
             raise ValueError(f"ES config file {str(path)!r} is not valid YAML: {err}") from err
         if not isinstance(data, dict):
             raise ValueError(f"ES config file {str(path)!r} must hold a mapping")
-        unknown = sorted(set(data) - set(cfg))
+        unknown = sorted(map(str, set(data) - set(cfg)))
         if unknown:
             raise ValueError(
                 f"unknown ES config section(s) {', '.join(unknown)}; valid: {', '.join(cfg)}"
             )
         cfg = _deep_merge(cfg, data)
+    for section, value in cfg.items():
+        if not isinstance(value, dict):
+            raise ValueError(f"ES config section {section!r} must be a mapping, got "
+                             f"{type(value).__name__} {value!r}"[:300])
     for section, keys in _SECTION_KEYS.items():
-        extra = sorted(set(cfg[section]) - keys)
+        extra = sorted(map(str, set(cfg[section]) - keys))
         if extra:
             raise ValueError(
                 f"unknown key(s) {', '.join(extra)} in ES config section {section!r}; "

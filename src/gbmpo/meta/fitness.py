@@ -165,10 +165,10 @@ class TrainingFitness:
 
         cfg = config_from_dict(copy.deepcopy(self.train_config))
         reg = cfg.objective.regularizer
-        if reg.name != "neural_mirror":
+        if isinstance(reg, list) or reg.name != "neural_mirror":
             raise ValueError(
                 "ES searches neural mirror maps: the inner config's objective.regularizer.name "
-                f"must be 'neural_mirror', got {reg.name!r}"
+                f"must be 'neural_mirror' (one term), got {cfg.objective.regularizer_label!r}"
             )
         reg.params = {"mirror": mirror}
         cfg.objective.monitor_regularizers = False

@@ -80,6 +80,12 @@ def _unbiased_std_of_centered(c: Tensor, count: Tensor) -> Tensor:
     return torch.where(count >= 2, var.sqrt(), torch.zeros_like(var))
 
 
+def _over(eps: float, scale: Tensor) -> Tensor:
+    """``eps / scale`` elementwise as a tensor division (a Python scalar over a tensor is
+    computed through the reciprocal, and ``0 * (1 / denormal) = 0 * inf`` is NaN)."""
+    return torch.full_like(scale, eps) / scale
+
+
 def group_advantages(
     rewards: Tensor | Sequence[float | None],
     group_size: int,
@@ -150,14 +156,14 @@ def group_advantages(
 
     if scale == "group":
         std_u = _unbiased_std_of_centered(cu, count)  # = std_g / gscale
-        adv = cu / (std_u + eps / gscale)
+        adv = cu / (std_u + _over(eps, gscale))
     elif scale == "batch":
         bscale = _abs_max(g, valid, dim=None)
         ub = torch.where(valid, g / bscale, zero)
         n_valid = valid.sum().to(g.dtype)
         db = torch.where(valid, ub - ub.sum() / n_valid.clamp_min(1), zero)
         std_b = _unbiased_std_of_centered(db, n_valid)  # = std_batch / bscale
-        adv = (cu * (gscale / bscale)) / (std_b + eps / bscale)
+        adv = (cu * (gscale / bscale)) / (std_b + _over(eps, bscale))
     else:
         adv = cu * gscale
     # 0 / (0 + eps=0) would be NaN; those entries are exact zeros by construction.

@@ -133,11 +133,15 @@ def aggregate(
         raise ValueError(
             f"mask shape {tuple(mask.shape)} != per_token shape {tuple(per_token.shape)}"
         )
-    if mask.dtype != torch.bool and not ((mask == 0) | (mask == 1)).all():
-        raise ValueError("mask must contain only 0 and 1")
     dt = torch.float64 if per_token.dtype == torch.float64 else torch.float32
     m = mask.to(dt)
-    x = torch.where(m.bool(), per_token.to(dt), torch.zeros((), dtype=dt, device=m.device))
+    # m - m * m is 0 only for 0 and 1 (NaN fails); float arithmetic, not a bool where, is the
+    # cheap form on CPU
+    if mask.dtype != torch.bool and float((m - m * m).abs().sum()) != 0.0:
+        raise ValueError("mask must contain only 0 and 1")
+    x = per_token.to(dt) * m
+    if not math.isfinite(float(x.detach().sum())):  # a non-finite value somewhere: where
+        x = torch.where(m != 0, per_token.to(dt), torch.zeros((), dtype=dt, device=m.device))
     b, t = per_token.shape
     if b == 0:
         raise ValueError("per_token has no sequences (B == 0)")

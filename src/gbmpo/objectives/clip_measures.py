@@ -21,7 +21,13 @@ the PPO clip with these bounds. The measures (:data:`CLIP_MEASURES`):
   (ATR-GRPO's KL3 trust region);
 * ``prob_l2``: :math:`f(w) = (w p - p)^2 = (w-1)^2 p^2`,
   :math:`[\max(0, 1-\sqrt\delta/p), 1+\sqrt\delta/p]`, per token (GBMPO arXiv 2602.04380);
-* ``neural_mirror``: :math:`f(w) = D_h(w p, p)`, bracketed bisection, per token (GBMPO).
+* ``neural_mirror``: :math:`f(w) = D_h(w p, p)`, bracketed bisection, per token (GBMPO);
+* ``dppo_tv``: :math:`f(w) = |w p - p|`, the total variation between the binary distributions
+  :math:`(p, 1-p)` and :math:`(wp, 1-wp)`, :math:`[\max(0, 1-\delta/p), 1+\delta/p]`, per token
+  (DPPO-Binary-TV, arXiv 2602.04879);
+* ``dppo_kl``: :math:`f(w) = p\log\frac{1}{w} + (1-p)\log\frac{1-p}{1-wp}`, the binary KL
+  :math:`\mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(wp))`, bisection, per token
+  (DPPO-Binary-KL, arXiv 2602.04879).
 
 (:math:`z = -e^{-(1+\delta)}`; :math:`p = \pi_{\text{old}}(o_t)`, the sampled token's
 probability under the rollout policy.) The last two are GBMPO's Bregman divergences between the
@@ -33,6 +39,12 @@ Bregman divergence of :math:`h(y) = y^2` (not :math:`\tfrac12 y^2`, which would 
 :math:`\sqrt{2\delta}/p`). ``neural_mirror`` has no closed form: :func:`bisect_interval` finds
 its ends. The lower end is 0 (no lower clip) where the region reaches :math:`w \to 0`, the upper
 end :math:`+\infty` where it contains every attainable ratio (:math:`w \le 1/p`).
+
+The two DPPO measures come with DPPO's loss instead of PPO's clip (see
+:func:`dppo_valid_mask` and :func:`gbmpo.objectives.surrogates.dppo_loss`): the token's gradient
+is masked where the divergence leaves the region in the direction its advantage pushes, which is
+the same set of tokens the clip with these bounds removes, and the mask is evaluated directly on
+the divergence (as DPPO's code does) rather than through the interval.
 """
 
 from __future__ import annotations
@@ -49,14 +61,21 @@ from gbmpo.objectives.mirror import PROB_FLOOR, NeuralMirrorMap
 __all__ = [
     "BISECT_ITERS",
     "CLIP_MEASURES",
+    "DPPO_MEASURES",
     "PER_TOKEN_MEASURES",
     "atr_bounds",
     "bisect_interval",
+    "binary_kl",
+    "dppo_kl_interval",
+    "dppo_tv_interval",
+    "dppo_valid_mask",
     "k1_interval",
     "k2_interval",
     "k3_interval",
     "measure_k1",
     "measure_k2",
+    "measure_dppo_kl",
+    "measure_dppo_tv",
     "measure_k3",
     "measure_mirror",
     "measure_prob_l2",
@@ -67,9 +86,15 @@ __all__ = [
 ]
 
 #: every measure ``divergence_clip`` accepts
-CLIP_MEASURES: tuple[str, ...] = ("ratio", "k1", "k2", "k3", "prob_l2", "neural_mirror")
+CLIP_MEASURES: tuple[str, ...] = (
+    "ratio", "k1", "k2", "k3", "prob_l2", "neural_mirror", "dppo_tv", "dppo_kl",
+)  # fmt: skip
 #: measures whose interval depends on the token's old probability (tensor bounds)
-PER_TOKEN_MEASURES: tuple[str, ...] = ("prob_l2", "neural_mirror")
+PER_TOKEN_MEASURES: tuple[str, ...] = ("prob_l2", "neural_mirror", "dppo_tv", "dppo_kl")
+#: measures that bring DPPO's masked, truncated-importance-weight loss (arXiv 2602.04879)
+DPPO_MEASURES: tuple[str, ...] = ("dppo_tv", "dppo_kl")
+#: DPPO's code adds this to both 1 - p terms of the binary KL (kept for parity)
+BINARY_KL_EPS = 1e-8
 #: bisection steps of :func:`bisect_interval`: each halves a log-ratio bracket of width at most
 #: log(1 / 1e-10) = 23.03, so the error in log w is at most 23.03 / 2^60 = 2.0e-17, below the
 #: float64 spacing near the roots: the ends are exact up to float64 rounding of f.
@@ -112,6 +137,63 @@ def measure_mirror(w: Tensor, p_old: Tensor, mirror: NeuralMirrorMap) -> Tensor:
     r""":math:`f(w) = D_h(w p, p)` for a neural mirror map :math:`h` (GBMPO NM-GRPO,
     arXiv 2602.04380; :meth:`NeuralMirrorMap.bregman`, probabilities floored at 1e-10)."""
     return mirror.bregman(w * p_old, p_old)
+
+
+def measure_dppo_tv(w: Tensor, p_old: Tensor) -> Tensor:
+    r""":math:`f(w) = |w p - p|`: total variation between the binary distributions
+    :math:`(p, 1-p)` and :math:`(p', 1-p')`, :math:`p' = wp` (DPPO-Binary-TV, Qi et al.,
+    arXiv 2602.04879, "binary approximation" of the TV trust region)."""
+    return (w * p_old - p_old).abs()
+
+
+def binary_kl(p_old: Tensor, logp_old: Tensor, p_new: Tensor, logp_new: Tensor) -> Tensor:
+    r"""Binary KL :math:`\mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(p'))
+    = p(\log p - \log p') + (1-p)\log\frac{1-p+\epsilon}{1-p'+\epsilon}`,
+    :math:`\epsilon = 10^{-8}` as in DPPO's code (DPPO-Binary-KL, arXiv 2602.04879); the log-probs
+    are passed so that the first term needs no log of a rounded probability."""
+    one = 1.0 + BINARY_KL_EPS
+    return p_old * (logp_old - logp_new) + (1.0 - p_old) * torch.log((one - p_old) / (one - p_new))
+
+
+def measure_dppo_kl(w: Tensor, p_old: Tensor) -> Tensor:
+    r""":math:`f(w) = \mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(wp))` (:func:`binary_kl`;
+    DPPO-Binary-KL, arXiv 2602.04879)."""
+    return binary_kl(p_old, torch.log(p_old), w * p_old, torch.log(w) + torch.log(p_old))
+
+
+def dppo_valid_mask(
+    measure: str,
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    delta_low: float,
+    delta_high: float,
+) -> Tensor:
+    r"""DPPO's trust-region mask (Qi et al., arXiv 2602.04879, DPPO-Binary-TV / -KL), bool:
+
+    .. math::
+        M = \begin{cases} D(p, p') \le \delta_{\text{high}} \ \lor\ p' \le p & A > 0\\
+        D(p, p') \le \delta_{\text{low}} \ \lor\ p' \ge p & A \le 0\end{cases}
+
+    with :math:`p = \pi_{\text{old}}(o_t)`, :math:`p' = \pi_\theta(o_t)` and :math:`D` the
+    binary TV :math:`|p' - p|` (``dppo_tv``; then the test reads :math:`p' - p \le
+    \delta_{\text{high}}` resp. :math:`p' - p \ge -\delta_{\text{low}}`) or the binary KL of
+    :func:`binary_kl` (``dppo_kl``). A token keeps its gradient unless its probability moved
+    beyond the radius in the direction its advantage pushes; this is the set the clip with the
+    interval of :func:`dppo_tv_interval` / :func:`dppo_kl_interval` keeps, evaluated directly
+    (no root finding). Inputs are detached."""
+    lp, old = logp.detach(), old_logp.detach()
+    p_new, p_old = torch.exp(lp), torch.exp(old)
+    if measure == "dppo_tv":
+        diff = p_new - p_old
+        pos, neg = diff <= delta_high, diff >= -delta_low
+    elif measure == "dppo_kl":
+        kl = binary_kl(p_old, old, p_new, lp)
+        pos = (kl <= delta_high) | (p_new <= p_old)
+        neg = (kl <= delta_low) | (p_new >= p_old)
+    else:
+        raise ValueError(f"not a DPPO measure: {measure!r}; valid: {', '.join(DPPO_MEASURES)}")
+    return torch.where(adv > 0, pos, neg)
 
 
 # ------------------------------------------------------------------------- closed forms
@@ -193,6 +275,16 @@ def prob_l2_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tupl
     return (1.0 - math.sqrt(dl) / p).clamp_min(0.0), 1.0 + math.sqrt(dh) / p
 
 
+def dppo_tv_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tuple[Tensor, Tensor]:
+    r"""``dppo_tv``, per token: :math:`|wp - p| \le \delta` gives
+    :math:`[\max(0, 1 - \delta_{\text{low}}/p),\ 1 + \delta_{\text{high}}/p]` (DPPO-Binary-TV,
+    arXiv 2602.04879); float64."""
+    dl = _radius("delta_low", delta_low)
+    dh = _radius("delta_high", delta_high)
+    p = p_old.to(torch.float64)
+    return (1.0 - dl / p).clamp_min(0.0), 1.0 + dh / p
+
+
 # ---------------------------------------------------------------------------- root finder
 
 
@@ -263,3 +355,15 @@ def mirror_interval(
     return bisect_interval(
         lambda w: measure_mirror(w, p, mirror), delta_low, delta_high, w_min, w_max
     )
+
+
+def dppo_kl_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tuple[Tensor, Tensor]:
+    r"""``dppo_kl``, per token: the ends of :math:`\{w : \mathrm{KL}(\mathrm{Bern}(p)\,\|\,
+    \mathrm{Bern}(wp)) \le \delta\}` by :func:`bisect_interval` over
+    :math:`w \in [10^{-10}/p, 1/p]` (DPPO-Binary-KL, arXiv 2602.04879). The binary KL is convex in
+    :math:`w` with minimum 0 at :math:`w = 1`; it grows without bound as :math:`wp \to 1` only
+    through DPPO's :math:`\epsilon = 10^{-8}`, so the upper end is finite for small radii."""
+    p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
+    w_min = (PROB_FLOOR / p).clamp_max(1.0)
+    w_max = 1.0 / p
+    return bisect_interval(lambda w: measure_dppo_kl(w, p), delta_low, delta_high, w_min, w_max)

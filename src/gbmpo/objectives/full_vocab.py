@@ -42,7 +42,7 @@ Reused buffers also avoid glibc malloc's fragmentation of repeatedly freed ~20 M
 freed buffer below malloc's 32 MB mmap threshold moves to the heap and keeps the resident size
 high): each call allocates its chunk buffers once.
 
-Why one module of ~610 lines: the two public functions share the chunking, the closed-form row
+Why one module of ~630 lines: the two public functions share the chunking, the closed-form row
 kernels and the two custom autograd functions whose memory accounting is given above.
 """
 
@@ -65,6 +65,7 @@ __all__ = [
     "finite_logits",
     "full_vocab_bregman",
     "full_vocab_bregman_from_hidden",
+    "total_variation_rows",
 ]
 
 
@@ -121,6 +122,21 @@ def bregman_rows(policy_logits: Tensor, ref_logits: Tensor, potential: Potential
         # kl_div(input=log q, target=log p, log_target=True) = exp(log p) (log p - log q)
         return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
     return potential.bregman(log_p.exp(), log_q.exp()).sum(-1)
+
+
+def total_variation_rows(policy_logits: Tensor, ref_logits: Tensor) -> Tensor:
+    """TV(p, q) = 1/2 sum_v |p_v - q_v| over the last dimension, p = softmax(policy_logits),
+    q = softmax(ref_logits) (float32 math; float64 stays).
+
+    The total-variation distance between the two next-token distributions (Levin, Peres and
+    Wilmer, "Markov Chains and Mixing Times", Prop. 4.2: TV = 1/2 ||p - q||_1), in [0, 1]. It is
+    not a Bregman divergence (|.| is not strictly convex), so it has no potential; it is used to
+    measure drift (:mod:`gbmpo.eval.drift`), not as a regularizer. A -inf logit is probability 0.
+    """
+    dt = _float_dtype(policy_logits, ref_logits)
+    p = torch.softmax(policy_logits.to(dt), dim=-1)
+    q = torch.softmax(ref_logits.to(dt), dim=-1)
+    return 0.5 * (p - q).abs().sum(-1)
 
 
 def _check_chunk(chunk_size: int | None) -> None:

@@ -14,19 +14,70 @@ from :mod:`gbmpo.objectives.regularizers`, aggregation modes from :mod:`gbmpo.ob
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
-from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+from gbmpo.objectives.surrogates import Surrogate, _float_mask, _masked, get_surrogate
 
-__all__ = ["compute_policy_loss"]
+__all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
 
 #: ``(logp, ref_logp, old_logp, mask) -> per-token values [B, T]``, attribute ``needs_ref``.
 Regularizer = Callable[..., Tensor]
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One regularizer term of a sum: ``coef * regularizer(logp, anchor_logp, old_logp, mask)``
+    per token, with its own anchor log-probs (``None`` where the regularizer needs none)."""
+
+    name: str
+    regularizer: Regularizer
+    coef: float
+    anchor_logp: Tensor | None = None
+
+
+def sequence_divergence(
+    regularizer: Regularizer, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
+) -> Tensor:
+    r"""Per-sequence divergence of the rollout, detached:
+    :math:`S_i = \sum_t m_{i,t}\, D_{i,t}(\pi_{old}\,\|\,\pi_{ref})` (``[B]``), the
+    regularizer evaluated with :math:`\log\pi_\theta = \log\pi_{old}` on the sampled tokens.
+
+    For ``kl_k1`` (:math:`D = \log\pi_{old} - \log\pi_{ref}`), :math:`S_i` is the sequence
+    log-ratio, whose expectation is :math:`\mathrm{KL}(\pi_{old}\,\|\,\pi_{ref})` of the whole
+    sequence; used as a reward penalty it gives the exact gradient of
+    :math:`\mathbb E[r] - \beta\,\mathrm{KL}` (docs/methods.md, "Where the divergence goes";
+    verl's ``algorithm.use_kl_in_reward``; Ziegler et al. 2019, arXiv 1909.08593).
+    """
+    with torch.no_grad():
+        old = rollout_logp.detach()
+        values = regularizer(old, None if ref_logp is None else ref_logp.detach(), old, mask)
+        m = mask.to(torch.bool)
+        zero = torch.zeros((), dtype=values.dtype, device=values.device)
+        return torch.where(m, values, zero).sum(dim=-1)
+
+
+def reward_penalty(rewards: Tensor, penalties: Sequence[tuple[float, Tensor]]) -> Tensor:
+    r"""Rewards with the in-reward divergence penalties subtracted, before advantages:
+
+    .. math::
+        \tilde r_i = r_i - \sum_k \beta_k\, S^{(k)}_i,
+        \qquad S^{(k)}_i = \sum_t m_{i,t}\, D^{(k)}_{i,t}(\pi_{old}\,\|\,\pi_{ref})
+
+    ``penalties`` holds ``(beta_k, S^(k))`` pairs (``S`` from :func:`sequence_divergence`). The
+    outcome reward sits at the last token, so this per-sequence sum equals verl's token-level
+    ``token_level_scores - beta * kld`` summed over the sequence (``apply_kl_penalty``). Returns
+    ``rewards``' dtype.
+    """
+    out = rewards
+    for beta, seq in penalties:
+        out = out - beta * seq.to(rewards.dtype)
+    return out
 
 
 def _resolve_regularizer(regularizer: str | Regularizer | None) -> Regularizer | None:
@@ -48,9 +99,9 @@ def _resolve_surrogate(surrogate: str | Surrogate) -> Surrogate:
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    m = mask.to(torch.bool)
-    v = torch.where(m, x.detach().to(torch.float32), torch.zeros((), dtype=torch.float32))
-    return float(v.sum() / m.sum().clamp_min(1))
+    mf = mask.to(torch.float32)
+    v = _masked(x.detach().to(torch.float32), mf)
+    return float(v.sum() / mf.sum().clamp_min(1))
 
 
 def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:
@@ -84,6 +135,7 @@ def compute_policy_loss(
     num_sequences: int | None = None,
     num_tokens: float | None = None,
     token_weights: Tensor | None = None,
+    terms: Sequence[LossTerm] | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     r"""Per-token :math:`\omega\,\ell^{\text{surr}} + \text{coef}\cdot D`, aggregated:
 
@@ -123,6 +175,11 @@ def compute_policy_loss(
             :math:`\omega` of the surrogate, any real dtype (bool masks too), e.g. importance
             ratios or 0/1 masks. Used as given on valid tokens (no detach: pass constants) and
             ignored on masked ones, so padding may hold anything, NaN included.
+        terms: a sum of regularizers instead of one (:class:`LossTerm`, each with its own
+            coefficient and anchor log-probs; ``regularizer`` must then be None and ``coef``
+            0): per token :math:`\omega\,\ell^{\text{surr}} + \sum_k \lambda_k D^{(k)}`.
+            ``reg_loss`` and ``reg_value`` are then the sums over the terms, and each term adds
+            ``reg_loss/<name>`` and ``reg_value/<name>``.
 
     Returns:
         ``(loss, metrics)``: the scalar loss (float32, or float64 for float64 ``logp``) and
@@ -145,8 +202,15 @@ def compute_policy_loss(
     reg = _resolve_regularizer(regularizer)
     if reg is None and coef != 0:
         raise ValueError(f"coef={coef} given but regularizer is None")
+    if terms is not None and (reg is not None or coef != 0):
+        raise ValueError("give either terms or regularizer/coef, not both")
     if old_logp is None:
         old_logp = logp.detach()
+    if logp.dim() == 2:
+        # checked here once, then passed on as {0, 1} floats of the compute dtype (float-mask
+        # arithmetic is what the built-in surrogates and regularizers use)
+        dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+        mask = _float_mask(mask, logp.shape, dt)
 
     pg, diag = surr(logp, old_logp, advantages, mask)
     if token_weights is not None:
@@ -158,21 +222,36 @@ def compute_policy_loss(
     per_token = pg
     reg_value = 0.0
     reg_loss = 0.0
-    if reg is not None:
-        needs_ref = bool(getattr(reg, "needs_ref", True))
-        if needs_ref and ref_logp is None:
-            raise ValueError(f"regularizer {reg!r} needs reference log-probs but ref_logp is None")
-        values = reg(logp, ref_logp, old_logp, mask)
+    per_term: dict[str, float] = {}
+    listed = terms is not None
+    if terms is None:
+        terms = [] if reg is None else [LossTerm("", reg, float(coef), ref_logp)]
+    for term in terms:
+        if isinstance(term.coef, bool) or not isinstance(term.coef, (int, float)) \
+                or not math.isfinite(term.coef):  # fmt: skip
+            raise ValueError(f"term {term.name!r}: coef must be a finite number, got {term.coef!r}")
+        r = _resolve_regularizer(term.regularizer)
+        assert r is not None
+        needs_ref = bool(getattr(r, "needs_ref", True))
+        if needs_ref and term.anchor_logp is None:
+            raise ValueError(f"regularizer {r!r} needs reference log-probs but ref_logp is None")
+        values = r(logp, term.anchor_logp, old_logp, mask)
         if tuple(values.shape) != tuple(pg.shape):
             raise ValueError(
                 f"regularizer returned shape {tuple(values.shape)}, expected {tuple(pg.shape)}"
             )
-        reg_value = _masked_mean(values, mask)
-        if coef != 0:
-            per_token = pg + coef * values.to(pg.dtype)
+        value = _masked_mean(values, mask)
+        term_loss = 0.0
+        if term.coef != 0:
+            per_token = per_token + term.coef * values.to(pg.dtype)
             with torch.no_grad():
-                reg_term = coef * values.detach().to(pg.dtype)
-                reg_loss = float(aggregate(reg_term, mask, aggregation, max_len, **agg_kw))
+                reg_term = term.coef * values.detach().to(pg.dtype)
+                term_loss = float(aggregate(reg_term, mask, aggregation, max_len, **agg_kw))
+        reg_value += value
+        reg_loss += term_loss
+        if listed:
+            per_term[f"reg_loss/{term.name}"] = term_loss
+            per_term[f"reg_value/{term.name}"] = value
 
     loss = aggregate(per_token, mask, aggregation, max_len, **agg_kw)
     with torch.no_grad():
@@ -181,5 +260,6 @@ def compute_policy_loss(
     metrics["pg_loss"] = float(pg_loss)
     metrics["reg_loss"] = reg_loss
     metrics["reg_value"] = reg_value
+    metrics.update(per_term)
     metrics["loss"] = float(loss.detach())
     return loss, metrics

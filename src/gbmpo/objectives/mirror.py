@@ -264,6 +264,64 @@ def _dsigma(act: str, u: Tensor) -> Tensor:
     return torch.exp(u)
 
 
+def _sqrt_curv_diff(
+    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
+) -> tuple[Tensor, Tensor]:
+    """:func:`_sqrt_curv` and sqrt(up) - sqrt(uq) from the same roots. ``positive``: every
+    b_j > 0, so u >= b_j > 0 and the u = 0 case (and its selects) cannot occur."""
+    if positive:
+        s, t = up.sqrt(), uq.sqrt()
+        st = s + t
+        return ((2.0 * s + t) / st) / (3.0 * st), s - t
+    s, t, zero = _root_pair(up, uq, 0.5)
+    st = s + t
+    curv = torch.where(zero, torch.zeros_like(s), ((2.0 * s + t) / st) / (3.0 * st))
+    return curv, torch.where(zero, torch.zeros_like(s), s - t)
+
+
+def _cbrt_curv_diff(
+    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
+) -> tuple[Tensor, Tensor]:
+    """:func:`_cbrt_curv` and cbrt(up) - cbrt(uq) from the same roots (``positive`` as in
+    :func:`_sqrt_curv_diff`)."""
+    if positive:
+        s, t = up.pow(1.0 / 3.0), uq.pow(1.0 / 3.0)
+        q2 = s * s + s * t + t * t
+        return ((3.0 * s * s + 2.0 * s * t + t * t) / q2) / (4.0 * q2), s - t
+    s, t, zero = _root_pair(up, uq, 1.0 / 3.0)
+    q2 = s * s + s * t + t * t
+    val = ((3.0 * s * s + 2.0 * s * t + t * t) / q2) / (4.0 * q2)
+    zeros = torch.zeros_like(s)
+    return torch.where(zero, zeros, val), torch.where(zero, zeros, s - t)
+
+
+def _log_curv_diff(
+    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
+) -> tuple[Tensor, Tensor]:
+    """:func:`_log_curv` and log(up + eps) - log(uq + eps) = log1p(d_e / uq_e)."""
+    pe, qe = up.clamp_min(0) + LOG_EPS, uq.clamp_min(0) + LOG_EPS
+    return _gkl_over_sq(pe, qe), torch.log1p((pe - qe) / qe)
+
+
+def _exp_curv_diff(
+    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
+) -> tuple[Tensor, Tensor]:
+    """:func:`_exp_curv` and exp(up) - exp(uq) = exp(uq) (d + d^2 phi(d)), from the same phi."""
+    eq, phi = torch.exp(uq), _exp_phi(d)
+    return eq * phi, eq * (d + d * d * phi)
+
+
+#: activations folded into polynomial coefficients (:meth:`NeuralMirrorMap._poly`): the sums
+#: over their units of v (w y + b)^3 and v (w y + b)^2 are one cubic in y
+_POLY = ("cube", "square")
+_CURV_DIFF: dict[str, Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor]]] = {
+    "sqrt": _sqrt_curv_diff,
+    "cbrt": _cbrt_curv_diff,
+    "log": _log_curv_diff,
+    "exp": _exp_curv_diff,
+}
+
+
 _MEAN: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
     "cube": _cube_mean,
     "square": _square_mean,
@@ -339,6 +397,7 @@ class NeuralMirrorMap:
         self._v_active = tuple(bool((blocks[0, k] != 0).any()) for k in range(len(ACTIVATIONS)))
         self._active = tuple(bool((vw[k] != 0).any()) for k in range(len(ACTIVATIONS)))
         self._cache: dict[tuple[torch.dtype, torch.device], tuple[Tensor, ...]] = {}
+        self._positive_cache: dict[tuple[torch.dtype, torch.device], tuple[bool, ...]] = {}
 
     # --- construction ---------------------------------------------------------------------------
     @classmethod
@@ -480,6 +539,34 @@ class NeuralMirrorMap:
             self._cache[key] = (blocks[0], blocks[1], blocks[2], vec[-2], vec[-1])
         return self._cache[key]
 
+    def _positive(self, b: Tensor) -> tuple[bool, ...]:
+        """Per block: every offset b_j > 0 *in b's dtype* (a float64 1e-300 is 0 in float32),
+        so that u = w y + b > 0 for every y and the u = 0 case cannot occur."""
+        key = (b.dtype, b.device)
+        if key not in self._positive_cache:
+            self._positive_cache[key] = tuple(
+                bool((b[k] > 0).all()) for k in range(len(ACTIVATIONS))
+            )
+        return self._positive_cache[key]
+
+    def _poly(self, dtype: torch.dtype, device: torch.device) -> tuple[float, float, float, float]:
+        """The cube and square units as one cubic, h'_poly(y) = c3 y^3 + c2 y^2 + c1 y + c0:
+        sum_j v_j (w_j y + b_j)^3 gives (v w^3, 3 v w^2 b, 3 v w b^2, v b^3) summed over the
+        cube units, sum_j v_j (w_j y + b_j)^2 gives (0, v w^2, 2 v w b, v b^2) over the square
+        ones; all >= 0. Computed once in float64."""
+        if not hasattr(self, "_poly_coeffs"):
+            blocks = self._vec[: 3 * N_UNITS].view(3, len(ACTIVATIONS), UNITS_PER_ACTIVATION)
+            v, w, b = blocks[0], blocks[1], blocks[2]
+            k3, k2 = ACTIVATIONS.index("cube"), ACTIVATIONS.index("square")
+            c3 = float((v[k3] * w[k3] ** 3).sum())
+            c2 = float(3.0 * (v[k3] * w[k3] ** 2 * b[k3]).sum() + (v[k2] * w[k2] ** 2).sum())
+            c1 = float(
+                3.0 * (v[k3] * w[k3] * b[k3] ** 2).sum() + 2.0 * (v[k2] * w[k2] * b[k2]).sum()
+            )
+            c0 = float((v[k3] * b[k3] ** 3).sum() + (v[k2] * b[k2] ** 2).sum())
+            self._poly_coeffs = (c3, c2, c1, c0)
+        return self._poly_coeffs  # type: ignore[no-any-return]
+
     def _prep(self, *ys: Tensor) -> tuple[Tensor, ...]:
         dt = _compute_dtype(*ys)
         return tuple(y.to(dt).clamp_min(PROB_FLOOR) for y in ys)
@@ -506,8 +593,11 @@ class NeuralMirrorMap:
         v, w, b, a, c = self._params(y.dtype, y.device)
         ye = y.unsqueeze(-1)
         out = a * y + c * torch.log(y)
+        c3, c2, c1, c0 = self._poly(y.dtype, y.device)
+        if c3 or c2 or c1 or c0:  # the cube and square units, as one cubic
+            out = out + (((c3 * y + c2) * y + c1) * y + c0)
         for k, act in enumerate(ACTIVATIONS):
-            if self._v_active[k]:
+            if self._v_active[k] and act not in _POLY:
                 out = out + (v[k] * _sigma(act, w[k] * ye + b[k])).sum(-1)
         return out
 
@@ -520,8 +610,11 @@ class NeuralMirrorMap:
         v, w, b, a, c = self._params(y.dtype, y.device)
         ye = y.unsqueeze(-1)
         out = a + c / y
+        c3, c2, c1, _ = self._poly(y.dtype, y.device)
+        if c3 or c2 or c1:  # the cube and square units: h''_poly = 3 c3 y^2 + 2 c2 y + c1
+            out = out + ((3.0 * c3 * y + 2.0 * c2) * y + c1)
         for k, act in enumerate(ACTIVATIONS):
-            if not self._active[k]:
+            if not self._active[k] or act in _POLY:
                 continue
             vw = v[k] * w[k]
             term = torch.where(vw != 0, vw * _dsigma(act, w[k] * ye + b[k]), 0.0)
@@ -548,20 +641,47 @@ class NeuralMirrorMap:
 
     def _bregman_value(self, p: Tensor, q: Tensor) -> Tensor:
         """D_h on floored, broadcast, same-dtype p and q (no autograd bookkeeping needed)."""
+        return self._bregman_and_grad(p, q, want_grad=False)[0]
+
+    def _bregman_and_grad(
+        self, p: Tensor, q: Tensor, want_grad: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """D_h(p, q) and, with ``want_grad``, its derivative in p, h'(p) - h'(q), from the same
+        per-unit quantities (the roots, exp(u_q), phi(d) of each unit serve both): the backward
+        then needs no second pass over the 126 units.
+
+        The cube and square units enter as one cubic (:meth:`_poly`): with d = p - q, their
+        D is d^2 [c3 ((d/2 + q)^2 + q^2/2) + c2 (2 q + p)/3 + c1/2] (every term >= 0, the sum
+        of the per-unit factorised forms) and their h'(p) - h'(q) is
+        d [c3 (p^2 + p q + q^2) + c2 (p + q) + c1]."""
         v, w, b, a, c = self._params(p.dtype, p.device)
         pe, qe = p.unsqueeze(-1), q.unsqueeze(-1)
         diff = pe - qe
+        d = p - q
         k_total = torch.zeros_like(p) + 0.5 * a
+        grad = a * d if want_grad else None
+        positive = self._positive(b)
+        c3, c2, c1, _ = self._poly(p.dtype, p.device)
+        if c3 or c2 or c1:
+            k_total = k_total + (c3 * ((0.5 * d + q).square() + 0.5 * q * q)
+                                 + c2 * (2.0 * q + p) / 3.0 + 0.5 * c1)  # fmt: skip
+            if grad is not None:
+                grad = grad + d * (c3 * (p * p + p * q + q * q) + c2 * (p + q) + c1)
         for k, act in enumerate(ACTIVATIONS):
-            if not self._active[k]:
+            if act in _POLY or not (self._active[k] or (want_grad and self._v_active[k])):
                 continue
             uq = w[k] * qe + b[k]
             up = w[k] * pe + b[k]
-            curv = _CURV[act](up, uq, w[k] * diff)
-            k_total = k_total + (v[k] * w[k] * curv).sum(-1)
+            curv, dsig = _CURV_DIFF[act](up, uq, w[k] * diff, positive[k])
+            if self._active[k]:
+                k_total = k_total + (v[k] * w[k] * curv).sum(-1)
+            if grad is not None:
+                grad = grad + (v[k] * dsig).sum(-1)
         if self.c != 0.0:
             k_total = k_total + c * _gkl_over_sq(p, q)
-        return (p - q).square() * k_total
+            if grad is not None:
+                grad = grad + c * (torch.log(p) - torch.log(q))
+        return d.square() * k_total, grad
 
 
 class _MirrorBregman(torch.autograd.Function):
@@ -570,16 +690,17 @@ class _MirrorBregman(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, mirror: NeuralMirrorMap, p: Tensor, q: Tensor) -> Tensor:
         ctx.mirror = mirror
-        ctx.save_for_backward(p, q)
-        return mirror._bregman_value(p, q)
+        value, dp = mirror._bregman_and_grad(p, q, want_grad=ctx.needs_input_grad[1])
+        ctx.save_for_backward(p, q, dp if dp is not None else torch.empty(0))
+        return value
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[None, Tensor | None, Tensor | None]:
-        p, q = ctx.saved_tensors
+        p, q, dp = ctx.saved_tensors
         m: NeuralMirrorMap = ctx.mirror
         grad_p = grad_q = None
         if ctx.needs_input_grad[1]:
-            grad_p = grad * (m.derivative(p) - m.derivative(q))
+            grad_p = grad * dp  # h'(p) - h'(q), formed in the forward pass
         if ctx.needs_input_grad[2]:
             grad_q = -grad * m.second_derivative(q) * (p - q)
         return None, grad_p, grad_q

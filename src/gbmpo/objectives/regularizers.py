@@ -55,6 +55,7 @@ from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
 from gbmpo.objectives.potentials import build_from_registry
+from gbmpo.objectives.surrogates import _attach, _masked
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -270,6 +271,56 @@ def rpg_urkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> T
 # --- the callable wrapper ---------------------------------------------------------------------
 
 Formula = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
+#: ``(l, r, o) -> (value, d value / d l)``: a formula with its derivative in the policy log-prob
+ValueAndGrad = Callable[[Tensor, Tensor, "Tensor | None"], "tuple[Tensor, Tensor]"]
+
+
+def _clamp_with_grad(value: Tensor, g: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
+    """:func:`_clamp` on a value and its derivative (0 where the clamp binds, as autograd)."""
+    if clamp is None:
+        return value, g
+    return value.clamp(-clamp, clamp), torch.where(value.abs() <= clamp, g, 0.0)
+
+
+def _k1_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`kl_k1` and its derivative 1."""
+    return kl_k1(logp, ref_logp), torch.ones_like(logp)
+
+
+def _k2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`kl_k2` and its derivative l - r."""
+    d = logp - ref_logp
+    return 0.5 * d.square(), d
+
+
+def _k3_vg(logp: Tensor, ref_logp: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
+    """:func:`kl_k3` and its derivative 1 - rho (-(e^E - 1) on the tangent beyond
+    E = :func:`exp_bound`), in one pass; the derivative is formed as autograd forms it from the
+    value, -((expm1(log rho) + 1) - 1), so that it is bit for bit the same."""
+    logp, ref_logp = _compute(logp, ref_logp)
+    t = ref_logp - logp
+    e = exp_bound(t.dtype)
+    if float(t.max()) <= e:  # the usual case: no token on the tangent (one reduction, no where)
+        em = torch.expm1(t)
+        value = em - t
+    else:
+        tc = t.clamp_max(e)
+        em = torch.expm1(tc)
+        value = torch.where(t > e, (math.expm1(e) - e) + math.expm1(e) * (t - e), em - tc)
+    return _clamp_with_grad(value, -((em + 1.0) - 1.0), clamp)
+
+
+def _prob_l2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`prob_l2` and its derivative 2 (p - q) p."""
+    p = torch.exp(logp)
+    d = p - torch.exp(ref_logp)
+    return d.square(), (2.0 * d) * p
+
+
+def _log_l2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """:func:`log_l2` and its derivative 2 (l - r)."""
+    d = logp - ref_logp
+    return d.square(), 2.0 * d
 
 
 class Regularizer:
@@ -289,6 +340,7 @@ class Regularizer:
         needs_old: bool = False,
         anchor: str = "ref",
         params: Mapping[str, Any] | None = None,
+        value_and_grad: ValueAndGrad | None = None,
     ) -> None:
         self.name = name
         self._formula = formula
@@ -296,6 +348,7 @@ class Regularizer:
         self.needs_old = needs_old
         self.anchor = anchor
         self.params = dict(params or {})
+        self._value_and_grad = value_and_grad
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -333,16 +386,35 @@ class Regularizer:
         lp = logp.to(dtype)
         an = anchor.to(dtype)
         old = None if old_logp is None else old_logp.to(dtype)
-        keep = None
-        if mask is not None:
-            keep = mask.to(torch.bool)
-            lp = torch.where(keep, lp, 0.0)
-            an = torch.where(keep, an, 0.0)
-            old = None if old is None else torch.where(keep, old, 0.0)
-        out = self._formula(lp, an, old)
-        if keep is not None:
-            out = torch.where(keep, out, 0.0)
-        return out
+        fused = (
+            self._value_and_grad is not None
+            and not an.requires_grad
+            and (old is None or not old.requires_grad)
+        )
+        if not fused:
+            keep = None
+            if mask is not None:
+                keep = mask.to(torch.bool)
+                lp = torch.where(keep, lp, 0.0)
+                an = torch.where(keep, an, 0.0)
+                old = None if old is None else torch.where(keep, old, 0.0)
+            out = self._formula(lp, an, old)
+            return out if keep is None else torch.where(keep, out, 0.0)
+        assert self._value_and_grad is not None
+        with torch.no_grad():
+            # float-mask arithmetic (much faster than torch.where on CPU), then the formula's
+            # value with its derivative attached: one multiply in the backward
+            x = lp.detach()
+            if not self.needs_old:
+                old = None  # the fused built-ins read only logp and the anchor
+            if mask is not None:
+                mf = mask.to(dtype)
+                x, an = _masked(x, mf), _masked(an, mf)
+                old = None if old is None else _masked(old, mf)
+            out, g = self._value_and_grad(x, an, old)
+            if mask is not None:
+                out, g = _masked(out, mf), g * mf
+        return _attach(lp, out, g)
 
 
 #: built-ins plus plugins of the ``gbmpo.regularizers`` entry-point group (factories returning a
@@ -369,18 +441,27 @@ def _make_none() -> Regularizer:
 
 @REGULARIZERS.register("kl_k1")
 def _make_k1() -> Regularizer:
-    return Regularizer("kl_k1", lambda l, r, o: kl_k1(l, r))
+    return Regularizer(
+        "kl_k1", lambda l, r, o: kl_k1(l, r), value_and_grad=lambda l, r, o: _k1_vg(l, r)
+    )
 
 
 @REGULARIZERS.register("kl_k2")
 def _make_k2() -> Regularizer:
-    return Regularizer("kl_k2", lambda l, r, o: kl_k2(l, r))
+    return Regularizer(
+        "kl_k2", lambda l, r, o: kl_k2(l, r), value_and_grad=lambda l, r, o: _k2_vg(l, r)
+    )
 
 
 @REGULARIZERS.register("kl_k3")
 def _make_k3(clamp: float | None = None) -> Regularizer:
     c = _check_clamp("kl_k3", clamp)
-    return Regularizer("kl_k3", lambda l, r, o: kl_k3(l, r, c), params={"clamp": c})
+    return Regularizer(
+        "kl_k3",
+        lambda l, r, o: kl_k3(l, r, c),
+        params={"clamp": c},
+        value_and_grad=lambda l, r, o: _k3_vg(l, r, c),
+    )
 
 
 @REGULARIZERS.register("kl_k3_is")
@@ -391,12 +472,16 @@ def _make_k3_is(clamp: float | None = None) -> Regularizer:
 
 @REGULARIZERS.register("prob_l2")
 def _make_prob_l2() -> Regularizer:
-    return Regularizer("prob_l2", lambda l, r, o: prob_l2(l, r))
+    return Regularizer(
+        "prob_l2", lambda l, r, o: prob_l2(l, r), value_and_grad=lambda l, r, o: _prob_l2_vg(l, r)
+    )
 
 
 @REGULARIZERS.register("log_l2")
 def _make_log_l2() -> Regularizer:
-    return Regularizer("log_l2", lambda l, r, o: log_l2(l, r))
+    return Regularizer(
+        "log_l2", lambda l, r, o: log_l2(l, r), value_and_grad=lambda l, r, o: _log_l2_vg(l, r)
+    )
 
 
 @REGULARIZERS.register("neural_mirror")

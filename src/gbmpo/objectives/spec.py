@@ -11,8 +11,13 @@ An objective is advantages -> per-token surrogate + coef * regularizer -> aggreg
         name: prob_l2                # REGULARIZERS: kl_k3, prob_l2, neural_mirror, rpg_*, none
         coef: 0.1
         anchor: ref                  # ref (frozen reference) | old (rollout policy, RPG)
+        placement: loss              # loss (per-token term) | reward (penalty before advantages)
         params: {}
       aggregation: dr_grpo           # AGGREGATIONS: grpo | bnpo | dr_grpo | seq_mean_token_sum
+
+``regularizer:`` is one term (a mapping) or a list of terms, whose divergences are summed
+(e.g. ``[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]``); each term has its own
+coefficient, anchor, placement and parameters, and two terms may not share a name.
 
 The same section is the ``objective:`` of ``gbmpo train``'s config (:class:`ObjectiveSpec` is
 that config's ``ObjectiveConfig``), the ``objective=`` of the TRL drop-in
@@ -29,14 +34,16 @@ This module is pure: it imports the registries only inside :meth:`ObjectiveSpec.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "ANCHORS",
+    "PLACEMENTS",
     "BuiltObjective",
+    "BuiltTerm",
     "ObjectiveSpec",
     "RegularizerSpec",
     "SpecError",
@@ -45,6 +52,11 @@ __all__ = [
 
 #: ``regularizer.anchor`` values.
 ANCHORS: tuple[str, ...] = ("ref", "old")
+
+#: ``regularizer.placement`` values: ``loss`` adds ``coef * D`` per token to the loss;
+#: ``reward`` subtracts ``coef * sum_t D(pi_old || pi_ref)`` from each sequence's reward before
+#: the advantages are computed (docs/methods.md, "Where the divergence goes").
+PLACEMENTS: tuple[str, ...] = ("loss", "reward")
 
 
 class SpecError(ValueError):
@@ -73,6 +85,9 @@ class RegularizerSpec:
     anchor: str = "ref"
     #: keyword arguments of the regularizer (e.g. clamp, mirror=path/to/mirror.json)
     params: dict[str, Any] = field(default_factory=dict)
+    #: "loss": coef * D per token in the loss; "reward": coef * sum_t D(pi_old || pi_ref) of the
+    #: rollout, detached, subtracted from each sequence's reward before the advantages
+    placement: str = "loss"
 
 
 @dataclass
@@ -82,7 +97,8 @@ class ObjectiveSpec:
     #: advantage estimator from ``ADVANTAGES`` (grpo | batch | dr_grpo | rpg)
     advantage: str = "dr_grpo"
     surrogate: SurrogateSpec = field(default_factory=SurrogateSpec)
-    regularizer: RegularizerSpec = field(default_factory=RegularizerSpec)
+    #: one term, or a list of terms whose divergences are summed (see :attr:`terms`)
+    regularizer: RegularizerSpec | list[RegularizerSpec] = field(default_factory=RegularizerSpec)
     #: aggregation mode from ``AGGREGATIONS`` (grpo | bnpo | dr_grpo | seq_mean_token_sum)
     aggregation: str = "dr_grpo"
     #: log the value of every registered regularizer (vs the frozen reference) each step, even
@@ -116,19 +132,15 @@ class ObjectiveSpec:
             if "params" in s:
                 spec.surrogate.params = _params(s["params"], f"{where}.surrogate.params")
         if "regularizer" in d:
-            r = _mapping(d["regularizer"], f"{where}.regularizer")
-            _known(r, f"{where}.regularizer", ("name", "coef", "anchor", "params"))
-            if "name" in r:
-                spec.regularizer.name = _text(r["name"], f"{where}.regularizer.name")
-            if "coef" in r:
-                c = r["coef"]
-                if isinstance(c, bool) or not isinstance(c, (int, float)):
-                    raise SpecError(f"'{where}.regularizer.coef' must be float, got {c!r}")
-                spec.regularizer.coef = float(c)
-            if "anchor" in r:
-                spec.regularizer.anchor = _text(r["anchor"], f"{where}.regularizer.anchor")
-            if "params" in r:
-                spec.regularizer.params = _params(r["params"], f"{where}.regularizer.params")
+            r = d["regularizer"]
+            if isinstance(r, (list, tuple)):
+                if not r:
+                    raise SpecError(
+                        f"'{where}.regularizer' is an empty list; give one term or more"
+                    )
+                spec.regularizer = [_term(t, f"{where}.regularizer[{i}]") for i, t in enumerate(r)]
+            else:
+                spec.regularizer = _term(r, f"{where}.regularizer")
         return spec
 
     @classmethod
@@ -167,17 +179,43 @@ class ObjectiveSpec:
             f"{type(spec).__name__}"
         )
 
+    @property
+    def terms(self) -> list[RegularizerSpec]:
+        """The regularizer terms: ``[regularizer]`` for one mapping, else the list."""
+        r = self.regularizer
+        return list(r) if isinstance(r, (list, tuple)) else [r]
+
+    @property
+    def regularizer_label(self) -> str:
+        """The regularizer's name, or the terms' names joined by ``+`` (``prob_l2+kl_k3``): the
+        ``regularizer`` of ``summary.json`` and of run-directory names."""
+        return "+".join(t.name for t in self.terms)
+
+    @property
+    def coef_label(self) -> float | list[float]:
+        """The coefficient, or the list of the terms' coefficients: ``summary.json``'s
+        ``coef``."""
+        if isinstance(self.regularizer, (list, tuple)):
+            return [t.coef for t in self.regularizer]
+        return self.regularizer.coef
+
     def to_dict(self) -> dict[str, Any]:
         """The spec as a plain nested dict that :meth:`from_dict` reads back."""
+
+        def term(t: RegularizerSpec) -> dict[str, Any]:
+            return {
+                "name": t.name,
+                "coef": t.coef,
+                "anchor": t.anchor,
+                "placement": t.placement,
+                "params": dict(t.params),
+            }
+
+        r = self.regularizer
         return {
             "advantage": self.advantage,
             "surrogate": {"name": self.surrogate.name, "params": dict(self.surrogate.params)},
-            "regularizer": {
-                "name": self.regularizer.name,
-                "coef": self.regularizer.coef,
-                "anchor": self.regularizer.anchor,
-                "params": dict(self.regularizer.params),
-            },
+            "regularizer": [term(t) for t in r] if isinstance(r, (list, tuple)) else term(r),
             "aggregation": self.aggregation,
             "monitor_regularizers": self.monitor_regularizers,
         }
@@ -209,44 +247,106 @@ class ObjectiveSpec:
                     f"{where}.{key}: unknown name {name!r}; valid names: "
                     f"{', '.join(registry.names())}"
                 )
-        s, r = self.surrogate, self.regularizer
+        s = self.surrogate
         try:
             surrogate = get_surrogate(s.name, **s.params)
         except UnknownNameError as err:
             raise UnknownNameError(f"{where}.surrogate.name: {err}") from None
         except (TypeError, ValueError) as err:
             raise SpecError(f"{where}.surrogate ({s.name!r}): {err}") from None
-        try:
-            regularizer = get_regularizer(r.name, **r.params)
-        except UnknownNameError as err:
-            raise UnknownNameError(f"{where}.regularizer.name: {err}") from None
-        except (TypeError, ValueError) as err:  # a missing mirror file stays FileNotFoundError
-            raise SpecError(f"{where}.regularizer ({r.name!r}): {err}") from None
-        if not math.isfinite(r.coef):
-            raise SpecError(f"'{where}.regularizer.coef' must be finite, got {r.coef}")
-        if r.anchor not in ANCHORS:
-            raise SpecError(
-                f"'{where}.regularizer.anchor' must be 'ref' or 'old', got {r.anchor!r}"
-            )
+        listed = isinstance(self.regularizer, (list, tuple))
+        if listed and not self.regularizer:
+            raise SpecError(f"'{where}.regularizer' is an empty list; give one term or more")
+        terms: list[BuiltTerm] = []
+        for i, r in enumerate(self.terms):
+            at = f"{where}.regularizer[{i}]" if listed else f"{where}.regularizer"
+            terms.append(_build_term(r, at))
+        names = [t.name for t in terms]
+        for name in names:
+            if names.count(name) > 1:
+                raise SpecError(
+                    f"'{where}.regularizer' lists {name!r} twice; give each regularizer once "
+                    "(its coefficients add up)"
+                )
+        if listed and "none" in names:
+            raise SpecError(f"'{where}.regularizer' lists 'none' beside other terms; leave it out")
         from gbmpo.objectives.regularizers import REGULARIZERS
 
-        # reg/<name>: the optimised regularizer always, every registered one when monitoring
+        # reg/<name>: the optimised regularizers always, every registered one when monitoring
+        built = {t.name: t.regularizer for t in terms}
         monitors: dict[str, Any] = {}
         for name in REGULARIZERS.names():
-            if name == r.name != "none":
-                monitors[name] = regularizer
+            if name in built and name != "none":
+                monitors[name] = built[name]
             elif name != "none" and self.monitor_regularizers:
                 monitors[name] = get_regularizer(name)
+        first = terms[0]
         return BuiltObjective(
             spec=self,
             advantage=ADVANTAGES.get(self.advantage),
             surrogate=surrogate,
-            regularizer=regularizer,
-            coef=float(r.coef),
-            anchor=r.anchor,
+            regularizer=first.regularizer,
+            coef=first.coef,
+            anchor=first.anchor,
             aggregation=self.aggregation,
             monitors=monitors,
+            terms=tuple(terms),
         )
+
+
+@dataclass(frozen=True)
+class BuiltTerm:
+    """One built regularizer term: ``coef * D`` per token in the loss (``placement == "loss"``)
+    or ``coef * sum_t D(pi_old || pi_ref)`` off each sequence's reward (``"reward"``)."""
+
+    name: str
+    #: ``(logp, ref_logp, old_logp, mask) -> per-token divergence``
+    regularizer: Any
+    coef: float
+    #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
+    anchor: str
+    #: ``loss`` or ``reward``
+    placement: str = "loss"
+
+    @property
+    def active(self) -> bool:
+        """Whether the term changes the objective (a regularizer other than ``none`` with a
+        nonzero coefficient)."""
+        return self.name != "none" and self.coef != 0
+
+    @property
+    def needs_ref(self) -> bool:
+        """Whether the term needs the reference policy's log-probs."""
+        return bool(getattr(self.regularizer, "needs_ref", True)) and self.anchor == "ref"
+
+
+def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
+    """Build one :class:`RegularizerSpec` (errors name ``at``, the term's dotted key)."""
+    from gbmpo.objectives.regularizers import get_regularizer
+    from gbmpo.registry import UnknownNameError
+
+    try:
+        regularizer = get_regularizer(r.name, **r.params)
+    except UnknownNameError as err:
+        raise UnknownNameError(f"{at}.name: {err}") from None
+    except (TypeError, ValueError) as err:  # a missing mirror file stays FileNotFoundError
+        raise SpecError(f"{at} ({r.name!r}): {err}") from None
+    if not math.isfinite(r.coef):
+        raise SpecError(f"'{at}.coef' must be finite, got {r.coef}")
+    if r.anchor not in ANCHORS:
+        raise SpecError(f"'{at}.anchor' must be 'ref' or 'old', got {r.anchor!r}")
+    if r.placement not in PLACEMENTS:
+        raise SpecError(f"'{at}.placement' must be 'loss' or 'reward', got {r.placement!r}")
+    term = BuiltTerm(r.name, regularizer, float(r.coef), r.anchor, r.placement)
+    if r.placement == "reward" and term.active and not term.needs_ref:
+        raise SpecError(
+            f"'{at}.placement'=reward with {r.name!r} (anchor {r.anchor!r}"
+            f"{', the regularizer anchored on the rollout policy' if r.anchor == 'ref' else ''}"
+            "): the in-reward penalty is D(pi_old || pi_ref) on the rollout, which is 0 when "
+            "the anchor is the rollout policy itself; use anchor: ref (a regularizer anchored "
+            "on the frozen reference) or placement: loss"
+        )
+    return term
 
 
 @dataclass(frozen=True)
@@ -268,27 +368,72 @@ class BuiltObjective:
     #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
     anchor: str
     aggregation: str
-    #: the regularizers logged as ``reg/<name>`` = D(pi_old || pi_ref): the optimised one (the
-    #: same object) and, with ``monitor_regularizers``, every registered one but ``none``
+    #: the regularizers logged as ``reg/<name>`` = D(pi_old || pi_ref): the optimised ones (the
+    #: same objects) and, with ``monitor_regularizers``, every registered one but ``none``
     monitors: dict[str, Any] = field(default_factory=dict)
+    #: every term of the regularizer (one for a single mapping); ``regularizer``, ``coef`` and
+    #: ``anchor`` above are the first term's
+    terms: tuple[BuiltTerm, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.terms:  # built by hand with one regularizer
+            name = str(getattr(self.regularizer, "name", "regularizer"))
+            term = BuiltTerm(name, self.regularizer, float(self.coef), self.anchor, "loss")
+            object.__setattr__(self, "terms", (term,))
+
+    @property
+    def loss_terms(self) -> tuple[BuiltTerm, ...]:
+        """The terms added to the loss per token (placement ``loss``)."""
+        return tuple(t for t in self.terms if t.placement == "loss")
+
+    @property
+    def reward_terms(self) -> tuple[BuiltTerm, ...]:
+        """The active terms subtracted from the reward (placement ``reward``, nonzero coef)."""
+        return tuple(t for t in self.terms if t.placement == "reward" and t.active)
+
+    @property
+    def single_loss_term(self) -> bool:
+        """One regularizer placed in the loss: the objective of every engine before terms could
+        be summed or placed in the reward (``compute_policy_loss``'s one-regularizer form)."""
+        return len(self.terms) == 1 and self.terms[0].placement == "loss"
 
     @property
     def needs_ref(self) -> bool:
-        """Whether the reference policy's log-probs are needed: the regularizer is anchored on
-        it, or every regularizer is monitored against it."""
-        anchored = bool(getattr(self.regularizer, "needs_ref", True)) and self.anchor == "ref"
-        return anchored or self.spec.monitor_regularizers
+        """Whether the reference policy's log-probs are needed: a term is anchored on it, or
+        every regularizer is monitored against it."""
+        return any(t.needs_ref for t in self.terms) or self.spec.monitor_regularizers
 
     @property
     def anchored_on_ref(self) -> bool:
-        """Whether the optimised term needs the reference's log-probs (a nonzero coefficient on
+        """Whether an optimised term needs the reference's log-probs (a nonzero coefficient on
         a regularizer anchored on the frozen reference): TRL's ``beta != 0``."""
-        reg_needs = bool(getattr(self.regularizer, "needs_ref", True))
-        return self.spec.regularizer.name != "none" and reg_needs and self.anchor == "ref" \
-            and self.coef != 0
+        return any(t.active and t.needs_ref for t in self.terms)
 
 
 # ---------------------------------------------------------------------- parsing helpers
+
+
+def _term(value: Any, where: str) -> RegularizerSpec:
+    """One regularizer term from a mapping (or a :class:`RegularizerSpec`, kept as is)."""
+    if isinstance(value, RegularizerSpec):
+        return value
+    r = _mapping(value, where)
+    _known(r, where, ("name", "coef", "anchor", "placement", "params"))
+    term = RegularizerSpec()
+    if "name" in r:
+        term.name = _text(r["name"], f"{where}.name")
+    if "coef" in r:
+        c = r["coef"]
+        if isinstance(c, bool) or not isinstance(c, (int, float)):
+            raise SpecError(f"'{where}.coef' must be float, got {c!r}")
+        term.coef = float(c)
+    if "anchor" in r:
+        term.anchor = _text(r["anchor"], f"{where}.anchor")
+    if "placement" in r:
+        term.placement = _text(r["placement"], f"{where}.placement")
+    if "params" in r:
+        term.params = _params(r["params"], f"{where}.params")
+    return term
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
@@ -300,9 +445,31 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 def _known(d: Mapping[str, Any], where: str, valid: tuple[str, ...]) -> None:
     for key in d:
         if key not in valid:
+            hint = did_you_mean(str(key), valid, prefix=f"{where}.")
             raise SpecError(
                 f"unknown key '{where}.{key}'; valid keys under {where!r}: {', '.join(valid)}"
+                f"{hint}"
             )
+
+
+def did_you_mean(word: str, candidates: Mapping[str, str] | Sequence[str], *,
+                 prefix: str = "") -> str:
+    """``"; did you mean 'NAME'?"`` for the candidate closest to ``word``, or ``""`` when none
+    is close (:func:`difflib.get_close_matches`, ratio >= 0.75, case, ``-`` and ``_`` ignored).
+
+    ``candidates``: names, or a mapping of names to what to suggest for each (an alias to
+    itself, a field name to its dotted key); ``prefix`` is put before a suggested plain name.
+    """
+    import difflib
+
+    table = dict(candidates) if isinstance(candidates, Mapping) else {
+        c: f"{prefix}{c}" for c in candidates}
+    norm: dict[str, str] = {}
+    for name, shown in table.items():
+        norm.setdefault(name.lower().replace("-", "_"), shown)
+    key = word.lower().replace("-", "_")
+    best = difflib.get_close_matches(key, list(norm), n=1, cutoff=0.75)
+    return f"; did you mean {norm[best[0]]!r}?" if best else ""
 
 
 def _text(value: Any, where: str) -> str:

@@ -19,10 +19,12 @@ Diagnostics are detached 0-dim tensors, masked means over valid tokens (0 on an 
 ``clip_frac_dual`` (tokens capped by the dual clip), ``ratio_mean``, ``ratio_min``, ``ratio_max``.
 
 Names (registry :data:`SURROGATES`, built by :func:`get_surrogate`): ``clip``, ``gspo``, ``atr``,
-``divergence_clip`` (clip by any policy divergence; ``atr`` is its ``measure="k3"``),
-``rpg_clip``, ``rpg_reinforce``.
+``divergence_clip`` (clip by any policy divergence; ``atr`` is its ``measure="k3"``; the
+``dppo_tv`` / ``dppo_kl`` measures give DPPO), ``rpg_clip``, ``rpg_reinforce``, and the baselines
+``cispo`` (MiniMax-M1), ``sapo`` (soft gate), ``gmpo`` (geometric mean) and ``vespo`` (gamma
+weight of the sequence ratio).
 
-Why one module of ~750 lines: the surrogates share one signature, one set of diagnostics, the
+Why one module of ~1,000 lines: the surrogates share one signature, one set of diagnostics, the
 masking and dtype helpers and one registry, and the formulas read best side by side; each class is
 short. The clip measures of ``divergence_clip`` are in :mod:`gbmpo.objectives.clip_measures`.
 """
@@ -40,8 +42,12 @@ from torch import Tensor
 
 from gbmpo.objectives.clip_measures import (
     CLIP_MEASURES,
+    DPPO_MEASURES,
     PER_TOKEN_MEASURES,
     atr_bounds,
+    dppo_kl_interval,
+    dppo_tv_interval,
+    dppo_valid_mask,
     k1_interval,
     k2_interval,
     k3_interval,
@@ -56,19 +62,28 @@ __all__ = [
     "RPG_VARIANTS",
     "SURROGATES",
     "ATRSurrogate",
+    "CISPOSurrogate",
     "ClipSurrogate",
     "DivergenceClipSurrogate",
+    "GMPOSurrogate",
     "GSPOSurrogate",
     "RPGClipSurrogate",
     "RPGReinforceSurrogate",
+    "SAPOSurrogate",
     "Surrogate",
+    "VESPOSurrogate",
     "atr_bounds",
+    "cispo_loss",
+    "dppo_loss",
     "get_surrogate",
+    "gmpo_clipped_log_ratio",
     "ppo_clip_loss",
     "rpg_kl_component",
     "rpg_regularized_advantage",
     "rpg_reinforce_loss",
+    "sapo_gate",
     "sequence_log_ratio",
+    "vespo_weight",
 ]
 
 #: ``(logp, old_logp, advantages, mask) -> (per-token loss [B, T], diagnostics)``.
@@ -227,6 +242,103 @@ def rpg_reinforce_loss(
     return loss, hit_low, hit_high, hit_dual
 
 
+def cispo_loss(logp: Tensor, ratio: Tensor, adv: Tensor, low: float, high: float) -> Tensor:
+    r"""CISPO per-token loss (MiniMax-M1, arXiv 2506.13585):
+
+    .. math::
+        \ell = -\,\mathrm{SG}\big(\mathrm{clip}(w, l, h)\big)\,A\,\log\pi_\theta,
+
+    the importance weight clipped and stopped, times the REINFORCE term, so that every token keeps
+    a gradient :math:`-\mathrm{clip}(w, l, h)A\nabla\log\pi_\theta` (PPO's clip would drop it).
+    MiniMax-M1 sets no lower bound in practice (:math:`l = 0`) and tunes :math:`h`; TRL's
+    ``cispo`` is :math:`\min(w, \varepsilon_{\max})` (:math:`l = 0, h = \varepsilon_{\max}`),
+    verl's is :math:`[1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}}]`.
+    """
+    return -(ratio.detach().clamp(low, high) * adv) * logp
+
+
+def sapo_gate(ratio: Tensor, tau: Tensor | float) -> Tensor:
+    r"""SAPO's soft gate ("Soft Adaptive Policy Optimization", arXiv 2511.20347):
+
+    .. math::
+        f_\tau(w) = \frac{4}{\tau}\,\sigma\big(\tau(w - 1)\big),
+
+    whose derivative :math:`f'_\tau(w) = 4\sigma(1-\sigma)` is 1 at :math:`w = 1` (the plain
+    policy gradient on-policy) and decays smoothly away from it, instead of PPO's hard cut.
+    """
+    return torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+
+
+def gmpo_clipped_log_ratio(
+    log_ratio: Tensor, adv: Tensor, eps_low: float, eps_high: float
+) -> Tensor:
+    r"""GMPO's token log-ratio clipped in log space on the side the advantage pushes
+    ("Geometric-Mean Policy Optimization", arXiv 2507.20673; verl ``geo_mean``):
+
+    .. math::
+        \tilde r_t = \mathrm{sgn}(A_t)\min\big(\mathrm{sgn}(A_t)\log w_t,\
+        \mathrm{sgn}(A_t)\,\mathrm{clip}(\log w_t, -\varepsilon_{\text{low}},
+        \varepsilon_{\text{high}})\big),
+
+    i.e. :math:`\min(\log w_t, \varepsilon_{\text{high}})` for :math:`A_t > 0`,
+    :math:`\max(\log w_t, -\varepsilon_{\text{low}})` for :math:`A_t < 0` and 0 for
+    :math:`A_t = 0`; the clipped side carries no gradient.
+    """
+    zero = torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device)
+    pos = log_ratio.clamp(max=eps_high)
+    neg = log_ratio.clamp(min=-eps_low)
+    return torch.where(adv > 0, pos, torch.where(adv < 0, neg, zero))
+
+
+def vespo_weight(
+    seq_log_ratio: Tensor,
+    adv: Tensor,
+    k_pos: float,
+    lambda_pos: float,
+    k_neg: float,
+    lambda_neg: float,
+) -> Tensor:
+    r"""VESPO's gamma weight of the sequence ratio (arXiv 2602.10693; TRL ``vespo``):
+
+    .. math::
+        \phi(W) = \exp\big(\lambda + k\log W - \lambda W\big) = e^{\lambda} W^k e^{-\lambda W},
+        \qquad \log W = \mathrm{clip}\Big(\sum_t m_t\log w_t,\ \log 10^{-8},\ 20\Big),
+
+    normalised so that :math:`\phi(1) = 1`, with :math:`(k, \lambda) = (k_+, \lambda_+)` for
+    :math:`A \ge 0` and :math:`(k_-, \lambda_-)` otherwise (:math:`\lambda \ge 10^{-4}`); a
+    non-finite :math:`\phi` becomes 0. It is a constant (stop-gradient) weight: the loss is
+    :math:`-\phi A\log\pi_\theta` (:class:`VESPOSurrogate`). Note :math:`W` is the product of the
+    token ratios (a sum of logs), not GSPO's geometric mean.
+    """
+    log_w = seq_log_ratio.detach().clamp(math.log(1e-8), 20.0)
+    nonneg = adv >= 0
+    k = torch.where(nonneg, k_pos, k_neg).to(log_w.dtype)
+    lam = torch.where(nonneg, lambda_pos, lambda_neg).to(log_w.dtype).clamp_min(1e-4)
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+    return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def dppo_loss(
+    logp: Tensor, ratio: Tensor, adv: Tensor, valid: Tensor, is_cap: float | None
+) -> Tensor:
+    r"""DPPO per-token loss (Qi et al., "Rethinking the Trust Region in LLM Reinforcement
+    Learning", arXiv 2602.04879; verl ``dppo_tv`` / ``dppo_kl``):
+
+    .. math::
+        \ell = -A\,\mathrm{SG}\big(\min(w, C)\big)\,M\,\log\pi_\theta,
+
+    with :math:`M` the trust-region mask of
+    :func:`~gbmpo.objectives.clip_measures.dppo_valid_mask` and :math:`C` the truncated-importance-
+    sampling cap (DPPO §5.4 uses truncation instead of PPO's dual clip; ``None``: no cap). Its
+    gradient :math:`-A\min(w, C)M\nabla\log\pi_\theta` is PPO's inside the region (up to the cap)
+    and 0 where the mask drops the token.
+    """
+    w = ratio.detach()
+    if is_cap is not None:
+        w = w.clamp(max=is_cap)
+    return -(adv * w * valid.to(w.dtype)) * logp
+
+
 # --------------------------------------------------------------------------------------------
 # Shared plumbing
 # --------------------------------------------------------------------------------------------
@@ -244,6 +356,37 @@ def _check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
             raise ValueError("mask must contain only 0 and 1")
         mask = mask != 0
     return mask
+
+
+def _float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    """``mask`` as a {0, 1} tensor of ``dtype`` after checking its shape and values. Float
+    arithmetic on such a mask is several times faster on CPU than ``torch.where`` on a bool one.
+    A float mask is checked as ``sum |m - m * m| == 0`` (true only for 0 and 1; NaN fails)."""
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
+    if mask.dtype == torch.bool:
+        return mask.to(dtype)
+    mf = mask.to(dtype)
+    if float((mf - mf * mf).abs().sum()) != 0.0:
+        raise ValueError("mask must contain only 0 and 1")
+    return mf
+
+
+def _masked(x: Tensor, mf: Tensor) -> Tensor:
+    """``torch.where(mf != 0, x, 0)``: ``x`` at valid tokens (NaN and inf included, so a bad
+    value is not hidden), 0 where masked whatever ``x`` holds there. Computed as ``x * mf``
+    (a multiply instead of a ``where``, ~10x cheaper on CPU) when that is finite, which it is
+    unless some entry of ``x`` is NaN or infinite."""
+    y = x * mf
+    if math.isfinite(float(y.detach().sum())):  # a finite sum has only finite terms
+        return y
+    return torch.where(mf != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _fcmp(op: Callable[..., Tensor], a: Tensor, b: Tensor | float) -> Tensor:
+    """Comparison ``op(a, b)`` as a {0, 1} tensor of ``a``'s dtype, written straight into a
+    float buffer (as fast as a multiplication; a bool result plus a cast costs ~10x more)."""
+    return op(a, b, out=torch.empty_like(a))
 
 
 def _prepare(
@@ -287,24 +430,118 @@ def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
     return (x * mf).sum() / mf.sum().clamp_min(1.0)
 
 
+class _KnownGradient(torch.autograd.Function):
+    """``value`` (computed without autograd) as a function of ``x`` whose elementwise derivative
+    ``g = d value / d x`` is known: the backward is one multiplication, ``grad * g``. The fused
+    surrogates build value and derivative in one elementwise pass (no graph of intermediates)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+        ctx.save_for_backward(g)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (g,) = ctx.saved_tensors
+        return grad * g, None, None
+
+
+def _attach(x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+    """``value`` with derivative ``g`` with respect to ``x`` (plain ``value`` when no gradient
+    is being recorded)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        out: Tensor = _KnownGradient.apply(x, value, g)
+        return out
+    return value
+
+
+def _prepare_fused(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_prepare` without autograd, for surrogates with an analytic per-token derivative:
+    ``(x, lp, log_ratio, adv, mf, inside)`` with ``x`` = ``logp`` in the compute dtype (the
+    tensor the gradient flows to), ``lp`` / ``log_ratio`` / ``adv`` detached, finite and 0 where
+    masked, ``mf`` the mask as {0, 1} floats and ``inside`` (float) the tokens whose log-ratio
+    is within the +-20 clamp (elsewhere the clamp passes no gradient, as in :func:`_prepare`).
+    Masked garbage (NaN, inf) never reaches a value or a gradient (:func:`_masked`)."""
+    if logp.dim() != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    if tuple(old_logp.shape) != tuple(logp.shape):
+        raise ValueError(
+            f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
+        )
+    dt = _compute_dtype(logp)
+    mf = _float_mask(mask, logp.shape, dt)
+    x = logp.to(dt)
+    b, t = logp.shape
+    adv = advantages.detach().to(dt)
+    if adv.dim() == 1 and adv.shape[0] == b:
+        adv = adv.unsqueeze(-1)
+    elif not (adv.dim() == 2 and adv.shape[0] == b and adv.shape[1] in (1, t)):
+        raise ValueError(
+            f"advantages must be [B]={b} or [B, T]=[{b}, {t}], got shape {tuple(adv.shape)}"
+        )
+    with torch.no_grad():
+        lp = _masked(x.detach(), mf)
+        raw = _masked(lp - old_logp.detach().to(dt), mf)
+        log_ratio = raw.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+        inside = _fcmp(torch.le, raw.abs(), _LOG_RATIO_CLAMP)
+        adv = _masked(adv, mf)
+    return x, lp, log_ratio, adv, mf, inside
+
+
+def _fdiag(
+    w: Tensor, mf: Tensor, low: Tensor | None, high: Tensor | None, dual: Tensor | None
+) -> dict[str, Tensor]:
+    """:func:`_diagnostics` from {0, 1} float tensors that are already 0 where masked (``w`` is
+    1 there), with float arithmetic only."""
+    w = w.to(torch.float32)
+    mf = mf.to(torch.float32)
+    n = mf.sum()
+    denom = n.clamp_min(1.0)
+    zero = torch.zeros((), dtype=torch.float32, device=w.device)
+
+    def frac(hit: Tensor | None) -> Tensor:
+        return zero if hit is None else hit.to(torch.float32).sum() / denom
+
+    wm = w * mf
+    rmin = (wm + (1.0 - mf) * 3e38).amin()
+    return {
+        "clip_frac_low": frac(low),
+        "clip_frac_high": frac(high),
+        "clip_frac_dual": frac(dual),
+        "ratio_mean": wm.sum() / denom,
+        "ratio_min": torch.where(n > 0, rmin, zero),
+        "ratio_max": wm.amax() if w.numel() else zero,
+    }
+
+
 def _diagnostics(
     ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor | None
 ) -> dict[str, Tensor]:
-    r = ratio.detach().to(torch.float32)
-    if bool(m.any()):
-        rmax = r[m].max()
-        rmin = r[m].min()
-    else:
-        rmax = rmin = torch.zeros((), dtype=torch.float32, device=r.device)
-    zero = torch.zeros((), dtype=torch.float32, device=r.device)
-    return {
-        "clip_frac_low": _masked_mean(low, m),
-        "clip_frac_high": _masked_mean(high, m),
-        "clip_frac_dual": _masked_mean(dual, m) if dual is not None else zero,
-        "ratio_mean": _masked_mean(r, m),
-        "ratio_min": rmin,
-        "ratio_max": rmax,
-    }
+    """Masked means of the bool masks ``low`` / ``high`` / ``dual`` and the ratio's masked
+    mean / min / max (0 on an empty mask), float32, without autograd or host syncs."""
+    with torch.no_grad():
+        r = ratio.detach().to(torch.float32)
+        mf = m.to(torch.float32)
+        n = mf.sum()
+        denom = n.clamp_min(1.0)
+        zero = torch.zeros((), dtype=torch.float32, device=r.device)
+
+        def frac(hit: Tensor) -> Tensor:
+            return torch.count_nonzero(hit & m).to(torch.float32) / denom
+
+        any_valid = n > 0
+        rmax = torch.where(any_valid, torch.where(m, r, -math.inf).amax(), zero)
+        rmin = torch.where(any_valid, torch.where(m, r, math.inf).amin(), zero)
+        return {
+            "clip_frac_low": frac(low),
+            "clip_frac_high": frac(high),
+            "clip_frac_dual": frac(dual) if dual is not None else zero,
+            "ratio_mean": (r * mf).sum() / denom,
+            "ratio_min": rmin,
+            "ratio_max": rmax,
+        }
 
 
 def _masked_clip_loss(
@@ -316,9 +553,9 @@ def _masked_clip_loss(
     dual_clip_c: float | None,
     ratio_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics: the
-    ``__call__`` tail of the clip-family surrogates (clip, gspo, atr, divergence_clip,
-    rpg_clip); ``low`` / ``high`` may be per-token tensors of ``ratio``'s shape."""
+    """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics, through
+    autograd (the reference form of :func:`_fused_clip_loss`); ``low`` / ``high`` may be
+    per-token tensors of ``ratio``'s shape."""
     loss = ppo_clip_loss(ratio, adv, low, high, dual_clip_c, ratio_cap)
     loss = torch.where(m, loss, torch.zeros_like(loss))
     r = ratio.detach()
@@ -329,6 +566,70 @@ def _masked_clip_loss(
         ru = r if ratio_cap is None else r.clamp(max=ratio_cap)
         dual = (adv < 0) & (ru > dual_clip_c)
     return loss, _diagnostics(r, m, hit_low, hit_high, dual)
+
+
+def _min_grad(a: Tensor, b: Tensor, da: Tensor, db: Tensor) -> Tensor:
+    """Derivative of ``torch.minimum(a, b)`` as autograd takes it: ``da`` where ``a < b``,
+    ``db`` where ``b < a``, the mean of the two at a tie."""
+    return torch.where(a < b, da, torch.where(b < a, db, 0.5 * (da + db)))
+
+
+def _fused_clip_loss(
+    x: Tensor,
+    log_ratio: Tensor,
+    adv: Tensor,
+    mf: Tensor,
+    inside: Tensor,
+    low: float | Tensor,
+    high: float | Tensor,
+    dual_clip_c: float | None,
+    ratio_cap: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    r""":func:`_masked_clip_loss` with its derivative in :math:`\log\pi_\theta` computed in the
+    same elementwise pass, float arithmetic only (inputs from :func:`_prepare_fused`), attached
+    to ``x`` by one multiplication in the backward instead of a graph of a dozen nodes.
+
+    Same value, and the gradient as autograd takes it, ties included (the clip passes the
+    gradient on its closed interval, ``minimum`` splits it at a tie): with
+    :math:`u = wA` and :math:`c = \mathrm{clip}(w, l, h)A`, the derivative of
+    :math:`-\min(u, c)` is :math:`-Aw\,[u \le c]` (where :math:`c < u` the ratio is outside
+    :math:`[l, h]` and the clip passes nothing; a tie with :math:`A \ne 0` has :math:`w` in
+    :math:`[l, h]`, both halves pass). The dual clip :math:`\min(\ell, -cA)` for :math:`A < 0`
+    is :math:`\min(\ell, -c\min(A, 0))` (for :math:`A \ge 0`, :math:`\ell \le 0`); the TRL
+    cap :math:`\min(w, \delta)` takes the general tie rule."""
+    with torch.no_grad():
+        w = torch.exp(log_ratio)
+        a_w = adv * w  # d(w A) / d log pi
+        clipped = w.clamp(low, high)
+        ca = clipped * adv
+        if ratio_cap is None:
+            ua = a_w
+            factor = _fcmp(torch.le, ua, ca)
+        else:
+            unclipped = w.clamp(max=ratio_cap)
+            ua = unclipped * adv
+            u_pass = _fcmp(torch.le, w, ratio_cap)
+            c_pass = _fcmp(torch.ge, w, low) * _fcmp(torch.le, w, high)
+            lt, gt = _fcmp(torch.lt, ua, ca), _fcmp(torch.gt, ua, ca)
+            factor = lt * u_pass + gt * c_pass + (1.0 - lt - gt) * 0.5 * (u_pass + c_pass)
+        loss = -torch.minimum(ua, ca)
+        dual = None
+        if dual_clip_c is not None:
+            cap = adv.clamp(max=0.0) * -dual_clip_c
+            factor = factor * (0.5 * (_fcmp(torch.le, loss, cap) + _fcmp(torch.lt, loss, cap)))
+            loss = torch.minimum(loss, cap)
+            unc = w if ratio_cap is None else w.clamp(max=ratio_cap)
+            dual = _fcmp(torch.lt, adv, 0.0) * _fcmp(torch.gt, unc, dual_clip_c)
+        loss = loss * mf
+        g = -(a_w * factor) * inside * mf
+        diag = _fdiag(
+            w,
+            mf,
+            _fcmp(torch.lt, w, low) * _fcmp(torch.lt, adv, 0.0),
+            _fcmp(torch.gt, w, high) * _fcmp(torch.gt, adv, 0.0),
+            dual,
+        )
+    return _attach(x, loss, g), diag
 
 
 def _eps_bounds(eps_low: float, eps_high: float | None) -> tuple[float, float]:
@@ -428,10 +729,11 @@ class ClipSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
+        return _fused_clip_loss(
+            x, log_ratio, adv, m, inside, low, high, self.dual_clip_c, self.delta
+        )
 
 
 @SURROGATES.register("gspo")
@@ -507,10 +809,9 @@ class ATRSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
+        return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
 
 
 @SURROGATES.register("divergence_clip")
@@ -530,17 +831,31 @@ class DivergenceClipSurrogate:
     old probability :math:`p = \pi_{\text{old}}(o_t)`: a rare token may move its ratio further
     than a likely one (ProbL2: :math:`|w - 1| \le \sqrt\delta / p`).
 
+    DPPO (``dppo_tv``, ``dppo_kl``; Qi et al., arXiv 2602.04879): the binary-TV / binary-KL
+    trust region of the token's probability, with DPPO's loss instead of PPO's clip:
+    :math:`\ell = -A\,\mathrm{SG}(\min(w, C))\,M\log\pi_\theta` (:func:`dppo_loss`), the mask
+    :math:`M` dropping the same tokens the clip with these bounds drops (evaluated on the
+    divergence directly, as DPPO's code does). DPPO's radii: 0.15 (TV) and 0.05 (KL), its
+    authors' recipe; ``is_cap`` is :math:`C`. The diagnostics then count masked tokens as
+    ``clip_frac_high`` (:math:`A > 0`) / ``clip_frac_low`` (:math:`A < 0`) and kept tokens whose
+    weight the cap truncates as ``clip_frac_dual``.
+
     Args:
         measure: one of ``ratio`` (:math:`|w-1|`), ``k1`` (:math:`|\log w|`), ``k2``
             (:math:`\frac12\log^2 w`), ``k3`` (:math:`w - 1 - \log w`), ``prob_l2``
-            (:math:`(wp - p)^2`), ``neural_mirror`` (:math:`D_h(wp, p)`).
+            (:math:`(wp - p)^2`), ``neural_mirror`` (:math:`D_h(wp, p)`), ``dppo_tv``
+            (:math:`|wp - p|`), ``dppo_kl`` (binary KL).
         delta: radius :math:`\delta > 0` of both sides.
         delta_low, delta_high: per-side radii (override ``delta``): the lower end :math:`l`
             uses ``delta_low``, the upper end :math:`u` uses ``delta_high``.
-        dual_clip_c: optional dual clip ``c > 1`` for negative advantages.
+        dual_clip_c: optional dual clip ``c > 1`` for negative advantages (not with the DPPO
+            measures, which truncate the weight instead: ``is_cap``).
         mirror: ``neural_mirror`` only: a :class:`~gbmpo.objectives.mirror.NeuralMirrorMap`, a
             path to a saved map (as the ``neural_mirror`` regularizer takes), or ``None`` for
             ``NeuralMirrorMap.random(0.01, seed=42)``.
+        is_cap: DPPO measures only: the truncated-importance-sampling cap :math:`C > 1` on the
+            stopped weight :math:`\min(w, C)` (verl reads it from ``clip_ratio_c``; its DPPO
+            code falls back to 20, the authors' recipe sets 1e4, i.e. off); ``None``: no cap.
     """
 
     measure: str
@@ -549,6 +864,7 @@ class DivergenceClipSurrogate:
     delta_high: float | None = None
     dual_clip_c: float | None = None
     mirror: Any = None
+    is_cap: float | None = None
     name: ClassVar[str] = "divergence_clip"
 
     def __post_init__(self) -> None:
@@ -568,6 +884,19 @@ class DivergenceClipSurrogate:
                 f"delta_high={self.delta_high!r}"
             )
         _check_dual(cls, "dual_clip_c", self.dual_clip_c)
+        if self.measure in DPPO_MEASURES:
+            if self.dual_clip_c is not None:
+                raise ValueError(
+                    f"{cls}: measure {self.measure!r} (DPPO) truncates the importance weight "
+                    "instead of a dual clip: set dual_clip_c=None and use is_cap"
+                )
+            if self.is_cap is not None and _finite_number(cls, "is_cap", self.is_cap) <= 1.0:
+                raise ValueError(f"{cls}: is_cap must be > 1, got {self.is_cap!r}")
+        elif self.is_cap is not None:
+            raise ValueError(
+                f"{cls}: is_cap (DPPO's truncated importance weight) is used only with the "
+                f"measures {', '.join(DPPO_MEASURES)}, not {self.measure!r}"
+            )
         if self.measure == "neural_mirror":
             object.__setattr__(self, "_mirror_map", as_mirror_map(self.mirror))
         elif self.mirror is not None:
@@ -615,22 +944,57 @@ class DivergenceClipSurrogate:
         if self.measure == "neural_mirror":
             mirror: NeuralMirrorMap = self._mirror_map  # type: ignore[attr-defined]
             return mirror_interval(p_old, mirror, lo, hi)
+        if self.measure == "dppo_tv":
+            return dppo_tv_interval(p_old, lo, hi)
+        if self.measure == "dppo_kl":
+            return dppo_kl_interval(p_old, lo, hi)
         low, high = self.bounds
         return torch.full_like(p_old, low), torch.full_like(p_old, high)
 
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, lp, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         if not self.per_token:
             low, high = self.bounds
-            return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
-        old = torch.where(m, old_logp.detach().to(torch.float64), 0.0)
+            return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
+        if self.measure in DPPO_MEASURES:
+            old = _masked(old_logp.detach().to(lp.dtype), m)
+            return self._dppo(x, lp, old, log_ratio, adv, m, inside)
+        old = _masked(old_logp.detach().to(torch.float64), m.to(torch.float64))
         lo_t, hi_t = self.interval(old)
-        return _masked_clip_loss(
-            ratio, adv, m, lo_t.to(ratio.dtype), hi_t.to(ratio.dtype), self.dual_clip_c
+        return _fused_clip_loss(
+            x, log_ratio, adv, m, inside, lo_t.to(x.dtype), hi_t.to(x.dtype), self.dual_clip_c
         )
+
+    def _dppo(
+        self,
+        x: Tensor,
+        lp: Tensor,
+        old: Tensor,
+        log_ratio: Tensor,
+        adv: Tensor,
+        m: Tensor,
+        inside: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """DPPO's loss (:func:`dppo_loss`, its derivative in ``log pi`` attached directly) and
+        diagnostics; ``old``: the old log-probs, 0 where masked."""
+        lo, hi = self.radii
+        assert lo is not None and hi is not None
+        with torch.no_grad():
+            ratio = torch.exp(log_ratio)
+            valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi).to(lp.dtype)
+            w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
+            g = -(adv * w * valid)  # d loss / d log pi; 0 where masked (adv = 0)
+            loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
+            dropped = (1.0 - valid) * m
+            capped = None
+            if self.is_cap is not None:
+                capped = valid * _fcmp(torch.gt, ratio, self.is_cap) * m
+            low = dropped * _fcmp(torch.lt, adv, 0.0)
+            high = dropped * _fcmp(torch.gt, adv, 0.0)
+            diag = _fdiag(ratio, m, low, high, capped)
+        return _attach(x, loss, g), diag
 
 
 @SURROGATES.register("rpg_clip")
@@ -681,12 +1045,11 @@ class RPGClipSurrogate:
     def __call__(
         self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
-        ratio = torch.exp(log_ratio)
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
-        a_hat = torch.where(m, a_hat, torch.zeros_like(a_hat))
+        a_hat = a_hat * m
         low, high = _eps_bounds(self.eps_low, self.eps_high)
-        return _masked_clip_loss(ratio, a_hat, m, low, high, self.c)
+        return _fused_clip_loss(x, log_ratio, a_hat, m, inside, low, high, self.c)
 
 
 @SURROGATES.register("rpg_reinforce")
@@ -740,6 +1103,202 @@ class RPGReinforceSurrogate:
         loss = torch.where(m, loss, torch.zeros_like(loss))
         diag = _diagnostics(ratio, m, hit_low, hit_high, hit_dual if self.c is not None else None)
         return loss, diag
+
+
+def _zero_diag(ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
+    """Diagnostics of a surrogate without a clip: clip fractions 0, ratio statistics."""
+    none = torch.zeros_like(m)
+    return _diagnostics(ratio, m, none, none, None)
+
+
+@SURROGATES.register("cispo")
+@dataclass(frozen=True)
+class CISPOSurrogate:
+    r"""CISPO: clipped importance-sampling-weight policy optimization (MiniMax-M1,
+    arXiv 2506.13585; docs/methods.md, section "Baseline surrogates"):
+    :math:`\ell = -\mathrm{SG}(\mathrm{clip}(w, 1-\varepsilon_{\text{low}},
+    1+\varepsilon_{\text{high}}))\,A\log\pi_\theta` (:func:`cispo_loss`). No token loses its
+    gradient; the clip only bounds its weight. The loss value is a REINFORCE surrogate
+    (weight times :math:`\log\pi`), not an objective estimate.
+
+    Args:
+        eps_low: lower range, weight floor ``1 - eps_low`` in [0, 1]; default 1.0 (floor 0, no
+            lower clip, as MiniMax-M1 and TRL).
+        eps_high: upper range, weight cap ``1 + eps_high`` (>= 0); default 4.0 (cap 5, the
+            ScaleRL value TRL recommends for its ``epsilon_high``, which is the cap itself).
+
+    Diagnostics: ``clip_frac_low`` / ``clip_frac_high`` are the tokens whose weight the floor /
+    cap changes (any advantage sign: their gradient is scaled, not removed).
+    """
+
+    eps_low: float = 1.0
+    eps_high: float = 4.0
+    name: ClassVar[str] = "cispo"
+
+    def __post_init__(self) -> None:
+        _check_eps(self.name, self.eps_low, self.eps_high)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return _eps_bounds(self.eps_low, self.eps_high)
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
+        low, high = self.bounds
+        with torch.no_grad():
+            ratio = torch.exp(log_ratio)
+            g = -(ratio.clamp(low, high) * adv)  # d loss / d log pi; 0 where masked (adv = 0)
+            loss = g * lp  # = cispo_loss(lp, ratio, adv, low, high)
+            diag = _fdiag(
+                ratio, m, _fcmp(torch.lt, ratio, low) * m, _fcmp(torch.gt, ratio, high) * m, None
+            )
+        return _attach(x, loss, g), diag
+
+
+@SURROGATES.register("sapo")
+@dataclass(frozen=True)
+class SAPOSurrogate:
+    r"""SAPO: soft adaptive policy optimization (arXiv 2511.20347; docs/methods.md,
+    section "Baseline surrogates"): :math:`\ell = -f_\tau(w)\,A` with the sigmoid gate
+    :math:`f_\tau(w) = \frac4\tau\sigma(\tau(w-1))` of :func:`sapo_gate`, token level, and
+    :math:`\tau = \tau_{\text{pos}}` for :math:`A > 0`, :math:`\tau_{\text{neg}}` otherwise. The
+    gradient :math:`-4\sigma(1-\sigma)\,w A\nabla\log\pi_\theta` equals the policy gradient at
+    :math:`w = 1` and fades smoothly as the ratio leaves 1 (faster for larger :math:`\tau`).
+    SAPO's papers and both TRL and verl aggregate it as a sequence mean of token means
+    (``grpo``).
+
+    Args:
+        tau_pos, tau_neg: temperatures ``> 0`` for positive / non-positive advantages; defaults
+            1.0 / 1.05 (TRL ``sapo_temperature_pos`` / ``_neg``, verl ``tau_pos`` / ``tau_neg``;
+            the paper makes the negative side decay faster).
+
+    Diagnostics: clip fractions are 0 (nothing is clipped).
+    """
+
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    name: ClassVar[str] = "sapo"
+
+    def __post_init__(self) -> None:
+        for key in ("tau_pos", "tau_neg"):
+            if _finite_number(self.name, key, getattr(self, key)) <= 0:
+                raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
+        with torch.no_grad():
+            ratio = torch.exp(log_ratio)
+            tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(ratio.dtype)
+            sig = torch.sigmoid(tau * (ratio - 1.0))
+            loss = -(sig * (4.0 / tau)) * adv  # -sapo_gate(w, tau) A; 0 where masked (adv = 0)
+            # d f_tau(w) / d log pi = 4 sigma (1 - sigma) w
+            g = -(4.0 * sig * (1.0 - sig) * ratio) * adv * inside
+            diag = _fdiag(ratio, m, None, None, None)
+        return _attach(x, loss, g), diag
+
+
+@SURROGATES.register("gmpo")
+@dataclass(frozen=True)
+class GMPOSurrogate:
+    r"""GMPO: geometric-mean policy optimization (arXiv 2507.20673; verl
+    ``geo_mean``; docs/methods.md, section "Baseline surrogates"). The sequence ratio is the
+    geometric mean of the token ratios clipped in log space on the side each token's advantage
+    pushes (:func:`gmpo_clipped_log_ratio`),
+
+    .. math::
+        s_i = \exp\Big(\frac{1}{|o_i|}\sum_t m_{i,t}\tilde r_{i,t}\Big),\qquad
+        \ell_i = -\bar A_i\,s_i,
+
+    with :math:`\bar A_i` the token mean of the advantage over the sequence (= :math:`A_i` for
+    per-sequence advantages). Like :class:`GSPOSurrogate` the per-token loss is :math:`\ell_i` on
+    every token of sequence ``i`` (use ``grpo`` aggregation for GMPO's
+    :math:`\frac1B\sum_i\ell_i`); each unclipped token's log-prob receives
+    :math:`-\bar A_i s_i/|o_i|`. Unlike the arithmetic mean of token ratios, the geometric mean
+    is insensitive to a single outlier ratio.
+
+    Args:
+        eps_low, eps_high: log-space clip range, :math:`\log w \in [-\varepsilon_{\text{low}},
+            \varepsilon_{\text{high}}]`; default 0.4 each, the paper's
+            :math:`(e^{-0.4}, e^{0.4})` (verl passes its ``clip_ratio`` here, 0.2 by default).
+
+    Diagnostics: token fractions clipped with :math:`A > 0` (high) / :math:`A < 0` (low); ratio
+    statistics of the sequence ratio :math:`s_i` (broadcast to tokens).
+    """
+
+    eps_low: float = 0.4
+    eps_high: float = 0.4
+    name: ClassVar[str] = "gmpo"
+
+    def __post_init__(self) -> None:
+        for key in ("eps_low", "eps_high"):
+            if _finite_number(self.name, key, getattr(self, key)) <= 0:
+                raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        clipped = gmpo_clipped_log_ratio(log_ratio, adv, self.eps_low, self.eps_high)
+        seq = sequence_log_ratio(clipped, m)
+        ratio = torch.exp(seq).expand_as(log_ratio)
+        mf = m.to(adv.dtype)
+        adv_seq = (adv * mf).sum(-1, keepdim=True) / mf.sum(-1, keepdim=True).clamp_min(1.0)
+        loss = torch.where(m, -(adv_seq * ratio), 0.0)
+        with torch.no_grad():
+            lr = log_ratio.detach()
+            hit = (lr > self.eps_high) | (lr < -self.eps_low)
+            diag = _diagnostics(ratio, m, hit & (adv < 0), hit & (adv > 0), None)
+        return loss, diag
+
+
+@SURROGATES.register("vespo")
+@dataclass(frozen=True)
+class VESPOSurrogate:
+    r"""VESPO: a smooth gamma weight of the sequence ratio instead of a clip (arXiv 2602.10693;
+    TRL ``vespo``; docs/methods.md, section "Baseline surrogates"):
+    :math:`\ell_{i,t} = -\mathrm{SG}(\phi(W_i))\,A\log\pi_\theta(o_{i,t})` with
+    :math:`W_i = \prod_t w_{i,t}` and :math:`\phi` of :func:`vespo_weight`
+    (:math:`\phi(1) = 1`, down-weighting sequences whose ratio moved either way). The loss value
+    is a REINFORCE surrogate (weight times :math:`\log\pi`).
+
+    Args:
+        k_pos, lambda_pos: shape and decay for :math:`A \ge 0` (defaults 2, 3, TRL's).
+        k_neg, lambda_neg: the same for :math:`A < 0` (defaults 3, 2, TRL's).
+
+    TRL folds its vLLM importance-sampling ratio into :math:`W` for this loss (instead of
+    multiplying the loss by it); this surrogate sees only the trainer's and the behaviour
+    policy's log-probs, so a sampler correction is not part of :math:`W` here.
+
+    Diagnostics: clip fractions 0; ratio statistics of :math:`W_i` (broadcast to tokens).
+    """
+
+    k_pos: float = 2.0
+    lambda_pos: float = 3.0
+    k_neg: float = 3.0
+    lambda_neg: float = 2.0
+    name: ClassVar[str] = "vespo"
+
+    def __post_init__(self) -> None:
+        for key in ("k_pos", "lambda_pos", "k_neg", "lambda_neg"):
+            if _finite_number(self.name, key, getattr(self, key)) < 0:
+                raise ValueError(f"{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
+
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
+        with torch.no_grad():
+            seq = log_ratio.sum(-1, keepdim=True)  # masked log-ratios are 0
+            phi = vespo_weight(seq, adv, self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg)
+            g = -(phi * adv)  # d loss / d log pi; 0 where masked (adv = 0)
+            loss = g * lp
+            w_seq = torch.exp(seq.clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
+            diag = _fdiag(w_seq, m, None, None, None)
+        return _attach(x, loss, g), diag
 
 
 def get_surrogate(name: str, **params: Any) -> Surrogate:

@@ -89,7 +89,7 @@ def _from_import_path(spec: str) -> Callable[..., Any]:
     try:
         module = (_load_file_module(Path(where)) if where.endswith(".py")
                   else importlib.import_module(where))
-    except Exception as err:  # noqa: BLE001 - reported with the spec
+    except (Exception, SystemExit) as err:  # noqa: BLE001 - reported with the spec
         raise ValueError(
             f"reward {spec!r}: cannot import {where!r}: {type(err).__name__}: {err}"
         ) from err

@@ -35,6 +35,8 @@ class ScoredBatch:
     failures: int = 0
     #: one short description per failure kind, e.g. "None", "NaN", "ValueError: ..."
     failure_kinds: list[str] = field(default_factory=list)
+    #: per completion: why its reward is unusable (a failure kind), or None
+    failed: list[str | None] = field(default_factory=list)
 
 
 def _fn_name(fn: Any) -> str:
@@ -49,12 +51,14 @@ def _fn_name(fn: Any) -> str:
 def _check_value(value: Any) -> tuple[float | None, str | None]:
     if value is None:
         return None, "None"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        try:  # numpy / torch scalars
-            value = float(value)
-        except (TypeError, ValueError):
-            return None, f"non-numeric {type(value).__name__}"
-    v = float(value)
+    try:  # numpy / torch scalars convert; a bool is no reward
+        if isinstance(value, bool):
+            raise TypeError
+        v = float(value)
+    except OverflowError:  # an int beyond float range
+        return None, "inf"
+    except Exception:  # noqa: BLE001 - whatever the value's __float__ raises
+        return None, f"non-numeric {type(value).__name__}"
     if math.isnan(v):
         return None, "NaN"
     if math.isinf(v):
@@ -117,21 +121,26 @@ def score_completions(
             ) from batch_err
     rewards: list[float] = []
     kinds: list[str] = []
+    failed: list[str | None] = []
     for value, err in zip(raw, errors, strict=True):
         if err is not None:
             rewards.append(0.0)
             kinds.append(err)
+            failed.append(err)
             continue
         v, kind = _check_value(value)
         if v is None:
             rewards.append(0.0)
             kinds.append(str(kind))
+            failed.append(str(kind))
         else:
             rewards.append(v)
+            failed.append(None)
     if len(kinds) == n:
         raise RewardError(
             f"reward function {_fn_name(fn)} gave no usable reward for any of the {n} "
             f"completions (e.g. {kinds[0]}); check the function and the data columns "
             f"{sorted(columns)}"
         )
-    return ScoredBatch(rewards=rewards, failures=len(kinds), failure_kinds=sorted(set(kinds)))
+    return ScoredBatch(rewards=rewards, failures=len(kinds), failure_kinds=sorted(set(kinds)),
+                       failed=failed)

@@ -3,10 +3,11 @@
     gbmpo train --task.name jsonl --task.params.path problems.jsonl --task.params.reward math
     gbmpo eval  --task jsonl --task-param path=problems.jsonl --task-param reward=exact
 
-Data (``path``): a ``.jsonl`` / ``.json`` (array of objects) file, optionally ``.gz``, a
-``.parquet`` file, a ``.csv`` file, or a Hugging Face hub data set id (``namespace/name``, read
-through :func:`datasets.load_dataset` with ``config`` and the splits ``hub_train_split`` /
-``hub_test_split``; the hub is probed first, so an offline machine fails within seconds).
+Data (``path``): a ``.jsonl`` / ``.json`` (array of objects) or ``.csv`` file (optionally
+``.gz``; a UTF-8 byte-order mark is skipped), a ``.parquet`` file, or a Hugging Face hub data
+set id (``namespace/name``, read through :func:`datasets.load_dataset` with ``config`` and the
+splits ``hub_train_split`` / ``hub_test_split``; the hub is probed first, so an offline machine
+fails within seconds).
 
 Columns: ``prompt_column`` (default ``prompt``) holds the question and ``answer_column``
 (default ``answer``; ``None`` for rewards that need none) what the reward checks against; they
@@ -40,9 +41,11 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import random
 import re
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,21 +68,51 @@ def _base_suffix(path: Path) -> str:
     return suffixes[-1] if suffixes else ""
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    """The rows of a ``.jsonl``/``.json`` (optionally ``.gz``), ``.parquet`` or ``.csv`` file.
+def _read_text(p: Path) -> str:
+    """The whole file as text: gunzipped for ``.gz``, UTF-8 with an optional byte-order mark."""
+    opener: Any = gzip.open if p.suffix.lower() == ".gz" else open
+    try:
+        with opener(p, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as err:  # bad or truncated gzip data
+        raise ValueError(f"{p}: cannot be read: {type(err).__name__}: {err}") from err
+    try:
+        return str(raw.decode("utf-8-sig"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{p}: cannot be read as UTF-8 text: {err}") from err
 
-    Raises ``ValueError`` naming the file and line for unreadable JSON, a row that is not an
-    object, or a file without rows.
+
+def _csv_rows(p: Path, text: str) -> list[Any]:
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, 1 << 30))  # a long field (a whole program) is fine
+    try:
+        return list(reader)
+    except csv.Error as err:
+        raise ValueError(f"{p} line {reader.line_num}: unreadable CSV: {err}") from err
+    finally:
+        csv.field_size_limit(limit)
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    """The rows of a ``.jsonl``/``.json``/``.csv`` file (optionally ``.gz``) or a ``.parquet``
+    file.
+
+    Raises ``ValueError`` naming the file (and the line or row) for unreadable data (bad gzip,
+    not UTF-8, invalid JSON or CSV), a row that is not an object, or a file without rows. A
+    UTF-8 byte-order mark is skipped.
     """
     p = Path(path)
     suffix = _base_suffix(p)
     if suffix not in _SUFFIXES:
         raise ValueError(
             f"{p}: unknown data format {suffix or '(no suffix)'!r}; use one of "
-            f"{', '.join(_SUFFIXES)} (JSON optionally .gz)"
+            f"{', '.join(_SUFFIXES)} (JSON and CSV optionally .gz)"
         )
     rows: list[Any]
     if suffix == ".parquet":
+        if p.suffix.lower() == ".gz":
+            raise ValueError(f"{p}: Parquet compresses itself; give the .parquet file")
         import pyarrow.parquet as pq
 
         try:
@@ -87,20 +120,16 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
         except Exception as err:  # noqa: BLE001 - pyarrow raises several kinds
             raise ValueError(f"{p}: not a readable Parquet file: {err}") from err
     elif suffix == ".csv":
-        with open(p, newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
+        rows = _csv_rows(p, _read_text(p))
     else:
-        opener: Any = gzip.open if p.suffix.lower() == ".gz" else open
-        try:
-            with opener(p, "rt", encoding="utf-8") as f:
-                text = f.read()
-        except (OSError, UnicodeDecodeError) as err:
-            raise ValueError(f"{p}: cannot be read as UTF-8 text: {err}") from err
+        text = _read_text(p)
         if text.lstrip().startswith("["):
             try:
                 rows = json.loads(text)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{p}: invalid JSON: {err}") from err
+            except RecursionError:
+                raise ValueError(f"{p}: invalid JSON: nested too deeply") from None
         else:
             rows = []
             for lineno, line in enumerate(text.splitlines(), 1):
@@ -110,6 +139,9 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as err:
                     raise ValueError(f"{p} line {lineno}: invalid JSON: {err.msg}") from err
+                except RecursionError:
+                    raise ValueError(f"{p} line {lineno}: invalid JSON: nested too deeply"
+                                     ) from None
     if not rows:
         raise ValueError(f"{p} has no rows")
     for i, row in enumerate(rows):
@@ -188,7 +220,12 @@ class DatasetTask(common.TemplatedPrompts, Task):
 
     # -- data ---------------------------------------------------------------------------------
     def _is_hub_id(self, path: str) -> bool:
-        return not Path(path).exists() and _HUB_ID.match(path) is not None
+        if _HUB_ID.match(path) is None:
+            return False
+        try:
+            return not Path(path).exists()
+        except OSError:  # not a usable local path (e.g. too long)
+            return True
 
     def _hub_rows(self, split: str) -> list[dict[str, Any]]:
         if not self.hub:
@@ -205,7 +242,12 @@ class DatasetTask(common.TemplatedPrompts, Task):
         return common.load_hub(self.path, self.config, split)
 
     def _file_rows(self, path: str) -> list[dict[str, Any]]:
-        if not Path(path).is_file():
+        try:
+            found = Path(path).is_file()
+        except OSError as err:  # a name longer than the file system allows, ...
+            shown = path if len(path) <= 200 else f"{path[:200]}... ({len(path)} characters)"
+            raise ValueError(f"data file {shown!r} cannot be read: {err.strerror}") from None
+        if not found:
             raise FileNotFoundError(f"data file {path!r} does not exist")
         return read_records(path)
 
@@ -293,11 +335,13 @@ class DatasetTask(common.TemplatedPrompts, Task):
         self, completions: Sequence[str], examples: Sequence[Example]
     ) -> list[dict[str, Any]]:
         """Per-completion records for evaluation, scored with the trainer's failure rules
-        (a value that is None/NaN or a per-sample exception scores 0 and is counted; a function
-        that fails for every completion raises :class:`gbmpo.rewards.scoring.RewardError`)."""
+        (a value that is None/NaN/inf/not a number or a per-sample exception scores 0 and is
+        named in ``reward_failure``; a function that fails for every completion raises
+        :class:`gbmpo.rewards.scoring.RewardError`)."""
         from gbmpo.rewards.scoring import score_completions
 
         prompts = [ex["prompt"] for ex in examples]
         scored = score_completions(self.reward_fn, prompts, list(completions),
                                    self.columns(list(examples)))
-        return [{"reward": r, "correct": r >= 1.0 - 1e-9} for r in scored.rewards]
+        return [{"reward": r, "correct": r >= 1.0 - 1e-9, "reward_failure": why}
+                for r, why in zip(scored.rewards, scored.failed, strict=True)]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,13 @@ from typing import Any, Union
 
 import yaml
 
-from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SpecError, SurrogateSpec
+from gbmpo.objectives.spec import (
+    ObjectiveSpec,
+    RegularizerSpec,
+    SpecError,
+    SurrogateSpec,
+    did_you_mean,
+)
 
 __all__ = [
     "ALIASES",
@@ -52,6 +59,7 @@ __all__ = [
     "apply_overrides",
     "config_from_dict",
     "config_to_dict",
+    "leaf_keys",
     "dump_yaml",
     "load_config",
     "validate",
@@ -198,6 +206,11 @@ class EvalConfig:
     batch_size: int = 100
     before: bool = True
     after: bool = True
+    #: with ``after``: at the end of training, measure the final policy's drift from the
+    #: reference (exact full-vocabulary KL both ways, ProbL2, total variation and entropy along
+    #: samples on the evaluated held-out prompts; ``summary.json`` key ``drift``, see
+    #: ``gbmpo.eval.drift``)
+    drift: bool = True
 
 
 @dataclass
@@ -318,8 +331,15 @@ def _fields(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
-def _describe(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"
+def _describe(value: Any, limit: int = 200) -> str:
+    """``type value`` for messages; a long value is cut (``...`` and its length)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int with more digits than Python prints
+        text = f"<{value.bit_length()}-bit int>" if isinstance(value, int) else "<unprintable>"
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} characters)"
+    return f"{type(value).__name__} {text}"
 
 
 def _coerce(value: Any, tp: Any, path: str) -> Any:
@@ -334,6 +354,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 return None
             raise ConfigError(f"{path!r} must be {_type_name(tp)}, got None")
         errors = []
+        for arg in args:
+            # a section or a list of sections (objective.regularizer): the arm of the value's
+            # shape reports its own errors (an unknown key inside a term, say)
+            if dataclasses.is_dataclass(arg) and isinstance(value, Mapping):
+                return _coerce(value, arg, path)
+            if typing.get_origin(arg) is list and isinstance(value, (list, tuple)):
+                return _coerce(value, arg, path)
         for arg in args:
             if arg is type(None):
                 continue
@@ -381,7 +408,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(f"{path!r} must be int, got {_describe(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+            try:
+                return float(value)
+            except OverflowError:  # an int beyond float range
+                raise ConfigError(f"{path!r} must be float, got {_describe(value)} (out of "
+                                  "float range)") from None
         # PyYAML reads exponent notation without a dot ("5e-5") as a string
         if isinstance(value, str):
             try:
@@ -403,7 +434,10 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
         full = f"{path}.{key}" if path else str(key)
         if key not in fields:
             where = f" under {path!r}" if path else ""
-            raise ConfigError(f"unknown key {full!r}; valid keys{where}: {', '.join(fields)}")
+            hint = did_you_mean(str(key), list(fields), prefix=f"{path}." if path else "")
+            raise ConfigError(
+                f"unknown key {full!r}; valid keys{where}: {', '.join(fields)}{hint}"
+            )
         kwargs[key] = _coerce(value, fields[key], full)
     return cls(**kwargs)
 
@@ -438,14 +472,34 @@ def dump_yaml(cfg: TrainConfig, path: str | Path | None = None) -> str:
     return text
 
 
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: the problem and where (``line L, column C``)."""
+    problem = getattr(err, "problem", None)
+    mark = getattr(err, "problem_mark", None)
+    if not problem:
+        return " ".join(str(err).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    context = getattr(err, "context", None)
+    return f"{context + ': ' if context else ''}{problem}{where}"
+
+
 def _read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
-    if not p.is_file():
+    try:
+        found = p.is_file()
+    except OSError as err:  # a name longer than the file system allows, ...
+        text = str(path)
+        shown = text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
+        raise ConfigError(f"config file {shown!r} cannot be read: {err.strerror}") from None
+    if not found:
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        data = yaml.safe_load(p.read_text(encoding="utf-8-sig"))
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from err
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(err)}"
+                          ) from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {err}") from err
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -461,13 +515,18 @@ def annotation_at(path: Sequence[str]) -> Any:
     tp: Any = TrainConfig
     for i, part in enumerate(path):
         prefix = ".".join(path[:i])
+        if typing.get_origin(tp) in (Union, types.UnionType):
+            # a section that may also be a list of sections (objective.regularizer): its keys
+            # are the section's
+            sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+            tp = sections[0] if sections else tp
         if dataclasses.is_dataclass(tp):
             fields = _fields(tp)
             if part not in fields:
                 where = f" under {prefix!r}" if prefix else ""
                 raise ConfigError(
                     f"unknown key {'.'.join(path[: i + 1])!r}; valid keys{where}: "
-                    f"{', '.join(fields)}"
+                    f"{', '.join(fields)}{_override_hint(part, prefix, fields)}"
                 )
             tp = fields[part]
         elif typing.get_origin(tp) is dict:
@@ -475,6 +534,33 @@ def annotation_at(path: Sequence[str]) -> Any:
         else:
             raise ConfigError(f"{prefix!r} is a {_type_name(tp)}, it has no key {part!r}")
     return tp
+
+
+def leaf_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the configuration down to its values (``optim.lr``, ...; a free
+    ``params`` dict is one key)."""
+    out: list[str] = []
+    for name, tp in _fields(TrainConfig if cls is None else cls).items():
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(tp):
+            out += leaf_keys(tp, f"{key}.")
+        else:
+            out.append(key)
+    return out
+
+
+def _override_hint(part: str, prefix: str, fields: Mapping[str, Any]) -> str:
+    """The "did you mean" of an unknown override key: a field of the same section; at the top
+    level also an alias (``--regulariser`` -> ``regularizer``) or the dotted key a bare field
+    name belongs to (``--grad_clip`` -> ``optim.grad_clip``)."""
+    if prefix:
+        return did_you_mean(part, list(fields), prefix=f"{prefix}.")
+    table = {name: name for name in fields}
+    for alias in ALIASES:
+        table.setdefault(alias, alias)
+    for key in leaf_keys():
+        table.setdefault(key.rsplit(".", 1)[-1], key)
+    return did_you_mean(part, table)
 
 
 def _parse_text(text: str, tp: Any, key: str) -> Any:
@@ -520,10 +606,20 @@ def _parse_text(text: str, tp: Any, key: str) -> Any:
     return value
 
 
+_LEADING_ZERO = re.compile(r"[-+]?0[0-9_]+")
+
+
 def _reads_as_text(text: str, value: Any) -> bool:
     """Whether a free-params value that YAML read as a mapping or list was meant as text: a
     template such as ``"Q: {question}\nA:"`` or ``"{prompt}"`` (block syntax not opened by
-    ``{``/``[``, or a flow mapping with an empty value)."""
+    ``{``/``[``, or a flow mapping with an empty value); also a number YAML 1.1 read in base 60
+    (``1:2:3``) or in octal (``010``), and text YAML reads as a comment (``# {prompt}``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+        ":" in text or _LEADING_ZERO.fullmatch(text.strip())
+    ):
+        return True  # YAML 1.1 base 60 ("1:2:3" = 3723) or octal ("010" = 8): not what was typed
+    if value is None and text.strip() not in ("", "~", "null", "Null", "NULL"):
+        return True  # a YAML comment: "# Question: {prompt}"
     if not isinstance(value, (dict, list)):
         return False
     if not text.lstrip().startswith(("{", "[")):
@@ -533,8 +629,16 @@ def _reads_as_text(text: str, value: Any) -> bool:
 
 def _set_path(data: dict[str, Any], path: Sequence[str], value: Any) -> None:
     node = data
-    for part in path[:-1]:
+    for i, part in enumerate(path[:-1]):
         nxt = node.get(part)
+        if isinstance(nxt, list):
+            where = ".".join(path[: i + 1])
+            raise ConfigError(
+                f"{'.'.join(path)!r}: {where!r} is a list of {len(nxt)} terms here (from the "
+                f"config file), so a key of one term cannot be overridden on the command line; "
+                f"edit the list in the file or set the whole list, e.g. --{where} "
+                "'[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]'"
+            )
         if not isinstance(nxt, dict):
             nxt = {}
             node[part] = nxt
@@ -697,7 +801,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     except SpecError as err:
         raise ConfigError(str(err)) from None
     except OSError as err:  # e.g. a mirror-map file that is not there
-        raise ConfigError(f"objective.regularizer ({o.regularizer.name!r}): {err}") from None
+        raise ConfigError(f"objective.regularizer ({o.regularizer_label!r}): {err}") from None
 
     _require(math.isfinite(opt.lr) and opt.lr >= 0, f"'optim.lr' must be >= 0, got {opt.lr}")
     _positive_int(opt.warmup_steps, "optim.warmup_steps", zero=True)

@@ -38,7 +38,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     check_train_dtype(cfg.model.dtype, cfg.lora.enabled)
     o = cfg.objective
     get_surrogate(o.surrogate.name, **o.surrogate.params)
-    reg = get_regularizer(o.regularizer.name, **o.regularizer.params)
+    regs = [get_regularizer(t.name, **t.params) for t in o.terms]
     warnings: list[str] = []
     absent = device_absent_reason(cfg.model.device)
     if absent is not None:
@@ -71,7 +71,10 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     n_train = len(train_data) if n_eval is not None else None
     if cfg.run.output_dir:
         refuse_nonempty(Path(cfg.run.output_dir))
-    needs_ref = bool((reg.needs_ref and o.regularizer.anchor == "ref") or o.monitor_regularizers)
+    needs_ref = bool(
+        any(r.needs_ref and t.anchor == "ref" for r, t in zip(regs, o.terms, strict=True))
+        or o.monitor_regularizers
+    )
     memory: dict[str, Any] | None = None
     notes: list[str] = []
     if model_cfg is not None and tokenizer is not None and train_data:
@@ -98,7 +101,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
         "train_examples": n_train,
         "eval_examples": n_eval,
         "eval_limit": limit,
-        "regularizer_needs_ref": bool(reg.needs_ref),
+        "regularizer_needs_ref": any(bool(r.needs_ref) for r in regs),
         "batch_sequences": cfg.rollout.prompts_per_step * cfg.rollout.num_generations,
         "device": cfg.model.device,
         "device_available": absent is None,

@@ -39,6 +39,8 @@ __all__ = [
     "STATUS_FILE",
     "SUMMARY_FILE",
     "default_run_dir",
+    "final_drift",
+    "fmt_drift",
     "refuse_nonempty",
     "resume_config",
     "run",
@@ -69,7 +71,7 @@ RESUMABLE_OVERRIDES = (
 def default_run_dir(cfg: TrainConfig, root: str | Path = "runs") -> Path:
     """``runs/<YYYYmmdd-HHMMSS>-<regularizer>`` (suffixed if it already exists)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{stamp}-{cfg.objective.regularizer.name}"
+    base = Path(root) / f"{stamp}-{cfg.objective.regularizer_label}"
     path, k = base, 1
     while path.exists():
         path, k = Path(f"{base}-{k}"), k + 1
@@ -210,6 +212,12 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
             eval_after = tr.last_eval[1] if tr.last_eval else None
             _log(writer, reporters, {"step": tr.step, **record})
         console.print(f"held-out {fmt_eval(eval_after)} after {tr.step} steps")
+    drift, drift_seconds = final_drift(
+        cfg, tr.model, tr.tokenizer, tr.task, tr.eval_split, tr.eval_limit,
+        reference=_drift_reference(tr),
+    )  # fmt: skip
+    if drift is not None:
+        console.print(fmt_drift(drift, drift_seconds))
 
     peak = peak_memory_bytes(tr.device)
     if peak is not None:
@@ -217,9 +225,78 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
     tr._checkpoint()  # via the trainer: subclasses extend it
     _export_model(tr)
     summary = _summary(tr, eval_after, stop_reason)
+    summary["drift"] = drift
+    summary["drift_seconds"] = drift_seconds if drift is not None else None
     write_json_atomic(tr.run_dir / SUMMARY_FILE, summary)  # last: the run is finished
     set_status(tr, "finished")
     return summary
+
+
+#: ``final_drift``'s default reference: the initial weights (LoRA: the adapters disabled)
+INITIAL = "initial"
+
+
+def final_drift(
+    cfg: TrainConfig,
+    policy: Any,
+    tokenizer: Any,
+    task: Any,
+    split: str,
+    limit: int | None,
+    *,
+    reference: Any = INITIAL,
+) -> tuple[dict[str, Any] | None, float]:
+    """``(drift, seconds)`` of the final policy from the reference (``summary.json`` ``drift``,
+    the keys of :data:`gbmpo.eval.drift.DRIFT_KEYS`), or ``(None, 0.0)`` unless ``eval.drift``
+    and ``eval.after`` are set: :func:`gbmpo.eval.drift.measure_drift` on the prompts the final
+    evaluation uses (``split``, ``limit``), ``eval.max_new_tokens`` tokens, seed ``run.seed``.
+
+    ``reference``: a model, ``None`` (the policy with its LoRA adapters disabled) or
+    :data:`INITIAL`: with LoRA the adapters disabled, otherwise ``model.path`` loaded again on
+    the policy's device in the policy's dtype (and freed afterwards). Every engine that measures
+    drift calls this function.
+    """
+    if not (cfg.eval.drift and cfg.eval.after):
+        return None, 0.0
+    from gbmpo.eval.drift import measure_drift
+
+    t = time.perf_counter()
+    if isinstance(reference, str) and reference == INITIAL:
+        if cfg.lora.enabled:
+            reference = None
+        else:
+            from gbmpo.models import load_model_and_tokenizer
+
+            weight = next(policy.parameters())
+            reference, _ = load_model_and_tokenizer(
+                cfg.model.path, dtype=weight.dtype, device=str(weight.device),
+                trust_remote_code=cfg.model.trust_remote_code,
+            )  # fmt: skip
+    drift = measure_drift(
+        policy, reference, tokenizer, task, split=split, limit=limit,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+        seed=cfg.run.seed, engine="gbmpo" if cfg.rollout.engine == "vllm" else cfg.rollout.engine,
+        lean=cfg.rollout.lean_forward,
+    )  # fmt: skip
+    return drift, time.perf_counter() - t
+
+
+def fmt_drift(drift: dict[str, Any], seconds: float) -> str:
+    """One console line for :func:`final_drift`'s result."""
+    return (
+        f"drift from the reference: KL {drift['kl']:.4g} (reverse {drift['kl_reverse']:.4g}), "
+        f"ProbL2 {drift['prob_l2']:.4g}, TV {drift['tv']:.4g} per token over "
+        f"{drift['n_tokens']} tokens of {drift['n_prompts']} prompts ({seconds:.1f} s)"
+    )
+
+
+def _drift_reference(tr: Trainer) -> Any:
+    """The reference the own engine holds: its frozen copy, the copy of the initial weights kept
+    for drift when a model object was passed in, else :data:`INITIAL`."""
+    if tr.ref_model is not None:
+        return tr.ref_model
+    kept = getattr(tr, "initial_model", None)
+    return kept if kept is not None else INITIAL
 
 
 def _eval_record(tr: Trainer, step: int) -> dict[str, Any]:
@@ -309,8 +386,8 @@ def _summary(tr: Trainer, eval_after: dict[str, Any] | None, stop_reason: str) -
         "task": cfg.task.name,
         "advantage": cfg.objective.advantage,
         "surrogate": cfg.objective.surrogate.name,
-        "regularizer": cfg.objective.regularizer.name,
-        "coef": cfg.objective.regularizer.coef,
+        "regularizer": cfg.objective.regularizer_label,
+        "coef": cfg.objective.coef_label,
         "aggregation": cfg.objective.aggregation,
         "seed": cfg.run.seed,
         "device": str(tr.device),

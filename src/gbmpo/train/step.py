@@ -5,12 +5,16 @@ Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` 
 1. sample :math:`P` prompts :math:`q_g` from the training split (seeded permutation);
 2. sample :math:`o_{g,1..G} \sim \pi_{\theta_{\text{old}}}(\cdot\mid q_g)` (``rollout.engine``);
 3. rewards :math:`r_i = R(q, o_i)` from the task (per-sample failures -> 0, counted);
-4. group advantages :math:`A_i = (r_i - \bar r_g)` [:math:`/\,(\sigma_g+\epsilon)`];
-5. behaviour log-probs :math:`\log\pi_{\text{old}}` (only when the policy moves before the batch
-   is used up) and reference log-probs :math:`\log\pi_{\text{ref}}` (only when needed);
+4. behaviour log-probs :math:`\log\pi_{\text{old}}` (only when the policy moves before the batch
+   is used up, or a regularizer term is placed in the reward) and reference log-probs
+   :math:`\log\pi_{\text{ref}}` (only when needed);
+5. the terms placed in the reward: :math:`\tilde r_i = r_i - \sum_k \beta_k \sum_t
+   D^{(k)}_{i,t}(\pi_{old}\,\|\,\pi_{ref})` (detached); then group advantages
+   :math:`A_i = (\tilde r_i - \bar{\tilde r}_g)` [:math:`/\,(\sigma_g+\epsilon)`];
 6. ``mu`` epochs over mini-batches, each a gradient-accumulated sum over micro-batches of
-   :math:`\mathcal L = \mathrm{agg}(\ell^{\text{surr}}_{i,t} + \lambda D_{i,t})` with the
-   mini-batch's normalisers, so accumulation is exact; AdamW step after grad-norm clipping;
+   :math:`\mathcal L = \mathrm{agg}(\ell^{\text{surr}}_{i,t} + \sum_k \lambda_k D^{(k)}_{i,t})`
+   (the terms placed in the loss) with the mini-batch's normalisers, so accumulation is exact;
+   AdamW step after grad-norm clipping;
 7. metrics.
 
 ``tr`` is the :class:`~gbmpo.train.Trainer` holding the model, optimizer and objectives; every
@@ -71,13 +75,18 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     rewards = torch.tensor(scored.rewards, dtype=torch.float32, device=tr.device)
     tr.reward_failures_total += scored.failures
 
-    # 4. group advantages: A_i = r_i - mean_g(r)  [/ (std_g + eps) for "grpo"]
-    advantages = tr.objective.advantage(rewards, G)
-
-    # 5. log pi_old only if the policy moves before the batch is used up (mu > 1 or several
+    # 4. log pi_old only if the policy moves before the batch is used up (mu > 1 or several
     #    mini-batches); log pi_ref only if the regularizer (or monitoring) needs it
     old_logp = no_grad_logprobs(tr, batch, reference=False) if tr.needs_old else None
     ref_logp = no_grad_logprobs(tr, batch, reference=True) if tr.needs_ref else None
+
+    # 5. terms placed in the reward: r_i - beta_k * sum_t D_k(pi_old || pi_ref) (detached), then
+    #    group advantages: A_i = r_i - mean_g(r)  [/ (std_g + eps) for "grpo"]
+    shaped, penalties = rewards, {}
+    if tr.objective.reward_terms:
+        rollout = old_logp if old_logp is not None else no_grad_logprobs(tr, batch, reference=False)
+        shaped, penalties = in_reward_penalties(tr, rewards, rollout, ref_logp, mask)
+    advantages = tr.objective.advantage(shaped, G)
     t_ref = time.perf_counter()
 
     # 6. mu epochs x mini-batches (one AdamW step each) x micro-batches (accumulated):
@@ -142,6 +151,12 @@ def train_step(tr: Trainer) -> dict[str, Any]:
         "grad_norm_max": max(grad_norms),
     }
     record.update(diag.result())
+    if penalties:  # reward_mean stays the task's reward; the penalty is logged beside it
+        total = sum(penalties.values())
+        record["reward_penalty"] = float(total.mean())
+        if len(tr.objective.terms) > 1:
+            for name, value in penalties.items():
+                record[f"reward_penalty/{name}"] = float(value.mean())
     if ref_logp is not None and tr.objective.monitors:
         # value of every registered regularizer at pi_old, vs the frozen reference
         with torch.no_grad():
@@ -158,6 +173,22 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     if peak is not None:
         record["memory/peak_gib"] = peak / 2**30
     return record
+
+
+def in_reward_penalties(
+    tr: Trainer, rewards: Tensor, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The rewards minus the penalties of the terms placed in the reward
+    (:func:`gbmpo.objectives.loss.reward_penalty`) and each term's per-sequence penalty
+    ``beta_k * sum_t D_k(pi_old || pi_ref)`` ([N], by name)."""
+    from gbmpo.objectives.loss import reward_penalty, sequence_divergence
+
+    penalties: dict[str, Tensor] = {}
+    for term in tr.objective.reward_terms:
+        seq = sequence_divergence(term.regularizer, rollout_logp, ref_logp, mask)
+        penalties[term.name] = term.coef * seq.to(rewards.dtype)
+    shaped = reward_penalty(rewards, [(1.0, p) for p in penalties.values()])
+    return shaped, penalties
 
 
 def accumulate_gradients(
@@ -192,7 +223,13 @@ def accumulate_gradients(
             anchor = old if old is not None else logp.detach()
         else:
             anchor = ref_logp[micro] if ref_logp is not None else None
-        loss, metrics = policy_loss(tr, logp, old, anchor, advantages[micro], m, n_seq, n_tok)
+        anchors = {  # each term's own anchor, for a sum of terms
+            "ref": ref_logp[micro] if ref_logp is not None else None,
+            "old": old if old is not None else logp.detach(),
+        }
+        loss, metrics = policy_loss(
+            tr, logp, old, anchor, advantages[micro], m, n_seq, n_tok, anchors=anchors
+        )
         loss.backward()
         # the micro-batch losses are parts of the mini-batch loss: they add up
         stats.loss += metrics.pop("loss")
@@ -215,17 +252,36 @@ def policy_loss(
     mask: Tensor,
     num_sequences: int,
     num_tokens: float,
+    *,
+    anchors: dict[str, Tensor | None] | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The configured objective (:func:`gbmpo.objectives.compute_policy_loss`) of one
-    micro-batch, normalised as its mini-batch."""
+    micro-batch, normalised as its mini-batch: the surrogate plus the terms placed in the loss
+    (``anchor``: the single term's anchor log-probs; ``anchors``: ``ref`` / ``old`` log-probs,
+    each term taking its own, for a sum of terms)."""
     from gbmpo.objectives import compute_policy_loss
 
     o = tr.objective
+    common: dict[str, Any] = {
+        "surrogate": o.surrogate, "aggregation": o.aggregation,
+        "max_len": tr.config.rollout.max_new_tokens,
+        "num_sequences": num_sequences, "num_tokens": num_tokens,
+    }  # fmt: skip
+    if o.single_loss_term:  # one regularizer in the loss
+        return compute_policy_loss(
+            logp, old, anchor, advantages, mask,
+            regularizer=o.regularizer, coef=o.coef, **common,
+        )  # fmt: skip
+    # a sum of terms, or terms placed in the reward (which add nothing to the loss)
+    from gbmpo.objectives.loss import LossTerm
+
+    by_anchor = anchors if anchors is not None else {o.anchor: anchor}
+    for t in o.loss_terms:
+        if t.anchor not in by_anchor:
+            raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: pass anchors=")
+    terms = [LossTerm(t.name, t.regularizer, t.coef, by_anchor[t.anchor]) for t in o.loss_terms]
     return compute_policy_loss(
-        logp, old, anchor, advantages, mask,
-        surrogate=o.surrogate, regularizer=o.regularizer, coef=o.coef,
-        aggregation=o.aggregation, max_len=tr.config.rollout.max_new_tokens,
-        num_sequences=num_sequences, num_tokens=num_tokens,
+        logp, old, None, advantages, mask, regularizer=None, terms=terms, **common
     )
 
 

@@ -72,6 +72,14 @@ def N(what: str) -> Support:  # noqa: N802
     return Support(NO_EFFECT, what)
 
 
+#: a sum of two regularizers (ProbL2 + k3, the GBMPO authors' ``prob_l2kl``): the probe of the
+#: list form of ``objective.regularizer``
+_SUM_PROBE: list[dict[str, Any]] = [
+    {"name": "prob_l2", "coef": 0.05},
+    {"name": "kl_k3", "coef": 0.01},
+]
+
+
 def _never_default(key: str) -> Callable[[Any, Any], bool]:
     return lambda value, cfg: value != _default_of(key)
 
@@ -113,10 +121,13 @@ GBMPO: dict[str, Support] = {
     "objective.advantage": H(),
     "objective.surrogate.name": H(),
     "objective.surrogate.params": H(),
+    "objective.regularizer": H("one term, or a list of terms whose divergences add up"),
     "objective.regularizer.name": H(),
     "objective.regularizer.coef": H(),
     "objective.regularizer.anchor": H(),
     "objective.regularizer.params": H(),
+    "objective.regularizer.placement": H("reward: coef * sum_t D(pi_old || pi_ref) off each "
+                                         "sequence's reward before the advantages"),
     "objective.aggregation": H(),
     "objective.monitor_regularizers": H("reg/<name> for every registered regularizer"),
     "optim.lr": H(),
@@ -143,6 +154,7 @@ GBMPO: dict[str, Support] = {
     "eval.batch_size": N(_SPEED),
     "eval.before": H(),
     "eval.after": H(),
+    "eval.drift": H("summary.json drift, with eval.after (gbmpo.eval.drift)"),
     "run.steps": H(),
     "run.time_budget_seconds": H(),
     "run.seed": H(),
@@ -208,10 +220,16 @@ TRL: dict[str, Support] = {
     "objective.advantage": H("GBMPOConfig objective (TRL scale_rewards)", probe="grpo"),
     "objective.surrogate.name": H("GBMPOConfig objective", probe="gspo"),
     "objective.surrogate.params": H("GBMPOConfig objective", probe={"eps_low": 0.1}),
+    "objective.regularizer": H("GBMPOConfig objective: a list of terms is summed in "
+                               "GBMPOTrainer's loss", probe=_SUM_PROBE),
     "objective.regularizer.name": H("GBMPOConfig objective", probe="kl_k3"),
     "objective.regularizer.coef": H("GBMPOConfig objective (TRL beta)", probe=0.2),
     "objective.regularizer.anchor": H("GBMPOConfig objective", probe="old"),
     "objective.regularizer.params": H("GBMPOConfig objective", probe={"clamp": 10.0}),
+    "objective.regularizer.placement": R(
+        "TRL computes rewards and advantages inside GRPOTrainer._generate_and_score_completions, "
+        "whose reward hook sees no log-probs: 'reward' is refused (engines gbmpo and verl take "
+        "it)", lambda v, c: "reward" in (v if isinstance(v, list) else [v]), probe="reward"),
     "objective.aggregation": H("GBMPOConfig objective (TRL loss_type)", probe="grpo"),
     "objective.monitor_regularizers": H("reg/<name> = D(pi_old || pi_ref) for every registered "
                                         "regularizer (GBMPOConfig monitor_reference)",
@@ -243,6 +261,8 @@ TRL: dict[str, Support] = {
     "eval.batch_size": N(_SPEED),
     "eval.before": H(_TRL_EVAL, probe=False),
     "eval.after": H(_TRL_EVAL, probe=False),
+    "eval.drift": H("summary.json drift, with eval.after: measured as the own engine from the "
+                    "final policy on the main process (gbmpo.eval.drift)", probe=False),
     "run.steps": H("max_steps = steps x optimizer steps per RL step", probe=3),
     "run.time_budget_seconds": H("a TrainerCallback stops after that much RL time; the "
                                  "schedule decays over it", probe=60.0),
@@ -272,6 +292,7 @@ VERL_REQUIRED: dict[str, Any] = {
     "model.device": "cuda",
     "run.time_budget_seconds": None,
     "objective.monitor_regularizers": False,
+    "eval.drift": False,
 }
 
 VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl.py)
@@ -279,8 +300,15 @@ _A = "actor_rollout_ref.actor"
 
 
 def _kl_on(cfg: Any) -> bool:
-    reg = cfg.objective.regularizer
-    return reg.name != "none" and reg.coef != 0
+    return any(t.name != "none" and t.coef != 0 for t in cfg.objective.terms)
+
+
+def _verl_refuses_terms(value: Any, cfg: Any) -> bool:
+    """A list of terms, or an in-reward term with parameters (verl's driver computes the
+    in-reward KL and receives no gbmpo_kl parameters)."""
+    if isinstance(value, list):
+        return True
+    return bool(value.placement == "reward" and value.coef != 0 and value.params)
 
 
 _VERL_SAMPLER = "verl samples with vLLM whatever the value (the same sampling distribution)"
@@ -316,14 +344,23 @@ VERL.update({
     "objective.surrogate.name": H(f"{_A}.policy_loss.loss_mode=gbmpo_<name>", probe="gspo"),
     "objective.surrogate.params": H(f"{_A}.policy_loss.gbmpo_surrogate.*",
                                     probe={"eps_low": 0.1}),
-    "objective.regularizer.name": H(f"{_A}.kl_loss_type=gbmpo_<name>", probe="kl_k3"),
-    "objective.regularizer.coef": H(f"{_A}.kl_loss_coef", probe=0.5),
+    "objective.regularizer": R(
+        "verl has one KL (in the loss or in the reward): a list of terms is refused; with "
+        "placement reward verl's driver computes the KL and receives no gbmpo_kl parameters, so "
+        "a term with params is refused there", _verl_refuses_terms, probe=_SUM_PROBE),
+    "objective.regularizer.name": H(f"{_A}.kl_loss_type=gbmpo_<name> (placement reward: "
+                                    "algorithm.kl_penalty=gbmpo_<name>)", probe="kl_k3"),
+    "objective.regularizer.coef": H(f"{_A}.kl_loss_coef (placement reward: "
+                                    "algorithm.kl_ctrl.kl_coef, kl_ctrl.type fixed)", probe=0.5),
     "objective.regularizer.anchor": R(
         "verl's KL loss is anchored at the reference model; anchor 'old' only for the rpg_* "
         "regularizers (a parameter of theirs)",
         lambda v, c: v == "old" and _kl_on(c) and not c.objective.regularizer.name.startswith(
             "rpg_"), probe="old"),
     "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_kl.*"),
+    "objective.regularizer.placement": H(
+        "reward: algorithm.use_kl_in_reward=true with algorithm.kl_penalty=gbmpo_<name> and a "
+        f"fixed kl_ctrl ({_A}.use_kl_loss=false)", probe="reward"),
     "objective.aggregation": H(f"{_A}.loss_agg_mode (dr_grpo: loss_scale_factor)",
                                probe="bnpo"),
     "objective.monitor_regularizers": R(
@@ -361,6 +398,9 @@ VERL.update({
     "eval.before": H("trainer.val_before_train", probe=False),
     "eval.after": H("trainer.test_freq includes the last step (eval.every 0: test_freq = "
                     "run.steps)", probe=False),
+    "eval.drift": R("verl's run ends with an FSDP checkpoint, not a policy gbmpo can load: set "
+                    "eval.drift: false and measure the merged model with gbmpo eval --model DIR "
+                    "--reference MODEL", lambda v, c: bool(v) and c.eval.after, probe=True),
     "run.steps": H("trainer.total_training_steps", probe=7),
     "run.time_budget_seconds": R("verl runs every step (its LR schedule spans run.steps): set "
                                  "run.time_budget_seconds: null",
@@ -408,7 +448,11 @@ def config_keys() -> list[str]:
         for f in dataclasses.fields(cls):
             tp = hints[f.name]
             key = f"{prefix}{f.name}"
-            if dataclasses.is_dataclass(tp):
+            sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+            if sections:  # a section or a list of sections (objective.regularizer): the list
+                yield key  # form is a key of its own, then the section's keys
+                yield from walk(typing.cast(type, sections[0]), key + ".")
+            elif dataclasses.is_dataclass(tp):
                 yield from walk(typing.cast(type, tp), key + ".")
             else:
                 yield key
@@ -417,10 +461,20 @@ def config_keys() -> list[str]:
 
 
 def _value_at(cfg: Any, key: str) -> Any:
+    """The value at ``key``; below a list of sections (regularizer terms), the list of the
+    terms' values."""
     node = cfg
     for part in key.split("."):
-        node = getattr(node, part)
+        if isinstance(node, list):
+            node = [getattr(item, part) for item in node]
+        else:
+            node = getattr(node, part)
     return node
+
+
+def _listed(value: Any, cfg: Any) -> bool:
+    """Whether ``objective.regularizer`` is a list of terms."""
+    return isinstance(value, list)
 
 
 def _default_of(key: str) -> Any:

@@ -118,6 +118,10 @@ class Trainer:
         self.model, self.tokenizer = load_policy(cfg, model, tokenizer)
         self.needs_ref = self.objective.needs_ref
         self.ref_model: Any = frozen_reference(self.model, self.needs_ref, cfg.lora.enabled)
+        # the end-of-run drift compares with the initial weights: without a reference holding
+        # them, a model passed in as an object is copied now (one from model.path is reloaded)
+        keep = model is not None and cfg.eval.drift and cfg.eval.after and self.ref_model is None
+        self.initial_model: Any = frozen_reference(self.model, keep, cfg.lora.enabled)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         if not self.params:
             raise ConfigError("the model has no trainable parameters")

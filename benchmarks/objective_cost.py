@@ -1,0 +1,236 @@
+"""The cost of the divergence knob: policy-loss forward + backward against a TRL-style loss.
+
+Times :func:`gbmpo.objectives.compute_policy_loss` (surrogate + ``coef`` * regularizer +
+aggregation, with its metrics) forward and backward, for every surrogate x regularizer pair, on
+one batch of a realistic shape (64 sequences x 1,024 tokens, ragged lengths, float32, one torch
+thread), against a ten-line PPO clip + k3 loss written as TRL 1.16's ``GRPOTrainer._compute_loss``
+writes it (``loss_type="grpo"``, ``beta=0.04``). Each pair is timed interleaved with the
+baseline (baseline, pair, baseline, pair, ...) so that load from other jobs hits both alike;
+the printed ratio is median(pair) / median(baseline) of the **CPU time** of the process (one
+thread: the work done, far less sensitive to other jobs on a shared machine than wall time,
+which is recorded too). A pair whose first call takes over 5 s (the neural-mirror clip measure,
+whose per-token interval is a 2 x 60-step bisection over the map) is timed by that one call.
+``dc:neural_mirror`` is timed with no regularizer only unless named in ``--regularizers``.
+
+``--before REV`` also times the objectives package of git revision ``REV`` in the same run (its
+``src/gbmpo/objectives`` is loaded from git under another module name), so that a speed change
+is reported before / after from one run on one machine state.
+
+Goals: every sampled-token objective <= 1.5x the TRL-style loss; the neural mirror map (as a
+regularizer or a clip measure) <= 3x.
+
+    PYTHONPATH=src python benchmarks/objective_cost.py --before 45b681b --out results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, finish_result, load_average, median, start_result  # noqa: E402
+
+B, T = 64, 1024
+BETA = 0.04
+
+#: name -> surrogate parameters (the ``divergence_clip`` measures one by one)
+SURROGATE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
+    "clip": ("clip", {"eps_low": 0.2, "eps_high": 0.28}),
+    "clip+dual": ("clip", {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0}),
+    "gspo": ("gspo", {}),
+    "atr": ("atr", {"delta": 0.02}),
+    "dc:k1": ("divergence_clip", {"measure": "k1", "delta": 0.2}),
+    "dc:prob_l2": ("divergence_clip", {"measure": "prob_l2", "delta": 0.02}),
+    "dc:neural_mirror": ("divergence_clip", {"measure": "neural_mirror", "delta": 0.01}),
+    "dc:dppo_tv": ("divergence_clip", {"measure": "dppo_tv", "delta": 0.15}),
+    "dc:dppo_kl": ("divergence_clip", {"measure": "dppo_kl", "delta": 0.05}),
+    "rpg_clip": ("rpg_clip", {"variant": "urkl", "beta": 1e-4}),
+    "rpg_reinforce": ("rpg_reinforce", {"variant": "urkl"}),
+    "cispo": ("cispo", {}),
+    "sapo": ("sapo", {}),
+    "gmpo": ("gmpo", {}),
+    "vespo": ("vespo", {}),
+}
+REGULARIZER_CASES = ["none", "kl_k1", "kl_k3", "kl_k3_is", "prob_l2", "log_l2", "neural_mirror",
+                     "rpg_rkl", "rpg_urkl"]  # fmt: skip
+#: cases that need a name from this revision only
+NEW_SURROGATES = {"dc:dppo_tv", "dc:dppo_kl", "cispo", "sapo", "gmpo", "vespo"}
+
+
+def trl_style_loss(logp, old, ref, adv, mask, eps_low=0.2, eps_high=0.28, beta=BETA):  # noqa: ANN001, ANN201
+    """PPO clip + beta * k3, grpo aggregation, as TRL 1.16's _compute_loss computes it."""
+    coef_1 = torch.exp(logp - old)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    per_token_kl = torch.exp(ref - logp) - (ref - logp) - 1
+    per_token_loss = per_token_loss + beta * per_token_kl
+    return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+
+
+def make_batch(seed: int = 0, b: int = B, t: int = T) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(t // 4, t + 1, (b,), generator=g)
+    lens[0] = t
+    mask = (torch.arange(t)[None, :] < lens[:, None]).float()
+    # log-probs of sampled tokens: mostly likely tokens, a tail of rare ones
+    logp = -torch.distributions.Exponential(2.0).sample((b, t))
+    old = logp + 0.1 * torch.randn(b, t, generator=g)
+    ref = logp + 0.2 * torch.randn(b, t, generator=g)
+    adv = torch.randn(b, 1, generator=g)
+    return {"logp": logp, "old": old, "ref": ref, "adv": adv, "mask": mask}
+
+
+def load_objectives(rev: str) -> ModuleType:
+    """``gbmpo.objectives`` of git revision ``rev``, imported as ``_objectives_<rev>``."""
+    name = "_objectives_" + rev.replace("-", "_").replace(".", "_")
+    tmp = Path(tempfile.mkdtemp(prefix="objectives_before_"))
+    pkg = tmp / name
+    pkg.mkdir()
+    files = subprocess.run(
+        ["git", "ls-tree", "--name-only", rev, "src/gbmpo/objectives/"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for f in files:
+        if not f.endswith(".py"):
+            continue
+        text = subprocess.run(["git", "show", f"{rev}:{f}"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout  # fmt: skip
+        (pkg / Path(f).name).write_text(text.replace("gbmpo.objectives", name))
+    sys.path.insert(0, str(tmp))
+    return importlib.import_module(name)
+
+
+def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], regularizer: str,
+              x: dict[str, torch.Tensor]):  # noqa: ANN201  # fmt: skip
+    surr = objectives.get_surrogate(surrogate[0], **surrogate[1])
+    reg = None if regularizer == "none" else objectives.get_regularizer(regularizer)
+    coef = 0.0 if reg is None else BETA
+    adv = x["adv"][:, 0]
+
+    def step() -> None:
+        lp = x["logp"].clone().requires_grad_(True)
+        loss, _ = objectives.compute_policy_loss(
+            lp, x["old"], x["ref"], adv, x["mask"], surrogate=surr, regularizer=reg, coef=coef,
+            aggregation="grpo",
+        )  # fmt: skip
+        loss.backward()
+
+    return step
+
+
+def baseline_step(x: dict[str, torch.Tensor]):  # noqa: ANN201
+    def step() -> None:
+        lp = x["logp"].clone().requires_grad_(True)
+        trl_style_loss(lp, x["old"], x["ref"], x["adv"], x["mask"]).backward()
+
+    return step
+
+
+def _time(fn) -> tuple[float, float]:  # noqa: ANN001
+    """(CPU seconds, wall seconds) of one call."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c0, time.perf_counter() - t0
+
+
+SLOW_S = 5.0
+
+
+def time_pair(fn, base, reps: int) -> dict[str, float]:  # noqa: ANN001
+    """Median CPU and wall seconds of ``fn`` and of ``base``, interleaved, after one warm-up
+    call each (a first call of ``fn`` over ``SLOW_S`` is the measurement itself)."""
+    first = _time(fn)
+    base()
+    runs = [first] if first[1] > SLOW_S else []
+    bases = []
+    for _ in range(reps):
+        bases.append(_time(base))
+        if first[1] <= SLOW_S:
+            runs.append(_time(fn))
+    return {
+        "cpu": median([r[0] for r in runs]),
+        "wall": median([r[1] for r in runs]),
+        "base_cpu": median([b[0] for b in bases]),
+        "base_wall": median([b[1] for b in bases]),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=11, help="timed calls per pair (median)")
+    ap.add_argument("--before", default=None, help="git revision to time as 'before' too")
+    ap.add_argument("--surrogates", default=None,
+                    help="comma-separated subset of: " + ", ".join(SURROGATE_CASES))
+    ap.add_argument("--regularizers", default=None,
+                    help="comma-separated subset of: " + ", ".join(REGULARIZER_CASES))
+    ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
+    ap.add_argument("--shape", default=f"{B},{T}", help="sequences,tokens (default %(default)s)")
+    a = ap.parse_args()
+    try:
+        b, t = (int(v) for v in a.shape.split(","))
+    except ValueError:
+        ap.error(f"--shape must be two integers 'B,T', got {a.shape!r}")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    sur_names = a.surrogates.split(",") if a.surrogates else list(SURROGATE_CASES)
+    reg_names = a.regularizers.split(",") if a.regularizers else list(REGULARIZER_CASES)
+    for n in sur_names:
+        if n not in SURROGATE_CASES:
+            ap.error(f"unknown surrogate case {n!r}; valid: {', '.join(SURROGATE_CASES)}")
+    for n in reg_names:
+        if n not in REGULARIZER_CASES:
+            ap.error(f"unknown regularizer {n!r}; valid: {', '.join(REGULARIZER_CASES)}")
+
+    import gbmpo.objectives as after
+
+    versions: dict[str, ModuleType] = {"after": after}
+    if a.before:
+        versions = {"before": load_objectives(a.before), "after": after}
+    x = make_batch(b=b, t=t)
+    base = baseline_step(x)
+    result = start_result("objective_cost")
+    result.update({"shape": [b, t], "tokens": int(x["mask"].sum()), "threads": 1,
+                   "before": a.before, "rows": []})  # fmt: skip
+    base()
+    base_t = median([_time(base)[0] for _ in range(max(3, a.reps))])
+    print(f"TRL-style clip + k3 loss, fwd+bwd, {b}x{t} ({int(x['mask'].sum())} valid tokens), "
+          f"1 thread: {base_t * 1e3:.2f} ms CPU; load {load_average()}")  # fmt: skip
+    print("ratios: CPU time of the pair / CPU time of the TRL-style loss, interleaved")
+    cols = list(versions)
+    print(f"{'surrogate':18s} {'regularizer':14s} " + " ".join(f"{c + ' ms':>10s} {c + ' x':>8s}"
+                                                        for c in cols))  # fmt: skip
+    for sn in sur_names:
+        for rn in reg_names:
+            if sn == "dc:neural_mirror" and rn != "none" and not a.regularizers:
+                continue
+            row: dict[str, Any] = {"surrogate": sn, "regularizer": rn}
+            cells = []
+            for c, mod in versions.items():
+                if c == "before" and sn in NEW_SURROGATES:
+                    cells.append(f"{'-':>10s} {'-':>8s}")
+                    continue
+                fn = make_step(mod, SURROGATE_CASES[sn], rn, x)
+                t = time_pair(fn, base, a.reps)
+                ratio = t["cpu"] / t["base_cpu"]
+                row[c] = {"cpu_ms": t["cpu"] * 1e3, "wall_ms": t["wall"] * 1e3,
+                          "baseline_cpu_ms": t["base_cpu"] * 1e3,
+                          "baseline_wall_ms": t["base_wall"] * 1e3, "ratio_cpu": ratio,
+                          "ratio_wall": t["wall"] / t["base_wall"]}  # fmt: skip
+                cells.append(f"{t['cpu'] * 1e3:10.2f} {ratio:8.2f}")
+            result["rows"].append(row)
+            print(f"{sn:18s} {rn:14s} " + " ".join(cells), flush=True)
+    path = finish_result(result, a.out)
+    print(f"load at end {load_average()}; written {path}")
+
+
+if __name__ == "__main__":
+    main()

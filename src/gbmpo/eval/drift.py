@@ -1,0 +1,238 @@
+r"""Drift from the reference: exact full-vocabulary divergences along the policy's own samples.
+
+:func:`measure_drift` samples one completion per held-out prompt from the policy
+:math:`\pi` at temperature 1 (no top-p, no top-k: the model's own distribution), then, at every
+completion token :math:`t` with history :math:`h_t`, compares the two whole next-token
+distributions :math:`p = \pi(\cdot\mid h_t)` and :math:`q = \pi_{\text{ref}}(\cdot\mid h_t)`
+over the full vocabulary (:func:`drift_rows`):
+
+* ``kl``: :math:`\mathrm{KL}(p\,\|\,q) = \sum_v p_v (\log p_v - \log q_v)`;
+* ``kl_reverse``: :math:`\mathrm{KL}(q\,\|\,p)`;
+* ``prob_l2``: :math:`\sum_v (p_v - q_v)^2 = \|p - q\|_2^2`, the full-vocabulary form of the
+  project's ProbL2 (the Bregman divergence of :math:`h(y) = y^2`, no factor 1/2, as the
+  ``prob_l2`` regularizer and :func:`~gbmpo.objectives.full_vocab.full_vocab_bregman` with
+  ``square`` define it);
+* ``tv``: :math:`\tfrac12 \|p - q\|_1`, the total-variation distance, in [0, 1];
+* ``entropy``: :math:`H(p) = -\sum_v p_v \log p_v` (nats).
+
+Each is averaged over all completion tokens of all prompts (a token-weighted mean, EOS
+included); ``response_length`` is the mean number of completion tokens per prompt, and
+``n_prompts`` / ``n_tokens`` say how much was measured. The keys are :data:`DRIFT_KEYS`, the same
+for every engine: the own trainer writes them to ``summary.json`` under ``drift``, and
+``gbmpo eval --model DIR --reference MODEL`` measures any saved model (TRL's, verl's after
+merging) with the same function.
+
+Why sampling at temperature 1 and not greedy decoding: the divergences are properties of the
+policy's distribution. By the chain rule, the sequence-level
+:math:`\mathrm{KL}(\pi\,\|\,\pi_{\text{ref}})` over completions is
+:math:`\mathbb E_{o\sim\pi}[\sum_t \mathrm{KL}_t]` with :math:`\mathrm{KL}_t` the exact
+divergence of the next-token distributions at token :math:`t`, so the sum over each sample's
+tokens is an unbiased estimate of it (with less variance than the sampled log-ratio), and
+dividing the total by the number of tokens gives the per-token figures the regularizers act on.
+A greedy path is one mode of :math:`\pi` and would bias them. The sampling is seeded
+(``seed``): the same models, prompts, seed and ``batch_size`` give the same numbers (another
+``batch_size`` draws other samples, as in :func:`gbmpo.rollout.generate`).
+
+Memory: the logits of both models are computed for a few sequences at a time (at most
+:data:`FORWARD_ELEMENTS` logits per model per forward) and the divergences ``chunk_size``
+token rows at a time, so nothing grows with the number of prompts or with tokens x vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gbmpo.objectives.full_vocab import bregman_rows, total_variation_rows
+from gbmpo.objectives.potentials import NegEntropy, Square
+
+__all__ = ["DRIFT_KEYS", "FORWARD_ELEMENTS", "drift_rows", "measure_drift"]
+
+#: the keys of :func:`measure_drift`'s result, in order
+DRIFT_KEYS: tuple[str, ...] = (
+    "kl", "kl_reverse", "prob_l2", "tv", "entropy", "response_length", "n_prompts", "n_tokens",
+)  # fmt: skip
+
+#: per-token quantities of :func:`drift_rows` (averaged over tokens by :func:`measure_drift`)
+_TOKEN_KEYS = ("kl", "kl_reverse", "prob_l2", "tv", "entropy")
+
+#: at most this many logits per model per forward in :func:`measure_drift` (128 MiB of float32)
+FORWARD_ELEMENTS = 1 << 25
+
+
+def drift_rows(policy_logits: Tensor, ref_logits: Tensor) -> dict[str, Tensor]:
+    """Per-row exact divergences between p = softmax(policy_logits) and q = softmax(ref_logits).
+
+    ``policy_logits`` and ``ref_logits`` are [N, V]; returns ``{"kl", "kl_reverse", "prob_l2",
+    "tv", "entropy"}``, each [N] (float32; float64 for float64 input):
+
+    * kl = sum_v p_v (log p_v - log q_v) and kl_reverse = sum_v q_v (log q_v - log p_v)
+      (:func:`~gbmpo.objectives.full_vocab.bregman_rows` with the negative entropy);
+    * prob_l2 = sum_v (p_v - q_v)^2 (``bregman_rows`` with h(y) = y^2: GBMPO's ProbL2, arXiv
+      2602.04380, over the whole vocabulary);
+    * tv = 1/2 sum_v |p_v - q_v| (:func:`~gbmpo.objectives.full_vocab.total_variation_rows`);
+    * entropy = -sum_v p_v log p_v (0 log 0 = 0).
+    """
+    if policy_logits.shape != ref_logits.shape or policy_logits.dim() != 2:
+        raise ValueError(
+            f"policy_logits {tuple(policy_logits.shape)} and ref_logits "
+            f"{tuple(ref_logits.shape)} must both be [N, V]"
+        )
+    dt = torch.float64 if torch.float64 in (policy_logits.dtype, ref_logits.dtype) else (
+        torch.float32
+    )
+    log_p = torch.log_softmax(policy_logits.to(dt), dim=-1)
+    p = log_p.exp()
+    return {
+        "kl": bregman_rows(policy_logits, ref_logits, NegEntropy()),
+        "kl_reverse": bregman_rows(ref_logits, policy_logits, NegEntropy()),
+        "prob_l2": bregman_rows(policy_logits, ref_logits, Square()),
+        "tv": total_variation_rows(policy_logits, ref_logits),
+        "entropy": -torch.where(p > 0, p * log_p, torch.zeros((), dtype=dt)).sum(-1),
+    }
+
+
+def _vocab_size(model: Any) -> int | None:
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if weight is not None else None
+
+
+@contextlib.contextmanager
+def _eval_mode(*models: Any) -> Iterator[None]:
+    modes = [(m, m.training) for m in models]
+    for m, _ in modes:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, was in modes:
+            m.train(was)
+
+
+def _logits(model: Any, rows: tuple[Tensor, Tensor, Tensor, Tensor], adapters_off: bool,
+            lean: bool) -> Tensor:  # fmt: skip
+    """[b, C, V] logits predicting each completion token (the forward of the log-probs)."""
+    from gbmpo.rollout.logprobs import logits_forward
+
+    device = next(model.parameters()).device
+    rows = tuple(t.to(device) for t in rows)  # type: ignore[assignment]
+    ctx = model.disable_adapter() if adapters_off else contextlib.nullcontext()
+    with ctx:
+        pieces = logits_forward(model, lean=lean and not adapters_off).sequence_logits(*rows)
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+
+
+@torch.no_grad()
+def measure_drift(
+    policy: Any,
+    reference: Any,
+    tokenizer: Any,
+    task: Any,
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    seed: int = 0,
+    engine: str = "gbmpo",
+    chunk_size: int = 256,
+    lean: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Drift of ``policy`` from ``reference`` on a task's held-out prompts (module docstring).
+
+    Args:
+        policy: the causal LM whose samples are measured.
+        reference: the reference LM (same vocabulary), or ``None`` for the policy with its
+            LoRA adapters disabled (a peft model; anything else is refused).
+        tokenizer: the policy's tokenizer (prompts and completions are shared by both models).
+        task: a :class:`~gbmpo.tasks.Task` or a task name (:func:`gbmpo.eval.resolve_task`).
+        split: default ``task.eval_split``; ``limit``: the first ``limit`` prompts only.
+        max_new_tokens: completion budget of the samples.
+        batch_size: prompts per ``generate`` call (the forwards take at most
+            :data:`FORWARD_ELEMENTS` logits each).
+        seed: sampling seed (chunk ``i`` of ``batch_size`` prompts uses ``seed + i``).
+        engine: the rollout engine of :func:`gbmpo.rollout.generate`.
+        chunk_size: token rows per divergence computation.
+        lean: use :class:`~gbmpo.rollout.lean_forward.LeanForward` where the model allows it.
+        progress: called with (prompts done, prompts total) after each chunk.
+
+    Returns:
+        ``{key: value for key in DRIFT_KEYS}``: per-token means ``kl``, ``kl_reverse``,
+        ``prob_l2``, ``tv``, ``entropy`` (float), ``response_length`` (mean completion tokens
+        per prompt), ``n_prompts`` and ``n_tokens`` (int).
+    """
+    from gbmpo.eval.evaluation import resolve_task
+    from gbmpo.rollout.sampling import generate
+
+    if batch_size < 1 or chunk_size < 1 or max_new_tokens < 1:
+        raise ValueError("batch_size, chunk_size and max_new_tokens must be >= 1")
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1, got {limit}")
+    adapters_off = reference is None
+    if adapters_off and not hasattr(policy, "disable_adapter"):
+        raise ValueError(
+            "reference=None means the policy with its LoRA adapters disabled, but the policy "
+            "has no adapters; pass the reference model"
+        )
+    if not adapters_off:
+        v_pol, v_ref = _vocab_size(policy), _vocab_size(reference)
+        if v_pol is not None and v_ref is not None and v_pol != v_ref:
+            raise ValueError(
+                f"the policy's vocabulary ({v_pol}) and the reference's ({v_ref}) differ: drift "
+                "compares distributions over one vocabulary"
+            )
+    task_obj = resolve_task(task, tokenizer=tokenizer)
+    split_name = split or task_obj.eval_split
+    examples = task_obj.split(split_name)
+    if limit is not None:
+        examples = examples[:limit]
+    if not examples:
+        raise ValueError(f"split {split_name!r} of task {task_obj.name!r} is empty")
+
+    sums = dict.fromkeys(_TOKEN_KEYS, 0.0)
+    n_tokens = 0
+    models = [policy] if adapters_off else [policy, reference]
+    with _eval_mode(*models):
+        for chunk_i, lo in enumerate(range(0, len(examples), batch_size)):
+            prompts = [ex["prompt"] for ex in examples[lo : lo + batch_size]]
+            ro = generate(
+                policy, tokenizer, prompts, num_return_sequences=1, max_new_tokens=max_new_tokens,
+                do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                generator_seed=seed + chunk_i, engine=engine,
+            )  # fmt: skip
+            width = max(int(ro.completion_ids.shape[1]), 1)
+            vocab = _vocab_size(policy) or 1
+            step = max(1, min(len(ro), FORWARD_ELEMENTS // (width * vocab)))
+            for s in range(0, len(ro), step):
+                rows = (
+                    ro.prompt_ids[s : s + step], ro.prompt_mask[s : s + step],
+                    ro.completion_ids[s : s + step], ro.completion_mask[s : s + step],
+                )  # fmt: skip
+                mask = rows[3].bool()
+                pol = _logits(policy, rows, False, lean)
+                mask = mask.to(pol.device)
+                x = pol[mask]
+                del pol
+                ref = _logits(policy if adapters_off else reference, rows, adapters_off, lean)
+                y = ref.to(x.device)[mask]
+                del ref
+                for c in range(0, x.shape[0], chunk_size):
+                    vals = drift_rows(x[c : c + chunk_size], y[c : c + chunk_size])
+                    for k in _TOKEN_KEYS:
+                        sums[k] += float(vals[k].double().sum())
+                n_tokens += int(x.shape[0])
+            if progress is not None:
+                progress(min(lo + batch_size, len(examples)), len(examples))
+    n_prompts = len(examples)
+    out: dict[str, Any] = {k: sums[k] / max(n_tokens, 1) for k in _TOKEN_KEYS}
+    out["response_length"] = n_tokens / n_prompts
+    out["n_prompts"] = n_prompts
+    out["n_tokens"] = n_tokens
+    return {k: out[k] for k in DRIFT_KEYS}
+
