@@ -66,7 +66,7 @@ from gbmpo.integrations.common import (
 from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, kl_k3
 from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SurrogateSpec
-from gbmpo.objectives.surrogates import Surrogate
+from gbmpo.objectives.surrogates import SURROGATES, Surrogate
 
 __all__ = [
     "CLIP_MODES",
@@ -80,6 +80,11 @@ __all__ = [
     "build_objective",
     "objective_spec",
     "spec_from_trl_fields",
+    "loss_type_surrogate",
+    "trl_field_status",
+    "TRL_FIELDS",
+    "LOSS_TYPE_SURROGATES",
+    "adaptive_entropy_coef",
     "check_trl_internals",
     "dapo_normalizer",
     "entropy_bonus",
@@ -96,21 +101,23 @@ CLIP_MODES: tuple[str, ...] = ("ratio", "atr", "divergence", "rpg_dual")
 REGULARIZER_ANCHORS: tuple[str, ...] = ("ref", "old")
 
 #: TRL ``loss_type`` -> gbmpo aggregation mode (:func:`gbmpo.objectives.aggregate`).
-#: ``dapo`` is ``bnpo`` over TRL's global token count (see :func:`dapo_normalizer`).
+#: ``dapo``, ``cispo`` and ``vespo`` are ``bnpo`` over TRL's global token count (see
+#: :func:`dapo_normalizer`); ``sapo`` is TRL's sequence mean of token means (``grpo``).
 LOSS_TYPE_AGGREGATION: dict[str, str] = {
     "grpo": "grpo",
     "bnpo": "bnpo",
     "dr_grpo": "dr_grpo",
     "dapo": "bnpo",
     "luspo": "seq_mean_token_sum",
+    "cispo": "bnpo",
+    "sapo": "grpo",
+    "vespo": "bnpo",
 }
-#: TRL loss types whose per-token loss is not a clipped-ratio surrogate; gbmpo has no
-#: counterpart for them.
-_UNSUPPORTED_LOSS_TYPES: dict[str, str] = {
-    "cispo": "a detached clipped-IS-weight REINFORCE loss",
-    "sapo": "a sigmoid soft gate instead of a clip",
-    "vespo": "sequence gamma weights on a REINFORCE loss",
-}
+#: TRL loss types whose per-token loss is not TRL's clipped ratio: the gbmpo surrogate that is
+#: the same quantity (:func:`loss_type_surrogate` maps TRL's parameters onto it).
+LOSS_TYPE_SURROGATES: dict[str, str] = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
+#: Loss types whose TRL normaliser is the generation batch's token count (:func:`dapo_normalizer`).
+_GLOBAL_TOKEN_LOSS_TYPES: tuple[str, ...] = ("dapo", "cispo", "vespo")
 
 #: GBMPOConfig's alias fields (TRL's spelling of the objective) and their defaults; with
 #: ``objective=`` they must keep these values.
@@ -205,6 +212,16 @@ _HOOKED_METHODS: dict[str, tuple[str, ...]] = {
         "off_policy_threshold",
     ),
     "_generate_and_score_completions": ("inputs",),
+    "get_gamma_weights": (
+        "advantages",
+        "log_ratio_per_token",
+        "mask",
+        "importance_sampling_ratio",
+        "k_pos",
+        "lambda_pos",
+        "k_neg",
+        "lambda_neg",
+    ),
 }
 
 #: GRPOConfig fields this module reads or rewrites.
@@ -224,6 +241,16 @@ _CONFIG_FIELDS: tuple[str, ...] = (
     "steps_per_generation",
     "use_liger_kernel",
     "sync_ref_model",
+    "entropy_coef_min",
+    "entropy_coef_max",
+    "entropy_coef_delta",
+    "entropy_target",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
 )
 
 #: GRPOTrainer instance attributes read by GBMPOTrainer._compute_loss (checked after __init__).
@@ -241,6 +268,8 @@ _TRAINER_ATTRIBUTES: tuple[str, ...] = (
     "router_aux_loss_coef",
     "entropy_coef",
     "_entropy_bonus_enabled",
+    "use_adaptive_entropy",
+    "_last_world_entropy",
     "_metrics",
     "accelerator",
 )
@@ -266,6 +295,128 @@ _SOURCE_FACTS: dict[str, tuple[str, ...]] = {
         '"sampling_per_token_logps"',
     ),
 }
+
+
+# --------------------------------------------------------------------------------------------
+# Every GRPOConfig field's answer in GBMPOTrainer
+# --------------------------------------------------------------------------------------------
+
+#: ``honoured``: TRL's code does it and GBMPOTrainer keeps TRL's meaning; ``mapped``: onto the
+#: gbmpo objective that is the same quantity; ``refused``: GBMPOConfig raises, saying why.
+FIELD_STATUSES: tuple[str, ...] = ("honoured", "mapped", "refused")
+
+_TRL = "TRL's own code (generation, rewards, batching, logging); the loss does not read it"
+_VLLM = "TRL's vLLM generation; the loss does not read it"
+
+#: ``trl.GRPOConfig`` field -> (status, how GBMPOTrainer answers it). Fields of
+#: ``transformers.TrainingArguments`` without an entry are HF Trainer's, untouched
+#: (:func:`trl_field_status`). ``tests/integrations/test_trl_dropin.py`` checks that every field
+#: of the installed ``GRPOConfig`` has an answer.
+TRL_FIELDS: dict[str, tuple[str, str]] = {
+    # --- the loss ------------------------------------------------------------------------
+    "beta": ("mapped", "the regularizer's coefficient (regularizer_coef); the default "
+             "regularizer kl_k3 is TRL's k3 KL to the reference model"),
+    "loss_type": ("mapped", "grpo/bnpo/dr_grpo/dapo/luspo: the aggregation with TRL's "
+                  "normalisers; cispo/sapo/vespo: gbmpo's surrogate of that name plus TRL's "
+                  "aggregation (LOSS_TYPE_AGGREGATION, LOSS_TYPE_SURROGATES); with "
+                  "clip_mode != 'ratio' only the clip loss types (the surrogate is clip_mode's)"),
+    "epsilon": ("mapped", "eps_low of the clip / gspo / rpg_clip surrogate"),
+    "epsilon_high": ("mapped", "eps_high of the clip surrogate (default epsilon); with "
+                     "loss_type='cispo' the weight cap, cispo(eps_low=1, eps_high=epsilon_high-1); "
+                     "a cap below 1 is refused (every token's gradient would shrink; TRL's "
+                     "recommended cap is 5)"),
+    "delta": ("mapped", "ratio_cap of the clip / gspo surrogate; refused where TRL ignores it "
+              "(cispo, sapo, vespo, clip_mode other than 'ratio')"),
+    "importance_sampling_level": ("mapped", "'sequence' selects the gspo surrogate (GSPO); "
+                                  "refused with cispo/sapo/vespo, with clip_mode other than "
+                                  "'ratio' and with use_bias_correction_kl (TRL then weights the "
+                                  "KL by the sequence ratio; kl_k3_is is token level)"),
+    "sapo_temperature_pos": ("mapped", "tau_pos of the sapo surrogate"),
+    "sapo_temperature_neg": ("mapped", "tau_neg of the sapo surrogate"),
+    "vespo_k_pos": ("mapped", "k_pos of the vespo surrogate"),
+    "vespo_lambda_pos": ("mapped", "lambda_pos of the vespo surrogate"),
+    "vespo_k_neg": ("mapped", "k_neg of the vespo surrogate"),
+    "vespo_lambda_neg": ("mapped", "lambda_neg of the vespo surrogate"),
+    "use_bias_correction_kl": ("mapped", "True: regularizer kl_k3 becomes kl_k3_is (k3 times "
+                               "the token ratio, TRL's corrected KL); refused with another "
+                               "regularizer or objective=. Default False here (TRL: True)"),
+    "top_entropy_quantile": ("honoured", "TRL's high-entropy token mask multiplies the "
+                             "surrogate and restricts the entropy bonus"),
+    "off_policy_mask_threshold": ("honoured", "TRL's off-policy sequence mask multiplies the "
+                                  "surrogate"),
+    "entropy_coef": ("honoured", "TRL's entropy bonus, -entropy_coef * mean token entropy"),
+    "use_adaptive_entropy": ("honoured", "TRL's adaptive entropy coefficient "
+                             "(adaptive_entropy_coef), state kept in checkpoints as TRL does"),
+    "entropy_coef_min": ("honoured", "lower bound of the adaptive entropy coefficient"),
+    "entropy_coef_max": ("honoured", "upper bound of the adaptive entropy coefficient"),
+    "entropy_coef_delta": ("honoured", "step of the adaptive entropy coefficient"),
+    "entropy_target": ("honoured", "entropy target of the adaptive entropy coefficient"),
+    "router_aux_loss_coef": ("honoured", "MoE router auxiliary loss added as TRL does"),
+    "max_completion_length": ("honoured", "generation length; dr_grpo's normaliser"),
+    "steps_per_generation": ("honoured", "TRL's batching; dapo/cispo/vespo normaliser"),
+    "vllm_importance_sampling_correction": ("honoured", "the ratio multiplies the surrogate "
+                                            "only, as TRL; refused with loss_type='vespo' "
+                                            "(TRL folds it into VESPO's sequence weight, which "
+                                            "gbmpo's vespo surrogate does not take)"),
+    "scale_rewards": ("honoured", "TRL's advantage normalisation (the objective spec's "
+                      "advantage: group -> grpo, batch -> batch, none -> dr_grpo)"),
+    "sync_ref_model": ("honoured", "TRL's reference sync; refused when no reference model "
+                       "is used (the regularizer is not anchored on it)"),
+    "ref_model_mixup_alpha": ("honoured", "TRL's reference sync"),
+    "ref_model_sync_steps": ("honoured", "TRL's reference sync"),
+    "num_iterations": ("honoured", "TRL's updates per generation (old log-probs)"),
+    # --- generation, rewards, data, logging: TRL's code, not the loss --------------------
+    **{name: ("honoured", _TRL) for name in (
+        "model_init_kwargs", "trust_remote_code", "disable_dropout", "cast_lm_head_to_fp32",
+        "num_generations", "num_generations_eval", "ds3_gather_for_generation",
+        "shuffle_dataset", "pad_to_multiple_of", "generation_batch_size", "temperature",
+        "top_p", "top_k", "min_p", "generation_kwargs", "chat_template_kwargs",
+        "repetition_penalty", "cache_implementation", "reward_weights",
+        "multi_objective_aggregation", "mask_truncated_completions",
+        "max_tool_calling_iterations", "log_completions", "log_multimodal",
+        "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
+        "use_transformers_continuous_batching", "transformers_continuous_batching_config",
+        "use_transformers_paged", "remove_unused_columns", "learning_rate", "logging_steps",
+        "bf16", "lr_scheduler_kwargs",
+    )},
+    **{name: ("honoured", _VLLM) for name in (
+        "use_vllm", "vllm_mode", "vllm_model_impl", "vllm_enable_sleep_mode",
+        "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_server_host",
+        "vllm_server_port", "vllm_server_timeout", "vllm_group_port",
+        "vllm_gpu_memory_utilization", "vllm_max_model_length", "vllm_tensor_parallel_size",
+        "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
+        "vllm_importance_sampling_clip_min", "vllm_importance_sampling_cap",
+    )},
+    # --- TrainingArguments fields that TRL / GBMPOConfig treat specially ------------------
+    "gradient_checkpointing": ("honoured", "HF Trainer's; GBMPOConfig passes it on as "
+                               "transformers 5's activation_checkpointing"),
+    "use_liger_kernel": ("honoured", "TRL applies Liger's layer kernels when the trainer is "
+                         "built (deprecated there; needs liger-kernel installed); the loss stays "
+                         "gbmpo's"),
+    "liger_kernel_config": ("honoured", "TRL's Liger layer-kernel settings (TRL refuses "
+                            "fused_linear_cross_entropy)"),
+}  # fmt: skip
+
+_TRAINING_ARGUMENT = ("honoured", "transformers.TrainingArguments field: HF Trainer's meaning, "
+                      "untouched by GBMPOTrainer")  # fmt: skip
+
+
+def trl_field_status(name: str) -> tuple[str, str]:
+    """``(status, how)`` of ``GRPOConfig`` field ``name`` in GBMPOTrainer (:data:`TRL_FIELDS`;
+    a ``transformers.TrainingArguments`` field without an entry is HF Trainer's, untouched).
+    Raises ``KeyError`` for a field without an answer (a newer TRL's new field)."""
+    if name in TRL_FIELDS:
+        return TRL_FIELDS[name]
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    if name in {f.name for f in fields(TrainingArguments)}:
+        return _TRAINING_ARGUMENT
+    raise KeyError(
+        f"GRPOConfig field {name!r} has no answer in GBMPOTrainer (TRL {trl.__version__}; "
+        f"supported: trl{SUPPORTED_TRL})"
+    )
 
 
 def check_trl_internals(
@@ -341,6 +492,30 @@ def entropy_bonus(entropies: Tensor, mask: Tensor, accumulation_steps: int) -> T
     return (entropies * m).sum() / m.sum().clamp(min=1.0) / accumulation_steps
 
 
+def adaptive_entropy_coef(
+    coef: float,
+    entropy: float,
+    *,
+    target: float,
+    delta: float,
+    coef_min: float,
+    coef_max: float,
+) -> float:
+    r"""Adaptive entropy control (Skywork-OR1, arXiv 2505.22312, section 4; TRL
+    ``use_adaptive_entropy``): after each optimizer step, with :math:`\bar H` the token-mean
+    entropy of its accumulation window over all processes,
+
+    .. math::
+        c_H \leftarrow \begin{cases} \min(c_H + \delta, c_{\max}) & \bar H \le H^* \\
+        \max(c_H - \delta, c_{\min}) & \bar H > H^* \end{cases}
+
+    The next window's loss applies :math:`c_H` only while :math:`\bar H \le H^*`
+    (``entropy_target``), else 0 (:meth:`GBMPOTrainer._entropy_term`)."""
+    if entropy <= target:
+        return min(coef + delta, coef_max)
+    return max(coef - delta, coef_min)
+
+
 def window_means(metrics: dict[str, list[float]], token_weights: dict[str, list[float]]) -> None:
     r"""Reduce a logging window's per-micro-batch values in place (then emptied:
     ``token_weights``): a key with weights becomes its token-weighted mean
@@ -407,12 +582,14 @@ class GBMPOConfig(GRPOConfig):
             ``log_all_regularizers``, every registered one.
 
     Changed default: ``use_bias_correction_kl`` is False here (TRL 1.16: True, which multiplies
-    k3 by the token importance ratio). The regularizer is exactly the one named; TRL 1.16's
-    default KL term is ``regularizer="kl_k3_is"`` (identical at token level).
+    k3 by the token importance ratio), so the regularizer is exactly the one named; True maps
+    ``regularizer="kl_k3"`` onto ``kl_k3_is``, TRL's corrected KL (identical at token level).
 
-    Refused (``ValueError``): ``loss_type`` in cispo / sapo / vespo (no gbmpo counterpart),
-    ``use_liger_kernel=True``, ``use_bias_correction_kl=True`` (use ``regularizer="kl_k3_is"``),
-    ``use_adaptive_entropy=True``, and inconsistent combinations (listed in the errors).
+    Every ``GRPOConfig`` field is honoured, mapped onto the gbmpo objective that is the same
+    quantity, or refused with the reason (:data:`TRL_FIELDS`). Refused (``ValueError``):
+    settings a loss type does not use (``delta`` / ``importance_sampling_level="sequence"`` with
+    cispo / sapo / vespo), a cispo cap below 1, vespo with vLLM importance-sampling correction,
+    and inconsistent combinations (listed in the errors).
     """
 
     # TRL 1.16 defaults this to True (k3 times the importance ratio). Here the regularizer is
@@ -420,8 +597,8 @@ class GBMPOConfig(GRPOConfig):
     use_bias_correction_kl: bool = field(
         default=False,
         metadata={
-            "help": "Must stay False in GBMPOConfig: TRL's importance-weighted k3 is "
-            "regularizer='kl_k3_is'."
+            "help": "TRL's importance-weighted k3: True turns regularizer='kl_k3' into 'kl_k3_is' "
+            "(default False here, True in TRL)."
         },
     )
     regularizer: str = field(
@@ -526,29 +703,14 @@ class GBMPOConfig(GRPOConfig):
                 f"GBMPOConfig: unknown clip_mode {self.clip_mode!r}; valid: {', '.join(CLIP_MODES)}"
             )
         if self.loss_type not in LOSS_TYPE_AGGREGATION:
-            why = _UNSUPPORTED_LOSS_TYPES.get(self.loss_type)
             raise ValueError(
-                f"GBMPOConfig: loss_type {self.loss_type!r} is not supported"
-                + (f" (TRL's {self.loss_type} is {why}; gbmpo has no counterpart)" if why else "")
-                + f"; supported: {', '.join(LOSS_TYPE_AGGREGATION)}"
-            )
-        if self.use_liger_kernel:
-            raise ValueError(
-                "GBMPOConfig: use_liger_kernel=True is not supported: it is deprecated in TRL "
-                "1.16 and, in earlier TRL, routed the loss to Liger's fused GRPO loss, bypassing "
-                "gbmpo's objective; GBMPOTrainer is not tested with it. Use "
-                'model_init_kwargs={"use_kernels": True} for fast kernels instead'
+                f"GBMPOConfig: unknown loss_type {self.loss_type!r}; supported: "
+                f"{', '.join(LOSS_TYPE_AGGREGATION)}"
             )
         if self.use_bias_correction_kl:
-            raise ValueError(
-                "GBMPOConfig: use_bias_correction_kl=True is TRL's importance-weighted k3; "
-                "use regularizer='kl_k3_is' instead (token-level weight exp(logp - old_logp))"
-            )
-        if self.use_adaptive_entropy:
-            raise ValueError(
-                "GBMPOConfig: use_adaptive_entropy=True is not supported by GBMPOTrainer "
-                "(a fixed entropy_coef is)"
-            )
+            self._map_bias_correction_kl()
+        if self.loss_type in LOSS_TYPE_SURROGATES and self.objective is None:
+            self._check_loss_type_surrogate()
         self._resolve_coefficient()
         if self.objective is not None:  # built once by _apply_objective_spec
             return
@@ -606,6 +768,75 @@ class GBMPOConfig(GRPOConfig):
         # trainer uses this build unless a field changed since (build_objective compares specs).
         spec = spec_from_trl_fields(self)
         self._built = (spec.to_dict(), spec.build())
+
+    def _map_bias_correction_kl(self) -> None:
+        r"""TRL's ``use_bias_correction_kl=True`` (k3 times the token importance ratio
+        :math:`\pi_\theta/\pi_{old}`) is gbmpo's ``kl_k3_is``: the default ``kl_k3`` becomes
+        ``kl_k3_is``; any other regularizer is refused (TRL corrects only its k3)."""
+        if self.objective is not None:
+            raise ValueError(
+                "GBMPOConfig: use_bias_correction_kl=True with objective=: the spec names the "
+                "regularizer; write regularizer: {name: kl_k3_is} there (TRL's corrected KL)"
+            )
+        if self.regularizer not in ("kl_k3", "kl_k3_is"):
+            raise ValueError(
+                "GBMPOConfig: use_bias_correction_kl=True corrects TRL's k3 KL (it becomes "
+                f"regularizer='kl_k3_is'); regularizer={self.regularizer!r} is not k3: set "
+                "use_bias_correction_kl=False"
+            )
+        if self.importance_sampling_level != "token":
+            raise ValueError(
+                "GBMPOConfig: use_bias_correction_kl=True with importance_sampling_level="
+                f"{self.importance_sampling_level!r}: TRL then weights the KL by the sequence "
+                "ratio; gbmpo's kl_k3_is weights it by the token ratio. Set "
+                "use_bias_correction_kl=False or importance_sampling_level='token'"
+            )
+        self.regularizer = "kl_k3_is"
+
+    def _check_loss_type_surrogate(self) -> None:
+        """``loss_type`` in cispo / sapo / vespo selects the gbmpo surrogate of that name; the
+        TRL settings it does not use are refused rather than ignored."""
+        name = self.loss_type
+        if name not in SURROGATES:
+            raise ValueError(
+                f"GBMPOConfig: loss_type={name!r} needs gbmpo's {name!r} surrogate, which this "
+                f"gbmpo does not register (surrogates: {', '.join(SURROGATES.names())})"
+            )
+        if self.clip_mode != "ratio":
+            raise ValueError(
+                f"GBMPOConfig: loss_type={name!r} selects the {name} surrogate; clip_mode="
+                f"{self.clip_mode!r} selects another. Use one: loss_type in grpo, bnpo, dr_grpo, "
+                "dapo, luspo with clip_mode, or clip_mode='ratio'"
+            )
+        if self.importance_sampling_level != "token":
+            raise ValueError(
+                f"GBMPOConfig: loss_type={name!r} with importance_sampling_level="
+                f"{self.importance_sampling_level!r}: gbmpo's {name} surrogate is token level"
+                + (" (VESPO already weights by the sequence ratio)" if name == "vespo" else "")
+                + "; set importance_sampling_level='token'"
+            )
+        if self.delta is not None:
+            raise ValueError(
+                f"GBMPOConfig: delta={self.delta:g} caps the clipped ratio of the clip loss types; "
+                f"TRL's {name} does not use it. Unset delta"
+            )
+        if self.dual_clip_c is not None:
+            raise ValueError(f"GBMPOConfig: dual_clip_c is not used by loss_type={name!r}")
+        if name == "cispo":
+            cap = self.epsilon_high if self.epsilon_high is not None else self.epsilon
+            if cap < 1.0:
+                raise ValueError(
+                    f"GBMPOConfig: loss_type='cispo' caps the importance weight at epsilon_high "
+                    f"(here {cap:g}{', from epsilon' if self.epsilon_high is None else ''}); a "
+                    "cap below 1 would scale down the gradient of every on-policy token. Set "
+                    "epsilon_high to the cap, e.g. 5.0 (ScaleRL, TRL's recommendation)"
+                )
+        if name == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction:
+            raise ValueError(
+                "GBMPOConfig: loss_type='vespo' with vLLM importance-sampling correction: TRL "
+                "folds the sampler ratio into VESPO's sequence weight, which gbmpo's vespo "
+                "surrogate does not take. Set vllm_importance_sampling_correction=False"
+            )
 
     def _apply_objective_spec(self) -> None:
         """``objective=`` given: parse the spec and build it once (kept for the trainer), refuse
@@ -760,6 +991,34 @@ def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
     return spec_from_trl_fields(args)
 
 
+def loss_type_surrogate(args: Any) -> tuple[str, dict[str, Any]]:
+    r"""TRL's non-clip ``loss_type`` -> the gbmpo surrogate that is the same per-token loss and
+    its parameters (TRL 1.16 ``GRPOTrainer._compute_loss``):
+
+    * ``cispo``: :math:`-\mathrm{SG}(\min(w, \varepsilon_{\max}))A\log\pi_\theta` with
+      :math:`\varepsilon_{\max}` = ``epsilon_high`` (else ``epsilon``) ->
+      ``cispo(eps_low=1, eps_high=epsilon_high - 1)`` (weights in
+      :math:`[0, \varepsilon_{\max}]`);
+    * ``sapo``: :math:`-\frac{4}{\tau}\sigma(\tau(w-1))A` -> ``sapo(tau_pos, tau_neg)`` from
+      ``sapo_temperature_pos`` / ``_neg``;
+    * ``vespo``: :math:`-\mathrm{SG}(\phi(W))A\log\pi_\theta` -> ``vespo(k_pos, lambda_pos,
+      k_neg, lambda_neg)`` from ``vespo_*``.
+    """
+    name = LOSS_TYPE_SURROGATES[args.loss_type]
+    if name == "cispo":
+        cap = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        return name, {"eps_low": 1.0, "eps_high": float(cap) - 1.0}
+    if name == "sapo":
+        return name, {"tau_pos": float(args.sapo_temperature_pos),
+                      "tau_neg": float(args.sapo_temperature_neg)}  # fmt: skip
+    return name, {
+        "k_pos": float(args.vespo_k_pos),
+        "lambda_pos": float(args.vespo_lambda_pos),
+        "k_neg": float(args.vespo_k_neg),
+        "lambda_neg": float(args.vespo_lambda_neg),
+    }
+
+
 def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
     """TRL's spelling of an objective -> the gbmpo objective spec (the alias mapping).
 
@@ -769,7 +1028,8 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
     ``divergence_clip(measure=clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or
     clip_delta, dual_clip_c, mirror=clip_mirror_path)``; ``rpg_dual`` ->
     ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``
-    (host clip settings through :func:`gbmpo.integrations.common.clip_params`). Regularizer:
+    (host clip settings through :func:`gbmpo.integrations.common.clip_params`); ``loss_type``
+    cispo / sapo / vespo -> :func:`loss_type_surrogate`. Regularizer:
     ``regularizer`` with ``regularizer_coef`` (else ``beta``), ``regularizer_anchor``,
     ``regularizer_clamp`` -> ``clamp``, ``mirror_path`` -> ``mirror``. Aggregation from
     ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`), advantage from ``scale_rewards``
@@ -777,7 +1037,9 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
     """
     eps_low = float(args.epsilon)
     eps_high = float(args.epsilon_high) if args.epsilon_high is not None else eps_low
-    if args.clip_mode == "ratio":
+    if args.loss_type in LOSS_TYPE_SURROGATES:
+        name, params = loss_type_surrogate(args)
+    elif args.clip_mode == "ratio":
         name = "gspo" if args.importance_sampling_level == "sequence" else "clip"
         params = clip_params(
             name, eps_low=eps_low, eps_high=eps_high, dual_clip_c=args.dual_clip_c,
@@ -870,8 +1132,14 @@ class GBMPOTrainer(GRPOTrainer):
     ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes),
     ``reference/<name>`` (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the
     window, for the active regularizer and, with ``log_all_regularizers``, every registered
-    one; when the reference log-probs exist, see ``monitor_reference``); plus ``entropy_coef``
-    and ``aux_loss`` as TRL.
+    one; when the reference log-probs exist, see ``monitor_reference``); plus TRL's own names
+    with TRL's definitions: ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (TRL's clip),
+    ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, and with an entropy bonus ``policy_loss`` and
+    ``entropy_coef``; ``aux_loss`` as TRL. ``kl`` is multiplied by the token ratio with
+    ``use_bias_correction_kl``, as TRL's.
+
+    ``use_adaptive_entropy``: TRL's controller (:func:`adaptive_entropy_coef`) on TRL's state
+    attributes (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves.
     """
 
     _tag_names = ["trl", "grpo", "gbmpo"]
@@ -992,7 +1260,7 @@ class GBMPOTrainer(GRPOTrainer):
         if obj.loss_type == "bnpo":
             # TRL: local token mean / G_acc
             agg_kw["num_tokens"] = max(float(mask.sum()), 1.0) * accum
-        elif obj.loss_type == "dapo":
+        elif obj.loss_type in _GLOBAL_TOKEN_LOSS_TYPES:
             # TRL: token sum / Z with Z = global tokens / processes (scaled to the window); Z may
             # be below this process's token count, which aggregate accepts.
             agg_kw["num_tokens"] = float(
@@ -1024,10 +1292,12 @@ class GBMPOTrainer(GRPOTrainer):
         pg_part = m["pg_loss"]
 
         if self._entropy_bonus_enabled:
+            # TRL's policy_loss: the loss before the entropy term, per micro-batch (not divided by
+            # the accumulation steps, except for the global-token loss types, as TRL)
+            policy = loss.detach() * (1 if obj.loss_type in _GLOBAL_TOKEN_LOSS_TYPES else accum)
+            self._metrics[mode]["policy_loss"].append(self._mean_over_processes(float(policy)))
             eff_mask = mask if entropy_mask is None else mask * entropy_mask
-            loss = loss - self.entropy_coef * entropy_bonus(entropies, eff_mask, accum)
-            if mode == "train" and self.accelerator.sync_gradients:
-                self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+            loss = loss - self._entropy_term(entropies, eff_mask, accum, mode)
         if self.aux_loss_enabled:
             loss = loss + self.router_aux_loss_coef * aux_loss / accum
             self._metrics[mode]["aux_loss"].append(
@@ -1035,6 +1305,7 @@ class GBMPOTrainer(GRPOTrainer):
             )
 
         self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
+        self._log_trl_metrics(mode, logp.detach(), old_logp, advantages, mask)
         if mode == "train" and ref_logp is not None:
             self._add_reference_divergences(old_logp, ref_logp, mask)
         self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
@@ -1046,6 +1317,35 @@ class GBMPOTrainer(GRPOTrainer):
                 self._mean_over_processes(m[f"reg_loss/{t.name}"] * accum)
             )
         return loss
+
+    def _entropy_term(self, entropies: Tensor, mask: Tensor, accum: int, mode: str) -> Tensor:
+        """TRL's entropy bonus times its coefficient (subtracted from the loss). With
+        ``use_adaptive_entropy`` the coefficient applies only while the previous window's entropy
+        is at most ``entropy_target``, and is updated at each optimizer step from this window's
+        token-mean entropy over all processes (:func:`adaptive_entropy_coef`); the state lives in
+        TRL's attributes, which TRL saves with checkpoints."""
+        args = self.args
+        bonus = entropy_bonus(entropies, mask, accum)
+        coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > args.entropy_target:
+            coef = 0.0
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * mask).sum(), mask.sum()]).detach().float()
+            window = getattr(self, "_entropy_window_stats", None)
+            self._entropy_window_stats = stats if window is None else window + stats
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world = float(totals[0] / totals[1].clamp(min=1.0))
+                self.entropy_coef = adaptive_entropy_coef(
+                    self.entropy_coef, world, target=args.entropy_target,
+                    delta=args.entropy_coef_delta, coef_min=args.entropy_coef_min,
+                    coef_max=args.entropy_coef_max,
+                )  # fmt: skip
+                self._last_world_entropy = world
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return coef * bonus
 
     # ---- logging ------------------------------------------------------------------------------
 
@@ -1088,6 +1388,60 @@ class GBMPOTrainer(GRPOTrainer):
             self._reference_sums = None
         super().log(logs, start_time)
 
+    @torch.no_grad()
+    def _log_trl_metrics(
+        self, mode: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> None:
+        """The loss-type metrics TRL logs under its own names, with TRL's definitions:
+        ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (per-sequence clip fractions, min / max
+        over the batch) for the clip loss types with TRL's clip (``clip_mode="ratio"``),
+        ``cispo_clip_ratio`` (tokens whose weight the cap binds, with :math:`A > 0`) and
+        ``vespo/phi_seq_mean`` (the mean VESPO sequence weight)."""
+        obj = self._gbmpo
+        adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        mf = mask.to(torch.float32)
+        log_ratio = (logp - old_logp).float()
+        name = obj.surrogate_name
+        if name in ("clip", "gspo") and obj.loss_type not in LOSS_TYPE_SURROGATES:
+            if name == "gspo":
+                seq = (log_ratio * mf).sum(-1) / mf.sum(-1).clamp(min=1.0)
+                ratio = torch.exp(seq).unsqueeze(-1).expand_as(log_ratio)
+            else:
+                ratio = torch.exp(log_ratio)
+            # the surrogate's own interval (= TRL's 1 - epsilon, 1 + epsilon_high when mapped)
+            sur: Any = obj.surrogate
+            lo, hi = 1.0 - float(sur.eps_low), 1.0 + float(sur.eps_high)
+            low = ((ratio < lo) & (adv < 0)).float()
+            high = ((ratio > hi) & (adv > 0)).float()
+            per_seq = torch.stack([(x * mf).sum(-1) / mf.sum(-1) for x in (low, high)], dim=-1)
+            gathered = self.accelerator.gather(per_seq)
+            low_seq, high_seq = gathered[:, 0], gathered[:, 1]
+            low_seq, high_seq = low_seq[~low_seq.isnan()], high_seq[~high_seq.isnan()]
+            nan = float("nan")
+            self._metrics[mode]["clip_ratio/low_min"].append(
+                float(low_seq.min()) if low_seq.numel() else nan
+            )
+            self._metrics[mode]["clip_ratio/high_max"].append(
+                float(high_seq.max()) if high_seq.numel() else nan
+            )
+        elif obj.loss_type == "cispo":
+            cap = 1.0 + float(obj.surrogate.eps_high)  # TRL's epsilon_high (loss_type_surrogate)
+            hit = ((torch.exp(log_ratio) > cap) & (adv > 0)).float()
+            totals = self.accelerator.reduce(torch.stack([(hit * mf).sum(), mf.sum()]), "sum")
+            self._metrics[mode]["cispo_clip_ratio"].append(float(totals[0] / totals[1].clamp(1.0)))
+        elif obj.loss_type == "vespo":
+            a = self.args
+            phi = self.get_gamma_weights(
+                advantages=adv, log_ratio_per_token=log_ratio, mask=mf,
+                importance_sampling_ratio=None, k_pos=a.vespo_k_pos, lambda_pos=a.vespo_lambda_pos,
+                k_neg=a.vespo_k_neg, lambda_neg=a.vespo_lambda_neg,
+            )  # fmt: skip
+            count = torch.tensor(float(phi.shape[0]), device=phi.device)
+            totals = self.accelerator.reduce(torch.stack([phi.sum().float(), count]), "sum")
+            self._metrics[mode]["vespo/phi_seq_mean"].append(
+                float(totals[0] / totals[1].clamp(1.0))
+            )
+
     def _mean_over_processes(self, value: float) -> float:
         t = torch.tensor([value], dtype=torch.float32, device=self.accelerator.device)
         return float(self.accelerator.gather(t).mean())
@@ -1116,7 +1470,11 @@ class GBMPOTrainer(GRPOTrainer):
         with torch.no_grad():
             lp = logp.detach()
             if ref_logp is not None:
-                values["kl"] = masked_mean(kl_k3(lp.float(), ref_logp.float()))
+                # TRL's kl: k3, times the token ratio with use_bias_correction_kl (kl_k3_is)
+                kl = kl_k3(lp.float(), ref_logp.float())
+                if self.args.use_bias_correction_kl:
+                    kl = kl * torch.exp(lp.float() - old_logp.float())
+                values["kl"] = masked_mean(kl)
             if obj.terms:  # a sum: the summed value under its label, then each term's
                 label = obj.spec.regularizer_label if obj.spec is not None else "sum"
                 values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
