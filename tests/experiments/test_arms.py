@@ -316,4 +316,4 @@ def test_dry_run_of_an_arm_with_a_sum_of_regularizers(tmp_path, gbmpo_cli):
     code, stdout, stderr = _call(gbmpo_cli, ["compare", "--arms", str(arms), "--seeds", "0",
                                              "--output-dir", str(tmp_path / "o"), "--dry-run"])
     assert code == 0, stderr
-    assert "regularizer prob_l2 (coef 0.05) + kl_k1 (coef 0.04, reward)" in stdout
+    assert "regularizer prob_l2 (coef 0.05) + kl_k1 (coef 0.04, in the reward)" in stdout

@@ -215,11 +215,15 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
             continue
         seen.add(run.label)
         o = run.config.objective
-        reg_text = " + ".join(
-            f"{t.name} (coef {t.coef:g}" + (f", {t.placement}" if t.placement != "loss" else "")
-            + (f", params {t.params}" if t.params else "") + ")"
-            for t in o.terms
-        )
+        def term_text(t: Any, sep: str) -> str:
+            return (f"{t.name}{sep}coef {t.coef:g}"
+                    + (f", in the {t.placement}" if t.placement != "loss" else "")
+                    + (f", params {t.params}" if t.params else ""))  # fmt: skip
+
+        if len(o.terms) == 1:
+            reg_text = term_text(o.terms[0], ", ")
+        else:
+            reg_text = " + ".join(f"{term_text(t, ' (')})" for t in o.terms)
         extra = ""
         if sweep is not None and run.label != run.arm and sweep.key != "objective.regularizer.coef":
             value = swept_value(run.config, sweep.key)

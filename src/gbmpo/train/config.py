@@ -542,7 +542,11 @@ def leaf_keys(cls: type | None = None, prefix: str = "") -> list[str]:
     out: list[str] = []
     for name, tp in _fields(TrainConfig if cls is None else cls).items():
         key = f"{prefix}{name}"
-        if dataclasses.is_dataclass(tp):
+        sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        if sections:  # a section or a list of sections (objective.regularizer): the whole
+            out.append(key)  # value is a key of its own, and so is each key of the section
+            out += leaf_keys(sections[0], f"{key}.")
+        elif dataclasses.is_dataclass(tp):
             out += leaf_keys(tp, f"{key}.")
         else:
             out.append(key)
