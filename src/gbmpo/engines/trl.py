@@ -530,24 +530,10 @@ def latest_valid_checkpoint(run_dir: str | Path,
     """The newest intact TRL checkpoint of the run (``None`` when it completed none): damaged
     ones are skipped with a message to ``log`` (default stderr); ``CheckpointError`` names them
     when every completed checkpoint is damaged (starting over would silently redo the run)."""
-    from gbmpo.io import CheckpointError
+    from gbmpo.io import newest_intact
 
-    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    bad = []
-    for _, path in reversed(checkpoints(run_dir)):
-        problem = verify_checkpoint(path)
-        if problem is None:
-            if bad:
-                say(f"gbmpo: resuming from {path.name} instead")
-            return path
-        bad.append(f"{path.name}: {problem}")
-        say(f"gbmpo: checkpoint {path} is damaged ({problem}); skipping it")
-    if bad:
-        raise CheckpointError(
-            f"no intact checkpoint in {str(Path(run_dir) / 'checkpoints')!r} "
-            f"({'; '.join(bad)}); delete that directory to restart the run from step 0"
-        )
-    return None
+    return newest_intact(checkpoints(run_dir), verify_checkpoint,
+                         Path(run_dir) / "checkpoints", log)  # fmt: skip
 
 
 def _complete_checkpoint(path: Path, state: dict[str, Any], keep: int) -> None:

@@ -20,7 +20,8 @@ import fcntl
 import json
 import os
 import secrets
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -84,6 +85,34 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write ``data`` as indented JSON (plus a newline) to ``path`` atomically
     (:func:`write_atomic`)."""
     write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+def newest_intact(
+    found: Sequence[tuple[int, Path]],
+    verify: Callable[[Path], str | None],
+    folder: Path,
+    log: Callable[[str], None] | None = None,
+) -> Path | None:
+    """The newest of the ``(step, path)`` checkpoints ``found`` that ``verify`` passes (it
+    returns ``None`` for an intact one, else what is wrong): damaged ones are skipped with a
+    message to ``log`` (default stderr); ``CheckpointError`` names them when every one is damaged
+    (starting over would silently redo the run); ``None`` when there is none."""
+    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    bad: list[str] = []
+    for _, path in sorted(found, key=lambda item: item[0], reverse=True):
+        problem = verify(path)
+        if problem is None:
+            if bad:
+                say(f"gbmpo: resuming from {path.name} instead")
+            return path
+        bad.append(f"{path.name}: {problem}")
+        say(f"gbmpo: checkpoint {path} is damaged ({problem}); skipping it")
+    if bad:
+        raise CheckpointError(
+            f"no intact checkpoint in {str(folder)!r} ({'; '.join(bad)}); delete that directory "
+            "to restart the run from step 0"
+        )
+    return None
 
 
 def root_cause(err: BaseException) -> str:

@@ -31,7 +31,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -46,6 +45,7 @@ from gbmpo.io import (
     CheckpointError,
     RunDirInUseError,
     RunLock,
+    newest_intact,
     root_cause,
     write_json_atomic,
 )
@@ -171,23 +171,8 @@ def latest_valid_checkpoint(
     Damaged checkpoints are skipped with a message to ``log`` (default: stderr); if every
     checkpoint is damaged, :class:`CheckpointError` names them (continuing from scratch would
     silently redo the run)."""
-    say = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    found = list_checkpoints(run_dir)
-    bad: list[str] = []
-    for _, path in reversed(found):
-        problem = verify_checkpoint(path)
-        if problem is None:
-            if bad:
-                say(f"gbmpo: resuming from {path.name} instead")
-            return path
-        bad.append(f"{path.name}: {problem}")
-        say(f"gbmpo: checkpoint {path} is damaged ({problem}); skipping it")
-    if bad:
-        raise CheckpointError(
-            f"no intact checkpoint in {str(Path(run_dir) / CHECKPOINT_DIR)!r} "
-            f"({'; '.join(bad)}); delete that directory to restart the run from step 0"
-        )
-    return None
+    return newest_intact(list_checkpoints(run_dir), verify_checkpoint,
+                         Path(run_dir) / CHECKPOINT_DIR, log)  # fmt: skip
 
 
 def save_checkpoint(
