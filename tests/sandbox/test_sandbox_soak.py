@@ -75,9 +75,30 @@ class LeakySandbox(Sandbox):
         self.fds, self.procs = [], []
 
 
+def _in_fresh_python(call: str) -> dict[str, Any]:
+    """``call`` (an expression on this module's names) evaluated in a new interpreter, as the
+    benchmark runs: the measured process then holds the sandbox client and nothing of the rest
+    of the test session (whose allocator reuses freed memory and whose descriptors come and
+    go, which made the in-process slopes depend on the tests that ran before)."""
+    import json
+
+    code = (
+        "import importlib.util, json, sys\n"
+        f"spec = importlib.util.spec_from_file_location('soak_test', {str(Path(__file__))!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        f"print(json.dumps(mod.{call}, default=str))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
 def test_short_soak_is_flat_and_deterministic() -> None:
     _sandbox().close()  # skip early where the sandbox cannot run
-    res = soak.run_soak(300, 0, sample_every=100, workers=2, rerun=40)
+    res = _in_fresh_python("soak.run_soak(300, 0, sample_every=100, workers=2, rerun=40)")
     flat = soak.flatness(res["samples"], SHORT_BOUNDS)
     assert all(v["flat"] for v in flat.values()), flat
     assert res["wrong_verdicts"] == []
@@ -89,8 +110,8 @@ def test_short_soak_is_flat_and_deterministic() -> None:
     assert {"ok", "failed", "error", "timeout", "killed"} <= set(res["statuses"])
 
 
-def test_short_soak_catches_injected_leaks() -> None:
-    _sandbox().close()
+def leaky_run() -> dict[str, Any]:
+    """The short soak through a :class:`LeakySandbox` (run in a fresh interpreter)."""
     boxes: list[LeakySandbox] = []
 
     def factory() -> Sandbox:
@@ -98,13 +119,20 @@ def test_short_soak_catches_injected_leaks() -> None:
         return boxes[-1]
 
     res = soak.run_soak(300, 1, sample_every=100, workers=2, rerun=0, box_factory=factory)
+    res["fds_left_open"] = len(boxes[0].fds) if boxes else None
+    return res
+
+
+def test_short_soak_catches_injected_leaks() -> None:
+    _sandbox().close()
+    res = _in_fresh_python("leaky_run()")
     flat = soak.flatness(res["samples"], SHORT_BOUNDS)
     assert not flat["fds"]["flat"] and flat["fds"]["slope_per_1000"] >= 90, flat["fds"]
     assert not flat["children"]["flat"], flat["children"]
     assert not flat["rss_mb"]["flat"] and flat["rss_mb"]["slope_per_1000"] > 10, flat["rss_mb"]
     assert flat["threads"]["flat"] and flat["tmp_sandbox"]["flat"]
     assert not res["ok"]
-    assert boxes and boxes[0].fds == []  # closed by the soak
+    assert res["fds_left_open"] == 0  # closed by the soak
 
 
 def test_slope_and_throughput_helpers() -> None:
