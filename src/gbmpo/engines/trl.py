@@ -482,21 +482,13 @@ def checkpoints(run_dir: str | Path, *, complete: bool = True) -> list[tuple[int
     return sorted(out)
 
 
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _files(directory: Path) -> dict[str, dict[str, Any]]:
     """Size and sha256 of every file under ``directory`` but :data:`STATE_FILE`, by relative
     path."""
+    from gbmpo.io import file_sha256
+
     return {
-        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
         for p in sorted(directory.rglob("*"))
         if p.is_file() and p.name != STATE_FILE
     }
@@ -506,6 +498,8 @@ def verify_checkpoint(path: str | Path) -> str | None:
     """``None`` when the TRL checkpoint ``path`` is complete and its files match the sizes and
     sha256 in its :data:`STATE_FILE`, else what is wrong."""
     import json
+
+    from gbmpo.io import file_sha256
 
     p = Path(path)
     try:
@@ -520,7 +514,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != meta["size"]:
             return f"{name} has {f.stat().st_size} bytes, {STATE_FILE} says {meta['size']}"
-        if _sha256(f) != meta["sha256"]:
+        if file_sha256(f) != meta["sha256"]:
             return f"{name} does not match its sha256 in {STATE_FILE}"
     return None
 

@@ -167,7 +167,7 @@ def measure_drift(
         ``prob_l2``, ``tv``, ``entropy`` (float), ``response_length`` (mean completion tokens
         per prompt), ``n_prompts`` and ``n_tokens`` (int).
     """
-    from gbmpo.eval.evaluation import resolve_task
+    from gbmpo.eval.evaluation import held_out_examples
     from gbmpo.rollout.sampling import generate
 
     if batch_size < 1 or chunk_size < 1 or max_new_tokens < 1:
@@ -187,13 +187,7 @@ def measure_drift(
                 f"the policy's vocabulary ({v_pol}) and the reference's ({v_ref}) differ: drift "
                 "compares distributions over one vocabulary"
             )
-    task_obj = resolve_task(task, tokenizer=tokenizer)
-    split_name = split or task_obj.eval_split
-    examples = task_obj.split(split_name)
-    if limit is not None:
-        examples = examples[:limit]
-    if not examples:
-        raise ValueError(f"split {split_name!r} of task {task_obj.name!r} is empty")
+    _, _, examples = held_out_examples(task, split, limit, tokenizer)
 
     sums = dict.fromkeys(_TOKEN_KEYS, 0.0)
     n_tokens = 0

@@ -31,6 +31,22 @@ from gbmpo.tasks import TASKS, Task, get_task
 __all__ = ["evaluate", "resolve_task", "score_samples", "summarize"]
 
 
+def held_out_examples(
+    task: Any, split: str | None, limit: int | None, tokenizer: Any = None
+) -> tuple[Any, str, list[Any]]:
+    """``(task, split name, examples)``: the first ``limit`` examples of ``split`` (default: the
+    task's ``eval_split``) of ``task`` (a task or a name, :func:`resolve_task`); ``ValueError``
+    for an empty selection. What :func:`evaluate` and the drift measurement evaluate on."""
+    task_obj = resolve_task(task, tokenizer=tokenizer)
+    split_name = split or task_obj.eval_split
+    examples = task_obj.split(split_name)
+    if limit is not None:
+        examples = examples[:limit]
+    if not examples:
+        raise ValueError(f"split {split_name!r} of task {task_obj.name!r} is empty")
+    return task_obj, split_name, examples
+
+
 def resolve_task(
     name_or_task: str | Task, *, tokenizer: Any = None, template: str = "auto", **params: Any
 ) -> Task:
@@ -185,13 +201,7 @@ def evaluate(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
-    task_obj = resolve_task(task, tokenizer=tokenizer)
-    split_name = split or task_obj.eval_split
-    examples = task_obj.split(split_name)
-    if limit is not None:
-        examples = examples[:limit]
-    if not examples:
-        raise ValueError(f"split {split_name!r} of task {task_obj.name!r} is empty")
+    task_obj, split_name, examples = held_out_examples(task, split, limit, tokenizer)
 
     start = time.monotonic()
     records: list[dict[str, Any]] = []

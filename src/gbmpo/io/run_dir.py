@@ -115,6 +115,17 @@ def newest_intact(
     return None
 
 
+def file_sha256(path: str | Path) -> str:
+    """The sha256 hex digest of a file, read in 1 MiB blocks (checkpoint manifests)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def root_cause(err: BaseException) -> str:
     """The OSError behind ``err`` (e.g. "[Errno 28] No space left on device") if there is one in
     its cause/context chain, else ``err`` itself."""

@@ -25,7 +25,6 @@ writers).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -45,6 +44,7 @@ from gbmpo.io import (
     CheckpointError,
     RunDirInUseError,
     RunLock,
+    file_sha256,
     newest_intact,
     root_cause,
     write_json_atomic,
@@ -121,17 +121,10 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _write_manifest(directory: Path) -> None:
     files = {
-        p.name: {"size": p.stat().st_size, "sha256": _sha256(p)}
+        p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
         for p in sorted(directory.iterdir())
         if p.is_file() and p.name != MANIFEST_FILE
     }
@@ -158,7 +151,7 @@ def verify_checkpoint(path: str | Path) -> str | None:
         size = f.stat().st_size
         if size != meta["size"]:
             return f"{name} has {size} bytes, the manifest says {meta['size']}"
-        if _sha256(f) != meta["sha256"]:
+        if file_sha256(f) != meta["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
     return None
 
