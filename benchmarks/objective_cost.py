@@ -135,10 +135,19 @@ def baseline_step(x: dict[str, torch.Tensor]):  # noqa: ANN201
     return step
 
 
+#: set by ``--device``: on a GPU every timed call ends with a synchronize and the ratio is of
+#: wall time (the CPU time of the launching thread says nothing about the kernels)
+ON_CUDA = False
+
+
 def _time(fn) -> tuple[float, float]:  # noqa: ANN001
     """(CPU seconds, wall seconds) of one call."""
+    if ON_CUDA:
+        torch.cuda.synchronize()
     c0, t0 = time.process_time(), time.perf_counter()
     fn()
+    if ON_CUDA:
+        torch.cuda.synchronize()
     return time.process_time() - c0, time.perf_counter() - t0
 
 
@@ -174,7 +183,12 @@ def main() -> None:
                     help="comma-separated subset of: " + ", ".join(REGULARIZER_CASES))
     ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
     ap.add_argument("--shape", default=f"{B},{T}", help="sequences,tokens (default %(default)s)")
+    ap.add_argument("--device", default="cpu",
+                    help="cpu (CPU-time ratios, one thread) or cuda (wall-time ratios, "
+                         "synchronized)")
     a = ap.parse_args()
+    global ON_CUDA
+    ON_CUDA = a.device.startswith("cuda")
     try:
         b, t = (int(v) for v in a.shape.split(","))
     except ValueError:
@@ -195,16 +209,19 @@ def main() -> None:
     versions: dict[str, ModuleType] = {"after": after}
     if a.before:
         versions = {"before": load_objectives(a.before), "after": after}
-    x = make_batch(b=b, t=t)
+    x = {k: v.to(a.device) for k, v in make_batch(b=b, t=t).items()}
     base = baseline_step(x)
     result = start_result("objective_cost")
     result.update({"shape": [b, t], "tokens": int(x["mask"].sum()), "threads": 1,
+                   "device": a.device,
                    "before": a.before, "rows": []})  # fmt: skip
     base()
-    base_t = median([_time(base)[0] for _ in range(max(3, a.reps))])
+    clock = 1 if ON_CUDA else 0  # index into _time's (CPU, wall)
+    unit = "wall" if ON_CUDA else "CPU"
+    base_t = median([_time(base)[clock] for _ in range(max(3, a.reps))])
     print(f"TRL-style clip + k3 loss, fwd+bwd, {b}x{t} ({int(x['mask'].sum())} valid tokens), "
-          f"1 thread: {base_t * 1e3:.2f} ms CPU; load {load_average()}")  # fmt: skip
-    print("ratios: CPU time of the pair / CPU time of the TRL-style loss, interleaved")
+          f"{a.device}, 1 thread: {base_t * 1e3:.2f} ms {unit}; load {load_average()}")  # fmt: skip
+    print(f"ratios: {unit} time of the pair / {unit} time of the TRL-style loss, interleaved")
     cols = list(versions)
     print(f"{'surrogate':18s} {'regularizer':14s} " + " ".join(f"{c + ' ms':>10s} {c + ' x':>8s}"
                                                         for c in cols))  # fmt: skip
@@ -220,12 +237,13 @@ def main() -> None:
                     continue
                 fn = make_step(mod, SURROGATE_CASES[sn], rn, x)
                 t = time_pair(fn, base, a.reps)
-                ratio = t["cpu"] / t["base_cpu"]
+                ratio = t["wall"] / t["base_wall"] if ON_CUDA else t["cpu"] / t["base_cpu"]
                 row[c] = {"cpu_ms": t["cpu"] * 1e3, "wall_ms": t["wall"] * 1e3,
                           "baseline_cpu_ms": t["base_cpu"] * 1e3,
                           "baseline_wall_ms": t["base_wall"] * 1e3, "ratio_cpu": ratio,
                           "ratio_wall": t["wall"] / t["base_wall"]}  # fmt: skip
-                cells.append(f"{t['cpu'] * 1e3:10.2f} {ratio:8.2f}")
+                ms = (t["wall"] if ON_CUDA else t["cpu"]) * 1e3
+                cells.append(f"{ms:10.2f} {ratio:8.2f}")
             result["rows"].append(row)
             print(f"{sn:18s} {rn:14s} " + " ".join(cells), flush=True)
     path = finish_result(result, a.out)

@@ -93,8 +93,11 @@ SIZES: dict[str, dict[str, int]] = {
                num_key_value_heads=2, head_dim=48, intermediate_size=576),
     "0.5M": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=32, intermediate_size=384),
+    # a larger model for GPU runs (not shipped): ~57M parameters
+    "50M": dict(hidden_size=768, num_hidden_layers=8, num_attention_heads=12,
+                num_key_value_heads=4, head_dim=64, intermediate_size=2304),
 }
-DEFAULT_LR = {"2M": 1e-3, "0.5M": 2e-3}
+DEFAULT_LR = {"2M": 1e-3, "0.5M": 2e-3, "50M": 3e-4}
 
 
 @dataclass
@@ -114,6 +117,7 @@ class BuildConfig:
     tokenizer_corpus: int = 20_000
     max_new_tokens: int = 40
     eval_batch_size: int = 100
+    device: str = "cpu"  # the shipped asset is built on the CPU
 
     def resolved_lr(self) -> float:
         return DEFAULT_LR[self.size] if self.lr is None else self.lr
@@ -221,7 +225,7 @@ def greedy_accuracy(
     for i in range(0, len(examples), batch_size):
         chunk = examples[i:i + batch_size]
         enc = tokenizer([ex["prompt"] for ex in chunk], return_tensors="pt", padding=True,
-                        padding_side="left", add_special_tokens=False)
+                        padding_side="left", add_special_tokens=False).to(model.device)
         out = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens,
                              eos_token_id=tokenizer.eos_token_id,
                              pad_token_id=tokenizer.pad_token_id)
@@ -268,6 +272,7 @@ def sft(
         j = step % n_batches
         ids, mask, labels = collate(data[j * cfg.batch_size:(j + 1) * cfg.batch_size],
                                     tokenizer.pad_token_id)
+        ids, mask, labels = ids.to(cfg.device), mask.to(cfg.device), labels.to(cfg.device)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, lr, cfg.warmup_steps)
         logits = model(input_ids=ids, attention_mask=mask).logits
@@ -331,7 +336,7 @@ def build(cfg: BuildConfig, out_dir: Path, *, require_target: bool = True,
     sft_examples, heldout = sft_data(cfg.seed)
     tokenizer = build_tokenizer(tokenizer_corpus(sft_examples, cfg.tokenizer_corpus),
                                 cfg.vocab_size)
-    model = build_model(tokenizer, cfg.size, cfg.seed)
+    model = build_model(tokenizer, cfg.size, cfg.seed).to(cfg.device)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"vocab {len(tokenizer)}  params {n_params}  size {cfg.size}  threads {cfg.threads}")
     data = encode_sft(sft_examples, tokenizer)
@@ -409,7 +414,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--threads", type=int, default=d.threads, help="torch.set_num_threads")
     ap.add_argument("--batch-size", type=int, default=d.batch_size)
-    ap.add_argument("--lr", type=float, default=None, help="default: 1e-3 (2M), 2e-3 (0.5M)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default: 1e-3 (2M), 2e-3 (0.5M), 3e-4 (50M)")
+    ap.add_argument("--device", default=d.device,
+                    help="torch device for the warm start (the shipped asset: cpu)")
     ap.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     ap.add_argument("--eval-every", type=int, default=d.eval_every)
     ap.add_argument("--target-acc", type=float, default=d.target_acc,
@@ -441,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = BuildConfig(
         size=args.size, seed=args.seed, threads=args.threads, batch_size=args.batch_size,
         lr=args.lr, warmup_steps=args.warmup_steps, eval_every=args.eval_every,
-        target_acc=args.target_acc, max_steps=args.max_steps,
+        target_acc=args.target_acc, max_steps=args.max_steps, device=args.device,
     )
     info = build(cfg, args.output_dir, require_target=not args.allow_below_target,
                  keep_evals=args.keep_evals)
