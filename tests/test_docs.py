@@ -46,8 +46,17 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
         cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     for page in ("index.html", "methods/index.html", "cli-and-config/index.html",
-                 "api/objectives/index.html", "results/arithmetic-150-seed5/report/index.html"):
+                 "api/objectives/index.html", "api/train/index.html", "api/rollout/index.html",
+                 "results/arithmetic-150-seed5/report/index.html"):
         assert (site / page).is_file(), page
+    # the results page is results.md (docs/results/README.md would be built to the same place)
+    results = (site / "results" / "index.html").read_text()
+    assert 'id="embedded-default"' in results
+    assert 'src="arithmetic-150-seed5/curves_arithmetic.png"' in results
+    # docstrings' Sphinx roles and math blocks are rendered, not printed as written
+    for api_page in (site / "api").glob("*/index.html"):
+        text = api_page.read_text()
+        assert ":func:" not in text and ":math:" not in text and ".. math::" not in text, api_page
     assert (site / "results" / "arithmetic-150-seed5" / "curves_arithmetic.png").is_file()
     api = (site / "api" / "objectives" / "index.html").read_text()
     assert "gbmpo.objectives.loss.compute_policy_loss" in api
