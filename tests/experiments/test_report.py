@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 KL = [0.70, 0.75, 0.83]
@@ -124,3 +125,31 @@ def test_report_skips_unfinished_runs_found_under_a_parent(tmp_path, make_run, g
     group = results["tasks"][0]["groups"][0]
     assert group["seeds"] == [0] and group["final"]["std"] is None
     assert "| kl_k3 | 0.05 | 0 | 50.0 | 50.0 – 50.0 |" in (out / "report.md").read_text()
+
+
+def test_report_shows_run_to_run_spread_from_four_seeds(tmp_path, make_run, gbmpo_cli):
+    root = tmp_path / "runs"
+    wide = [0.60, 0.70, 0.80, 0.65, 0.75]
+    narrow = [0.70, 0.71, 0.72, 0.70, 0.71]
+    for seed, v in enumerate(wide):
+        make_run(root / f"a{seed}", regularizer="kl_k3", coef=0.04, seed=seed, final=v)
+    for seed, v in enumerate(narrow):
+        make_run(root / f"b{seed}", regularizer="prob_l2", seed=seed, final=v)
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(root), "--output-dir", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    b = _group(results, "prob_l2")["seed_spread"]
+    assert b["std"] == pytest.approx(float(np.std(narrow, ddof=1)))
+    lo, hi = b["chi2_95"]
+    assert lo < b["std"] < hi
+    ratio = float(np.var(narrow, ddof=1) / np.var(wide, ddof=1))
+    assert b["f_vs_baseline"]["F"] == pytest.approx(ratio)
+    assert b["f_vs_baseline"]["p_value"] < 0.05  # 36x smaller variance on 5 seeds each
+    md = (out / "report.md").read_text()
+    assert "Run-to-run spread" in md and "| prob_l2 | 5 |" in md
+
+
+def test_report_has_no_spread_table_below_four_seeds(runs, tmp_path, gbmpo_cli):
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(runs), "--output-dir", str(out)]) == 0
+    assert "Run-to-run spread" not in (out / "report.md").read_text()

@@ -79,3 +79,42 @@ def test_paired_differences_over_shared_seeds():
     assert sp.mean == pytest.approx(0.0)  # +0.05 and -0.05
     assert sp.std == pytest.approx(math.sqrt(0.005))
     assert paired_differences({0: 1.0}, {1: 1.0}) == ([], None)
+
+
+def test_std_interval_matches_chi_square_formula():
+    from scipy.stats import chi2
+
+    from gbmpo.experiments.stats import std_interval
+
+    xs = [0.70, 0.75, 0.83, 0.78, 0.72]
+    s = float(np.std(xs, ddof=1))
+    lo, hi = std_interval(xs)
+    assert lo == pytest.approx(s * math.sqrt(4 / chi2.ppf(0.975, 4)))
+    assert hi == pytest.approx(s * math.sqrt(4 / chi2.ppf(0.025, 4)))
+    assert lo < s < hi
+    assert std_interval([0.5]) is None
+
+
+def test_variance_ratio_test_hand_computed():
+    from gbmpo.experiments.stats import variance_ratio_test
+
+    # variances 2.5 and 0.625 -> F = 4 with (4, 4) degrees of freedom; P(F_{4,4} >= 4) = 0.104
+    f, p = variance_ratio_test([1, 2, 3, 4, 5], [1, 1.5, 2, 2.5, 3])
+    assert f == pytest.approx(4.0)
+    assert p == pytest.approx(0.208, abs=1e-3)
+    # symmetric: swapping the samples inverts F and keeps p
+    f2, p2 = variance_ratio_test([1, 1.5, 2, 2.5, 3], [1, 2, 3, 4, 5])
+    assert f2 == pytest.approx(0.25) and p2 == pytest.approx(p)
+    assert variance_ratio_test([1, 2], [3, 3]) is None  # zero variance in the denominator
+    assert variance_ratio_test([1], [1, 2]) is None
+
+
+def test_bootstrap_std_interval_is_seeded_and_brackets_the_sample_std():
+    from gbmpo.experiments.stats import bootstrap_std_interval
+
+    xs = [0.70, 0.75, 0.83, 0.78, 0.72]
+    a = bootstrap_std_interval(xs, n_boot=2000, seed=1)
+    assert a == bootstrap_std_interval(xs, n_boot=2000, seed=1)
+    lo, hi = a
+    assert 0.0 <= lo < float(np.std(xs, ddof=1)) < hi
+    assert bootstrap_std_interval([0.5]) is None

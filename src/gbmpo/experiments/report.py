@@ -28,7 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.experiments.runs import RunRecord, config_differences, flatten, main_metric
-from gbmpo.experiments.stats import paired_differences, paired_t_test, spread
+from gbmpo.experiments.stats import (
+    bootstrap_std_interval,
+    paired_differences,
+    paired_t_test,
+    spread,
+    std_interval,
+    variance_ratio_test,
+)
 from gbmpo.io import write_atomic
 
 __all__ = [
@@ -186,6 +193,61 @@ def _values(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
     return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
 
 
+#: seeds an arm needs before the report shows its run-to-run spread with intervals
+SPREAD_MIN_SEEDS = 4
+
+
+def _seed_spread(
+    finals: Sequence[float], baseline: Sequence[float] | None
+) -> dict[str, Any] | None:
+    """The run-to-run spread of an arm's final metric: sample std with a chi-square and a
+    bootstrap 95% interval, and the F-test of its variance against the baseline arm's."""
+    if len(finals) < 2:
+        return None
+    out: dict[str, Any] = {
+        "std": spread(finals).std,
+        "chi2_95": std_interval(finals),
+        "bootstrap_95": bootstrap_std_interval(finals),
+        "f_vs_baseline": None,
+    }
+    if baseline is not None and len(baseline) >= 2:
+        test = variance_ratio_test(finals, baseline)
+        if test is not None:
+            out["f_vs_baseline"] = {"F": test[0], "p_value": test[1]}
+    return out
+
+
+def _spread_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    groups = [
+        g for g in task["groups"] if g.get("seed_spread") and g["n_seeds"] >= SPREAD_MIN_SEEDS
+    ]
+    if not groups:
+        return None
+
+    def ci(v: Sequence[float] | None) -> str:
+        return "–" if v is None else f"{100 * v[0]:.1f} – {100 * v[1]:.1f}"
+
+    rows = []
+    for g in groups:
+        sp = g["seed_spread"]
+        f = sp["f_vs_baseline"]
+        rows.append([
+            g["label"], str(g["n_seeds"]), f"{100 * sp['std']:.2f}", ci(sp["chi2_95"]),
+            ci(sp["bootstrap_95"]),
+            "–" if f is None else f"{f['F']:.2f} ({f['p_value']:.2f})",
+        ])
+    return (["arm", "seeds", "std (points)", "95% CI, chi-square", "95% CI, bootstrap",
+             f"F = var / var({task['baseline']}) (p)"], rows)
+
+
+_SPREAD_NOTE = (
+    "Run-to-run spread of the final metric over seeds: sample std (ddof=1) with a 95% "
+    "interval from the chi-square distribution (assumes normal seed-to-seed variation) and a "
+    "percentile bootstrap (10,000 resamples); F = ratio of the variances to the baseline "
+    "arm's, two-sided F-test"
+)
+
+
 def _settings(runs: Sequence[RunRecord]) -> dict[str, Any]:
     flat = [flatten(r.config) for r in runs]
     out: dict[str, Any] = {}
@@ -275,6 +337,12 @@ def build_results(
                     "seeds": [r.seed for r in runs],
                     "n_seeds": len(runs),
                     "final": _spread_or_none(list(finals.values())),
+                    "seed_spread": _seed_spread(
+                        list(finals.values()),
+                        list(base_final.values())
+                        if base_label is not None and label != base_label
+                        else None,
+                    ),
                     "before": _spread_or_none(_values(rows, "before")),
                     "gain": _spread_or_none(gains),
                     "paired_vs_baseline": paired,
@@ -538,6 +606,9 @@ def render_markdown(
         dyn = _dynamics_table(task)
         if dyn is not None:
             out += ["", _DYNAMICS_NOTE + ":", "", md_table(*dyn)]
+        spread_table = _spread_table(task)
+        if spread_table is not None:
+            out += ["", _SPREAD_NOTE + ":", "", md_table(*spread_table)]
         settings = ", ".join(f"`{k}`={_yaml(v)}" for k, v in task["settings"].items())
         out += ["", f"Settings: {settings}.", ""]
         if task["task"] in images:

@@ -17,11 +17,14 @@ from dataclasses import asdict, dataclass
 __all__ = [
     "Spread",
     "StepBand",
+    "bootstrap_std_interval",
     "moving_average",
     "paired_differences",
     "paired_t_test",
     "spread",
+    "std_interval",
     "step_band",
+    "variance_ratio_test",
 ]
 
 
@@ -137,3 +140,70 @@ def paired_t_test(differences: Sequence[float]) -> tuple[float, float] | None:
     t = sp.mean / (sp.std / math.sqrt(sp.n))
     p = float(2.0 * student_t.sf(abs(t), sp.n - 1))
     return t, min(p, 1.0)
+
+
+def std_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, float] | None:
+    r"""Confidence interval for the standard deviation :math:`\sigma` of normal values from
+    their sample std :math:`s` (ddof = 1), through :math:`(n-1)s^2/\sigma^2 \sim \chi^2_{n-1}`:
+
+    .. math::
+        \Big[\, s\sqrt{\tfrac{n-1}{\chi^2_{n-1,\,1-\alpha/2}}},\;
+               s\sqrt{\tfrac{n-1}{\chi^2_{n-1,\,\alpha/2}}} \,\Big],\qquad \alpha = 1 - \text{level}
+
+    (the textbook interval, e.g. NIST/SEMATECH e-Handbook of Statistical Methods, 7.2.3).
+    ``None`` for fewer than two values. It assumes normal seed-to-seed variation; with 5 seeds
+    the 95% interval spans about 0.6 s to 2.9 s.
+    """
+    from scipy.stats import chi2
+
+    sp = spread(values)
+    if sp.n < 2 or sp.std is None:
+        return None
+    alpha = 1.0 - level
+    df = sp.n - 1
+    lo = sp.std * math.sqrt(df / float(chi2.ppf(1.0 - alpha / 2.0, df)))
+    hi = sp.std * math.sqrt(df / float(chi2.ppf(alpha / 2.0, df)))
+    return lo, hi
+
+
+def variance_ratio_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float] | None:
+    r"""Two-sided F-test of equal variances of two independent normal samples (Snedecor's F):
+
+    .. math::
+        F = s_a^2 / s_b^2,\qquad p = 2\,\min\big(P(F_{n_a-1,n_b-1} \le F),\;
+        P(F_{n_a-1,n_b-1} \ge F)\big).
+
+    Returns ``(F, p)``; ``None`` for fewer than two values in either sample or a zero
+    variance in ``b`` (the ratio is undefined). Sensitive to non-normality; report it next to
+    the standard deviations and their intervals, not alone.
+    """
+    from scipy.stats import f as f_dist
+
+    sa, sb = spread(a), spread(b)
+    if sa.n < 2 or sb.n < 2 or sa.std is None or not sb.std:
+        return None
+    ratio = sa.std**2 / sb.std**2
+    d1, d2 = sa.n - 1, sb.n - 1
+    p = 2.0 * min(float(f_dist.cdf(ratio, d1, d2)), float(f_dist.sf(ratio, d1, d2)))
+    return ratio, min(p, 1.0)
+
+
+def bootstrap_std_interval(
+    values: Sequence[float], level: float = 0.95, n_boot: int = 10_000, seed: int = 0
+) -> tuple[float, float] | None:
+    r"""Percentile bootstrap interval (Efron 1979) for the sample std (ddof = 1): resample the
+    :math:`n` values with replacement ``n_boot`` times, take each resample's :math:`s`, and
+    return the :math:`\alpha/2` and :math:`1-\alpha/2` quantiles. Distribution-free, but with
+    a handful of seeds it is narrow where the data are (it never exceeds the largest spread a
+    resample of the observed values can show). ``None`` for fewer than two values."""
+    import numpy as np
+
+    xs = np.asarray([float(v) for v in values], dtype=float)
+    if xs.size < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, xs.size, size=(n_boot, xs.size))
+    stds = xs[idx].std(axis=1, ddof=1)
+    alpha = 1.0 - level
+    lo, hi = np.quantile(stds, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return float(lo), float(hi)
