@@ -153,7 +153,8 @@ def test_gbmpo_train_with_full_estimators_runs_end_to_end(micro_model_dir: Path,
             "--rollout.num_generations", "2", "--rollout.max_new_tokens", "4",
             "--time-budget", "null", "--eval.before", "false", "--eval.after", "false",
             "--eval.every", "0", "--run.progress", "false",
-            "--objective.monitor_regularizers", "false", "--optim.mini_batch_size", "null"]  # fmt: skip
+            "--objective.monitor_regularizers", "false",
+            "--optim.mini_batch_size", "null"]  # fmt: skip
     code = main(args)
     assert code == 0, capsys.readouterr().err
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
