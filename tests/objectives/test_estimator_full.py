@@ -123,7 +123,7 @@ def test_spec_reads_writes_and_builds_the_estimator_per_term() -> None:
     assert ObjectiveSpec().build().terms[0].estimator == "sample"
 
 
-@pytest.mark.parametrize("name", ["log_l2", "rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl"])
+@pytest.mark.parametrize("name", ["none", "log_l2", "rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl"])
 def test_full_is_refused_for_a_regularizer_without_a_full_form(name: str) -> None:
     spec = ObjectiveSpec.from_dict({"regularizer": {"name": name, "estimator": "full"}})
     with pytest.raises(SpecError, match=rf"estimator.*'{name}'.*{', '.join(FULL_FORMS)}"):

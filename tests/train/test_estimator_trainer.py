@@ -185,3 +185,19 @@ def test_gbmpo_trainer_and_verl_overrides_refuse_full() -> None:
         GBMPOConfig(output_dir="/tmp/unused-gbmpo-probe", objective=spec, use_cpu=True)
     with pytest.raises(ValueError, match="estimator'='full'.*verl"):
         verl_objective_overrides(spec, max_response_length=8)
+
+
+def test_reports_keep_full_apart_from_sample() -> None:
+    from gbmpo.experiments.runs import default_label, group_key
+    from gbmpo.train.config import config_to_dict
+
+    def cfg(*overrides: tuple[str, str]) -> dict:
+        return config_to_dict(load_config(None, [("regularizer", "kl_k3"), *overrides]))
+
+    sample, full = cfg(), cfg(("objective.regularizer.estimator", "full"))
+    assert default_label(full) == "kl_k3[estimator=full]" and default_label(sample) == "kl_k3"
+    assert group_key(full) != group_key(sample)
+    old_run = cfg()
+    del old_run["objective"]["regularizer"]["estimator"]  # a run directory from before the key
+    assert group_key(old_run) == group_key(sample)
+    assert group_key(sample)[1:] == ("kl_k3", 0.05, "{}")

@@ -70,7 +70,7 @@ def check_estimator(name: str, estimator: str, anchor: str, params: dict[str, An
     ``old``, or a ``clamp`` with ``full`` (the exact value has nothing to clip)."""
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be 'sample' or 'full', got {estimator!r}")
-    if estimator == "sample" or name == "none":
+    if estimator == "sample":
         return
     if name not in FULL_FORMS:
         raise ValueError(
