@@ -10,10 +10,11 @@ the reference at every completion position, not only the sampled tokens' log-pro
   logits come from one no-grad forward of the same micro-batch, and
   :func:`~gbmpo.objectives.estimators.exact_divergence` sums the divergence over the vocabulary
   in chunks of token rows, storing its gradient for the policy logits during the forward (one
-  buffer the size of the micro-batch's logits). Memory per micro-batch is therefore the
-  sampled path's plus two logits-sized tensors (reference logits, divergence gradient), bounded
-  by ``optim.micro_batch_size``; time is one extra no-grad reference forward per micro-batch
-  and epoch (the reference's logits are not kept across micro-batches: ``N x C x V`` floats);
+  buffer the size of the micro-batch's logits). The reference's logits are freed once the
+  divergence is computed, so the peak per micro-batch is the sampled path's plus one
+  logits-sized tensor (measured by ``benchmarks/estimator_cost.py``), bounded by
+  ``optim.micro_batch_size``; time is one extra no-grad reference forward per micro-batch and
+  epoch (the reference's logits are not kept across micro-batches: ``N x C x V`` floats);
 * **in the reward**: the penalty :math:`\beta \sum_t D^{\text{full}}_t(\pi_{old}\,\|\,\pi_{ref})`
   of each sequence, from no-grad forwards of the rollout policy and the reference, micro-batch by
   micro-batch, detached (as the sampled-token in-reward penalty).
