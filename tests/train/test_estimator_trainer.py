@@ -201,3 +201,19 @@ def test_reports_keep_full_apart_from_sample() -> None:
     del old_run["objective"]["regularizer"]["estimator"]  # a run directory from before the key
     assert group_key(old_run) == group_key(sample)
     assert group_key(sample)[1:] == ("kl_k3", 0.05, "{}")
+
+
+def test_full_with_lora_takes_the_reference_from_the_disabled_adapters(
+    micro_model_dir: Path,
+) -> None:
+    """With LoRA the reference is the model with its adapters off (no copy); after the adapters
+    move, the exact KL of the next step is positive and finite."""
+    trainer = Trainer(_config(micro_model_dir, **{
+        "lora.enabled": "true", "lora.target_modules": "q_proj,v_proj", "optim.lr": "5e-2",
+        "objective.regularizer.name": "kl_k2", "objective.regularizer.estimator": "full",
+    }), reward_fn=varied_reward)  # fmt: skip
+    assert trainer.ref_model is None
+    first = trainer.train_step()
+    second = trainer.train_step()
+    assert first["reg_value"] == pytest.approx(0.0, abs=1e-6)  # adapters start at zero
+    assert 0 < second["reg_value"] < float("inf")
