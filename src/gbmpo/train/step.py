@@ -190,7 +190,8 @@ def in_reward_penalties(
     from gbmpo.objectives.loss import reward_penalty, sequence_divergence
 
     terms = tr.objective.reward_terms
-    exact = sequence_exact(tr, batch, full_terms(terms), mask) if full_terms(terms) else {}
+    full = full_terms(terms)  # estimator full: the exact divergence from the logits
+    exact = sequence_exact(tr, batch, full, mask) if full else {}
     penalties: dict[str, Tensor] = {}
     for term in terms:
         seq = exact.get(term.name)
