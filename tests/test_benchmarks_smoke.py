@@ -107,3 +107,14 @@ def test_reliability_suite_quick(tmp_path: Path) -> None:
     lost = {k: [d for d in c["details"] if not d["ok"]] for k, c in cats.items() if c["lost"]}
     assert data["totals"]["lost"] == 0, lost
     assert data["totals"]["survived"] == data["totals"]["tried"] == 6
+
+
+def test_estimator_cost_benchmark_toy(tmp_path: Path) -> None:
+    data, last = _run(
+        "estimator_cost.py", tmp_path / "ec.json", "--batch", "2", "--completion", "6",
+        "--prompt", "3", "--vocab", "300", "--hidden", "16", "--repeats", "1",
+    )
+    assert last.startswith("estimator_cost:") and str(tmp_path / "ec.json") in last
+    for variant in ("sample", "full"):
+        assert data[variant]["seconds_min"] > 0 and data[variant]["reg_value"] > 0
+    assert {"time_ratio", "extra_logits_tensors"} <= set(data["full_vs_sample"])

@@ -146,6 +146,7 @@ def test_print_config_is_loadable_yaml(capsys):
         "anchor": "ref",
         "params": {},
         "placement": "loss",
+        "estimator": "sample",
     }
 
 

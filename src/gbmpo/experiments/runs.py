@@ -172,6 +172,8 @@ def _term_label(term: dict[str, Any]) -> str:
     params = dict(term.get("params") or {})
     if term.get("placement", "loss") != "loss":
         params["placement"] = term["placement"]
+    if term.get("estimator", "sample") != "sample":
+        params["estimator"] = term["estimator"]
     if not params:
         return str(term["name"])
     inner = ",".join(f"{k}={params[k]}" for k in sorted(params))
@@ -180,19 +182,28 @@ def _term_label(term: dict[str, Any]) -> str:
 
 def default_label(config: dict[str, Any]) -> str:
     """Row label from the configuration: the regularizer name, plus its parameters if any
-    (e.g. ``neural_mirror[mirror=es/best_mirror.json]``) and a placement other than the loss;
-    the terms of a sum joined by ``+``."""
+    (e.g. ``neural_mirror[mirror=es/best_mirror.json]``), a placement other than the loss and an
+    estimator other than the sampled token; the terms of a sum joined by ``+``."""
     return "+".join(_term_label(t) for t in _terms(config))
 
 
 def group_key(config: dict[str, Any]) -> tuple[str, str, float | tuple[float, ...], str]:
     """Runs with equal keys are seeds of one setting: task, regularizer name, coefficient and
-    regularizer parameters (placement included; per term for a sum)."""
+    regularizer parameters (placement and a non-default estimator included; per term for a
+    sum)."""
     terms = _terms(config)
+
+    def keyed(t: dict[str, Any]) -> dict[str, Any]:
+        out = {**(t.get("params") or {}), "placement": t.get("placement", "loss")}
+        if t.get("estimator", "sample") != "sample":
+            out["estimator"] = t["estimator"]
+        return out
+
+    first = terms[0]
+    plain = (len(terms) == 1 and first.get("placement", "loss") == "loss"
+             and first.get("estimator", "sample") == "sample")
     params = json.dumps(
-        [{**(t.get("params") or {}), "placement": t.get("placement", "loss")} for t in terms]
-        if len(terms) > 1 or terms[0].get("placement", "loss") != "loss"
-        else terms[0].get("params") or {},
+        terms[0].get("params") or {} if plain else [keyed(t) for t in terms],
         sort_keys=True,
         default=str,
     )

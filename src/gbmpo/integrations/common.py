@@ -183,6 +183,12 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
             "has one KL (loss or reward), so a sum of regularizers is refused there"
         )
     reg = o.terms[0]
+    if reg.estimator == "full":
+        raise ValueError(
+            "'objective.regularizer.estimator'='full' is not supported by engine verl: its KL "
+            "loss and in-reward KL are computed from per-token log-probs (the reference worker "
+            "returns log-probs, not logits); use estimator: sample, or engine gbmpo"
+        )
     if reg.name == "none" or reg.coef == 0:
         out += [f"{a}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"]
         return out

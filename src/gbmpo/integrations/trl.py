@@ -862,6 +862,7 @@ class GBMPOConfig(GRPOConfig):
                 f"regularizer.coef={coefs}; leave beta at 0"
             )
         refuse_reward_placement(spec)
+        refuse_full_estimator(spec)
         if spec.aggregation not in TRL_LOSS_TYPES or spec.advantage not in TRL_SCALE_REWARDS:
             raise ValueError(
                 f"GBMPOConfig: the objective's aggregation {spec.aggregation!r} / advantage "
@@ -980,6 +981,20 @@ def refuse_reward_placement(spec: ObjectiveSpec) -> None:
             "supported with TRL: GRPOTrainer computes rewards and advantages in "
             "_generate_and_score_completions, whose reward hook sees no log-probs; use "
             "placement: loss, or the gbmpo or verl engine for an in-reward divergence"
+        )
+
+
+def refuse_full_estimator(spec: ObjectiveSpec) -> None:
+    """Refuse a regularizer term with ``estimator: full``: GBMPOTrainer's loss receives TRL's
+    log-probs of the sampled tokens and the reference's log-probs from the generation step,
+    never the logits the exact full-vocabulary divergence sums over."""
+    full = [t.name for t in spec.terms if t.estimator == "full"]
+    if full:
+        raise ValueError(
+            f"GBMPOConfig: objective.regularizer.estimator=full ({', '.join(full)}) is not "
+            "supported with TRL: GBMPOTrainer's loss receives the sampled tokens' log-probs, "
+            "not the policy's and the reference's logits; use estimator: sample, or the gbmpo "
+            "engine for the exact divergence"
         )
 
 

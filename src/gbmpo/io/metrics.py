@@ -12,12 +12,14 @@ completions and the ``mu`` passes over it):
 * ``reg/<name>``: the masked per-token mean of regularizer ``<name>`` at the *rollout* policy
   against the frozen reference, :math:`D(\\pi_{old}\\,\\|\\,\\pi_{ref})`, over the batch's
   completion tokens, for the optimised regularizer and (with
-  ``objective.monitor_regularizers``) every registered one;
+  ``objective.monitor_regularizers``) every registered one; always the sampled-token formula,
+  also for a term with ``estimator: full``;
 * ``reg_value``: the masked mean of the *optimised* regularizer during the update,
-  :math:`D(\\pi_\\theta\\,\\|\\,\\text{anchor})`; ``reg_loss``: its aggregated, coefficient-scaled
-  term :math:`\\mathrm{agg}(\\lambda D)`; for a list of regularizer terms, ``reg_loss/<name>`` and
-  ``reg_value/<name>`` per term and ``reg_loss`` / ``reg_value`` their sums (terms placed in
-  the reward add nothing to them);
+  :math:`D(\\pi_\\theta\\,\\|\\,\\text{anchor})` (for a term with ``estimator: full`` the
+  exact full-vocabulary divergence, else the sampled-token formula); ``reg_loss``: its
+  aggregated, coefficient-scaled term :math:`\\mathrm{agg}(\\lambda D)`; for a list of
+  regularizer terms, ``reg_loss/<name>`` and ``reg_value/<name>`` per term and ``reg_loss`` /
+  ``reg_value`` their sums (terms placed in the reward add nothing to them);
 * ``reward_mean``: the task's reward, before any in-reward divergence; ``reward_penalty``: the
   batch mean of the per-sequence penalty :math:`\\beta \\sum_t D(\\pi_{old}\\,\\|\\,\\pi_{ref})`
   subtracted from it before the advantages (``placement: reward``; ``reward_penalty/<name>``
@@ -43,7 +45,8 @@ STEP_METRICS: dict[str, str] = {
     "loss": "aggregated objective, mean over the step's optimizer steps",
     "pg_loss": "aggregated surrogate term alone, mean over the step's optimizer steps",
     "reg_loss": "aggregated coef * regularizer term alone (the sum over the terms in the loss)",
-    "reg_value": "masked per-token mean of the optimised regularizer, D(pi_theta || anchor)",
+    "reg_value": "masked per-token mean of the optimised regularizer, D(pi_theta || anchor) "
+                 "(estimator full: the exact full-vocabulary value)",
     "clip_frac_low": "fraction of valid tokens clipped at the lower bound",
     "clip_frac_high": "fraction of valid tokens clipped at the upper bound",
     "clip_frac_dual": "fraction of valid tokens clipped by the dual clip",

@@ -12,12 +12,13 @@ An objective is advantages -> per-token surrogate + coef * regularizer -> aggreg
         coef: 0.1
         anchor: ref                  # ref (frozen reference) | old (rollout policy, RPG)
         placement: loss              # loss (per-token term) | reward (penalty before advantages)
+        estimator: sample            # sample (sampled token) | full (exact, whole vocabulary)
         params: {}
       aggregation: dr_grpo           # AGGREGATIONS: grpo | bnpo | dr_grpo | seq_mean_token_sum
 
 ``regularizer:`` is one term (a mapping) or a list of terms, whose divergences are summed
 (e.g. ``[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]``); each term has its own
-coefficient, anchor, placement and parameters, and two terms may not share a name.
+coefficient, anchor, placement, estimator and parameters, and two terms may not share a name.
 
 The same section is the ``objective:`` of ``gbmpo train``'s config (:class:`ObjectiveSpec` is
 that config's ``ObjectiveConfig``), the ``objective=`` of the TRL drop-in
@@ -88,6 +89,10 @@ class RegularizerSpec:
     #: "loss": coef * D per token in the loss; "reward": coef * sum_t D(pi_old || pi_ref) of the
     #: rollout, detached, subtracted from each sequence's reward before the advantages
     placement: str = "loss"
+    #: "sample": the regularizer's formula on the sampled token; "full": the exact divergence
+    #: over the whole vocabulary at each position (KL family: KL(pi || pi_ref); prob_l2:
+    #: sum_v (p_v - q_v)^2; neural_mirror: sum_v D_h(p_v, q_v); gbmpo.objectives.estimators)
+    estimator: str = "sample"
 
 
 @dataclass
@@ -208,6 +213,7 @@ class ObjectiveSpec:
                 "coef": t.coef,
                 "anchor": t.anchor,
                 "placement": t.placement,
+                "estimator": t.estimator,
                 "params": dict(t.params),
             }
 
@@ -307,6 +313,9 @@ class BuiltTerm:
     anchor: str
     #: ``loss`` or ``reward``
     placement: str = "loss"
+    #: ``sample`` (the formula on the sampled token) or ``full`` (the exact divergence over the
+    #: vocabulary, :mod:`gbmpo.objectives.estimators`)
+    estimator: str = "sample"
 
     @property
     def active(self) -> bool:
@@ -337,7 +346,13 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
         raise SpecError(f"'{at}.anchor' must be 'ref' or 'old', got {r.anchor!r}")
     if r.placement not in PLACEMENTS:
         raise SpecError(f"'{at}.placement' must be 'loss' or 'reward', got {r.placement!r}")
-    term = BuiltTerm(r.name, regularizer, float(r.coef), r.anchor, r.placement)
+    from gbmpo.objectives.estimators import check_estimator
+
+    try:
+        check_estimator(r.name, r.estimator, r.anchor, r.params)
+    except ValueError as err:
+        raise SpecError(f"'{at}.estimator' ({r.name!r}): {err}") from None
+    term = BuiltTerm(r.name, regularizer, float(r.coef), r.anchor, r.placement, r.estimator)
     if r.placement == "reward" and term.active and not term.needs_ref:
         raise SpecError(
             f"'{at}.placement'=reward with {r.name!r} (anchor {r.anchor!r}"
@@ -418,7 +433,7 @@ def _term(value: Any, where: str) -> RegularizerSpec:
     if isinstance(value, RegularizerSpec):
         return value
     r = _mapping(value, where)
-    _known(r, where, ("name", "coef", "anchor", "placement", "params"))
+    _known(r, where, ("name", "coef", "anchor", "placement", "estimator", "params"))
     term = RegularizerSpec()
     if "name" in r:
         term.name = _text(r["name"], f"{where}.name")
@@ -431,6 +446,8 @@ def _term(value: Any, where: str) -> RegularizerSpec:
         term.anchor = _text(r["anchor"], f"{where}.anchor")
     if "placement" in r:
         term.placement = _text(r["placement"], f"{where}.placement")
+    if "estimator" in r:
+        term.estimator = _text(r["estimator"], f"{where}.estimator")
     if "params" in r:
         term.params = _params(r["params"], f"{where}.params")
     return term

@@ -33,6 +33,7 @@ from gbmpo.rollout.lean_forward import LeanForward
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
     "CompletionLogits",
+    "completion_logits",
     "completion_logprobs",
     "logits_forward",
     "selective_log_softmax",
@@ -422,16 +423,8 @@ def completion_logprobs(
         empty = torch.zeros(b, 0, device=device)
         return empty, (empty.clone() if with_entropy else None)
 
-    forward = logits_forward(model, lean)  # picked once: the lean forward or the model's own
-    batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
-    pieces: list[Tensor] | None = None
-    if share_prompts and b > 1:
-        first, inverse = _distinct_prompts(prompt_ids, prompt_mask)
-        if first.shape[0] < b:  # rows share a prompt: forward it once for all of them
-            pieces = forward.shared_prompt_logits(*batch, first, inverse)
-    if pieces is None:  # every prompt distinct, or a model cache that cannot be shared
-        pieces = forward.sequence_logits(*batch)
-
+    pieces = _logit_pieces(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                           share_prompts, lean)
     logps, entropies = [], []
     start = 0
     for logits in pieces:  # [B, n, V] predicting completion tokens start .. start+n-1
@@ -449,3 +442,51 @@ def completion_logprobs(
     if not with_entropy:
         return logp, None
     return logp, entropies[0] if len(entropies) == 1 else torch.cat(entropies, dim=1)
+
+
+def _logit_pieces(
+    model: Any, prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tensor,
+    completion_mask: Tensor, share_prompts: bool, lean: bool,
+) -> list[Tensor]:
+    """The ``[B, n_i, V]`` pieces of logits predicting the completion tokens (inputs on the
+    model's device, ``C >= 1``), with each shared prompt forwarded once where possible."""
+    forward = logits_forward(model, lean)  # picked once: the lean forward or the model's own
+    batch = (prompt_ids, prompt_mask, completion_ids, completion_mask)
+    b = completion_ids.shape[0]
+    pieces: list[Tensor] | None = None
+    if share_prompts and b > 1:
+        first, inverse = _distinct_prompts(prompt_ids, prompt_mask)
+        if first.shape[0] < b:  # rows share a prompt: forward it once for all of them
+            pieces = forward.shared_prompt_logits(*batch, first, inverse)
+    if pieces is None:  # every prompt distinct, or a model cache that cannot be shared
+        pieces = forward.sequence_logits(*batch)
+    return pieces
+
+
+def completion_logits(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    completion_ids: Tensor,
+    completion_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    share_prompts: bool = True,
+    lean: bool = True,
+) -> Tensor:
+    """The logits ``[B, C, V]`` (divided by ``temperature``) that predict each completion token,
+    from the same forward as :func:`completion_logprobs` (gradients flow when grad is enabled),
+    for what needs the whole next-token distribution (the exact full-vocabulary divergence);
+    :func:`selective_log_softmax` of them against ``completion_ids`` is
+    :func:`completion_logprobs`'s ``logp``."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+    completion_ids, completion_mask = completion_ids.to(device), completion_mask.to(device)
+    if completion_ids.shape[1] == 0:
+        raise ValueError("completion_logits: the batch has no completion tokens")
+    pieces = _logit_pieces(model, prompt_ids, prompt_mask, completion_ids, completion_mask,
+                           share_prompts, lean)
+    logits = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)
+    return logits / temperature if temperature != 1.0 else logits

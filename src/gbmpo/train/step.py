@@ -14,7 +14,9 @@ Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` 
 6. ``mu`` epochs over mini-batches, each a gradient-accumulated sum over micro-batches of
    :math:`\mathcal L = \mathrm{agg}(\ell^{\text{surr}}_{i,t} + \sum_k \lambda_k D^{(k)}_{i,t})`
    (the terms placed in the loss) with the mini-batch's normalisers, so accumulation is exact;
-   AdamW step after grad-norm clipping;
+   AdamW step after grad-norm clipping. A term with ``estimator: full`` uses the exact
+   divergence over the vocabulary instead of its sampled-token formula, from the policy's and
+   the reference's logits of each micro-batch (:mod:`gbmpo.train.exact`);
 7. metrics.
 
 ``tr`` is the :class:`~gbmpo.train.Trainer` holding the model, optimizer and objectives; every
@@ -35,6 +37,7 @@ from gbmpo.rewards.scoring import score_completions
 from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
 from gbmpo.train.device import peak_memory_bytes
+from gbmpo.train.exact import full_terms, logprobs_and_exact, sequence_exact
 from gbmpo.train.precision import MasterWeightOptimizer
 
 if TYPE_CHECKING:
@@ -85,7 +88,7 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     shaped, penalties = rewards, {}
     if tr.objective.reward_terms:
         rollout = old_logp if old_logp is not None else no_grad_logprobs(tr, batch, reference=False)
-        shaped, penalties = in_reward_penalties(tr, rewards, rollout, ref_logp, mask)
+        shaped, penalties = in_reward_penalties(tr, rewards, rollout, ref_logp, mask, batch)
     advantages = tr.objective.advantage(shaped, G)
     t_ref = time.perf_counter()
 
@@ -176,16 +179,24 @@ def train_step(tr: Trainer) -> dict[str, Any]:
 
 
 def in_reward_penalties(
-    tr: Trainer, rewards: Tensor, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
+    tr: Trainer, rewards: Tensor, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor,
+    batch: Rollout | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The rewards minus the penalties of the terms placed in the reward
     (:func:`gbmpo.objectives.loss.reward_penalty`) and each term's per-sequence penalty
-    ``beta_k * sum_t D_k(pi_old || pi_ref)`` ([N], by name)."""
+    ``beta_k * sum_t D_k(pi_old || pi_ref)`` ([N], by name); a term with ``estimator: full``
+    takes the exact divergence from the logits of ``batch`` (:func:`gbmpo.train.exact.
+    sequence_exact`)."""
     from gbmpo.objectives.loss import reward_penalty, sequence_divergence
 
+    terms = tr.objective.reward_terms
+    full = full_terms(terms)  # estimator full: the exact divergence from the logits
+    exact = sequence_exact(tr, batch, full, mask) if full else {}
     penalties: dict[str, Tensor] = {}
-    for term in tr.objective.reward_terms:
-        seq = sequence_divergence(term.regularizer, rollout_logp, ref_logp, mask)
+    for term in terms:
+        seq = exact.get(term.name)
+        if seq is None:
+            seq = sequence_divergence(term.regularizer, rollout_logp, ref_logp, mask)
         penalties[term.name] = term.coef * seq.to(rewards.dtype)
     shaped = reward_penalty(rewards, [(1.0, p) for p in penalties.values()])
     return shaped, penalties
@@ -214,10 +225,17 @@ def accumulate_gradients(
     anchor_old = tr.objective.anchor == "old"
     n_seq, n_tok = len(rows), float(mask[rows].sum())
     stats = _MiniBatchStats(logp=torch.zeros(len(rows), mask.shape[1], device=mask.device))
+    exact_terms = full_terms(tr.objective.loss_terms)
     offset = 0
     for micro in rows.split(tr.micro_batch):
         m = mask[micro]
-        logp, entropy = tr.logprobs(tr.model, batch.select(micro), with_entropy=with_entropy)
+        exact: dict[str, Tensor] = {}  # estimator full: per-token exact divergences, by term
+        if exact_terms:
+            logp, entropy, exact = logprobs_and_exact(
+                tr, batch.select(micro), m, exact_terms, with_entropy=with_entropy
+            )
+        else:
+            logp, entropy = tr.logprobs(tr.model, batch.select(micro), with_entropy=with_entropy)
         old = old_logp[micro] if old_logp is not None else None
         if anchor_old:  # RPG-style iterative reference: the rollout policy
             anchor = old if old is not None else logp.detach()
@@ -228,8 +246,9 @@ def accumulate_gradients(
             "old": old if old is not None else logp.detach(),
         }
         loss, metrics = policy_loss(
-            tr, logp, old, anchor, advantages[micro], m, n_seq, n_tok, anchors=anchors
-        )
+            tr, logp, old, anchor, advantages[micro], m, n_seq, n_tok, anchors=anchors,
+            exact=exact,
+        )  # fmt: skip
         loss.backward()
         # the micro-batch losses are parts of the mini-batch loss: they add up
         stats.loss += metrics.pop("loss")
@@ -254,12 +273,20 @@ def policy_loss(
     num_tokens: float,
     *,
     anchors: dict[str, Tensor | None] | None = None,
+    exact: dict[str, Tensor] | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The configured objective (:func:`gbmpo.objectives.compute_policy_loss`) of one
     micro-batch, normalised as its mini-batch: the surrogate plus the terms placed in the loss
     (``anchor``: the single term's anchor log-probs; ``anchors``: ``ref`` / ``old`` log-probs,
-    each term taking its own, for a sum of terms)."""
+    each term taking its own, for a sum of terms; ``exact``: the per-token values of the terms
+    with ``estimator: full``, by name, used instead of their sampled-token formulas)."""
     from gbmpo.objectives import compute_policy_loss
+    from gbmpo.objectives.estimators import ExactValues
+
+    exact = exact or {}
+
+    def regularizer_of(name: str, sampled: Any) -> Any:
+        return ExactValues(name, exact[name]) if name in exact else sampled
 
     o = tr.objective
     common: dict[str, Any] = {
@@ -270,7 +297,7 @@ def policy_loss(
     if o.single_loss_term:  # one regularizer in the loss
         return compute_policy_loss(
             logp, old, anchor, advantages, mask,
-            regularizer=o.regularizer, coef=o.coef, **common,
+            regularizer=regularizer_of(o.terms[0].name, o.regularizer), coef=o.coef, **common,
         )  # fmt: skip
     # a sum of terms, or terms placed in the reward (which add nothing to the loss)
     from gbmpo.objectives.loss import LossTerm
@@ -279,7 +306,8 @@ def policy_loss(
     for t in o.loss_terms:
         if t.anchor not in by_anchor:
             raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: pass anchors=")
-    terms = [LossTerm(t.name, t.regularizer, t.coef, by_anchor[t.anchor]) for t in o.loss_terms]
+    terms = [LossTerm(t.name, regularizer_of(t.name, t.regularizer), t.coef, by_anchor[t.anchor])
+             for t in o.loss_terms]
     return compute_policy_loss(
         logp, old, None, advantages, mask, regularizer=None, terms=terms, **common
     )

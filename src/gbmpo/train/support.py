@@ -80,6 +80,11 @@ _SUM_PROBE: list[dict[str, Any]] = [
 ]
 
 
+def _any_full(value: Any) -> bool:
+    """``estimator: full`` on the term, or on any term of a list."""
+    return "full" in (value if isinstance(value, list) else [value])
+
+
 def _never_default(key: str) -> Callable[[Any, Any], bool]:
     return lambda value, cfg: value != _default_of(key)
 
@@ -128,6 +133,9 @@ GBMPO: dict[str, Support] = {
     "objective.regularizer.params": H(),
     "objective.regularizer.placement": H("reward: coef * sum_t D(pi_old || pi_ref) off each "
                                          "sequence's reward before the advantages"),
+    "objective.regularizer.estimator": H("full: the exact divergence over the vocabulary from "
+                                         "the policy's and the reference's logits of each "
+                                         "micro-batch (KL family, prob_l2, neural_mirror)"),
     "objective.aggregation": H(),
     "objective.monitor_regularizers": H("reg/<name> for every registered regularizer"),
     "optim.lr": H(),
@@ -230,6 +238,11 @@ TRL: dict[str, Support] = {
         "TRL computes rewards and advantages inside GRPOTrainer._generate_and_score_completions, "
         "whose reward hook sees no log-probs: 'reward' is refused (engines gbmpo and verl take "
         "it)", lambda v, c: "reward" in (v if isinstance(v, list) else [v]), probe="reward"),
+    "objective.regularizer.estimator": R(
+        "GBMPOTrainer's loss receives TRL's per-token log-probs of the sampled tokens (its "
+        "forward reduces the logits to them) and the reference's log-probs from the generation "
+        "step, never the logits the exact divergence sums over: 'full' is refused (engine "
+        "gbmpo takes it)", lambda v, c: _any_full(v), probe="full"),
     "objective.aggregation": H("GBMPOConfig objective (TRL loss_type)", probe="grpo"),
     "objective.monitor_regularizers": H("reg/<name> = D(pi_old || pi_ref) for every registered "
                                         "regularizer (GBMPOConfig monitor_reference)",
@@ -361,6 +374,10 @@ VERL.update({
     "objective.regularizer.placement": H(
         "reward: algorithm.use_kl_in_reward=true with algorithm.kl_penalty=gbmpo_<name> and a "
         f"fixed kl_ctrl ({_A}.use_kl_loss=false)", probe="reward"),
+    "objective.regularizer.estimator": R(
+        "verl's KL loss and in-reward KL are computed from per-token log-probs (its reference "
+        "worker returns log-probs, not logits): 'full' is refused (engine gbmpo takes it)",
+        lambda v, c: _any_full(v), probe="full"),
     "objective.aggregation": H(f"{_A}.loss_agg_mode (dr_grpo: loss_scale_factor)",
                                probe="bnpo"),
     "objective.monitor_regularizers": R(
