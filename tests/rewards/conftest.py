@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gbmpo.rewards.sandbox import Sandbox, SandboxError, SandboxUnavailableError
+from gbmpo.sandbox import Sandbox, SandboxError, SandboxUnavailableError
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data"
