@@ -2,7 +2,7 @@
 #   make run    install .venv if needed, then train the embedded default model (`gbmpo train`)
 #   make test   install .venv and .venv-verl if needed, then run the whole test suite (what CI runs)
 #   make verl   install .venv-verl if needed: verl, for `--engine verl` and the verl tests
-# Extra arguments go through ARGS:  make run ARGS="--steps 20"   make test ARGS="-x tests/test_cli.py"
+# Extra arguments go through ARGS:  make run ARGS="--steps 20"   make test ARGS="-x tests/cli/test_cli.py"
 #
 # .venv (scripts/install.sh) is installed when it has no stamp yet or requirements.txt,
 # pyproject.toml, scripts/install.sh or scripts/pack_data.py is newer than the stamp; .venv-verl

@@ -10,8 +10,8 @@ Variants:
 * ``trl``: TRL 1.16's ``trl.trainer.utils.selective_log_softmax`` (gather, then a logsumexp per
   sequence; skipped when TRL is not installed);
 * ``before``: gbmpo's previous ``selective_log_softmax`` (autograd through 1024-row chunks);
-* ``gbmpo``: :func:`gbmpo.rollout.hf.selective_log_softmax` (chunks of about 4M logits, a custom
-  backward that writes the gradient in place).
+* ``gbmpo``: :func:`gbmpo.rollout.logprobs.selective_log_softmax` (chunks of about 4M logits, a
+  custom backward that writes the gradient in place).
 
 Layouts: ``contiguous`` ([B, T, V] logits) and ``sliced`` (the view ``logits[:, :-1]`` of a
 [B, T + 1, V] tensor, which is what a causal LM's output looks like before the last position is
@@ -72,7 +72,7 @@ def _logp(variant: str, logits: Any, index: Any) -> Any:
         return trl_selective_log_softmax(logits, index)
     if variant == "before":
         return _before(logits, index)
-    from gbmpo.rollout.hf import selective_log_softmax
+    from gbmpo.rollout.logprobs import selective_log_softmax
 
     return selective_log_softmax(logits, index)
 

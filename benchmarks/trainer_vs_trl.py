@@ -20,8 +20,8 @@ over both.
 Loss check ("same loss at step 0"): two independent generators cannot produce the same
 completions, so one process builds one batch (prompts of equal token length, so no padding,
 completions sampled once), injects the same tensors, advantages, old and reference log-probs
-into both implementations and reports both losses: gbmpo's ``Trainer.accumulate_gradients``
-and TRL's ``GRPOTrainer._compute_loss``.
+into both implementations and reports both losses: gbmpo's
+``gbmpo.train.step.accumulate_gradients`` and TRL's ``GRPOTrainer._compute_loss``.
 
 CPU time per step (``time.process_time``) is reported next to wall time: with one torch thread
 it measures the work done and is much less sensitive to other jobs on a shared machine.
@@ -458,7 +458,9 @@ def child_loss(a: argparse.Namespace) -> dict[str, Any]:
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
-    from gbmpo.rollout.hf import Rollout, completion_logprobs, generate
+    from gbmpo.rollout.logprobs import completion_logprobs
+    from gbmpo.rollout.sampling import Rollout, generate
+    from gbmpo.train.step import accumulate_gradients
     from gbmpo.train.trainer import Trainer
 
     torch.set_num_threads(a.threads)
@@ -507,7 +509,7 @@ def child_loss(a: argparse.Namespace) -> dict[str, Any]:
 
     ours.model.train()
     ours.optimizer.zero_grad(set_to_none=True)
-    stats = ours.accumulate_gradients(batch, torch.arange(n), adv, old, ref)
+    stats = accumulate_gradients(ours, batch, torch.arange(n), adv, old, ref)
     loss_ours = float(stats.loss)
 
     trl.model.train()

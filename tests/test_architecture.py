@@ -49,3 +49,12 @@ def test_layers_contract_breaks_on_an_introduced_cycle(tmp_path: Path) -> None:
     assert result.returncode != 0, out
     assert "BROKEN" in out and "1 broken" in out, out
     assert "gbmpo.objectives.loss -> gbmpo.train" in out, out
+
+
+def test_layers_contract_has_no_exceptions() -> None:
+    """Every module obeys the layers: the contract ignores no import (no old path re-exports an
+    upper layer's code)."""
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    assert contracts and all(not c.get("ignore_imports") for c in contracts), contracts

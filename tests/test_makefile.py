@@ -74,10 +74,10 @@ def test_run_installs_only_venv_and_never_mentions_verl(tree):
 
 
 def test_test_installs_both_once_then_runs_the_command_directly(tree):
-    proc = _make(tree, "test", "ARGS=-x tests/test_cli.py")
+    proc = _make(tree, "test", "ARGS=-x tests/cli/test_cli.py")
     assert proc.returncode == 0, proc.stderr
     assert _installs(tree) == [".venv", ".venv-verl"]  # CI's `make test` runs the verl tests too
-    assert ".venv/bin/python -m pytest -x tests/test_cli.py" in proc.stdout
+    assert ".venv/bin/python -m pytest -x tests/cli/test_cli.py" in proc.stdout
     assert (tree / ".venv" / ".gbmpo-installed").is_file()
     assert (tree / ".venv-verl" / ".gbmpo-installed").is_file()
     for target in ("install", "verl", "test", "run"):

@@ -1,7 +1,7 @@
 """Tests of gbmpo.integrations.verl; they need verl, which lives in its own environment.
 
 Run them with ``.venv-verl/bin/python -m pytest tests_verl`` (``bash scripts/install_verl_env.sh``
-builds ``.venv-verl``); the main suite does so through ``tests/integrations/test_verl_env.py``.
+builds ``.venv-verl``); the main suite does so through ``tests/engines/test_verl_env.py``.
 Where verl is not importable (e.g. the main ``.venv``) nothing here is collected.
 """
 

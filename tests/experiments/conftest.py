@@ -1,5 +1,5 @@
 """Helpers for the comparison tests: fabricated run directories and the ``compare`` / ``report``
-entry point (:func:`gbmpo.experiments.cli.main`)."""
+entry point (:func:`gbmpo.cli.main`)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
-from gbmpo.experiments.cli import main
+from gbmpo.cli import main
 from gbmpo.train.config import TrainConfig, dump_yaml
 
 
 def cli(argv: Sequence[str]) -> int:
-    """``gbmpo compare|report ...`` through the experiment module's own entry point (the same
-    parsers the main ``gbmpo`` CLI adds)."""
+    """``gbmpo compare|report ...`` through the ``gbmpo`` command's entry point."""
     return main(list(argv))
 
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
+from gbmpo.cli import main as cli_main
 from gbmpo.meta.backends import SerialBackend
-from gbmpo.meta.cli import load_es_config, main
+from gbmpo.meta.config import load_es_config
 from gbmpo.meta.fitness import HeldOutSplitTask, TrainingFitness, default_inner_config
 from gbmpo.objectives.mirror import VECTOR_SIZE, NeuralMirrorMap
 from gbmpo.tasks import get_task
@@ -120,10 +121,10 @@ def test_es_command_runs_resumes_and_exports_a_trainable_map(tmp_path, capsys) -
     path = tmp_path / "es.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "run"
-    assert main(["--config", str(path), "--output-dir", str(out)]) == 0
+    assert cli_main(["es", "--config", str(path), "--output-dir", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "fitness mean" in printed and "ACCEPTED" in printed  # first iteration accepts
-    assert main(["--resume", str(out), "--iterations", "2"]) == 0
+    assert cli_main(["es", "--resume", str(out), "--iterations", "2"]) == 0
     printed = capsys.readouterr().out
     assert "iter   1" in printed and "iter   0" not in printed
     doc = json.loads((out / "es_state.json").read_text())
@@ -141,9 +142,9 @@ def test_es_command_runs_resumes_and_exports_a_trainable_map(tmp_path, capsys) -
 def test_es_command_reports_bad_input(tmp_path, capsys) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text("es: {population: 5}\n")
-    assert main(["--config", str(path), "--output-dir", str(tmp_path / "x")]) == 2
+    assert cli_main(["es", "--config", str(path), "--output-dir", str(tmp_path / "x")]) == 2
     assert "even" in capsys.readouterr().err
     path.write_text("fitnes: {steps: 2}\n")
     with pytest.raises(ValueError, match="unknown ES config section"):
         load_es_config(path)
-    assert main(["--resume", str(tmp_path / "nothing")]) == 2
+    assert cli_main(["es", "--resume", str(tmp_path / "nothing")]) == 2

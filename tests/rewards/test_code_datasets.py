@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gbmpo.rewards.code import build_program
-from gbmpo.rewards.sandbox import Program, Sandbox
+from gbmpo.sandbox import Program, Sandbox
 from gbmpo.tasks.humaneval import HumanEvalTask, load_problems
 from gbmpo.tasks.mbpp import MBPPSanitizedTask, MBPPTask
 

@@ -6,7 +6,7 @@ import pytest
 
 from gbmpo.rewards import REWARDS, build_program, extract_code, make_code_reward
 from gbmpo.rewards.code import HUMANEVAL_STOP, truncate_at_stop
-from gbmpo.rewards.sandbox import Sandbox
+from gbmpo.sandbox import Sandbox
 
 
 def test_extract_code_from_fences() -> None:

@@ -32,9 +32,9 @@ from gbmpo.rewards.code_shaping import (
     shaped_code_rewards,
     validate_banned_tokens,
 )
-from gbmpo.rewards.sandbox import STATUSES, RunResult, SandboxError, get_default_sandbox
+from gbmpo.rewards.scoring import score_completions
+from gbmpo.sandbox import STATUSES, RunResult, SandboxError, get_default_sandbox
 from gbmpo.tasks.mbpp import MBPPTask
-from gbmpo.train.rewards import score_completions
 
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 GOOD = "def f(x):\n    return x + 1\n"  # parses, 28 characters stripped

@@ -47,14 +47,13 @@ def test_step_keeps_every_tensor_on_the_policy_device(micro_model_dir, monkeypat
     )
     trainer = Trainer(cfg, reward_fn=varied_reward)
     trainer.device = DEVICE  # where the policy lives, as the trainer sees it
-    forward = trainer._logprobs
+    forward = trainer.logprobs
 
     def logprobs_on_device(model, batch, *, with_entropy=False):
         logp, entropy = forward(model, batch, with_entropy=with_entropy)
         return logp.to(DEVICE), None if entropy is None else entropy.to(DEVICE)
 
-    monkeypatch.setattr(trainer, "logprobs", logprobs_on_device, raising=False)
-    monkeypatch.setattr(trainer, "_logprobs", logprobs_on_device)  # its name in older versions
+    monkeypatch.setattr(trainer, "logprobs", logprobs_on_device)
     before = [p.detach().clone() for p in trainer.params]
     with SimulatedDevice():
         record = trainer.train_step()

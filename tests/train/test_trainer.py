@@ -11,10 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gbmpo.rewards.scoring import RewardError
 from gbmpo.rollout import generate
-from gbmpo.train import RewardError, Trainer, load_config
+from gbmpo.train import Trainer, load_config
 from gbmpo.train.checkpoint import latest_checkpoint
 from gbmpo.train.logging import read_metrics, without_timing
+from gbmpo.train.step import accumulate_gradients, no_grad_logprobs
 
 
 def varied_reward(prompts, completions, **columns):
@@ -71,14 +73,14 @@ def test_micro_batch_accumulation_equals_one_batch(micro_model_dir, aggregation)
     g = torch.Generator().manual_seed(0)
     advantages = torch.randn(len(batch), generator=g)
     with torch.no_grad():
-        current = trainer._no_grad_logprobs(batch, reference=False)
+        current = no_grad_logprobs(trainer, batch, reference=False)
     ref = current - 0.3 * torch.rand(current.shape, generator=g)  # so ProbL2 has a gradient
     rows = torch.arange(len(batch))
 
     def grads(micro: int) -> list[torch.Tensor]:
         trainer.micro_batch = micro
         trainer.model.zero_grad(set_to_none=True)
-        trainer.accumulate_gradients(batch, rows, advantages, None, ref)
+        accumulate_gradients(trainer, batch, rows, advantages, None, ref)
         return [p.grad.clone() for p in trainer.params]
 
     one = grads(len(batch))
@@ -129,7 +131,7 @@ def test_lora_changes_only_adapters(micro_model_dir, tmp_path):
         max_new_tokens=6,
         generator_seed=1,
     )
-    ref0 = trainer._no_grad_logprobs(batch, reference=True)
+    ref0 = no_grad_logprobs(trainer, batch, reference=True)
     before = _snapshot(trainer.model)
     trainer.train()
     after = _snapshot(trainer.model)
@@ -139,8 +141,8 @@ def test_lora_changes_only_adapters(micro_model_dir, tmp_path):
     assert all(not torch.equal(before[n], after[n]) for n in lora), "every adapter must move"
     assert all(torch.equal(before[n], after[n]) for n in base), "base weights must be frozen"
     # adapters disabled still give the initial policy; adapters enabled do not
-    torch.testing.assert_close(trainer._no_grad_logprobs(batch, reference=True), ref0)
-    assert not torch.allclose(trainer._no_grad_logprobs(batch, reference=False), ref0)
+    torch.testing.assert_close(no_grad_logprobs(trainer, batch, reference=True), ref0)
+    assert not torch.allclose(no_grad_logprobs(trainer, batch, reference=False), ref0)
     # the exported model is the adapter
     assert (tmp_path / "run" / "model" / "adapter_config.json").is_file()
 
@@ -313,7 +315,7 @@ def test_adamw_is_the_fused_kernel_with_a_fallback(monkeypatch):
     """The trainer's AdamW is torch's fused one where it exists (as transformers/TRL use), the
     same update as the for-loop implementation up to float rounding; a device or dtype without
     the fused kernel falls back to the for-loop one."""
-    from gbmpo.train.trainer import _adamw
+    from gbmpo.train.setup import _adamw
 
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(5, 3, generator=g), torch.randn(7, generator=g)]

@@ -24,6 +24,7 @@ from gbmpo.objectives.clip_measures import k3_interval
 from gbmpo.rollout import generate
 from gbmpo.train import Trainer, load_config
 from gbmpo.train.batching import derive_seed
+from gbmpo.train.step import no_grad_logprobs
 
 WIDTH = 0.4  # ratio clip eps = 0.2
 
@@ -51,7 +52,7 @@ def old_probabilities(seeds: tuple[int, ...] = (0, 1, 2)) -> torch.Tensor:
             generator_seed=derive_seed(seed, "rollout", 0), batch_size=ro.batch_size,
             engine=ro.engine, lean_decoder=ro.lean_decoder,
         )  # fmt: skip
-        logp = tr._no_grad_logprobs(batch, reference=False)
+        logp = no_grad_logprobs(tr, batch, reference=False)
         mask = batch.completion_mask.bool()
         probs.append(torch.exp(logp[mask].double()))
     return torch.cat(probs)

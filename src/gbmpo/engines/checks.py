@@ -98,7 +98,7 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     from gbmpo.models import looks_like_hub_id, resolve_model_path
     from gbmpo.tasks import DataUnavailable
     from gbmpo.train.config import validate
-    from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
+    from gbmpo.train.setup import build_task, load_splits, load_tokenizer
 
     mirror = _missing_mirror(cfg)
     if mirror is not None:

@@ -298,9 +298,9 @@ def train_dataset(examples: Sequence[dict[str, Any]]) -> Any:
 def reward_function(task: Any, columns: Sequence[str]) -> Callable[..., list[float]]:
     """A TRL reward function computing ``task.reward`` on the completions, with the dataset's
     ``columns``; per-sample failures (``None``, NaN, an exception) score 0 as in the own
-    trainer (:func:`gbmpo.train.rewards.score_completions`); the function's ``failures``
+    trainer (:func:`gbmpo.rewards.scoring.score_completions`); the function's ``failures``
     attribute counts them (this process's)."""
-    from gbmpo.train.rewards import score_completions
+    from gbmpo.rewards.scoring import score_completions
 
     def gbmpo_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         cols = {c: list(kwargs[c]) for c in columns if c in kwargs}
@@ -403,7 +403,7 @@ def run(cfg: Any) -> dict[str, Any]:
 
     from gbmpo.io import is_nonempty, write_atomic
     from gbmpo.train.config import ConfigError, dump_yaml, validate
-    from gbmpo.train.trainer import default_run_dir
+    from gbmpo.train.run import default_run_dir
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
@@ -853,7 +853,7 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
     from gbmpo.train.device import peak_memory_bytes
     from gbmpo.train.logging import MetricsWriter
     from gbmpo.train.run import final_drift, fmt_drift
-    from gbmpo.train.trainer import build_task, load_splits, load_tokenizer
+    from gbmpo.train.setup import build_task, load_splits, load_tokenizer
 
     t0 = time.perf_counter()
     from transformers.utils import logging as hf_logging
@@ -866,7 +866,7 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
     console = Console(cfg.run.progress and main)
     task = build_task(cfg, load_tokenizer(cfg))
     if task.kind == "code":
-        from gbmpo.rewards.sandbox import require_sandbox
+        from gbmpo.sandbox import require_sandbox
 
         require_sandbox(cfg.run.allow_unsandboxed_code)
     train, n_eval, (_, eval_split) = load_splits(cfg, task)

@@ -402,7 +402,8 @@ def run(cfg: Any) -> dict[str, Any]:
     from gbmpo.io import is_nonempty, write_atomic, write_json_atomic
     from gbmpo.models import resolve_model_path
     from gbmpo.train.config import ConfigError, dump_yaml, validate
-    from gbmpo.train.trainer import build_task, default_run_dir, load_tokenizer
+    from gbmpo.train.run import default_run_dir
+    from gbmpo.train.setup import build_task, load_tokenizer
 
     validate(cfg)
     check_engine_support(cfg)  # a value verl cannot honour stops here, before anything else

@@ -7,7 +7,7 @@ task is built once per process from that config (its ``run.plugins`` imported fi
 reward (math-verify for math tasks, the hardened sandbox for code, a user's
 ``module:function``) scores the response on the example's columns, which the data files carry in
 ``extra_info["columns"]``. Failures (``None``, NaN, an exception) score 0, as in the own
-trainer (:func:`gbmpo.train.rewards.score_completions`).
+trainer (:func:`gbmpo.rewards.scoring.score_completions`).
 
 The result is ``{"score": reward, "acc": correct}``: verl trains on ``score`` and reports the
 mean of ``acc`` over the validation set as ``val-core/<data_source>/acc/mean@1``. On the
@@ -30,14 +30,14 @@ __all__ = ["compute_score"]
 def _task(config_path: str) -> Any:
     from gbmpo.registry import add_plugin_modules
     from gbmpo.train.config import load_config
-    from gbmpo.train.trainer import build_task
+    from gbmpo.train.setup import build_task
 
     cfg = load_config(config_path)
     add_plugin_modules(list(cfg.run.plugins))
     cfg.task.template = "base"  # the reward does not depend on how prompts are rendered
     task = build_task(cfg, None)
     if task.kind == "code":
-        from gbmpo.rewards.sandbox import require_sandbox
+        from gbmpo.sandbox import require_sandbox
 
         require_sandbox(cfg.run.allow_unsandboxed_code)
     return task
@@ -54,7 +54,7 @@ def compute_score(
     """``{"score": reward, "acc": correct}`` of ``solution_str`` under the gbmpo task of
     ``gbmpo_config`` (see the module doc); verl's custom reward-function signature."""
     from gbmpo.eval.evaluation import score_samples
-    from gbmpo.train.rewards import score_completions
+    from gbmpo.rewards.scoring import score_completions
 
     if gbmpo_config is None:
         raise ValueError(

@@ -189,7 +189,7 @@ def evaluate(
     Returns:
         ``{"metrics", "records", "config"}``; see the module docstring.
     """
-    from gbmpo.rollout.hf import generate
+    from gbmpo.rollout.sampling import generate
 
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")

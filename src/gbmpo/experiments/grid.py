@@ -496,7 +496,7 @@ def plan_arms(
 
 def _resumable_keys() -> tuple[str, ...]:
     """The keys the trainer lets a resumed run change (imported here: the trainer needs torch)."""
-    from gbmpo.train.trainer import RESUMABLE_OVERRIDES
+    from gbmpo.train.run import RESUMABLE_OVERRIDES
 
     return tuple(RESUMABLE_OVERRIDES)
 
@@ -572,7 +572,7 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
 
     from gbmpo.eval import evaluate
     from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.trainer import build_task, eval_limit
+    from gbmpo.train.setup import build_task, eval_limit
 
     cfg = config_from_dict(yaml.safe_load((p / "config.yaml").read_text()))
     model, tokenizer = load_model_and_tokenizer(

@@ -3,7 +3,7 @@
 ``gbmpo.meta.es`` (pure ES step and state), ``gbmpo.meta.backends`` (serial, local process pool,
 Ray), ``gbmpo.meta.checkpoint`` (resumable state), ``gbmpo.meta.runner`` (outer loop),
 ``gbmpo.meta.fitness`` (a member = a short training run scored on a disjoint validation split),
-``gbmpo.meta.cli`` (``gbmpo es``).
+``gbmpo.meta.config`` (the ``gbmpo es`` configuration; its command line is :mod:`gbmpo.cli.es`).
 """
 
 from gbmpo.meta.backends import BACKENDS, Backend, get_backend

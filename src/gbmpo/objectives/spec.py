@@ -20,8 +20,8 @@ An objective is advantages -> per-token surrogate + coef * regularizer -> aggreg
 (e.g. ``[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]``); each term has its own
 coefficient, anchor, placement, estimator and parameters, and two terms may not share a name.
 
-The same section is the ``objective:`` of ``gbmpo train``'s config (:class:`ObjectiveSpec` is
-that config's ``ObjectiveConfig``), the ``objective=`` of the TRL drop-in
+The same section is the ``objective:`` of ``gbmpo train``'s config (``TrainConfig.objective`` is
+an :class:`ObjectiveSpec`), the ``objective=`` of the TRL drop-in
 (``gbmpo.integrations.trl.GBMPOConfig``) and what ``gbmpo train --engine verl`` turns into
 verl's overrides. :meth:`ObjectiveSpec.load` reads a dict, a YAML file (either the section
 itself or a whole config holding an ``objective:`` key) or a spec; :meth:`ObjectiveSpec.check`

@@ -31,19 +31,6 @@ from gbmpo.rewards.code import (
     make_code_reward,
 )
 from gbmpo.rewards.math import extract_answer, math_reward, math_reward_fn, parse_number
-from gbmpo.sandbox import (
-    PROTECTIONS,
-    STATUSES,
-    Program,
-    RunResult,
-    Sandbox,
-    SandboxError,
-    SandboxUnavailableError,
-    SandboxWarning,
-    get_default_sandbox,
-    run_program,
-    run_programs,
-)
 
 RewardFn = Callable[..., list[float | None]]
 
@@ -69,32 +56,21 @@ def get_reward(name: str) -> RewardFn:
 
 
 __all__ = [
-    "PROTECTIONS",
     "REWARDS",
     "REWARD_ALIASES",
     "exact_match_reward",
     "resolve_reward",
-    "STATUSES",
-    "Program",
     "RewardFn",
-    "RunResult",
-    "Sandbox",
-    "SandboxError",
-    "SandboxUnavailableError",
-    "SandboxWarning",
     "build_program",
     "code_all_pass",
     "code_pass_fraction",
     "code_shaped",
     "extract_answer",
     "extract_code",
-    "get_default_sandbox",
     "get_reward",
     "grade_code",
     "make_code_reward",
     "math_reward",
     "math_reward_fn",
     "parse_number",
-    "run_program",
-    "run_programs",
 ]

@@ -372,7 +372,7 @@ class Sandbox:
         if os.getpid() != self._pid:
             raise SandboxError(
                 "this Sandbox was created in another process (fork); create a new one here "
-                "(gbmpo.rewards.get_default_sandbox() does this automatically)"
+                "(gbmpo.sandbox.get_default_sandbox() does this automatically)"
             )
         if isinstance(tests, str):
             raise TypeError("tests must be a sequence of test snippets, not one string")

@@ -1,5 +1,6 @@
 """Training: the typed configuration, the RL trainer and its run directory."""
 
+from gbmpo.train.batching import DataError, PromptSampler
 from gbmpo.train.config import (
     ConfigError,
     TrainConfig,
@@ -9,14 +10,13 @@ from gbmpo.train.config import (
     load_config,
     validate,
 )
-from gbmpo.train.rewards import RewardError, score_completions
-from gbmpo.train.trainer import DataError, PromptSampler, Trainer, dry_run, train
+from gbmpo.train.dry_run import dry_run
+from gbmpo.train.trainer import Trainer, train
 
 __all__ = [
     "ConfigError",
     "DataError",
     "PromptSampler",
-    "RewardError",
     "TrainConfig",
     "Trainer",
     "config_from_dict",
@@ -24,7 +24,6 @@ __all__ = [
     "dry_run",
     "dump_yaml",
     "load_config",
-    "score_completions",
     "train",
     "validate",
 ]

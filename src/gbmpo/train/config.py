@@ -34,9 +34,7 @@ import yaml
 
 from gbmpo.objectives.spec import (
     ObjectiveSpec,
-    RegularizerSpec,
     SpecError,
-    SurrogateSpec,
     did_you_mean,
 )
 
@@ -46,13 +44,10 @@ __all__ = [
     "EvalConfig",
     "LoraSettings",
     "ModelConfig",
-    "ObjectiveConfig",
     "OptimConfig",
     "REPORTERS",
-    "RegularizerConfig",
     "RolloutConfig",
     "RunConfig",
-    "SurrogateConfig",
     "TRAIN_ENGINES",
     "TaskConfig",
     "TrainConfig",
@@ -140,12 +135,6 @@ class RolloutConfig:
     vllm_server_host: str = "0.0.0.0"
     #: engine trl, vllm_mode server: port of the vLLM server
     vllm_server_port: int = 8000
-
-
-# The objective section is the objective spec every engine reads (gbmpo.objectives.spec).
-SurrogateConfig = SurrogateSpec
-RegularizerConfig = RegularizerSpec
-ObjectiveConfig = ObjectiveSpec
 
 
 @dataclass
@@ -266,7 +255,7 @@ class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)
     optim: OptimConfig = field(default_factory=OptimConfig)
     lora: LoraSettings = field(default_factory=LoraSettings)
     eval: EvalConfig = field(default_factory=EvalConfig)

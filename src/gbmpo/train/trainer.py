@@ -19,29 +19,16 @@ from typing import Any
 
 from torch import Tensor
 
-from gbmpo.rewards.scoring import RewardError
 from gbmpo.rollout.logprobs import completion_logprobs
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train import run as _run
 from gbmpo.train import step as _step
-from gbmpo.train.batching import DataError, PromptSampler, _MiniBatchStats
-from gbmpo.train.batching import derive_seed as _derive_seed  # noqa: F401 (kept importable)
+from gbmpo.train.batching import PromptSampler
 from gbmpo.train.config import ConfigError, TrainConfig, validate
 from gbmpo.train.device import check_device, check_single_process
-from gbmpo.train.dry_run import dry_run
 from gbmpo.train.logging import MetricsWriter
 from gbmpo.train.precision import check_train_dtype
-from gbmpo.train.run import (  # noqa: F401 (kept importable)
-    CONFIG_FILE,
-    MODEL_DIR,
-    RESUMABLE_OVERRIDES,
-    STATUS_FILE,
-    SUMMARY_FILE,
-    default_run_dir,
-)
-from gbmpo.train.setup import (  # noqa: F401 (kept importable)
-    _DTYPES,
-    _adamw,
+from gbmpo.train.setup import (
     build_objectives,
     build_optimizer,
     build_task,
@@ -54,15 +41,8 @@ from gbmpo.train.setup import (  # noqa: F401 (kept importable)
     seed_everything,
 )
 
-__all__ = [
-    "DataError",
-    "PromptSampler",
-    "RewardError",
-    "Trainer",
-    "default_run_dir",
-    "dry_run",
-    "train",
-]
+__all__ = ["Trainer", "train"]
+
 
 class Trainer:
     """GRPO-family RL on a causal LM with a selectable objective (:mod:`gbmpo.train.step`).
@@ -166,23 +146,6 @@ class Trainer:
         """One RL step (:func:`gbmpo.train.step.train_step`); returns its metrics."""
         return _step.train_step(self)
 
-    def accumulate_gradients(
-        self,
-        batch: Rollout,
-        rows: Tensor,
-        advantages: Tensor,
-        old_logp: Tensor | None,
-        ref_logp: Tensor | None,
-        diag: Any = None,
-        *,
-        with_entropy: bool = False,
-    ) -> _MiniBatchStats:
-        """Backpropagate the loss of the mini-batch ``rows`` into ``.grad``
-        (:func:`gbmpo.train.step.accumulate_gradients`)."""
-        return _step.accumulate_gradients(
-            self, batch, rows, advantages, old_logp, ref_logp, diag, with_entropy=with_entropy
-        )
-
     def lr_at(self) -> float:
         r"""Learning rate of the coming step: linear warm-up over ``warmup_steps``, then
         ``constant``, or ``cosine`` decay to ``min_lr_ratio * lr`` at the end of the run,
@@ -219,12 +182,6 @@ class Trainer:
             share_prompts=ro.share_prompts,
             lean=ro.lean_forward,
         )
-
-    _logprobs = logprobs
-
-    def _no_grad_logprobs(self, batch: Rollout, *, reference: bool) -> Tensor:
-        """log pi_old or log pi_ref of ``batch`` (:func:`gbmpo.train.step.no_grad_logprobs`)."""
-        return _step.no_grad_logprobs(self, batch, reference=reference)
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy held-out metrics (``accuracy`` for math tasks) via :func:`gbmpo.eval.evaluate`."""

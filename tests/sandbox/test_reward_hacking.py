@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gbmpo.rewards.sandbox import Sandbox, SandboxError, SandboxUnavailableError
+from gbmpo.sandbox import Sandbox, SandboxError, SandboxUnavailableError
 
 ADD = "def add(a, b):\n    return a + b\n"
 

@@ -21,7 +21,7 @@ from gbmpo.tasks import _common as common
 from gbmpo.tasks.gsm8k import gold_answer
 from gbmpo.tasks.mbpp import entry_point_of, split_of
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_gsm8k = pytest.mark.skipif(not (DATA / "gsm8k" / "test.jsonl").is_file(),
                                  reason=f"GSM8K data not found under {DATA}")
 needs_mbpp = pytest.mark.skipif(not (DATA / "mbpp" / "mbpp.jsonl").is_file(),
@@ -182,7 +182,7 @@ def test_package_data_is_used_and_equals_the_source(monkeypatch: pytest.MonkeyPa
 
 
 def test_no_source_file_reads_the_development_folder() -> None:
-    src = Path(__file__).resolve().parents[1] / "src" / "gbmpo"
+    src = Path(__file__).resolve().parents[2] / "src" / "gbmpo"
     offenders = [str(p) for p in src.rglob("*.py")
                  if re.search(r"""["']shared["']|/shared/data|\.\./shared""", p.read_text())]
     assert offenders == []

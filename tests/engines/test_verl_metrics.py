@@ -159,8 +159,7 @@ def test_held_out_file_holds_what_the_own_engine_evaluates(
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
     from gbmpo.engines.verl import write_data
-    from gbmpo.train.setup import eval_limit
-    from gbmpo.train.trainer import build_task, load_tokenizer
+    from gbmpo.train.setup import build_task, eval_limit, load_tokenizer
 
     cfg = load_config(None, [*VERL_OK, ("eval.limit", limit), ("eval.auto_limit", auto_limit)])
     task = build_task(cfg, load_tokenizer(cfg))

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gbmpo.rewards import REWARDS, run_program
-from gbmpo.rewards.sandbox import (
+from gbmpo.rewards import REWARDS
+from gbmpo.sandbox import (
     ALLOW_ENV,
     PROTECTIONS,
     STATUSES,
@@ -23,6 +23,7 @@ from gbmpo.rewards.sandbox import (
     SandboxUnavailableError,
     SandboxWarning,
     judge,
+    run_program,
 )
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -145,7 +146,7 @@ def test_missing_isolation_refuses_by_default_naming_layers_and_fixes(monkeypatc
 
 def test_machine_without_bwrap_runs_no_code_unless_opted_in(monkeypatch, tmp_path: Path) -> None:
     """The measured hole: without bubblewrap a program wrote into the host's /tmp."""
-    import gbmpo.rewards.sandbox as sb
+    import gbmpo.sandbox.client as sb
 
     real_which = sb.shutil.which
     monkeypatch.setattr(sb.shutil, "which",

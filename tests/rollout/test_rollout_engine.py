@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gbmpo.rollout import completion_logprobs, generate
-from gbmpo.rollout.hf import filter_logits, sample_from_logits
+from gbmpo.rollout.sampling import filter_logits, sample_from_logits
 
 PROMPTS = [
     "Q: Anna has 3 eggs and 4 more.\nA:",

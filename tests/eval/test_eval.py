@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import gbmpo.rollout.hf as hf
+import gbmpo.rollout.sampling as sampling
+from gbmpo.cli.eval import add_eval_parser, parse_task_params, run_eval, summary_path
 from gbmpo.eval import default_ks, evaluate, mean_and_stderr, pass_at_k, resolve_task, summarize
-from gbmpo.eval.cli import add_eval_parser, parse_task_params, run_eval, summary_path
 from gbmpo.registry import UnknownNameError
 from gbmpo.tasks import Example, Task
 
@@ -116,7 +116,7 @@ def scripted_generate(calls: list[dict[str, Any]]) -> Any:
 
 def test_evaluate_records_and_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(hf, "generate", scripted_generate(calls))
+    monkeypatch.setattr(sampling, "generate", scripted_generate(calls))
     out = evaluate(None, None, EchoTask(5), samples=3, temperature=0.7, batch_size=2, seed=11)
     m, recs = out["metrics"], out["records"]
     assert [r["num_correct"] for r in recs] == [0, 1, 2, 3, 3]
@@ -133,7 +133,7 @@ def test_evaluate_records_and_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_evaluate_greedy_by_default_and_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(hf, "generate", scripted_generate(calls))
+    monkeypatch.setattr(sampling, "generate", scripted_generate(calls))
     out = evaluate(None, None, EchoTask(5), limit=3)
     assert out["metrics"]["n"] == 3 and out["metrics"]["accuracy"] == pytest.approx(2 / 3)
     assert calls[0]["do_sample"] is False and calls[0]["num_return_sequences"] == 1
@@ -155,7 +155,7 @@ def test_evaluate_a_code_task_reports_pass_at_k(monkeypatch: pytest.MonkeyPatch)
         texts = [answers[0], "    return None\n"] + ["    return None\n"] * g
         return FakeRollout(texts[: len(prompts) * g], [4] * len(prompts) * g)
 
-    monkeypatch.setattr(hf, "generate", fake)
+    monkeypatch.setattr(sampling, "generate", fake)
     out = evaluate(None, None, task, limit=2, samples=2, temperature=1.0)
     m = out["metrics"]
     assert m["pass@1"] == pytest.approx(0.25) and m["pass@2"] == pytest.approx(0.5)
@@ -189,7 +189,7 @@ def test_cli_writes_jsonl_and_summary(tmp_path: Path, monkeypatch: pytest.Monkey
     import gbmpo.models
 
     monkeypatch.setattr(gbmpo.models, "load_model_and_tokenizer", lambda *a, **k: (None, None))
-    monkeypatch.setattr(hf, "generate", scripted_generate([]))
+    monkeypatch.setattr(sampling, "generate", scripted_generate([]))
     monkeypatch.setattr(ev, "resolve_task", lambda *a, **k: EchoTask(4))
     out = tmp_path / "res" / "echo.jsonl"
     args = _parse(["eval", "--task", "echo", "--samples", "2", "--temperature", "1",

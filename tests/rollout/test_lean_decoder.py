@@ -10,7 +10,7 @@ import torch
 import gbmpo.rollout.decoder as decoder_module
 from gbmpo.rollout import LeanDecoder, LeanForward, lean_decoder_unsupported_reason
 from gbmpo.rollout.decoder import _rms, _rotate, _rotate_swap, _signed_sin
-from gbmpo.rollout.hf import _decode, _prefill
+from gbmpo.rollout.sampling import _decode, _prefill
 
 transformers = pytest.importorskip("transformers")
 

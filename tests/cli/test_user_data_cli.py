@@ -17,7 +17,7 @@ import pytest
 
 from gbmpo.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "own_data"
 FAST = ["--rollout.prompts_per_step", "2", "--num-generations", "2", "--max-new-tokens", "8",
         "--eval.before", "false", "--eval.after", "false", "--eval-every", "0",

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gbmpo.rewards.sandbox import Sandbox
+from gbmpo.sandbox import Sandbox
 
 ADD = "def add(a, b):\n    return a + b\n"
 OK_TESTS = ["assert add(1, 2) == 3", "assert add(0, 0) == 0"]

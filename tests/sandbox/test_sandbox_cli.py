@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import gbmpo.rewards.sandbox as sb
+import gbmpo.sandbox.client as sb
 from gbmpo.cli import main
 
 FAST = ["--rollout.prompts_per_step", "2", "--num-generations", "2", "--max-new-tokens", "8",

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from gbmpo.train.rewards import RewardError, score_completions
+from gbmpo.rewards.scoring import RewardError, score_completions
 
 PROMPTS = ["p0", "p1", "p2", "p3"]
 COMPLETIONS = ["a", "bb", "ccc", "dddd"]
