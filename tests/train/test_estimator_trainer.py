@@ -16,6 +16,7 @@ from gbmpo.rollout import generate
 from gbmpo.rollout.logprobs import completion_logits
 from gbmpo.train import Trainer, load_config
 from gbmpo.train.config import ConfigError
+from gbmpo.train.step import accumulate_gradients, no_grad_logprobs
 from gbmpo.train.support import check_support
 
 
@@ -86,12 +87,12 @@ def test_full_kl_gradient_is_the_exact_divergences_gradient(micro_model_dir: Pat
     mask = batch.completion_mask.float()
     rows = torch.arange(len(batch))
     advantages = torch.zeros(len(batch))
-    ref_logp = trainer._no_grad_logprobs(batch, reference=True)
+    ref_logp = no_grad_logprobs(trainer, batch, reference=True)
 
     def grads(micro: int) -> list[torch.Tensor]:
         trainer.micro_batch = micro
         trainer.model.zero_grad(set_to_none=True)
-        trainer.accumulate_gradients(batch, rows, advantages, None, ref_logp)
+        accumulate_gradients(trainer, batch, rows, advantages, None, ref_logp)
         return [p.grad.clone() for p in trainer.params]
 
     got = grads(len(batch))
@@ -122,8 +123,8 @@ def test_full_in_reward_penalty_is_the_exact_divergence_of_the_rollout(
     batch = _batch(trainer)
     mask = batch.completion_mask.float()
     rewards = torch.arange(len(batch), dtype=torch.float32)
-    old = trainer._no_grad_logprobs(batch, reference=False)
-    ref_logp = trainer._no_grad_logprobs(batch, reference=True)
+    old = no_grad_logprobs(trainer, batch, reference=False)
+    ref_logp = no_grad_logprobs(trainer, batch, reference=True)
     shaped, penalties = in_reward_penalties(trainer, rewards, old, ref_logp, mask, batch)
     with torch.no_grad():
         p = torch.softmax(_logits(trainer, trainer.model, batch).double(), -1)
