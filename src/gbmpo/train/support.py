@@ -173,7 +173,7 @@ GBMPO: dict[str, Support] = {
                        _never_default("run.num_nodes"), probe=2),
 }
 
-# ------------------------------------------------------------------- TRL (gbmpo.engines.trl)
+# ------------------------------------------------------------ TRL (gbmpo.engines.trl_runner)
 
 def _device_index(value: Any, cfg: Any) -> bool:
     """A CUDA device index other than 0 (``cuda:1``)."""
