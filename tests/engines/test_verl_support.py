@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gbmpo.engines.verl import overrides, precision_overrides, validation_freq
+from gbmpo.engines.verl_args import overrides, precision_overrides, validation_freq
 from gbmpo.train.config import ConfigError, load_config
 from gbmpo.train.support import (
     HONOURED,

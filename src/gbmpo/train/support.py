@@ -284,7 +284,7 @@ TRL: dict[str, Support] = {
                        _never_default("run.num_nodes"), probe=2),
 }
 
-# ------------------------------------------------------------------- verl (gbmpo.engines.verl)
+# ----------------------------------------------------------- verl (gbmpo.engines.verl_runner)
 
 #: the values verl needs where the own engine's defaults are refused on verl (a CPU device, a
 #: time budget, monitoring every regularizer): a default config with these passes on verl
@@ -295,7 +295,7 @@ VERL_REQUIRED: dict[str, Any] = {
     "eval.drift": False,
 }
 
-VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl.py)
+VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl_args.py)
 _A = "actor_rollout_ref.actor"
 
 
