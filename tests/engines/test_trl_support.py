@@ -68,7 +68,7 @@ def test_the_mapped_grpo_config_fields() -> None:
         assert getattr(args, field) == value, key
     args = trl_args.grpo_args(_cfg(("optim.betas", [0.8, 0.95])), "unused")
     assert (args.adam_beta1, args.adam_beta2) == (0.8, 0.95)
-    assert trl_args.grpo_args(_cfg(("rollout.engine", "vllm")), "unused").use_vllm is True
+    assert trl_args.grpo_args(_cfg(("rollout.generator", "vllm")), "unused").use_vllm is True
     assert trl_args.grpo_args(_cfg(("optim.grad_clip", None)), "unused").max_grad_norm == 0.0
     assert trl_args.grpo_args(_cfg(("objective.monitor_regularizers", False)),
                             "unused").monitor_reference is False  # fmt: skip
@@ -116,11 +116,11 @@ def test_vllm_without_vllm_is_exit_2_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "run"
-    argv = ["train", "--engine", "trl", "--rollout.engine", "vllm", "--output-dir", str(out)]
+    argv = ["train", "--engine", "trl", "--rollout.generator", "vllm", "--output-dir", str(out)]
     assert main(argv) == 2
     assert "needs the vllm package" in capsys.readouterr().err
     assert not out.exists()
-    assert main(["train", "--engine", "trl", "--rollout.engine", "vllm", "--dry-run"]) == 0
+    assert main(["train", "--engine", "trl", "--rollout.generator", "vllm", "--dry-run"]) == 0
     report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
     assert report["checks"]["vllm"].startswith("skipped")
     assert "a real run here stops with exit 2" in report["checks"]["vllm"]

@@ -4,7 +4,7 @@
 * ``trl`` (:mod:`gbmpo.engines.trl_runner`): TRL's ``GRPOTrainer`` with gbmpo's loss
   (:class:`gbmpo.integrations.trl.GBMPOTrainer`), built from the same config; one process
   in-process, several through ``accelerate launch`` (gloo on CPU, NCCL on GPUs), vLLM
-  generation with ``rollout.engine: vllm``.
+  generation with ``rollout.generator: vllm``.
 * ``verl`` (:mod:`gbmpo.engines.verl_runner`): verl's ``main_ppo`` (Ray, FSDP, vLLM) with the
   gbmpo plugin; the config becomes verl's data files, Hydra overrides and a reward function.
 

@@ -87,7 +87,7 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
         "temperature": ro.temperature,
         "top_p": ro.top_p,
         "top_k": ro.top_k,
-        "use_vllm": ro.engine == "vllm",
+        "use_vllm": ro.generator == "vllm",
         "vllm_mode": ro.vllm_mode,
         "vllm_gpu_memory_utilization": ro.vllm_gpu_memory_utilization,
         "vllm_tensor_parallel_size": ro.vllm_tensor_parallel_size,
@@ -226,12 +226,12 @@ def check_vllm(cfg: Any) -> None:
 
 
 def vllm_missing(cfg: Any) -> str | None:
-    """Why ``rollout.engine: vllm`` cannot run here (``None`` when it can, or is not asked)."""
+    """Why ``rollout.generator: vllm`` cannot run here (``None`` when it can, or is not asked)."""
     import importlib.util
 
-    if cfg.rollout.engine != "vllm" or importlib.util.find_spec("vllm") is not None:
+    if cfg.rollout.generator != "vllm" or importlib.util.find_spec("vllm") is not None:
         return None
-    return ("rollout.engine 'vllm' on engine 'trl' needs the vllm package, which is not "
+    return ("rollout.generator 'vllm' on engine 'trl' needs the vllm package, which is not "
             "installed here (pip install vllm; GPU machines only)")  # fmt: skip
 
 

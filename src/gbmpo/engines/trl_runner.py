@@ -14,7 +14,7 @@ anything is written):
 * ``rollout`` / ``optim`` -> ``GRPOConfig`` (``batch_layout`` for the batch sizes:
   one RL step = one generation batch of ``prompts_per_step * num_generations`` completions,
   ``mu`` passes over it in optimizer steps of ``mini_batch_size`` sequences, each the sum of
-  micro-batches of ``micro_batch_size`` per process); ``rollout.engine: vllm`` -> TRL's vLLM
+  micro-batches of ``micro_batch_size`` per process); ``rollout.generator: vllm`` -> TRL's vLLM
   generation (``rollout.vllm_*`` -> ``vllm_mode``, ``vllm_gpu_memory_utilization``, ...);
   the learning rate of every RL step is the own engine's schedule (``lr_at``);
 * ``run.num_processes`` > 1 -> ``accelerate launch`` of this module (gloo on CPU).
@@ -84,7 +84,7 @@ __all__ = ["dry_run", "main", "resume", "run", "train_in_process"]
 
 def dry_run(cfg: Any) -> DryRunReport:
     """Engine-independent checks plus the ``GRPOConfig`` this config becomes (and vLLM when
-    ``rollout.engine: vllm``); GPU-only parts are reported as skipped. A value the engine
+    ``rollout.generator: vllm``); GPU-only parts are reported as skipped. A value the engine
     refuses (support matrix) raises ``ConfigError`` as the real run would."""
     import importlib.util
     import tempfile
@@ -118,7 +118,7 @@ def dry_run(cfg: Any) -> DryRunReport:
         f"{lay.per_device} x {lay.grad_accum} x {world} per optimizer step, "
         f"{lay.optimizer_steps} optimizer steps per RL step, max_steps {args.max_steps}",
     )
-    if cfg.rollout.engine == "vllm":
+    if cfg.rollout.generator == "vllm":
         ro = cfg.rollout
         how = f"use_vllm=True, vllm_mode={ro.vllm_mode}" + (
             f", vllm_gpu_memory_utilization={ro.vllm_gpu_memory_utilization}, "
@@ -255,7 +255,7 @@ def _evaluate(cfg: Any, model: Any, tokenizer: Any, task: Any, split: str,
     result = evaluate(
         model, tokenizer, task, split=split, limit=limit, samples=1, temperature=0.0,
         max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
-        engine="gbmpo" if cfg.rollout.engine == "vllm" else cfg.rollout.engine,
+        engine="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
     )  # fmt: skip
     metrics = result["metrics"].items()
     return {

@@ -31,6 +31,7 @@ from gbmpo.train.config.overrides import (
 )
 from gbmpo.train.config.schema import (
     ALIASES,
+    RENAMED_KEYS,
     REPORTERS,
     TRAIN_ENGINES,
     ConfigError,
@@ -55,6 +56,7 @@ __all__ = [
     "ModelConfig",
     "ObjectiveConfig",
     "OptimConfig",
+    "RENAMED_KEYS",
     "REPORTERS",
     "RegularizerConfig",
     "RolloutConfig",

@@ -75,10 +75,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
     from gbmpo.rollout.sampling import ENGINES
 
-    engines = (*ENGINES, "vllm") if cfg.engine != "gbmpo" else ENGINES  # TRL / verl: vLLM
+    generators = (*ENGINES, "vllm") if cfg.engine != "gbmpo" else ENGINES  # TRL / verl: vLLM
     _require(
-        r.engine in engines,
-        f"'rollout.engine': unknown engine {r.engine!r}; valid: {', '.join(engines)}",
+        r.generator in generators,
+        f"'rollout.generator': unknown generator {r.generator!r}; valid: {', '.join(generators)}",
     )
 
     if cfg.task.name not in TASKS:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Union
@@ -15,9 +16,9 @@ from typing import Any, Union
 import yaml
 
 from gbmpo.objectives.spec import did_you_mean
-from gbmpo.train.config.schema import ConfigError, TrainConfig
+from gbmpo.train.config.schema import RENAMED_KEYS, ConfigError, TrainConfig
 
-__all__ = ["config_from_dict", "config_to_dict", "dump_yaml"]
+__all__ = ["config_from_dict", "config_to_dict", "dump_yaml", "rename_old_keys", "renamed_key"]
 
 
 def _type_name(tp: Any) -> str:
@@ -150,11 +151,46 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
     return cls(**kwargs)
 
 
+def renamed_key(old: str, *, both: bool) -> str:
+    """The new name of the renamed key ``old`` (:data:`RENAMED_KEYS`), with a
+    ``DeprecationWarning`` saying so; ``both``: the new key is given too, a ``ConfigError``."""
+    new = RENAMED_KEYS[old]
+    if both:
+        raise ConfigError(
+            f"both {old!r} and {new!r} are given; {old!r} is the old name of {new!r}: keep only "
+            f"{new!r}"
+        )
+    warnings.warn(
+        f"{old!r} is deprecated: it is now {new!r} (same values); the old key is still read",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return new
+
+
+def rename_old_keys(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` (a nested mapping) with every old key of :data:`RENAMED_KEYS` moved to its new
+    name in the same section (:func:`renamed_key`: a warning; both given: ``ConfigError``)."""
+    out = dict(data)
+    for old, new in RENAMED_KEYS.items():
+        section, old_leaf = old.rsplit(".", 1)
+        new_leaf = new.rsplit(".", 1)[1]
+        sub = out.get(section)
+        if not isinstance(sub, Mapping) or old_leaf not in sub:
+            continue
+        sub = dict(sub)
+        renamed_key(old, both=new_leaf in sub)
+        sub[new_leaf] = sub.pop(old_leaf)
+        out[section] = sub
+    return out
+
+
 def config_from_dict(data: Mapping[str, Any]) -> TrainConfig:
-    """Build a :class:`TrainConfig` from a nested mapping (missing keys keep their defaults)."""
+    """Build a :class:`TrainConfig` from a nested mapping (missing keys keep their defaults;
+    a renamed key is read under its new name, :func:`rename_old_keys`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"the configuration must be a mapping, got {_describe(data)}")
-    return typing.cast(TrainConfig, _build(TrainConfig, data, ""))
+    return typing.cast(TrainConfig, _build(TrainConfig, rename_old_keys(data), ""))
 
 
 def config_to_dict(cfg: Any) -> dict[str, Any]:

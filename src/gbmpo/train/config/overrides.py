@@ -22,14 +22,19 @@ from gbmpo.train.config.convert import (
     _type_name,
     config_from_dict,
     config_to_dict,
+    rename_old_keys,
+    renamed_key,
 )
-from gbmpo.train.config.schema import ALIASES, ConfigError, TrainConfig
+from gbmpo.train.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
 
 __all__ = ["annotation_at", "apply_overrides", "canonical_key", "leaf_keys", "load_config"]
 
 
 def annotation_at(path: Sequence[str]) -> Any:
-    """The annotation of the dotted ``path`` (``Any`` inside a free ``params`` dict)."""
+    """The annotation of the dotted ``path`` (``Any`` inside a free ``params`` dict; a renamed
+    key's old name, :data:`RENAMED_KEYS`, has the new key's)."""
+    if ".".join(path) in RENAMED_KEYS:
+        path = RENAMED_KEYS[".".join(path)].split(".")
     tp: Any = TrainConfig
     for i, part in enumerate(path):
         prefix = ".".join(path[:i])
@@ -188,8 +193,11 @@ def canonical_key(key: str) -> str:
 def apply_overrides(data: dict[str, Any], overrides: Sequence[tuple[str, Any]]) -> dict[str, Any]:
     """Apply ``(dotted key or alias, value)`` pairs to a nested dict; string values are parsed
     according to the field's annotation. Unknown keys raise :class:`ConfigError`."""
+    given = {canonical_key(k) for k, _ in overrides}
     for raw_key, raw_value in overrides:
         key = canonical_key(raw_key)
+        if key in RENAMED_KEYS:  # the old name of a key: read as the new one
+            key = renamed_key(key, both=RENAMED_KEYS[key] in given)
         path = key.split(".")
         tp = annotation_at(path)
         value = _parse_text(raw_value, tp, key) if isinstance(raw_value, str) else raw_value
@@ -206,7 +214,7 @@ def load_config(
     checked by :func:`validate`)."""
     data = config_to_dict(TrainConfig())
     if path is not None:
-        _deep_merge(data, _read_yaml(path), "")
+        _deep_merge(data, rename_old_keys(_read_yaml(path)), "")
     apply_overrides(data, overrides)
     return config_from_dict(data)
 

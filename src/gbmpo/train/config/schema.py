@@ -23,6 +23,7 @@ __all__ = [
     "ModelConfig",
     "ObjectiveConfig",
     "OptimConfig",
+    "RENAMED_KEYS",
     "REPORTERS",
     "RegularizerConfig",
     "RolloutConfig",
@@ -79,10 +80,11 @@ class RolloutConfig:
     top_k: int = 0
     #: prompts per ``generate`` call (``None``: all prompts of the step at once)
     batch_size: int | None = None
-    #: "gbmpo": prefill each prompt once, expand its KV cache to the G rows, plain decode loop;
-    #: "hf": transformers' ``generate`` (same distribution, other random stream)
-    engine: str = "gbmpo"
-    #: with engine "gbmpo": decode Llama-shaped models (Qwen3, Qwen2, Llama) with
+    #: what samples the completions: "gbmpo": prefill each prompt once, expand its KV cache to
+    #: the G rows, plain decode loop; "hf": transformers' ``generate`` (same distribution, other
+    #: random stream); "vllm": vLLM (engines trl and verl). Formerly ``rollout.engine``
+    generator: str = "gbmpo"
+    #: with generator "gbmpo": decode Llama-shaped models (Qwen3, Qwen2, Llama) with
     #: ``gbmpo.rollout.LeanDecoder`` (same logits, no per-call transformers overhead); false: the
     #: model's own forward (other models always use it)
     lean_decoder: bool = True
@@ -94,7 +96,7 @@ class RolloutConfig:
     #: values and gradients up to float rounding, no per-op transformers overhead); false: the
     #: model's own forward (adapters, dropout, gradient checkpointing, other models always use it)
     lean_forward: bool = True
-    #: engine trl with ``engine: vllm``: ``colocate`` (vLLM inside the training processes) |
+    #: engine trl with ``generator: vllm``: ``colocate`` (vLLM inside the training processes) |
     #: ``server`` (a running ``trl vllm-serve`` at vllm_server_host:vllm_server_port)
     vllm_mode: str = "colocate"
     #: engine trl, vllm_mode colocate: fraction of each GPU's memory vLLM reserves
@@ -266,6 +268,10 @@ ALIASES: dict[str, str] = {
     "eval-every": "eval.every",
     "num-processes": "run.num_processes",
 }
+
+#: renamed keys: old dotted key -> its new name. The old key is still read, with a
+#: ``DeprecationWarning`` (``gbmpo train`` prints it as a note); giving both is a ConfigError.
+RENAMED_KEYS: dict[str, str] = {"rollout.engine": "rollout.generator"}
 
 #: values of the top-level ``engine`` key (``gbmpo train --engine NAME``)
 TRAIN_ENGINES: tuple[str, ...] = ("gbmpo", "trl", "verl")
