@@ -16,7 +16,8 @@ from gbmpo.experiments.grid import (
     plan_grid,
     run_grid,
 )
-from gbmpo.experiments.report import build_results, group_runs, write_report
+from gbmpo.experiments.report import write_report
+from gbmpo.experiments.results import build_results, group_runs
 from gbmpo.experiments.runs import RunDirError, RunRecord, load_run, run_status
 from gbmpo.experiments.stats import Spread, StepBand, moving_average, spread, step_band
 from gbmpo.experiments.sweep import Sweep, SweepPoint, parse_sweep, sweep_point, sweep_runs
