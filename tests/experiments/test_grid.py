@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gbmpo.experiments.execute import plan_action
 from gbmpo.experiments.grid import (
     DEFAULT_COEFS,
     GridEntry,
@@ -15,7 +16,6 @@ from gbmpo.experiments.grid import (
     parse_coefs,
     parse_regularizers,
     parse_seeds,
-    plan_action,
     plan_grid,
 )
 from gbmpo.train import load_config

@@ -2,19 +2,21 @@
 run-directory readers, statistics over seeds, the accuracy-versus-drift frontier and the reports
 (``gbmpo report``)."""
 
+from gbmpo.experiments.execute import (
+    ensure_final_eval,
+    plan_action,
+    run_grid,
+)
 from gbmpo.experiments.frontier import DRIFT_MEASURES, build_frontier, drift_grid, interpolate
 from gbmpo.experiments.grid import (
     DEFAULT_COEFS,
     GridEntry,
     GridError,
     GridRun,
-    ensure_final_eval,
     parse_coefs,
     parse_regularizers,
     parse_seeds,
-    plan_action,
     plan_grid,
-    run_grid,
 )
 from gbmpo.experiments.report import write_report
 from gbmpo.experiments.results import build_results, group_runs

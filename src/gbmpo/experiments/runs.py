@@ -4,7 +4,7 @@ A run directory (written by :class:`gbmpo.train.Trainer`) holds ``config.yaml``,
 ``metrics.jsonl`` and, once the run has finished, ``summary.json`` (written last). The final
 held-out metrics of a run are the summary's ``eval_after`` (the trainer's greedy evaluation of
 the final policy on the task's held-out split) or, when the run was trained without it,
-``compare_eval.json`` written by :func:`gbmpo.experiments.grid.ensure_final_eval`.
+``compare_eval.json`` written by :func:`gbmpo.experiments.execute.ensure_final_eval`.
 """
 
 from __future__ import annotations
