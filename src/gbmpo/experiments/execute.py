@@ -27,7 +27,7 @@ from gbmpo.experiments.runs import (
     run_status,
 )
 from gbmpo.io import write_atomic
-from gbmpo.train.config import config_from_dict, config_to_dict
+from gbmpo.train.config import config_from_dict, config_to_dict, rename_old_keys
 
 __all__ = [
     "GridMember",
@@ -51,7 +51,8 @@ def _saved_config(run_dir: Path) -> dict[str, Any] | None:
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
-    return data if isinstance(data, dict) else None
+    # a run saved before a key was renamed compares under the new name
+    return rename_old_keys(data) if isinstance(data, dict) else None
 
 
 def plan_action(run: GridRun) -> tuple[str, list[tuple[str, Any]]]:

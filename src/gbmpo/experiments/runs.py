@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from gbmpo.train.config import rename_old_keys
+
 __all__ = [
     "EVAL_FILE",
     "IGNORED_CONFIG_KEYS",
@@ -217,6 +219,7 @@ def load_run(path: str | Path, *, label: str | None = None) -> RunRecord:
     config = yaml.safe_load((p / CONFIG_FILE).read_text())
     if not isinstance(config, dict) or "task" not in config or "objective" not in config:
         raise RunDirError(f"{p / CONFIG_FILE} is not a gbmpo training configuration")
+    config = rename_old_keys(config)  # a run saved before a key was renamed: the new names
     summary = _read_json(p / SUMMARY_FILE)
     metrics: list[dict[str, Any]] = []
     metrics_path = p / METRICS_FILE

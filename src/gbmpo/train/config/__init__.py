@@ -21,7 +21,12 @@ aliases), :mod:`~gbmpo.train.config.convert` (dicts and YAML), :mod:`~gbmpo.trai
 from __future__ import annotations
 
 from gbmpo.train.config.checks import validate
-from gbmpo.train.config.convert import config_from_dict, config_to_dict, dump_yaml
+from gbmpo.train.config.convert import (
+    config_from_dict,
+    config_to_dict,
+    dump_yaml,
+    rename_old_keys,
+)
 from gbmpo.train.config.overrides import (
     annotation_at,
     apply_overrides,
@@ -73,5 +78,6 @@ __all__ = [
     "leaf_keys",
     "dump_yaml",
     "load_config",
+    "rename_old_keys",
     "validate",
 ]
