@@ -221,7 +221,7 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
     import yaml
     from safetensors import safe_open
 
-    from gbmpo.engines import trl as trl_engine
+    from gbmpo.engines import trl_checkpoints
     from gbmpo.train.checkpoint import LOCK_FILE, list_checkpoints, verify_checkpoint
 
     corrupt: list[str] = []
@@ -230,7 +230,7 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
         return corrupt, temps
     # TRL checkpoints the kill cut short (no gbmpo_state.json): leftovers the resume removes
     trl_partial = {c for c in root.rglob("checkpoint-*")
-                   if c.is_dir() and not (c / trl_engine.STATE_FILE).is_file()}
+                   if c.is_dir() and not (c / trl_checkpoints.STATE_FILE).is_file()}
     for p in sorted(root.rglob("*")):
         if not p.is_file():
             continue
@@ -266,8 +266,8 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
             if problem:
                 corrupt.append(f"{ckpt.relative_to(root)}: {problem}")
     for run_dir in {c.parent.parent for c in root.rglob("checkpoints/checkpoint-*")}:
-        for _, ckpt in trl_engine.checkpoints(run_dir):
-            problem = trl_engine.verify_checkpoint(ckpt)
+        for _, ckpt in trl_checkpoints.checkpoints(run_dir):
+            problem = trl_checkpoints.verify_checkpoint(ckpt)
             if problem:
                 corrupt.append(f"{ckpt.relative_to(root)}: {problem}")
     return corrupt, temps
@@ -399,11 +399,11 @@ TRL_SUMMARY_VOLATILE = TIMING_SUMMARY_KEYS | {"finished"}
 
 
 def trl_fingerprint(run_dir: Path) -> dict[str, Any]:
-    from gbmpo.engines import trl as trl_engine
+    from gbmpo.engines import trl_checkpoints
     from gbmpo.train.logging import read_metrics, without_timing
 
     summary = json.loads((run_dir / "summary.json").read_text())
-    found = trl_engine.checkpoints(run_dir)
+    found = trl_checkpoints.checkpoints(run_dir)
     model = run_dir / "model" / "model.safetensors"
     return {
         "metrics": [{k: v for k, v in without_timing(r).items() if k not in TRL_TIMING}
@@ -421,14 +421,14 @@ def trl_command(steps: int, processes: int) -> Command:
                                 "--run.checkpoint_every", "1"])
 
     def progress(d: Path) -> str:
-        from gbmpo.engines import trl as trl_engine
+        from gbmpo.engines import trl_checkpoints
 
         if not d.exists():
             return "no run directory yet"
         if (d / "summary.json").exists():
             return "finished"
-        done = trl_engine.checkpoints(d)
-        started = trl_engine.checkpoints(d, complete=False)
+        done = trl_checkpoints.checkpoints(d)
+        started = trl_checkpoints.checkpoints(d, complete=False)
         rows = d / "metrics.jsonl"
         n = len(rows.read_text().splitlines()) if rows.exists() else 0
         complete = {p for _, p in done}
@@ -969,8 +969,9 @@ def bad_input_cases() -> list[BadInput]:
                  r"'optim.mini_batch_size'=3 must divide"),
         BadInput("config", "unknown schedule", ["train", *MINI, "--optim.schedule", "linear",
                                                 *OUT], r"'optim.schedule'.*linear"),
-        BadInput("config", "unknown rollout engine", ["train", *MINI, "--rollout.engine", "vllm2",
-                                                      *OUT], r"'rollout.engine'.*vllm2"),
+        BadInput("config", "unknown rollout generator", ["train", *MINI, "--rollout.generator",
+                                                         "vllm2", *OUT],
+                 r"'rollout.generator'.*vllm2"),
         BadInput("config", "unknown reporter", ["train", *MINI, "--report-to", "mlflow", *OUT],
                  r"mlflow.*tensorboard"),
         BadInput("config", "unknown task", ["train", "--task", "gsm9k", *MINI, *OUT],

@@ -25,7 +25,7 @@ into both implementations and reports both losses: gbmpo's
 
 CPU time per step (``time.process_time``) is reported next to wall time: with one torch thread
 it measures the work done and is much less sensitive to other jobs on a shared machine.
-``--baseline`` adds a third side, "gbmpo-hf": gbmpo's trainer with ``rollout.engine=hf``
+``--baseline`` adds a third side, "gbmpo-hf": gbmpo's trainer with ``rollout.generator=hf``
 (transformers' ``generate``) and ``rollout.share_prompts=false`` (one log-prob forward per
 row), i.e. the trainer before its prompt-sharing rollout, for a before/after in the same run.
 ``--no-lean`` adds "gbmpo-nolean": the default trainer with ``rollout.lean_decoder=false`` (the
@@ -205,7 +205,7 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
                                                        "num_sft": 1}},
             "rollout": {"prompts_per_step": a.prompts, "num_generations": a.generations,
                         "max_new_tokens": a.max_new_tokens, "temperature": 1.0, "top_p": 1.0,
-                        "top_k": 0, "engine": "hf" if baseline else "gbmpo",
+                        "top_k": 0, "generator": "hf" if baseline else "gbmpo",
                         "share_prompts": not baseline,
                         "lean_decoder": role not in ("baseline", "nolean"),
                         "lean_forward": role not in ("baseline", "noleanfwd")},
@@ -606,7 +606,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=40)
     p.add_argument("--num-train", type=int, default=512, help="training prompts in the task")
     p.add_argument("--baseline", action="store_true",
-                   help="also time gbmpo with rollout.engine=hf and share_prompts=false")
+                   help="also time gbmpo with rollout.generator=hf and share_prompts=false")
     p.add_argument("--no-lean", action="store_true",
                    help="also time gbmpo with rollout.lean_decoder=false")
     p.add_argument("--no-lean-forward", action="store_true",

@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 import gbmpo.integrations.verl as gv  # noqa: E402
-from gbmpo.engines.verl import overrides, write_data  # noqa: E402
+from gbmpo.engines.verl_args import overrides, write_data  # noqa: E402
 from gbmpo.engines.verl_check import check  # noqa: E402
 from gbmpo.objectives import get_regularizer, get_surrogate  # noqa: E402
 from gbmpo.train.config import dump_yaml, load_config  # noqa: E402
@@ -200,7 +200,8 @@ def test_summary_from_verls_own_logger_and_validation_metrics(
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.utils.tracking import FileLogger
 
-    from gbmpo.engines.verl import VERL_METRICS_FILE, data_source, summarize_run
+    from gbmpo.engines.verl_args import data_source
+    from gbmpo.engines.verl_metrics import VERL_METRICS_FILE, summarize_run
     from gbmpo.eval.evaluation import score_samples, summarize
 
     run_dir = tmp_path / "run"

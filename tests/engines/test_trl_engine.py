@@ -16,7 +16,7 @@ import yaml
 pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
-from gbmpo.engines.trl import batch_layout, grpo_args, lr_at  # noqa: E402
+from gbmpo.engines.trl_args import batch_layout, grpo_args, lr_at  # noqa: E402
 from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared  # noqa: E402
 from gbmpo.train.config import ConfigError, load_config  # noqa: E402
 
@@ -145,17 +145,17 @@ def test_bf16_trains_fp32_weights_and_prints_the_no_effect_notices(
 
 
 def test_vllm_maps_to_trl_vllm_in_the_dry_run(capsys: pytest.CaptureFixture) -> None:
-    assert main(["train", "--engine", "trl", "--rollout.engine", "vllm", "--dry-run"]) == 0
+    assert main(["train", "--engine", "trl", "--rollout.generator", "vllm", "--dry-run"]) == 0
     report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
     assert report["engine"] == "trl" and report["checks"]["GRPOConfig"].startswith("ok")
     assert "vllm_mode=colocate" in report["checks"]["vllm"]
-    cfg = load_config(None, [("engine", "trl"), ("rollout.engine", "vllm")])
+    cfg = load_config(None, [("engine", "trl"), ("rollout.generator", "vllm")])
     assert grpo_args(cfg, "unused").use_vllm is True
 
 
 def test_own_engine_refuses_vllm(capsys: pytest.CaptureFixture) -> None:
-    assert main(["train", "--rollout.engine", "vllm", "--dry-run"]) == 2
-    assert "'rollout.engine': unknown engine 'vllm'" in capsys.readouterr().err
+    assert main(["train", "--rollout.generator", "vllm", "--dry-run"]) == 2
+    assert "'rollout.generator': unknown generator 'vllm'" in capsys.readouterr().err
 
 
 @pytest.mark.slow

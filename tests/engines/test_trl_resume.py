@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
-from gbmpo.engines import trl as engine  # noqa: E402
+from gbmpo.engines import trl_args, trl_checkpoints  # noqa: E402
 from gbmpo.io import CheckpointError  # noqa: E402
 from gbmpo.train.logging import read_metrics, without_timing  # noqa: E402
 
@@ -55,7 +55,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(
     proc = subprocess.Popen([sys.executable, "-c", CLI, "train", *TINY, "--output-dir", str(run)],
                             env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)  # fmt: skip
-    done = run / "checkpoints" / "checkpoint-2" / engine.STATE_FILE
+    done = run / "checkpoints" / "checkpoint-2" / trl_checkpoints.STATE_FILE
     deadline = time.monotonic() + 300
     while not done.is_file() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -90,28 +90,29 @@ def _fake_checkpoint(run: Path, step: int, *, complete: bool = True) -> Path:
     path.mkdir(parents=True)
     (path / "model.safetensors").write_bytes(b"x" * (10 + step))
     if complete:
-        engine._complete_checkpoint(path, {"global_step": step}, keep=0)
+        trl_checkpoints.complete_checkpoint(path, {"global_step": step}, keep=0)
     return path
 
 
 def test_which_checkpoint_a_resume_uses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = tmp_path / "run"
-    assert engine.latest_valid_checkpoint(run) is None
+    assert trl_checkpoints.latest_valid_checkpoint(run) is None
     two, four = _fake_checkpoint(run, 2), _fake_checkpoint(run, 4)
     six = _fake_checkpoint(run, 6, complete=False)  # killed while TRL wrote it
-    assert [p for _, p in engine.checkpoints(run)] == [two, four]
-    assert engine.verify_checkpoint(six) and "missing" in engine.verify_checkpoint(six)
-    assert engine.latest_valid_checkpoint(run) == four
+    assert [p for _, p in trl_checkpoints.checkpoints(run)] == [two, four]
+    problem = trl_checkpoints.verify_checkpoint(six)
+    assert problem and "missing" in problem
+    assert trl_checkpoints.latest_valid_checkpoint(run) == four
     (four / "model.safetensors").write_bytes(b"x")  # damaged after it was completed
-    assert "model.safetensors has 1 bytes" in str(engine.verify_checkpoint(four))
-    assert engine.latest_valid_checkpoint(run) == two
+    assert "model.safetensors has 1 bytes" in str(trl_checkpoints.verify_checkpoint(four))
+    assert trl_checkpoints.latest_valid_checkpoint(run) == two
     assert "checkpoint-4 is damaged" in capsys.readouterr().err
     # a resume removes what lies past its checkpoint (TRL writes those steps again)
-    assert engine._prepare_resume(run) == two
+    assert trl_checkpoints.prepare_resume(run) == two
     assert not four.exists() and not six.exists() and two.is_dir()
     (two / "model.safetensors").write_bytes(b"")
     with pytest.raises(CheckpointError, match="no intact checkpoint.*checkpoint-2"):
-        engine.latest_valid_checkpoint(run)
+        trl_checkpoints.latest_valid_checkpoint(run)
 
 
 def test_completing_a_checkpoint_rotates_the_older_ones(tmp_path: Path) -> None:
@@ -119,20 +120,20 @@ def test_completing_a_checkpoint_rotates_the_older_ones(tmp_path: Path) -> None:
     for step in (2, 4):
         _fake_checkpoint(run, step)
     path = _fake_checkpoint(run, 6, complete=False)
-    assert len(engine.checkpoints(run)) == 2  # nothing removed before 6 is complete
-    engine._complete_checkpoint(path, {"global_step": 6}, keep=2)
-    assert [n for n, _ in engine.checkpoints(run)] == [4, 6]
+    assert len(trl_checkpoints.checkpoints(run)) == 2  # nothing removed before 6 is complete
+    trl_checkpoints.complete_checkpoint(path, {"global_step": 6}, keep=2)
+    assert [n for n, _ in trl_checkpoints.checkpoints(run)] == [4, 6]
 
 
 def test_worker_command_carries_the_resume_point(tmp_path: Path) -> None:
     from gbmpo.train.config import load_config
 
     cfg = load_config(None, [("engine", "trl"), ("run.num_processes", 2)])
-    cmd = engine.launch_command(cfg, tmp_path, resume_from=tmp_path / "checkpoint-4",
+    cmd = trl_args.launch_command(cfg, tmp_path, resume_from=tmp_path / "checkpoint-4",
                                 resuming=True)  # fmt: skip
     assert cmd[-2:] == ["--resume-from", str(tmp_path / "checkpoint-4")]
-    assert engine.launch_command(cfg, tmp_path, resuming=True)[-2:] == ["--resume-from", ""]
-    assert "--resume-from" not in engine.launch_command(cfg, tmp_path)
+    assert trl_args.launch_command(cfg, tmp_path, resuming=True)[-2:] == ["--resume-from", ""]
+    assert "--resume-from" not in trl_args.launch_command(cfg, tmp_path)
 
 
 def test_resume_dry_run_and_refused_overrides(
@@ -179,7 +180,7 @@ def test_resume_continues_the_time_budget_and_drops_rows_past_the_checkpoint(
     for n in (4, 6):
         shutil.rmtree(run / "checkpoints" / f"checkpoint-{n}", ignore_errors=True)
     one = run / "checkpoints" / "checkpoint-2"
-    saved = json.loads((one / engine.STATE_FILE).read_text())
+    saved = json.loads((one / trl_checkpoints.STATE_FILE).read_text())
     weights = load_file(str(one / "model.safetensors"))
     budget = saved["rl_seconds"] / 2
     assert main(["train", "--resume", str(run), "--time-budget", str(budget)]) == 0

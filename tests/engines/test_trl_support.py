@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
-from gbmpo.engines import trl as engine  # noqa: E402
+from gbmpo.engines import trl_args, trl_callbacks  # noqa: E402
 from gbmpo.train.config import ConfigError, load_config  # noqa: E402
 from gbmpo.train.support import HONOURED, NO_EFFECT, REFUSED, TRL, check_support  # noqa: E402
 
@@ -37,10 +37,10 @@ def test_every_honoured_probe_changes_what_trl_runs(key: str) -> None:
     if key == "run.report_to" and importlib.util.find_spec("tensorboard") is None:
         pytest.skip("tensorboard is not installed")
     base = _COMPANIONS.get(key, [])
-    default = engine.host_settings(_cfg(*base))
+    default = trl_args.host_settings(_cfg(*base))
     probed_cfg = _cfg(*base, (key, TRL[key].probe))
     assert check_support(probed_cfg, "trl") == []
-    assert engine.host_settings(probed_cfg) != default, f"{key} changes nothing on TRL"
+    assert trl_args.host_settings(probed_cfg) != default, f"{key} changes nothing on TRL"
 
 
 def test_the_mapped_grpo_config_fields() -> None:
@@ -64,13 +64,13 @@ def test_the_mapped_grpo_config_fields() -> None:
         "run.keep_checkpoints": ("save_total_limit", 2),
     }
     for key, (field, value) in fields.items():
-        args = engine.grpo_args(_cfg((key, value)), "unused")
+        args = trl_args.grpo_args(_cfg((key, value)), "unused")
         assert getattr(args, field) == value, key
-    args = engine.grpo_args(_cfg(("optim.betas", [0.8, 0.95])), "unused")
+    args = trl_args.grpo_args(_cfg(("optim.betas", [0.8, 0.95])), "unused")
     assert (args.adam_beta1, args.adam_beta2) == (0.8, 0.95)
-    assert engine.grpo_args(_cfg(("rollout.engine", "vllm")), "unused").use_vllm is True
-    assert engine.grpo_args(_cfg(("optim.grad_clip", None)), "unused").max_grad_norm == 0.0
-    assert engine.grpo_args(_cfg(("objective.monitor_regularizers", False)),
+    assert trl_args.grpo_args(_cfg(("rollout.generator", "vllm")), "unused").use_vllm is True
+    assert trl_args.grpo_args(_cfg(("optim.grad_clip", None)), "unused").max_grad_norm == 0.0
+    assert trl_args.grpo_args(_cfg(("objective.monitor_regularizers", False)),
                             "unused").monitor_reference is False  # fmt: skip
 
 
@@ -78,7 +78,7 @@ def test_the_mapped_grpo_config_fields() -> None:
 def test_every_refused_trl_value_is_a_config_error(key: str) -> None:
     value = TRL[key].probe
     with pytest.raises(ConfigError, match=rf"'{key}'={value!r}.*engine 'trl'"):
-        engine.check_engine(_cfg((key, value)))
+        trl_args.check_engine(_cfg((key, value)))
 
 
 @pytest.mark.parametrize(
@@ -116,11 +116,11 @@ def test_vllm_without_vllm_is_exit_2_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     out = tmp_path / "run"
-    argv = ["train", "--engine", "trl", "--rollout.engine", "vllm", "--output-dir", str(out)]
+    argv = ["train", "--engine", "trl", "--rollout.generator", "vllm", "--output-dir", str(out)]
     assert main(argv) == 2
     assert "needs the vllm package" in capsys.readouterr().err
     assert not out.exists()
-    assert main(["train", "--engine", "trl", "--rollout.engine", "vllm", "--dry-run"]) == 0
+    assert main(["train", "--engine", "trl", "--rollout.generator", "vllm", "--dry-run"]) == 0
     report = json.loads(capsys.readouterr().out.split("dry run OK: ", 1)[1])
     assert report["checks"]["vllm"].startswith("skipped")
     assert "a real run here stops with exit 2" in report["checks"]["vllm"]
@@ -135,7 +135,7 @@ def test_vllm_without_vllm_is_exit_2_before_anything_is_written(
 )  # fmt: skip
 def test_bad_vllm_values(key: str, value: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        engine.check_engine(_cfg((key, value)))
+        trl_args.check_engine(_cfg((key, value)))
 
 
 # ------------------------------------------------------------------ the engine's own parts
@@ -151,12 +151,12 @@ def test_learning_rate_is_the_own_schedule_per_rl_step() -> None:
     cfg = _cfg(("run.steps", 100), ("run.time_budget_seconds", 8.0), ("optim.warmup_steps", 1))
     for step, seconds in ((0, 0.0), (1, 2.0), (3, 6.0), (5, 8.0)):
         own = Trainer.lr_at(SimpleNamespace(config=cfg, step=step, rl_seconds=seconds))  # type: ignore[arg-type]
-        assert engine.lr_at(cfg, step, seconds) == own
-    assert engine.lr_at(cfg, 5, 8.0) == 0.0  # budget used up: the cosine has reached 0
-    assert engine.lr_at(cfg, 3, 6.0) < 0.2 * cfg.optim.lr  # without the budget: ~0.99 lr
+        assert trl_args.lr_at(cfg, step, seconds) == own
+    assert trl_args.lr_at(cfg, 5, 8.0) == 0.0  # budget used up: the cosine has reached 0
+    assert trl_args.lr_at(cfg, 3, 6.0) < 0.2 * cfg.optim.lr  # without the budget: ~0.99 lr
 
-    progress = engine._RLProgress(cfg, k=2)
-    hooks = engine._RunDirCallback(cfg, progress, None, None, None).as_trainer_callback()
+    progress = trl_callbacks.RLProgress(cfg, k=2)
+    hooks = trl_callbacks.RunDirCallback(cfg, progress, None, None, None).as_trainer_callback()
     optimizer = SimpleNamespace(param_groups=[{"lr": 1.0}, {"lr": 1.0}])
     control = SimpleNamespace(should_training_stop=False)
     args = SimpleNamespace()
@@ -169,22 +169,22 @@ def test_learning_rate_is_the_own_schedule_per_rl_step() -> None:
         progress.rl_seconds += 3.0 * (global_step % 2)  # 3 s per RL step
     assert seen[0] == seen[1] and seen[2] == seen[3] and seen[4] == seen[5]
     assert seen[0] > seen[2] > seen[4]
-    assert seen[2] == engine.lr_at(cfg, 1, 3.0) and seen[4] == engine.lr_at(cfg, 2, 6.0)
+    assert seen[2] == trl_args.lr_at(cfg, 1, 3.0) and seen[4] == trl_args.lr_at(cfg, 2, 6.0)
 
 
 def test_weight_decay_on_every_parameter_as_the_own_engine() -> None:
     import torch
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    names = engine._engine_trainer_class().get_decay_parameter_names(None, model)
+    names = trl_callbacks.engine_trainer_class().get_decay_parameter_names(None, model)
     assert sorted(names) == sorted(n for n, _ in model.named_parameters())
     assert "0.bias" in names and "1.weight" in names  # transformers would exempt these
 
 
 def test_bf16_is_autocast_over_fp32_weights() -> None:
-    args = engine.grpo_args(_cfg(("model.dtype", "bfloat16")), "unused")
+    args = trl_args.grpo_args(_cfg(("model.dtype", "bfloat16")), "unused")
     assert args.bf16 is True and args.fp16 is False
-    args = engine.grpo_args(_cfg(), "unused")
+    args = trl_args.grpo_args(_cfg(), "unused")
     assert args.bf16 is False and args.fp16 is False
 
 
@@ -195,7 +195,7 @@ def test_schema_record_names() -> None:
             "completions/max_length": 9.0, "regularizer/prob_l2": 0.01,
             "regularizer/kl_k1": 0.02, "reference/kl_k1": 0.03, "ratio/min": 0.9,
             "clip_ratio/low_mean": 0.1, "kl": 0.04}  # fmt: skip
-    rec = engine.schema_record(logs, "prob_l2")
+    rec = trl_callbacks.schema_record(logs, "prob_l2")
     assert rec == {
         "loss": 1.0, "pg_loss": 0.5, "reg_loss": 0.1, "reward_mean": 0.3, "trl/reward_std": 0.2,
         "reward_std": 0.19, "accuracy": 0.25, "truncated_frac": 0.5,

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gbmpo.cli import main
-from gbmpo.engines.verl import overrides, verl_python
+from gbmpo.engines.verl_args import overrides
+from gbmpo.engines.verl_runner import verl_python
 from gbmpo.train.config import ConfigError, load_config
 
 #: the keys verl refuses at the own engine's defaults (CPU, a time budget, all-regularizer
@@ -81,7 +82,7 @@ def test_settings_verl_cannot_express_are_named(tmp_path: Path) -> None:
 def test_default_mirror_map_is_written_for_verl(tmp_path: Path) -> None:
     """verl's workers read the mirror map from a file: without one, the engine writes the map
     gbmpo's neural_mirror uses by default and points the KL loss at it."""
-    from gbmpo.engines.verl import with_mirror_file
+    from gbmpo.engines.verl_args import with_mirror_file
     from gbmpo.objectives import NeuralMirrorMap, get_regularizer
 
     cfg = load_config(None, [("regularizer", "neural_mirror"), ("coef", 1e-4)])

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gbmpo.engines.verl import summarize_run
+from gbmpo.engines.verl_metrics import summarize_run
 from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared
 from gbmpo.train.config import load_config
 
@@ -158,7 +158,7 @@ def test_held_out_file_holds_what_the_own_engine_evaluates(
 ) -> None:
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
-    from gbmpo.engines.verl import write_data
+    from gbmpo.engines.verl_args import write_data
     from gbmpo.train.setup import build_task, eval_limit, load_tokenizer
 
     cfg = load_config(None, [*VERL_OK, ("eval.limit", limit), ("eval.auto_limit", auto_limit)])

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from gbmpo.engines.verl import convert_row, overrides
+from gbmpo.engines.verl_args import overrides
+from gbmpo.engines.verl_metrics import convert_row
 from gbmpo.integrations.common import verl_objective_overrides
 from gbmpo.train.config import ConfigError, load_config
 from gbmpo.train.support import VERL_REQUIRED, check_support

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gbmpo.cli import main
-from gbmpo.engines import verl
+from gbmpo.engines import verl_args, verl_metrics, verl_runner
 from gbmpo.integrations.common import hydra_value
 from gbmpo.train.config import dump_yaml, load_config
 from gbmpo.train.support import VERL_REQUIRED
@@ -32,7 +32,7 @@ def _verl_run(tmp_path: Path, step: int | None) -> Path:
     cfg = _cfg()
     cfg.run.output_dir = str(run)
     (run / "config.yaml").write_text(dump_yaml(cfg))
-    (run / verl.LAUNCH_FILE).write_text(json.dumps({
+    (run / verl_runner.LAUNCH_FILE).write_text(json.dumps({
         "verl_checkpoints": str(run.resolve() / "checkpoints"), "model_path": "/models/tiny",
         "max_prompt_length": 40, "n_eval": 8, "kind": "math"}))  # fmt: skip
     if step is not None:
@@ -44,9 +44,9 @@ def _verl_run(tmp_path: Path, step: int | None) -> Path:
 def test_resume_overrides_are_the_launch_plus_verl_resume_settings(tmp_path: Path) -> None:
     run = _verl_run(tmp_path, 4)
     cfg = _cfg()
-    ov, step = verl.resume_overrides(cfg, run)
+    ov, step = verl_runner.resume_overrides(cfg, run)
     assert step == 4
-    launch = verl.overrides(verl.with_mirror_file(cfg, run / "mirror_init.json"), run,
+    launch = verl_args.overrides(verl_args.with_mirror_file(cfg, run / "mirror_init.json"), run,
                             model_path="/models/tiny", max_prompt_length=40)  # fmt: skip
     assert [o for o in ov if not o.startswith(RESUME_KEYS)] == [
         o for o in launch if not o.startswith(RESUME_KEYS)]  # fmt: skip
@@ -62,7 +62,7 @@ def test_resume_overrides_are_the_launch_plus_verl_resume_settings(tmp_path: Pat
 
 def test_without_a_checkpoint_the_run_starts_over(tmp_path: Path) -> None:
     run = _verl_run(tmp_path, None)
-    ov, step = verl.resume_overrides(_cfg(), run)
+    ov, step = verl_runner.resume_overrides(_cfg(), run)
     assert step == 0 and "trainer.resume_mode=disable" in ov
     assert "trainer.val_before_train=true" in ov
 
@@ -82,7 +82,7 @@ def test_refusals(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     run = _verl_run(tmp_path, 2)
     assert main(["train", "--resume", str(run), "--dry-run", "--lr", "1"]) == 2
     assert "cannot change 'optim.lr' when resuming" in capsys.readouterr().err
-    (run / verl.LAUNCH_FILE).unlink()
+    (run / verl_runner.LAUNCH_FILE).unlink()
     assert main(["train", "--resume", str(run), "--dry-run"]) == 2
     assert "no readable verl_launch.json" in capsys.readouterr().err
     (run / "summary.json").write_text("{}")
@@ -98,7 +98,7 @@ def test_real_resume_without_gpus_exits_2_and_writes_nothing(
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the resume would start")
     run = _verl_run(tmp_path, 4)
-    (run / verl.VERL_METRICS_FILE).write_text(json.dumps({"step": 5, "data": {}}) + "\n")
+    (run / verl_metrics.VERL_METRICS_FILE).write_text(json.dumps({"step": 5, "data": {}}) + "\n")
     before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
     assert main(["train", "--resume", str(run)]) == 2
     err = capsys.readouterr().err
@@ -117,8 +117,8 @@ def test_metrics_join_the_parts_before_and_after_a_resume(tmp_path: Path) -> Non
                                                        "training/global_step": s}}) + "\n"
                        for s in steps)  # fmt: skip
 
-    (run / verl.VERL_EARLIER_METRICS_FILE).write_text(rows(1, 2))
-    (run / verl.VERL_METRICS_FILE).write_text(rows(3, 4))
-    summary = verl.summarize_run(cfg, run, kind="math", wall_seconds=1.0)
+    (run / verl_metrics.VERL_EARLIER_METRICS_FILE).write_text(rows(1, 2))
+    (run / verl_metrics.VERL_METRICS_FILE).write_text(rows(3, 4))
+    summary = verl_metrics.summarize_run(cfg, run, kind="math", wall_seconds=1.0)
     got = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in got] == [1, 2, 3, 4] and summary["steps"] == 4

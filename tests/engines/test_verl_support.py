@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from gbmpo.engines.verl import overrides, precision_overrides, validation_freq
+from gbmpo.engines.verl_args import overrides, precision_overrides, validation_freq
 from gbmpo.train.config import ConfigError, load_config
 from gbmpo.train.support import (
     HONOURED,
@@ -103,7 +103,7 @@ def test_no_effect_keys_give_one_notice_each() -> None:
     notices = check_support(cfg, "verl")
     assert len(notices) == 2
     assert "rollout.batch_size" in notices[0] and "eval.batch_size" in notices[1]
-    for key in ("rollout.batch_size", "eval.batch_size", "rollout.engine", "run.num_threads"):
+    for key in ("rollout.batch_size", "eval.batch_size", "rollout.generator", "run.num_threads"):
         assert VERL[key].status == NO_EFFECT
 
 

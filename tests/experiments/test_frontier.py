@@ -11,7 +11,7 @@ import pytest
 from scipy import stats as sstats
 
 from gbmpo.experiments.frontier import build_frontier, drift_grid, interpolate
-from gbmpo.experiments.report import group_runs
+from gbmpo.experiments.results import group_runs
 from gbmpo.experiments.runs import load_run
 from gbmpo.experiments.sweep import sweep_labels_from_dirs
 

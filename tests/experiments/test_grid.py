@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gbmpo.experiments.execute import plan_action
 from gbmpo.experiments.grid import (
     DEFAULT_COEFS,
     GridEntry,
@@ -15,7 +16,6 @@ from gbmpo.experiments.grid import (
     parse_coefs,
     parse_regularizers,
     parse_seeds,
-    plan_action,
     plan_grid,
 )
 from gbmpo.train import load_config
@@ -144,3 +144,15 @@ def test_plan_action_reuse_resume_fresh(tmp_path):
         plan_action(other)
     (run.run_dir / "summary.json").write_text("{broken")
     assert plan_action(run) == ("resume", [])
+
+
+def test_plan_action_reuses_a_run_saved_under_an_old_key_name(tmp_path):
+    base = load_config(None, [("steps", "5")])
+    (run,) = plan_grid(base, parse_regularizers("kl_k3"), [0], tmp_path)
+    _finish(run.run_dir, run.config)
+    text = (run.run_dir / "config.yaml").read_text()
+    assert "  generator: gbmpo\n" in text
+    old = text.replace("  generator: gbmpo\n", "  engine: gbmpo\n")  # saved before the rename
+    (run.run_dir / "config.yaml").write_text(old)
+    with pytest.warns(DeprecationWarning, match="rollout.generator"):
+        assert plan_action(run) == ("reuse", [])

@@ -49,7 +49,7 @@ _PINNED: dict[str, list[Any]] = {
     "run.num_processes": [1, 0, -3, 10**12],
     "run.num_nodes": [1, 0, 10**12],
     "run.report_to": [[], ["nope"], ["tensorboard", "tensorboard"]],
-    "rollout.engine": ["hf", "nope", ""],
+    "rollout.generator": ["hf", "nope", ""],
     "task.name": ["arithmetic", "nope", "", "jsonl"],
 }
 

@@ -16,7 +16,6 @@ pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from gbmpo.integrations.trl import (  # noqa: E402
-    _HOOKED_METHODS,
     GBMPOConfig,
     GBMPOTrainer,
     TRLInternalsError,
@@ -24,6 +23,7 @@ from gbmpo.integrations.trl import (  # noqa: E402
     check_trl_internals,
     dapo_normalizer,
 )
+from gbmpo.integrations.trl.internals import _HOOKED_METHODS  # noqa: E402
 from gbmpo.objectives.surrogates import atr_bounds  # noqa: E402
 from gbmpo.registry import UnknownNameError  # noqa: E402
 

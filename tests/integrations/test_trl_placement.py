@@ -95,7 +95,7 @@ def test_the_loss_of_a_sum_is_the_sum_of_the_terms(
 
 
 def test_schema_names_of_a_sum() -> None:
-    from gbmpo.engines.trl import schema_record
+    from gbmpo.engines.trl_callbacks import schema_record
 
     logs = {"regularizer/log_l2+kl_k3": 1.0, "regularizer/log_l2": 0.25, "loss/regularizer": 0.5,
             "loss/regularizer/kl_k3": 0.125, "regularizer/prob_l2": 3.0}  # fmt: skip

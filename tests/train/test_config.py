@@ -130,6 +130,48 @@ def test_missing_config_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+# --- renamed keys: rollout.engine -> rollout.generator ---------------------------------------
+
+
+def test_old_generator_key_is_read_with_a_deprecation_warning(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("rollout:\n  engine: hf\n")
+    with pytest.warns(DeprecationWarning, match="'rollout.engine' is deprecated: it is now "
+                      "'rollout.generator'"):
+        assert load_config(path).rollout.generator == "hf"
+    with pytest.warns(DeprecationWarning, match="rollout.generator"):
+        assert load_config(None, [("rollout.engine", "hf")]).rollout.generator == "hf"
+    with pytest.warns(DeprecationWarning, match="rollout.generator"):
+        assert config_from_dict({"rollout": {"engine": "hf"}}).rollout.generator == "hf"
+    assert "engine" not in config_to_dict(load_config(None))["rollout"]  # saved as the new key
+
+
+@pytest.mark.parametrize("source", ["yaml", "overrides", "dict"])
+def test_old_and_new_generator_keys_together_are_refused(tmp_path, source):
+    both = "both 'rollout.engine' and 'rollout.generator' are given"
+    with pytest.raises(ConfigError, match=both):
+        if source == "yaml":
+            path = tmp_path / "both.yaml"
+            path.write_text("rollout:\n  engine: hf\n  generator: gbmpo\n")
+            load_config(path)
+        elif source == "overrides":
+            load_config(None, [("rollout.generator", "gbmpo"), ("--rollout.engine", "hf")])
+        else:
+            config_from_dict({"rollout": {"engine": "hf", "generator": "gbmpo"}})
+
+
+def test_cli_notes_the_old_generator_key(capsys):
+    from gbmpo.cli import main
+
+    assert main(["train", "--rollout.engine", "hf", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: 'rollout.engine' is deprecated: it is now 'rollout.generator'" in err
+    assert "generator: hf" in out
+    assert main(["train", "--rollout.engine", "hf", "--rollout.generator", "hf",
+                 "--print-config"]) == 2
+    assert "both 'rollout.engine' and 'rollout.generator' are given" in capsys.readouterr().err
+
+
 def test_saved_config_yaml_is_plain(tmp_path):
     text = dump_yaml(TrainConfig())
     data = yaml.safe_load(text)

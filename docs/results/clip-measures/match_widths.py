@@ -50,7 +50,7 @@ def old_probabilities(seeds: tuple[int, ...] = (0, 1, 2)) -> torch.Tensor:
             num_return_sequences=ro.num_generations, max_new_tokens=ro.max_new_tokens,
             do_sample=True, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
             generator_seed=derive_seed(seed, "rollout", 0), batch_size=ro.batch_size,
-            engine=ro.engine, lean_decoder=ro.lean_decoder,
+            engine=ro.generator, lean_decoder=ro.lean_decoder,
         )  # fmt: skip
         logp = no_grad_logprobs(tr, batch, reference=False)
         mask = batch.completion_mask.bool()

@@ -36,6 +36,10 @@ from typing import Any
 
 from gbmpo.cli.args import parse_overrides, positive_int, report_errors
 from gbmpo.cli.report import add_report_options, print_table
+from gbmpo.experiments.execute import (
+    plan_action,
+    run_grid,
+)
 from gbmpo.experiments.grid import (
     GridArm,
     GridError,
@@ -43,10 +47,8 @@ from gbmpo.experiments.grid import (
     parse_coefs,
     parse_regularizers,
     parse_seeds,
-    plan_action,
     plan_arms,
     plan_grid,
-    run_grid,
 )
 from gbmpo.experiments.runs import RunDirError, RunRecord, load_run
 from gbmpo.experiments.sweep import BASE_ARM, parse_sweep, sweep_runs, swept_value

@@ -55,7 +55,7 @@ def add_train_parser(subparsers: Any) -> None:
 def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     from transformers.utils import logging as hf_logging
 
-    from gbmpo.train import Trainer, dry_run, load_config
+    from gbmpo.train import Trainer, dry_run
     from gbmpo.train.config import dump_yaml
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars; training has its own
@@ -82,7 +82,7 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
         summary = trainer.train()
         print_summary(summary)
         return 0
-    cfg = load_config(args.config, overrides)
+    cfg = load_config_noting_renames(args.config, overrides)
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
@@ -111,6 +111,24 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     summary = Trainer(cfg).train()
     print_summary(summary)
     return 0
+
+
+def load_config_noting_renames(path: str | None, overrides: list[tuple[str, Any]]) -> Any:
+    """:func:`gbmpo.train.load_config`, printing each renamed key it read under its new name as
+    a ``note:`` line on stderr (the library's ``DeprecationWarning``)."""
+    import warnings
+
+    from gbmpo.train import load_config
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        cfg = load_config(path, overrides)
+    for w in caught:
+        if issubclass(w.category, DeprecationWarning):
+            print(f"note: {w.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return cfg
 
 
 def print_summary(summary: dict[str, Any]) -> None:

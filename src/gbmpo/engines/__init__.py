@@ -1,12 +1,12 @@
 """Engines: one gbmpo config, three trainers (``gbmpo train --engine gbmpo|trl|verl``).
 
 * ``gbmpo``: the own trainer (:class:`gbmpo.train.Trainer`): one process, CPU or one GPU.
-* ``trl`` (:mod:`gbmpo.engines.trl`): TRL's ``GRPOTrainer`` with gbmpo's loss
+* ``trl`` (:mod:`gbmpo.engines.trl_runner`): TRL's ``GRPOTrainer`` with gbmpo's loss
   (:class:`gbmpo.integrations.trl.GBMPOTrainer`), built from the same config; one process
   in-process, several through ``accelerate launch`` (gloo on CPU, NCCL on GPUs), vLLM
-  generation with ``rollout.engine: vllm``.
-* ``verl`` (:mod:`gbmpo.engines.verl`): verl's ``main_ppo`` (Ray, FSDP, vLLM) with the gbmpo
-  plugin; the config becomes verl's data files, Hydra overrides and a reward function.
+  generation with ``rollout.generator: vllm``.
+* ``verl`` (:mod:`gbmpo.engines.verl_runner`): verl's ``main_ppo`` (Ray, FSDP, vLLM) with the
+  gbmpo plugin; the config becomes verl's data files, Hydra overrides and a reward function.
 
 Every engine writes the same run directory: ``config.yaml``, ``metrics.jsonl``,
 ``summary.json`` (evaluation before / after) and ``model/`` (verl: its own checkpoints).
@@ -40,15 +40,15 @@ def run(config: Any) -> dict[str, Any]:
     Raises :class:`EngineUnavailable` (the CLI exits 2, naming what is missing) when the engine
     cannot run here, e.g. verl without its package or GPUs."""
     if config.engine == "trl":
-        from gbmpo.engines import trl
+        from gbmpo.engines import trl_runner
         from gbmpo.train.device import check_device
 
         check_device(config.model.device)  # an absent device stops before anything is loaded
-        return trl.run(config)
+        return trl_runner.run(config)
     if config.engine == "verl":
-        from gbmpo.engines import verl
+        from gbmpo.engines import verl_runner
 
-        return verl.run(config)
+        return verl_runner.run(config)
     raise ValueError(f"gbmpo.engines.run: engine {config.engine!r} is the own trainer's")
 
 
@@ -70,31 +70,32 @@ def check_resumable(run_dir: str) -> str:
 
 def resume(run_dir: str, overrides: list[tuple[str, Any]], *, dry: bool = False) -> int:
     """``gbmpo train --resume DIR [--dry-run]`` for a ``trl`` or ``verl`` run: continue it from
-    its last intact checkpoint with the engine's own resume (:func:`gbmpo.engines.trl.resume`,
-    :func:`gbmpo.engines.verl.resume`); prints the summary line (dry run: the plan); returns the
-    exit code (2 where the engine cannot run here, nothing written)."""
+    its last intact checkpoint with the engine's own resume
+    (:func:`gbmpo.engines.trl_runner.resume`, :func:`gbmpo.engines.verl_runner.resume`); prints
+    the summary line (dry run: the plan); returns the exit code (2 where the engine cannot run
+    here, nothing written)."""
     import json
     import sys
 
     engine = check_resumable(run_dir)
     try:
         if engine == "trl":
-            from gbmpo.engines import trl
+            from gbmpo.engines import trl_runner
 
             if dry:
-                print("dry run OK: " + json.dumps(trl.resume(run_dir, overrides, dry=True)))
+                print("dry run OK: " + json.dumps(trl_runner.resume(run_dir, overrides, dry=True)))
                 return 0
-            summary = trl.resume(run_dir, overrides)
+            summary = trl_runner.resume(run_dir, overrides)
         elif engine == "verl":
-            from gbmpo.engines import verl
+            from gbmpo.engines import verl_runner
 
             if dry:
-                report = verl.resume_dry_run(run_dir, overrides)
+                report = verl_runner.resume_dry_run(run_dir, overrides)
                 for check in report.skipped:
                     print(f"warning: {check.name}: {check.detail}", file=sys.stderr)
                 print("dry run OK: " + json.dumps(report.to_dict()))
                 return 0
-            summary = verl.resume(run_dir, overrides)
+            summary = verl_runner.resume(run_dir, overrides)
         else:
             raise ValueError(f"gbmpo.engines.resume: engine {engine!r} is the own trainer's")
     except EngineUnavailable as err:
@@ -109,13 +110,13 @@ def dry_run(config: Any) -> DryRunReport:
     (:func:`gbmpo.engines.checks.common_checks`) and the engine's own (TRL's ``GRPOConfig``;
     verl's composed Hydra config and its validation). GPU-only checks are reported as skipped."""
     if config.engine == "trl":
-        from gbmpo.engines import trl
+        from gbmpo.engines import trl_runner
 
-        return trl.dry_run(config)
+        return trl_runner.dry_run(config)
     if config.engine == "verl":
-        from gbmpo.engines import verl
+        from gbmpo.engines import verl_runner
 
-        return verl.dry_run(config)
+        return verl_runner.dry_run(config)
     raise ValueError(f"gbmpo.engines.dry_run: engine {config.engine!r} is the own trainer's")
 
 

@@ -2,21 +2,24 @@
 run-directory readers, statistics over seeds, the accuracy-versus-drift frontier and the reports
 (``gbmpo report``)."""
 
+from gbmpo.experiments.execute import (
+    ensure_final_eval,
+    plan_action,
+    run_grid,
+)
 from gbmpo.experiments.frontier import DRIFT_MEASURES, build_frontier, drift_grid, interpolate
 from gbmpo.experiments.grid import (
     DEFAULT_COEFS,
     GridEntry,
     GridError,
     GridRun,
-    ensure_final_eval,
     parse_coefs,
     parse_regularizers,
     parse_seeds,
-    plan_action,
     plan_grid,
-    run_grid,
 )
-from gbmpo.experiments.report import build_results, group_runs, write_report
+from gbmpo.experiments.report import write_report
+from gbmpo.experiments.results import build_results, group_runs
 from gbmpo.experiments.runs import RunDirError, RunRecord, load_run, run_status
 from gbmpo.experiments.stats import Spread, StepBand, moving_average, spread, step_band
 from gbmpo.experiments.sweep import Sweep, SweepPoint, parse_sweep, sweep_point, sweep_runs

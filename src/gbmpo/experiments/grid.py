@@ -14,7 +14,7 @@ grid can hold the same regularizer twice with different coefficients or paramete
 (``--sweep``, :mod:`gbmpo.experiments.sweep`) runs each arm once per value of one key under the
 label ``<arm>@<key>=<value>``.
 
-Re-invoking the same grid is cheap and safe (:func:`plan_action`):
+Re-invoking the same grid is cheap and safe (:func:`gbmpo.experiments.execute.plan_action`):
 
 * a finished run (complete ``summary.json``) with the same configuration is **reused**;
   a finished run with a *different* configuration is an error (choose another output directory);
@@ -26,35 +26,21 @@ Re-invoking the same grid is cheap and safe (:func:`plan_action`):
 Runs are executed by an ES backend of :mod:`gbmpo.meta.backends`: ``serial`` (in this
 process, one after another; the default), ``local`` (a process pool) or ``ray``.
 
-Why one module of ~690 lines: planning a grid (arms, seeds, coefficients), deciding whether a run is
-reused, resumed or restarted, and executing a run all follow the same run-directory layout, whose
-rules are kept in one place. Reports are in :mod:`gbmpo.experiments.report`.
+Running the planned runs (reuse, resume, fresh; the backends) is
+:mod:`gbmpo.experiments.execute`; reports are in :mod:`gbmpo.experiments.report`.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import re
-import shutil
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 
-from gbmpo.experiments.runs import (
-    EVAL_FILE,
-    IGNORED_CONFIG_KEYS,
-    RunDirError,
-    config_differences,
-    main_metric,
-    run_status,
-)
-from gbmpo.io import write_atomic
 from gbmpo.train.config import (
     ConfigError,
     TrainConfig,
@@ -70,16 +56,12 @@ __all__ = [
     "GridEntry",
     "GridError",
     "GridRun",
-    "ensure_final_eval",
-    "execute_run",
     "parse_arms",
     "parse_coefs",
     "parse_regularizers",
     "parse_seeds",
-    "plan_action",
     "plan_arms",
     "plan_grid",
-    "run_grid",
 ]
 
 #: Coefficient used for a grid regularizer when neither ``--coefs`` nor the base configuration
@@ -489,223 +471,3 @@ def plan_arms(
                 cfg = copy.deepcopy(arm_cfg)
                 runs.append(_grid_run(cfg, task, arm.label, seed, out, progress, "arm"))
     return runs
-
-
-# --------------------------------------------------------------------------------- reuse
-
-
-def _resumable_keys() -> tuple[str, ...]:
-    """The keys the trainer lets a resumed run change (imported here: the trainer needs torch)."""
-    from gbmpo.train.run import RESUMABLE_OVERRIDES
-
-    return tuple(RESUMABLE_OVERRIDES)
-
-
-def _saved_config(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        data = yaml.safe_load((run_dir / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def plan_action(run: GridRun) -> tuple[str, list[tuple[str, Any]]]:
-    """What to do with ``run.run_dir``: ``("reuse", [])``, ``("resume", overrides)`` (the
-    resumable keys whose value changed) or ``("fresh", [])`` (see the module docstring).
-
-    Raises :class:`GridError` for a finished run made with another configuration.
-    """
-    status = run_status(run.run_dir)
-    if status == "missing":
-        return "fresh", []
-    wanted = config_to_dict(run.config)
-    saved = _saved_config(run.run_dir)
-    if status == "finished":
-        diff = config_differences(saved or {}, wanted)
-        if diff:
-            raise GridError(
-                f"{run.run_dir} holds a finished run with a different configuration "
-                f"({', '.join(diff)}); use another --output-dir or delete that run"
-            )
-        return "reuse", []
-    if status == "unfinished" and saved is not None and run.config.engine == "gbmpo":
-        # (runs of the trl and verl engines are restarted: the own trainer resumes its own)
-        diff = config_differences(saved, wanted, ignore=frozenset())
-        resumable = set(_resumable_keys())
-        if set(diff) <= resumable | IGNORED_CONFIG_KEYS:
-            flat = {k: v for k, v in _flat(wanted).items() if k in diff and k in resumable}
-            return "resume", sorted(flat.items())
-    return "fresh", []
-
-
-def _flat(config: dict[str, Any]) -> dict[str, Any]:
-    from gbmpo.experiments.runs import flatten
-
-    return flatten(config)
-
-
-# ----------------------------------------------------------------------------- execution
-
-
-def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
-    """The held-out metrics of a finished run's final policy.
-
-    The trainer's ``eval_after`` (greedy, the task's held-out split, ``eval.limit`` /
-    ``eval.auto_limit`` / ``eval.max_new_tokens`` of the run) when present; otherwise the same
-    evaluation is run here with :func:`gbmpo.eval.evaluate` on the exported ``model/`` and saved
-    as ``compare_eval.json``.
-    """
-    p = Path(run_dir)
-    summary = json.loads((p / "summary.json").read_text())
-    if summary.get("eval_after"):
-        return dict(summary["eval_after"])
-    cached = p / EVAL_FILE
-    if cached.is_file():
-        return dict(json.loads(cached.read_text())["metrics"])
-    model_dir = Path(summary.get("final_model") or p / "model")
-    if (model_dir / "adapter_config.json").is_file():
-        raise RunDirError(
-            f"{p}: the final model is a LoRA adapter and the run has no eval_after; train with "
-            "--eval.after true to evaluate LoRA runs"
-        )
-    import torch
-
-    from gbmpo.eval import evaluate
-    from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.setup import build_task, eval_limit
-
-    cfg = config_from_dict(yaml.safe_load((p / "config.yaml").read_text()))
-    model, tokenizer = load_model_and_tokenizer(
-        str(model_dir), dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device
-    )
-    task = build_task(cfg, tokenizer)
-    split = cfg.eval.split or task.eval_split
-    result = evaluate(
-        model,
-        tokenizer,
-        task,
-        split=split,
-        limit=eval_limit(cfg, len(task.split(split))),  # as the trainer evaluates
-        samples=1,
-        temperature=0.0,
-        max_new_tokens=cfg.eval.max_new_tokens,
-        batch_size=cfg.eval.batch_size,
-    )
-    metrics = {
-        k: v
-        for k, v in result["metrics"].items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-    # renamed into place: never half-written
-    write_atomic(cached, json.dumps({"metrics": metrics, "config": result["config"]}, indent=2))
-    return metrics
-
-
-def execute_run(job: Mapping[str, Any]) -> float:
-    """Train (``action`` fresh or resume) one grid run and make sure it has final held-out
-    metrics; returns the wall seconds spent here. ``job`` is a plain dict (picklable for the
-    process-pool and Ray backends): ``name``, ``action``, ``run_dir``, ``config`` (a config
-    dict) and ``overrides`` (for resume)."""
-    from gbmpo.train import Trainer
-
-    t0 = time.perf_counter()
-    run_dir = Path(job["run_dir"])
-    name = job["name"]
-    print(f"[compare] {name}: {job['action']} -> {run_dir}", flush=True)
-    if job["action"] == "fresh":
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
-        cfg = config_from_dict(job["config"])
-        if cfg.engine == "gbmpo":
-            Trainer(cfg).train()
-        else:  # an arm may be an engine: TRL's or verl's trainer, same run directory
-            from gbmpo import engines
-
-            engines.run(cfg)
-    elif job["action"] == "resume":
-        Trainer.resume(run_dir, list(job.get("overrides") or [])).train()
-    elif job["action"] != "reuse":
-        raise ValueError(f"unknown action {job['action']!r}")
-    metrics = ensure_final_eval(run_dir)
-    key = main_metric(metrics)
-    seconds = time.perf_counter() - t0
-    result = f"{key} {100 * metrics[key]:.1f}%" if key else "no metric"
-    print(f"[compare] {name}: done, held-out {result} ({seconds:.0f} s)", flush=True)
-    return seconds
-
-
-class GridMember:
-    """Picklable ``fn(theta) -> float`` for :meth:`gbmpo.meta.backends.Backend.evaluate`:
-    ``theta[0]`` is the index of the job to run."""
-
-    def __init__(self, jobs: Sequence[Mapping[str, Any]]) -> None:
-        self.jobs = [dict(j) for j in jobs]
-
-    def __call__(self, theta: np.ndarray) -> float:
-        return execute_run(self.jobs[int(round(float(np.asarray(theta).ravel()[0])))])
-
-
-@dataclass
-class GridOutcome:
-    """What :func:`run_grid` did: per run its action, and the error for failed runs."""
-
-    actions: dict[str, str]
-    failures: dict[str, str]
-    seconds: dict[str, float]
-
-
-def run_grid(
-    runs: Sequence[GridRun],
-    *,
-    backend: str = "serial",
-    backend_params: Mapping[str, Any] | None = None,
-    log: Callable[[str], None] = print,
-) -> GridOutcome:
-    """Run every grid run that is not finished yet (reusing and resuming as
-    :func:`plan_action` says) on the backend ``backend`` of :mod:`gbmpo.meta.backends`.
-
-    A failing run does not stop the others; its error is in ``GridOutcome.failures``.
-    """
-    from gbmpo.meta.backends import get_backend
-
-    actions: dict[str, str] = {}
-    jobs: list[dict[str, Any]] = []
-    for run in runs:
-        action, overrides = plan_action(run)
-        actions[run.name] = action
-        jobs.append(
-            {
-                "name": run.name,
-                "action": action,
-                "run_dir": str(run.run_dir),
-                "config": config_to_dict(run.config),
-                "overrides": overrides,
-            }
-        )
-    counts = {a: sum(1 for v in actions.values() if v == a) for a in ("reuse", "resume", "fresh")}
-    log(
-        f"[compare] {len(runs)} runs: {counts['reuse']} finished (reused), "
-        f"{counts['resume']} to resume, {counts['fresh']} to train"
-    )
-    failures: dict[str, str] = {}
-    seconds: dict[str, float] = {}
-    # reused runs only need their final metrics: do them here, not on the workers
-    todo = [j for j in jobs if j["action"] != "reuse"]
-    for job in jobs:
-        if job["action"] == "reuse":
-            try:
-                ensure_final_eval(job["run_dir"])
-            except Exception as err:  # reported with the other failures
-                failures[job["name"]] = f"{type(err).__name__}: {err}"
-    if todo:
-        with get_backend(backend, **dict(backend_params or {})) as pool:
-            results = pool.evaluate(
-                GridMember(todo), [np.array([float(i)]) for i in range(len(todo))]
-            )
-        for job, res in zip(todo, results, strict=True):
-            if isinstance(res, BaseException):
-                failures[job["name"]] = f"{type(res).__name__}: {res}"
-                log(f"[compare] {job['name']}: FAILED: {type(res).__name__}: {res}")
-            else:
-                seconds[job["name"]] = float(res)
-    return GridOutcome(actions=actions, failures=failures, seconds=seconds)

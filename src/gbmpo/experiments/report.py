@@ -1,381 +1,32 @@
 """Comparison reports: ``results.json``, ``report.md``, ``report.html`` and learning-curve PNGs.
 
-:func:`build_results` aggregates finished runs (:class:`~gbmpo.experiments.runs.RunRecord`) into
-one table per task and one row per group (runs with the same label: the seeds of one setting).
-Each row reports, over seeds, the final held-out metric (accuracy for math tasks, pass@1 for
-code tasks) as mean +- sample std (ddof = 1) and min - max, the metric before training and the
-gain, the paired difference to a baseline row (same seeds) with its paired t-test p-value, the
-held-out response length, the number of RL steps and the wall time per run; a second table
-gives the training dynamics: policy entropy at the start and the end of training and the
-fractions of tokens the surrogate's clip acted on. For a sweep (rows ``ARM@key=value``) each task
-also has the accuracy-versus-drift frontier (:mod:`gbmpo.experiments.frontier`): a plot, the
-sweep points and the arms compared at matched drift. :func:`write_report` renders it.
-
-Why one module of ~630 lines: the results dictionary and its two renderings (Markdown, HTML) share
-the table builders, so a column is defined once for both. The plots are in
+:func:`write_report` writes them: the results dictionary
+(:func:`gbmpo.experiments.results.build_results`: one table per task, one row per group of
+seeds, the training dynamics and, for a sweep, the accuracy-versus-drift frontier) and its two
+renderings, Markdown (:func:`render_markdown`) and HTML (:func:`render_html`), which share the
+table builders so that a column is defined once for both. The plots are in
 :mod:`gbmpo.experiments.plots`.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
 import html
 import json
-import os
-import platform
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from gbmpo.experiments.runs import RunRecord, config_differences, flatten, main_metric
-from gbmpo.experiments.stats import (
-    bootstrap_std_interval,
-    paired_differences,
-    paired_t_test,
-    spread,
-    std_interval,
-    variance_ratio_test,
+from gbmpo.experiments.results import (
+    DYNAMICS,
+    LAST_STEPS,
+    STD_NOTE,
+    build_results,
+    group_runs,
 )
+from gbmpo.experiments.runs import RunRecord
 from gbmpo.io import write_atomic
 
-__all__ = [
-    "SETTING_KEYS",
-    "build_results",
-    "group_runs",
-    "machine_info",
-    "render_html",
-    "render_markdown",
-    "write_report",
-]
-
-STD_NOTE = "sample standard deviation over seeds (ddof=1)"
-#: configuration keys shown under each task table (their common value, or "varies")
-SETTING_KEYS = (
-    "model.path",
-    "objective.advantage",
-    "objective.surrogate.name",
-    "objective.aggregation",
-    "objective.regularizer.anchor",
-    "optim.lr",
-    "rollout.prompts_per_step",
-    "rollout.num_generations",
-    "rollout.max_new_tokens",
-    "rollout.temperature",
-    "run.steps",
-    "run.time_budget_seconds",
-    "eval.split",
-    "eval.limit",
-    "eval.max_new_tokens",
-)
-_LAST_STEPS = 10
-
-
-def machine_info() -> dict[str, Any]:
-    """Where the numbers were measured: OS, Python, CPU count, torch version."""
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "processor": platform.processor() or platform.machine(),
-    }
-    if hasattr(os, "getloadavg"):
-        info["load_average_1_5_15min"] = [round(x, 2) for x in os.getloadavg()]
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from gbmpo import __version__
-
-        info["gbmpo"] = __version__
-    except ImportError:  # pragma: no cover
-        pass
-    return info
-
-
-def group_runs(records: Sequence[RunRecord]) -> dict[str, dict[str, list[RunRecord]]]:
-    """``task -> label -> runs`` (sorted by seed), in order of first appearance.
-
-    Raises ``ValueError`` if a group holds the same seed twice (two runs of one setting).
-    """
-    out: dict[str, dict[str, list[RunRecord]]] = {}
-    for rec in records:
-        out.setdefault(rec.task, {}).setdefault(rec.label, []).append(rec)
-    for task, groups in out.items():
-        for label, runs in groups.items():
-            runs.sort(key=lambda r: r.seed)
-            seeds = [r.seed for r in runs]
-            dup = sorted({s for s in seeds if seeds.count(s) > 1})
-            if dup:
-                paths = ", ".join(str(r.path) for r in runs if r.seed in dup)
-                raise ValueError(
-                    f"{task}/{label}: seed(s) {dup} appear in several runs ({paths}); "
-                    "pass each run once"
-                )
-    return out
-
-
-def _spread_or_none(values: Sequence[float]) -> dict[str, Any] | None:
-    return spread(values).to_dict() if values else None
-
-
-def _mean_last(run: RunRecord, key: str, k: int = _LAST_STEPS) -> float | None:
-    vals = [
-        float(r[key])
-        for r in run.metrics
-        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
-    ]
-    return sum(vals[-k:]) / len(vals[-k:]) if vals else None
-
-
-def _mean_first(run: RunRecord, key: str, k: int = _LAST_STEPS) -> float | None:
-    vals = _logged(run, key)
-    return sum(vals[:k]) / len(vals[:k]) if vals else None
-
-
-def _mean_all(run: RunRecord, key: str) -> float | None:
-    vals = _logged(run, key)
-    return sum(vals) / len(vals) if vals else None
-
-
-def _logged(run: RunRecord, key: str) -> list[float]:
-    """The training-step values of ``key`` in a run's metrics, in step order."""
-    return [
-        float(r[key])
-        for r in run.metrics
-        if isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool)
-    ]
-
-
-#: training dynamics per run: key in the run row -> (metrics key, reduction)
-DYNAMICS: dict[str, tuple[str, str]] = {
-    "entropy_first": ("entropy", "first"),
-    "entropy_last": ("entropy", "last"),
-    "clip_frac_low": ("clip_frac_low", "all"),
-    "clip_frac_high": ("clip_frac_high", "all"),
-    "clip_frac_dual": ("clip_frac_dual", "all"),
-}
-
-
-def _dynamics(run: RunRecord) -> dict[str, float | None]:
-    reduce = {"first": _mean_first, "last": _mean_last, "all": _mean_all}
-    return {k: reduce[how](run, key) for k, (key, how) in DYNAMICS.items()}
-
-
-def _run_row(run: RunRecord, metric: str, base: Path | None) -> dict[str, Any]:
-    final = run.final_eval or {}
-    before = run.eval_before or {}
-    path = Path(os.path.relpath(run.path, base)) if base is not None else run.path
-    return {
-        "label": run.label,
-        "seed": run.seed,
-        "run_dir": str(path),
-        "regularizer": run.regularizer,
-        "coef": run.coef,
-        "params": run.regularizer_params,
-        "final": final.get(metric),
-        "before": before.get(metric),
-        "eval_n": final.get("n"),
-        "response_tokens": final.get("mean_response_tokens"),
-        "train_reward_last": _mean_last(run, "reward_mean"),
-        "train_response_length_last": _mean_last(run, "response_length_mean"),
-        **_dynamics(run),
-        "steps": run.summary.get("steps"),
-        "stop_reason": run.summary.get("stop_reason"),
-        "wall_seconds": run.summary.get("wall_seconds"),
-        "rl_seconds": run.summary.get("rl_seconds"),
-    }
-
-
-def _values(rows: Sequence[dict[str, Any]], key: str) -> list[float]:
-    return [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
-
-
-#: seeds an arm needs before the report shows its run-to-run spread with intervals
-SPREAD_MIN_SEEDS = 4
-
-
-def _seed_spread(
-    finals: Sequence[float], baseline: Sequence[float] | None
-) -> dict[str, Any] | None:
-    """The run-to-run spread of an arm's final metric: sample std with a chi-square and a
-    bootstrap 95% interval, and the F-test of its variance against the baseline arm's."""
-    if len(finals) < 2:
-        return None
-    out: dict[str, Any] = {
-        "std": spread(finals).std,
-        "chi2_95": std_interval(finals),
-        "bootstrap_95": bootstrap_std_interval(finals),
-        "f_vs_baseline": None,
-    }
-    if baseline is not None and len(baseline) >= 2:
-        test = variance_ratio_test(finals, baseline)
-        if test is not None:
-            out["f_vs_baseline"] = {"F": test[0], "p_value": test[1]}
-    return out
-
-
-def _spread_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]] | None:
-    groups = [
-        g for g in task["groups"] if g.get("seed_spread") and g["n_seeds"] >= SPREAD_MIN_SEEDS
-    ]
-    if not groups:
-        return None
-
-    def ci(v: Sequence[float] | None) -> str:
-        return "–" if v is None else f"{100 * v[0]:.1f} – {100 * v[1]:.1f}"
-
-    rows = []
-    for g in groups:
-        sp = g["seed_spread"]
-        f = sp["f_vs_baseline"]
-        rows.append([
-            g["label"], str(g["n_seeds"]), f"{100 * sp['std']:.2f}", ci(sp["chi2_95"]),
-            ci(sp["bootstrap_95"]),
-            "–" if f is None else f"{f['F']:.2f} ({f['p_value']:.2f})",
-        ])
-    return (["arm", "seeds", "std (points)", "95% CI, chi-square", "95% CI, bootstrap",
-             f"F = var / var({task['baseline']}) (p)"], rows)
-
-
-_SPREAD_NOTE = (
-    "Run-to-run spread of the final metric over seeds: sample std (ddof=1) with a 95% "
-    "interval from the chi-square distribution (assumes normal seed-to-seed variation) and a "
-    "percentile bootstrap (10,000 resamples); F = ratio of the variances to the baseline "
-    "arm's, two-sided F-test"
-)
-
-
-def _settings(runs: Sequence[RunRecord]) -> dict[str, Any]:
-    flat = [flatten(r.config) for r in runs]
-    out: dict[str, Any] = {}
-    for key in SETTING_KEYS:
-        vals = [f.get(key) for f in flat]
-        out[key] = vals[0] if all(v == vals[0] for v in vals) else "varies"
-    return out
-
-
-def build_results(
-    records: Sequence[RunRecord],
-    *,
-    baseline: str | None = None,
-    output_dir: str | Path | None = None,
-    extra: Mapping[str, Any] | None = None,
-    drift_measure: str = "kl",
-) -> dict[str, Any]:
-    """Aggregate finished runs into the ``results.json`` structure (module docstring).
-
-    ``baseline``: label of the row the others are compared with, seed by seed (default:
-    ``kl_k3`` when a task has that row). ``output_dir``: run paths are stored relative to it.
-    ``extra`` is stored as is (e.g. the grid specification and the failures). ``drift_measure``:
-    the ``drift`` key the frontier of a sweep is drawn against.
-    """
-    from gbmpo.experiments.frontier import build_frontier
-
-    base = Path(output_dir) if output_dir is not None else None
-    tasks: list[dict[str, Any]] = []
-    for task, groups in group_runs(records).items():
-        all_runs = [r for runs in groups.values() for r in runs]
-        metric = next(
-            (m for r in all_runs if (m := main_metric(r.final_eval or r.eval_before))), None
-        )
-        metric = metric or "accuracy"
-        base_label = baseline if baseline is not None else ("kl_k3" if "kl_k3" in groups else None)
-        if base_label is not None and base_label not in groups:
-            raise ValueError(
-                f"baseline {base_label!r} is not a group of task {task!r}; groups: "
-                f"{', '.join(groups)}"
-            )
-        base_final = (
-            {r.seed: float(r.final_eval[metric]) for r in groups[base_label]
-             if r.final_eval and metric in r.final_eval}
-            if base_label is not None
-            else {}
-        )
-        rows_out: list[dict[str, Any]] = []
-        for label, runs in groups.items():
-            rows = [_run_row(r, metric, base) for r in runs]
-            gains = [
-                float(r["final"]) - float(r["before"])
-                for r in rows
-                if isinstance(r["final"], (int, float)) and isinstance(r["before"], (int, float))
-            ]
-            finals = {r["seed"]: float(r["final"]) for r in rows
-                      if isinstance(r["final"], (int, float))}
-            paired: dict[str, Any] | None = None
-            if base_label is not None and label != base_label:
-                seeds, sp = paired_differences(finals, base_final)
-                if sp is not None:
-                    test = paired_t_test([finals[s] - base_final[s] for s in seeds])
-                    paired = {
-                        "baseline": base_label,
-                        "seeds": seeds,
-                        **sp.to_dict(),
-                        "t": None if test is None else test[0],
-                        "p_value": None if test is None else test[1],
-                    }
-            differing = sorted(
-                {
-                    k
-                    for r in runs[1:]
-                    for k in config_differences(runs[0].config, r.config)
-                    if k != "run.seed"
-                }
-            )
-            rows_out.append(
-                {
-                    "label": label,
-                    "surrogate": str(runs[0].config["objective"]["surrogate"]["name"]),
-                    "surrogate_params": dict(
-                        runs[0].config["objective"]["surrogate"].get("params") or {}
-                    ),
-                    "regularizer": runs[0].regularizer,
-                    "coef": runs[0].coef,
-                    "params": runs[0].regularizer_params,
-                    "seeds": [r.seed for r in runs],
-                    "n_seeds": len(runs),
-                    "final": _spread_or_none(list(finals.values())),
-                    "seed_spread": _seed_spread(
-                        list(finals.values()),
-                        list(base_final.values())
-                        if base_label is not None and label != base_label
-                        else None,
-                    ),
-                    "before": _spread_or_none(_values(rows, "before")),
-                    "gain": _spread_or_none(gains),
-                    "paired_vs_baseline": paired,
-                    "response_tokens": _spread_or_none(_values(rows, "response_tokens")),
-                    "train_reward_last": _spread_or_none(_values(rows, "train_reward_last")),
-                    **{k: _spread_or_none(_values(rows, k)) for k in DYNAMICS},
-                    "steps": _spread_or_none(_values(rows, "steps")),
-                    "wall_seconds": _spread_or_none(_values(rows, "wall_seconds")),
-                    "rl_seconds": _spread_or_none(_values(rows, "rl_seconds")),
-                    "config_differences_within_group": differing,
-                    "runs": rows,
-                }
-            )
-        eval_n = sorted({r.final_eval.get("n") for r in all_runs if r.final_eval} - {None})
-        tasks.append(
-            {
-                "task": task,
-                "metric": metric,
-                "eval_n": eval_n,
-                "baseline": base_label,
-                "settings": _settings(all_runs),
-                "groups": rows_out,
-                "frontier": build_frontier(groups, metric=metric, measure=drift_measure),
-            }
-        )
-    return {
-        "generated": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "std": STD_NOTE,
-        "last_steps_window": _LAST_STEPS,
-        "machine": machine_info(),
-        "tasks": tasks,
-        **dict(extra or {}),
-    }
+__all__ = ["md_table", "render_html", "render_markdown", "summary_table", "write_report"]
 
 
 # ------------------------------------------------------------------------------ rendering
@@ -470,12 +121,12 @@ def _dynamics_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]
         return None
     header = [
         "arm",
-        f"entropy, first {_LAST_STEPS} steps",
-        f"entropy, last {_LAST_STEPS} steps",
+        f"entropy, first {LAST_STEPS} steps",
+        f"entropy, last {LAST_STEPS} steps",
         "clipped low % (A<0, w<l)",
         "clipped high % (A>0, w>u)",
         "dual-clipped %",
-        f"train reward, last {_LAST_STEPS} steps",
+        f"train reward, last {LAST_STEPS} steps",
     ]
     rows = [
         [
@@ -536,6 +187,41 @@ def _run_table(
                 ]
             )
     return header, rows
+
+
+#: seeds an arm needs before the report shows its run-to-run spread with intervals
+SPREAD_MIN_SEEDS = 4
+
+
+def _spread_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]] | None:
+    groups = [
+        g for g in task["groups"] if g.get("seed_spread") and g["n_seeds"] >= SPREAD_MIN_SEEDS
+    ]
+    if not groups:
+        return None
+
+    def ci(v: Sequence[float] | None) -> str:
+        return "–" if v is None else f"{100 * v[0]:.1f} – {100 * v[1]:.1f}"
+
+    rows = []
+    for g in groups:
+        sp = g["seed_spread"]
+        f = sp["f_vs_baseline"]
+        rows.append([
+            g["label"], str(g["n_seeds"]), f"{100 * sp['std']:.2f}", ci(sp["chi2_95"]),
+            ci(sp["bootstrap_95"]),
+            "–" if f is None else f"{f['F']:.2f} ({f['p_value']:.2f})",
+        ])  # fmt: skip
+    return (["arm", "seeds", "std (points)", "95% CI, chi-square", "95% CI, bootstrap",
+             f"F = var / var({task['baseline']}) (p)"], rows)  # fmt: skip
+
+
+_SPREAD_NOTE = (
+    "Run-to-run spread of the final metric over seeds: sample std (ddof=1) with a 95% "
+    "interval from the chi-square distribution (assumes normal seed-to-seed variation) and a "
+    "percentile bootstrap (10,000 resamples); F = ratio of the variances to the baseline "
+    "arm's, two-sided F-test"
+)
 
 
 def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -883,4 +569,3 @@ def write_report(
     write_atomic(out / "report.md", render_markdown(results, images, title, frontiers))
     write_atomic(out / "report.html", render_html(results, images, title, frontiers))
     return results
-

@@ -4,7 +4,7 @@ A run directory (written by :class:`gbmpo.train.Trainer`) holds ``config.yaml``,
 ``metrics.jsonl`` and, once the run has finished, ``summary.json`` (written last). The final
 held-out metrics of a run are the summary's ``eval_after`` (the trainer's greedy evaluation of
 the final policy on the task's held-out split) or, when the run was trained without it,
-``compare_eval.json`` written by :func:`gbmpo.experiments.grid.ensure_final_eval`.
+``compare_eval.json`` written by :func:`gbmpo.experiments.execute.ensure_final_eval`.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gbmpo.train.config import rename_old_keys
 
 __all__ = [
     "EVAL_FILE",
@@ -228,6 +230,7 @@ def load_run(path: str | Path, *, label: str | None = None) -> RunRecord:
     config = yaml.safe_load((p / CONFIG_FILE).read_text())
     if not isinstance(config, dict) or "task" not in config or "objective" not in config:
         raise RunDirError(f"{p / CONFIG_FILE} is not a gbmpo training configuration")
+    config = rename_old_keys(config)  # a run saved before a key was renamed: the new names
     summary = _read_json(p / SUMMARY_FILE)
     metrics: list[dict[str, Any]] = []
     metrics_path = p / METRICS_FILE

@@ -220,7 +220,7 @@ def _prefill(model: Any, ids: Tensor, mask: Tensor, repeats: int) -> tuple[Any, 
     if cache is None:
         raise RuntimeError(
             f"{type(model).__name__} returned no KV cache with use_cache=True; the 'gbmpo' "
-            "rollout engine needs one (set rollout.engine: hf to use transformers' generate)"
+            "rollout engine needs one (set rollout.generator: hf to use transformers' generate)"
         )
     last = out.logits[:, -1]
     if repeats > 1:

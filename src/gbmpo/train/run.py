@@ -275,7 +275,8 @@ def final_drift(
     drift = measure_drift(
         policy, reference, tokenizer, task, split=split, limit=limit,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-        seed=cfg.run.seed, engine="gbmpo" if cfg.rollout.engine == "vllm" else cfg.rollout.engine,
+        seed=cfg.run.seed,
+        engine="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
         lean=cfg.rollout.lean_forward,
     )  # fmt: skip
     return drift, time.perf_counter() - t

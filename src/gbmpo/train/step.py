@@ -3,7 +3,7 @@ r"""One RL step, top to bottom (:func:`train_step`).
 Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` sequences):
 
 1. sample :math:`P` prompts :math:`q_g` from the training split (seeded permutation);
-2. sample :math:`o_{g,1..G} \sim \pi_{\theta_{\text{old}}}(\cdot\mid q_g)` (``rollout.engine``);
+2. sample :math:`o_{g,1..G} \sim \pi_{\theta_{\text{old}}}(\cdot\mid q_g)` (``rollout.generator``);
 3. rewards :math:`r_i = R(q, o_i)` from the task (per-sample failures -> 0, counted);
 4. behaviour log-probs :math:`\log\pi_{\text{old}}` (only when the policy moves before the batch
    is used up, or a regularizer term is placed in the reward) and reference log-probs
@@ -62,7 +62,7 @@ def train_step(tr: Trainer) -> dict[str, Any]:
         num_return_sequences=G, max_new_tokens=ro.max_new_tokens, do_sample=True,
         temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
         generator_seed=derive_seed(cfg.run.seed, "rollout", tr.step),  # same seed, same samples
-        batch_size=ro.batch_size, engine=ro.engine, lean_decoder=ro.lean_decoder,
+        batch_size=ro.batch_size, engine=ro.generator, lean_decoder=ro.lean_decoder,
     ).to(tr.device)
     t_generated = time.perf_counter()
     mask = batch.completion_mask.float()

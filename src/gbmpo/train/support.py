@@ -112,7 +112,7 @@ GBMPO: dict[str, Support] = {
     "rollout.top_p": H(),
     "rollout.top_k": H(),
     "rollout.batch_size": N(_SPEED),
-    "rollout.engine": H("gbmpo | hf sampler (vllm: engines trl and verl)"),
+    "rollout.generator": H("gbmpo | hf sampler (vllm: engines trl and verl)"),
     "rollout.lean_decoder": N(_SPEED),
     "rollout.share_prompts": N(_SPEED),
     "rollout.lean_forward": N(_SPEED),
@@ -181,7 +181,7 @@ GBMPO: dict[str, Support] = {
                        _never_default("run.num_nodes"), probe=2),
 }
 
-# ------------------------------------------------------------------- TRL (gbmpo.engines.trl)
+# ------------------------------------------------------------ TRL (gbmpo.engines.trl_runner)
 
 def _device_index(value: Any, cfg: Any) -> bool:
     """A CUDA device index other than 0 (``cuda:1``)."""
@@ -215,12 +215,12 @@ TRL: dict[str, Support] = {
     "rollout.top_p": H("top_p", probe=0.9),
     "rollout.top_k": H("top_k", probe=5),
     "rollout.batch_size": N("TRL generates each process's share of the batch at once"),
-    "rollout.engine": H("gbmpo | hf -> TRL's transformers generation; vllm -> use_vllm",
-                        probe="vllm"),
+    "rollout.generator": H("gbmpo | hf -> TRL's transformers generation; vllm -> use_vllm",
+                           probe="vllm"),
     "rollout.lean_decoder": N("the own engine's decoder; TRL generates with transformers"),
     "rollout.share_prompts": N("the own engine's forward; TRL runs its own"),
     "rollout.lean_forward": N("the own engine's forward; TRL runs its own"),
-    "rollout.vllm_mode": H("vllm_mode (with rollout.engine vllm)", probe="server"),
+    "rollout.vllm_mode": H("vllm_mode (with rollout.generator vllm)", probe="server"),
     "rollout.vllm_gpu_memory_utilization": H("vllm_gpu_memory_utilization", probe=0.5),
     "rollout.vllm_tensor_parallel_size": H("vllm_tensor_parallel_size", probe=2),
     "rollout.vllm_server_host": H("vllm_server_host", probe="10.0.0.2"),
@@ -297,7 +297,7 @@ TRL: dict[str, Support] = {
                        _never_default("run.num_nodes"), probe=2),
 }
 
-# ------------------------------------------------------------------- verl (gbmpo.engines.verl)
+# ----------------------------------------------------------- verl (gbmpo.engines.verl_runner)
 
 #: the values verl needs where the own engine's defaults are refused on verl (a CPU device, a
 #: time budget, monitoring every regularizer): a default config with these passes on verl
@@ -308,7 +308,7 @@ VERL_REQUIRED: dict[str, Any] = {
     "eval.drift": False,
 }
 
-VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl.py)
+VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl_args.py)
 _A = "actor_rollout_ref.actor"
 
 
@@ -348,7 +348,7 @@ VERL.update({
     "rollout.top_p": H("actor_rollout_ref.rollout.top_p", probe=0.9),
     "rollout.top_k": H("actor_rollout_ref.rollout.top_k (0 -> -1)", probe=20),
     "rollout.batch_size": N("vLLM batches the requests itself"),
-    "rollout.engine": N(_VERL_SAMPLER),
+    "rollout.generator": N(_VERL_SAMPLER),
     "rollout.lean_decoder": N("the own engine's decoder; " + _VERL_SAMPLER),
     "rollout.share_prompts": N("the own engine's log-prob forwards; verl has its own"),
     "rollout.lean_forward": N("the own engine's log-prob forwards; verl has its own"),

@@ -198,7 +198,7 @@ class Trainer:
             temperature=0.0,
             max_new_tokens=ev.max_new_tokens,
             batch_size=ev.batch_size,
-            engine=self.config.rollout.engine,
+            engine=self.config.rollout.generator,
         )
         # numeric metrics only; the wall time is logged separately as time/eval_seconds
         return {

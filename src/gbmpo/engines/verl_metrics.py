@@ -1,0 +1,157 @@
+"""verl's file log back into the run directory: ``metrics.jsonl`` under the schema's names
+(:mod:`gbmpo.io.metrics`, verl's own under ``verl/``: :func:`convert_row`) and the run's summary
+(:func:`summarize_run`), for ``gbmpo train --engine verl`` (:mod:`gbmpo.engines.verl_runner`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from gbmpo.engines.checks import run_identity
+from gbmpo.engines.verl_args import data_source
+
+__all__ = [
+    "SHARED_METRICS",
+    "VERL_EARLIER_METRICS_FILE",
+    "VERL_METRICS_FILE",
+    "convert_row",
+    "eval_metrics",
+    "read_verl_log",
+    "summarize_run",
+]
+
+#: verl's log rows of the parts before a resume (verl's file logger starts its file afresh):
+#: the rows up to the checkpoint each resume continues from
+VERL_EARLIER_METRICS_FILE = "verl_metrics_before_resume.jsonl"
+
+
+#: verl's file logger output in the run directory (``VERL_FILE_LOGGER_PATH``): one JSON object
+#: ``{"step": N, "data": {metric: value}}`` per ``Tracking.log`` call
+VERL_METRICS_FILE = "verl_metrics.jsonl"
+
+#: verl metric -> metrics.jsonl schema name (:mod:`gbmpo.io.metrics`), where verl's definition is
+#: the schema's. Kept only under ``verl/``: ``actor/lr`` (read after the step's scheduler step:
+#: the next step's rate), ``response_length/clip_ratio`` (length equal to the limit, which also
+#: counts an EOS in the last position), ``actor/pg_clipfrac*`` / ``actor/gbmpo/*`` (means of
+#: per-micro-batch fractions, not fractions of the step's tokens), ``actor/loss``.
+SHARED_METRICS: dict[str, str] = {
+    "actor/pg_loss": "pg_loss",
+    "actor/grad_norm": "grad_norm",
+    "critic/score/mean": "reward_mean",
+    "response_length/mean": "response_length_mean",
+    "response_length/max": "response_length_max",
+    "timing_s/step": "step_seconds",
+}
+
+
+def eval_metrics(cfg: Any, data: dict[str, Any], kind: str, n_eval: int | None = None
+                 ) -> dict[str, Any] | None:  # fmt: skip
+    """The own engine's evaluation metrics from one verl log row's validation metrics, or
+    ``None`` when the row holds none.
+
+    verl validates greedily (``val_kwargs``: ``do_sample=false``, ``n=1``) on data/test.parquet
+    and reports ``val-core/<data_source>/acc/mean@1``, the mean over the examples of the reward
+    function's ``acc`` (:func:`gbmpo.engines.verl_reward.compute_score`: the own evaluation's
+    ``correct``), i.e. ``accuracy`` (``pass@1`` for code tasks), and
+    ``val-aux/<data_source>/reward/mean@1``, the mean reward (``mean_reward``)."""
+    ds = data_source(cfg)
+    acc = data.get(f"val-core/{ds}/acc/mean@1")
+    reward = data.get(f"val-aux/{ds}/reward/mean@1")
+    if acc is None and reward is None:
+        return None
+    out: dict[str, Any] = {}
+    if acc is not None:
+        out["pass@1" if kind == "code" else "accuracy"] = float(acc)
+    if reward is not None:
+        out["mean_reward"] = float(reward)
+    if n_eval is not None:
+        out["n"] = n_eval
+    out["samples"] = 1
+    return out
+
+
+def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = None
+                ) -> dict[str, Any]:  # fmt: skip
+    """One verl file-logger row -> one metrics.jsonl row: the schema names of
+    :data:`SHARED_METRICS` (``entropy`` from ``actor/entropy`` with the token-mean aggregation
+    ``bnpo``, the only one where verl's aggregate is the per-token mean), ``eval/<metric>``
+    (:func:`eval_metrics`), and every verl metric under ``verl/<name>``."""
+    from gbmpo.io.metrics import host_name
+
+    data = row["data"]
+    out: dict[str, Any] = {"step": int(row["step"])}
+    for key, value in data.items():
+        out[host_name("verl", key)] = value
+        if key in SHARED_METRICS:
+            out[SHARED_METRICS[key]] = value
+        elif key == "actor/entropy" and cfg.objective.aggregation == "bnpo":
+            out["entropy"] = value
+    reward_placed = [t for t in cfg.objective.terms if t.placement == "reward" and t.coef != 0]
+    if reward_placed and "critic/score/mean" in data and "critic/rewards/mean" in data:
+        # in-reward KL: score = task reward, rewards = score - kl_coef * sum_t D (per sequence)
+        score, shaped = data["critic/score/mean"], data["critic/rewards/mean"]
+        out["reward_penalty"] = float(score) - float(shaped)
+    ev = eval_metrics(cfg, data, kind, n_eval)
+    if ev is not None:
+        out.update({f"eval/{k}": v for k, v in ev.items()})
+    return out
+
+
+def read_verl_log(path: Path) -> list[dict[str, Any]]:
+    """The rows of verl's file logger (:data:`VERL_METRICS_FILE`); ``[]`` when absent."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def summarize_run(
+    cfg: Any,
+    run_dir: Path,
+    *,
+    kind: str,
+    wall_seconds: float,
+    n_eval: int | None = None,
+) -> dict[str, Any]:
+    """Write metrics.jsonl (:func:`convert_row`) from verl's log and return the summary (every
+    key of :data:`gbmpo.io.metrics.SUMMARY_KEYS`).
+
+    verl logs the evaluation before training as the row of step 0 and each later one in the
+    row of its training step. ``eval_before``: step 0's evaluation (with ``eval.before``);
+    ``eval_after``: the evaluation in the row of the last training step (with ``eval.after``;
+    :func:`validation_freq` makes verl validate there), ``None`` where there is none."""
+    from gbmpo.io import write_atomic
+
+    # the parts before a resume (up to its checkpoint), then the last part
+    rows = read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
+    rows += read_verl_log(run_dir / VERL_METRICS_FILE)
+    converted = [convert_row(cfg, r, kind, n_eval) for r in rows]
+    write_atomic(run_dir / "metrics.jsonl",
+                 "".join(json.dumps(r, default=str) + "\n" for r in converted))  # fmt: skip
+    steps = max((int(r["step"]) for r in rows if "training/global_step" in r["data"]),
+                default=0)  # fmt: skip
+
+    def eval_at(step: int) -> dict[str, Any] | None:
+        found = None
+        for r in rows:
+            if int(r["step"]) == step:
+                found = eval_metrics(cfg, r["data"], kind, n_eval) or found
+        return found
+
+    return {
+        "status": "finished",
+        "engine": "verl",
+        "steps": steps,
+        "stop_reason": "steps",
+        "wall_seconds": wall_seconds,
+        "eval_before": eval_at(0) if cfg.eval.before else None,
+        "eval_after": eval_at(steps) if cfg.eval.after and steps > 0 else None,
+        **run_identity(cfg),
+        "device": "cuda",
+        "gpus": cfg.run.num_processes * cfg.run.num_nodes,
+        "dtype": cfg.model.dtype,
+        "fp32_master_weights": cfg.model.dtype == "bfloat16",
+        "run_dir": str(run_dir),
+        "final_model": str(run_dir / "checkpoints" / f"global_step_{steps}" / "actor"),
+    }

@@ -1,0 +1,346 @@
+r"""``gbmpo train --engine verl``: verl's ``main_ppo`` (Ray, FSDP, vLLM) from a gbmpo config.
+
+What the config becomes (:mod:`gbmpo.engines.verl_args`: ``overrides``, Hydra overrides of
+verl's ``ppo_trainer.yaml``):
+
+* ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the surrogate as
+  ``policy_loss.loss_mode=gbmpo_<name>`` with *every* parameter spelled out in
+  ``policy_loss.gbmpo_surrogate`` (so verl's own clip fields add nothing), the regularizer as
+  the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef and its
+  parameters in ``policy_loss.gbmpo_kl``, the aggregation as ``loss_agg_mode``
+  (:data:`gbmpo.integrations.common.VERL_LOSS_AGG_MODES`; ``dr_grpo`` with
+  ``loss_scale_factor`` = the completion length), the advantage as ``algorithm.adv_estimator``
+  / ``norm_adv_by_std_in_grpo``;
+* ``task`` -> ``data/train.parquet`` and ``data/test.parquet`` in the run directory
+  (``write_data``): each prompt rendered exactly as the own trainer renders it, passed
+  through verl's chat templating unchanged (a pass-through ``custom_chat_template``), and the
+  reward's columns in ``extra_info``; the task's reward -> verl's
+  ``reward.custom_reward_function`` (:mod:`gbmpo.engines.verl_reward`, which calls the task's
+  reward: math-verify, the code sandbox, a user's ``module:function``);
+* ``rollout`` / ``optim`` / ``lora`` / ``run`` -> rollout ``n``, lengths, sampling, learning
+  rate and schedule, ``ppo_mini_batch_size`` (prompts), micro-batches, ``ppo_epochs`` = ``mu``,
+  LoRA rank, ``trainer.n_gpus_per_node`` = ``run.num_processes``, ``trainer.nnodes`` =
+  ``run.num_nodes``, steps, checkpoints, validation (``validation_freq``: the last step
+  is the final evaluation), seeds, precision (``precision_overrides``).
+
+Every key is honoured or refused (:data:`gbmpo.train.support.VERL`): :func:`run` and
+:func:`dry_run` call :func:`check_engine_support` before anything is written. After the run
+:mod:`gbmpo.engines.verl_metrics` turns verl's file log into ``metrics.jsonl`` (the schema of
+:mod:`gbmpo.io.metrics`, verl's own names under ``verl/``) and ``summary.json``.
+
+verl lives in its own environment (it pins transformers < 5.11): :func:`verl_python` finds it
+(``$GBMPO_VERL_PYTHON``, else ``.venv-verl/bin/python`` of this checkout or the working
+directory, else this interpreter when it can import verl). ``--dry-run`` composes verl's
+config with the overrides there and runs verl's own validation (:mod:`gbmpo.engines.verl_check`);
+a run launches ``python -m verl.trainer.main_ppo`` there, after checking for GPUs.
+
+``gbmpo train --resume DIR`` (:func:`resume`) continues a verl run from the newest checkpoint
+verl recorded in the directory :data:`LAUNCH_FILE` names, with the launch's overrides plus
+verl's ``trainer.resume_mode=resume_path`` (:func:`resume_overrides`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from gbmpo.engines.checks import (
+    DryRunReport,
+    EngineUnavailable,
+    common_checks,
+    write_summary,
+)
+from gbmpo.engines.verl_args import overrides, with_mirror_file, write_data
+from gbmpo.engines.verl_metrics import (
+    VERL_EARLIER_METRICS_FILE,
+    VERL_METRICS_FILE,
+    read_verl_log,
+    summarize_run,
+)
+from gbmpo.integrations.common import hydra_value as _value
+
+__all__ = [
+    "LAUNCH_FILE",
+    "check_engine_support",
+    "dry_run",
+    "resume",
+    "resume_dry_run",
+    "resume_overrides",
+    "run",
+    "verl_python",
+]
+
+
+def verl_python() -> str | None:
+    """The interpreter of verl's environment, or ``None`` (see the module doc):
+    ``GBMPO_VERL_PYTHON`` (:class:`EngineUnavailable` where it names no file, rather than falling
+    back to another python), else ``.venv-verl`` of this checkout or of the current directory
+    (``make verl`` builds it), else this python where it has verl."""
+    env = os.environ.get("GBMPO_VERL_PYTHON")
+    if env:
+        if not Path(env).is_file():
+            raise EngineUnavailable(f"GBMPO_VERL_PYTHON={env!r} is not a file: point it at the "
+                                    "python of an environment with verl, or unset it")  # fmt: skip
+        return env
+    here = Path(__file__).resolve().parents[3]  # the checkout holding src/gbmpo
+    for root in (here, Path.cwd()):
+        candidate = root / ".venv-verl" / "bin" / "python"
+        if candidate.exists():
+            return str(candidate)
+    if importlib.util.find_spec("verl") is not None:
+        return sys.executable
+    return None
+
+
+def _verl_env(plugins: list[str] | None = None) -> dict[str, str]:
+    """This process's environment, with this gbmpo first on the path and the plugin loaded
+    (after the run's ``run.plugins``, which may register surrogates and regularizers that the
+    plugin then registers with verl)."""
+    src = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    modules = ",".join([*(plugins or []), "gbmpo.integrations.verl"])
+    return {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""),
+            "VERL_USE_EXTERNAL_MODULES": modules}  # fmt: skip
+
+
+def check_engine_support(cfg: Any) -> list[str]:
+    """:func:`gbmpo.train.support.check_support` for engine verl: ``ConfigError`` (exit 2,
+    nothing written) for a value verl cannot honour; returns the no-effect notices (``gbmpo
+    train`` prints them once)."""
+    from gbmpo.train.support import check_support
+
+    return check_support(cfg, "verl")
+
+
+def dry_run(cfg: Any) -> DryRunReport:
+    """Engine-independent checks, the overrides, and verl's own validation of the composed
+    ``ppo_trainer.yaml`` in verl's environment (:mod:`gbmpo.engines.verl_check`)."""
+    import tempfile
+
+    report = DryRunReport("verl")
+    notices = check_engine_support(cfg)
+    if notices:
+        report.info["notices"] = notices
+    common_checks(cfg, report)
+    run_dir = Path(cfg.run.output_dir or "runs/verl-dry-run")
+    with tempfile.TemporaryDirectory() as tmp:
+        # a mirror map not written yet (by ES, or the run's default map): a stand-in file
+        probe = with_mirror_file(cfg, Path(tmp) / "mirror.json")
+        ov = overrides(probe, run_dir, model_path=report.info.get("model"))
+        report.ok("overrides", f"{len(ov)} Hydra overrides of verl.trainer.main_ppo")
+        report.info["overrides"] = ov
+        python = verl_python()
+        if python is None:
+            report.skip("verl config", "no verl environment here (GBMPO_VERL_PYTHON, .venv-verl)")
+            return report
+        plugins = list(cfg.run.plugins)
+        proc = _verl_check(python, ov, Path(tmp), plugins)
+        if proc.returncode != 0 and "vllm version" in proc.stderr and cfg.lora.enabled:
+            # verl checks the installed vLLM for LoRA rollouts: validate the rest without LoRA
+            report.skip("verl LoRA", "verl validates LoRA against an installed vLLM (GPU only)")
+            proc = _verl_check(python, [o for o in ov if ".lora_" not in o
+                                        and ".target_modules=" not in o], Path(tmp),
+                               plugins)  # fmt: skip
+    if proc.returncode != 0:
+        from gbmpo.train.config import ConfigError
+
+        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ConfigError(f"verl rejects the composed config: {tail}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    report.ok("verl config", f"verl {result['verl']}: ppo_trainer.yaml + overrides validated; "
+              f"actor loss {result['surrogate']} + {result['regularizer']}")  # fmt: skip
+    return report
+
+
+def _verl_check(
+    python: str, ov: list[str], tmp: Path, plugins: list[str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    ov_file = tmp / "overrides.json"
+    ov_file.write_text(json.dumps(ov))
+    return subprocess.run(
+        [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
+        env=_verl_env(plugins), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def run(cfg: Any) -> dict[str, Any]:
+    """Write the run directory (config, data, overrides, :data:`LAUNCH_FILE`) and launch
+    ``verl.trainer.main_ppo``; :class:`EngineUnavailable` (nothing written) where verl or GPUs
+    are missing."""
+    from gbmpo.io import is_nonempty, write_atomic, write_json_atomic
+    from gbmpo.models import resolve_model_path
+    from gbmpo.train.config import ConfigError, dump_yaml, validate
+    from gbmpo.train.run import default_run_dir
+    from gbmpo.train.setup import build_task, load_tokenizer
+
+    validate(cfg)
+    check_engine_support(cfg)  # a value verl cannot honour stops here, before anything else
+    python = _gpu_python(cfg)
+    run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
+    if is_nonempty(run_dir):
+        raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
+    cfg.run.output_dir = str(run_dir)
+    model_path = resolve_model_path(cfg.model.path)
+    tokenizer = load_tokenizer(cfg)
+    task = build_task(cfg, tokenizer)
+    overrides(cfg, run_dir, model_path=model_path)  # what verl cannot express, before writing
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
+    counts = write_data(cfg, task, run_dir / "data", tokenizer)
+    ov = overrides(
+        with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir, model_path=model_path,
+        max_prompt_length=counts.get("max_prompt_tokens"),
+    )  # fmt: skip
+    write_json_atomic(run_dir / LAUNCH_FILE, {
+        "verl_checkpoints": str(run_dir.resolve() / "checkpoints"),
+        "model_path": model_path,
+        "max_prompt_length": counts.get("max_prompt_tokens"),
+        "n_eval": counts["test"],
+        "kind": task.kind,
+    })  # fmt: skip
+    return _launch(cfg, run_dir, python, ov, kind=task.kind, n_eval=counts["test"])
+
+
+def _gpu_python(cfg: Any) -> str:
+    """verl's interpreter where it sees ``run.num_processes`` GPUs; else
+    :class:`EngineUnavailable` naming what is missing."""
+    python = verl_python()
+    if python is None:
+        raise EngineUnavailable(
+            "engine verl needs verl, in an environment of its own (verl needs transformers<5.11): "
+            "in a clone of gbmpo `make verl` builds .venv-verl (2-4 min, 2.1 GB); elsewhere "
+            "pip install 'gbmpo[verl]' into a new environment and point GBMPO_VERL_PYTHON at its "
+            "python"
+        )
+    probe = subprocess.run(
+        [python, "-c", "import torch; print(torch.cuda.device_count())"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    gpus = int(probe.stdout.strip() or 0) if probe.returncode == 0 else 0
+    if gpus < cfg.run.num_processes:
+        raise EngineUnavailable(
+            f"engine verl needs {cfg.run.num_processes} NVIDIA GPU(s) per node "
+            f"(run.num_processes), found {gpus} in verl's environment ({python}); "
+            "`gbmpo train --engine verl --dry-run` checks the config without them"
+        )
+    return python
+
+
+def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
+            n_eval: int | None) -> dict[str, Any]:  # fmt: skip
+    """Run ``verl.trainer.main_ppo`` with ``ov`` (also written to verl_overrides.txt), then
+    write metrics.jsonl and summary.json."""
+    from gbmpo.io import write_atomic
+
+    write_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
+    env = {**_verl_env(list(cfg.run.plugins)),
+           "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / VERL_METRICS_FILE)}  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov], env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"verl.trainer.main_ppo failed (exit {proc.returncode}); see above")
+    summary = summarize_run(cfg, run_dir, kind=kind, wall_seconds=wall, n_eval=n_eval)
+    write_summary(run_dir, summary)
+    return summary
+
+
+#: written at launch: where verl's checkpoints are (``verl_checkpoints``) and what a resume
+#: needs to rebuild the launch's overrides (model path, longest prompt, evaluation size)
+LAUNCH_FILE = "verl_launch.json"
+
+
+
+def _resume_point(run_dir: Path) -> tuple[dict[str, Any], Path | None, int]:
+    """The launch record, the checkpoint directory verl resumes from (``None``: none yet) and
+    its step (0 without one)."""
+    from gbmpo.train.config import ConfigError
+
+    try:
+        launch = json.loads((run_dir / LAUNCH_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(
+            f"cannot resume {str(run_dir)!r}: no readable {LAUNCH_FILE} (the record of where "
+            f"verl keeps its checkpoints, written when the run starts): {err}"
+        ) from None
+    ckpts = Path(launch["verl_checkpoints"])
+    try:  # verl's own record of its newest complete checkpoint
+        step = int((ckpts / "latest_checkpointed_iteration.txt").read_text().strip())
+    except (OSError, ValueError):
+        return launch, None, 0
+    folder = ckpts / f"global_step_{step}"
+    return (launch, folder, step) if folder.is_dir() else (launch, None, 0)
+
+
+def resume_overrides(cfg: Any, run_dir: str | Path) -> tuple[list[str], int]:
+    """The overrides that continue the verl run ``run_dir`` (``cfg``: its config.yaml with the
+    allowed resume overrides) and the step they continue from: the launch's overrides
+    (:func:`overrides`: the same run directory, data files and checkpoint directory) plus
+    ``trainer.resume_mode=resume_path`` with ``trainer.resume_from_path`` = verl's newest
+    checkpoint and ``trainer.val_before_train=false`` (the evaluation before training is the
+    first part's); without a checkpoint ``trainer.resume_mode=disable`` (the run starts over)."""
+    run_dir = Path(run_dir)
+    launch, folder, step = _resume_point(run_dir)
+    ov = overrides(with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir,
+                   model_path=launch.get("model_path"),
+                   max_prompt_length=launch.get("max_prompt_length"))  # fmt: skip
+    if folder is None:
+        return [*ov, "trainer.resume_mode=disable"], 0
+    ov = [o for o in ov if not o.startswith("trainer.val_before_train=")]
+    return [*ov, "trainer.val_before_train=false", "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={_value(str(folder))}"], step  # fmt: skip
+
+
+def _resume_config(run_dir: str | Path, extra: list[tuple[str, Any]] | None) -> tuple[Any, Path]:
+    from gbmpo.train.config import validate
+    from gbmpo.train.run import resume_config
+
+    cfg, path = resume_config(run_dir, extra)
+    validate(cfg)
+    check_engine_support(cfg)
+    return cfg, path
+
+
+def resume_dry_run(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None
+                   ) -> DryRunReport:  # fmt: skip
+    """``gbmpo train --resume DIR --dry-run`` for a verl run: the resume's overrides
+    (:func:`resume_overrides`) and the step it continues from; nothing written or launched."""
+    cfg, path = _resume_config(run_dir, extra)
+    report = DryRunReport("verl")
+    ov, step = resume_overrides(cfg, path)
+    report.ok("resume", f"from step {step}" if step else "from the start (no checkpoint)")
+    report.info["overrides"] = ov
+    report.info["resume_step"] = step
+    return report
+
+
+def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> dict[str, Any]:
+    """Continue the verl run ``run_dir`` from its newest checkpoint (:func:`resume_overrides`);
+    :class:`EngineUnavailable` (nothing written) where verl or its GPUs are missing. verl's log
+    rows past that checkpoint are dropped (the rows up to it are kept in
+    :data:`VERL_EARLIER_METRICS_FILE`), so that metrics.jsonl has each step once."""
+    from gbmpo.io import RunLock, write_atomic
+    from gbmpo.train.config import dump_yaml
+
+    cfg, path = _resume_config(run_dir, extra)
+    python = _gpu_python(cfg)
+    ov, step = resume_overrides(cfg, path)
+    launch = json.loads((path / LAUNCH_FILE).read_text())
+    lock = RunLock(path).acquire()
+    try:
+        earlier = read_verl_log(path / VERL_EARLIER_METRICS_FILE)
+        rows = [r for r in earlier + read_verl_log(path / VERL_METRICS_FILE)
+                if step > 0 and int(r["step"]) <= step]  # fmt: skip
+        write_atomic(path / VERL_EARLIER_METRICS_FILE,
+                     "".join(json.dumps(r) + "\n" for r in rows))  # fmt: skip
+        (path / VERL_METRICS_FILE).unlink(missing_ok=True)
+        write_atomic(path / "config.yaml", dump_yaml(cfg))
+        return _launch(cfg, path, python, ov, kind=launch["kind"], n_eval=launch["n_eval"])
+    finally:
+        lock.release()

@@ -1,0 +1,233 @@
+r"""TRL's spelling of an objective -> gbmpo's objective spec (:func:`spec_from_trl_fields`,
+:func:`loss_type_surrogate`) and the loss pieces built from it (:func:`build_objective`,
+:class:`TRLObjective`), with the mappings of TRL's ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`,
+:data:`LOSS_TYPE_SURROGATES`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from gbmpo.integrations.common import clip_params
+from gbmpo.objectives.regularizers import Regularizer
+from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SurrogateSpec
+from gbmpo.objectives.surrogates import Surrogate
+
+if TYPE_CHECKING:
+    from gbmpo.integrations.trl.config import GBMPOConfig
+
+__all__ = [
+    "CLIP_MODES",
+    "LOSS_TYPE_AGGREGATION",
+    "LOSS_TYPE_SURROGATES",
+    "REGULARIZER_ANCHORS",
+    "TRLObjective",
+    "build_objective",
+    "loss_type_surrogate",
+    "objective_spec",
+    "refuse_full_estimator",
+    "refuse_reward_placement",
+    "spec_from_trl_fields",
+]
+
+#: ``clip_mode`` values.
+CLIP_MODES: tuple[str, ...] = ("ratio", "atr", "divergence", "rpg_dual")
+#: ``regularizer_anchor`` values.
+REGULARIZER_ANCHORS: tuple[str, ...] = ("ref", "old")
+
+#: TRL ``loss_type`` -> gbmpo aggregation mode (:func:`gbmpo.objectives.aggregate`).
+#: ``dapo``, ``cispo`` and ``vespo`` are ``bnpo`` over TRL's global token count (see
+#: :func:`dapo_normalizer`); ``sapo`` is TRL's sequence mean of token means (``grpo``).
+LOSS_TYPE_AGGREGATION: dict[str, str] = {
+    "grpo": "grpo",
+    "bnpo": "bnpo",
+    "dr_grpo": "dr_grpo",
+    "dapo": "bnpo",
+    "luspo": "seq_mean_token_sum",
+    "cispo": "bnpo",
+    "sapo": "grpo",
+    "vespo": "bnpo",
+}
+#: TRL loss types whose per-token loss is not TRL's clipped ratio: the gbmpo surrogate that is
+#: the same quantity (:func:`loss_type_surrogate` maps TRL's parameters onto it).
+LOSS_TYPE_SURROGATES: dict[str, str] = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
+
+
+
+@dataclass(frozen=True)
+class TRLObjective:
+    """gbmpo's loss pieces resolved from a :class:`GBMPOConfig`."""
+
+    surrogate: Surrogate
+    surrogate_name: str
+    regularizer: Regularizer
+    coef: float
+    anchor: str
+    loss_type: str
+    aggregation: str
+    max_len: int
+    diagnostics: dict[str, Regularizer]
+    #: the objective spec these pieces were built from
+    spec: ObjectiveSpec | None = None
+    #: regularizers logged as ``reference/<name>`` = D(pi_old || pi_ref): the active one and,
+    #: with ``log_all_regularizers``, every registered one (as the own trainer's ``reg/<name>``)
+    reference_monitors: dict[str, Regularizer] = field(default_factory=dict)
+    #: a sum of regularizers (``objective.regularizer`` a list): every term, each with its own
+    #: coefficient and anchor; empty for one regularizer (``regularizer``, ``coef``, ``anchor``)
+    terms: tuple[Any, ...] = ()
+
+
+def refuse_reward_placement(spec: ObjectiveSpec) -> None:
+    """Refuse a regularizer term with ``placement: reward``: TRL 1.16 computes the rewards and
+    the advantages inside ``GRPOTrainer._generate_and_score_completions``, and its reward hook
+    (``_calculate_rewards``) sees neither the rollout nor the reference log-probs."""
+    placed = [t.name for t in spec.terms if t.placement == "reward"]
+    if placed:
+        raise ValueError(
+            f"GBMPOConfig: objective.regularizer.placement=reward ({', '.join(placed)}) is not "
+            "supported with TRL: GRPOTrainer computes rewards and advantages in "
+            "_generate_and_score_completions, whose reward hook sees no log-probs; use "
+            "placement: loss, or the gbmpo or verl engine for an in-reward divergence"
+        )
+
+
+def refuse_full_estimator(spec: ObjectiveSpec) -> None:
+    """Refuse a regularizer term with ``estimator: full``: GBMPOTrainer's loss receives TRL's
+    log-probs of the sampled tokens and the reference's log-probs from the generation step,
+    never the logits the exact full-vocabulary divergence sums over."""
+    full = [t.name for t in spec.terms if t.estimator == "full"]
+    if full:
+        raise ValueError(
+            f"GBMPOConfig: objective.regularizer.estimator=full ({', '.join(full)}) is not "
+            "supported with TRL: GBMPOTrainer's loss receives the sampled tokens' log-probs, "
+            "not the policy's and the reference's logits; use estimator: sample, or the gbmpo "
+            "engine for the exact divergence"
+        )
+
+
+def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
+    """The gbmpo objective spec that ``args`` names: its ``objective`` if given, else the one
+    its alias fields spell (:func:`spec_from_trl_fields`)."""
+    if args.objective is not None:
+        return ObjectiveSpec.load(args.objective)
+    return spec_from_trl_fields(args)
+
+
+def loss_type_surrogate(args: Any) -> tuple[str, dict[str, Any]]:
+    r"""TRL's non-clip ``loss_type`` -> the gbmpo surrogate that is the same per-token loss and
+    its parameters (TRL 1.16 ``GRPOTrainer._compute_loss``):
+
+    * ``cispo``: :math:`-\mathrm{SG}(\min(w, \varepsilon_{\max}))A\log\pi_\theta` with
+      :math:`\varepsilon_{\max}` = ``epsilon_high`` (else ``epsilon``) ->
+      ``cispo(eps_low=1, eps_high=epsilon_high - 1)`` (weights in
+      :math:`[0, \varepsilon_{\max}]`);
+    * ``sapo``: :math:`-\frac{4}{\tau}\sigma(\tau(w-1))A` -> ``sapo(tau_pos, tau_neg)`` from
+      ``sapo_temperature_pos`` / ``_neg``;
+    * ``vespo``: :math:`-\mathrm{SG}(\phi(W))A\log\pi_\theta` -> ``vespo(k_pos, lambda_pos,
+      k_neg, lambda_neg)`` from ``vespo_*``.
+    """
+    name = LOSS_TYPE_SURROGATES[args.loss_type]
+    if name == "cispo":
+        cap = args.epsilon_high if args.epsilon_high is not None else args.epsilon
+        return name, {"eps_low": 1.0, "eps_high": float(cap) - 1.0}
+    if name == "sapo":
+        return name, {"tau_pos": float(args.sapo_temperature_pos),
+                      "tau_neg": float(args.sapo_temperature_neg)}  # fmt: skip
+    return name, {
+        "k_pos": float(args.vespo_k_pos),
+        "lambda_pos": float(args.vespo_lambda_pos),
+        "k_neg": float(args.vespo_k_neg),
+        "lambda_neg": float(args.vespo_lambda_neg),
+    }
+
+
+def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
+    """TRL's spelling of an objective -> the gbmpo objective spec (the alias mapping).
+
+    Surrogate: ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance
+    sampling) with ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta`` and
+    ``dual_clip_c``; ``atr`` -> ``atr(delta=atr_delta, dual_clip_c)``; ``divergence`` ->
+    ``divergence_clip(measure=clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or
+    clip_delta, dual_clip_c, mirror=clip_mirror_path)``; ``rpg_dual`` ->
+    ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``
+    (host clip settings through :func:`gbmpo.integrations.common.clip_params`); ``loss_type``
+    cispo / sapo / vespo -> :func:`loss_type_surrogate`. Regularizer:
+    ``regularizer`` with ``regularizer_coef`` (else ``beta``), ``regularizer_anchor``,
+    ``regularizer_clamp`` -> ``clamp``, ``mirror_path`` -> ``mirror``. Aggregation from
+    ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`), advantage from ``scale_rewards``
+    (``group`` -> grpo, ``batch`` -> batch, ``none`` -> dr_grpo).
+    """
+    eps_low = float(args.epsilon)
+    eps_high = float(args.epsilon_high) if args.epsilon_high is not None else eps_low
+    if args.loss_type in LOSS_TYPE_SURROGATES:
+        name, params = loss_type_surrogate(args)
+    elif args.clip_mode == "ratio":
+        name = "gspo" if args.importance_sampling_level == "sequence" else "clip"
+        params = clip_params(
+            name, eps_low=eps_low, eps_high=eps_high, dual_clip_c=args.dual_clip_c,
+            ratio_cap=args.delta,
+        )  # fmt: skip
+    elif args.clip_mode == "atr":
+        name = "atr"
+        params = {"delta": args.atr_delta, **clip_params(name, dual_clip_c=args.dual_clip_c)}
+    elif args.clip_mode == "divergence":
+        name = "divergence_clip"
+        high = args.clip_delta_high if args.clip_delta_high is not None else args.clip_delta
+        params = {
+            "measure": args.clip_measure,
+            "delta_low": args.clip_delta,
+            "delta_high": high,
+            **clip_params(name, dual_clip_c=args.dual_clip_c),
+        }
+        if args.clip_mirror_path is not None:
+            params["mirror"] = args.clip_mirror_path
+    else:
+        name = "rpg_clip"
+        c = 3.0 if args.dual_clip_c is None else args.dual_clip_c
+        params = {
+            "variant": args.rpg_variant,
+            "beta": args.rpg_beta,
+            **clip_params(name, eps_low=eps_low, eps_high=eps_high, dual_clip_c=c),
+        }
+    reg_params: dict[str, Any] = {}
+    if args.regularizer_clamp is not None:
+        reg_params["clamp"] = args.regularizer_clamp
+    if args.regularizer == "neural_mirror":
+        reg_params["mirror"] = args.mirror_path
+    coef = float(args.regularizer_coef if args.regularizer_coef is not None else args.beta)
+    scale = {True: "group", False: "none"}.get(args.scale_rewards, args.scale_rewards)
+    advantage = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}.get(scale, "grpo")
+    return ObjectiveSpec(
+        advantage=advantage,
+        surrogate=SurrogateSpec(name, params),
+        regularizer=RegularizerSpec(args.regularizer, coef, args.regularizer_anchor, reg_params),
+        aggregation=LOSS_TYPE_AGGREGATION.get(args.loss_type, "bnpo"),
+        monitor_regularizers=bool(args.log_all_regularizers),
+    )
+
+
+def build_objective(args: GBMPOConfig) -> TRLObjective:
+    """Resolve ``args`` to a surrogate, a regularizer and an aggregation mode, through the
+    objective spec (:func:`objective_spec`): ``args.objective`` if given, else the alias
+    fields (:func:`spec_from_trl_fields`). The spec is built once, when ``args`` is checked;
+    that build is used as is unless a field changed since."""
+    spec = objective_spec(args)
+    cached = getattr(args, "_built", None)
+    built = cached[1] if cached is not None and cached[0] == spec.to_dict() else spec.build()
+    return TRLObjective(
+        surrogate=built.surrogate,
+        surrogate_name=spec.surrogate.name,
+        regularizer=built.regularizer,
+        coef=built.coef,
+        anchor=built.anchor,
+        loss_type=args.loss_type,
+        aggregation=LOSS_TYPE_AGGREGATION[args.loss_type],
+        max_len=int(args.max_completion_length),
+        # the monitored set is the own engine's (every registered regularizer but "none")
+        diagnostics={n: r for n, r in built.monitors.items()
+                     if n not in {t.name for t in built.terms}},  # fmt: skip
+        spec=spec,
+        reference_monitors=dict(built.monitors),
+        terms=() if built.single_loss_term else built.terms,
+    )

@@ -1,0 +1,444 @@
+r"""``GBMPOTrainer``: TRL's ``GRPOTrainer`` whose per-micro-batch loss is gbmpo's objective
+(:mod:`gbmpo.integrations.trl`), with gbmpo's metrics.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+import trl
+from torch import Tensor
+from trl import GRPOTrainer
+
+from gbmpo.integrations.trl.config import GBMPOConfig
+from gbmpo.integrations.trl.formulas import (
+    adaptive_entropy_coef,
+    dapo_normalizer,
+    entropy_bonus,
+    window_means,
+)
+from gbmpo.integrations.trl.internals import (
+    _FORWARD_KEYS,
+    _TRAINER_ATTRIBUTES,
+    SUPPORTED_TRL,
+    TRLInternalsError,
+    _quiet_host_warnings,
+    check_trl_internals,
+)
+from gbmpo.integrations.trl.objective import (
+    LOSS_TYPE_SURROGATES,
+    TRLObjective,
+    build_objective,
+)
+from gbmpo.objectives.loss import LossTerm, compute_policy_loss
+from gbmpo.objectives.regularizers import kl_k3
+
+__all__ = ["GBMPOTrainer"]
+
+#: Loss types whose TRL normaliser is the generation batch's token count (:func:`dapo_normalizer`).
+_GLOBAL_TOKEN_LOSS_TYPES: tuple[str, ...] = ("dapo", "cispo", "vespo")
+
+
+
+class GBMPOTrainer(GRPOTrainer):
+    r"""``GRPOTrainer`` whose loss is gbmpo's (:mod:`gbmpo.integrations.trl`); same constructor.
+
+    ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL). Only
+    ``_compute_loss`` is overridden: generation, rewards, advantages, reference log-probs
+    (computed by TRL whenever the regularizer is anchored on the reference model), old
+    log-probs, vLLM importance ratios and everything else stay TRL's.
+
+    Logged metrics (``self._metrics``, averaged over processes by token count): ``entropy``,
+    ``kl`` (k3 against the reference, when its log-probs exist; TRL's key),
+    ``regularizer/<name>`` (the active regularizer and, with ``log_all_regularizers``, every
+    parameter-free one, against the anchor), ``loss/surrogate`` and ``loss/regularizer`` (the
+    two parts of the loss, per optimizer step), ``clip_ratio/low_mean``,
+    ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``,
+    ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes),
+    ``reference/<name>`` (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the
+    window, for the active regularizer and, with ``log_all_regularizers``, every registered
+    one; when the reference log-probs exist, see ``monitor_reference``); plus TRL's own names
+    with TRL's definitions: ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (TRL's clip),
+    ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, and with an entropy bonus ``policy_loss`` and
+    ``entropy_coef``; ``aux_loss`` as TRL. ``kl`` is multiplied by the token ratio with
+    ``use_bias_correction_kl``, as TRL's.
+
+    ``use_adaptive_entropy``: TRL's controller (:func:`adaptive_entropy_coef`) on TRL's state
+    attributes (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves.
+    """
+
+    _tag_names = ["trl", "grpo", "gbmpo"]
+
+    def __init__(
+        self,
+        model: Any,
+        reward_funcs: Any = None,
+        args: GBMPOConfig | None = None,
+        *trl_args: Any,
+        **trl_kwargs: Any,
+    ) -> None:
+        check_trl_internals()
+        _quiet_host_warnings()
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = GBMPOConfig(f"{os.path.basename(str(name).rstrip('/'))}-GBMPO")
+        if not isinstance(args, GBMPOConfig):
+            raise TypeError(
+                f"GBMPOTrainer needs a GBMPOConfig, got {type(args).__name__}; build one with "
+                "the same fields plus gbmpo's (regularizer, regularizer_coef, clip_mode, ...)"
+            )
+        self._gbmpo = build_objective(args)
+        super().__init__(model, reward_funcs, args, *trl_args, **trl_kwargs)
+        for attr in _TRAINER_ATTRIBUTES:
+            if not hasattr(self, attr):
+                raise TRLInternalsError(
+                    f"GRPOTrainer.__init__ no longer sets self.{attr} (TRL {trl.__version__}); "
+                    f"GBMPOTrainer reads it and supports trl{SUPPORTED_TRL}"
+                )
+        if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
+            raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
+
+    @property
+    def objective(self) -> TRLObjective:
+        """The resolved gbmpo objective (surrogate, regularizer, coefficient, aggregation)."""
+        return self._gbmpo
+
+    def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
+        obj = self._gbmpo
+        mode = "train" if self.model.training else "eval"
+        accum = self.current_gradient_accumulation_steps if mode == "train" else 1
+
+        # Policy log-probs and entropies: TRL's own helper (fused LM head, multimodal inputs).
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        logits_to_keep = completion_ids.size(1)
+        mask = completion_mask
+        if "tool_mask" in inputs:
+            mask = completion_mask * inputs["tool_mask"]
+        logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **{k: inputs.get(k) for k in _FORWARD_KEYS},
+        )
+        advantages = inputs["advantages"]
+        old_in = inputs.get("old_per_token_logps")
+        old_logp = logp.detach() if old_in is None else old_in
+        ref_logp = inputs.get("ref_per_token_logps")
+
+        # TRL's token weights ([B, T] or [B, 1]): they multiply the surrogate only, before the
+        # regularizer is added (compute_policy_loss's token_weights).
+        weights: Tensor | None = None
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            threshold = 1 - self.top_entropy_quantile
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, threshold)
+            weights = entropy_mask.to(logp.dtype)
+        if self.off_policy_mask_threshold is not None:
+            adv2 = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+            keep = self.get_off_policy_mask(
+                advantages=adv2,
+                per_token_logps=logp,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logp),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+            weights = keep if weights is None else weights * keep
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            ratio = inputs["importance_sampling_ratio"]
+            weights = ratio if weights is None else weights * ratio
+
+        # Regularizer anchor.
+        anchor = ref_logp if obj.anchor == "ref" else old_logp
+        if anchor is None and obj.coef != 0:
+            raise RuntimeError(
+                f"regularizer {obj.regularizer.name!r} is anchored on the reference model but the "
+                "batch has no 'ref_per_token_logps'; TRL computes them when beta != 0 "
+                f"(beta={self.beta})"
+            )
+        regularizer = obj.regularizer if anchor is not None else None
+        coef = obj.coef if regularizer is not None else 0.0
+        terms = None
+        if obj.terms:  # a sum of regularizers: each term with its own anchor
+            anchors = {"ref": ref_logp, "old": old_logp}
+            missing = [t.name for t in obj.terms if t.active and t.needs_ref and ref_logp is None]
+            if missing:
+                raise RuntimeError(
+                    f"regularizers {missing} are anchored on the reference model but the batch "
+                    f"has no 'ref_per_token_logps'; TRL computes them when beta != 0 "
+                    f"(beta={self.beta})"
+                )
+            terms = [
+                LossTerm(t.name, t.regularizer, t.coef, anchors[t.anchor])
+                for t in obj.terms
+                if t.placement == "loss"
+            ]
+            regularizer, coef = None, 0.0
+
+        # Aggregation with TRL's normalisers (full accumulation window -> no further division).
+        agg_kw: dict[str, Any] = {}
+        if obj.loss_type == "bnpo":
+            # TRL: local token mean / G_acc
+            agg_kw["num_tokens"] = max(float(mask.sum()), 1.0) * accum
+        elif obj.loss_type in _GLOBAL_TOKEN_LOSS_TYPES:
+            # TRL: token sum / Z with Z = global tokens / processes (scaled to the window); Z may
+            # be below this process's token count, which aggregate accepts.
+            agg_kw["num_tokens"] = float(
+                dapo_normalizer(
+                    inputs["num_items_in_batch"],
+                    num_processes=self.accelerator.num_processes,
+                    accumulation_steps=accum,
+                    steps_per_generation=self.args.steps_per_generation,
+                    training=mode == "train",
+                )
+            )
+        else:
+            agg_kw["num_sequences"] = int(logp.size(0)) * accum
+        loss, m = compute_policy_loss(
+            logp,
+            old_logp,
+            anchor,
+            advantages,
+            mask,
+            surrogate=obj.surrogate,
+            regularizer=regularizer,
+            coef=coef,
+            aggregation=obj.aggregation,
+            max_len=obj.max_len if obj.aggregation == "dr_grpo" else None,
+            token_weights=weights,
+            terms=terms,
+            **agg_kw,
+        )
+        pg_part = m["pg_loss"]
+
+        if self._entropy_bonus_enabled:
+            # TRL's policy_loss: the loss before the entropy term, per micro-batch (not divided by
+            # the accumulation steps, except for the global-token loss types, as TRL)
+            policy = loss.detach() * (1 if obj.loss_type in _GLOBAL_TOKEN_LOSS_TYPES else accum)
+            self._metrics[mode]["policy_loss"].append(self._mean_over_processes(float(policy)))
+            eff_mask = mask if entropy_mask is None else mask * entropy_mask
+            loss = loss - self._entropy_term(entropies, eff_mask, accum, mode)
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * aux_loss / accum
+            self._metrics[mode]["aux_loss"].append(
+                self.accelerator.gather_for_metrics(aux_loss).mean().item()
+            )
+
+        self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
+        self._log_trl_metrics(mode, logp.detach(), old_logp, advantages, mask)
+        if mode == "train" and ref_logp is not None:
+            self._add_reference_divergences(old_logp, ref_logp, mask)
+        self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
+        self._metrics[mode]["loss/regularizer"].append(
+            self._mean_over_processes(m["reg_loss"] * accum)
+        )
+        for t in obj.terms:  # a sum of regularizers: each term's part of the loss
+            self._metrics[mode][f"loss/regularizer/{t.name}"].append(
+                self._mean_over_processes(m[f"reg_loss/{t.name}"] * accum)
+            )
+        return loss
+
+    def _entropy_term(self, entropies: Tensor, mask: Tensor, accum: int, mode: str) -> Tensor:
+        """TRL's entropy bonus times its coefficient (subtracted from the loss). With
+        ``use_adaptive_entropy`` the coefficient applies only while the previous window's entropy
+        is at most ``entropy_target``, and is updated at each optimizer step from this window's
+        token-mean entropy over all processes (:func:`adaptive_entropy_coef`); the state lives in
+        TRL's attributes, which TRL saves with checkpoints."""
+        args = self.args
+        bonus = entropy_bonus(entropies, mask, accum)
+        coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > args.entropy_target:
+            coef = 0.0
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * mask).sum(), mask.sum()]).detach().float()
+            window = getattr(self, "_entropy_window_stats", None)
+            self._entropy_window_stats = stats if window is None else window + stats
+            if self.accelerator.sync_gradients:
+                totals = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world = float(totals[0] / totals[1].clamp(min=1.0))
+                self.entropy_coef = adaptive_entropy_coef(
+                    self.entropy_coef, world, target=args.entropy_target,
+                    delta=args.entropy_coef_delta, coef_min=args.entropy_coef_min,
+                    coef_max=args.entropy_coef_max,
+                )  # fmt: skip
+                self._last_world_entropy = world
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return coef * bonus
+
+    # ---- logging ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _add_reference_divergences(self, old_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
+        r"""Add this micro-batch's token sums of :math:`D(\pi_{old}\,\|\,\pi_{ref})` for every
+        regularizer of ``objective.reference_monitors`` (the mean over the logging window's
+        tokens is logged as ``reference/<name>``; every pass over a batch adds the same values,
+        so ``num_iterations`` > 1 leaves the mean unchanged)."""
+        mf = mask.to(torch.float32)
+        sums = getattr(self, "_reference_sums", None)
+        if sums is None:
+            sums = self._reference_sums = {}
+            self._reference_tokens = 0.0
+        old, ref = old_logp.detach().float(), ref_logp.detach().float()
+        for name, reg in self._gbmpo.reference_monitors.items():
+            value = (reg(old, ref, old, mask) * mf).sum()
+            sums[name] = sums.get(name, 0.0) + float(value)
+        self._reference_tokens += float(mf.sum())
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """TRL's log, with ``reference/<name>`` (token means over every process since the last
+        log), GBMPOTrainer's per-micro-batch means weighted by their valid tokens and
+        ``ratio/min`` / ``ratio/max`` as the window's extremes (TRL would average the
+        micro-batches' values plainly)."""
+        mode = "train" if self.model.training else "eval"
+        metrics = self._metrics[mode]
+        # token-weighted means over the window's micro-batches (TRL averages them plainly), so
+        # that e.g. the clip fraction is the fraction of the window's valid tokens
+        window_means(metrics, getattr(self, "_token_weights", {}).get(mode, {}))
+        sums = getattr(self, "_reference_sums", None)
+        if mode == "train" and sums:
+            names = sorted(sums)
+            local = torch.tensor([sums[n] for n in names] + [self._reference_tokens],
+                                 dtype=torch.float64, device=self.accelerator.device)  # fmt: skip
+            totals = self.accelerator.reduce(local, reduction="sum")
+            tokens = float(totals[-1].clamp(min=1.0))
+            for i, name in enumerate(names):
+                metrics[f"reference/{name}"] = [float(totals[i]) / tokens]
+            self._reference_sums = None
+        super().log(logs, start_time)
+
+    @torch.no_grad()
+    def _log_trl_metrics(
+        self, mode: str, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> None:
+        """The loss-type metrics TRL logs under its own names, with TRL's definitions:
+        ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (per-sequence clip fractions, min / max
+        over the batch) for the clip loss types with TRL's clip (``clip_mode="ratio"``),
+        ``cispo_clip_ratio`` (tokens whose weight the cap binds, with :math:`A > 0`) and
+        ``vespo/phi_seq_mean`` (the mean VESPO sequence weight)."""
+        obj = self._gbmpo
+        adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+        mf = mask.to(torch.float32)
+        log_ratio = (logp - old_logp).float()
+        name = obj.surrogate_name
+        if name in ("clip", "gspo") and obj.loss_type not in LOSS_TYPE_SURROGATES:
+            if name == "gspo":
+                seq = (log_ratio * mf).sum(-1) / mf.sum(-1).clamp(min=1.0)
+                ratio = torch.exp(seq).unsqueeze(-1).expand_as(log_ratio)
+            else:
+                ratio = torch.exp(log_ratio)
+            # the surrogate's own interval (= TRL's 1 - epsilon, 1 + epsilon_high when mapped)
+            sur: Any = obj.surrogate
+            lo, hi = 1.0 - float(sur.eps_low), 1.0 + float(sur.eps_high)
+            low = ((ratio < lo) & (adv < 0)).float()
+            high = ((ratio > hi) & (adv > 0)).float()
+            per_seq = torch.stack([(x * mf).sum(-1) / mf.sum(-1) for x in (low, high)], dim=-1)
+            gathered = self.accelerator.gather(per_seq)
+            low_seq, high_seq = gathered[:, 0], gathered[:, 1]
+            low_seq, high_seq = low_seq[~low_seq.isnan()], high_seq[~high_seq.isnan()]
+            nan = float("nan")
+            self._metrics[mode]["clip_ratio/low_min"].append(
+                float(low_seq.min()) if low_seq.numel() else nan
+            )
+            self._metrics[mode]["clip_ratio/high_max"].append(
+                float(high_seq.max()) if high_seq.numel() else nan
+            )
+        elif obj.loss_type == "cispo":
+            cap = 1.0 + float(obj.surrogate.eps_high)  # TRL's epsilon_high (loss_type_surrogate)
+            hit = ((torch.exp(log_ratio) > cap) & (adv > 0)).float()
+            totals = self.accelerator.reduce(torch.stack([(hit * mf).sum(), mf.sum()]), "sum")
+            self._metrics[mode]["cispo_clip_ratio"].append(float(totals[0] / totals[1].clamp(1.0)))
+        elif obj.loss_type == "vespo":
+            a = self.args
+            phi = self.get_gamma_weights(
+                advantages=adv, log_ratio_per_token=log_ratio, mask=mf,
+                importance_sampling_ratio=None, k_pos=a.vespo_k_pos, lambda_pos=a.vespo_lambda_pos,
+                k_neg=a.vespo_k_neg, lambda_neg=a.vespo_lambda_neg,
+            )  # fmt: skip
+            count = torch.tensor(float(phi.shape[0]), device=phi.device)
+            totals = self.accelerator.reduce(torch.stack([phi.sum().float(), count]), "sum")
+            self._metrics[mode]["vespo/phi_seq_mean"].append(
+                float(totals[0] / totals[1].clamp(1.0))
+            )
+
+    def _mean_over_processes(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float32, device=self.accelerator.device)
+        return float(self.accelerator.gather(t).mean())
+
+    def _log_gbmpo_metrics(
+        self,
+        mode: str,
+        logp: Tensor,
+        entropies: Tensor,
+        mask: Tensor,
+        anchor: Tensor | None,
+        ref_logp: Tensor | None,
+        old_logp: Tensor,
+        m: dict[str, float],
+    ) -> None:
+        """Token-weighted means over all processes (one reduce), min / max over processes."""
+        obj = self._gbmpo
+        mf = mask.to(torch.float32)
+        n_local = mf.sum()
+        values: dict[str, Tensor] = {}
+
+        def masked_mean(x: Tensor) -> Tensor:
+            return (x.detach().float() * mf).sum() / n_local.clamp(min=1.0)
+
+        values["entropy"] = masked_mean(entropies)
+        with torch.no_grad():
+            lp = logp.detach()
+            if ref_logp is not None:
+                # TRL's kl: k3, times the token ratio with use_bias_correction_kl (kl_k3_is)
+                kl = kl_k3(lp.float(), ref_logp.float())
+                if self.args.use_bias_correction_kl:
+                    kl = kl * torch.exp(lp.float() - old_logp.float())
+                values["kl"] = masked_mean(kl)
+            if obj.terms:  # a sum: the summed value under its label, then each term's
+                label = obj.spec.regularizer_label if obj.spec is not None else "sum"
+                values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
+                for t in obj.terms:
+                    values[f"regularizer/{t.name}"] = torch.tensor(
+                        m[f"reg_value/{t.name}"], device=mf.device
+                    )
+            if anchor is not None and not obj.terms:
+                values[f"regularizer/{obj.regularizer.name}"] = torch.tensor(
+                    m["reg_value"], device=mf.device
+                )
+                for name, reg in obj.diagnostics.items():
+                    values[f"regularizer/{name}"] = masked_mean(reg(lp, anchor, old_logp, mask))
+        values["clip_ratio/low_mean"] = torch.tensor(m["clip_frac_low"], device=mf.device)
+        values["clip_ratio/high_mean"] = torch.tensor(m["clip_frac_high"], device=mf.device)
+        values["clip_ratio/region_mean"] = torch.tensor(
+            m["clip_frac_low"] + m["clip_frac_high"], device=mf.device
+        )
+        values["clip_ratio/dual_mean"] = torch.tensor(m["clip_frac_dual"], device=mf.device)
+        values["ratio/mean"] = torch.tensor(m["ratio_mean"], device=mf.device)
+
+        keys = list(values)
+        stacked = torch.stack([values[k].float() * n_local for k in keys] + [n_local])
+        totals = self.accelerator.reduce(stacked, reduction="sum")
+        denom = totals[-1].clamp(min=1.0)
+        for i, k in enumerate(keys):
+            self._metrics[mode][k].append(float(totals[i] / denom))
+        # the micro-batch's valid tokens (all processes): log() weights these means by them
+        weights = getattr(self, "_token_weights", None)
+        if weights is None:
+            weights = self._token_weights = {"train": {}, "eval": {}}
+        for k in keys:
+            weights[mode].setdefault(k, []).append(float(totals[-1]))
+        extremes = torch.tensor([m["ratio_min"], -m["ratio_max"]], device=mf.device)
+        if n_local == 0:  # no valid token here: do not let the 0 placeholders win
+            extremes = torch.full_like(extremes, math.inf)
+        gathered = self.accelerator.gather(extremes.unsqueeze(0)).view(-1, 2).min(dim=0).values
+        self._metrics[mode]["ratio/min"].append(float(gathered[0]))
+        self._metrics[mode]["ratio/max"].append(float(-gathered[1]))
