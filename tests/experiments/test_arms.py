@@ -317,3 +317,22 @@ def test_dry_run_of_an_arm_with_a_sum_of_regularizers(tmp_path, gbmpo_cli):
                                              "--output-dir", str(tmp_path / "o"), "--dry-run"])
     assert code == 0, stderr
     assert "regularizer prob_l2 (coef 0.05) + kl_k1 (coef 0.04, in the reward)" in stdout
+
+
+@needs_tiny
+def test_an_arm_with_a_sum_of_regularizers_runs_and_reports(tmp_path, gbmpo_cli):
+    """A grid whose arm sums two regularizers trains and writes its report (the report's arm
+    record once read ``regularizer.name`` of the list and failed after every run finished)."""
+    arms = tmp_path / "arms.yaml"
+    arms.write_text("sum:\n  objective.regularizer:\n    - {name: prob_l2, coef: 0.05}\n"
+                    "    - {name: kl_k3, coef: 0.04}\n")  # fmt: skip
+    out = tmp_path / "grid"
+    argv = ["compare", "--arms", str(arms), "--seeds", "0", "--output-dir", str(out), *SMALL,
+            "--no-plots"]  # fmt: skip
+    code, stdout, stderr = _call(gbmpo_cli, argv)
+    assert code == 0, stderr
+    results = json.loads((out / "results.json").read_text())
+    (arm,) = results["grid"]["arms"]
+    assert arm["regularizer"] == "prob_l2+kl_k3" and arm["coef"] == [0.05, 0.04]
+    assert arm["regularizer_params"] == [{}, {}]
+    assert (out / "report.md").is_file()

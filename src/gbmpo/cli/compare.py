@@ -342,9 +342,13 @@ def _arm_spec(arm: Any, runs: Sequence[Any]) -> dict[str, Any]:
         "overrides": [[k, v] for k, v in arm.overrides],
         "surrogate": o.surrogate.name,
         "surrogate_params": dict(o.surrogate.params),
-        "regularizer": o.regularizer.name,
-        "coef": o.regularizer.coef,
-        "regularizer_params": dict(o.regularizer.params),
+        # one regularizer, or a sum (its names joined by "+", its coefficients and
+        # parameters term by term)
+        "regularizer": o.regularizer_label,
+        "coef": o.coef_label,
+        "regularizer_params": (
+            [dict(t.params) for t in o.terms] if len(o.terms) > 1 else dict(o.terms[0].params)
+        ),
         "advantage": o.advantage,
         "aggregation": o.aggregation,
     }

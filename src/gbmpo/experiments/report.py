@@ -156,7 +156,7 @@ def _arms_lines(results: Mapping[str, Any]) -> list[str]:
     for a in arms:
         ovr = ", ".join(f"{k}={v}" for k, v in a["overrides"]) or "(the base configuration)"
         surr = a["surrogate"] + (f" {a['surrogate_params']}" if a["surrogate_params"] else "")
-        reg = f"{a['regularizer']} (coef {a['coef']:g})"
+        reg = f"{a['regularizer']} (coef {_coef(a['coef'])})"
         lines.append(f"`{a['label']}`: {ovr} -> surrogate {surr}, regularizer {reg}")
     return lines
 
