@@ -156,3 +156,19 @@ def test_plan_action_reuses_a_run_saved_under_an_old_key_name(tmp_path):
     (run.run_dir / "config.yaml").write_text(old)
     with pytest.warns(DeprecationWarning, match="rollout.generator"):
         assert plan_action(run) == ("reuse", [])
+
+
+def test_plan_action_reuses_a_run_saved_before_a_key_existed(tmp_path):
+    """A key added later (here ``objective.regularizer.estimator``) compares with its default:
+    a finished grid stays reusable after an upgrade."""
+    base = load_config(None, [("steps", "5")])
+    (run,) = plan_grid(base, parse_regularizers("kl_k3"), [0], tmp_path)
+    _finish(run.run_dir, run.config)
+    text = (run.run_dir / "config.yaml").read_text()
+    assert "    estimator: sample\n" in text
+    (run.run_dir / "config.yaml").write_text(text.replace("    estimator: sample\n", ""))
+    assert plan_action(run) == ("reuse", [])
+    full = copy.deepcopy(run)  # the key's value still matters when it is not the default
+    full.config.objective.regularizer.estimator = "full"
+    with pytest.raises(GridError, match="estimator"):
+        plan_action(full)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,8 +52,17 @@ def _saved_config(run_dir: Path) -> dict[str, Any] | None:
         data = yaml.safe_load((run_dir / "config.yaml").read_text())
     except (OSError, yaml.YAMLError):
         return None
-    # a run saved before a key was renamed compares under the new name
-    return rename_old_keys(data) if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    # a run saved before a key was renamed compares under the new name, and one saved before a
+    # key existed compares with that key's default (a new key's default keeps the old behaviour)
+    data = rename_old_keys(data)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return config_to_dict(config_from_dict(data))
+    except Exception:  # noqa: BLE001 - not a configuration this version reads: compare as saved
+        return data
 
 
 def plan_action(run: GridRun) -> tuple[str, list[tuple[str, Any]]]:
