@@ -511,3 +511,20 @@ def test_mirror_interval_tolerance_and_method_are_checked():
     exact = mirror_interval(p, MIRROR, 0.01, 0.01, method="bisect")
     for a, b in zip(coarse, exact, strict=True):
         assert abs(math.log(float(a)) - math.log(float(b))) <= 2e-4
+
+
+def test_mirror_interval_table_next_to_the_lower_threshold():
+    """Just above p* (where the lower end leaves 0 and the root leaves the floor like the inverse
+    of y log y) the log-graded table holds the same tolerance against bisection."""
+    from gbmpo.objectives.clip_measures import _mirror_end_table
+
+    mirror = NeuralMirrorMap.random(scale=0.5, seed=3)
+    table = _mirror_end_table(mirror, "low", 0.01, MIRROR_TABLE_TOL)
+    assert table.graded_length > 0 and table.bad_cells == 0
+    gaps = table.graded_length * torch.logspace(-14, 0, 200, dtype=F64)
+    p = torch.exp(math.log(table.p_star) + gaps)
+    p = torch.cat([p, torch.tensor([table.p_star * (1 - 1e-12), table.p_star], dtype=F64)])
+    lt, _ = mirror_interval(p, mirror, 0.01, 0.02)
+    lb, _ = mirror_interval(p, mirror, 0.01, 0.02, method="bisect")
+    assert torch.equal(lt == 0, lb == 0) and float(lt[-2:].abs().max()) == 0.0
+    assert float((lt - lb).abs().max()) <= 2 * MIRROR_TABLE_TOL

@@ -393,6 +393,7 @@ def mirror_interval(
 MIRROR_TABLE_TOL = 1e-8
 _TABLE_START_CELLS = 128
 _TABLE_MAX_CELLS = 4096
+_GRADED_R0 = -40.0  # the graded table's grid starts at t* + length e^-40
 _TABLE_BAD_CELLS = 4  # refinement stops when at most this many cells miss tol
 _LOG_FLOOR = math.log(PROB_FLOOR)
 _TABLES: weakref.WeakKeyDictionary[NeuralMirrorMap, dict[tuple[str, float, float], Any]] = (
@@ -434,7 +435,8 @@ class _MirrorEndTable:
     The cell count doubles (up to 4,096) until at most 4 cell midpoints miss a fresh bisection
     by more than ``tol``; those cells (``bad_cells``: the first few above the lower end's
     threshold, where the root leaves the floor like the inverse of :math:`y \log y` and no
-    polynomial fits) are solved per token by that bisection. ``error``:
+    polynomial fits) get a second, log-graded table (:meth:`_graded`), and any cell that
+    still misses ``tol`` is solved per token by that bisection. ``error``:
     the largest midpoint error of the other cells."""
 
     def __init__(self, mirror: NeuralMirrorMap, side: str, delta: float, tol: float) -> None:
@@ -442,6 +444,7 @@ class _MirrorEndTable:
         self._mirror = mirror
         self._tables: dict[torch.device, Tensor] = {}
         self._tables_bad: dict[torch.device, Tensor] = {}
+        self._graded_tables: dict[torch.device, Tensor] = {}
         edge = PROB_FLOOR if side == "low" else 1.0
         t_star = self._threshold(edge)
         self.p_star = math.exp(t_star)
@@ -476,11 +479,45 @@ class _MirrorEndTable:
         # cells that still miss tol (next to the lower end's threshold, where the root leaves
         # the floor like the inverse of y log y) are solved per token by bisection instead
         bad = cell_error > tol
-        self.bad_cells = int(bad.sum())
-        self.error = float(cell_error[~bad].max()) if self.bad_cells < cells else 0.0
         self.cells, self.width = cells, (b - a) / cells
         self._coef_cpu = coef.contiguous()
+        self.graded_length = 0.0
+        n_first = int(bad.long().cumprod(0).sum()) if side == "low" else 0
+        if n_first:  # the first cells above the threshold: a graded table (see _graded)
+            err_g = self._graded(a, n_first * self.width, tol)
+            if err_g <= tol:
+                bad[:n_first] = False
+                cell_error[:n_first] = err_g
+        self.bad_cells = int(bad.sum())
+        self.error = float(cell_error[~bad].max()) if self.bad_cells < cells else 0.0
         self._bad_cpu = bad
+
+    def _graded(self, t_star: float, length: float, tol: float) -> float:
+        """A table of the lower end over (t*, t* + length] in r = log((t - t*) / length), r in
+        [-40, 0]: the root leaves the floor like the inverse of y log y, whose non-polynomial
+        part is smooth in r (log-graded cells towards t*). Cubic Hermite of w in r
+        (dw/dr = (t - t*) dw/dt), cells doubled up to 4,096 until every midpoint is within tol;
+        below r = -40 the end is its value at t* + length e^-40 (it moves by less than dw/dt
+        times 4e-18 length there). Returns the largest midpoint error (> tol: not used)."""
+        cells = 64
+        while True:
+            r = torch.linspace(_GRADED_R0, 0.0, cells + 1, dtype=torch.float64)
+            gap = length * torch.exp(r)
+            t = t_star + gap
+            x = self._roots(t)
+            dxdr = self._slope(t, x) * gap
+            width = -_GRADED_R0 / cells
+            coef = _cubic_hermite_coeffs(x[:-1], x[1:], width * dxdr[:-1], width * dxdr[1:])
+            mid = t_star + length * torch.exp(0.5 * (r[:-1] + r[1:]))
+            approx = ((coef[3] * 0.5 + coef[2]) * 0.5 + coef[1]) * 0.5 + coef[0]
+            err = float((approx - self._roots(mid)).abs().max())
+            if err <= tol or cells >= _TABLE_MAX_CELLS:
+                break
+            cells *= 2
+        if err <= tol:
+            self.graded_length, self.graded_cells = length, cells
+            self._graded_cpu = coef.contiguous()
+        return err
 
     def _phi(self, t: Tensor, edge: float) -> Tensor:
         p = torch.exp(t)
@@ -555,12 +592,25 @@ class _MirrorEndTable:
         if p.device not in self._tables:
             self._tables[p.device] = self._coef_cpu.to(p.device)
             self._tables_bad[p.device] = self._bad_cpu.to(p.device)
-        u = (torch.log(p) - self.t0) * (1.0 / self.width)
+            if self.graded_length:
+                self._graded_tables[p.device] = self._graded_cpu.to(p.device)
+        t = torch.log(p)
+        u = (t - self.t0) * (1.0 / self.width)
         idx = u.floor().clamp_(0, self.cells - 1)
         s = u - idx
         ix = idx.reshape(1, -1).long().expand(4, -1)
         a0, a1, a2, a3 = torch.gather(self._tables[p.device], 1, ix).view(4, *p.shape).unbind(0)
         w = a0 + s * (a1 + s * (a2 + s * a3))
+        if self.graded_length:
+            gap = t - self.t0
+            near = (gap < self.graded_length) & ~outside
+            if bool(near.any()):
+                r = torch.log(gap[near] / self.graded_length).clamp(_GRADED_R0, 0.0)
+                ug = (r - _GRADED_R0) * (self.graded_cells / -_GRADED_R0)
+                ig = ug.floor().clamp_(0, self.graded_cells - 1)
+                sg = ug - ig
+                g0, g1, g2, g3 = self._graded_tables[p.device][:, ig.long()].unbind(0)
+                w = w.masked_scatter(near, g0 + sg * (g1 + sg * (g2 + sg * g3)))
         if self.bad_cells:
             solve = self._tables_bad[p.device][idx.long()] & ~outside
             if bool(solve.any()):
