@@ -54,8 +54,10 @@ SURROGATE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "dc:k1": ("divergence_clip", {"measure": "k1", "delta": 0.2}),
     "dc:prob_l2": ("divergence_clip", {"measure": "prob_l2", "delta": 0.02}),
     "dc:neural_mirror": ("divergence_clip", {"measure": "neural_mirror", "delta": 0.01}),
-    "dc:neural_mirror_table": ("divergence_clip", {"measure": "neural_mirror", "delta": 0.01,
-                                                   "mirror": "table"}),  # fmt: skip
+    "dc:neural_mirror_table": (
+        "divergence_clip",
+        {"measure": "neural_mirror", "delta": 0.01, "mirror": "table"},
+    ),
     "dc:dppo_tv": ("divergence_clip", {"measure": "dppo_tv", "delta": 0.15}),
     "dc:dppo_kl": ("divergence_clip", {"measure": "dppo_kl", "delta": 0.05}),
     "rpg_clip": ("rpg_clip", {"variant": "urkl", "beta": 1e-4}),
