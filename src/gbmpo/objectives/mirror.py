@@ -816,8 +816,13 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         ix = idx.reshape(1, -1).long().expand(6, -1)
         rows = torch.gather(self._table(y.device), 1, ix)
         c0, c1, c2, c3, c4, c5 = rows.view(6, *y.shape).unbind(0)
-        h = c0 + s * (c1 + s * (c2 + s * (c3 + s * (c4 + s * c5))))
-        hs = c1 + s * (2.0 * c2 + s * (3.0 * c3 + s * (4.0 * c4 + s * (5.0 * c5))))  # dH/ds
+        # Horner for H, and for dH/ds from Horner's partial sums (synthetic division)
+        b4 = torch.addcmul(c4, s, c5)
+        b3 = torch.addcmul(c3, s, b4)
+        b2 = torch.addcmul(c2, s, b3)
+        b1 = torch.addcmul(c1, s, b2)
+        h = torch.addcmul(c0, s, b1)
+        hs = torch.addcmul(b1, s, torch.addcmul(b2, s, torch.addcmul(b3, s, b4 + s * c5)))
         dy = self._dt * y
         out = [h, hs / dy]  # dH/dy = (dH/ds) / (Delta y)
         if order >= 2:
