@@ -809,25 +809,32 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         """(H, H', H'') up to ``order`` at float64 y >= 1e-10 (NaN propagates)."""
         top = math.exp(_TABLE_T1)
         above = y.numel() > 0 and float(y.max()) > top
-        u = (torch.log(y.clamp_max(top) if above else y) - _TABLE_T0) * (1.0 / self._dt)
-        idx = torch.nan_to_num(u.floor(), nan=0.0).clamp_(0, self.cells - 1)
-        s = u - idx
+        # in-place arithmetic on few buffers throughout: for [64 x 1024] float64 arguments
+        # each fresh temporary costs the allocator and page faults more than its arithmetic
+        u = torch.log(y.clamp_max(top) if above else y).sub_(_TABLE_T0).mul_(1.0 / self._dt)
+        idx = torch.nan_to_num_(u.floor(), nan=0.0).clamp_(0, self.cells - 1)
+        s = u.sub_(idx)
         # the table is stored [6, cells]: one gather gives six contiguous coefficient rows
         ix = idx.reshape(1, -1).long().expand(6, -1)
         rows = torch.gather(self._table(y.device), 1, ix)
         c0, c1, c2, c3, c4, c5 = rows.view(6, *y.shape).unbind(0)
-        # Horner for H, and for dH/ds from Horner's partial sums (synthetic division)
-        b4 = torch.addcmul(c4, s, c5)
-        b3 = torch.addcmul(c3, s, b4)
-        b2 = torch.addcmul(c2, s, b3)
-        b1 = torch.addcmul(c1, s, b2)
-        h = torch.addcmul(c0, s, b1)
-        hs = torch.addcmul(b1, s, torch.addcmul(b2, s, torch.addcmul(b3, s, b4 + s * c5)))
-        dy = self._dt * y
-        out = [h, hs / dy]  # dH/dy = (dH/ds) / (Delta y)
+        hss = None
         if order >= 2:
             hss = 2.0 * c2 + s * (6.0 * c3 + s * (12.0 * c4 + s * (20.0 * c5)))
-            out.append((hss / self._dt - hs) / (dy * y))
+        # Horner for H, and for dH/ds from Horner's partial sums (synthetic division):
+        # b4 = c4 + s c5, ..., b1 = c1 + s b2, H = c0 + s b1; dH/ds = b1 + s (b2 + s (b3 +
+        # s (b4 + s c5)))
+        b4 = c4.addcmul_(s, c5)
+        b3 = c3.addcmul_(s, b4)
+        b2 = c2.addcmul_(s, b3)
+        b1 = c1.addcmul_(s, b2)
+        h = c0.addcmul_(s, b1)
+        hs = c5.mul_(s).add_(b4).mul_(s).add_(b3).mul_(s).add_(b2).mul_(s).add_(b1)
+        dy = y * self._dt
+        out = [h, hs.div_(dy)]  # dH/dy = (dH/ds) / (Delta y)
+        if hss is not None:
+            # H'' = (d2H/ds2 / Delta - dH/ds) / (Delta y^2), with dH/ds = H' Delta y
+            out.append((hss / self._dt - hs * dy) / (dy * y))
         if above:  # beyond the grid: the exact map there
             over = y > top
             yo = y[over]
@@ -863,8 +870,8 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         p64, q64 = p.to(torch.float64), q.to(torch.float64)
         hp, gp = self._eval(p64, 1)
         hq, gq = self._eval(q64, 1)
-        value = (hp - hq - gq * (p64 - q64)).clamp_min_(0.0).to(p.dtype)
-        return value, (gp - gq).to(p.dtype) if want_grad else None
+        value = hp.sub_(hq).sub_(gq * (p64 - q64)).clamp_min_(0.0).to(p.dtype)
+        return value, gp.sub_(gq).to(p.dtype) if want_grad else None
 
     def tabulated(self, cells: int = TABLE_CELLS) -> TabulatedMirrorMap:
         return TabulatedMirrorMap(self, cells) if cells != self.cells else self
