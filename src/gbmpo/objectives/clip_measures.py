@@ -594,18 +594,20 @@ class _MirrorEndTable:
             self._tables_bad[p.device] = self._bad_cpu.to(p.device)
             if self.graded_length:
                 self._graded_tables[p.device] = self._graded_cpu.to(p.device)
+        # in-place arithmetic on few buffers (fresh [64 x 1024] float64 temporaries cost more
+        # in allocation than in arithmetic)
         t = torch.log(p)
-        u = (t - self.t0) * (1.0 / self.width)
+        u = torch.sub(t, self.t0).mul_(1.0 / self.width)
         idx = u.floor().clamp_(0, self.cells - 1)
-        s = u - idx
+        s = u.sub_(idx)
         ix = idx.reshape(1, -1).long().expand(4, -1)
         a0, a1, a2, a3 = torch.gather(self._tables[p.device], 1, ix).view(4, *p.shape).unbind(0)
-        w = a0 + s * (a1 + s * (a2 + s * a3))
+        w = a0.addcmul_(s, a1.addcmul_(s, a2.addcmul_(s, a3)))
         if self.graded_length:
-            gap = t - self.t0
-            near = (gap < self.graded_length) & ~outside
+            near = (t < self.t0 + self.graded_length) & ~outside
             if bool(near.any()):
-                r = torch.log(gap[near] / self.graded_length).clamp(_GRADED_R0, 0.0)
+                gap = t[near] - self.t0
+                r = torch.log(gap / self.graded_length).clamp(_GRADED_R0, 0.0)
                 ug = (r - _GRADED_R0) * (self.graded_cells / -_GRADED_R0)
                 ig = ug.floor().clamp_(0, self.graded_cells - 1)
                 sg = ug - ig
@@ -616,8 +618,8 @@ class _MirrorEndTable:
             if bool(solve.any()):
                 w = w.masked_scatter(solve, self._roots(torch.log(p[solve])))
         if self.side == "high":
-            w = torch.exp(w)
-        return torch.where(outside, torch.full_like(w, out_value), w)
+            w = w.exp_()
+        return w.masked_fill_(outside, out_value)
 
 
 def dppo_kl_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tuple[Tensor, Tensor]:
