@@ -98,7 +98,7 @@ def test_float32_inputs_and_the_regularizer():
     exact = NeuralMirrorMap.random(scale=0.01, seed=42)
     tab = exact.tabulated()
     g = torch.Generator().manual_seed(5)
-    logp = -torch.distributions.Exponential(2.0).sample((64, 256))
+    logp = -torch.empty(64, 256).exponential_(2.0, generator=g)
     ref = logp + 0.2 * torch.randn(64, 256, generator=g)  # some ref "probabilities" above 1
     mask = torch.ones(64, 256)
     out = []
@@ -133,3 +133,10 @@ def test_the_exact_map_stays_the_default():
     assert type(reg.params["mirror"]) is NeuralMirrorMap
     with pytest.raises(ValueError, match="cells"):
         NeuralMirrorMap.random().tabulated(cells=4)
+
+
+def test_constructors_name_the_way_to_build_a_table():
+    with pytest.raises(TypeError, match=r"\.tabulated\(\)"):
+        TabulatedMirrorMap.random()
+    tab = NeuralMirrorMap.random().tabulated(cells=64)
+    assert tab.tabulated(cells=64) is tab and tab.tabulated(cells=128).cells == 128

@@ -767,6 +767,11 @@ class TabulatedMirrorMap(NeuralMirrorMap):
     """
 
     def __init__(self, mirror: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
+        if not isinstance(mirror, NeuralMirrorMap):
+            raise TypeError(
+                "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
+                f".tabulated(), not TabulatedMirrorMap constructors (got {type(mirror).__name__})"
+            )
         if isinstance(cells, bool) or not isinstance(cells, int) or cells < 16:
             raise ValueError(f"cells must be an integer >= 16, got {cells!r}")
         n = N_UNITS
@@ -799,6 +804,14 @@ class TabulatedMirrorMap(NeuralMirrorMap):
             "dh": float((gg - NeuralMirrorMap.derivative(self, yc)).abs().max()),
             "d2h": float((g2 - NeuralMirrorMap.second_derivative(self, yc)).abs().max()),
         }
+
+    @classmethod
+    def from_vector(cls, phi: Tensor | Sequence[float]) -> NeuralMirrorMap:
+        """Not for a table: build the map, then call ``.tabulated()`` on it."""
+        raise TypeError(
+            "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
+            ".tabulated()"
+        )
 
     def _table(self, device: torch.device) -> Tensor:
         if device not in self._tables:
