@@ -21,7 +21,8 @@ the PPO clip with these bounds. The measures (:data:`CLIP_MEASURES`):
   (ATR-GRPO's KL3 trust region);
 * ``prob_l2``: :math:`f(w) = (w p - p)^2 = (w-1)^2 p^2`,
   :math:`[\max(0, 1-\sqrt\delta/p), 1+\sqrt\delta/p]`, per token (GBMPO arXiv 2602.04380);
-* ``neural_mirror``: :math:`f(w) = D_h(w p, p)`, bracketed bisection, per token (GBMPO);
+* ``neural_mirror``: :math:`f(w) = D_h(w p, p)`, bisection tabulated in :math:`p`, per token
+  (GBMPO);
 * ``dppo_tv``: :math:`f(w) = |w p - p|`, the total variation between the binary distributions
   :math:`(p, 1-p)` and :math:`(wp, 1-wp)`, :math:`[\max(0, 1-\delta/p), 1+\delta/p]`, per token
   (DPPO-Binary-TV, arXiv 2602.04879);
@@ -36,8 +37,9 @@ token's new and old probability, :math:`D_h(\pi_\theta(o_t), \pi_{\text{old}}(o_
 interval depends on :math:`p`, so their bounds are per-token tensors. ``prob_l2`` is exactly the
 ``prob_l2`` regularizer of :mod:`gbmpo.objectives.regularizers`, :math:`(p_\theta - q)^2`, the
 Bregman divergence of :math:`h(y) = y^2` (not :math:`\tfrac12 y^2`, which would halve it and give
-:math:`\sqrt{2\delta}/p`). ``neural_mirror`` has no closed form: :func:`bisect_interval` finds
-its ends. The lower end is 0 (no lower clip) where the region reaches :math:`w \to 0`, the upper
+:math:`\sqrt{2\delta}/p`). ``neural_mirror`` has no closed form: :func:`bisect_interval` defines
+its ends, solved once per map and radius on a grid of :math:`p` (:func:`mirror_interval`).
+The lower end is 0 (no lower clip) where the region reaches :math:`w \to 0`, the upper
 end :math:`+\infty` where it contains every attainable ratio (:math:`w \le 1/p`).
 
 The two DPPO measures come with DPPO's loss instead of PPO's clip (see
