@@ -8,9 +8,12 @@ writes it (``loss_type="grpo"``, ``beta=0.04``). Each pair is timed interleaved 
 baseline (baseline, pair, baseline, pair, ...) so that load from other jobs hits both alike;
 the printed ratio is median(pair) / median(baseline) of the **CPU time** of the process (one
 thread: the work done, far less sensitive to other jobs on a shared machine than wall time,
-which is recorded too). A pair whose first call takes over 5 s (the neural-mirror clip measure,
-whose per-token interval is a 2 x 60-step bisection over the map) is timed by that one call.
-``dc:neural_mirror`` is timed with no regularizer only unless named in ``--regularizers``.
+which is recorded too). A pair whose first call takes over 5 s (the neural-mirror clip measure
+before its interval tables: a 2 x 60-step bisection over the map per token) is timed by that
+one call; otherwise the first call is an untimed warm-up (it builds the neural-mirror interval
+tables, cached per map and radius). ``neural_mirror_table`` and ``dc:neural_mirror_table`` use
+the default map's explicit tabulated evaluation (``NeuralMirrorMap.tabulated()``).
+``dc:neural_mirror*`` is timed with no regularizer only unless named in ``--regularizers``.
 
 ``--before REV`` also times the objectives package of git revision ``REV`` in the same run (its
 ``src/gbmpo/objectives`` is loaded from git under another module name), so that a speed change
@@ -51,6 +54,10 @@ SURROGATE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "dc:k1": ("divergence_clip", {"measure": "k1", "delta": 0.2}),
     "dc:prob_l2": ("divergence_clip", {"measure": "prob_l2", "delta": 0.02}),
     "dc:neural_mirror": ("divergence_clip", {"measure": "neural_mirror", "delta": 0.01}),
+    "dc:neural_mirror_table": (
+        "divergence_clip",
+        {"measure": "neural_mirror", "delta": 0.01, "mirror": "table"},
+    ),
     "dc:dppo_tv": ("divergence_clip", {"measure": "dppo_tv", "delta": 0.15}),
     "dc:dppo_kl": ("divergence_clip", {"measure": "dppo_kl", "delta": 0.05}),
     "rpg_clip": ("rpg_clip", {"variant": "urkl", "beta": 1e-4}),
@@ -61,9 +68,17 @@ SURROGATE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "vespo": ("vespo", {}),
 }
 REGULARIZER_CASES = ["none", "kl_k1", "kl_k3", "kl_k3_is", "prob_l2", "log_l2", "neural_mirror",
-                     "rpg_rkl", "rpg_urkl"]  # fmt: skip
+                     "neural_mirror_table", "rpg_rkl", "rpg_urkl"]  # fmt: skip
 #: cases that need a name from this revision only
-NEW_SURROGATES = {"dc:dppo_tv", "dc:dppo_kl", "cispo", "sapo", "gmpo", "vespo"}
+NEW_SURROGATES = {"dc:dppo_tv", "dc:dppo_kl", "cispo", "sapo", "gmpo", "vespo",
+                  "dc:neural_mirror_table"}  # fmt: skip
+NEW_REGULARIZERS = {"neural_mirror_table"}
+
+
+def _tabulated_map(objectives: ModuleType) -> Any:
+    """``neural_mirror_table`` / ``"mirror": "table"``: the default map (random(0.01, 42)) with
+    its explicit tabulated evaluation (``NeuralMirrorMap.tabulated()``)."""
+    return objectives.NeuralMirrorMap.random(scale=0.01, seed=42).tabulated()
 
 
 def trl_style_loss(logp, old, ref, adv, mask, eps_low=0.2, eps_high=0.28, beta=BETA):  # noqa: ANN001, ANN201
@@ -111,8 +126,16 @@ def load_objectives(rev: str) -> ModuleType:
 
 def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], regularizer: str,
               x: dict[str, torch.Tensor]):  # noqa: ANN201  # fmt: skip
-    surr = objectives.get_surrogate(surrogate[0], **surrogate[1])
-    reg = None if regularizer == "none" else objectives.get_regularizer(regularizer)
+    params = dict(surrogate[1])
+    if params.get("mirror") == "table":
+        params["mirror"] = _tabulated_map(objectives)
+    surr = objectives.get_surrogate(surrogate[0], **params)
+    if regularizer == "none":
+        reg = None
+    elif regularizer == "neural_mirror_table":
+        reg = objectives.get_regularizer("neural_mirror", mirror=_tabulated_map(objectives))
+    else:
+        reg = objectives.get_regularizer(regularizer)
     coef = 0.0 if reg is None else BETA
     adv = x["adv"][:, 0]
 
@@ -227,12 +250,12 @@ def main() -> None:
                                                         for c in cols))  # fmt: skip
     for sn in sur_names:
         for rn in reg_names:
-            if sn == "dc:neural_mirror" and rn != "none" and not a.regularizers:
+            if sn.startswith("dc:neural_mirror") and rn != "none" and not a.regularizers:
                 continue
             row: dict[str, Any] = {"surrogate": sn, "regularizer": rn}
             cells = []
             for c, mod in versions.items():
-                if c == "before" and sn in NEW_SURROGATES:
+                if c == "before" and (sn in NEW_SURROGATES or rn in NEW_REGULARIZERS):
                     cells.append(f"{'-':>10s} {'-':>8s}")
                     continue
                 fn = make_step(mod, SURROGATE_CASES[sn], rn, x)

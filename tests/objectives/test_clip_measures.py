@@ -19,6 +19,7 @@ from gbmpo.objectives import get_surrogate
 from gbmpo.objectives.clip_measures import (
     BISECT_ITERS,
     CLIP_MEASURES,
+    MIRROR_TABLE_TOL,
     atr_bounds,
     bisect_interval,
     dppo_kl_interval,
@@ -151,7 +152,7 @@ def test_mirror_interval_matches_dense_grid():
     step of the ends."""
     p = torch.tensor([0.02, 0.3, 0.9], dtype=F64)
     delta = 0.01
-    lo, hi = mirror_interval(p, MIRROR, delta, delta)
+    lo, hi = mirror_interval(p, MIRROR, delta, delta, method="bisect")
     step = 2e-4
     t = torch.linspace(-2, 2, 20_001, dtype=F64)  # log w, step 2e-4
     w = torch.exp(t)
@@ -469,3 +470,61 @@ def test_dppo_truncated_weight_keeps_the_gradient_at_the_cap(measure):
                          else 0.05)  # fmt: skip
     _, g_free, _ = grad_of(free, logp, old, adv, mask)
     torch.testing.assert_close(g_free, w)
+
+
+# ------------------------------------------------- neural_mirror: the table against bisection
+
+
+@pytest.mark.parametrize(
+    ("scale", "seed", "dl", "dh"),
+    [(0.01, 42, 0.01, 0.01), (0.5, 3, 0.01, 0.02), (0.5, 3, 0.3, 0.5), (2.0, 1, 0.05, 0.05)],
+)
+def test_mirror_interval_table_matches_bisection(scale, seed, dl, dh):
+    """The default (table) ends against the per-token bisection on tokens over the whole
+    [1e-10, 1] range: the same 0 / inf decisions, lower ends within tol absolute (they lie in
+    [0, 1]) and upper ends within tol in log w (tol = MIRROR_TABLE_TOL = 1e-8; 2x slack for
+    points between the checked midpoints)."""
+    mirror = NeuralMirrorMap.random(scale=scale, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    p = torch.cat([torch.exp(-23.0 * torch.rand(3000, generator=g, dtype=F64)),
+                   torch.rand(1000, generator=g, dtype=F64)])  # fmt: skip
+    lt, ht = mirror_interval(p, mirror, dl, dh)
+    lb, hb = mirror_interval(p, mirror, dl, dh, method="bisect")
+    assert torch.equal(lt == 0, lb == 0) and torch.equal(torch.isinf(ht), torch.isinf(hb))
+    assert float((lt - lb).abs().max()) <= 2 * MIRROR_TABLE_TOL
+    fin = torch.isfinite(hb)
+    assert float((ht[fin].log() - hb[fin].log()).abs().max()) <= 2 * MIRROR_TABLE_TOL
+    # and the measure at the table's finite ends is delta to the same order
+    for end, radius in ((lt, dl), (ht, dh)):
+        ok = torch.isfinite(end) & (end > 0)
+        f = measure_mirror(end[ok], p[ok], mirror)
+        assert float(((f - radius) / radius).abs().max()) < 1e-6
+
+
+def test_mirror_interval_tolerance_and_method_are_checked():
+    p = torch.tensor([0.3], dtype=F64)
+    with pytest.raises(ValueError, match="valid: table, bisect"):
+        mirror_interval(p, MIRROR, 0.01, 0.01, method="newton")
+    with pytest.raises(ValueError, match="tol"):
+        mirror_interval(p, MIRROR, 0.01, 0.01, tol=-1.0)
+    coarse = mirror_interval(p, MIRROR, 0.01, 0.01, tol=1e-4)
+    exact = mirror_interval(p, MIRROR, 0.01, 0.01, method="bisect")
+    for a, b in zip(coarse, exact, strict=True):
+        assert abs(math.log(float(a)) - math.log(float(b))) <= 2e-4
+
+
+def test_mirror_interval_table_next_to_the_lower_threshold():
+    """Just above p* (where the lower end leaves 0 and the root leaves the floor like the inverse
+    of y log y) the log-graded table holds the same tolerance against bisection."""
+    from gbmpo.objectives.clip_measures import _mirror_end_table
+
+    mirror = NeuralMirrorMap.random(scale=0.5, seed=3)
+    table = _mirror_end_table(mirror, "low", 0.01, MIRROR_TABLE_TOL)
+    assert table.graded_length > 0 and table.bad_cells == 0
+    gaps = table.graded_length * torch.logspace(-14, 0, 200, dtype=F64)
+    p = torch.exp(math.log(table.p_star) + gaps)
+    p = torch.cat([p, torch.tensor([table.p_star * (1 - 1e-12), table.p_star], dtype=F64)])
+    lt, _ = mirror_interval(p, mirror, 0.01, 0.02)
+    lb, _ = mirror_interval(p, mirror, 0.01, 0.02, method="bisect")
+    assert torch.equal(lt == 0, lb == 0) and float(lt[-2:].abs().max()) == 0.0
+    assert float((lt - lb).abs().max()) <= 2 * MIRROR_TABLE_TOL
