@@ -228,7 +228,7 @@ def test_unknown_name_lists_valid_names() -> None:
 def test_unknown_or_bad_params_are_named() -> None:
     with pytest.raises(TypeError, match="beta"):
         get_regularizer("kl_k3", beta=0.1)
-    with pytest.raises(TypeError, match=r"prob_l2.*floor.*accepted: \(none\)"):
+    with pytest.raises(TypeError, match=r"prob_l2.*floor.*valid parameters: \(none\)"):
         get_regularizer("prob_l2", floor=1e-10)
     with pytest.raises(ValueError, match="clamp"):
         get_regularizer("kl_k3", clamp=-1.0)

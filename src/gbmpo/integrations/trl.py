@@ -67,6 +67,7 @@ from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, kl_k3
 from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SurrogateSpec
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate
+from gbmpo.objectives.tensors import masked_mean
 
 __all__ = [
     "CLIP_MODES",
@@ -1463,10 +1464,10 @@ class GBMPOTrainer(GRPOTrainer):
         n_local = mf.sum()
         values: dict[str, Tensor] = {}
 
-        def masked_mean(x: Tensor) -> Tensor:
-            return (x.detach().float() * mf).sum() / n_local.clamp(min=1.0)
+        def token_mean(x: Tensor) -> Tensor:
+            return masked_mean(x, mf)
 
-        values["entropy"] = masked_mean(entropies)
+        values["entropy"] = token_mean(entropies)
         with torch.no_grad():
             lp = logp.detach()
             if ref_logp is not None:
@@ -1474,7 +1475,7 @@ class GBMPOTrainer(GRPOTrainer):
                 kl = kl_k3(lp.float(), ref_logp.float())
                 if self.args.use_bias_correction_kl:
                     kl = kl * torch.exp(lp.float() - old_logp.float())
-                values["kl"] = masked_mean(kl)
+                values["kl"] = token_mean(kl)
             if obj.terms:  # a sum: the summed value under its label, then each term's
                 label = obj.spec.regularizer_label if obj.spec is not None else "sum"
                 values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
@@ -1487,7 +1488,7 @@ class GBMPOTrainer(GRPOTrainer):
                     m["reg_value"], device=mf.device
                 )
                 for name, reg in obj.diagnostics.items():
-                    values[f"regularizer/{name}"] = masked_mean(reg(lp, anchor, old_logp, mask))
+                    values[f"regularizer/{name}"] = token_mean(reg(lp, anchor, old_logp, mask))
         values["clip_ratio/low_mean"] = torch.tensor(m["clip_frac_low"], device=mf.device)
         values["clip_ratio/high_mean"] = torch.tensor(m["clip_frac_high"], device=mf.device)
         values["clip_ratio/region_mean"] = torch.tensor(

@@ -115,6 +115,7 @@ from gbmpo.integrations.common import (
 )
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate, get_surrogate
+from gbmpo.objectives.tensors import masked_mean
 
 __all__ = [
     "PREFIX",
@@ -461,11 +462,6 @@ def _check_sources_once() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    m = mask.to(torch.float32)
-    return float((x.detach().to(torch.float32) * m).sum() / m.sum().clamp_min(1.0))
-
-
 def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
     def policy_loss(
         old_log_prob: Tensor,
@@ -495,7 +491,7 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
             # verl's names and meanings: share of tokens where the clip removes the gradient,
             # mean of log(pi_old / pi_theta), share where the dual clip binds
             "actor/pg_clipfrac": float(diag["clip_frac_low"] + diag["clip_frac_high"]),
-            "actor/ppo_kl": _masked_mean(old_log_prob - log_prob, mask),
+            "actor/ppo_kl": float(masked_mean(old_log_prob - log_prob, mask)),
             "actor/pg_clipfrac_lower": float(diag["clip_frac_dual"]),
         }
         for k, v in diag.items():

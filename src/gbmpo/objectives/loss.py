@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
-from gbmpo.objectives.surrogates import Surrogate, _float_mask, _masked, get_surrogate
+from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+from gbmpo.objectives.tensors import float_mask, masked_mean
 
 __all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
 
@@ -96,12 +97,6 @@ def _resolve_surrogate(surrogate: str | Surrogate) -> Surrogate:
     if callable(surrogate):
         return surrogate
     raise TypeError(f"surrogate must be a name or a callable, got {surrogate!r}")
-
-
-def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    mf = mask.to(torch.float32)
-    v = _masked(x.detach().to(torch.float32), mf)
-    return float(v.sum() / mf.sum().clamp_min(1))
 
 
 def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:
@@ -210,7 +205,7 @@ def compute_policy_loss(
         # checked here once, then passed on as {0, 1} floats of the compute dtype (float-mask
         # arithmetic is what the built-in surrogates and regularizers use)
         dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
-        mask = _float_mask(mask, logp.shape, dt)
+        mask = float_mask(mask, logp.shape, dt)
 
     pg, diag = surr(logp, old_logp, advantages, mask)
     if token_weights is not None:
@@ -240,7 +235,7 @@ def compute_policy_loss(
             raise ValueError(
                 f"regularizer returned shape {tuple(values.shape)}, expected {tuple(pg.shape)}"
             )
-        value = _masked_mean(values, mask)
+        value = float(masked_mean(values, mask))
         term_loss = 0.0
         if term.coef != 0:
             per_token = per_token + term.coef * values.to(pg.dtype)

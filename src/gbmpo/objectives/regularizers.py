@@ -54,8 +54,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
-from gbmpo.objectives.potentials import build_from_registry
-from gbmpo.objectives.surrogates import _attach, _masked
+from gbmpo.objectives.tensors import attach, masked
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -409,12 +408,12 @@ class Regularizer:
                 old = None  # the fused built-ins read only logp and the anchor
             if mask is not None:
                 mf = mask.to(dtype)
-                x, an = _masked(x, mf), _masked(an, mf)
-                old = None if old is None else _masked(old, mf)
+                x, an = masked(x, mf), masked(an, mf)
+                old = None if old is None else masked(old, mf)
             out, g = self._value_and_grad(x, an, old)
             if mask is not None:
-                out, g = _masked(out, mf), g * mf
-        return _attach(lp, out, g)
+                out, g = masked(out, mf), g * mf
+        return attach(lp, out, g)
 
 
 #: built-ins plus plugins of the ``gbmpo.regularizers`` entry-point group (factories returning a
@@ -534,7 +533,7 @@ def get_regularizer(name: str, **params: Any) -> Regularizer:
     listing the valid names; an unknown parameter raises TypeError naming it. A plugin factory
     must return a :class:`Regularizer` (TypeError otherwise, naming the plugin).
     """
-    reg = build_from_registry(REGULARIZERS, name, params)
+    reg = REGULARIZERS.build(name, **params)
     if not isinstance(reg, Regularizer):
         origin = REGULARIZERS.origins.get(name, "built in")
         raise TypeError(

@@ -31,7 +31,6 @@ short. The clip measures of ``divergence_clip`` are in :mod:`gbmpo.objectives.cl
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -56,6 +55,7 @@ from gbmpo.objectives.clip_measures import (
     ratio_interval,
 )
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
+from gbmpo.objectives.tensors import attach, check_mask, float_mask, masked
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -348,41 +348,6 @@ def _compute_dtype(t: Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
-    if mask.dtype != torch.bool:
-        if not ((mask == 0) | (mask == 1)).all():
-            raise ValueError("mask must contain only 0 and 1")
-        mask = mask != 0
-    return mask
-
-
-def _float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
-    """``mask`` as a {0, 1} tensor of ``dtype`` after checking its shape and values. Float
-    arithmetic on such a mask is several times faster on CPU than ``torch.where`` on a bool one.
-    A float mask is checked as ``sum |m - m * m| == 0`` (true only for 0 and 1; NaN fails)."""
-    if tuple(mask.shape) != tuple(shape):
-        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
-    if mask.dtype == torch.bool:
-        return mask.to(dtype)
-    mf = mask.to(dtype)
-    if float((mf - mf * mf).abs().sum()) != 0.0:
-        raise ValueError("mask must contain only 0 and 1")
-    return mf
-
-
-def _masked(x: Tensor, mf: Tensor) -> Tensor:
-    """``torch.where(mf != 0, x, 0)``: ``x`` at valid tokens (NaN and inf included, so a bad
-    value is not hidden), 0 where masked whatever ``x`` holds there. Computed as ``x * mf``
-    (a multiply instead of a ``where``, ~10x cheaper on CPU) when that is finite, which it is
-    unless some entry of ``x`` is NaN or infinite."""
-    y = x * mf
-    if math.isfinite(float(y.detach().sum())):  # a finite sum has only finite terms
-        return y
-    return torch.where(mf != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
-
-
 def _fcmp(op: Callable[..., Tensor], a: Tensor, b: Tensor | float) -> Tensor:
     """Comparison ``op(a, b)`` as a {0, 1} tensor of ``a``'s dtype, written straight into a
     float buffer (as fast as a multiplication; a bool result plus a cast costs ~10x more)."""
@@ -403,7 +368,7 @@ def _prepare(
         raise ValueError(
             f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
         )
-    m = _check_mask(mask, logp.shape)
+    m = check_mask(mask, logp.shape)
     dt = _compute_dtype(logp)
     lp = logp.to(dt)
     zero = torch.zeros((), dtype=dt, device=lp.device)
@@ -424,37 +389,6 @@ def _prepare(
     return lp, log_ratio, adv, m
 
 
-def _masked_mean(x: Tensor, m: Tensor) -> Tensor:
-    x = x.detach().to(torch.float32)
-    mf = m.to(torch.float32)
-    return (x * mf).sum() / mf.sum().clamp_min(1.0)
-
-
-class _KnownGradient(torch.autograd.Function):
-    """``value`` (computed without autograd) as a function of ``x`` whose elementwise derivative
-    ``g = d value / d x`` is known: the backward is one multiplication, ``grad * g``. The fused
-    surrogates build value and derivative in one elementwise pass (no graph of intermediates)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, value: Tensor, g: Tensor) -> Tensor:
-        ctx.save_for_backward(g)
-        return value
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        (g,) = ctx.saved_tensors
-        return grad * g, None, None
-
-
-def _attach(x: Tensor, value: Tensor, g: Tensor) -> Tensor:
-    """``value`` with derivative ``g`` with respect to ``x`` (plain ``value`` when no gradient
-    is being recorded)."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        out: Tensor = _KnownGradient.apply(x, value, g)
-        return out
-    return value
-
-
 def _prepare_fused(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -471,7 +405,7 @@ def _prepare_fused(
             f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
         )
     dt = _compute_dtype(logp)
-    mf = _float_mask(mask, logp.shape, dt)
+    mf = float_mask(mask, logp.shape, dt)
     x = logp.to(dt)
     b, t = logp.shape
     adv = advantages.detach().to(dt)
@@ -482,11 +416,11 @@ def _prepare_fused(
             f"advantages must be [B]={b} or [B, T]=[{b}, {t}], got shape {tuple(adv.shape)}"
         )
     with torch.no_grad():
-        lp = _masked(x.detach(), mf)
-        raw = _masked(lp - old_logp.detach().to(dt), mf)
+        lp = masked(x.detach(), mf)
+        raw = masked(lp - old_logp.detach().to(dt), mf)
         log_ratio = raw.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         inside = _fcmp(torch.le, raw.abs(), _LOG_RATIO_CLAMP)
-        adv = _masked(adv, mf)
+        adv = masked(adv, mf)
     return x, lp, log_ratio, adv, mf, inside
 
 
@@ -629,7 +563,7 @@ def _fused_clip_loss(
             _fcmp(torch.gt, w, high) * _fcmp(torch.gt, adv, 0.0),
             dual,
         )
-    return _attach(x, loss, g), diag
+    return attach(x, loss, g), diag
 
 
 def _eps_bounds(eps_low: float, eps_high: float | None) -> tuple[float, float]:
@@ -959,9 +893,9 @@ class DivergenceClipSurrogate:
             low, high = self.bounds
             return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
         if self.measure in DPPO_MEASURES:
-            old = _masked(old_logp.detach().to(lp.dtype), m)
+            old = masked(old_logp.detach().to(lp.dtype), m)
             return self._dppo(x, lp, old, log_ratio, adv, m, inside)
-        old = _masked(old_logp.detach().to(torch.float64), m.to(torch.float64))
+        old = masked(old_logp.detach().to(torch.float64), m.to(torch.float64))
         lo_t, hi_t = self.interval(old)
         return _fused_clip_loss(
             x, log_ratio, adv, m, inside, lo_t.to(x.dtype), hi_t.to(x.dtype), self.dual_clip_c
@@ -994,7 +928,7 @@ class DivergenceClipSurrogate:
             low = dropped * _fcmp(torch.lt, adv, 0.0)
             high = dropped * _fcmp(torch.gt, adv, 0.0)
             diag = _fdiag(ratio, m, low, high, capped)
-        return _attach(x, loss, g), diag
+        return attach(x, loss, g), diag
 
 
 @SURROGATES.register("rpg_clip")
@@ -1154,7 +1088,7 @@ class CISPOSurrogate:
             diag = _fdiag(
                 ratio, m, _fcmp(torch.lt, ratio, low) * m, _fcmp(torch.gt, ratio, high) * m, None
             )
-        return _attach(x, loss, g), diag
+        return attach(x, loss, g), diag
 
 
 @SURROGATES.register("sapo")
@@ -1198,7 +1132,7 @@ class SAPOSurrogate:
             # d f_tau(w) / d log pi = 4 sigma (1 - sigma) w
             g = -(4.0 * sig * (1.0 - sig) * ratio) * adv * inside
             diag = _fdiag(ratio, m, None, None, None)
-        return _attach(x, loss, g), diag
+        return attach(x, loss, g), diag
 
 
 @SURROGATES.register("gmpo")
@@ -1298,7 +1232,7 @@ class VESPOSurrogate:
             loss = g * lp
             w_seq = torch.exp(seq.clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
             diag = _fdiag(w_seq, m, None, None, None)
-        return _attach(x, loss, g), diag
+        return attach(x, loss, g), diag
 
 
 def get_surrogate(name: str, **params: Any) -> Surrogate:
@@ -1307,12 +1241,4 @@ def get_surrogate(name: str, **params: Any) -> Surrogate:
     Raises :class:`gbmpo.registry.UnknownNameError` (listing valid names) for an unknown name and
     ``TypeError`` naming any parameter the surrogate does not take.
     """
-    cls = SURROGATES.get(name)
-    fields = [f.name for f in dataclasses.fields(cls) if f.init]
-    unknown = sorted(set(params) - set(fields))
-    if unknown:
-        raise TypeError(
-            f"surrogate {name!r} got unknown parameter(s) {', '.join(map(repr, unknown))}; "
-            f"valid parameters: {', '.join(fields)}"
-        )
-    return cls(**params)  # type: ignore[no-any-return]
+    return SURROGATES.build(name, **params)  # type: ignore[no-any-return]

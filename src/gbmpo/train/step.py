@@ -159,10 +159,12 @@ def train_step(tr: Trainer) -> dict[str, Any]:
                 record[f"reward_penalty/{name}"] = float(value.mean())
     if ref_logp is not None and tr.objective.monitors:
         # value of every registered regularizer at pi_old, vs the frozen reference
+        from gbmpo.objectives.tensors import masked_mean
+
         with torch.no_grad():
             for name, reg in tr.objective.monitors.items():
                 values = reg(rollout_logp, ref_logp, rollout_logp, mask)
-                record[f"reg/{name}"] = float((values * mask).sum() / mask.sum().clamp_min(1))
+                record[f"reg/{name}"] = float(masked_mean(values, mask))
     record["step_seconds"] = step_seconds
     record["tokens_per_second"] = n_tokens / max(step_seconds, 1e-9)
     record["time/generate_seconds"] = t_generated - t_start
