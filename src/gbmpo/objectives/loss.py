@@ -22,13 +22,15 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
+from gbmpo.objectives.regularizers import Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import Surrogate, get_surrogate
 from gbmpo.objectives.tensors import float_mask, masked_mean
 
 __all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
 
-#: ``(logp, ref_logp, old_logp, mask) -> per-token values [B, T]``, attribute ``needs_ref``.
-Regularizer = Callable[..., Tensor]
+#: what a loss term evaluates: a :class:`~gbmpo.objectives.regularizers.Regularizer`, or any
+#: callable with its call signature (per-token values ``[B, T]``; attribute ``needs_ref``)
+RegularizerLike = Regularizer | Callable[..., Tensor]
 
 
 @dataclass(frozen=True)
@@ -37,13 +39,13 @@ class LossTerm:
     per token, with its own anchor log-probs (``None`` where the regularizer needs none)."""
 
     name: str
-    regularizer: Regularizer
+    regularizer: RegularizerLike
     coef: float
     anchor_logp: Tensor | None = None
 
 
 def sequence_divergence(
-    regularizer: Regularizer, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
+    regularizer: RegularizerLike, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
 ) -> Tensor:
     r"""Per-sequence divergence of the rollout, detached:
     :math:`S_i = \sum_t m_{i,t}\, D_{i,t}(\pi_{old}\,\|\,\pi_{ref})` (``[B]``), the
@@ -81,13 +83,11 @@ def reward_penalty(rewards: Tensor, penalties: Sequence[tuple[float, Tensor]]) -
     return out
 
 
-def _resolve_regularizer(regularizer: str | Regularizer | None) -> Regularizer | None:
+def _resolve_regularizer(regularizer: str | RegularizerLike | None) -> RegularizerLike | None:
     if regularizer is None or callable(regularizer):
         return regularizer
     if isinstance(regularizer, str):
-        from gbmpo.objectives.regularizers import get_regularizer
-
-        return get_regularizer(regularizer)  # type: ignore[no-any-return]
+        return get_regularizer(regularizer)
     raise TypeError(f"regularizer must be a name, a callable or None, got {regularizer!r}")
 
 
@@ -123,7 +123,7 @@ def compute_policy_loss(
     mask: Tensor,
     *,
     surrogate: str | Surrogate,
-    regularizer: str | Regularizer | None,
+    regularizer: str | RegularizerLike | None,
     coef: float = 0.0,
     aggregation: str = "dr_grpo",
     max_len: int | None = None,
