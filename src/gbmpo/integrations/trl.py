@@ -1276,11 +1276,11 @@ class GBMPOTrainer(GRPOTrainer):
         else:
             agg_kw["num_sequences"] = int(logp.size(0)) * accum
         loss, m = compute_policy_loss(
-            logp,
-            old_logp,
-            anchor,
-            advantages,
-            mask,
+            logp=logp,
+            old_logp=old_logp,
+            ref_logp=anchor,
+            advantages=advantages,
+            mask=mask,
             surrogate=obj.surrogate,
             regularizer=regularizer,
             coef=coef,
@@ -1363,7 +1363,7 @@ class GBMPOTrainer(GRPOTrainer):
             self._reference_tokens = 0.0
         old, ref = old_logp.detach().float(), ref_logp.detach().float()
         for name, reg in self._gbmpo.reference_monitors.items():
-            value = (reg(old, ref, old, mask) * mf).sum()
+            value = (reg(logp=old, old_logp=old, ref_logp=ref, mask=mask) * mf).sum()
             sums[name] = sums.get(name, 0.0) + float(value)
         self._reference_tokens += float(mf.sum())
 
@@ -1488,7 +1488,9 @@ class GBMPOTrainer(GRPOTrainer):
                     m["reg_value"], device=mf.device
                 )
                 for name, reg in obj.diagnostics.items():
-                    values[f"regularizer/{name}"] = token_mean(reg(lp, anchor, old_logp, mask))
+                    values[f"regularizer/{name}"] = token_mean(
+                        reg(logp=lp, old_logp=old_logp, ref_logp=anchor, mask=mask)
+                    )
         values["clip_ratio/low_mean"] = torch.tensor(m["clip_frac_low"], device=mf.device)
         values["clip_ratio/high_mean"] = torch.tensor(m["clip_frac_high"], device=mf.device)
         values["clip_ratio/region_mean"] = torch.tensor(

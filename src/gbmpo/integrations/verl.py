@@ -478,7 +478,9 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
         surrogate = build_surrogate(loss_mode, config)
         configure_kl(_get(_get(config, "policy_loss"), "gbmpo_kl"))
         _OLD.put(log_prob, old_log_prob)
-        per_token, diag = surrogate(log_prob, old_log_prob, advantages, response_mask)
+        per_token, diag = surrogate(
+            logp=log_prob, old_logp=old_log_prob, advantages=advantages, mask=response_mask
+        )
         mask = response_mask.to(torch.bool)
         if rollout_is_weights is not None:
             w = rollout_is_weights.to(per_token.dtype)
@@ -556,7 +558,7 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
             "on-policy form w = exp(logp - SG(logp)) is used",
             stacklevel=2,
         )
-    return reg(logprob, ref_logprob, old)
+    return reg(logp=logprob, old_logp=old, ref_logp=ref_logprob)
 
 
 def install_kl_hook(algos: Any = core_algos) -> None:

@@ -35,8 +35,9 @@ RegularizerLike = Regularizer | Callable[..., Tensor]
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One regularizer term of a sum: ``coef * regularizer(logp, anchor_logp, old_logp, mask)``
-    per token, with its own anchor log-probs (``None`` where the regularizer needs none)."""
+    """One regularizer term of a sum: ``coef * regularizer(logp=, old_logp=,
+    ref_logp=anchor_logp, mask=)`` per token, with its own anchor log-probs (``None`` where the
+    regularizer needs none)."""
 
     name: str
     regularizer: RegularizerLike
@@ -45,7 +46,7 @@ class LossTerm:
 
 
 def sequence_divergence(
-    regularizer: RegularizerLike, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
+    regularizer: RegularizerLike, *, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
 ) -> Tensor:
     r"""Per-sequence divergence of the rollout, detached:
     :math:`S_i = \sum_t m_{i,t}\, D_{i,t}(\pi_{old}\,\|\,\pi_{ref})` (``[B]``), the
@@ -59,7 +60,8 @@ def sequence_divergence(
     """
     with torch.no_grad():
         old = rollout_logp.detach()
-        values = regularizer(old, None if ref_logp is None else ref_logp.detach(), old, mask)
+        ref = None if ref_logp is None else ref_logp.detach()
+        values = regularizer(logp=old, old_logp=old, ref_logp=ref, mask=mask)
         m = mask.to(torch.bool)
         zero = torch.zeros((), dtype=values.dtype, device=values.device)
         return torch.where(m, values, zero).sum(dim=-1)
@@ -116,12 +118,12 @@ def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:
 
 
 def compute_policy_loss(
+    *,
     logp: Tensor,
     old_logp: Tensor | None,
     ref_logp: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
-    *,
     surrogate: str | Surrogate,
     regularizer: str | RegularizerLike | None,
     coef: float = 0.0,
@@ -148,6 +150,9 @@ def compute_policy_loss(
     high-entropy mask *before* adding :math:`\beta\,\mathrm{KL}`. (An importance-weighted
     regularizer is a regularizer of its own, e.g. ``kl_k3_is``.)
 
+    Keyword arguments only (``logp=, old_logp=, ref_logp=, advantages=, mask=``, the order and
+    names every surrogate and regularizer call uses).
+
     Args:
         logp: ``[B, T]`` sampled-token log-probs under the trained policy (with grad).
         old_logp: ``[B, T]`` behaviour-policy log-probs; ``None`` means on-policy, i.e.
@@ -158,7 +163,7 @@ def compute_policy_loss(
         mask: ``[B, T]`` {0, 1} completion mask.
         surrogate: a callable from :func:`gbmpo.objectives.get_surrogate`, or a registered name
             (built with its default parameters).
-        regularizer: a callable ``(logp, ref_logp, old_logp, mask) -> [B, T]`` (e.g. from
+        regularizer: a callable ``(*, logp, old_logp, ref_logp, mask) -> [B, T]`` (e.g. from
             :func:`gbmpo.objectives.get_regularizer`), a registered name, or ``None`` for none.
         coef: regularizer coefficient :math:`\lambda` (or :math:`\beta`); the term is added only
             when ``coef != 0``, but its masked mean is always reported.
@@ -207,7 +212,7 @@ def compute_policy_loss(
         dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
         mask = float_mask(mask, logp.shape, dt)
 
-    pg, diag = surr(logp, old_logp, advantages, mask)
+    pg, diag = surr(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
     if token_weights is not None:
         pg = pg * _valid_weights(token_weights, mask, pg)
     agg_kw: dict[str, Any] = {
@@ -230,7 +235,7 @@ def compute_policy_loss(
         needs_ref = bool(getattr(r, "needs_ref", True))
         if needs_ref and term.anchor_logp is None:
             raise ValueError(f"regularizer {r!r} needs reference log-probs but ref_logp is None")
-        values = r(logp, term.anchor_logp, old_logp, mask)
+        values = r(logp=logp, old_logp=old_logp, ref_logp=term.anchor_logp, mask=mask)
         if tuple(values.shape) != tuple(pg.shape):
             raise ValueError(
                 f"regularizer returned shape {tuple(values.shape)}, expected {tuple(pg.shape)}"

@@ -1,8 +1,9 @@
 """Selected-token regularizers: per-token divergence values on the sampled token's log-probs.
 
-Every regularizer is built by name with :func:`get_regularizer` and is a callable
+Every regularizer is built by name with :func:`get_regularizer` and is a callable taking keyword
+arguments only
 
-    reg(logp, ref_logp, old_logp=None, mask=None) -> Tensor[B, T]
+    reg(logp=, old_logp=None, ref_logp=None, mask=None) -> Tensor[B, T]
 
 returning per-token values (the caller multiplies by its coefficient and aggregates). Inputs are
 log-probabilities of the *sampled* token under the policy (``logp``, with grad), the anchor
@@ -323,7 +324,8 @@ def _log_l2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class Regularizer:
-    """A named per-token regularizer: ``reg(logp, ref_logp, old_logp=None, mask=None) -> [B, T]``.
+    """A named per-token regularizer: ``reg(logp=, old_logp=None, ref_logp=None, mask=None)
+    -> [B, T]`` (keyword arguments only).
 
     Attributes: ``name``; ``needs_ref`` (the caller must pass ``ref_logp``; False for ``none``
     and for RPG forms with ``anchor="old"``, so the trainer can skip the reference forward);
@@ -355,9 +357,10 @@ class Regularizer:
 
     def __call__(
         self,
+        *,
         logp: Tensor,
-        ref_logp: Tensor | None = None,
         old_logp: Tensor | None = None,
+        ref_logp: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
         dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32

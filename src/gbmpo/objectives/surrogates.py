@@ -1,6 +1,7 @@
 r"""Policy-gradient surrogates: per-token losses built from the importance ratio.
 
-A surrogate is a callable ``(logp, old_logp, advantages, mask) -> (loss [B, T], diagnostics)``:
+A surrogate is a callable taking keyword arguments only,
+``surrogate(logp=, old_logp=, advantages=, mask=) -> (loss [B, T], diagnostics)``:
 
 * ``logp`` ``[B, T]``: log-probs of the sampled tokens under the policy being trained (with grad);
 * ``old_logp`` ``[B, T]``: the same under the behaviour policy that sampled them (treated as a
@@ -34,7 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -86,8 +87,14 @@ __all__ = [
     "vespo_weight",
 ]
 
-#: ``(logp, old_logp, advantages, mask) -> (per-token loss [B, T], diagnostics)``.
-Surrogate = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, dict[str, Tensor]]]
+class Surrogate(Protocol):
+    """``surrogate(logp=, old_logp=, advantages=, mask=) -> (per-token loss [B, T],
+    diagnostics)``, keyword arguments only."""
+
+    def __call__(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
 
 #: Registry of surrogate classes; instantiate through :func:`get_surrogate`.
 SURROGATES: Registry[type] = Registry("surrogate")
@@ -634,7 +641,7 @@ def _check_beta(cls: str, beta: Any) -> None:
 @dataclass(frozen=True)
 class ClipSurrogate:
     r"""Token-level ratio clip (PPO / GRPO; DAPO clip-higher, arXiv 2503.14476), optional dual
-    clip (Ye et al. 2020) and optional TRL ``delta`` cap (INTELLECT-2 two-sided clip).
+    clip (Ye et al. 2020) and optional ratio cap (TRL's ``delta``; INTELLECT-2 two-sided clip).
 
     :math:`\ell_{i,t} = -\min(\min(w,\delta)A_i,\ \mathrm{clip}(w, 1-\varepsilon_{\text{low}},
     1+\varepsilon_{\text{high}})A_i)`, then :math:`\min(\ell, -cA_i)` for :math:`A_i<0`
@@ -661,7 +668,7 @@ class ClipSurrogate:
         return _eps_bounds(self.eps_low, self.eps_high)
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
@@ -704,7 +711,7 @@ class GSPOSurrogate:
         _init_ratio_clip(self)
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         seq = sequence_log_ratio(log_ratio, m).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
@@ -741,7 +748,7 @@ class ATRSurrogate:
         return atr_bounds(self.delta)
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
@@ -886,7 +893,7 @@ class DivergenceClipSurrogate:
         return torch.full_like(p_old, low), torch.full_like(p_old, high)
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, lp, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         if not self.per_token:
@@ -977,7 +984,7 @@ class RPGClipSurrogate:
         _check_dual("rpg_clip", "c", self.c)
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
@@ -1023,7 +1030,7 @@ class RPGReinforceSurrogate:
         _check_dual("rpg_reinforce", "c", self.c)
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         lp, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         ratio = torch.exp(log_ratio)
@@ -1077,7 +1084,7 @@ class CISPOSurrogate:
         return _eps_bounds(self.eps_low, self.eps_high)
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
@@ -1121,7 +1128,7 @@ class SAPOSurrogate:
                 raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         with torch.no_grad():
@@ -1173,7 +1180,7 @@ class GMPOSurrogate:
                 raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         clipped = gmpo_clipped_log_ratio(log_ratio, adv, self.eps_low, self.eps_high)
@@ -1222,7 +1229,7 @@ class VESPOSurrogate:
                 raise ValueError(f"{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
 
     def __call__(
-        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         with torch.no_grad():

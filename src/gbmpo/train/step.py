@@ -163,7 +163,9 @@ def train_step(tr: Trainer) -> dict[str, Any]:
 
         with torch.no_grad():
             for name, reg in tr.objective.monitors.items():
-                values = reg(rollout_logp, ref_logp, rollout_logp, mask)
+                values = reg(
+                    logp=rollout_logp, old_logp=rollout_logp, ref_logp=ref_logp, mask=mask
+                )
                 record[f"reg/{name}"] = float(masked_mean(values, mask))
     record["step_seconds"] = step_seconds
     record["tokens_per_second"] = n_tokens / max(step_seconds, 1e-9)
@@ -187,7 +189,9 @@ def in_reward_penalties(
 
     penalties: dict[str, Tensor] = {}
     for term in tr.objective.reward_terms:
-        seq = sequence_divergence(term.regularizer, rollout_logp, ref_logp, mask)
+        seq = sequence_divergence(
+            term.regularizer, rollout_logp=rollout_logp, ref_logp=ref_logp, mask=mask
+        )
         penalties[term.name] = term.coef * seq.to(rewards.dtype)
     shaped = reward_penalty(rewards, [(1.0, p) for p in penalties.values()])
     return shaped, penalties
@@ -271,7 +275,7 @@ def policy_loss(
     }  # fmt: skip
     if o.single_loss_term:  # one regularizer in the loss
         return compute_policy_loss(
-            logp, old, anchor, advantages, mask,
+            logp=logp, old_logp=old, ref_logp=anchor, advantages=advantages, mask=mask,
             regularizer=o.regularizer, coef=o.coef, **common,
         )  # fmt: skip
     # a sum of terms, or terms placed in the reward (which add nothing to the loss)
@@ -283,8 +287,9 @@ def policy_loss(
             raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: pass anchors=")
     terms = [LossTerm(t.name, t.regularizer, t.coef, by_anchor[t.anchor]) for t in o.loss_terms]
     return compute_policy_loss(
-        logp, old, None, advantages, mask, regularizer=None, terms=terms, **common
-    )
+        logp=logp, old_logp=old, ref_logp=None, advantages=advantages, mask=mask,
+        regularizer=None, terms=terms, **common,
+    )  # fmt: skip
 
 
 @torch.no_grad()
