@@ -170,7 +170,7 @@ def test_all_masked_rows_with_garbage_give_zero(name: str, dtype) -> None:
 
 SURROGATES = [
     ("clip", {}),
-    ("clip", {"dual_clip_c": 3.0, "delta": 4.0}),
+    ("clip", {"dual_clip_c": 3.0, "ratio_cap": 4.0}),
     ("gspo", {}),
     ("atr", {"delta": 0.02}),
     ("divergence_clip", {"measure": "k2", "delta": 0.02, "dual_clip_c": 3.0}),

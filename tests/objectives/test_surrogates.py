@@ -137,11 +137,17 @@ def test_dual_clip_caps_negative_advantages():
     assert float(diag["ratio_max"]) == pytest.approx(5.0)  # masked 4th token ignored
 
 
-def test_trl_delta_caps_the_unclipped_ratio():
+def test_ratio_cap_caps_the_unclipped_ratio_and_delta_is_its_deprecated_name():
     logp = torch.zeros(1, 2, dtype=F64, requires_grad=True)
     old = torch.log(torch.tensor([[0.2, 0.2]], dtype=F64))  # ratio 5
     mask = torch.ones(1, 2, dtype=F64)
-    surr = get_surrogate("clip", eps_low=0.2, delta=4.0)
+    surr = get_surrogate("clip", eps_low=0.2, ratio_cap=4.0)
+    for name in ("clip", "gspo"):
+        with pytest.warns(DeprecationWarning, match="'delta' is renamed 'ratio_cap'"):
+            old_name = get_surrogate(name, delta=4.0)
+        assert old_name == get_surrogate(name, ratio_cap=4.0) and old_name.ratio_cap == 4.0
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="ratio_cap only"):
+        get_surrogate("clip", delta=4.0, ratio_cap=3.0)
     loss_neg, _ = surr(
         logp=logp, old_logp=old, advantages=torch.tensor([-1.0], dtype=F64), mask=mask
     )
@@ -416,7 +422,7 @@ def test_registry_names_unknown_name_and_params():
         ("clip", {"eps_low": -0.1}, "eps_low"),
         ("clip", {"eps_low": 1.5}, "eps_low"),
         ("clip", {"eps_high": -0.1}, "eps_high"),
-        ("clip", {"delta": 1.1}, "delta"),
+        ("clip", {"ratio_cap": 1.1}, "ratio_cap"),
         ("gspo", {"dual_clip_c": 0.5}, "must be > 1"),
         ("atr", {"delta": -0.01}, "delta"),
         ("rpg_clip", {"variant": "js"}, "unknown variant"),

@@ -80,8 +80,8 @@ VERL_ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
 #: surrogate -> (its lower-eps, upper-eps, dual-clip and ratio-cap parameter names; None where
 #: the surrogate has no such parameter). Plugin surrogates take none of the host's settings.
 _CLIP_PARAM_NAMES: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
-    "clip": ("eps_low", "eps_high", "dual_clip_c", "delta"),
-    "gspo": ("eps_low", "eps_high", "dual_clip_c", "delta"),
+    "clip": ("eps_low", "eps_high", "dual_clip_c", "ratio_cap"),
+    "gspo": ("eps_low", "eps_high", "dual_clip_c", "ratio_cap"),
     "atr": (None, None, "dual_clip_c", None),
     "divergence_clip": (None, None, "dual_clip_c", None),
     "rpg_clip": ("eps_low", "eps_high", "c", None),
@@ -102,11 +102,11 @@ def clip_params(
     A host clips the ratio to :math:`[1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}}]`
     (TRL ``epsilon`` / ``epsilon_high``; verl ``clip_ratio_low`` / ``clip_ratio_high``), may
     apply the dual clip :math:`c` for negative advantages (verl ``clip_ratio_c``) and may cap
-    the unclipped ratio at :math:`\delta` (TRL ``delta``). Each surrogate takes the settings it
-    has a parameter for, under its own name (``rpg_*`` call the dual clip ``c``; ``atr`` and
-    ``divergence_clip`` derive their bounds from their own radius and take only the dual clip);
-    settings left at ``None`` are not passed (the surrogate's default applies). Unknown (plugin)
-    surrogates get ``{}``.
+    the unclipped ratio at :math:`\rho_{\text{cap}}` (``ratio_cap``; TRL ``delta``). Each
+    surrogate takes the settings it has a parameter for, under its own name (``rpg_*`` call the
+    dual clip ``c``; ``atr`` and ``divergence_clip`` derive their bounds from their own radius
+    and take only the dual clip); settings left at ``None`` are not passed (the surrogate's
+    default applies). Unknown (plugin) surrogates get ``{}``.
     """
     names = _CLIP_PARAM_NAMES.get(surrogate)
     if names is None:

@@ -33,8 +33,9 @@ short. The clip measures of ``divergence_clip`` are in :mod:`gbmpo.objectives.cl
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -122,7 +123,7 @@ def ppo_clip_loss(
 
     .. math::
         \ell = -\min\big(\tilde w A,\ \mathrm{clip}(w, l, h) A\big),\qquad
-        \tilde w = \min(w, \delta_{\text{cap}})\ \text{(TRL ``delta``, if given)},
+        \tilde w = \min(w, \rho_{\text{cap}})\ \text{(``ratio_cap``, TRL's ``delta``, if given)},
 
     and with dual clip (Ye et al. 2020, as in verl and RPG): for :math:`A < 0`,
     :math:`\ell \leftarrow \min(\ell, -cA)`. With :math:`l = 1-\varepsilon_{\text{low}}`,
@@ -537,7 +538,7 @@ def _fused_clip_loss(
     :math:`[l, h]` and the clip passes nothing; a tie with :math:`A \ne 0` has :math:`w` in
     :math:`[l, h]`, both halves pass). The dual clip :math:`\min(\ell, -cA)` for :math:`A < 0`
     is :math:`\min(\ell, -c\min(A, 0))` (for :math:`A \ge 0`, :math:`\ell \le 0`); the TRL
-    cap :math:`\min(w, \delta)` takes the general tie rule."""
+    cap :math:`\min(w, \rho_{\text{cap}})` takes the general tie rule."""
     with torch.no_grad():
         w = torch.exp(log_ratio)
         a_w = adv * w  # d(w A) / d log pi
@@ -602,24 +603,40 @@ def _check_dual(cls: str, name: str, c: Any) -> None:
         raise ValueError(f"{cls}: dual-clip constant {name} must be > 1, got {c!r}")
 
 
-def _check_clip_params(cls: str, eps_low: Any, eps_high: Any, dual_clip_c: Any, delta: Any) -> None:
+def _check_clip_params(
+    cls: str, eps_low: Any, eps_high: Any, dual_clip_c: Any, ratio_cap: Any
+) -> None:
     _check_eps(cls, eps_low, eps_high)
     _check_dual(cls, "dual_clip_c", dual_clip_c)
-    if delta is not None:
-        d = _finite_number(cls, "delta", delta)
+    if ratio_cap is not None:
+        d = _finite_number(cls, "ratio_cap", ratio_cap)
         if d < 1.0 + float(eps_high):
             raise ValueError(
-                f"{cls}: delta (cap on the unclipped ratio) must be >= 1 + eps_high = "
+                f"{cls}: ratio_cap (cap on the unclipped ratio) must be >= 1 + eps_high = "
                 f"{1.0 + float(eps_high):g}, got {d}"
             )
 
 
-def _init_ratio_clip(s: ClipSurrogate | GSPOSurrogate) -> None:
-    """``__post_init__`` of :class:`ClipSurrogate` / :class:`GSPOSurrogate`: ``eps_high=None``
-    becomes ``eps_low``, then the parameters are checked (errors name ``s.name``)."""
+def _init_ratio_clip(s: ClipSurrogate | GSPOSurrogate, delta: float | None) -> None:
+    """``__post_init__`` of :class:`ClipSurrogate` / :class:`GSPOSurrogate`: the deprecated
+    ``delta`` becomes ``ratio_cap`` (with a DeprecationWarning), ``eps_high=None`` becomes
+    ``eps_low``, then the parameters are checked (errors name ``s.name``)."""
+    if delta is not None:
+        warnings.warn(
+            f"surrogate {s.name!r}: parameter 'delta' is renamed 'ratio_cap' (a cap on the "
+            "ratio; 'delta' names a trust-region radius, as in atr); 'delta' will be removed",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        if s.ratio_cap is not None and s.ratio_cap != delta:
+            raise ValueError(
+                f"{s.name}: give ratio_cap only (delta={delta!r} is its deprecated name, "
+                f"ratio_cap={s.ratio_cap!r})"
+            )
+        object.__setattr__(s, "ratio_cap", delta)
     if s.eps_high is None:
         object.__setattr__(s, "eps_high", s.eps_low)
-    _check_clip_params(s.name, s.eps_low, s.eps_high, s.dual_clip_c, s.delta)
+    _check_clip_params(s.name, s.eps_low, s.eps_high, s.dual_clip_c, s.ratio_cap)
 
 
 def _check_variant(cls: str, variant: Any, allowed: tuple[str, ...]) -> None:
@@ -643,25 +660,29 @@ class ClipSurrogate:
     r"""Token-level ratio clip (PPO / GRPO; DAPO clip-higher, arXiv 2503.14476), optional dual
     clip (Ye et al. 2020) and optional ratio cap (TRL's ``delta``; INTELLECT-2 two-sided clip).
 
-    :math:`\ell_{i,t} = -\min(\min(w,\delta)A_i,\ \mathrm{clip}(w, 1-\varepsilon_{\text{low}},
-    1+\varepsilon_{\text{high}})A_i)`, then :math:`\min(\ell, -cA_i)` for :math:`A_i<0`
-    (see :func:`ppo_clip_loss`; docs/methods.md, section "Clipped surrogate").
+    :math:`\ell_{i,t} = -\min(\min(w,\rho_{\text{cap}})A_i,\
+    \mathrm{clip}(w, 1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}})A_i)`, then
+    :math:`\min(\ell, -cA_i)` for :math:`A_i<0` (see :func:`ppo_clip_loss`; docs/methods.md,
+    section "Clipped surrogate").
 
     Args:
         eps_low: lower clip range, ratio floor ``1 - eps_low``; in [0, 1].
         eps_high: upper clip range (``None``: equal to ``eps_low``); >= 0. DAPO uses 0.28.
         dual_clip_c: dual-clip constant ``c > 1`` (verl default 3; ``None``: off).
-        delta: cap on the unclipped ratio (TRL ``delta``); must be ``>= 1 + eps_high``.
+        ratio_cap: cap :math:`\rho_{\text{cap}}` on the unclipped ratio (TRL's ``delta``); must
+            be ``>= 1 + eps_high``.
+        delta: deprecated name of ``ratio_cap`` (DeprecationWarning).
     """
 
     eps_low: float = 0.2
     eps_high: float | None = None
     dual_clip_c: float | None = None
-    delta: float | None = None
+    ratio_cap: float | None = None
+    delta: InitVar[float | None] = None
     name: ClassVar[str] = "clip"
 
-    def __post_init__(self) -> None:
-        _init_ratio_clip(self)
+    def __post_init__(self, delta: float | None) -> None:
+        _init_ratio_clip(self, delta)
 
     @property
     def bounds(self) -> tuple[float, float]:
@@ -673,7 +694,7 @@ class ClipSurrogate:
         x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
         return _fused_clip_loss(
-            x, log_ratio, adv, m, inside, low, high, self.dual_clip_c, self.delta
+            x, log_ratio, adv, m, inside, low, high, self.dual_clip_c, self.ratio_cap
         )
 
 
@@ -697,18 +718,19 @@ class GSPOSurrogate:
     Args:
         eps_low, eps_high: clip ranges; defaults 3e-4 / 4e-4 as reported for GSPO (docs/methods.md,
         section "GSPO"); ``eps_high=None`` means equal to ``eps_low``. dual_clip_c: dual clip
-        on the sequence ratio (``None``: off). delta: cap on the unclipped sequence ratio (TRL
-        ``delta``).
+        on the sequence ratio (``None``: off). ratio_cap: cap on the unclipped sequence ratio
+        (TRL's ``delta``). delta: deprecated name of ``ratio_cap`` (DeprecationWarning).
     """
 
     eps_low: float = 3e-4
     eps_high: float | None = 4e-4
     dual_clip_c: float | None = None
-    delta: float | None = None
+    ratio_cap: float | None = None
+    delta: InitVar[float | None] = None
     name: ClassVar[str] = "gspo"
 
-    def __post_init__(self) -> None:
-        _init_ratio_clip(self)
+    def __post_init__(self, delta: float | None) -> None:
+        _init_ratio_clip(self, delta)
 
     def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
@@ -717,7 +739,7 @@ class GSPOSurrogate:
         seq = sequence_log_ratio(log_ratio, m).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         ratio = torch.exp(seq).expand_as(log_ratio)
         low, high = _eps_bounds(self.eps_low, self.eps_high)
-        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.delta)
+        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.ratio_cap)
 
 
 @SURROGATES.register("atr")
