@@ -78,7 +78,7 @@ def test_config_errors_are_spec_errors() -> None:
 def test_clip_params_maps_host_settings_per_surrogate() -> None:
     kw = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0, "ratio_cap": 2.0}
     assert clip_params("clip", **kw) == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0,
-                                         "delta": 2.0}  # fmt: skip
+                                         "ratio_cap": 2.0}  # fmt: skip
     assert clip_params("atr", **kw) == {"dual_clip_c": 3.0}
     assert clip_params("rpg_clip", **kw) == {"eps_low": 0.2, "eps_high": 0.28, "c": 3.0}
     assert clip_params("clip", eps_low=0.1) == {"eps_low": 0.1}
