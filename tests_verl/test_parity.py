@@ -445,16 +445,18 @@ def test_neural_mirror_from_file_and_required(tmp_path: Path) -> None:
 
 
 def test_old_log_probs_reach_the_kl_loss() -> None:
-    """kl_k3_is and rpg_* with anchor=old use the rollout log-probs that the gbmpo policy loss
-    of the same micro-batch saw (through verl's ppo_loss)."""
+    """kl_k3_is, and rpg_* with the objective's anchor old, use the rollout log-probs that
+    the gbmpo policy loss of the same micro-batch saw (through verl's ppo_loss)."""
     x = _tensors(seed=12)
-    for name, params in (("kl_k3_is", {}), ("rpg_ufkl", {"anchor": "old"})):
-        cfg = _actor_config("token-mean", "gbmpo_clip", gv.PREFIX + name, gbmpo_kl=params)
+    for name, anchor in (("kl_k3_is", "ref"), ("rpg_ufkl", "old")):
+        kl_params = {} if anchor == "ref" else {"anchor": "old"}
+        cfg = _actor_config("token-mean", "gbmpo_clip", gv.PREFIX + name, gbmpo_kl=kl_params)
         no_kl = _actor_config("token-mean", "gbmpo_clip", "gbmpo_none")
         l_all, g_all, m = _run_ppo_loss(cfg, x)
         l_pg, g_pg, _ = _run_ppo_loss(no_kl, x)
         lp = x["logp"].clone().requires_grad_(True)
-        reg = get_regularizer(name, **params)(logp=lp, old_logp=x["old"], ref_logp=x["ref"])
+        anchor_logp = x["old"] if anchor == "old" else x["ref"]
+        reg = get_regularizer(name)(logp=lp, old_logp=x["old"], ref_logp=anchor_logp)
         kl = core_algos.agg_loss(reg, x["mask"], "token-mean")
         (g_kl,) = torch.autograd.grad(kl, lp)
         assert float((l_all - l_pg - COEF * kl).abs()) <= TOL, name

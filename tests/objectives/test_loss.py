@@ -230,10 +230,10 @@ def test_rpg_fully_differentiable_equals_rpg_reinforce(variant):
     logp, old, _, adv, mask = batch(b=8, t=6, seed=3)
     beta = 0.4
     kw = {"aggregation": "bnpo"}
-    fd, _ = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=None, advantages=adv, mask=mask,
+    fd, _ = compute_policy_loss(  # anchored at pi_old: the rollout log-probs as ref_logp
+        logp=logp, old_logp=old, ref_logp=old, advantages=adv, mask=mask,
         surrogate=get_surrogate("rpg_clip", c=3.0),
-        regularizer=get_regularizer(f"rpg_{variant}", anchor="old"),
+        regularizer=get_regularizer(f"rpg_{variant}"),
         coef=beta,
         **kw,
     )

@@ -136,19 +136,17 @@ def test_clamp_matches_verl_and_rpg_code() -> None:
     )  # TRL: no clamp
 
 
-def test_rpg_anchor_old_uses_rollout_logprobs_and_skips_reference() -> None:
+def test_rpg_regularizers_have_no_anchor_of_their_own() -> None:
+    """The anchor is the caller's ref_logp (the objective's anchor); the deprecated RPG
+    ``anchor`` parameter is refused here and lifted to the term's anchor by the spec."""
     logp, _, old = _inputs(seed=4)
     for name in ("rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl"):
-        reg = get_regularizer(name, anchor="old")
-        assert reg.needs_ref is False and reg.needs_old is True
-        assert torch.equal(
-            reg(logp=logp, old_logp=old, ref_logp=None),
-            get_regularizer(name)(logp=logp, ref_logp=old),
-        )
-        with pytest.raises(ValueError, match="needs old_logp"):
-            reg(logp=logp, ref_logp=logp)
-    with pytest.raises(ValueError, match="anchor"):
-        get_regularizer("rpg_ufkl", anchor="frozen")
+        reg = get_regularizer(name)
+        assert reg.needs_ref is True and reg.params == {"clamp": None}
+        with pytest.raises(ValueError, match="needs ref_logp"):
+            reg(logp=logp, old_logp=old)
+        with pytest.raises(TypeError, match=r"'anchor'.*valid parameters: clamp"):
+            get_regularizer(name, anchor="old")
 
 
 def test_needs_ref_and_names() -> None:

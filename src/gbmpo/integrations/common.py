@@ -142,8 +142,9 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     plugin: advantage -> ``algorithm.adv_estimator`` / ``norm_adv_by_std_in_grpo``; surrogate ->
     ``policy_loss.loss_mode=gbmpo_<name>`` with every parameter of the built surrogate in
     ``policy_loss.gbmpo_surrogate`` (so none comes from verl's clip fields); regularizer -> the
-    actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (``anchor:
-    old`` only for the ``rpg_*`` regularizers, which take it as a parameter), or with
+    actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (the
+    regularizer's parameters, and the spec's ``anchor: old``, for the ``rpg_*`` regularizers
+    only on verl), or with
     ``placement: reward`` verl's in-reward KL (``algorithm.use_kl_in_reward``, ``kl_penalty=
     gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``); aggregation -> ``loss_agg_mode``
     (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``). ``ValueError`` names what
@@ -210,8 +211,8 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
         if not reg.name.startswith("rpg_"):
             raise ValueError(
                 f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
-                "anchored at the reference model; only the rpg_* regularizers take the "
-                "rollout policy as anchor there"
+                "anchored at the reference model; the rollout policy as anchor is offered "
+                "there for the rpg_* regularizers only"
             )
         reg_params["anchor"] = "old"
     for key, value in reg_params.items():

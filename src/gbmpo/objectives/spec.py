@@ -34,6 +34,7 @@ This module is pure: it imports the registries only inside :meth:`ObjectiveSpec.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +89,9 @@ class RegularizerSpec:
     #: "loss": coef * D per token in the loss; "reward": coef * sum_t D(pi_old || pi_ref) of the
     #: rollout, detached, subtracted from each sequence's reward before the advantages
     placement: str = "loss"
+
+    def __post_init__(self) -> None:
+        _lift_anchor(self, "objective.regularizer")
 
 
 @dataclass
@@ -325,6 +329,7 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     from gbmpo.objectives.regularizers import get_regularizer
     from gbmpo.registry import UnknownNameError
 
+    _lift_anchor(r, at)
     try:
         regularizer = get_regularizer(r.name, **r.params)
     except UnknownNameError as err:
@@ -341,7 +346,6 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     if r.placement == "reward" and term.active and not term.needs_ref:
         raise SpecError(
             f"'{at}.placement'=reward with {r.name!r} (anchor {r.anchor!r}"
-            f"{', the regularizer anchored on the rollout policy' if r.anchor == 'ref' else ''}"
             "): the in-reward penalty is D(pi_old || pi_ref) on the rollout, which is 0 when "
             "the anchor is the rollout policy itself; use anchor: ref (a regularizer anchored "
             "on the frozen reference) or placement: loss"
@@ -433,7 +437,31 @@ def _term(value: Any, where: str) -> RegularizerSpec:
         term.placement = _text(r["placement"], f"{where}.placement")
     if "params" in r:
         term.params = _params(r["params"], f"{where}.params")
+    _lift_anchor(term, where)
     return term
+
+
+def _lift_anchor(term: RegularizerSpec, where: str) -> None:
+    """Move a deprecated ``params.anchor`` (the ``rpg_*`` regularizers' own anchor parameter,
+    now gone) to the term's ``anchor``, with a DeprecationWarning; :class:`SpecError` when both
+    are given and differ. The anchor is one setting of the term, for every regularizer."""
+    if not isinstance(term.params, Mapping) or "anchor" not in term.params:
+        return
+    params = dict(term.params)
+    value = params.pop("anchor")
+    warnings.warn(
+        f"'{where}.params.anchor' is deprecated: the anchor is '{where}.anchor' "
+        f"(ref | old), for every regularizer; using anchor: {value!r}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if term.anchor != "ref" and term.anchor != value:
+        raise SpecError(
+            f"'{where}.anchor'={term.anchor!r} and the deprecated '{where}.params.anchor'="
+            f"{value!r} disagree; give '{where}.anchor' only"
+        )
+    term.anchor = value if isinstance(value, str) else str(value)
+    term.params = params
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:
