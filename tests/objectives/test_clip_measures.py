@@ -40,7 +40,7 @@ from gbmpo.objectives.clip_measures import (
     ratio_interval,
 )
 from gbmpo.objectives.mirror import NeuralMirrorMap
-from gbmpo.objectives.surrogates import _masked_clip_loss, _prepare
+from gbmpo.objectives.surrogates.base import _masked_clip_loss, _prepare
 
 F64 = torch.float64
 SCALAR = {
