@@ -142,8 +142,8 @@ def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], reg
     def step() -> None:
         lp = x["logp"].clone().requires_grad_(True)
         loss, _ = objectives.compute_policy_loss(
-            lp, x["old"], x["ref"], adv, x["mask"], surrogate=surr, regularizer=reg, coef=coef,
-            aggregation="grpo",
+            logp=lp, old_logp=x["old"], ref_logp=x["ref"], advantages=adv, mask=x["mask"],
+            surrogate=surr, regularizer=reg, coef=coef, aggregation="grpo",
         )  # fmt: skip
         loss.backward()
 

@@ -50,7 +50,7 @@ def _compose(ov: list[str]) -> Any:
           ("regularizer", "rpg_ufkl"), ("anchor", "old"), ("coef", 1e-4),
           ("objective.regularizer.params", {"clamp": 10.0})],
          get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0),
-         get_regularizer("rpg_ufkl", clamp=10.0, anchor="old")),
+         get_regularizer("rpg_ufkl", clamp=10.0)),
     ],
 )  # fmt: skip
 def test_overrides_select_the_spec_objective(
@@ -69,7 +69,8 @@ def test_overrides_select_the_spec_objective(
         assert chosen["regularizer"] is None and actor.use_kl_loss is False
     else:
         assert chosen["regularizer"].name == regularizer.name
-        assert chosen["regularizer"].anchor == regularizer.anchor
+        assert chosen["regularizer"].params == regularizer.params
+        assert chosen["anchor"] == cfg.objective.regularizer.anchor
         assert actor.kl_loss_coef == cfg.objective.regularizer.coef
 
 

@@ -219,8 +219,8 @@ def test_gbmpo_compute_policy_loss_equals_verl(mode: str) -> None:
     lp_g = x["logp"].clone().requires_grad_(True)
     surrogate = get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
     l_gb, _ = compute_policy_loss(
-        lp_g, x["old"], x["ref"], x["adv"], x["mask"], surrogate=surrogate,
-        regularizer="kl_k3", coef=COEF, aggregation=agg, **kw,
+        logp=lp_g, old_logp=x["old"], ref_logp=x["ref"], advantages=x["adv"], mask=x["mask"],
+        surrogate=surrogate, regularizer="kl_k3", coef=COEF, aggregation=agg, **kw,
     )  # fmt: skip
     (g_gb,) = torch.autograd.grad(l_gb, lp_g)
     dl = float((l_gb - l_ref).detach().abs())
@@ -299,8 +299,8 @@ def test_plugin_name_matches_gbmpo(loss_mode: str, params: dict[str, Any]) -> No
     surrogate = get_surrogate(name, **derived, **params)
     lp = x["logp"].clone().requires_grad_(True)
     l_gb, _ = compute_policy_loss(
-        lp, x["old"], None, x["adv"], x["mask"], surrogate=surrogate, regularizer=None,
-        aggregation="bnpo",
+        logp=lp, old_logp=x["old"], ref_logp=None, advantages=x["adv"], mask=x["mask"],
+        surrogate=surrogate, regularizer=None, aggregation="bnpo",
     )  # fmt: skip
     (g_gb,) = torch.autograd.grad(l_gb, lp)
     assert float((loss - l_gb).abs()) <= TOL
@@ -412,7 +412,8 @@ def test_straight_through_suffix_keeps_verl_semantics() -> None:
     lp = x["logp"].clone().requires_grad_(True)
     v = core_algos.kl_penalty(lp, x["ref"], "gbmpo_prob_l2+")
     (g,) = torch.autograd.grad(v.sum(), lp)
-    torch.testing.assert_close(v.detach(), get_regularizer("prob_l2")(x["logp"], x["ref"]))
+    expected = get_regularizer("prob_l2")(logp=x["logp"], ref_logp=x["ref"])
+    torch.testing.assert_close(v.detach(), expected)
     torch.testing.assert_close(g, x["logp"] - x["ref"])
 
 
@@ -422,7 +423,7 @@ def test_every_regularizer_through_kl_penalty(name: str) -> None:
     x = _tensors(seed=8)
     lp = x["logp"].clone().requires_grad_(True)
     v = core_algos.kl_penalty(lp, x["ref"], gv.PREFIX + name)
-    expected = get_regularizer(name)(x["logp"], x["ref"])
+    expected = get_regularizer(name)(logp=x["logp"], ref_logp=x["ref"])
     torch.testing.assert_close(v.detach(), expected)
 
 
@@ -437,23 +438,25 @@ def test_neural_mirror_from_file_and_required(tmp_path: Path) -> None:
     lp = x["logp"].clone().requires_grad_(True)
     v = core_algos.kl_penalty(lp, x["ref"], cfg.kl_loss_type)
     expected = get_regularizer("neural_mirror", mirror=NeuralMirrorMap.load(path))
-    torch.testing.assert_close(v.detach(), expected(x["logp"], x["ref"]))
+    torch.testing.assert_close(v.detach(), expected(logp=x["logp"], ref_logp=x["ref"]))
     (g,) = torch.autograd.grad(v.sum(), lp)
     assert torch.isfinite(g).all() and g.abs().max() > 0
     assert gv.describe(cfg)["regularizer"].name == "neural_mirror"
 
 
 def test_old_log_probs_reach_the_kl_loss() -> None:
-    """kl_k3_is and rpg_* with anchor=old use the rollout log-probs that the gbmpo policy loss
-    of the same micro-batch saw (through verl's ppo_loss)."""
+    """kl_k3_is, and rpg_* with the objective's anchor old, use the rollout log-probs that
+    the gbmpo policy loss of the same micro-batch saw (through verl's ppo_loss)."""
     x = _tensors(seed=12)
-    for name, params in (("kl_k3_is", {}), ("rpg_ufkl", {"anchor": "old"})):
-        cfg = _actor_config("token-mean", "gbmpo_clip", gv.PREFIX + name, gbmpo_kl=params)
+    for name, anchor in (("kl_k3_is", "ref"), ("rpg_ufkl", "old")):
+        kl_params = {} if anchor == "ref" else {"anchor": "old"}
+        cfg = _actor_config("token-mean", "gbmpo_clip", gv.PREFIX + name, gbmpo_kl=kl_params)
         no_kl = _actor_config("token-mean", "gbmpo_clip", "gbmpo_none")
         l_all, g_all, m = _run_ppo_loss(cfg, x)
         l_pg, g_pg, _ = _run_ppo_loss(no_kl, x)
         lp = x["logp"].clone().requires_grad_(True)
-        reg = get_regularizer(name, **params)(lp, x["ref"], x["old"])
+        anchor_logp = x["old"] if anchor == "old" else x["ref"]
+        reg = get_regularizer(name)(logp=lp, old_logp=x["old"], ref_logp=anchor_logp)
         kl = core_algos.agg_loss(reg, x["mask"], "token-mean")
         (g_kl,) = torch.autograd.grad(kl, lp)
         assert float((l_all - l_pg - COEF * kl).abs()) <= TOL, name

@@ -36,7 +36,9 @@ def _batch() -> dict[str, Any]:
 
 
 def _ours(name: str, x: dict[str, Any]) -> torch.Tensor:
-    seq = sequence_divergence(get_regularizer(name), x["old"], x["ref"], x["mask"])
+    seq = sequence_divergence(
+        get_regularizer(name), rollout_logp=x["old"], ref_logp=x["ref"], mask=x["mask"]
+    )
     return reward_penalty(x["rewards"], [(COEF, seq)])
 
 

@@ -23,6 +23,7 @@ fails to load raises :class:`PluginError` naming the entry point or module.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from importlib import metadata
@@ -137,6 +138,33 @@ class Registry(Generic[T]):
             raise UnknownNameError(
                 f"unknown {self.kind} {name!r}; valid names: {valid}"
             ) from None
+
+    def build(self, name: str, /, **params: Any) -> Any:
+        """Call the factory (or class) registered as ``name`` with ``params``.
+
+        Raises :class:`UnknownNameError` (listing the valid names) for an unknown name and
+        ``TypeError`` naming each parameter the factory does not take, with the ones it does
+        (a factory taking ``**kwargs`` accepts any).
+        """
+        factory: Any = self.get(name)
+        try:
+            sig = inspect.signature(factory)
+        except (TypeError, ValueError):  # a builtin without a signature: let the call check
+            return factory(**params)
+        kinds = {p.name: p.kind for p in sig.parameters.values()}
+        if inspect.Parameter.VAR_KEYWORD not in kinds.values():
+            accepted = [
+                n for n, k in kinds.items()
+                if k in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            ]  # fmt: skip
+            unknown = sorted(set(params) - set(accepted))
+            if unknown:
+                raise TypeError(
+                    f"{self.kind} {name!r} got unknown parameter(s) "
+                    f"{', '.join(map(repr, unknown))}; valid parameters: "
+                    f"{', '.join(accepted) if accepted else '(none)'}"
+                )
+        return factory(**params)
 
     def names(self) -> list[str]:
         self.load_plugins()

@@ -123,7 +123,7 @@ def test_objective_mapping() -> None:
                             dual_clip_c=4.0, max_completion_length=64))
     assert o.surrogate_name == "clip" and o.aggregation == "dr_grpo" and o.max_len == 64
     assert (o.surrogate.eps_low, o.surrogate.eps_high) == (0.1, 0.3)
-    assert (o.surrogate.delta, o.surrogate.dual_clip_c) == (1.5, 4.0)
+    assert (o.surrogate.ratio_cap, o.surrogate.dual_clip_c) == (1.5, 4.0)
     o = build_objective(cfg(importance_sampling_level="sequence", loss_type="grpo"))
     assert o.surrogate_name == "gspo" and o.aggregation == "grpo"
     o = build_objective(cfg(clip_mode="atr", atr_delta=0.02))

@@ -42,11 +42,15 @@ def test_the_token_mean_over_the_batch_of_d_old_ref() -> None:
     for rows in (slice(0, 2), slice(2, 6)):  # two micro-batches
         GBMPOTrainer._add_reference_divergences(fake, old[rows], ref[rows], mask[rows])
     for name, reg in regs.items():
-        want = float((reg(old, ref, old, mask) * mask).sum() / mask.sum())
+        want = float(
+            (reg(logp=old, old_logp=old, ref_logp=ref, mask=mask) * mask).sum() / mask.sum()
+        )
         got = fake._reference_sums[name] / fake._reference_tokens
         assert got == pytest.approx(want, rel=1e-6), name
     # D(pi_old || pi_ref), not D(pi_ref || pi_old): kl_k3 is not symmetric
-    swapped = float((regs["kl_k3"](ref, old, ref, mask) * mask).sum() / mask.sum())
+    swapped = float(
+        (regs["kl_k3"](logp=ref, old_logp=ref, ref_logp=old, mask=mask) * mask).sum() / mask.sum()
+    )
     assert fake._reference_sums["kl_k3"] / fake._reference_tokens != pytest.approx(swapped)
 
 

@@ -41,7 +41,7 @@ from gbmpo.objectives.clip_measures import (
     ratio_interval,
 )
 from gbmpo.objectives.mirror import NeuralMirrorMap
-from gbmpo.objectives.surrogates import _masked_clip_loss, _prepare
+from gbmpo.objectives.surrogates.base import _masked_clip_loss, _prepare
 
 F64 = torch.float64
 SCALAR = {
@@ -64,7 +64,7 @@ def make_batch(b=6, t=7, spread=0.8, seed=0, dtype=F64):
 
 
 def grad_of(surr, logp, old, adv, mask):
-    loss, diag = surr(logp, old, adv, mask)
+    loss, diag = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     (g,) = torch.autograd.grad(loss.sum(), logp)
     return loss, g, diag
 
@@ -341,7 +341,9 @@ def test_bf16_and_float32_inputs_are_finite(measure):
     surr = get_surrogate("divergence_clip", **_measure_params(measure))
     logp, old, adv, mask = make_batch(b=4, t=5, spread=2.0)
     x = logp.detach().to(torch.bfloat16).requires_grad_()
-    loss, diag = surr(x, old.to(torch.bfloat16), adv.to(torch.bfloat16), mask.bool())
+    loss, diag = surr(
+        logp=x, old_logp=old.to(torch.bfloat16), advantages=adv.to(torch.bfloat16), mask=mask.bool()
+    )
     assert loss.dtype == torch.float32 and torch.isfinite(loss).all()
     (g,) = torch.autograd.grad(loss.sum(), x)
     assert torch.isfinite(g).all() and all(torch.isfinite(v) for v in diag.values())

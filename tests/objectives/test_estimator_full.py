@@ -89,7 +89,8 @@ def test_exact_values_enter_the_loss_as_a_sampled_term_would() -> None:
             brute = _brute("kl_k3", logits, y) * mask
             reg = ExactValues("kl_k3", brute)
         return compute_policy_loss(
-            logp, None, None, adv, mask, surrogate="clip", regularizer=reg, coef=coef,
+            logp=logp, old_logp=None, ref_logp=None, advantages=adv, mask=mask,
+            surrogate="clip", regularizer=reg, coef=coef,
             aggregation="dr_grpo", max_len=T,
         )  # fmt: skip
 

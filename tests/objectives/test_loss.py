@@ -36,11 +36,7 @@ def test_prob_l2_loss_gradient_matches_analytic(weights):
     tw = _token_weights(weights)
     w_tok = torch.ones(6, 5, dtype=F64) if tw is None else tw.expand(6, 5)
     loss, metrics = compute_policy_loss(
-        logp,
-        old,
-        ref,
-        adv,
-        mask,
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
         surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28),
         regularizer=get_regularizer("prob_l2"),
         coef=coef,
@@ -55,7 +51,9 @@ def test_prob_l2_loss_gradient_matches_analytic(weights):
     torch.testing.assert_close(g, per_token_grad * mask / (6 * 8))
     # metrics
     assert metrics["reg_value"] == pytest.approx(float(((p - q) ** 2 * mask).sum() / mask.sum()))
-    pg, _ = get_surrogate("clip", eps_low=0.2, eps_high=0.28)(logp, old, adv, mask)
+    pg, _ = get_surrogate("clip", eps_low=0.2, eps_high=0.28)(
+        logp=logp, old_logp=old, advantages=adv, mask=mask
+    )
     weighted = (w_tok * pg).detach()
     assert metrics["pg_loss"] == pytest.approx(float(aggregate(weighted, mask, "dr_grpo", 8)))
     reg_term = coef * ((p - q) ** 2)
@@ -69,22 +67,14 @@ def test_prob_l2_loss_gradient_matches_analytic(weights):
 def test_names_are_resolved_through_the_registries():
     logp, old, ref, adv, mask = batch()
     by_name, m1 = compute_policy_loss(
-        logp,
-        old,
-        ref,
-        adv,
-        mask,
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
         surrogate="clip",
         regularizer="kl_k3",
         coef=0.1,
         aggregation="bnpo",
     )
     by_obj, m2 = compute_policy_loss(
-        logp,
-        old,
-        ref,
-        adv,
-        mask,
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
         surrogate=get_surrogate("clip"),
         regularizer=get_regularizer("kl_k3"),
         coef=0.1,
@@ -93,12 +83,35 @@ def test_names_are_resolved_through_the_registries():
     torch.testing.assert_close(by_name, by_obj)
     assert m1 == m2
     with pytest.raises(UnknownNameError, match="valid names: atr, cispo, clip"):
-        compute_policy_loss(logp, old, ref, adv, mask, surrogate="ppo", regularizer=None)
+        compute_policy_loss(
+            logp=logp,
+            old_logp=old,
+            ref_logp=ref,
+            advantages=adv,
+            mask=mask,
+            surrogate="ppo",
+            regularizer=None,
+        )
     with pytest.raises(UnknownNameError, match="valid names"):
-        compute_policy_loss(logp, old, ref, adv, mask, surrogate="clip", regularizer="kl_k9")
+        compute_policy_loss(
+            logp=logp,
+            old_logp=old,
+            ref_logp=ref,
+            advantages=adv,
+            mask=mask,
+            surrogate="clip",
+            regularizer="kl_k9",
+        )
     with pytest.raises(UnknownNameError, match="valid names: bnpo"):
         compute_policy_loss(
-            logp, old, ref, adv, mask, surrogate="clip", regularizer=None, aggregation="mean"
+            logp=logp,
+            old_logp=old,
+            ref_logp=ref,
+            advantages=adv,
+            mask=mask,
+            surrogate="clip",
+            regularizer=None,
+            aggregation="mean",
         )
 
 
@@ -106,22 +119,58 @@ def test_reference_requirements():
     logp, old, _, adv, mask = batch()
     with pytest.raises(ValueError, match="ref_logp"):
         compute_policy_loss(
-            logp, old, None, adv, mask, surrogate="clip", regularizer="prob_l2", coef=0.1
+            logp=logp,
+            old_logp=old,
+            ref_logp=None,
+            advantages=adv,
+            mask=mask,
+            surrogate="clip",
+            regularizer="prob_l2",
+            coef=0.1,
         )
     # needs_ref False: no reference needed
     loss, metrics = compute_policy_loss(
-        logp, old, None, adv, mask, surrogate="clip", regularizer="none", coef=0.1
+        logp=logp,
+        old_logp=old,
+        ref_logp=None,
+        advantages=adv,
+        mask=mask,
+        surrogate="clip",
+        regularizer="none",
+        coef=0.1,
     )
     assert metrics["reg_value"] == 0.0 and torch.isfinite(loss)
-    loss2, _ = compute_policy_loss(logp, old, None, adv, mask, surrogate="clip", regularizer=None)
+    loss2, _ = compute_policy_loss(
+        logp=logp,
+        old_logp=old,
+        ref_logp=None,
+        advantages=adv,
+        mask=mask,
+        surrogate="clip",
+        regularizer=None,
+    )
     torch.testing.assert_close(loss, loss2)
     with pytest.raises(ValueError, match="regularizer is None"):
         compute_policy_loss(
-            logp, old, None, adv, mask, surrogate="clip", regularizer=None, coef=0.1
+            logp=logp,
+            old_logp=old,
+            ref_logp=None,
+            advantages=adv,
+            mask=mask,
+            surrogate="clip",
+            regularizer=None,
+            coef=0.1,
         )
     with pytest.raises(ValueError, match="coef"):
         compute_policy_loss(
-            logp, old, None, adv, mask, surrogate="clip", regularizer="none", coef=math.nan
+            logp=logp,
+            old_logp=old,
+            ref_logp=None,
+            advantages=adv,
+            mask=mask,
+            surrogate="clip",
+            regularizer="none",
+            coef=math.nan,
         )
 
 
@@ -132,7 +181,14 @@ def test_reg_loss_survives_a_surrogate_far_larger_in_float32():
     adv = adv.abs() + 1.0
     ref = logp + 1e-4  # a tiny ProbL2 divergence
     loss, m = compute_policy_loss(
-        logp, old, ref, adv, mask, surrogate="clip", regularizer="prob_l2", coef=1e-3,
+        logp=logp,
+        old_logp=old,
+        ref_logp=ref,
+        advantages=adv,
+        mask=mask,
+        surrogate="clip",
+        regularizer="prob_l2",
+        coef=1e-3,
         aggregation="bnpo",
     )
     p, q = logp.exp(), ref.exp()
@@ -144,9 +200,24 @@ def test_reg_loss_survives_a_surrogate_far_larger_in_float32():
 def test_coef_zero_reports_but_does_not_add_the_regularizer():
     logp, old, ref, adv, mask = batch()
     with_reg, m = compute_policy_loss(
-        logp, old, ref, adv, mask, surrogate="clip", regularizer="prob_l2", coef=0.0
+        logp=logp,
+        old_logp=old,
+        ref_logp=ref,
+        advantages=adv,
+        mask=mask,
+        surrogate="clip",
+        regularizer="prob_l2",
+        coef=0.0,
     )
-    without, _ = compute_policy_loss(logp, old, ref, adv, mask, surrogate="clip", regularizer=None)
+    without, _ = compute_policy_loss(
+        logp=logp,
+        old_logp=old,
+        ref_logp=ref,
+        advantages=adv,
+        mask=mask,
+        surrogate="clip",
+        regularizer=None,
+    )
     torch.testing.assert_close(with_reg, without)
     assert m["reg_value"] > 0
 
@@ -159,23 +230,15 @@ def test_rpg_fully_differentiable_equals_rpg_reinforce(variant):
     logp, old, _, adv, mask = batch(b=8, t=6, seed=3)
     beta = 0.4
     kw = {"aggregation": "bnpo"}
-    fd, _ = compute_policy_loss(
-        logp,
-        old,
-        None,
-        adv,
-        mask,
+    fd, _ = compute_policy_loss(  # anchored at pi_old: the rollout log-probs as ref_logp
+        logp=logp, old_logp=old, ref_logp=old, advantages=adv, mask=mask,
         surrogate=get_surrogate("rpg_clip", c=3.0),
-        regularizer=get_regularizer(f"rpg_{variant}", anchor="old"),
+        regularizer=get_regularizer(f"rpg_{variant}"),
         coef=beta,
         **kw,
     )
     rf, m = compute_policy_loss(
-        logp,
-        old,
-        None,
-        adv,
-        mask,
+        logp=logp, old_logp=old, ref_logp=None, advantages=adv, mask=mask,
         surrogate=get_surrogate("rpg_reinforce", variant=variant, beta=beta),
         regularizer=None,
         **kw,
@@ -197,11 +260,7 @@ def test_local_callable_regularizer_and_on_policy_default():
             return -logp.to(torch.float64)
 
     loss, metrics = compute_policy_loss(
-        logp,
-        None,
-        None,
-        adv,
-        mask,
+        logp=logp, old_logp=None, ref_logp=None, advantages=adv, mask=mask,
         surrogate="clip",
         regularizer=Entropyish(),
         coef=0.5,
@@ -217,15 +276,13 @@ def test_micro_batches_through_compute_policy_loss():
     logp, old, ref, adv, mask = batch(b=8, t=6, spread=0.5, seed=4)
     kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.2, "max_len": 6}
     for mode in ("grpo", "bnpo", "dr_grpo", "seq_mean_token_sum"):
-        full, _ = compute_policy_loss(logp, old, ref, adv, mask, aggregation=mode, **kw)
+        full, _ = compute_policy_loss(
+            logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, aggregation=mode, **kw
+        )
         (g_full,) = torch.autograd.grad(full, logp)
         parts = [
             compute_policy_loss(
-                logp[r],
-                old[r],
-                ref[r],
-                adv[r],
-                mask[r],
+                logp=logp[r], old_logp=old[r], ref_logp=ref[r], advantages=adv[r], mask=mask[r],
                 aggregation=mode,
                 num_sequences=8,
                 num_tokens=float(mask.sum()),
@@ -244,11 +301,11 @@ def test_bf16_inputs_give_finite_float32_loss():
     x = logp.detach().to(torch.bfloat16).requires_grad_()
     for reg in ("prob_l2", "kl_k3", "neural_mirror"):
         loss, metrics = compute_policy_loss(
-            x,
-            old.to(torch.bfloat16),
-            ref.to(torch.bfloat16),
-            adv.to(torch.bfloat16),
-            mask.bool(),
+            logp=x,
+            old_logp=old.to(torch.bfloat16),
+            ref_logp=ref.to(torch.bfloat16),
+            advantages=adv.to(torch.bfloat16),
+            mask=mask.bool(),
             surrogate="gspo",
             regularizer=reg,
             coef=0.1,
@@ -272,10 +329,20 @@ def _weights(b=6, t=5, seed=7):
 def test_token_weights_of_ones_equal_none(aggregation):
     logp, old, ref, adv, mask = batch(spread=0.6)  # some tokens clipped
     kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": aggregation}
-    base, m0 = compute_policy_loss(logp, old, ref, adv, mask, **kw)
+    base, m0 = compute_policy_loss(
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, **kw
+    )
     (g0,) = torch.autograd.grad(base, logp)
     for ones in (torch.ones_like(mask), torch.ones(6, 1, dtype=torch.bool)):
-        loss, m1 = compute_policy_loss(logp, old, ref, adv, mask, token_weights=ones, **kw)
+        loss, m1 = compute_policy_loss(
+            logp=logp,
+            old_logp=old,
+            ref_logp=ref,
+            advantages=adv,
+            mask=mask,
+            token_weights=ones,
+            **kw,
+        )
         (g1,) = torch.autograd.grad(loss, logp)
         assert torch.equal(loss, base) and torch.equal(g1, g0)
         assert m1 == m0
@@ -291,11 +358,7 @@ def test_token_weights_by_hand_float64():
     w = torch.tensor([[0.5, 2.0, 1.25], [0.0, 3.0, math.nan]], dtype=F64)  # NaN on padding
     lam, z = 0.3, 4.0
     loss, metrics = compute_policy_loss(
-        logp,
-        old,
-        ref,
-        adv,
-        mask,
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
         surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28),
         regularizer="kl_k3",
         coef=lam,
@@ -326,9 +389,17 @@ def test_token_weights_do_not_multiply_the_regularizer():
     logp, old, ref, _, mask = batch()
     zero_adv = torch.zeros(6, dtype=F64)  # surrogate 0: only the regularizer is left
     kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.2, "aggregation": "bnpo"}
-    plain, _ = compute_policy_loss(logp, old, ref, zero_adv, mask, **kw)
+    plain, _ = compute_policy_loss(
+        logp=logp, old_logp=old, ref_logp=ref, advantages=zero_adv, mask=mask, **kw
+    )
     weighted, m = compute_policy_loss(
-        logp, old, ref, zero_adv, mask, token_weights=3.0 * _weights(), **kw
+        logp=logp,
+        old_logp=old,
+        ref_logp=ref,
+        advantages=zero_adv,
+        mask=mask,
+        token_weights=3.0 * _weights(),
+        **kw,
     )
     torch.testing.assert_close(weighted, plain)
     assert m["pg_loss"] == 0.0
@@ -338,8 +409,18 @@ def test_per_sequence_token_weights_broadcast():
     logp, old, ref, adv, mask = batch(spread=0.6)
     kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": "grpo"}
     col = _weights()[:, :1]
-    a, ma = compute_policy_loss(logp, old, ref, adv, mask, token_weights=col, **kw)
-    b, mb = compute_policy_loss(logp, old, ref, adv, mask, token_weights=col.expand(6, 5), **kw)
+    a, ma = compute_policy_loss(
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, token_weights=col, **kw
+    )
+    b, mb = compute_policy_loss(
+        logp=logp,
+        old_logp=old,
+        ref_logp=ref,
+        advantages=adv,
+        mask=mask,
+        token_weights=col.expand(6, 5),
+        **kw,
+    )
     assert torch.equal(a, b) and ma == mb
 
 
@@ -348,9 +429,25 @@ def test_token_weights_errors_name_the_parameter():
     kw = {"surrogate": "clip", "regularizer": None}
     for bad in (torch.ones(6), torch.ones(6, 4), torch.ones(5, 5), torch.ones(1, 6, 5)):
         with pytest.raises(ValueError, match="token_weights must be"):
-            compute_policy_loss(logp, old, ref, adv, mask, token_weights=bad, **kw)
+            compute_policy_loss(
+                logp=logp,
+                old_logp=old,
+                ref_logp=ref,
+                advantages=adv,
+                mask=mask,
+                token_weights=bad,
+                **kw,
+            )
     with pytest.raises(TypeError, match="token_weights"):
-        compute_policy_loss(logp, old, ref, adv, mask, token_weights=[[1.0] * 5] * 6, **kw)
+        compute_policy_loss(
+            logp=logp,
+            old_logp=old,
+            ref_logp=ref,
+            advantages=adv,
+            mask=mask,
+            token_weights=[[1.0] * 5] * 6,
+            **kw,
+        )
 
 
 def test_num_tokens_below_local_count_through_compute_policy_loss():
@@ -360,13 +457,25 @@ def test_num_tokens_below_local_count_through_compute_policy_loss():
     kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": "bnpo"}
     local = float(mask.sum())
     z = local / 3.0
-    mean, m0 = compute_policy_loss(logp, old, ref, adv, mask, **kw)
+    mean, m0 = compute_policy_loss(
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, **kw
+    )
     (g_mean,) = torch.autograd.grad(mean, logp)
-    loss, m1 = compute_policy_loss(logp, old, ref, adv, mask, num_tokens=z, **kw)
+    loss, m1 = compute_policy_loss(
+        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, num_tokens=z, **kw
+    )
     (g,) = torch.autograd.grad(loss, logp)
     torch.testing.assert_close(loss, mean * (local / z))
     torch.testing.assert_close(g, g_mean * (local / z))
     assert m1["pg_loss"] == pytest.approx(m0["pg_loss"] * local / z, rel=1e-12)
     for bad in (0.0, -2.0, math.nan):
         with pytest.raises(ValueError, match="num_tokens"):
-            compute_policy_loss(logp, old, ref, adv, mask, num_tokens=bad, **kw)
+            compute_policy_loss(
+                logp=logp,
+                old_logp=old,
+                ref_logp=ref,
+                advantages=adv,
+                mask=mask,
+                num_tokens=bad,
+                **kw,
+            )

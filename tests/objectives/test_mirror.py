@@ -309,8 +309,9 @@ def test_analytic_gradients_match_autograd_of_the_definition(scale: float, seed:
     from gbmpo.objectives.regularizers import get_regularizer
 
     logp = p0.log().clone().requires_grad_()
-    (gl,) = torch.autograd.grad(get_regularizer("neural_mirror", mirror=m)(logp, q0.log()).sum(),
-                                logp)
+    (gl,) = torch.autograd.grad(
+        get_regularizer("neural_mirror", mirror=m)(logp=logp, ref_logp=q0.log()).sum(), logp
+    )
     la = p0.log().clone().requires_grad_()
     pe, qe = la.exp(), q0.log().exp()
     (gla,) = torch.autograd.grad(

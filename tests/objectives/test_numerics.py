@@ -42,7 +42,7 @@ def _reg(name: str, clamp: float | None = None):
 
 def _value_and_grad(name, clamp, logp, ref, old, mask=None):
     lp = logp.clone().requires_grad_()
-    v = _reg(name, clamp)(lp, ref, old, mask)
+    v = _reg(name, clamp)(logp=lp, old_logp=old, ref_logp=ref, mask=mask)
     if not v.requires_grad:  # "none"
         return v, torch.zeros_like(lp)
     (g,) = torch.autograd.grad(v.sum(), lp)
@@ -170,7 +170,7 @@ def test_all_masked_rows_with_garbage_give_zero(name: str, dtype) -> None:
 
 SURROGATES = [
     ("clip", {}),
-    ("clip", {"dual_clip_c": 3.0, "delta": 4.0}),
+    ("clip", {"dual_clip_c": 3.0, "ratio_cap": 4.0}),
     ("gspo", {}),
     ("atr", {"delta": 0.02}),
     ("divergence_clip", {"measure": "k2", "delta": 0.02, "dual_clip_c": 3.0}),
@@ -212,10 +212,19 @@ def test_surrogates_and_loss_finite_over_extreme_log_ratios(rows, adv, which, dt
     lp = logp.clone().requires_grad_()
     advantages = torch.tensor([adv, -adv])
     surr = get_surrogate(name, **params)
-    loss_tok, diag = surr(lp, old, advantages, mask)
+    loss_tok, diag = surr(logp=lp, old_logp=old, advantages=advantages, mask=mask)
     assert torch.isfinite(loss_tok).all() and all(torch.isfinite(d) for d in diag.values())
-    loss, _ = compute_policy_loss(lp, old, old.flip(-1), advantages, mask, surrogate=surr,
-                                  regularizer=reg, coef=0.1, aggregation=agg)
+    loss, _ = compute_policy_loss(
+        logp=lp,
+        old_logp=old,
+        ref_logp=old.flip(-1),
+        advantages=advantages,
+        mask=mask,
+        surrogate=surr,
+        regularizer=reg,
+        coef=0.1,
+        aggregation=agg,
+    )
     (g,) = torch.autograd.grad(loss, lp)
     assert torch.isfinite(loss) and torch.isfinite(g).all()
     if masked:
@@ -237,8 +246,9 @@ def test_surrogate_on_an_empty_mask_is_zero(name: str) -> None:
     params = {"variant": "urkl"} if name == "rpg_reinforce" else {}
     lp = torch.tensor([[-INF, 0.0], [-1000.0, float("nan")]], requires_grad=True)
     old = torch.tensor([[0.0, -INF], [float("nan"), -1.0]])
-    loss, diag = get_surrogate(name, **params)(lp, old, torch.tensor([1.0, -1.0]),
-                                                torch.zeros(2, 2))
+    loss, diag = get_surrogate(name, **params)(
+        logp=lp, old_logp=old, advantages=torch.tensor([1.0, -1.0]), mask=torch.zeros(2, 2)
+    )
     (g,) = torch.autograd.grad(loss.sum(), lp)
     assert (loss == 0).all() and (g == 0).all()
     assert all(torch.isfinite(d) for d in diag.values())

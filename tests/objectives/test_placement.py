@@ -79,7 +79,7 @@ def _reinforce_loss(logp: Tensor, advantages: Tensor, p: Tensor) -> Tensor:
     """The exact expectation of the on-policy clip surrogate: ``-sum_s pi(s) A(s) sum_t
     log pi`` in gradient (compute_policy_loss with the sequence weights pi(s) * N)."""
     loss, _ = compute_policy_loss(
-        logp, None, None, advantages, MASK,
+        logp=logp, old_logp=None, ref_logp=None, advantages=advantages, mask=MASK,
         surrogate="clip", regularizer=None,
         aggregation="seq_mean_token_sum",
         token_weights=(p * len(SEQS))[:, None],
@@ -97,7 +97,7 @@ def test_k1_in_the_reward_is_the_exact_kl_regularized_gradient() -> None:
     ref_logp = _token_logp(ref1, ref2)
     p = logp.sum(1).exp().detach()
     k1 = get_regularizer("kl_k1")
-    seq = sequence_divergence(k1, logp, ref_logp, MASK)
+    seq = sequence_divergence(k1, rollout_logp=logp, ref_logp=ref_logp, mask=MASK)
     assert not seq.requires_grad
     torch.testing.assert_close(seq, (logp - ref_logp).sum(1).detach())
     shaped = reward_penalty(rewards, [(BETA, seq)])
@@ -115,7 +115,9 @@ def test_k3_in_the_loss_is_biased() -> None:
     k3 = get_regularizer("kl_k3")
     # pg part: REINFORCE on the task reward; regularizer part: E_pi[sum_t beta * k3_t], the
     # tokens fixed (pi detached), gradient through k3 only -- what GRPO's loss term computes
-    reg = (p[:, None] * BETA * k3(logp, ref_logp, logp.detach(), MASK)).sum()
+    reg = (
+        p[:, None] * BETA * k3(logp=logp, old_logp=logp.detach(), ref_logp=ref_logp, mask=MASK)
+    ).sum()
     # its expected gradient per position is that of KL(pi_ref || pi) at that position's
     # context: beta * (pi - pi_ref) in the first step's logits
     (g_reg1,) = torch.autograd.grad(reg, (theta1,), retain_graph=True)
@@ -142,8 +144,8 @@ def test_a_sum_of_terms_is_the_sum_of_each_term_alone() -> None:
     def run(**kw):
         logp = _token_logp(theta1, theta2)
         loss, m = compute_policy_loss(
-            logp, None, ref_logp, adv, MASK, surrogate="clip", aggregation="dr_grpo",
-            max_len=T, **kw,
+            logp=logp, old_logp=None, ref_logp=ref_logp, advantages=adv, mask=MASK,
+            surrogate="clip", aggregation="dr_grpo", max_len=T, **kw,
         )  # fmt: skip
         return loss, _grad(loss, theta1, theta2), m
 
@@ -176,9 +178,10 @@ def test_sequence_penalty_equals_verl_token_level_rewards() -> None:
     k3 = get_regularizer("kl_k3")
     scores = torch.zeros(4, 5, dtype=torch.float64)
     scores[torch.arange(4), mask.sum(1).long() - 1] = rewards
-    kld = k3(old, ref, old, mask) * mask
+    kld = k3(logp=old, old_logp=old, ref_logp=ref, mask=mask) * mask
     verl = (scores - 0.7 * kld).sum(-1)
-    ours = reward_penalty(rewards, [(0.7, sequence_divergence(k3, old, ref, mask))])
+    seq = sequence_divergence(k3, rollout_logp=old, ref_logp=ref, mask=mask)
+    ours = reward_penalty(rewards, [(0.7, seq)])
     torch.testing.assert_close(ours, verl)
 
 

@@ -87,7 +87,7 @@ def test_value_and_analytic_gradient_float64(name: str) -> None:
     value_fn, grad_fn = CASES[name]
     logp, ref, old = _inputs(seed=1)
     lp = logp.clone().requires_grad_()
-    out = _build(name)(lp, ref, old)
+    out = _build(name)(logp=lp, old_logp=old, ref_logp=ref)
     assert out.dtype == F64 and out.shape == logp.shape
     torch.testing.assert_close(out.detach(), value_fn(logp, ref, old), rtol=1e-10, atol=1e-12)
     coef = 0.37
@@ -102,7 +102,7 @@ def test_k3_is_without_old_logp_is_on_policy() -> None:
     # w = exp(l - SG(l)): value = k3, gradient = k3 + 1 - rho (exact reverse-KL score gradient)
     logp, ref, _ = _inputs(seed=2)
     lp = logp.clone().requires_grad_()
-    out = get_regularizer("kl_k3_is")(lp, ref)
+    out = get_regularizer("kl_k3_is")(logp=lp, ref_logp=ref)
     torch.testing.assert_close(out.detach(), _k3(logp, ref), rtol=1e-12, atol=0)
     (grad,) = torch.autograd.grad(out.sum(), lp)
     torch.testing.assert_close(grad, _k3(logp, ref) + 1 - torch.exp(ref - logp))
@@ -111,8 +111,10 @@ def test_k3_is_without_old_logp_is_on_policy() -> None:
 def test_mirror_special_cases_match_prob_l2_and_gkl() -> None:
     logp, ref, _ = _inputs(seed=3)
     nm = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(a=2.0))
-    assert torch.equal(nm(logp, ref), get_regularizer("prob_l2")(logp, ref))
-    gkl = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(c=1.0))(logp, ref)
+    assert torch.equal(
+        nm(logp=logp, ref_logp=ref), get_regularizer("prob_l2")(logp=logp, ref_logp=ref)
+    )
+    gkl = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(c=1.0))(logp=logp, ref_logp=ref)
     p, q = logp.exp(), ref.exp()
     torch.testing.assert_close(gkl, p * (logp - ref) - p + q, rtol=1e-9, atol=1e-15)
 
@@ -120,28 +122,31 @@ def test_mirror_special_cases_match_prob_l2_and_gkl() -> None:
 def test_clamp_matches_verl_and_rpg_code() -> None:
     logp = torch.tensor([[-8.0, -0.1, -0.5]], dtype=F64, requires_grad=True)
     ref = torch.tensor([[-0.1, -8.0, -0.5]], dtype=F64)
-    k3 = get_regularizer("kl_k3", clamp=10.0)(logp, ref)
+    k3 = get_regularizer("kl_k3", clamp=10.0)(logp=logp, ref_logp=ref)
     assert k3[0, 0].item() == 10.0  # exp(7.9) - 7.9 - 1 > 10
     assert k3[0, 1].item() == pytest.approx(math.exp(-7.9) + 7.9 - 1)
     (g,) = torch.autograd.grad(k3.sum(), logp)
     assert g[0, 0].item() == 0.0 and g[0, 2].item() == 0.0
     for name in ("rpg_rkl", "rpg_ufkl", "rpg_urkl", "rpg_fkl"):
-        v = get_regularizer(name, clamp=2.0)(logp.detach(), ref)
+        v = get_regularizer(name, clamp=2.0)(logp=logp.detach(), ref_logp=ref)
         assert v.abs().max().item() <= 2.0
         assert torch.equal(v, CASES[name][0](logp.detach(), ref, ref).clamp(-2.0, 2.0))
-    assert get_regularizer("kl_k3")(logp.detach(), ref)[0, 0].item() > 2000  # TRL: no clamp
+    assert (
+        get_regularizer("kl_k3")(logp=logp.detach(), ref_logp=ref)[0, 0].item() > 2000
+    )  # TRL: no clamp
 
 
-def test_rpg_anchor_old_uses_rollout_logprobs_and_skips_reference() -> None:
+def test_rpg_regularizers_have_no_anchor_of_their_own() -> None:
+    """The anchor is the caller's ref_logp (the objective's anchor); the deprecated RPG
+    ``anchor`` parameter is refused here and lifted to the term's anchor by the spec."""
     logp, _, old = _inputs(seed=4)
     for name in ("rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl"):
-        reg = get_regularizer(name, anchor="old")
-        assert reg.needs_ref is False and reg.needs_old is True
-        assert torch.equal(reg(logp, None, old), get_regularizer(name)(logp, old))
-        with pytest.raises(ValueError, match="needs old_logp"):
-            reg(logp, logp)
-    with pytest.raises(ValueError, match="anchor"):
-        get_regularizer("rpg_ufkl", anchor="frozen")
+        reg = get_regularizer(name)
+        assert reg.needs_ref is True and reg.params == {"clamp": None}
+        with pytest.raises(ValueError, match="needs ref_logp"):
+            reg(logp=logp, old_logp=old)
+        with pytest.raises(TypeError, match=r"'anchor'.*valid parameters: clamp"):
+            get_regularizer(name, anchor="old")
 
 
 def test_needs_ref_and_names() -> None:
@@ -150,9 +155,9 @@ def test_needs_ref_and_names() -> None:
         assert reg.name == name
         assert reg.needs_ref is (name != "none")
     logp, _, _ = _inputs()
-    assert torch.equal(get_regularizer("none")(logp, None), torch.zeros_like(logp))
+    assert torch.equal(get_regularizer("none")(logp=logp, ref_logp=None), torch.zeros_like(logp))
     with pytest.raises(ValueError, match="needs ref_logp"):
-        get_regularizer("kl_k3")(logp, None)
+        get_regularizer("kl_k3")(logp=logp, ref_logp=None)
 
 
 def test_mask_zeroes_values_and_gradients_even_with_garbage() -> None:
@@ -165,14 +170,15 @@ def test_mask_zeroes_values_and_gradients_even_with_garbage() -> None:
     ref[:, -1] = float("nan")
     for name in REGULARIZERS.names():
         lp = logp.clone().requires_grad_()
-        out = _build(name)(lp, ref, old, mask)
+        out = _build(name)(logp=lp, old_logp=old, ref_logp=ref, mask=mask)
         assert torch.isfinite(out).all(), name
         assert (out[:, -2:] == 0).all(), name
         if out.requires_grad:
             (g,) = torch.autograd.grad(out.sum(), lp)
             assert torch.isfinite(g).all() and (g[:, -2:] == 0).all(), name
-        torch.testing.assert_close(out[:, :-2], _build(name)(logp[:, :-2], ref[:, :-2],
-                                                             old[:, :-2]))
+        torch.testing.assert_close(
+            out[:, :-2], _build(name)(logp=logp[:, :-2], old_logp=old[:, :-2], ref_logp=ref[:, :-2])
+        )
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -182,7 +188,7 @@ def test_low_precision_inputs_finite_float32(dtype: torch.dtype) -> None:
     old = logp.roll(3, -1)
     for name in REGULARIZERS.names():
         lp = logp.to(dtype).requires_grad_()
-        out = _build(name)(lp, ref.to(dtype), old.to(dtype))
+        out = _build(name)(logp=lp, old_logp=old.to(dtype), ref_logp=ref.to(dtype))
         assert out.dtype == torch.float32 and torch.isfinite(out).all(), name
         if out.requires_grad:
             (g,) = torch.autograd.grad(out.sum(), lp)
@@ -201,18 +207,18 @@ def test_finite_everywhere_and_divergences_nonnegative(l: float, r: float, o: fl
         lt, rt, ot = (torch.tensor([[x]], dtype=dt) for x in (l, r, o))
         for name in REGULARIZERS.names():
             reg = _build(name)
-            val = reg(lt, rt, ot).item()
+            val = reg(logp=lt, old_logp=ot, ref_logp=rt).item()
             assert math.isfinite(val), name
             if name in NONNEG:
                 assert val >= 0.0, name
-                assert reg(lt, lt, lt).item() == 0.0, name  # = 0 when p = q
+                assert reg(logp=lt, old_logp=lt, ref_logp=lt).item() == 0.0, name  # = 0 when p = q
 
 
 @settings(max_examples=40, deadline=None)
 @given(l=LOGP, r=LOGP)
 def test_prob_l2_zero_iff_equal(l: float, r: float) -> None:
     lt, rt = torch.tensor([l], dtype=F64), torch.tensor([r], dtype=F64)
-    val = get_regularizer("prob_l2")(lt, rt).item()
+    val = get_regularizer("prob_l2")(logp=lt, ref_logp=rt).item()
     p, q = math.exp(l), math.exp(r)
     assert val == pytest.approx((p - q) ** 2, rel=1e-12, abs=0)
     assert (val == 0.0) == (p == q)
@@ -228,7 +234,7 @@ def test_unknown_name_lists_valid_names() -> None:
 def test_unknown_or_bad_params_are_named() -> None:
     with pytest.raises(TypeError, match="beta"):
         get_regularizer("kl_k3", beta=0.1)
-    with pytest.raises(TypeError, match=r"prob_l2.*floor.*accepted: \(none\)"):
+    with pytest.raises(TypeError, match=r"prob_l2.*floor.*valid parameters: \(none\)"):
         get_regularizer("prob_l2", floor=1e-10)
     with pytest.raises(ValueError, match="clamp"):
         get_regularizer("kl_k3", clamp=-1.0)
@@ -241,18 +247,23 @@ def test_unknown_or_bad_params_are_named() -> None:
 def test_shape_mismatch_is_reported() -> None:
     logp, ref, _ = _inputs()
     with pytest.raises(ValueError, match="ref_logp has shape"):
-        get_regularizer("kl_k1")(logp, ref[:, :-1])
+        get_regularizer("kl_k1")(logp=logp, ref_logp=ref[:, :-1])
     with pytest.raises(ValueError, match="mask has shape"):
-        get_regularizer("kl_k1")(logp, ref, None, torch.ones(3))
+        get_regularizer("kl_k1")(logp=logp, old_logp=None, ref_logp=ref, mask=torch.ones(3))
 
 
 def test_neural_mirror_from_path_and_default(tmp_path) -> None:
     logp, ref, _ = _inputs(seed=6)
     path = MIRROR.save(tmp_path / "m.json")
-    from_path = get_regularizer("neural_mirror", mirror=str(path))(logp, ref)
-    assert torch.equal(from_path, get_regularizer("neural_mirror", mirror=MIRROR)(logp, ref))
+    from_path = get_regularizer("neural_mirror", mirror=str(path))(logp=logp, ref_logp=ref)
+    assert torch.equal(
+        from_path, get_regularizer("neural_mirror", mirror=MIRROR)(logp=logp, ref_logp=ref)
+    )
     default = get_regularizer("neural_mirror")
     rand = NeuralMirrorMap.random(scale=0.01, seed=42)
-    assert torch.equal(default(logp, ref), get_regularizer("neural_mirror", mirror=rand)(logp, ref))
+    assert torch.equal(
+        default(logp=logp, ref_logp=ref),
+        get_regularizer("neural_mirror", mirror=rand)(logp=logp, ref_logp=ref),
+    )
     with pytest.raises(FileNotFoundError, match="nope.json"):
         get_regularizer("neural_mirror", mirror=tmp_path / "nope.json")

@@ -78,8 +78,25 @@ def test_config_errors_are_spec_errors() -> None:
 def test_clip_params_maps_host_settings_per_surrogate() -> None:
     kw = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0, "ratio_cap": 2.0}
     assert clip_params("clip", **kw) == {"eps_low": 0.2, "eps_high": 0.28, "dual_clip_c": 3.0,
-                                         "delta": 2.0}  # fmt: skip
+                                         "ratio_cap": 2.0}  # fmt: skip
     assert clip_params("atr", **kw) == {"dual_clip_c": 3.0}
     assert clip_params("rpg_clip", **kw) == {"eps_low": 0.2, "eps_high": 0.28, "c": 3.0}
     assert clip_params("clip", eps_low=0.1) == {"eps_low": 0.1}
     assert clip_params("some_plugin_surrogate", **kw) == {}
+
+
+def test_deprecated_regularizer_anchor_parameter_becomes_the_terms_anchor() -> None:
+    """The rpg_* regularizers' former ``anchor`` parameter is the term's anchor now: accepted
+    under ``params`` with a DeprecationWarning, refused when it contradicts ``anchor``."""
+    with pytest.warns(DeprecationWarning, match=r"regularizer.params.anchor' is deprecated"):
+        spec = ObjectiveSpec.from_dict(
+            {"regularizer": {"name": "rpg_ufkl", "coef": 0.1, "params": {"anchor": "old"}}}
+        )
+    term = spec.terms[0]
+    assert term.anchor == "old" and term.params == {}
+    built = spec.build()
+    assert built.anchor == "old" and not built.anchored_on_ref and not built.terms[0].needs_ref
+    with pytest.warns(DeprecationWarning), pytest.raises(SpecError, match="disagree"):
+        ObjectiveSpec.from_dict(
+            {"regularizer": {"name": "rpg_ufkl", "anchor": "old", "params": {"anchor": "ref"}}}
+        )

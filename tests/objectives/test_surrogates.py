@@ -31,12 +31,12 @@ def autograd(fn, logp):
 def assert_same_surrogate(a, b, logp, old, adv, mask):
     """Surrogates ``a`` and ``b`` give the same per-token loss and gradient on the batch; returns
     both diagnostics dicts."""
-    la, da = a(logp, old, adv, mask)
-    lb, db = b(logp, old, adv, mask)
+    la, da = a(logp=logp, old_logp=old, advantages=adv, mask=mask)
+    lb, db = b(logp=logp, old_logp=old, advantages=adv, mask=mask)
     torch.testing.assert_close(la, lb)
     torch.testing.assert_close(
-        autograd(lambda x: a(x, old, adv, mask)[0].sum(), logp),
-        autograd(lambda x: b(x, old, adv, mask)[0].sum(), logp),
+        autograd(lambda x: a(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp),
+        autograd(lambda x: b(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp),
     )
     return da, db
 
@@ -97,7 +97,7 @@ def test_atr_surrogate_is_clip_with_lambert_bounds():
 def test_clip_gradient_matches_analytic(eps_low, eps_high):
     logp, old, adv, mask = make_batch(b=8, t=6, spread=0.6)
     surr = get_surrogate("clip", eps_low=eps_low, eps_high=eps_high)
-    grad = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    grad = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     w = torch.exp(logp.detach() - old)
     a = adv[:, None].expand_as(w)
     lo, hi = 1 - eps_low, 1 + eps_high
@@ -111,7 +111,9 @@ def test_clip_gradient_matches_analytic(eps_low, eps_high):
 
 def test_clip_values_and_token_level_advantages():
     logp, old, adv, mask = make_batch(adv_per_token=True, spread=0.6)
-    loss, _ = get_surrogate("clip", eps_low=0.2, eps_high=0.28)(logp, old, adv, mask)
+    loss, _ = get_surrogate("clip", eps_low=0.2, eps_high=0.28)(
+        logp=logp, old_logp=old, advantages=adv, mask=mask
+    )
     w = torch.exp(logp.detach() - old)
     expected = -torch.minimum(w * adv, w.clamp(0.8, 1.28) * adv) * mask
     torch.testing.assert_close(loss.detach(), expected)
@@ -124,10 +126,10 @@ def test_dual_clip_caps_negative_advantages():
     adv = torch.tensor([-1.0], dtype=F64)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=F64)
     surr = get_surrogate("clip", eps_low=0.2, dual_clip_c=3.0)
-    loss, diag = surr(logp, old, adv, mask)
+    loss, diag = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     # w=5 > c: capped at -c*A = 3 ; w=2 in (1+eps, c): -min(2*-1, 1.2*-1) = 2 ; w=0.5 < lo: 0.8
     torch.testing.assert_close(loss.detach(), torch.tensor([[3.0, 2.0, 0.8, 0.0]], dtype=F64))
-    grad = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    grad = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     torch.testing.assert_close(grad, torch.tensor([[0.0, 2.0, 0.0, 0.0]], dtype=F64))
     assert float(diag["clip_frac_dual"]) == pytest.approx(1 / 3)
     assert float(diag["clip_frac_low"]) == pytest.approx(1 / 3)
@@ -135,16 +137,27 @@ def test_dual_clip_caps_negative_advantages():
     assert float(diag["ratio_max"]) == pytest.approx(5.0)  # masked 4th token ignored
 
 
-def test_trl_delta_caps_the_unclipped_ratio():
+def test_ratio_cap_caps_the_unclipped_ratio_and_delta_is_its_deprecated_name():
     logp = torch.zeros(1, 2, dtype=F64, requires_grad=True)
     old = torch.log(torch.tensor([[0.2, 0.2]], dtype=F64))  # ratio 5
     mask = torch.ones(1, 2, dtype=F64)
-    surr = get_surrogate("clip", eps_low=0.2, delta=4.0)
-    loss_neg, _ = surr(logp, old, torch.tensor([-1.0], dtype=F64), mask)
+    surr = get_surrogate("clip", eps_low=0.2, ratio_cap=4.0)
+    for name in ("clip", "gspo"):
+        with pytest.warns(DeprecationWarning, match="'delta' is renamed 'ratio_cap'"):
+            old_name = get_surrogate(name, delta=4.0)
+        assert old_name == get_surrogate(name, ratio_cap=4.0) and old_name.ratio_cap == 4.0
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="ratio_cap only"):
+        get_surrogate("clip", delta=4.0, ratio_cap=3.0)
+    loss_neg, _ = surr(
+        logp=logp, old_logp=old, advantages=torch.tensor([-1.0], dtype=F64), mask=mask
+    )
     torch.testing.assert_close(loss_neg.detach(), torch.full((1, 2), 4.0, dtype=F64))
-    g = autograd(lambda x: surr(x, old, torch.tensor([-1.0], dtype=F64), mask)[0].sum(), logp)
+    neg = torch.tensor([-1.0], dtype=F64)
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=neg, mask=mask)[0].sum(), logp)
     assert torch.all(g == 0)
-    loss_pos, _ = surr(logp, old, torch.tensor([1.0], dtype=F64), mask)
+    loss_pos, _ = surr(
+        logp=logp, old_logp=old, advantages=torch.tensor([1.0], dtype=F64), mask=mask
+    )
     torch.testing.assert_close(loss_pos.detach(), torch.full((1, 2), -1.2, dtype=F64))
 
 
@@ -154,7 +167,7 @@ def test_clip_diagnostics_fractions():
     old = torch.log(torch.tensor([[0.5, 1.0, 2.0], [0.5, 1.0, 2.0]], dtype=F64))
     adv = torch.tensor([1.0, -1.0], dtype=F64)
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=F64)
-    _, d = get_surrogate("clip")(logp, old, adv, mask)
+    _, d = get_surrogate("clip")(logp=logp, old_logp=old, advantages=adv, mask=mask)
     # high clip: row 0 token 0 (A>0, w=2); low clip: row 1 token 2 is masked out -> none
     assert float(d["clip_frac_high"]) == pytest.approx(1 / 5)
     assert float(d["clip_frac_low"]) == 0.0
@@ -168,16 +181,21 @@ def test_on_policy_clip_gradient_equals_reinforce():
     logp, _, adv, mask = make_batch()
     old = logp.detach()
     clip = get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
-    g_clip = autograd(lambda x: clip(x, old, adv, mask)[0].sum(), logp)
+    g_clip = autograd(
+        lambda x: clip(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp
+    )
     g_pg = autograd(lambda x: (-adv[:, None] * x * mask).sum(), logp)
     torch.testing.assert_close(g_clip, g_pg)
     for variant in ("ufkl", "urkl"):  # C_KL(w=1) = 0 for the unnormalized KLs
         rf = get_surrogate("rpg_reinforce", variant=variant, beta=0.3)
         torch.testing.assert_close(
-            autograd(lambda x, rf=rf: rf(x, old, adv, mask)[0].sum(), logp), g_pg
+            autograd(
+                lambda x, rf=rf: rf(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp
+            ),
+            g_pg,
         )
     # on-policy value: -A on every valid token
-    loss, d = clip(logp, old, adv, mask)
+    loss, d = clip(logp=logp, old_logp=old, advantages=adv, mask=mask)
     torch.testing.assert_close(loss.detach(), -adv[:, None] * mask)
     assert float(d["ratio_mean"]) == 1.0
 
@@ -195,7 +213,7 @@ def test_masked_garbage_never_reaches_loss_or_gradient():
         ("rpg_reinforce", {"variant": "rkl"}),
     ]:
         surr = get_surrogate(name, **params)
-        loss, diag = surr(x, old_g, adv, mask)
+        loss, diag = surr(logp=x, old_logp=old_g, advantages=adv, mask=mask)
         assert torch.isfinite(loss).all(), name
         assert torch.all(loss[mask == 0] == 0), name
         (g,) = torch.autograd.grad(loss.sum(), x)
@@ -212,7 +230,7 @@ def test_gspo_gradient_is_sequence_level():
     lengths = mask.sum(-1)
 
     def grpo_sum(x):  # B * (grpo aggregation)
-        loss, _ = surr(x, old, adv, mask)
+        loss, _ = surr(logp=x, old_logp=old, advantages=adv, mask=mask)
         return (loss.sum(-1) / lengths).sum()
 
     grad = autograd(grpo_sum, logp)
@@ -221,7 +239,7 @@ def test_gspo_gradient_is_sequence_level():
     coeff = torch.where(inside, -adv * s / lengths, torch.zeros_like(s))
     torch.testing.assert_close(grad, coeff[:, None] * mask)
     assert inside.any() and (~inside).any()
-    loss, _ = surr(logp, old, adv, mask)
+    loss, _ = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     expected = -torch.minimum(s * adv, s.clamp(0.9, 1.1) * adv)
     torch.testing.assert_close(loss.detach(), expected[:, None] * mask)
 
@@ -239,7 +257,10 @@ def test_gspo_equals_token_clip_for_one_token_sequences():
     lp2, old2, adv2, _ = make_batch(b=6, t=4, spread=0.6, seed=6)
     one_hot = torch.zeros(6, 4, dtype=F64)
     one_hot[torch.arange(6), torch.tensor([0, 3, 1, 2, 0, 1])] = 1.0
-    torch.testing.assert_close(gspo(lp2, old2, adv2, one_hot)[0], clip(lp2, old2, adv2, one_hot)[0])
+    torch.testing.assert_close(
+        gspo(logp=lp2, old_logp=old2, advantages=adv2, mask=one_hot)[0],
+        clip(logp=lp2, old_logp=old2, advantages=adv2, mask=one_hot)[0],
+    )
 
 
 # ---------------------------------------------------------------------------- RPG
@@ -273,9 +294,9 @@ def test_rpg_reinforce_active_gradient_is_table_r2_weight(variant):
     logp, old, adv, mask = make_batch(b=8, t=6, spread=0.15, seed=11)
     beta = 0.7  # large so the KL part matters numerically
     surr = get_surrogate("rpg_reinforce", variant=variant, beta=beta)
-    loss, d = surr(logp, old, adv, mask)
+    loss, d = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     assert float(d["clip_frac_low"]) == float(d["clip_frac_high"]) == 0.0
-    grad = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    grad = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     w = torch.exp(logp.detach() - old)
     weight = table_r2_weight(variant, w, adv[:, None], beta)
     torch.testing.assert_close(grad, -weight * mask)
@@ -288,7 +309,9 @@ def test_rpg_prop_4_1_reinforce_equals_fully_differentiable(variant):
     logp, old, adv, mask = make_batch(b=8, t=6, spread=0.15, seed=12)
     beta = 0.5
     surr = get_surrogate("rpg_reinforce", variant=variant, beta=beta, c=None)
-    g_reinforce = autograd(lambda x: (surr(x, old, adv, mask)[0]).sum(), logp)
+    g_reinforce = autograd(
+        lambda x: (surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0]).sum(), logp
+    )
     g_r1 = autograd(
         lambda x: (table_r1_loss(variant, x, old, adv[:, None], beta) * mask).sum(), logp
     )
@@ -300,9 +323,9 @@ def test_rpg_clip_regularized_advantage_matches_table_r1(variant):
     logp, old, adv, mask = make_batch(b=8, t=6, spread=0.15, seed=13)
     beta = 0.5
     surr = get_surrogate("rpg_clip", variant=variant, beta=beta)
-    loss, d = surr(logp, old, adv, mask)
+    loss, d = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     assert float(d["clip_frac_low"]) == float(d["clip_frac_high"]) == 0.0
-    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     g_r1 = autograd(
         lambda x: (table_r1_loss(variant, x, old, adv[:, None], beta) * mask).sum(), logp
     )
@@ -313,8 +336,8 @@ def test_rpg_clip_plain_is_dual_clip():
     logp, old, adv, mask = make_batch(b=8, t=6, spread=1.5, seed=14)
     a = get_surrogate("rpg_clip", eps_low=0.2, eps_high=0.28, c=3.0)
     b = get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
-    la, da = a(logp, old, adv, mask)
-    lb, db = b(logp, old, adv, mask)
+    la, da = a(logp=logp, old_logp=old, advantages=adv, mask=mask)
+    lb, db = b(logp=logp, old_logp=old, advantages=adv, mask=mask)
     torch.testing.assert_close(la, lb)
     assert float(da["clip_frac_dual"]) > 0 and float(da["clip_frac_dual"]) == float(
         db["clip_frac_dual"]
@@ -335,7 +358,7 @@ def test_rpg_reinforce_branches():
     surr = get_surrogate(
         "rpg_reinforce", variant="ufkl", beta=beta, eps_low=0.2, eps_high=0.28, c=c
     )
-    loss, d = surr(logp, old, adv, mask)
+    loss, d = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     ell = -math.log(0.5)
     w_bar = ratios.clamp(lo, hi)
     c_kl = beta * (1 - w_bar)
@@ -350,7 +373,9 @@ def test_rpg_reinforce_branches():
         ]
     )
     torch.testing.assert_close(loss.detach()[:, 0], expected_value)
-    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)[:, 0]
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)[
+        :, 0
+    ]
     active = torch.tensor([1.0, 0, 0, 1, 0, 1], dtype=F64)
     weight = ratios * adv + c_kl
     torch.testing.assert_close(g, -weight * active)
@@ -367,7 +392,7 @@ def test_rpg_reinforce_branches_on_effective_advantage():
     adv = torch.tensor([-0.01], dtype=F64)
     mask = torch.ones(1, 1, dtype=F64)
     surr = get_surrogate("rpg_reinforce", variant="fkl", beta=0.1)
-    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     torch.testing.assert_close(g, torch.tensor([[-(0.5 * -0.01 + 0.1)]], dtype=F64))
 
 
@@ -397,7 +422,7 @@ def test_registry_names_unknown_name_and_params():
         ("clip", {"eps_low": -0.1}, "eps_low"),
         ("clip", {"eps_low": 1.5}, "eps_low"),
         ("clip", {"eps_high": -0.1}, "eps_high"),
-        ("clip", {"delta": 1.1}, "delta"),
+        ("clip", {"ratio_cap": 1.1}, "ratio_cap"),
         ("gspo", {"dual_clip_c": 0.5}, "must be > 1"),
         ("atr", {"delta": -0.01}, "delta"),
         ("rpg_clip", {"variant": "js"}, "unknown variant"),
@@ -421,11 +446,11 @@ def test_shape_errors():
     logp, old, adv, mask = make_batch()
     surr = get_surrogate("clip")
     with pytest.raises(ValueError, match="advantages"):
-        surr(logp, old, adv[:3], mask)
+        surr(logp=logp, old_logp=old, advantages=adv[:3], mask=mask)
     with pytest.raises(ValueError, match="old_logp shape"):
-        surr(logp, old[:, :2], adv, mask)
+        surr(logp=logp, old_logp=old[:, :2], advantages=adv, mask=mask)
     with pytest.raises(ValueError, match="mask"):
-        surr(logp, old, adv, mask * 2)
+        surr(logp=logp, old_logp=old, advantages=adv, mask=mask * 2)
 
 
 @pytest.mark.parametrize(
@@ -448,7 +473,7 @@ def test_bf16_inputs_give_finite_float32(name, params):
     logp, old, adv, mask = make_batch(b=4, t=7, spread=2.0)
     x = logp.detach().to(torch.bfloat16).requires_grad_()
     loss, diag = get_surrogate(name, **params)(
-        x, old.to(torch.bfloat16), adv.to(torch.bfloat16), mask.bool()
+        logp=x, old_logp=old.to(torch.bfloat16), advantages=adv.to(torch.bfloat16), mask=mask.bool()
     )
     assert loss.dtype == torch.float32 and torch.isfinite(loss).all()
     (g,) = torch.autograd.grad(loss.sum(), x)
@@ -469,10 +494,10 @@ def test_cispo_gradient_is_clipped_weight_on_every_token(low, high):
     loses its gradient), value -SG(clip(w)) A log pi."""
     logp, old, adv, mask = make_batch(b=8, t=6, spread=2.2)
     surr = get_surrogate("cispo", eps_low=low, eps_high=high)
-    loss, diag = surr(logp, old, adv, mask)
+    loss, diag = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     w = torch.exp(logp.detach() - old)
     cw = w.clamp(1 - low, 1 + high)
-    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     torch.testing.assert_close(g, -(cw * adv[:, None]) * mask)
     torch.testing.assert_close(loss, -(cw * adv[:, None]) * logp.detach() * mask)
     m = mask.bool()
@@ -488,11 +513,13 @@ def test_sapo_gate_gradient_and_on_policy_limit():
     w = torch.exp(logp.detach() - old)
     tau = torch.where(adv[:, None] > 0, 1.5, 3.0).to(F64)
     sig = torch.sigmoid(tau * (w - 1))
-    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     torch.testing.assert_close(g, -(4 * sig * (1 - sig) * w * adv[:, None]) * mask)
-    g1 = autograd(lambda x: surr(x, x.detach(), adv, mask)[0].sum(), logp)
+    g1 = autograd(
+        lambda x: surr(logp=x, old_logp=x.detach(), advantages=adv, mask=mask)[0].sum(), logp
+    )
     torch.testing.assert_close(g1, -adv[:, None].expand_as(mask) * mask)
-    loss, _ = surr(logp, logp.detach(), adv, mask)
+    loss, _ = surr(logp=logp, old_logp=logp.detach(), advantages=adv, mask=mask)
     torch.testing.assert_close(loss, -(4 / tau) * 0.5 * adv[:, None] * mask)
 
 
@@ -507,9 +534,9 @@ def test_gmpo_is_geometric_mean_with_log_space_clip():
     clipped = torch.where(a > 0, lr.clamp(max=eps), lr.clamp(min=-eps))
     n = mask.sum(-1, keepdim=True)
     s = torch.exp((clipped * mask).sum(-1, keepdim=True) / n)
-    loss, diag = surr(logp, old, adv, mask)
+    loss, diag = surr(logp=logp, old_logp=old, advantages=adv, mask=mask)
     torch.testing.assert_close(loss, -(a * s) * mask)
-    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     free = ((a > 0) & (lr < eps)) | ((a < 0) & (lr > -eps))
     # the summed per-token loss holds |o_i| copies of -A_i s_i, each with gradient
     # -A_i s_i / |o_i| on a free token: -A_i s_i in total
@@ -523,14 +550,16 @@ def test_vespo_weight_is_one_on_policy_and_decays_off_policy():
     the token ratios; phi < 1 when W moves away from 1 (k = 2, lambda = 3: phi(2) = 4 e^-3)."""
     logp, old, adv, mask = make_batch(b=6, t=5, spread=0.5)
     surr = get_surrogate("vespo")
-    g1 = autograd(lambda x: surr(x, x.detach(), adv, mask)[0].sum(), logp)
+    g1 = autograd(
+        lambda x: surr(logp=x, old_logp=x.detach(), advantages=adv, mask=mask)[0].sum(), logp
+    )
     torch.testing.assert_close(g1, -adv[:, None].expand_as(mask) * mask)
     log_w = ((logp.detach() - old) * mask).sum(-1, keepdim=True)
     nonneg = adv[:, None] >= 0
     k = torch.where(nonneg, 2.0, 3.0).to(F64)
     lam = torch.where(nonneg, 3.0, 2.0).to(F64)
     phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
-    g = autograd(lambda x: surr(x, old, adv, mask)[0].sum(), logp)
+    g = autograd(lambda x: surr(logp=x, old_logp=old, advantages=adv, mask=mask)[0].sum(), logp)
     torch.testing.assert_close(g, -(phi * adv[:, None]) * mask)
     one = torch.zeros(1, 1, dtype=F64)
     two = torch.full((1, 1), math.log(2.0), dtype=F64)
@@ -556,7 +585,9 @@ def test_baselines_mask_garbage(name):
     logp = torch.tensor([[-0.5, float("nan"), -math.inf]], dtype=F64, requires_grad=True)
     old = torch.tensor([[-0.3, math.inf, float("nan")]], dtype=F64)
     mask = torch.tensor([[1.0, 0.0, 0.0]], dtype=F64)
-    loss, diag = get_surrogate(name)(logp, old, torch.ones(1, dtype=F64), mask)
+    loss, diag = get_surrogate(name)(
+        logp=logp, old_logp=old, advantages=torch.ones(1, dtype=F64), mask=mask
+    )
     (g,) = torch.autograd.grad(loss.sum(), logp)
     assert torch.isfinite(loss).all() and (loss[0, 1:] == 0).all()
     assert torch.isfinite(g).all() and (g[0, 1:] == 0).all() and g[0, 0] != 0

@@ -104,8 +104,9 @@ def _trl_loss(x: dict[str, Tensor], loss_type: str, **args: Any) -> tuple[Tensor
 
 def _ours(x: dict[str, Tensor], surrogate: Any, aggregation: str) -> tuple[Tensor, Tensor]:
     logp = x["logp"].clone().requires_grad_(True)
-    loss, _ = compute_policy_loss(logp, x["old"], None, x["adv"], x["mask"], surrogate=surrogate,
-                                  regularizer=None, aggregation=aggregation)  # fmt: skip
+    loss, _ = compute_policy_loss(logp=logp, old_logp=x["old"], ref_logp=None, advantages=x["adv"],
+                                  mask=x["mask"], surrogate=surrogate, regularizer=None,
+                                  aggregation=aggregation)  # fmt: skip
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad
 
@@ -148,5 +149,7 @@ def test_cispo_cap_binds_and_parity_is_sensitive():
 def test_vespo_weights_are_not_all_one():
     """The VESPO batch moves the sequence ratios enough for the gamma weight to matter."""
     x = _batch(seed=len("vespo"), spread=0.15)
-    _, diag = get_surrogate("vespo")(x["logp"], x["old"], x["adv"], x["mask"])
+    _, diag = get_surrogate("vespo")(
+        logp=x["logp"], old_logp=x["old"], advantages=x["adv"], mask=x["mask"]
+    )
     assert float(diag["ratio_max"]) > 1.2 and float(diag["ratio_min"]) < 0.8

@@ -80,8 +80,8 @@ VERL_ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
 #: surrogate -> (its lower-eps, upper-eps, dual-clip and ratio-cap parameter names; None where
 #: the surrogate has no such parameter). Plugin surrogates take none of the host's settings.
 _CLIP_PARAM_NAMES: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
-    "clip": ("eps_low", "eps_high", "dual_clip_c", "delta"),
-    "gspo": ("eps_low", "eps_high", "dual_clip_c", "delta"),
+    "clip": ("eps_low", "eps_high", "dual_clip_c", "ratio_cap"),
+    "gspo": ("eps_low", "eps_high", "dual_clip_c", "ratio_cap"),
     "atr": (None, None, "dual_clip_c", None),
     "divergence_clip": (None, None, "dual_clip_c", None),
     "rpg_clip": ("eps_low", "eps_high", "c", None),
@@ -102,11 +102,11 @@ def clip_params(
     A host clips the ratio to :math:`[1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}}]`
     (TRL ``epsilon`` / ``epsilon_high``; verl ``clip_ratio_low`` / ``clip_ratio_high``), may
     apply the dual clip :math:`c` for negative advantages (verl ``clip_ratio_c``) and may cap
-    the unclipped ratio at :math:`\delta` (TRL ``delta``). Each surrogate takes the settings it
-    has a parameter for, under its own name (``rpg_*`` call the dual clip ``c``; ``atr`` and
-    ``divergence_clip`` derive their bounds from their own radius and take only the dual clip);
-    settings left at ``None`` are not passed (the surrogate's default applies). Unknown (plugin)
-    surrogates get ``{}``.
+    the unclipped ratio at :math:`\rho_{\text{cap}}` (``ratio_cap``; TRL ``delta``). Each
+    surrogate takes the settings it has a parameter for, under its own name (``rpg_*`` call the
+    dual clip ``c``; ``atr`` and ``divergence_clip`` derive their bounds from their own radius
+    and take only the dual clip); settings left at ``None`` are not passed (the surrogate's
+    default applies). Unknown (plugin) surrogates get ``{}``.
     """
     names = _CLIP_PARAM_NAMES.get(surrogate)
     if names is None:
@@ -142,8 +142,9 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     plugin: advantage -> ``algorithm.adv_estimator`` / ``norm_adv_by_std_in_grpo``; surrogate ->
     ``policy_loss.loss_mode=gbmpo_<name>`` with every parameter of the built surrogate in
     ``policy_loss.gbmpo_surrogate`` (so none comes from verl's clip fields); regularizer -> the
-    actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (``anchor:
-    old`` only for the ``rpg_*`` regularizers, which take it as a parameter), or with
+    actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (the
+    regularizer's parameters, and the spec's ``anchor: old``, for the ``rpg_*`` regularizers
+    only on verl), or with
     ``placement: reward`` verl's in-reward KL (``algorithm.use_kl_in_reward``, ``kl_penalty=
     gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``); aggregation -> ``loss_agg_mode``
     (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``). ``ValueError`` names what
@@ -216,8 +217,8 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
         if not reg.name.startswith("rpg_"):
             raise ValueError(
                 f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
-                "anchored at the reference model; only the rpg_* regularizers take the "
-                "rollout policy as anchor there"
+                "anchored at the reference model; the rollout policy as anchor is offered "
+                "there for the rpg_* regularizers only"
             )
         reg_params["anchor"] = "old"
     for key, value in reg_params.items():

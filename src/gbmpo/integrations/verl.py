@@ -46,13 +46,15 @@ hyperparameters live in :class:`GBMPOPolicyLossConfig` (a subclass with the two 
 parameters default to verl's own fields (:func:`surrogate_params`: ``clip_ratio_low`` /
 ``clip_ratio_high`` -> ``eps_low`` / ``eps_high``, ``clip_ratio_c`` -> the dual clip, so
 ``gbmpo_clip`` is verl's ``vanilla``); ``gbmpo_surrogate`` entries override them.
-``gbmpo_kl`` holds the regularizer's parameters (``mirror`` path, ``clamp``, ``anchor``); the
-config installs them process-wide when it is built (verl's ``kl_penalty`` gets no config).
+``gbmpo_kl`` holds the regularizer's parameters (``mirror`` path, ``clamp``) and the objective's
+``anchor`` (``ref``, the default, or ``old``: the regularizer compares with the rollout policy
+instead of verl's reference, RPG's iterative reference); the config installs them process-wide
+when it is built (verl's ``kl_penalty`` gets no config).
 
-Regularizers that need the rollout log-probs (``kl_k3_is``; ``rpg_*`` with ``anchor=old``) get
-them from the gbmpo policy loss of the same micro-batch (verl calls the policy loss, then
-``kl_penalty`` with the same ``log_prob`` tensor), so they need a ``gbmpo_*`` ``loss_mode``
-(``kl_k3_is`` otherwise falls back to its on-policy form and warns once; ``anchor=old`` raises).
+The rollout log-probs (for ``kl_k3_is``, and as the anchor with ``anchor: old``) come from the
+gbmpo policy loss of the same micro-batch (verl calls the policy loss, then ``kl_penalty`` with
+the same ``log_prob`` tensor), so they need a ``gbmpo_*`` ``loss_mode`` (``kl_k3_is`` otherwise
+falls back to its on-policy form and warns once; ``anchor: old`` raises).
 
 Supported verl: :data:`SUPPORTED_VERL`; :func:`check_verl_internals` fails loudly, naming the
 function, if what this module hooks moves: the signatures at import (VerlInternalsError), the
@@ -112,6 +114,7 @@ from gbmpo.integrations.verl_internals import (
 )
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate, get_surrogate
+from gbmpo.objectives.tensors import masked_mean
 
 __all__ = [
     "PREFIX",
@@ -230,6 +233,8 @@ def build_surrogate(loss_mode: str, config: Any) -> Surrogate:
 
 #: Regularizer parameters installed by :func:`configure_kl` (``policy_loss.gbmpo_kl``).
 _KL_PARAMS: dict[str, Any] = {}
+#: the objective's anchor installed by :func:`configure_kl` (``gbmpo_kl.anchor``: ref | old)
+_KL_ANCHOR: list[str] = ["ref"]
 _REGULARIZER_CACHE: dict[tuple[str, str], Regularizer] = {}
 # regularizers whose default parameters would silently pick something arbitrary
 _REQUIRED_KL_PARAMS: dict[str, str] = {"neural_mirror": "mirror"}
@@ -238,11 +243,23 @@ _REQUIRED_KL_PARAMS: dict[str, str] = {"neural_mirror": "mirror"}
 def configure_kl(params: Mapping[str, Any] | None) -> None:
     """Install the parameters of the ``gbmpo_*`` KL loss in this process (verl's ``kl_penalty``
     receives no config). :class:`GBMPOPolicyLossConfig` calls it when verl builds the actor
-    config (driver and each worker) and every gbmpo policy loss on each call."""
-    new = _plain(params)
+    config (driver and each worker) and every gbmpo policy loss on each call. ``anchor`` is the
+    objective's anchor (not a regularizer parameter)."""
+    new, _KL_ANCHOR[0] = _split_anchor(params)
     if new != _KL_PARAMS:
         _KL_PARAMS.clear()
         _KL_PARAMS.update(new)
+
+
+def _split_anchor(params: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
+    """``gbmpo_kl`` as (the regularizer's parameters, the objective's anchor)."""
+    p = _plain(params)
+    anchor = p.pop("anchor", "ref")
+    if anchor not in ("ref", "old"):
+        raise ValueError(
+            f"policy_loss.gbmpo_kl.anchor must be 'ref' or 'old', got {anchor!r}"
+        )
+    return p, str(anchor)
 
 
 def build_regularizer(kl_loss_type: str, params: Mapping[str, Any] | None = None) -> Regularizer:
@@ -257,7 +274,7 @@ def build_regularizer(kl_loss_type: str, params: Mapping[str, Any] | None = None
             f"names: {', '.join(kl_loss_types())} (or one of verl's: kl, abs, mse, low_var_kl, "
             "k1, k2, k3, optionally with a '+' suffix)"
         )
-    p = dict(_KL_PARAMS if params is None else _plain(params))
+    p = dict(_KL_PARAMS) if params is None else _split_anchor(params)[0]
     required = _REQUIRED_KL_PARAMS.get(name)
     if required is not None and p.get(required) is None:
         raise ValueError(
@@ -322,11 +339,6 @@ def _check_sources_once() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    m = mask.to(torch.float32)
-    return float((x.detach().to(torch.float32) * m).sum() / m.sum().clamp_min(1.0))
-
-
 def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
     def policy_loss(
         old_log_prob: Tensor,
@@ -343,7 +355,9 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
         surrogate = build_surrogate(loss_mode, config)
         configure_kl(_get(_get(config, "policy_loss"), "gbmpo_kl"))
         _OLD.put(log_prob, old_log_prob)
-        per_token, diag = surrogate(log_prob, old_log_prob, advantages, response_mask)
+        per_token, diag = surrogate(
+            logp=log_prob, old_logp=old_log_prob, advantages=advantages, mask=response_mask
+        )
         mask = response_mask.to(torch.bool)
         if rollout_is_weights is not None:
             w = rollout_is_weights.to(per_token.dtype)
@@ -356,7 +370,7 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
             # verl's names and meanings: share of tokens where the clip removes the gradient,
             # mean of log(pi_old / pi_theta), share where the dual clip binds
             "actor/pg_clipfrac": float(diag["clip_frac_low"] + diag["clip_frac_high"]),
-            "actor/ppo_kl": _masked_mean(old_log_prob - log_prob, mask),
+            "actor/ppo_kl": float(masked_mean(old_log_prob - log_prob, mask)),
             "actor/pg_clipfrac_lower": float(diag["clip_frac_dual"]),
         }
         for k, v in diag.items():
@@ -400,16 +414,19 @@ def register_policy_losses() -> list[str]:
 
 def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
     """Per-token values of the gbmpo regularizer named by ``kl_penalty`` (``gbmpo_NAME``),
-    :math:`D(\\log\\pi_\\theta, \\log\\pi_{\\text{ref}})` of :mod:`gbmpo.objectives.regularizers`
-    with the parameters of :func:`configure_kl`; the rollout log-probs come from the gbmpo policy
-    loss called on the same ``logprob`` tensor (module doc). float32 (float64 stays float64)."""
+    :math:`D(\\log\\pi_\\theta, \\log\\pi_{\\text{anchor}})` of
+    :mod:`gbmpo.objectives.regularizers` with the parameters and anchor of :func:`configure_kl`
+    (``anchor: old``: the rollout log-probs instead of ``ref_logprob``); the rollout log-probs
+    come from the gbmpo policy loss called on the same ``logprob`` tensor (module doc). float32
+    (float64 stays float64)."""
     global _warned_on_policy
     _check_sources_once()
     reg = build_regularizer(kl_penalty)
     old = _OLD.take(logprob)
-    if old is None and reg.needs_old:
+    anchor = _KL_ANCHOR[0]
+    if old is None and anchor == "old":
         raise ValueError(
-            f"kl_loss_type={kl_penalty} with anchor={reg.anchor!r} needs the rollout log-probs, "
+            f"kl_loss_type={kl_penalty} with anchor 'old' needs the rollout log-probs, "
             "which only a gbmpo policy loss hands over: set "
             "actor_rollout_ref.actor.policy_loss.loss_mode to one of "
             f"{', '.join(policy_loss_names())}"
@@ -421,7 +438,8 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
             "on-policy form w = exp(logp - SG(logp)) is used",
             stacklevel=2,
         )
-    return reg(logprob, ref_logprob, old)
+    ref = old if anchor == "old" else ref_logprob
+    return reg(logp=logprob, old_logp=old, ref_logp=ref)
 
 
 def install_kl_hook(algos: Any = core_algos) -> None:
@@ -463,7 +481,7 @@ class GBMPOPolicyLossConfig(PolicyLossConfig):
             (:func:`surrogate_params`), e.g. ``{delta: 0.02}`` for ``gbmpo_atr`` or
             ``{variant: urkl, beta: 1e-4}`` for ``gbmpo_rpg_clip``.
         gbmpo_kl: parameters of the ``gbmpo_*`` ``kl_loss_type``, e.g. ``{mirror: /path.json}``
-            for ``gbmpo_neural_mirror``, ``{clamp: 10}``, ``{anchor: old}`` for ``rpg_*``.
+            for ``gbmpo_neural_mirror``, ``{clamp: 10}``, and the objective's ``{anchor: old}``.
 
     Built (by verl, in the driver and in each worker) it checks a ``gbmpo_*`` ``loss_mode``
     against the registered surrogates and installs ``gbmpo_kl`` (:func:`configure_kl`).
@@ -483,17 +501,18 @@ class GBMPOPolicyLossConfig(PolicyLossConfig):
 
 def describe(config: Any) -> dict[str, Any]:
     """What an instantiated verl actor ``config`` selects from gbmpo, building (and so checking)
-    each object: ``{"surrogate": Surrogate | None, "regularizer": Regularizer | None}`` (None where
-    the config uses a verl built-in), e.g. to check a composed config before a run (the dry-run
-    test of examples/verl does)."""
+    each object: ``{"surrogate": Surrogate | None, "regularizer": Regularizer | None, "anchor":
+    "ref" | "old"}`` (None where the config uses a verl built-in; the regularizer's anchor),
+    e.g. to check a composed config before a run (the dry-run test of examples/verl does)."""
     loss_mode = _get(_get(config, "policy_loss"), "loss_mode", "vanilla")
     kl_type = _get(config, "kl_loss_type", "")
     surr = build_surrogate(loss_mode, config) if str(loss_mode).startswith(PREFIX) else None
     reg = None
+    kl_params = _get(_get(config, "policy_loss"), "gbmpo_kl")
     if _get(config, "use_kl_loss", False) and str(kl_type).startswith(PREFIX):
         base = kl_type[:-1] if kl_type.endswith("+") else kl_type
-        reg = build_regularizer(base, _get(_get(config, "policy_loss"), "gbmpo_kl"))
-    return {"surrogate": surr, "regularizer": reg}
+        reg = build_regularizer(base, kl_params)
+    return {"surrogate": surr, "regularizer": reg, "anchor": _split_anchor(kl_params)[1]}
 
 
 # --------------------------------------------------------------------------------------------

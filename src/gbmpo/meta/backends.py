@@ -298,4 +298,4 @@ class RayBackend(Backend):
 
 def get_backend(name: str, **params: Any) -> Backend:
     """Build the backend registered as ``name`` (``serial``, ``local``, ``ray``)."""
-    return BACKENDS.get(name)(**params)
+    return BACKENDS.build(name, **params)  # type: ignore[no-any-return]

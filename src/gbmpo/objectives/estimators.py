@@ -129,7 +129,7 @@ def exact_divergence(
 
 class ExactValues:
     """Per-token divergence values computed beforehand (by :func:`exact_divergence`), in the
-    regularizer call form ``(logp, ref_logp, old_logp, mask) -> [B, T]``, so that
+    regularizer call form ``(*, logp, old_logp, ref_logp, mask) -> [B, T]``, so that
     :func:`gbmpo.objectives.compute_policy_loss` adds, aggregates and logs them like a
     sampled-token term (``needs_ref`` False: the reference entered through its logits)."""
 
@@ -144,9 +144,10 @@ class ExactValues:
 
     def __call__(
         self,
+        *,
         logp: Tensor,
-        ref_logp: Tensor | None = None,
         old_logp: Tensor | None = None,
+        ref_logp: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
         if tuple(self.values.shape) != tuple(logp.shape):

@@ -22,27 +22,31 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
-from gbmpo.objectives.surrogates import Surrogate, _float_mask, _masked, get_surrogate
+from gbmpo.objectives.regularizers import Regularizer, get_regularizer
+from gbmpo.objectives.surrogates import Surrogate, get_surrogate
+from gbmpo.objectives.tensors import float_mask, masked_mean
 
 __all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
 
-#: ``(logp, ref_logp, old_logp, mask) -> per-token values [B, T]``, attribute ``needs_ref``.
-Regularizer = Callable[..., Tensor]
+#: what a loss term evaluates: a :class:`~gbmpo.objectives.regularizers.Regularizer`, or any
+#: callable with its call signature (per-token values ``[B, T]``; attribute ``needs_ref``)
+RegularizerLike = Regularizer | Callable[..., Tensor]
 
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One regularizer term of a sum: ``coef * regularizer(logp, anchor_logp, old_logp, mask)``
-    per token, with its own anchor log-probs (``None`` where the regularizer needs none)."""
+    """One regularizer term of a sum: ``coef * regularizer(logp=, old_logp=,
+    ref_logp=anchor_logp, mask=)`` per token, with its own anchor log-probs (``None`` where the
+    regularizer needs none)."""
 
     name: str
-    regularizer: Regularizer
+    regularizer: RegularizerLike
     coef: float
     anchor_logp: Tensor | None = None
 
 
 def sequence_divergence(
-    regularizer: Regularizer, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
+    regularizer: RegularizerLike, *, rollout_logp: Tensor, ref_logp: Tensor | None, mask: Tensor
 ) -> Tensor:
     r"""Per-sequence divergence of the rollout, detached:
     :math:`S_i = \sum_t m_{i,t}\, D_{i,t}(\pi_{old}\,\|\,\pi_{ref})` (``[B]``), the
@@ -56,7 +60,8 @@ def sequence_divergence(
     """
     with torch.no_grad():
         old = rollout_logp.detach()
-        values = regularizer(old, None if ref_logp is None else ref_logp.detach(), old, mask)
+        ref = None if ref_logp is None else ref_logp.detach()
+        values = regularizer(logp=old, old_logp=old, ref_logp=ref, mask=mask)
         m = mask.to(torch.bool)
         zero = torch.zeros((), dtype=values.dtype, device=values.device)
         return torch.where(m, values, zero).sum(dim=-1)
@@ -80,13 +85,11 @@ def reward_penalty(rewards: Tensor, penalties: Sequence[tuple[float, Tensor]]) -
     return out
 
 
-def _resolve_regularizer(regularizer: str | Regularizer | None) -> Regularizer | None:
+def _resolve_regularizer(regularizer: str | RegularizerLike | None) -> RegularizerLike | None:
     if regularizer is None or callable(regularizer):
         return regularizer
     if isinstance(regularizer, str):
-        from gbmpo.objectives.regularizers import get_regularizer
-
-        return get_regularizer(regularizer)  # type: ignore[no-any-return]
+        return get_regularizer(regularizer)
     raise TypeError(f"regularizer must be a name, a callable or None, got {regularizer!r}")
 
 
@@ -96,12 +99,6 @@ def _resolve_surrogate(surrogate: str | Surrogate) -> Surrogate:
     if callable(surrogate):
         return surrogate
     raise TypeError(f"surrogate must be a name or a callable, got {surrogate!r}")
-
-
-def _masked_mean(x: Tensor, mask: Tensor) -> float:
-    mf = mask.to(torch.float32)
-    v = _masked(x.detach().to(torch.float32), mf)
-    return float(v.sum() / mf.sum().clamp_min(1))
 
 
 def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:
@@ -121,14 +118,14 @@ def _valid_weights(weights: Tensor, mask: Tensor, pg: Tensor) -> Tensor:
 
 
 def compute_policy_loss(
+    *,
     logp: Tensor,
     old_logp: Tensor | None,
     ref_logp: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
-    *,
     surrogate: str | Surrogate,
-    regularizer: str | Regularizer | None,
+    regularizer: str | RegularizerLike | None,
     coef: float = 0.0,
     aggregation: str = "dr_grpo",
     max_len: int | None = None,
@@ -153,6 +150,9 @@ def compute_policy_loss(
     high-entropy mask *before* adding :math:`\beta\,\mathrm{KL}`. (An importance-weighted
     regularizer is a regularizer of its own, e.g. ``kl_k3_is``.)
 
+    Keyword arguments only (``logp=, old_logp=, ref_logp=, advantages=, mask=``, the order and
+    names every surrogate and regularizer call uses).
+
     Args:
         logp: ``[B, T]`` sampled-token log-probs under the trained policy (with grad).
         old_logp: ``[B, T]`` behaviour-policy log-probs; ``None`` means on-policy, i.e.
@@ -163,7 +163,7 @@ def compute_policy_loss(
         mask: ``[B, T]`` {0, 1} completion mask.
         surrogate: a callable from :func:`gbmpo.objectives.get_surrogate`, or a registered name
             (built with its default parameters).
-        regularizer: a callable ``(logp, ref_logp, old_logp, mask) -> [B, T]`` (e.g. from
+        regularizer: a callable ``(*, logp, old_logp, ref_logp, mask) -> [B, T]`` (e.g. from
             :func:`gbmpo.objectives.get_regularizer`), a registered name, or ``None`` for none.
         coef: regularizer coefficient :math:`\lambda` (or :math:`\beta`); the term is added only
             when ``coef != 0``, but its masked mean is always reported.
@@ -210,9 +210,9 @@ def compute_policy_loss(
         # checked here once, then passed on as {0, 1} floats of the compute dtype (float-mask
         # arithmetic is what the built-in surrogates and regularizers use)
         dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
-        mask = _float_mask(mask, logp.shape, dt)
+        mask = float_mask(mask, logp.shape, dt)
 
-    pg, diag = surr(logp, old_logp, advantages, mask)
+    pg, diag = surr(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
     if token_weights is not None:
         pg = pg * _valid_weights(token_weights, mask, pg)
     agg_kw: dict[str, Any] = {
@@ -235,12 +235,12 @@ def compute_policy_loss(
         needs_ref = bool(getattr(r, "needs_ref", True))
         if needs_ref and term.anchor_logp is None:
             raise ValueError(f"regularizer {r!r} needs reference log-probs but ref_logp is None")
-        values = r(logp, term.anchor_logp, old_logp, mask)
+        values = r(logp=logp, old_logp=old_logp, ref_logp=term.anchor_logp, mask=mask)
         if tuple(values.shape) != tuple(pg.shape):
             raise ValueError(
                 f"regularizer returned shape {tuple(values.shape)}, expected {tuple(pg.shape)}"
             )
-        value = _masked_mean(values, mask)
+        value = float(masked_mean(values, mask))
         term_loss = 0.0
         if term.coef != 0:
             per_token = per_token + term.coef * values.to(pg.dtype)

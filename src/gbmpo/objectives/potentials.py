@@ -18,9 +18,8 @@ name               h(y)                          D_h(p, q)
 
 from __future__ import annotations
 
-import inspect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -41,7 +40,6 @@ __all__ = [
     "Potential",
     "Square",
     "as_potential",
-    "build_from_registry",
     "get_potential",
 ]
 
@@ -134,30 +132,9 @@ def _neural_mirror(
     return as_mirror_map(mirror)
 
 
-def build_from_registry(registry: Registry[Any], name: str, params: Mapping[str, Any]) -> Any:
-    """Look ``name`` up in ``registry`` and call its factory with ``params``.
-
-    Raises :class:`gbmpo.registry.UnknownNameError` (listing valid names) for an unknown name
-    and TypeError naming any parameter the factory does not accept.
-    """
-    factory = registry.get(name)
-    accepted = [
-        p.name
-        for p in inspect.signature(factory).parameters.values()
-        if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    unknown = sorted(set(params) - set(accepted))
-    if unknown:
-        raise TypeError(
-            f"{registry.kind} {name!r} got unknown parameter(s) {', '.join(unknown)}; "
-            f"accepted: {', '.join(accepted) if accepted else '(none)'}"
-        )
-    return factory(**params)
-
-
 def get_potential(name: str, **params: Any) -> Potential:
     """Build the potential registered as ``name`` (see :data:`POTENTIALS`)."""
-    return build_from_registry(POTENTIALS, name, params)
+    return POTENTIALS.build(name, **params)  # type: ignore[no-any-return]
 
 
 def as_potential(potential: str | Potential) -> Potential:

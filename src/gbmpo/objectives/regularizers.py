@@ -1,8 +1,9 @@
 """Selected-token regularizers: per-token divergence values on the sampled token's log-probs.
 
-Every regularizer is built by name with :func:`get_regularizer` and is a callable
+Every regularizer is built by name with :func:`get_regularizer` and is a callable taking keyword
+arguments only
 
-    reg(logp, ref_logp, old_logp=None, mask=None) -> Tensor[B, T]
+    reg(logp=, old_logp=None, ref_logp=None, mask=None) -> Tensor[B, T]
 
 returning per-token values (the caller multiplies by its coefficient and aggregates). Inputs are
 log-probabilities of the *sampled* token under the policy (``logp``, with grad), the anchor
@@ -54,8 +55,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
-from gbmpo.objectives.potentials import build_from_registry
-from gbmpo.objectives.surrogates import _attach, _masked
+from gbmpo.objectives.tensors import attach, masked
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -324,11 +324,14 @@ def _log_l2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class Regularizer:
-    """A named per-token regularizer: ``reg(logp, ref_logp, old_logp=None, mask=None) -> [B, T]``.
+    """A named per-token regularizer: ``reg(logp=, old_logp=None, ref_logp=None, mask=None)
+    -> [B, T]`` (keyword arguments only).
 
-    Attributes: ``name``; ``needs_ref`` (the caller must pass ``ref_logp``; False for ``none``
-    and for RPG forms with ``anchor="old"``, so the trainer can skip the reference forward);
-    ``needs_old`` (``old_logp`` is required); ``params`` (the construction parameters).
+    ``ref_logp`` holds the log-probs of the anchor, which the caller picks (the objective's
+    ``anchor``: the frozen reference, or the rollout policy as in RPG); the regularizer has no
+    anchor of its own. Attributes: ``name``; ``needs_ref`` (the caller must pass ``ref_logp``;
+    False for ``none``, so the trainer can skip the reference forward); ``params`` (the
+    construction parameters).
     """
 
     def __init__(
@@ -337,16 +340,12 @@ class Regularizer:
         formula: Formula,
         *,
         needs_ref: bool = True,
-        needs_old: bool = False,
-        anchor: str = "ref",
         params: Mapping[str, Any] | None = None,
         value_and_grad: ValueAndGrad | None = None,
     ) -> None:
         self.name = name
         self._formula = formula
         self.needs_ref = needs_ref
-        self.needs_old = needs_old
-        self.anchor = anchor
         self.params = dict(params or {})
         self._value_and_grad = value_and_grad
 
@@ -356,23 +355,19 @@ class Regularizer:
 
     def __call__(
         self,
+        *,
         logp: Tensor,
-        ref_logp: Tensor | None = None,
         old_logp: Tensor | None = None,
+        ref_logp: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
         dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
-        if self.anchor == "none":
+        if not self.needs_ref:  # ``none``: no anchor to compare with
             return torch.zeros(logp.shape, dtype=dtype, device=logp.device)
-        if self.needs_ref and ref_logp is None:
+        if ref_logp is None:
             raise ValueError(f"regularizer {self.name!r} needs ref_logp (got None)")
-        if self.needs_old and old_logp is None:
-            raise ValueError(
-                f"regularizer {self.name!r} with anchor={self.anchor!r} needs old_logp (got None)"
-            )
-        anchor = old_logp if self.anchor == "old" else ref_logp
-        assert anchor is not None
-        tensors = {"ref_logp" if self.anchor == "ref" else "old_logp": anchor}
+        anchor = ref_logp
+        tensors = {"ref_logp": anchor}
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if mask is not None:
@@ -405,16 +400,15 @@ class Regularizer:
             # float-mask arithmetic (much faster than torch.where on CPU), then the formula's
             # value with its derivative attached: one multiply in the backward
             x = lp.detach()
-            if not self.needs_old:
-                old = None  # the fused built-ins read only logp and the anchor
+            old = None  # the fused built-ins read only logp and the anchor
             if mask is not None:
                 mf = mask.to(dtype)
-                x, an = _masked(x, mf), _masked(an, mf)
-                old = None if old is None else _masked(old, mf)
+                x, an = masked(x, mf), masked(an, mf)
+                old = None if old is None else masked(old, mf)
             out, g = self._value_and_grad(x, an, old)
             if mask is not None:
-                out, g = _masked(out, mf), g * mf
-        return _attach(lp, out, g)
+                out, g = masked(out, mf), g * mf
+        return attach(lp, out, g)
 
 
 #: built-ins plus plugins of the ``gbmpo.regularizers`` entry-point group (factories returning a
@@ -436,7 +430,7 @@ def _check_clamp(name: str, clamp: float | None) -> float | None:
 
 @REGULARIZERS.register("none")
 def _make_none() -> Regularizer:
-    return Regularizer("none", lambda l, r, o: torch.zeros_like(l), needs_ref=False, anchor="none")
+    return Regularizer("none", lambda l, r, o: torch.zeros_like(l), needs_ref=False)
 
 
 @REGULARIZERS.register("kl_k1")
@@ -495,23 +489,14 @@ def _make_neural_mirror(
 
 
 def _rpg_factory(name: str, fn: Callable[..., Tensor]) -> Callable[..., Regularizer]:
-    def make(clamp: float | None = None, anchor: str = "ref") -> Regularizer:
+    def make(clamp: float | None = None) -> Regularizer:
         c = _check_clamp(name, clamp)
-        if anchor not in ("ref", "old"):
-            raise ValueError(f"regularizer {name!r}: anchor must be 'ref' or 'old', got {anchor!r}")
-        return Regularizer(
-            name,
-            lambda l, r, o: fn(l, r, c),
-            needs_ref=anchor == "ref",
-            needs_old=anchor == "old",
-            anchor=anchor,
-            params={"clamp": c, "anchor": anchor},
-        )
+        return Regularizer(name, lambda l, r, o: fn(l, r, c), params={"clamp": c})
 
     make.__doc__ = (
-        f"{name}: {fn.__doc__}\n``anchor='ref'`` (default) uses ref_logp as the anchor (pass the "
-        "rollout log-probs there for RPG's iterative reference, or a frozen reference); "
-        "``anchor='old'`` uses old_logp and makes needs_ref False. ``clamp`` clips the value."
+        f"{name}: {fn.__doc__}\nThe anchor is ``ref_logp``: the objective's ``anchor: old`` "
+        "passes the rollout log-probs there (RPG's iterative reference), ``anchor: ref`` the "
+        "frozen reference's. ``clamp`` clips the value."
     )
     return make
 
@@ -530,11 +515,11 @@ def get_regularizer(name: str, **params: Any) -> Regularizer:
 
     Parameters: ``kl_k3``/``kl_k3_is``: ``clamp``; ``neural_mirror``: ``mirror`` (a
     NeuralMirrorMap, a path to a saved map, or None for ``NeuralMirrorMap.random(0.01, 42)``);
-    ``rpg_*``: ``clamp``, ``anchor`` ('ref' | 'old'). An unknown name raises UnknownNameError
-    listing the valid names; an unknown parameter raises TypeError naming it. A plugin factory
-    must return a :class:`Regularizer` (TypeError otherwise, naming the plugin).
+    ``rpg_*``: ``clamp`` (the anchor is the caller's ``ref_logp``). An unknown name raises
+    UnknownNameError listing the valid names; an unknown parameter raises TypeError naming it. A
+    plugin factory must return a :class:`Regularizer` (TypeError otherwise, naming the plugin).
     """
-    reg = build_from_registry(REGULARIZERS, name, params)
+    reg = REGULARIZERS.build(name, **params)
     if not isinstance(reg, Regularizer):
         origin = REGULARIZERS.origins.get(name, "built in")
         raise TypeError(

@@ -35,6 +35,7 @@ This module is pure: it imports the registries only inside :meth:`ObjectiveSpec.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +94,9 @@ class RegularizerSpec:
     #: over the whole vocabulary at each position (KL family: KL(pi || pi_ref); prob_l2:
     #: sum_v (p_v - q_v)^2; neural_mirror: sum_v D_h(p_v, q_v); gbmpo.objectives.estimators)
     estimator: str = "sample"
+
+    def __post_init__(self) -> None:
+        _lift_anchor(self, "objective.regularizer")
 
 
 @dataclass
@@ -334,6 +338,7 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     from gbmpo.objectives.regularizers import get_regularizer
     from gbmpo.registry import UnknownNameError
 
+    _lift_anchor(r, at)
     try:
         regularizer = get_regularizer(r.name, **r.params)
     except UnknownNameError as err:
@@ -356,7 +361,6 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     if r.placement == "reward" and term.active and not term.needs_ref:
         raise SpecError(
             f"'{at}.placement'=reward with {r.name!r} (anchor {r.anchor!r}"
-            f"{', the regularizer anchored on the rollout policy' if r.anchor == 'ref' else ''}"
             "): the in-reward penalty is D(pi_old || pi_ref) on the rollout, which is 0 when "
             "the anchor is the rollout policy itself; use anchor: ref (a regularizer anchored "
             "on the frozen reference) or placement: loss"
@@ -450,7 +454,31 @@ def _term(value: Any, where: str) -> RegularizerSpec:
         term.estimator = _text(r["estimator"], f"{where}.estimator")
     if "params" in r:
         term.params = _params(r["params"], f"{where}.params")
+    _lift_anchor(term, where)
     return term
+
+
+def _lift_anchor(term: RegularizerSpec, where: str) -> None:
+    """Move a deprecated ``params.anchor`` (the ``rpg_*`` regularizers' own anchor parameter,
+    now gone) to the term's ``anchor``, with a DeprecationWarning; :class:`SpecError` when both
+    are given and differ. The anchor is one setting of the term, for every regularizer."""
+    if not isinstance(term.params, Mapping) or "anchor" not in term.params:
+        return
+    params = dict(term.params)
+    value = params.pop("anchor")
+    warnings.warn(
+        f"'{where}.params.anchor' is deprecated: the anchor is '{where}.anchor' "
+        f"(ref | old), for every regularizer; using anchor: {value!r}",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if term.anchor != "ref" and term.anchor != value:
+        raise SpecError(
+            f"'{where}.anchor'={term.anchor!r} and the deprecated '{where}.params.anchor'="
+            f"{value!r} disagree; give '{where}.anchor' only"
+        )
+    term.anchor = value if isinstance(value, str) else str(value)
+    term.params = params
 
 
 def _mapping(value: Any, where: str) -> Mapping[str, Any]:

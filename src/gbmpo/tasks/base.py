@@ -70,4 +70,4 @@ class Task(ABC):
 
 def get_task(name: str, **params: Any) -> Task:
     """Build the task registered as ``name`` (unknown names list the valid ones)."""
-    return TASKS.get(name)(**params)
+    return TASKS.build(name, **params)  # type: ignore[no-any-return]

@@ -162,10 +162,14 @@ def train_step(tr: Trainer) -> dict[str, Any]:
                 record[f"reward_penalty/{name}"] = float(value.mean())
     if ref_logp is not None and tr.objective.monitors:
         # value of every registered regularizer at pi_old, vs the frozen reference
+        from gbmpo.objectives.tensors import masked_mean
+
         with torch.no_grad():
             for name, reg in tr.objective.monitors.items():
-                values = reg(rollout_logp, ref_logp, rollout_logp, mask)
-                record[f"reg/{name}"] = float((values * mask).sum() / mask.sum().clamp_min(1))
+                values = reg(
+                    logp=rollout_logp, old_logp=rollout_logp, ref_logp=ref_logp, mask=mask
+                )
+                record[f"reg/{name}"] = float(masked_mean(values, mask))
     record["step_seconds"] = step_seconds
     record["tokens_per_second"] = n_tokens / max(step_seconds, 1e-9)
     record["time/generate_seconds"] = t_generated - t_start
@@ -196,7 +200,9 @@ def in_reward_penalties(
     for term in terms:
         seq = exact.get(term.name)
         if seq is None:
-            seq = sequence_divergence(term.regularizer, rollout_logp, ref_logp, mask)
+            seq = sequence_divergence(
+                term.regularizer, rollout_logp=rollout_logp, ref_logp=ref_logp, mask=mask
+            )
         penalties[term.name] = term.coef * seq.to(rewards.dtype)
     shaped = reward_penalty(rewards, [(1.0, p) for p in penalties.values()])
     return shaped, penalties
@@ -296,7 +302,7 @@ def policy_loss(
     }  # fmt: skip
     if o.single_loss_term:  # one regularizer in the loss
         return compute_policy_loss(
-            logp, old, anchor, advantages, mask,
+            logp=logp, old_logp=old, ref_logp=anchor, advantages=advantages, mask=mask,
             regularizer=regularizer_of(o.terms[0].name, o.regularizer), coef=o.coef, **common,
         )  # fmt: skip
     # a sum of terms, or terms placed in the reward (which add nothing to the loss)
@@ -309,8 +315,9 @@ def policy_loss(
     terms = [LossTerm(t.name, regularizer_of(t.name, t.regularizer), t.coef, by_anchor[t.anchor])
              for t in o.loss_terms]
     return compute_policy_loss(
-        logp, old, None, advantages, mask, regularizer=None, terms=terms, **common
-    )
+        logp=logp, old_logp=old, ref_logp=None, advantages=advantages, mask=mask,
+        regularizer=None, terms=terms, **common,
+    )  # fmt: skip
 
 
 @torch.no_grad()

@@ -366,8 +366,8 @@ VERL.update({
     "objective.regularizer.coef": H(f"{_A}.kl_loss_coef (placement reward: "
                                     "algorithm.kl_ctrl.kl_coef, kl_ctrl.type fixed)", probe=0.5),
     "objective.regularizer.anchor": R(
-        "verl's KL loss is anchored at the reference model; anchor 'old' only for the rpg_* "
-        "regularizers (a parameter of theirs)",
+        "verl's KL loss is anchored at the reference model; anchor 'old' is offered there for "
+        "the rpg_* regularizers only",
         lambda v, c: v == "old" and _kl_on(c) and not c.objective.regularizer.name.startswith(
             "rpg_"), probe="old"),
     "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_kl.*"),

@@ -35,6 +35,7 @@ from gbmpo.integrations.trl.objective import (
 )
 from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.regularizers import kl_k3
+from gbmpo.objectives.tensors import masked_mean
 
 __all__ = ["GBMPOTrainer"]
 
@@ -203,11 +204,11 @@ class GBMPOTrainer(GRPOTrainer):
         else:
             agg_kw["num_sequences"] = int(logp.size(0)) * accum
         loss, m = compute_policy_loss(
-            logp,
-            old_logp,
-            anchor,
-            advantages,
-            mask,
+            logp=logp,
+            old_logp=old_logp,
+            ref_logp=anchor,
+            advantages=advantages,
+            mask=mask,
             surrogate=obj.surrogate,
             regularizer=regularizer,
             coef=coef,
@@ -290,7 +291,7 @@ class GBMPOTrainer(GRPOTrainer):
             self._reference_tokens = 0.0
         old, ref = old_logp.detach().float(), ref_logp.detach().float()
         for name, reg in self._gbmpo.reference_monitors.items():
-            value = (reg(old, ref, old, mask) * mf).sum()
+            value = (reg(logp=old, old_logp=old, ref_logp=ref, mask=mask) * mf).sum()
             sums[name] = sums.get(name, 0.0) + float(value)
         self._reference_tokens += float(mf.sum())
 
@@ -391,10 +392,10 @@ class GBMPOTrainer(GRPOTrainer):
         n_local = mf.sum()
         values: dict[str, Tensor] = {}
 
-        def masked_mean(x: Tensor) -> Tensor:
-            return (x.detach().float() * mf).sum() / n_local.clamp(min=1.0)
+        def token_mean(x: Tensor) -> Tensor:
+            return masked_mean(x, mf)
 
-        values["entropy"] = masked_mean(entropies)
+        values["entropy"] = token_mean(entropies)
         with torch.no_grad():
             lp = logp.detach()
             if ref_logp is not None:
@@ -402,7 +403,7 @@ class GBMPOTrainer(GRPOTrainer):
                 kl = kl_k3(lp.float(), ref_logp.float())
                 if self.args.use_bias_correction_kl:
                     kl = kl * torch.exp(lp.float() - old_logp.float())
-                values["kl"] = masked_mean(kl)
+                values["kl"] = token_mean(kl)
             if obj.terms:  # a sum: the summed value under its label, then each term's
                 label = obj.spec.regularizer_label if obj.spec is not None else "sum"
                 values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
@@ -415,7 +416,9 @@ class GBMPOTrainer(GRPOTrainer):
                     m["reg_value"], device=mf.device
                 )
                 for name, reg in obj.diagnostics.items():
-                    values[f"regularizer/{name}"] = masked_mean(reg(lp, anchor, old_logp, mask))
+                    values[f"regularizer/{name}"] = token_mean(
+                        reg(logp=lp, old_logp=old_logp, ref_logp=anchor, mask=mask)
+                    )
         values["clip_ratio/low_mean"] = torch.tensor(m["clip_frac_low"], device=mf.device)
         values["clip_ratio/high_mean"] = torch.tensor(m["clip_frac_high"], device=mf.device)
         values["clip_ratio/region_mean"] = torch.tensor(

@@ -1,0 +1,279 @@
+"""Clips by a trust-region radius: ``atr`` (the KL3 radius of ATR-GRPO) and
+``divergence_clip`` (the ratio kept where a policy divergence stays within ``delta``; the DPPO
+measures drop tokens instead), with the measures of :mod:`gbmpo.objectives.clip_measures`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from gbmpo.objectives.clip_measures import (
+    CLIP_MEASURES,
+    DPPO_MEASURES,
+    PER_TOKEN_MEASURES,
+    atr_bounds,
+    dppo_kl_interval,
+    dppo_tv_interval,
+    dppo_valid_mask,
+    k1_interval,
+    k2_interval,
+    k3_interval,
+    mirror_interval,
+    prob_l2_interval,
+    ratio_interval,
+)
+from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
+from gbmpo.objectives.surrogates.base import (
+    SURROGATES,
+    _check_dual,
+    _fcmp,
+    _fdiag,
+    _finite_number,
+    _fused_clip_loss,
+    _prepare_fused,
+)
+from gbmpo.objectives.tensors import attach, masked
+
+__all__ = ["ATRSurrogate", "DivergenceClipSurrogate", "dppo_loss"]
+
+
+def dppo_loss(
+    logp: Tensor, ratio: Tensor, adv: Tensor, valid: Tensor, is_cap: float | None
+) -> Tensor:
+    r"""DPPO per-token loss (Qi et al., "Rethinking the Trust Region in LLM Reinforcement
+    Learning", arXiv 2602.04879; verl ``dppo_tv`` / ``dppo_kl``):
+
+    .. math::
+        \ell = -A\,\mathrm{SG}\big(\min(w, C)\big)\,M\,\log\pi_\theta,
+
+    with :math:`M` the trust-region mask of
+    :func:`~gbmpo.objectives.clip_measures.dppo_valid_mask` and :math:`C` the truncated-importance-
+    sampling cap (DPPO §5.4 uses truncation instead of PPO's dual clip; ``None``: no cap). Its
+    gradient :math:`-A\min(w, C)M\nabla\log\pi_\theta` is PPO's inside the region (up to the cap)
+    and 0 where the mask drops the token.
+    """
+    w = ratio.detach()
+    if is_cap is not None:
+        w = w.clamp(max=is_cap)
+    return -(adv * w * valid.to(w.dtype)) * logp
+
+
+@SURROGATES.register("atr")
+@dataclass(frozen=True)
+class ATRSurrogate:
+    r"""ATR-GRPO: the token clip with the KL3 trust-region bounds of :func:`atr_bounds`
+    (UCF, arXiv 2602.05494; docs/methods.md, section "ATR-GRPO"), the alias of
+    ``divergence_clip(measure="k3", delta=delta)`` (:class:`DivergenceClipSurrogate`, same bits):
+    :math:`\ell = -\min(wA, \mathrm{clip}(w, l_\delta, u_\delta)A)`, i.e. the ratio's gradient
+    is removed once :math:`w - 1 - \log w > \delta` in the direction the advantage pushes.
+
+    Args:
+        delta: KL3 radius ``> 0`` (required: the paper's value was not recovered; 0.0177 /
+            0.0231 / 0.0331 reproduce the PPO-0.2 upper / lower and DAPO-0.28 upper bound).
+        dual_clip_c: optional dual clip ``c > 1``.
+    """
+
+    delta: float
+    dual_clip_c: float | None = None
+    name: ClassVar[str] = "atr"
+
+    def __post_init__(self) -> None:
+        atr_bounds(self.delta)
+        _check_dual("atr", "dual_clip_c", self.dual_clip_c)
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return atr_bounds(self.delta)
+
+    def __call__(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
+        low, high = self.bounds
+        return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
+
+
+@SURROGATES.register("divergence_clip")
+@dataclass(frozen=True)
+class DivergenceClipSurrogate:
+    r"""Clip by any policy divergence: ATR-GRPO's unified clipping framework (arXiv 2602.05494)
+    with GBMPO's Bregman divergences (arXiv 2602.04380) as further measures.
+
+    The token ratio :math:`w` is kept in :math:`\{w : f(w) \le \delta\}` of the measure
+    :math:`f` (``measure``, :mod:`gbmpo.objectives.clip_measures`, :math:`f(1) = 0`), the
+    interval :math:`[l, u]`, and the loss is PPO's clip with these bounds,
+    :math:`\ell = -\min(wA, \mathrm{clip}(w, l, u)A)` (:func:`ppo_clip_loss`, dual clip
+    optional): the gradient of a token is removed once :math:`f(w) > \delta` in the direction
+    its advantage pushes. ``measure="k3"`` is ATR-GRPO's KL3 trust region, the ``atr``
+    surrogate (same bounds, same bits); ``measure="ratio"`` with ``delta=eps`` is ``clip``.
+    ``prob_l2`` and ``neural_mirror`` give per-token bounds that depend on the sampled token's
+    old probability :math:`p = \pi_{\text{old}}(o_t)`: a rare token may move its ratio further
+    than a likely one (ProbL2: :math:`|w - 1| \le \sqrt\delta / p`).
+
+    DPPO (``dppo_tv``, ``dppo_kl``; Qi et al., arXiv 2602.04879): the binary-TV / binary-KL
+    trust region of the token's probability, with DPPO's loss instead of PPO's clip:
+    :math:`\ell = -A\,\mathrm{SG}(\min(w, C))\,M\log\pi_\theta` (:func:`dppo_loss`), the mask
+    :math:`M` dropping the same tokens the clip with these bounds drops (evaluated on the
+    divergence directly, as DPPO's code does). DPPO's radii: 0.15 (TV) and 0.05 (KL), its
+    authors' recipe; ``is_cap`` is :math:`C`. The diagnostics then count masked tokens as
+    ``clip_frac_high`` (:math:`A > 0`) / ``clip_frac_low`` (:math:`A < 0`) and kept tokens whose
+    weight the cap truncates as ``clip_frac_dual``.
+
+    Args:
+        measure: one of ``ratio`` (:math:`|w-1|`), ``k1`` (:math:`|\log w|`), ``k2``
+            (:math:`\frac12\log^2 w`), ``k3`` (:math:`w - 1 - \log w`), ``prob_l2``
+            (:math:`(wp - p)^2`), ``neural_mirror`` (:math:`D_h(wp, p)`), ``dppo_tv``
+            (:math:`|wp - p|`), ``dppo_kl`` (binary KL).
+        delta: radius :math:`\delta > 0` of both sides.
+        delta_low, delta_high: per-side radii (override ``delta``): the lower end :math:`l`
+            uses ``delta_low``, the upper end :math:`u` uses ``delta_high``.
+        dual_clip_c: optional dual clip ``c > 1`` for negative advantages (not with the DPPO
+            measures, which truncate the weight instead: ``is_cap``).
+        mirror: ``neural_mirror`` only: a :class:`~gbmpo.objectives.mirror.NeuralMirrorMap`, a
+            path to a saved map (as the ``neural_mirror`` regularizer takes), or ``None`` for
+            ``NeuralMirrorMap.random(0.01, seed=42)``.
+        is_cap: DPPO measures only: the truncated-importance-sampling cap :math:`C > 1` on the
+            stopped weight :math:`\min(w, C)` (verl reads it from ``clip_ratio_c``; its DPPO
+            code falls back to 20, the authors' recipe sets 1e4, i.e. off); ``None``: no cap.
+    """
+
+    measure: str
+    delta: float | None = None
+    delta_low: float | None = None
+    delta_high: float | None = None
+    dual_clip_c: float | None = None
+    mirror: Any = None
+    is_cap: float | None = None
+    name: ClassVar[str] = "divergence_clip"
+
+    def __post_init__(self) -> None:
+        cls = self.name
+        if self.measure not in CLIP_MEASURES:
+            raise ValueError(
+                f"{cls}: unknown measure {self.measure!r}; valid: {', '.join(CLIP_MEASURES)}"
+            )
+        for key in ("delta", "delta_low", "delta_high"):
+            value = getattr(self, key)
+            if value is not None and _finite_number(cls, key, value) <= 0:
+                raise ValueError(f"{cls}: {key} must be > 0, got {value!r}")
+        if self.radii[0] is None or self.radii[1] is None:
+            raise ValueError(
+                f"{cls}: give delta (both sides) or both delta_low and delta_high; got "
+                f"delta={self.delta!r}, delta_low={self.delta_low!r}, "
+                f"delta_high={self.delta_high!r}"
+            )
+        _check_dual(cls, "dual_clip_c", self.dual_clip_c)
+        if self.measure in DPPO_MEASURES:
+            if self.dual_clip_c is not None:
+                raise ValueError(
+                    f"{cls}: measure {self.measure!r} (DPPO) truncates the importance weight "
+                    "instead of a dual clip: set dual_clip_c=None and use is_cap"
+                )
+            if self.is_cap is not None and _finite_number(cls, "is_cap", self.is_cap) <= 1.0:
+                raise ValueError(f"{cls}: is_cap must be > 1, got {self.is_cap!r}")
+        elif self.is_cap is not None:
+            raise ValueError(
+                f"{cls}: is_cap (DPPO's truncated importance weight) is used only with the "
+                f"measures {', '.join(DPPO_MEASURES)}, not {self.measure!r}"
+            )
+        if self.measure == "neural_mirror":
+            object.__setattr__(self, "_mirror_map", as_mirror_map(self.mirror))
+        elif self.mirror is not None:
+            raise ValueError(
+                f"{cls}: mirror is used only with measure='neural_mirror', not {self.measure!r}"
+            )
+        if self.measure not in PER_TOKEN_MEASURES:
+            self.bounds  # noqa: B018 - computes (and so checks) the interval once
+
+    @property
+    def radii(self) -> tuple[float | None, float | None]:
+        """``(delta_low, delta_high)`` after defaulting each to ``delta``."""
+        lo = self.delta_low if self.delta_low is not None else self.delta
+        hi = self.delta_high if self.delta_high is not None else self.delta
+        return lo, hi
+
+    @property
+    def per_token(self) -> bool:
+        """True when the bounds depend on the token's old probability (``prob_l2``,
+        ``neural_mirror``)."""
+        return self.measure in PER_TOKEN_MEASURES
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """``(l, u)`` of a measure whose interval is the same for every token."""
+        lo, hi = self.radii
+        assert lo is not None and hi is not None
+        fn = {"ratio": ratio_interval, "k1": k1_interval, "k2": k2_interval,
+              "k3": k3_interval}.get(self.measure)  # fmt: skip
+        if fn is None:
+            raise ValueError(
+                f"{self.name}: measure {self.measure!r} has per-token bounds; use "
+                "interval(old_logp)"
+            )
+        return fn(lo, hi)
+
+    def interval(self, old_logp: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-token ``(l, u)`` (float64, the shape of ``old_logp``) for the tokens whose old
+        log-probs are ``old_logp``; constant tensors for the token-independent measures."""
+        lo, hi = self.radii
+        assert lo is not None and hi is not None
+        p_old = torch.exp(old_logp.detach().to(torch.float64))
+        if self.measure == "prob_l2":
+            return prob_l2_interval(p_old, lo, hi)
+        if self.measure == "neural_mirror":
+            mirror: NeuralMirrorMap = self._mirror_map  # type: ignore[attr-defined]
+            return mirror_interval(p_old, mirror, lo, hi)
+        if self.measure == "dppo_tv":
+            return dppo_tv_interval(p_old, lo, hi)
+        if self.measure == "dppo_kl":
+            return dppo_kl_interval(p_old, lo, hi)
+        low, high = self.bounds
+        return torch.full_like(p_old, low), torch.full_like(p_old, high)
+
+    def __call__(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x, lp, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
+        if not self.per_token:
+            low, high = self.bounds
+            return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
+        if self.measure in DPPO_MEASURES:
+            old = masked(old_logp.detach().to(lp.dtype), m)
+            return self._dppo(x, lp, old, log_ratio, adv, m, inside)
+        old = masked(old_logp.detach().to(torch.float64), m.to(torch.float64))
+        lo_t, hi_t = self.interval(old)
+        return _fused_clip_loss(
+            x, log_ratio, adv, m, inside, lo_t.to(x.dtype), hi_t.to(x.dtype), self.dual_clip_c
+        )
+
+    def _dppo(
+        self,
+        x: Tensor,
+        lp: Tensor,
+        old: Tensor,
+        log_ratio: Tensor,
+        adv: Tensor,
+        m: Tensor,
+        inside: Tensor,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """DPPO's loss (:func:`dppo_loss`, its derivative in ``log pi`` attached directly) and
+        diagnostics; ``old``: the old log-probs, 0 where masked."""
+        lo, hi = self.radii
+        assert lo is not None and hi is not None
+        with torch.no_grad():
+            ratio = torch.exp(log_ratio)
+            valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi).to(lp.dtype)
+            w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
+            g = -(adv * w * valid)  # d loss / d log pi; 0 where masked (adv = 0)
+            loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
+            dropped = (1.0 - valid) * m
+            capped = None
+            if self.is_cap is not None:
+                capped = valid * _fcmp(torch.gt, ratio, self.is_cap) * m
+            low = dropped * _fcmp(torch.lt, adv, 0.0)
+            high = dropped * _fcmp(torch.gt, adv, 0.0)
+            diag = _fdiag(ratio, m, low, high, capped)
+        return attach(x, loss, g), diag

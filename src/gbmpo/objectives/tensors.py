@@ -1,0 +1,86 @@
+"""Shared tensor plumbing of the objectives: mask checks, masking, the masked mean and values
+with a known elementwise derivative.
+
+Surrogates, regularizers and the loss all take a ``[B, T]`` {0, 1} completion mask; the
+helpers here check it once (:func:`float_mask`), zero padded positions whatever they hold
+(:func:`masked`), average over valid tokens (:func:`masked_mean`) and attach a precomputed
+derivative to a value (:func:`attach`, one multiplication in the backward).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["attach", "check_mask", "float_mask", "masked", "masked_mean"]
+
+
+def check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
+    if mask.dtype != torch.bool:
+        if not ((mask == 0) | (mask == 1)).all():
+            raise ValueError("mask must contain only 0 and 1")
+        mask = mask != 0
+    return mask
+
+
+def float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
+    """``mask`` as a {0, 1} tensor of ``dtype`` after checking its shape and values. Float
+    arithmetic on such a mask is several times faster on CPU than ``torch.where`` on a bool one.
+    A float mask is checked as ``sum |m - m * m| == 0`` (true only for 0 and 1; NaN fails)."""
+    if tuple(mask.shape) != tuple(shape):
+        raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
+    if mask.dtype == torch.bool:
+        return mask.to(dtype)
+    mf = mask.to(dtype)
+    if float((mf - mf * mf).abs().sum()) != 0.0:
+        raise ValueError("mask must contain only 0 and 1")
+    return mf
+
+
+def masked(x: Tensor, mf: Tensor) -> Tensor:
+    """``torch.where(mf != 0, x, 0)``: ``x`` at valid tokens (NaN and inf included, so a bad
+    value is not hidden), 0 where masked whatever ``x`` holds there. Computed as ``x * mf``
+    (a multiply instead of a ``where``, ~10x cheaper on CPU) when that is finite, which it is
+    unless some entry of ``x`` is NaN or infinite."""
+    y = x * mf
+    if math.isfinite(float(y.detach().sum())):  # a finite sum has only finite terms
+        return y
+    return torch.where(mf != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    r"""Mean of ``x`` over the valid tokens, :math:`\sum_t m_t x_t / \max(1, \sum_t m_t)`, as a
+    detached float32 0-dim tensor (0 on an empty mask); padded positions may hold anything,
+    NaN and inf included (:func:`masked`)."""
+    mf = mask.to(torch.float32)
+    return masked(x.detach().to(torch.float32), mf).sum() / mf.sum().clamp_min(1.0)
+
+
+class _KnownGradient(torch.autograd.Function):
+    """``value`` (computed without autograd) as a function of ``x`` whose elementwise derivative
+    ``g = d value / d x`` is known: the backward is one multiplication, ``grad * g``. The fused
+    surrogates build value and derivative in one elementwise pass (no graph of intermediates)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+        ctx.save_for_backward(g)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (g,) = ctx.saved_tensors
+        return grad * g, None, None
+
+
+def attach(x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+    """``value`` with derivative ``g`` with respect to ``x`` (plain ``value`` when no gradient
+    is being recorded)."""
+    if torch.is_grad_enabled() and x.requires_grad:
+        out: Tensor = _KnownGradient.apply(x, value, g)
+        return out
+    return value
