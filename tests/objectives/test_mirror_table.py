@@ -105,7 +105,7 @@ def test_float32_inputs_and_the_regularizer():
     for m, dtype in ((exact, F64), (exact, torch.float32), (tab, torch.float32)):
         reg = get_regularizer("neural_mirror", mirror=m)
         lp = logp.to(dtype).clone().requires_grad_(True)
-        v = reg(lp, ref.to(dtype), None, mask)
+        v = reg(logp=lp, ref_logp=ref.to(dtype), mask=mask)
         assert v.dtype == dtype
         v.sum().backward()
         out.append((v.detach().double(), lp.grad.double()))
