@@ -18,11 +18,9 @@ from gbmpo.objectives.mirror import (
     UNITS_PER_ACTIVATION,
     VECTOR_SIZE,
     NeuralMirrorMap,
-    _exp_phi,
-    _gkl_over_sq,
     as_mirror_map,
-    generalized_kl,
 )
+from gbmpo.objectives.mirror_kernels import _exp_phi, _gkl_over_sq, generalized_kl
 
 mpmath = pytest.importorskip("mpmath")
 

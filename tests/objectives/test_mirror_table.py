@@ -10,13 +10,8 @@ import pytest
 import torch
 
 from gbmpo.objectives import get_regularizer
-from gbmpo.objectives.mirror import (
-    PROB_FLOOR,
-    NeuralMirrorMap,
-    TabulatedMirrorMap,
-    as_mirror_map,
-    quintic_hermite_coeffs,
-)
+from gbmpo.objectives.mirror import PROB_FLOOR, NeuralMirrorMap, as_mirror_map
+from gbmpo.objectives.mirror_table import TabulatedMirrorMap, quintic_hermite_coeffs
 
 F64 = torch.float64
 MAPS = [(0.01, 42), (0.5, 3), (2.0, 1)]

@@ -33,14 +33,14 @@ w_j -> 0 limit is reached continuously (for w_j = 0 the unit contributes sigma(b
 to D_h). Probabilities are floored at 1e-10 before anything is computed, as in the authors' code.
 Math is float64 for float64 inputs and float32 for every other dtype (bf16 log-probs underflow).
 
-Tabulated evaluation (an explicit option, never the default): :meth:`NeuralMirrorMap.tabulated`
-returns a :class:`TabulatedMirrorMap`, the same map with h, h', h'' read from a float64 quintic
-Hermite table in log y, 25-50x cheaper as a regularizer, with its error measured at build.
+The per-activation closed forms and curvature kernels K, their Taylor series near p = q, and
+:func:`~gbmpo.objectives.mirror_kernels.generalized_kl` are in
+:mod:`gbmpo.objectives.mirror_kernels`.
 
-Why one module of ~940 lines: :class:`NeuralMirrorMap` and its Bregman kernels (the series near p =
-q, the per-activation mean and curvature terms, the custom autograd function) are one formula whose
-float64 accuracy argument is made here, and the table is checked against exactly that formula;
-split, that argument would be spread over files.
+Tabulated evaluation (an explicit option, never the default): :meth:`NeuralMirrorMap.tabulated`
+returns a :class:`~gbmpo.objectives.mirror_table.TabulatedMirrorMap`
+(:mod:`gbmpo.objectives.mirror_table`), the same map with h, h', h'' read from a float64 quintic
+Hermite table in log y, 25-50x cheaper as a regularizer, with its error measured at build.
 """
 
 from __future__ import annotations
@@ -48,25 +48,34 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.mirror_kernels import (
+    _CURV_DIFF,
+    _MEAN,
+    _POLY,
+    _dsigma,
+    _gkl_over_sq,
+    _sigma,
+)
+
+if TYPE_CHECKING:
+    from gbmpo.objectives.mirror_table import TabulatedMirrorMap
+
 __all__ = [
     "ACTIVATIONS",
-    "LOG_EPS",
     "N_UNITS",
     "PROB_FLOOR",
     "UNITS_PER_ACTIVATION",
     "VECTOR_SIZE",
     "NeuralMirrorMap",
     "TABLE_CELLS",
-    "TabulatedMirrorMap",
     "as_mirror_map",
-    "generalized_kl",
 ]
 
 N_UNITS = 126
@@ -74,282 +83,16 @@ UNITS_PER_ACTIVATION = 21
 ACTIVATIONS: tuple[str, ...] = ("cube", "square", "sqrt", "cbrt", "log", "exp")
 VECTOR_SIZE = 3 * N_UNITS + 2  # 380 = [v(126), w(126), b(126), a, c]
 PROB_FLOOR = 1e-10  # probabilities are floored here (authors' torch.maximum(p, 1e-10))
-LOG_EPS = 1e-3  # the log unit is log([u]_+ + LOG_EPS)
 FILE_FORMAT = "gbmpo.neural_mirror_map"
 FILE_VERSION = 1
 _BLOCKS = ("v", "w", "b")
 #: cells of :meth:`NeuralMirrorMap.tabulated`'s grid in t = log y over [log 1e-10, 1]
 TABLE_CELLS = 2048
-_TABLE_T0 = math.log(PROB_FLOOR)
-_TABLE_T1 = 1.0  # the grid ends at y = e: probabilities and some margin above 1
-_TABLE_CHECKS = 7  # interior check points per cell for the measured error
-
-# Below this |argument| the kernels switch from the closed form to a Taylor series.
-_SERIES_THRESHOLD = 0.1
-_N_SERIES = 16  # 0.1^16 / 306 < 1e-18: series truncation is below float64 rounding
-# kappa(delta) = ((1 + delta) log(1 + delta) - delta) / delta^2
-#              = sum_n (-1)^n delta^n / ((n + 1)(n + 2))
-_KAPPA_COEFFS = tuple((-1.0) ** n / ((n + 1) * (n + 2)) for n in range(_N_SERIES))
-# phi(d) = (exp(d) - 1 - d) / d^2 = sum_n d^n / (n + 2)!
-_PHI_COEFFS = tuple(1.0 / math.factorial(n + 2) for n in range(_N_SERIES))
 
 
 def _compute_dtype(*tensors: Tensor) -> torch.dtype:
     """float64 if any input is float64, else float32 (bf16/fp16 are upcast)."""
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-
-
-def _horner(x: Tensor, coeffs: Sequence[float]) -> Tensor:
-    """sum_n coeffs[n] x^n; 16 terms in float64, 8 in float32 (0.1^8 / 90 ~ 1e-10 < eps32)."""
-    n = len(coeffs) if x.dtype == torch.float64 else min(len(coeffs), 8)
-    out = torch.full_like(x, coeffs[n - 1])
-    for cf in reversed(coeffs[: n - 1]):
-        out = out * x + cf
-    return out
-
-
-def _series_or_closed(
-    arg: Tensor, series: Callable[[Tensor], Tensor], closed: Callable[[Tensor], Tensor]
-) -> Tensor:
-    """series(arg) where |arg| < 0.1, closed(arg) elsewhere. Each branch only sees safe inputs
-    (0 for series, 1 for closed where unselected), so values and gradients stay finite; a
-    branch that no element needs is not computed."""
-    small = arg.abs() < _SERIES_THRESHOLD
-    if bool(small.all()):
-        return series(arg)
-    if not bool(small.any()):
-        return closed(arg)
-    return torch.where(
-        small,
-        series(torch.where(small, arg, torch.zeros_like(arg))),
-        closed(torch.where(small, torch.ones_like(arg), arg)),
-    )
-
-
-def _gkl_over_sq(x: Tensor, y: Tensor) -> Tensor:
-    """K(x, y) = (x log(x/y) - x + y) / (x - y)^2 for x, y > 0 (limit 1/(2y) at x = y).
-
-    This is the curvature factor of the generalized KL: x log(x/y) - x + y = (x - y)^2 K(x, y).
-    With delta = (x - y)/y, K = kappa(delta) / y where kappa(delta) = ((1+delta) log(1+delta) -
-    delta) / delta^2 is summed as a Taylor series for |delta| < 0.1 (no cancellation) and in
-    closed form otherwise. Result >= 0.
-    """
-    delta = (x - y) / y
-
-    def closed(dl: Tensor) -> Tensor:
-        # log(1 + delta): log1p is accurate for moderate delta; near delta = -1 (x << y, where
-        # delta may round to -1) the plain difference of logs has no cancellation problem.
-        moderate = dl > -0.5
-        log_ratio = torch.where(
-            moderate, torch.log1p(torch.where(moderate, dl, 0.0)), torch.log(x) - torch.log(y)
-        )
-        return ((1.0 + dl) * log_ratio - dl) / (dl * dl)
-
-    return _series_or_closed(delta, lambda dl: _horner(dl, _KAPPA_COEFFS), closed) / y
-
-
-def _exp_phi(d: Tensor) -> Tensor:
-    """phi(d) = (exp(d) - 1 - d) / d^2 (limit 1/2 at d = 0); series for |d| < 0.1. Result > 0."""
-    return _series_or_closed(
-        d, lambda x: _horner(x, _PHI_COEFFS), lambda x: (torch.expm1(x) - x) / (x * x)
-    )
-
-
-def generalized_kl(p: Tensor, q: Tensor) -> Tensor:
-    """Elementwise generalized (unnormalised) KL  p log(p/q) - p + q  for p, q > 0.
-
-    The Bregman divergence of the negative entropy h(y) = y log y - y (docs/methods.md, section
-    "Neural mirror map", special case v=0, a=0, c=1 of the GBMPO neural mirror map). Computed as
-    (p - q)^2 K(p, q) with K >= 0 (see :func:`_gkl_over_sq`), so it is >= 0 in floating point and
-    exactly 0 at p = q. Inputs must be positive (callers floor probabilities at 1e-10 first).
-    """
-    return (p - q).square() * _gkl_over_sq(p, q)
-
-
-# --- per-activation kernels -------------------------------------------------------------------
-# sigma: the activation; dsigma: its derivative; mean(b, d) = (S(b + d) - S(b)) / d, the mean of
-# sigma over [b, b + d] (= sigma(b) at d = 0), so that H(y) = y * mean(b, w y); curv(up, uq, d) =
-# (S(up) - S(uq) - S'(uq)(up - uq)) / d^2 with d = up - uq, so that the unit's Bregman term is
-# v w (p - q)^2 curv. S is the antiderivative of sigma. All inputs satisfy u >= 0.
-
-
-def _cube_mean(b: Tensor, d: Tensor) -> Tensor:
-    return b**3 + 1.5 * b * b * d + b * d * d + 0.25 * d**3
-
-
-def _cube_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
-    # (S(uq+d) - S(uq) - uq^3 d)/d^2 with S = u^4/4  =  ((d + 2 uq)^2 + 2 uq^2) / 4
-    return 0.25 * ((d + 2.0 * uq).square() + 2.0 * uq.square())
-
-
-def _square_mean(b: Tensor, d: Tensor) -> Tensor:
-    return b * b + b * d + d * d / 3.0
-
-
-def _square_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
-    # S = u^3/3:  uq + d/3 = (2 uq + up)/3  (>= 0 because u >= 0)
-    return (2.0 * uq + up) / 3.0
-
-
-def _root_pair(up: Tensor, uq: Tensor, power: float) -> tuple[Tensor, Tensor, Tensor]:
-    both_zero = (up <= 0) & (uq <= 0)
-    one = torch.ones_like(up)
-    s = torch.where(both_zero, one, up.clamp_min(0))
-    t = torch.where(both_zero, one, uq.clamp_min(0))
-    if power == 0.5:  # sqrt is several times faster than pow(0.5) on CPU
-        return s.sqrt(), t.sqrt(), both_zero
-    return s.pow(power), t.pow(power), both_zero
-
-
-def _sqrt_mean(b: Tensor, d: Tensor) -> Tensor:
-    # S = (2/3) u^{3/2};  (S(s^2) - S(t^2)) / (s^2 - t^2) = (2/3)(s^2 + s t + t^2) / (s + t)
-    s, t, zero = _root_pair(b + d, b, 0.5)
-    return torch.where(zero, torch.zeros_like(s), (2.0 / 3.0) * (s * s + s * t + t * t) / (s + t))
-
-
-def _sqrt_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
-    # B_S = (1/3)(s - t)^2 (2 s + t) and s - t = d / (s + t)  =>  (2 s + t) / (3 (s + t)^2)
-    s, t, zero = _root_pair(up, uq, 0.5)
-    st = s + t  # divide twice rather than by (s + t)^2, which underflows for tiny u
-    return torch.where(zero, torch.zeros_like(s), ((2.0 * s + t) / st) / (3.0 * st))
-
-
-def _cbrt_mean(b: Tensor, d: Tensor) -> Tensor:
-    # S = (3/4) u^{4/3};  (s^4 - t^4)/(s^3 - t^3) = (s + t)(s^2 + t^2)/(s^2 + s t + t^2)
-    s, t, zero = _root_pair(b + d, b, 1.0 / 3.0)
-    val = 0.75 * (s + t) * (s * s + t * t) / (s * s + s * t + t * t)
-    return torch.where(zero, torch.zeros_like(s), val)
-
-
-def _cbrt_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
-    # B_S = (1/4)(s - t)^2 (3 s^2 + 2 s t + t^2) and s - t = d / (s^2 + s t + t^2)
-    s, t, zero = _root_pair(up, uq, 1.0 / 3.0)
-    q2 = s * s + s * t + t * t  # divide twice rather than by q2^2, which underflows for tiny u
-    val = ((3.0 * s * s + 2.0 * s * t + t * t) / q2) / (4.0 * q2)
-    return torch.where(zero, torch.zeros_like(s), val)
-
-
-def _log_mean(b: Tensor, d: Tensor) -> Tensor:
-    # S = u_e log u_e - u_e (u_e = u + eps): mean = log(b_e) + d K(b_e + d, b_e)
-    be = b.clamp_min(0) + LOG_EPS
-    return torch.log(be) + d * _gkl_over_sq(be + d, be)
-
-
-def _log_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
-    return _gkl_over_sq(up.clamp_min(0) + LOG_EPS, uq.clamp_min(0) + LOG_EPS)
-
-
-def _exp_mean(b: Tensor, d: Tensor) -> Tensor:
-    # (e^{b+d} - e^b)/d = e^b (1 + d phi(d))
-    return torch.exp(b) * (1.0 + d * _exp_phi(d))
-
-
-def _exp_curv(up: Tensor, uq: Tensor, d: Tensor) -> Tensor:
-    return torch.exp(uq) * _exp_phi(d)
-
-
-def _sigma(act: str, u: Tensor) -> Tensor:
-    if act == "cube":
-        return u**3
-    if act == "square":
-        return u * u
-    if act == "sqrt":
-        return u.clamp_min(0).sqrt()
-    if act == "cbrt":
-        return u.clamp_min(0).pow(1.0 / 3.0)
-    if act == "log":
-        return torch.log(u.clamp_min(0) + LOG_EPS)
-    return torch.exp(u)
-
-
-def _dsigma(act: str, u: Tensor) -> Tensor:
-    if act == "cube":
-        return 3.0 * u * u
-    if act == "square":
-        return 2.0 * u
-    if act == "sqrt":
-        return 0.5 * u.clamp_min(0).rsqrt()  # +inf at u = 0
-    if act == "cbrt":
-        return u.clamp_min(0).pow(-2.0 / 3.0) / 3.0  # +inf at u = 0
-    if act == "log":
-        return 1.0 / (u.clamp_min(0) + LOG_EPS)
-    return torch.exp(u)
-
-
-def _sqrt_curv_diff(
-    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
-) -> tuple[Tensor, Tensor]:
-    """:func:`_sqrt_curv` and sqrt(up) - sqrt(uq) from the same roots. ``positive``: every
-    b_j > 0, so u >= b_j > 0 and the u = 0 case (and its selects) cannot occur."""
-    if positive:
-        s, t = up.sqrt(), uq.sqrt()
-        st = s + t
-        return ((2.0 * s + t) / st) / (3.0 * st), s - t
-    s, t, zero = _root_pair(up, uq, 0.5)
-    st = s + t
-    curv = torch.where(zero, torch.zeros_like(s), ((2.0 * s + t) / st) / (3.0 * st))
-    return curv, torch.where(zero, torch.zeros_like(s), s - t)
-
-
-def _cbrt_curv_diff(
-    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
-) -> tuple[Tensor, Tensor]:
-    """:func:`_cbrt_curv` and cbrt(up) - cbrt(uq) from the same roots (``positive`` as in
-    :func:`_sqrt_curv_diff`)."""
-    if positive:
-        s, t = up.pow(1.0 / 3.0), uq.pow(1.0 / 3.0)
-        q2 = s * s + s * t + t * t
-        return ((3.0 * s * s + 2.0 * s * t + t * t) / q2) / (4.0 * q2), s - t
-    s, t, zero = _root_pair(up, uq, 1.0 / 3.0)
-    q2 = s * s + s * t + t * t
-    val = ((3.0 * s * s + 2.0 * s * t + t * t) / q2) / (4.0 * q2)
-    zeros = torch.zeros_like(s)
-    return torch.where(zero, zeros, val), torch.where(zero, zeros, s - t)
-
-
-def _log_curv_diff(
-    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
-) -> tuple[Tensor, Tensor]:
-    """:func:`_log_curv` and log(up + eps) - log(uq + eps) = log1p(d_e / uq_e)."""
-    pe, qe = up.clamp_min(0) + LOG_EPS, uq.clamp_min(0) + LOG_EPS
-    return _gkl_over_sq(pe, qe), torch.log1p((pe - qe) / qe)
-
-
-def _exp_curv_diff(
-    up: Tensor, uq: Tensor, d: Tensor, positive: bool = False
-) -> tuple[Tensor, Tensor]:
-    """:func:`_exp_curv` and exp(up) - exp(uq) = exp(uq) (d + d^2 phi(d)), from the same phi."""
-    eq, phi = torch.exp(uq), _exp_phi(d)
-    return eq * phi, eq * (d + d * d * phi)
-
-
-#: activations folded into polynomial coefficients (:meth:`NeuralMirrorMap._poly`): the sums
-#: over their units of v (w y + b)^3 and v (w y + b)^2 are one cubic in y
-_POLY = ("cube", "square")
-_CURV_DIFF: dict[str, Callable[[Tensor, Tensor, Tensor, bool], tuple[Tensor, Tensor]]] = {
-    "sqrt": _sqrt_curv_diff,
-    "cbrt": _cbrt_curv_diff,
-    "log": _log_curv_diff,
-    "exp": _exp_curv_diff,
-}
-
-
-_MEAN: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "cube": _cube_mean,
-    "square": _square_mean,
-    "sqrt": _sqrt_mean,
-    "cbrt": _cbrt_mean,
-    "log": _log_mean,
-    "exp": _exp_mean,
-}
-_CURV: dict[str, Callable[[Tensor, Tensor, Tensor], Tensor]] = {
-    "cube": _cube_curv,
-    "square": _square_curv,
-    "sqrt": _sqrt_curv,
-    "cbrt": _cbrt_curv,
-    "log": _log_curv,
-    "exp": _exp_curv,
-}
 
 
 def _as_float64_vector(x: Any) -> Tensor:
@@ -471,6 +214,8 @@ class NeuralMirrorMap:
         """This map with its h, h', h'' read from a float64 table of ``cells`` quintic cells in
         log y over [1e-10, e] (:class:`TabulatedMirrorMap`): ~50x cheaper D_h, with the error
         measured at build in ``table_error``. An explicit option; the exact map is the default."""
+        from gbmpo.objectives.mirror_table import TabulatedMirrorMap
+
         return TabulatedMirrorMap(self, cells)
 
     # --- inspection / serialisation -------------------------------------------------------------
@@ -722,180 +467,6 @@ class _MirrorBregman(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             grad_q = -grad * m.second_derivative(q) * (p - q)
         return None, grad_p, grad_q
-
-
-def quintic_hermite_coeffs(
-    f0: Tensor, f1: Tensor, d0: Tensor, d1: Tensor, e0: Tensor, e1: Tensor
-) -> Tensor:
-    """Coefficients [c0..c5] (last dim) of the quintic P(s) = sum_k c_k s^k on [0, 1] with
-    P(0) = f0, P(1) = f1, P'(0) = d0, P'(1) = d1, P''(0) = e0, P''(1) = e1 (quintic Hermite
-    interpolation; e.g. Burden & Faires, "Numerical Analysis", Hermite interpolation). Its
-    error on a cell of width Delta is at most Delta^6 max|f^(6)| / 46080 (the Hermite remainder
-    f^(6)(xi) s^3 (1 - s)^3 Delta^6 / 6!, with max s^3 (1 - s)^3 = 1/64)."""
-    df = f1 - f0
-    return torch.stack(
-        [
-            f0,
-            d0,
-            0.5 * e0,
-            10.0 * df - 6.0 * d0 - 4.0 * d1 - 1.5 * e0 + 0.5 * e1,
-            -15.0 * df + 8.0 * d0 + 7.0 * d1 + 1.5 * e0 - e1,
-            6.0 * df - 3.0 * (d0 + d1) - 0.5 * (e0 - e1),
-        ],
-        dim=-1,
-    )
-
-
-class TabulatedMirrorMap(NeuralMirrorMap):
-    """A :class:`NeuralMirrorMap` whose h, h', h'' (and so D_h) are read from a table: an
-    explicit, opt-in evaluation (:meth:`NeuralMirrorMap.tabulated`); the exact map stays the
-    default everywhere.
-
-    The potential is a fixed 1-D function between ES steps, so it is tabulated once, in float64,
-    on a uniform grid of ``cells`` cells in t = log y over [log 1e-10, 1] (probabilities and a
-    margin above 1; arguments beyond e, which are no probabilities, use the exact map):
-    on each cell h(e^t) is the quintic Hermite interpolant of the exact h, dh/dt = y h'(y) and
-    d^2h/dt^2 = y h'(y) + y^2 h''(y) at the two knots (:func:`quintic_hermite_coeffs`), so the
-    tabulated H is C^2 in t and its derivatives are the tabulated h' and h'' (H' = dH/dy,
-    H'' = d^2H/dy^2): values and gradients are one consistent function. Then
-
-        D(p, q) = max(H(p) - H(q) - H'(q)(p - q), 0),  dD/dp = H'(p) - H'(q),
-        dD/dq = -H''(q)(p - q),
-
-    in float64 (returned in the exact map's compute dtype). The error is *measured* at build, on
-    ``7 * cells`` interior points against the exact float64 map: :attr:`table_error` holds
-    max |H - h|, max |H' - h'| and max |H'' - h''| (absolute), so |D - D_h| <= 2 err_h +
-    err_h' |p - q| + float64 rounding of the difference (~1e-16 (|h(p)| + |h(q)| + |h'(q)(p -
-    q)|)). Unlike the exact factorised form, the value is a difference of table entries: for
-    p very close to q its *relative* error is not small (its absolute error stays at the bound
-    above), which is why it is not the default.
-    """
-
-    def __init__(self, mirror: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
-        if not isinstance(mirror, NeuralMirrorMap):
-            raise TypeError(
-                "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
-                f".tabulated(), not TabulatedMirrorMap constructors (got {type(mirror).__name__})"
-            )
-        if isinstance(cells, bool) or not isinstance(cells, int) or cells < 16:
-            raise ValueError(f"cells must be an integer >= 16, got {cells!r}")
-        n = N_UNITS
-        vec = mirror.to_vector()
-        super().__init__(vec[:n], vec[n : 2 * n], vec[2 * n : 3 * n], float(vec[-2]),
-                         float(vec[-1]))  # fmt: skip
-        self.cells = cells
-        self._dt = (_TABLE_T1 - _TABLE_T0) / cells
-        t = torch.linspace(_TABLE_T0, _TABLE_T1, cells + 1, dtype=torch.float64)
-        y = torch.exp(t)
-        y[0] = PROB_FLOOR
-        h = NeuralMirrorMap.potential(self, y)
-        g = NeuralMirrorMap.derivative(self, y)
-        h2 = NeuralMirrorMap.second_derivative(self, y)
-        ht = y * g  # dh/dt
-        htt = ht + y * y * h2  # d^2h/dt^2
-        dt = self._dt
-        coef = quintic_hermite_coeffs(
-            h[:-1], h[1:], dt * ht[:-1], dt * ht[1:], dt * dt * htt[:-1], dt * dt * htt[1:]
-        )
-        self._table_cpu = coef.t().contiguous()  # [6, cells]: c_k of every cell in row k
-        self._tables: dict[torch.device, Tensor] = {}
-        # measured error at interior points of every cell
-        frac = torch.arange(1, _TABLE_CHECKS + 1, dtype=torch.float64) / (_TABLE_CHECKS + 1)
-        tc = (t[:-1, None] + dt * frac[None, :]).reshape(-1)
-        yc = torch.exp(tc)
-        hh, gg, g2 = self._eval(yc, order=2)
-        self.table_error = {
-            "h": float((hh - NeuralMirrorMap.potential(self, yc)).abs().max()),
-            "dh": float((gg - NeuralMirrorMap.derivative(self, yc)).abs().max()),
-            "d2h": float((g2 - NeuralMirrorMap.second_derivative(self, yc)).abs().max()),
-        }
-
-    @classmethod
-    def from_vector(cls, phi: Tensor | Sequence[float]) -> NeuralMirrorMap:
-        """Not for a table: build the map, then call ``.tabulated()`` on it."""
-        raise TypeError(
-            "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
-            ".tabulated()"
-        )
-
-    def _table(self, device: torch.device) -> Tensor:
-        if device not in self._tables:
-            self._tables[device] = self._table_cpu.to(device)
-        return self._tables[device]
-
-    def _eval(self, y: Tensor, order: int) -> tuple[Tensor, ...]:
-        """(H, H', H'') up to ``order`` at float64 y >= 1e-10 (NaN propagates)."""
-        top = math.exp(_TABLE_T1)
-        above = y.numel() > 0 and float(y.max()) > top
-        # in-place arithmetic on few buffers throughout: for [64 x 1024] float64 arguments
-        # each fresh temporary costs the allocator and page faults more than its arithmetic
-        u = torch.log(y.clamp_max(top) if above else y).sub_(_TABLE_T0).mul_(1.0 / self._dt)
-        idx = torch.nan_to_num_(u.floor(), nan=0.0).clamp_(0, self.cells - 1)
-        s = u.sub_(idx)
-        # the table is stored [6, cells]: one gather gives six contiguous coefficient rows
-        ix = idx.reshape(1, -1).long().expand(6, -1)
-        rows = torch.gather(self._table(y.device), 1, ix)
-        c0, c1, c2, c3, c4, c5 = rows.view(6, *y.shape).unbind(0)
-        hss = None
-        if order >= 2:
-            hss = 2.0 * c2 + s * (6.0 * c3 + s * (12.0 * c4 + s * (20.0 * c5)))
-        # Horner for H, and for dH/ds from Horner's partial sums (synthetic division):
-        # b4 = c4 + s c5, ..., b1 = c1 + s b2, H = c0 + s b1; dH/ds = b1 + s (b2 + s (b3 +
-        # s (b4 + s c5)))
-        b4 = c4.addcmul_(s, c5)
-        b3 = c3.addcmul_(s, b4)
-        b2 = c2.addcmul_(s, b3)
-        b1 = c1.addcmul_(s, b2)
-        h = c0.addcmul_(s, b1)
-        hs = c5.mul_(s).add_(b4).mul_(s).add_(b3).mul_(s).add_(b2).mul_(s).add_(b1)
-        dy = y * self._dt
-        out = [h, hs.div_(dy)]  # dH/dy = (dH/ds) / (Delta y)
-        if hss is not None:
-            # H'' = (d2H/ds2 / Delta - dH/ds) / (Delta y^2), with dH/ds = H' Delta y
-            out.append((hss / self._dt - hs * dy) / (dy * y))
-        if above:  # beyond the grid: the exact map there
-            over = y > top
-            yo = y[over]
-            exact = (NeuralMirrorMap.potential, NeuralMirrorMap.derivative,
-                     NeuralMirrorMap.second_derivative)  # fmt: skip
-            for k in range(len(out)):
-                out[k] = out[k].masked_scatter(over, exact[k](self, yo))
-        return tuple(out)
-
-    def _tab_prep(self, y: Tensor) -> tuple[Tensor, torch.dtype]:
-        dt = _compute_dtype(y)
-        return y.to(torch.float64).clamp_min(PROB_FLOOR), dt
-
-    def potential(self, y: Tensor) -> Tensor:
-        """The tabulated h(y) (floored at 1e-10; exact beyond y = e)."""
-        y64, dt = self._tab_prep(y)
-        return self._eval(y64, 1)[0].to(dt)
-
-    def derivative(self, y: Tensor) -> Tensor:
-        """The tabulated h'(y) = dH/dy."""
-        y64, dt = self._tab_prep(y)
-        return self._eval(y64, 1)[1].to(dt)
-
-    def second_derivative(self, y: Tensor) -> Tensor:
-        """The tabulated h''(y) = d^2H/dy^2."""
-        y64, dt = self._tab_prep(y)
-        return self._eval(y64, 2)[2].to(dt)
-
-    def _bregman_and_grad(
-        self, p: Tensor, q: Tensor, want_grad: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        """Tabulated D(p, q) and dD/dp = H'(p) - H'(q) (class docstring), in p's dtype."""
-        p64, q64 = p.to(torch.float64), q.to(torch.float64)
-        hp, gp = self._eval(p64, 1)
-        hq, gq = self._eval(q64, 1)
-        value = hp.sub_(hq).sub_(gq * (p64 - q64)).clamp_min_(0.0).to(p.dtype)
-        return value, gp.sub_(gq).to(p.dtype) if want_grad else None
-
-    def tabulated(self, cells: int = TABLE_CELLS) -> TabulatedMirrorMap:
-        return TabulatedMirrorMap(self, cells) if cells != self.cells else self
-
-    def __repr__(self) -> str:
-        return f"Tabulated{super().__repr__()[:-1]}, cells={self.cells})"
 
 
 def _locate(i: int) -> tuple[str, int]:

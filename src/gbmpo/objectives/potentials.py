@@ -30,8 +30,8 @@ from gbmpo.objectives.mirror import (
     NeuralMirrorMap,
     _compute_dtype,
     as_mirror_map,
-    generalized_kl,
 )
+from gbmpo.objectives.mirror_kernels import generalized_kl
 from gbmpo.registry import Registry
 
 __all__ = [

@@ -10,18 +10,17 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.clip_bisection import dppo_kl_interval, mirror_interval
 from gbmpo.objectives.clip_measures import (
     CLIP_MEASURES,
     DPPO_MEASURES,
     PER_TOKEN_MEASURES,
     atr_bounds,
-    dppo_kl_interval,
     dppo_tv_interval,
     dppo_valid_mask,
     k1_interval,
     k2_interval,
     k3_interval,
-    mirror_interval,
     prob_l2_interval,
     ratio_interval,
 )
