@@ -110,8 +110,8 @@ def load_objectives(rev: str) -> ModuleType:
     tmp = Path(tempfile.mkdtemp(prefix="objectives_before_"))
     pkg = tmp / name
     pkg.mkdir()
-    files = subprocess.run(
-        ["git", "ls-tree", "--name-only", rev, "src/gbmpo/objectives/"],
+    files = subprocess.run(  # -r: the objectives may hold subpackages (surrogates/)
+        ["git", "ls-tree", "-r", "--name-only", rev, "src/gbmpo/objectives/"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     for f in files:
@@ -119,7 +119,9 @@ def load_objectives(rev: str) -> ModuleType:
             continue
         text = subprocess.run(["git", "show", f"{rev}:{f}"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout  # fmt: skip
-        (pkg / Path(f).name).write_text(text.replace("gbmpo.objectives", name))
+        dest = pkg / Path(f).relative_to("src/gbmpo/objectives")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text.replace("gbmpo.objectives", name))
     sys.path.insert(0, str(tmp))
     return importlib.import_module(name)
 
