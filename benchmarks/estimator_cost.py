@@ -105,7 +105,8 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
                 logp, _, exact = logprobs_and_exact(tr, batch, mask, [term], with_entropy=False)
                 reg = ExactValues("kl_k3", exact["kl_k3"])
             loss, metrics = compute_policy_loss(
-                logp, None, ref_logp, advantages, mask, surrogate="clip", regularizer=reg,
+                logp=logp, old_logp=None, ref_logp=ref_logp, advantages=advantages, mask=mask,
+                surrogate="clip", regularizer=reg,
                 coef=COEF, aggregation="dr_grpo", max_len=a.completion,
             )  # fmt: skip
             loss.backward()
