@@ -150,7 +150,8 @@ def _trl_is_ratio(mode: str, clip_min: float | None, clip_max: float | None,
      ("tis", "sequence", None, 3.0, "sequence_truncate"),
      ("tis", "sequence", 0.2, 3.0, "sequence_truncate"),
      ("mis", "token", 0.5, 2.0, "token_mask"), ("mis", "token", None, 2.0, "token_mask"),
-     ("mis", "sequence", 0.1, 3.0, "sequence_mask"), ("mis", "sequence", None, 3.0, "sequence_mask"),
+     ("mis", "sequence", 0.1, 3.0, "sequence_mask"),
+     ("mis", "sequence", None, 3.0, "sequence_mask"),
      ("icepop", "token", 0.5, 5.0, "token_mask")],
 )  # fmt: skip
 def test_weights_match_trls_importance_sampling(
