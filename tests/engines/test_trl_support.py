@@ -232,10 +232,12 @@ def test_rollout_correction_is_off_on_trl_unless_asked() -> None:
 def test_gbmpo_config_drop_in_takes_the_spec_correction() -> None:
     from gbmpo.integrations.trl import GBMPOConfig
 
-    args = GBMPOConfig("unused", objective={"regularizer": {"name": "none", "coef": 0.0}})
+    args = GBMPOConfig("unused", use_cpu=True,
+                       objective={"regularizer": {"name": "none", "coef": 0.0}})
     assert args.vllm_importance_sampling_correction is False  # 'none' by default
     with pytest.raises(ValueError, match="objective.rollout_correction"):
-        GBMPOConfig("unused", objective={"regularizer": {"name": "none", "coef": 0.0}},
+        GBMPOConfig("unused", use_cpu=True,
+                    objective={"regularizer": {"name": "none", "coef": 0.0}},
                     vllm_importance_sampling_mode="token_truncate")
 
 

@@ -392,8 +392,8 @@ class GBMPOConfig(GRPOConfig):
         off-policy mask (mode ``none``: TRL's correction off, whatever TRL's default); a TRL field
         set away from TRL's default to another value is refused (put it into the spec)."""
         wanted = rollout_correction_args(spec.rollout_correction)
-        clash = [f"{k}={getattr(self, k)!r}" for k, v in wanted.items()
-                 if getattr(self, k) != TRL_CORRECTION_DEFAULTS[k] and getattr(self, k) != v]
+        clash = [f"{k}={getattr(self, k)!r}" for k, d in TRL_CORRECTION_DEFAULTS.items()
+                 if getattr(self, k) != d and getattr(self, k) != wanted.get(k, d)]
         if clash:
             raise ValueError(
                 f"GBMPOConfig: objective= is given, so its rollout_correction section sets TRL's "
