@@ -23,6 +23,9 @@ from gbmpo.train.support import HONOURED, NO_EFFECT, REFUSED, TRL, check_support
 _COMPANIONS: dict[str, list[tuple[str, Any]]] = {
     "objective.regularizer.params": [("objective.regularizer.name", "kl_k3")],
     **{f"lora.{k}": [("lora.enabled", True)] for k in ("r", "alpha", "dropout", "target_modules")},
+    **{f"objective.rollout_correction.{k}": [("rollout.generator", "vllm"),
+                                             ("objective.rollout_correction.mode", "tis")]
+       for k in ("level", "low", "high")},
 }
 
 
@@ -203,3 +206,46 @@ def test_schema_record_names() -> None:
         "trl/regularizer/kl_k1": 0.02, "reg/kl_k1": 0.03, "ratio_min": 0.9,
         "clip_frac_low": 0.1, "trl/kl": 0.04,
     }  # fmt: skip
+
+
+def test_rollout_correction_is_off_on_trl_unless_asked() -> None:
+    """TRL's vLLM importance sampling is on by default; the engine switches it off for the
+    default mode 'none', and maps each mode onto TRL's fields."""
+    assert trl_args.grpo_args(_cfg(("rollout.generator", "vllm")),
+                              "unused").vllm_importance_sampling_correction is False  # fmt: skip
+    rc = "objective.rollout_correction."
+    for mode, level, low, high, trl_mode in (("tis", "token", None, 2.0, "token_truncate"),
+                                             ("tis", "sequence", 0.5, 3.0, "sequence_truncate"),
+                                             ("mis", "sequence", None, 3.0, "sequence_mask"),
+                                             ("icepop", "token", 0.5, 5.0, "token_mask")):
+        cfg = _cfg(("rollout.generator", "vllm"), (rc + "mode", mode), (rc + "level", level),
+                   (rc + "low", low), (rc + "high", high), (rc + "off_policy_mask_threshold", 0.4))
+        assert check_support(cfg, "trl") == []
+        args = trl_args.grpo_args(cfg, "unused")
+        assert args.vllm_importance_sampling_correction is True
+        assert args.vllm_importance_sampling_mode == trl_mode
+        assert args.vllm_importance_sampling_clip_min == low
+        assert args.vllm_importance_sampling_clip_max == high
+        assert args.off_policy_mask_threshold == 0.4
+
+
+def test_gbmpo_config_drop_in_takes_the_spec_correction() -> None:
+    from gbmpo.integrations.trl import GBMPOConfig
+
+    args = GBMPOConfig("unused", use_cpu=True,
+                       objective={"regularizer": {"name": "none", "coef": 0.0}})
+    assert args.vllm_importance_sampling_correction is False  # 'none' by default
+    with pytest.raises(ValueError, match="objective.rollout_correction"):
+        GBMPOConfig("unused", use_cpu=True,
+                    objective={"regularizer": {"name": "none", "coef": 0.0}},
+                    vllm_importance_sampling_mode="token_truncate")
+
+
+def test_rollout_correction_metric_names() -> None:
+    logs = {f"rollout_correction/{k}": 0.5 for k in ("weight_mean", "weight_min", "weight_max",
+                                                      "masked_frac")}  # fmt: skip
+    logs["sampling/importance_sampling_ratio/mean"] = 0.9
+    rec = trl_callbacks.schema_record(logs, "prob_l2")
+    assert {k for k in rec if k.startswith("rollout_correction/")} == set(logs) - {
+        "sampling/importance_sampling_ratio/mean"}
+    assert rec["trl/sampling/importance_sampling_ratio/mean"] == 0.9

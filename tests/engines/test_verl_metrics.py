@@ -170,3 +170,29 @@ def test_held_out_file_holds_what_the_own_engine_evaluates(
     assert counts["test"] == len(test) == rows
     first = [ex["prompt"] for ex in task.split(task.eval_split)[:rows]]
     assert [p[0]["content"] for p in test["prompt"]] == first
+
+
+def test_rollout_correction_metrics_from_verls() -> None:
+    """verl's rollout_corr/* -> rollout_correction/* where verl's numbers carry the schema's
+    definition (the values' agreement with gbmpo's own statistics is checked on verl's real
+    output in tests_verl/test_rollout_correction_parity.py)."""
+    from gbmpo.engines.verl_metrics import convert_row
+
+    rc = "objective.rollout_correction."
+    data = {"rollout_corr/rollout_is_mean": 0.9, "rollout_corr/rollout_is_min": 0.2,
+            "rollout_corr/rollout_is_max": 4.0, "rollout_corr/rollout_is_oob_ratio": 0.1}
+    row = {"step": 1, "data": data}
+    off = convert_row(load_config(None, VERL_OK), row, "math")
+    assert not any(k.startswith("rollout_correction/") for k in off)
+    assert off["verl/rollout_corr/rollout_is_mean"] == 0.9
+    ice = convert_row(load_config(None, [*VERL_OK, (rc + "mode", "icepop"), (rc + "low", 0.5),
+                                         (rc + "high", 5.0)]), row, "math")  # fmt: skip
+    assert {k: v for k, v in ice.items() if k.startswith("rollout_correction/")} == {
+        "rollout_correction/weight_mean": 0.9, "rollout_correction/weight_min": 0.2,
+        "rollout_correction/weight_max": 4.0, "rollout_correction/masked_frac": 0.1}
+    seq = convert_row(load_config(None, [*VERL_OK, (rc + "mode", "tis"),
+                                         (rc + "level", "sequence")]), row, "math")  # fmt: skip
+    assert seq["rollout_correction/weight_max"] == 2.0  # the cap of the raw maximum
+    assert seq["rollout_correction/masked_frac"] == 0.0
+    for name in ("weight_mean", "weight_min", "weight_max", "masked_frac"):
+        assert is_shared(f"rollout_correction/{name}")

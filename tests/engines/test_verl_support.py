@@ -30,6 +30,15 @@ def _cfg(*settings: tuple[str, Any]) -> Any:
     return load_config(None, [*VERL_OK, *settings])
 
 
+#: settings a probe needs beside it (in the base config and the probed one)
+_COMPANIONS: dict[str, list[tuple[str, Any]]] = {
+    "objective.rollout_correction.level": [("objective.rollout_correction.mode", "tis")],
+    "objective.rollout_correction.high": [("objective.rollout_correction.mode", "tis")],
+    "objective.rollout_correction.low": [("objective.rollout_correction.mode", "mis"),
+                                         ("objective.rollout_correction.low", 0.5)],
+}
+
+
 def test_the_base_config_passes_on_verl() -> None:
     assert check_support(_cfg(), "verl") == []
 
@@ -48,8 +57,8 @@ def test_the_own_defaults_fail_on_verl_only_for_the_required_keys() -> None:
 )
 def test_every_honoured_probe_changes_the_overrides(key: str, tmp_path: Path) -> None:
     entry = VERL[key]
-    base = overrides(_cfg(), tmp_path / "run")
-    probed = _cfg((key, entry.probe))
+    base = overrides(_cfg(*_COMPANIONS.get(key, [])), tmp_path / "run")
+    probed = _cfg(*_COMPANIONS.get(key, []), (key, entry.probe))
     changed = overrides(probed, tmp_path / "run")
     assert changed != base, f"{key}={entry.probe!r} does not change verl's overrides"
 
@@ -183,3 +192,21 @@ def test_seed_reaches_data_actor_and_rollout(tmp_path: Path) -> None:
 def test_optimizer_eps(tmp_path: Path) -> None:
     ov = overrides(_cfg(("optim.eps", 1e-6)), tmp_path)
     assert "actor_rollout_ref.actor.optim.override_optimizer_config={eps:1e-06}" in ov
+
+
+
+def test_rollout_correction_overrides(tmp_path: Path) -> None:
+    rc = "objective.rollout_correction."
+    c = "algorithm.rollout_correction."
+    base = overrides(_cfg(), tmp_path / "run")
+    assert f"{c}rollout_is=null" in base  # off by default, said explicitly
+    icepop = overrides(_cfg((rc + "mode", "icepop"), (rc + "low", 0.5), (rc + "high", 5.0)),
+                       tmp_path / "run")  # fmt: skip
+    assert f"{c}rollout_is=token" in icepop and f"{c}rollout_is_threshold='0.5_5.0'" in icepop
+    tis = overrides(_cfg((rc + "mode", "tis"), (rc + "level", "sequence")), tmp_path / "run")
+    assert f"{c}rollout_is=sequence" in tis and f"{c}rollout_is_threshold=2.0" in tis
+    assert f"{c}bypass_mode=false" in tis and f"{c}rollout_is_batch_normalize=false" in tis
+    for bad in ([(rc + "mode", "tis"), (rc + "low", 0.5)], [(rc + "mode", "mis")],
+                [(rc + "off_policy_mask_threshold", 0.5)]):  # fmt: skip
+        with pytest.raises(ConfigError, match="rollout_correction.*engine 'verl'"):
+            check_support(_cfg(*bad), "verl")

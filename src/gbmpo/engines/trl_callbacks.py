@@ -36,6 +36,9 @@ _SCHEMA_NAMES = {
     "frac_reward_zero_std": "frac_reward_zero_std",
     "gbmpo/accuracy": "accuracy",
     "gbmpo/reward_std": "reward_std",
+    # GBMPOTrainer's rollout correction (gbmpo.integrations.trl.correction)
+    **{f"rollout_correction/{k}": f"rollout_correction/{k}"
+       for k in ("weight_mean", "weight_min", "weight_max", "masked_frac")},
 }
 
 

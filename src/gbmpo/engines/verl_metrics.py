@@ -19,6 +19,7 @@ __all__ = [
     "convert_row",
     "eval_metrics",
     "read_verl_log",
+    "rollout_correction_metrics",
     "summarize_run",
 ]
 
@@ -93,9 +94,44 @@ def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = N
         # in-reward KL: score = task reward, rewards = score - kl_coef * sum_t D (per sequence)
         score, shaped = data["critic/score/mean"], data["critic/rewards/mean"]
         out["reward_penalty"] = float(score) - float(shaped)
+    out.update(rollout_correction_metrics(cfg, data))
     ev = eval_metrics(cfg, data, kind, n_eval)
     if ev is not None:
         out.update({f"eval/{k}": v for k, v in ev.items()})
+    return out
+
+
+def rollout_correction_metrics(cfg: Any, data: dict[str, Any]) -> dict[str, float]:
+    """``rollout_correction/*`` (:mod:`gbmpo.io.metrics`) from verl's ``rollout_corr/*``, where
+    verl's numbers give the schema's definition (over the valid tokens of the applied weights):
+    ``weight_mean`` is verl's ``rollout_is_mean`` (a token mean of the applied weights at both
+    levels); at token level ``weight_min`` / ``weight_max`` are verl's ``rollout_is_min`` /
+    ``_max``; at sequence level verl reports the raw ratios' extremes, so ``tis`` (a cap) has
+    ``min`` = the raw min and ``max`` = min(raw max, high), and ``mis`` has them only when no
+    sequence is masked (``min`` 0 otherwise); ``masked_frac`` is verl's ``rollout_is_oob_ratio``
+    (mis, icepop) and 0 for ``tis`` (a capped weight is never 0: verl bounds the log-ratio at
+    -20)."""
+    rc = cfg.objective.rollout_correction
+    p = "rollout_corr/rollout_is_"
+    if rc.mode == "none" or f"{p}mean" not in data:
+        return {}
+    out: dict[str, float] = {"rollout_correction/weight_mean": float(data[f"{p}mean"])}
+    lo, hi = data.get(f"{p}min"), data.get(f"{p}max")
+    masked = 0.0 if rc.mode == "tis" else data.get(f"{p}oob_ratio")
+    if masked is not None:
+        out["rollout_correction/masked_frac"] = float(masked)
+    if rc.level == "token" or (rc.mode != "tis" and masked == 0.0):
+        if lo is not None:
+            out["rollout_correction/weight_min"] = float(lo)
+        if hi is not None:
+            out["rollout_correction/weight_max"] = float(hi)
+    elif rc.mode == "tis":
+        if lo is not None:
+            out["rollout_correction/weight_min"] = float(lo)
+        if hi is not None:
+            out["rollout_correction/weight_max"] = min(float(hi), float(rc.high))
+    elif masked:
+        out["rollout_correction/weight_min"] = 0.0
     return out
 
 

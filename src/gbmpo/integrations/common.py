@@ -136,6 +136,40 @@ def hydra_value(v: Any) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
+def verl_rollout_correction_overrides(rc: Any) -> list[str]:
+    """verl 0.9.1's ``algorithm.rollout_correction`` for ``objective.rollout_correction``: mode
+    ``none`` -> ``rollout_is=null`` (verl's default, set explicitly); ``tis`` ->
+    ``rollout_is=<level>`` with ``rollout_is_threshold=high`` (a cap: verl's TIS has no lower
+    bound); ``mis`` / ``icepop`` -> ``rollout_is_threshold="<low>_<high>"`` (verl's masked IS,
+    weights 0 outside the bounds); decoupled mode (weights from verl's recomputed old log-probs
+    against vLLM's), no batch normalisation, no rejection sampling, the rollout's log-probs on.
+    ``ValueError`` for what verl cannot express (the off-policy sequence mask, ``tis`` with a
+    lower bound, ``mis`` without one)."""
+    c = "algorithm.rollout_correction"
+    if rc.off_policy_mask_threshold is not None:
+        raise ValueError(
+            "'objective.rollout_correction.off_policy_mask_threshold' is not supported by engine "
+            "verl: verl 0.9.1 has no advantage-conditioned off-policy sequence mask"
+        )
+    if rc.mode == "none":
+        return [f"{c}.rollout_is=null", f"{c}.rollout_rs=null"]
+    if rc.mode == "tis" and rc.low is not None:
+        raise ValueError("'objective.rollout_correction.low' with mode 'tis' is not supported by "
+                         "engine verl: its truncated IS is a cap only (leave low null)")
+    if rc.mode != "tis" and rc.low is None:
+        raise ValueError(f"mode {rc.mode!r} without 'objective.rollout_correction.low' is not "
+                         "supported by engine verl: its masked IS needs both bounds")
+    threshold = hydra_value(float(rc.high) if rc.mode == "tis" else f"{rc.low!r}_{rc.high!r}")
+    return [
+        f"{c}.rollout_is={rc.level}",
+        f"{c}.rollout_is_threshold={threshold}",
+        f"{c}.rollout_is_batch_normalize=false",
+        f"{c}.rollout_rs=null",
+        f"{c}.bypass_mode=false",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+    ]
+
+
 def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
     """The verl ``main_ppo`` overrides that select the objective ``spec`` (an
     :class:`~gbmpo.objectives.spec.ObjectiveSpec`, a dict or a YAML path) through the gbmpo verl
@@ -170,6 +204,7 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     ]
     if o.aggregation == "dr_grpo":
         out.append(f"{a}.loss_scale_factor={max_response_length}")
+    out += verl_rollout_correction_overrides(o.rollout_correction)
     surrogate = o.build().surrogate
     if dataclasses.is_dataclass(surrogate):
         params = {f.name: getattr(surrogate, f.name) for f in dataclasses.fields(surrogate)

@@ -25,7 +25,11 @@ completions and the ``mu`` passes over it):
   subtracted from it before the advantages (``placement: reward``; ``reward_penalty/<name>``
   per term of a list);
 * ``loss`` / ``pg_loss``: the aggregated objective / surrogate term, averaged over the step's
-  optimizer steps.
+  optimizer steps;
+* ``rollout_correction/weight_mean|weight_min|weight_max|masked_frac``: the sampler / trainer
+  mismatch correction (``objective.rollout_correction``), the same definition on every engine
+  (TRL's ``sampling/importance_sampling_ratio/*`` and verl's ``rollout_corr/rollout_is_*`` stay
+  under ``trl/`` and ``verl/`` with their own definitions).
 """
 
 from __future__ import annotations
@@ -72,6 +76,16 @@ OBJECTIVE_METRICS: dict[str, str] = {
     "reward_penalty": "mean per-sequence coef * sum_t D(pi_old || pi_ref) subtracted from the "
     "task reward before the advantages (regularizer terms with placement reward); reward_mean "
     "stays the task reward",
+    "rollout_correction/weight_mean": "objective.rollout_correction: mean over the valid tokens "
+    "of the correction weights w = f(pi_old / mu) (trainer's old vs sampler's log-probs; a "
+    "sequence weight counts once per token)",
+    "rollout_correction/weight_min": "objective.rollout_correction: smallest weight over the "
+    "valid tokens",
+    "rollout_correction/weight_max": "objective.rollout_correction: largest weight over the "
+    "valid tokens",
+    "rollout_correction/masked_frac": "objective.rollout_correction: fraction of valid tokens "
+    "the correction removes from the gradient (weight 0 by mis / icepop, or dropped by the "
+    "off-policy sequence mask), mean over the step's update passes",
 }
 
 #: summary.json keys every engine writes

@@ -8,6 +8,8 @@ Each family is a :class:`gbmpo.registry.Registry` whose unknown-name error lists
 * :data:`REGULARIZERS` (:func:`get_regularizer`): KL estimators, ProbL2, neural mirror, RPG forms;
 * :data:`AGGREGATIONS` (:func:`aggregate`): ``grpo``, ``bnpo``, ``dr_grpo``,
   ``seq_mean_token_sum``;
+* :data:`ROLLOUT_CORRECTIONS` (:func:`correction_weights`): ``none``, ``tis``, ``mis``,
+  ``icepop`` (sampler / trainer mismatch, :mod:`gbmpo.objectives.rollout_correction`);
 * :data:`POTENTIALS` (:func:`get_potential`): separable potentials for full-vocabulary Bregman
   divergences (:func:`full_vocab_bregman`).
 
@@ -21,6 +23,7 @@ from gbmpo.objectives.loss import compute_policy_loss
 from gbmpo.objectives.mirror import NeuralMirrorMap
 from gbmpo.objectives.potentials import POTENTIALS, get_potential
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
+from gbmpo.objectives.rollout_correction import ROLLOUT_CORRECTIONS, correction_weights
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate, atr_bounds, get_surrogate
 
 __all__ = [
@@ -29,6 +32,7 @@ __all__ = [
     "AGGREGATIONS",
     "POTENTIALS",
     "REGULARIZERS",
+    "ROLLOUT_CORRECTIONS",
     "SURROGATES",
     "NeuralMirrorMap",
     "Regularizer",
@@ -36,6 +40,7 @@ __all__ = [
     "aggregate",
     "atr_bounds",
     "compute_policy_loss",
+    "correction_weights",
     "full_vocab_bregman",
     "full_vocab_bregman_from_hidden",
     "get_potential",

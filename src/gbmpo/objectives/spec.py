@@ -15,6 +15,12 @@ An objective is advantages -> per-token surrogate + coef * regularizer -> aggreg
         estimator: sample            # sample (sampled token) | full (exact, whole vocabulary)
         params: {}
       aggregation: dr_grpo           # AGGREGATIONS: grpo | bnpo | dr_grpo | seq_mean_token_sum
+      rollout_correction:            # sampler vs trainer log-probs (off by default everywhere)
+        mode: none                   # ROLLOUT_CORRECTIONS: none | tis | mis | icepop
+        level: token                 # token | sequence
+        low: null                    # lower bound of the ratio (icepop: required)
+        high: 2.0                    # upper bound (tis cap / mis, icepop mask)
+        off_policy_mask_threshold: null   # DeepSeek-V3.2 off-policy sequence mask, delta
 
 ``regularizer:`` is one term (a mapping) or a list of terms, whose divergences are summed
 (e.g. ``[{name: prob_l2, coef: 0.05}, {name: kl_k3, coef: 0.01}]``); each term has its own
@@ -48,6 +54,7 @@ __all__ = [
     "BuiltTerm",
     "ObjectiveSpec",
     "RegularizerSpec",
+    "RolloutCorrectionSpec",
     "SpecError",
     "SurrogateSpec",
 ]
@@ -100,6 +107,49 @@ class RegularizerSpec:
 
 
 @dataclass
+class RolloutCorrectionSpec:
+    """Correction of the sampler / trainer mismatch (``gbmpo.objectives.rollout_correction``):
+    the surrogate of each token is weighted by a function of the ratio of the trainer's old
+    log-probs to the sampler's. Off (``none``) by default on every engine."""
+
+    #: ROLLOUT_CORRECTIONS: none | tis (truncated IS: clip the ratio to [low, high]) | mis
+    #: (masked IS: 0 outside [low, high]) | icepop (token-level mis with both bounds)
+    mode: str = "none"
+    #: token (one ratio per token) | sequence (the product over the completion, per sequence)
+    level: str = "token"
+    #: lower bound of the ratio (``None``: none; icepop needs it, e.g. 0.5)
+    low: float | None = None
+    #: upper bound of the ratio (the TIS cap; mis / icepop mask above it)
+    high: float | None = 2.0
+    #: DeepSeek-V3.2's off-policy sequence mask: drop a sequence with a negative advantage whose
+    #: mean log(sampler / current policy) exceeds this delta (``None``: off)
+    off_policy_mask_threshold: float | None = None
+
+    @property
+    def active(self) -> bool:
+        """Whether the correction changes the loss (a mode other than ``none``, or the
+        off-policy sequence mask)."""
+        return self.mode != "none" or self.off_policy_mask_threshold is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "level": self.level, "low": self.low, "high": self.high,
+                "off_policy_mask_threshold": self.off_policy_mask_threshold}  # fmt: skip
+
+    def check(self, where: str = "objective.rollout_correction") -> None:
+        """:class:`SpecError` (``UnknownNameError`` for the mode) naming a bad value."""
+        from gbmpo.objectives.rollout_correction import check_correction
+        from gbmpo.registry import UnknownNameError
+
+        try:
+            check_correction(self.mode, self.level, self.low, self.high,
+                             self.off_policy_mask_threshold, where)  # fmt: skip
+        except UnknownNameError:
+            raise
+        except ValueError as err:
+            raise SpecError(str(err)) from None
+
+
+@dataclass
 class ObjectiveSpec:
     """Advantages -> surrogate + coef * regularizer per token -> aggregation."""
 
@@ -113,6 +163,8 @@ class ObjectiveSpec:
     #: log the value of every registered regularizer (vs the frozen reference) each step, even
     #: when the optimised one needs no reference (then one extra no-grad forward per step)
     monitor_regularizers: bool = True
+    #: the sampler / trainer mismatch correction (off by default on every engine)
+    rollout_correction: RolloutCorrectionSpec = field(default_factory=RolloutCorrectionSpec)
 
     # ------------------------------------------------------------------ reading
 
@@ -122,7 +174,7 @@ class ObjectiveSpec:
         raise :class:`SpecError` naming ``where.key``)."""
         d = _mapping(data, where)
         _known(d, where, ("advantage", "surrogate", "regularizer", "aggregation",
-                          "monitor_regularizers"))  # fmt: skip
+                          "monitor_regularizers", "rollout_correction"))  # fmt: skip
         spec = cls()
         if "advantage" in d:
             spec.advantage = _text(d["advantage"], f"{where}.advantage")
@@ -150,6 +202,9 @@ class ObjectiveSpec:
                 spec.regularizer = [_term(t, f"{where}.regularizer[{i}]") for i, t in enumerate(r)]
             else:
                 spec.regularizer = _term(r, f"{where}.regularizer")
+        if "rollout_correction" in d:
+            spec.rollout_correction = _correction(d["rollout_correction"],
+                                                  f"{where}.rollout_correction")
         return spec
 
     @classmethod
@@ -228,6 +283,7 @@ class ObjectiveSpec:
             "regularizer": [term(t) for t in r] if isinstance(r, (list, tuple)) else term(r),
             "aggregation": self.aggregation,
             "monitor_regularizers": self.monitor_regularizers,
+            "rollout_correction": self.rollout_correction.to_dict(),
         }
 
     # ------------------------------------------------------------------ checking / building
@@ -257,6 +313,10 @@ class ObjectiveSpec:
                     f"{where}.{key}: unknown name {name!r}; valid names: "
                     f"{', '.join(registry.names())}"
                 )
+        rc = self.rollout_correction
+        if not isinstance(rc, RolloutCorrectionSpec):
+            raise SpecError(f"'{where}.rollout_correction' must be a section, got {rc!r}")
+        rc.check(f"{where}.rollout_correction")
         s = self.surrogate
         try:
             surrogate = get_surrogate(s.name, **s.params)
@@ -456,6 +516,27 @@ def _term(value: Any, where: str) -> RegularizerSpec:
         term.params = _params(r["params"], f"{where}.params")
     _lift_anchor(term, where)
     return term
+
+
+def _correction(value: Any, where: str) -> RolloutCorrectionSpec:
+    """The ``rollout_correction`` section from a mapping (or a spec, kept as is); values are
+    checked by :meth:`RolloutCorrectionSpec.check`."""
+    if isinstance(value, RolloutCorrectionSpec):
+        return value
+    d = _mapping(value, where)
+    _known(d, where, ("mode", "level", "low", "high", "off_policy_mask_threshold"))
+    rc = RolloutCorrectionSpec()
+    if "mode" in d:
+        rc.mode = _text(d["mode"], f"{where}.mode")
+    if "level" in d:
+        rc.level = _text(d["level"], f"{where}.level")
+    for key in ("low", "high", "off_policy_mask_threshold"):
+        if key in d:
+            v = d[key]
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                raise SpecError(f"'{where}.{key}' must be float or null, got {v!r}")
+            setattr(rc, key, None if v is None else float(v))
+    return rc
 
 
 def _lift_anchor(term: RegularizerSpec, where: str) -> None:

@@ -46,6 +46,7 @@ __all__ = [
     "eos_token_ids",
     "filter_logits",
     "generate",
+    "sampled_logprobs",
     "sample_from_logits",
 ]
 
@@ -58,7 +59,10 @@ class Rollout:
     ``completion_ids``/``completion_mask``: ``[N, C]`` completions, right-padded, mask up to and
     including the first EOS; ``texts``: decoded completions without special tokens;
     ``num_tokens``: completion lengths (``completion_mask.sum(1)``); ``truncated``: whether each
-    completion hit ``max_new_tokens`` without an EOS.
+    completion hit ``max_new_tokens`` without an EOS; ``sampling_logp``: ``[N, C]`` float32
+    log-probs of each completion token under the distribution the sampler drew it from
+    (temperature, top-k, top-p applied; 0 on padding), when :func:`generate` was asked for them
+    (``return_logprobs=True``), else ``None``.
     """
 
     prompt_ids: Tensor
@@ -68,6 +72,7 @@ class Rollout:
     texts: list[str]
     num_tokens: list[int]
     truncated: list[bool] = field(default_factory=list)
+    sampling_logp: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.completion_ids.shape[0])
@@ -82,6 +87,7 @@ class Rollout:
             texts=self.texts,
             num_tokens=self.num_tokens,
             truncated=self.truncated,
+            sampling_logp=None if self.sampling_logp is None else self.sampling_logp.to(device),
         )
 
     def select(self, rows: Tensor | Sequence[int] | slice) -> Rollout:
@@ -101,6 +107,7 @@ class Rollout:
             texts=[self.texts[i] for i in idx],
             num_tokens=[self.num_tokens[i] for i in idx],
             truncated=[self.truncated[i] for i in idx] if self.truncated else [],
+            sampling_logp=None if self.sampling_logp is None else self.sampling_logp[index],
         )
 
 
@@ -248,6 +255,7 @@ def _decode(
     eos_ids: Sequence[int],
     pad_id: int,
     lean: bool = True,
+    logprobs: list[Tensor] | None = None,
 ) -> Tensor:
     """The 'gbmpo' engine: prefill each prompt once, expand its KV cache to its ``repeats``
     rows, then decode one token per row per forward until every row has emitted an EOS or
@@ -258,7 +266,9 @@ def _decode(
     otherwise, and with ``lean=False``, through the model's own forward. With the lean
     decoder the prefill runs through :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`
     too (when :class:`~gbmpo.rollout.lean_forward.LeanForward` supports the model in its
-    current mode), whose keys and values are copied straight into the decoder's buffers."""
+    current mode), whose keys and values are copied straight into the decoder's buffers.
+    ``logprobs``: a list that receives, per step, the ``[rows]`` log-prob of the drawn token
+    under the sampling distribution (:func:`sampled_logprobs`; 0 for finished rows)."""
     decoder = LeanDecoder.for_model(model) if lean and max_new_tokens > 1 else None
     prefill = LeanForward.for_model(model) if decoder is not None else None
     att = mask.repeat_interleave(repeats, dim=0)
@@ -282,6 +292,8 @@ def _decode(
             z = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
             u = torch.rand(z.shape[0], dtype=torch.float64, device=z.device)
             tok = sample_from_logits(z, u)
+            if logprobs is not None:
+                logprobs.append(sampled_logprobs(z, tok).masked_fill(done, 0.0))
         else:
             tok = logits.argmax(dim=-1)
         tok = tok.masked_fill(done, pad_id)
@@ -307,6 +319,16 @@ def _decode(
     return torch.stack(tokens, dim=1)
 
 
+def sampled_logprobs(z: Tensor, tokens: Tensor) -> Tensor:
+    r""":math:`\log\mu(o) = z'_o - \operatorname{logsumexp}_v z'_v` in float32: the log-prob of
+    each drawn token under the distribution it was drawn from, ``z`` ``[N, V]`` the filtered
+    logits (:func:`filter_logits`: temperature, top-k, top-p; removed tokens at
+    :math:`-\infty`), ``tokens`` ``[N]``. These are the sampler's log-probs that
+    :mod:`gbmpo.objectives.rollout_correction` compares with the trainer's."""
+    z = z.float()
+    return z.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+
+
 @torch.no_grad()
 def generate(
     model: Any,
@@ -323,6 +345,7 @@ def generate(
     batch_size: int | None = None,
     engine: str = "gbmpo",
     lean_decoder: bool = True,
+    return_logprobs: bool = False,
 ) -> Rollout:
     """Sample (or, with ``do_sample=False``, greedily decode) completions of ``prompts``.
 
@@ -348,6 +371,9 @@ def generate(
             :class:`~gbmpo.rollout.decoder.LeanDecoder` supports through it (the same logits,
             without transformers' per-call overhead); ``False``: the model's own forward.
             Other models always use their own forward.
+        return_logprobs: also return the sampler's log-prob of every completion token
+            (:attr:`Rollout.sampling_logp`, :func:`sampled_logprobs`; with ``"hf"`` from
+            ``generate``'s processed scores); needs ``do_sample``.
 
     Returns:
         a :class:`Rollout` with its tensors on the CPU (:meth:`Rollout.to` moves them); padding
@@ -362,6 +388,9 @@ def generate(
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
     if engine not in ENGINES:
         raise ValueError(f"unknown rollout engine {engine!r}; valid engines: {', '.join(ENGINES)}")
+    if return_logprobs and not do_sample:
+        raise ValueError("return_logprobs needs do_sample=True (greedy decoding has no sampler "
+                         "distribution to score)")  # fmt: skip
     eos_ids = eos_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
@@ -397,6 +426,9 @@ def generate(
     was_training = model.training
     model.eval()
     pieces: list[Tensor] = []
+    logp_pieces: list[Tensor] = []
+    if return_logprobs and engine == "hf":
+        gen_kwargs.update(output_scores=True, return_dict_in_generate=True)
     try:
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
             if generator_seed is not None:
@@ -406,15 +438,24 @@ def generate(
                 att = prompt_mask[start : start + chunk].to(device)
                 if engine == "hf":
                     out = model.generate(input_ids=ids, attention_mask=att, **gen_kwargs)
+                    if return_logprobs:  # scores: the processed logits of every step
+                        new = out.sequences[:, ids.shape[1] :]
+                        steps = [sampled_logprobs(sc, new[:, t]) for t, sc in
+                                 enumerate(out.scores)]  # fmt: skip
+                        logp_pieces.append(torch.stack(steps, dim=1).cpu())
+                        out = out.sequences
                     pieces.append(out[:, ids.shape[1] :].cpu())
                     continue
+                steps_logp: list[Tensor] | None = [] if return_logprobs else None
                 completion = _decode(
                     model, ids, att, repeats=num_return_sequences,
                     max_new_tokens=max_new_tokens, do_sample=do_sample,
                     temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                    eos_ids=eos_ids, pad_id=int(pad_id), lean=lean_decoder,
+                    eos_ids=eos_ids, pad_id=int(pad_id), lean=lean_decoder, logprobs=steps_logp,
                 )
                 pieces.append(completion.cpu())
+                if steps_logp is not None:
+                    logp_pieces.append(torch.stack(steps_logp, dim=1).cpu())
     finally:
         model.train(was_training)
 
@@ -423,6 +464,12 @@ def generate(
         [torch.nn.functional.pad(p, (0, width - p.shape[1]), value=pad_id) for p in pieces]
     )
     completion_mask = completion_mask_from_ids(completion_ids, eos_ids)
+    sampling_logp = None
+    if return_logprobs:
+        joined = torch.cat(
+            [torch.nn.functional.pad(p.float(), (0, width - p.shape[1])) for p in logp_pieces]
+        )  # 0 on padding (and after the first EOS, where hf scores a pad at -inf)
+        sampling_logp = torch.where(completion_mask.bool(), joined, torch.zeros(()))
     # generate stops a row at its EOS or at L_max, so a chunk narrower than ``width`` only holds
     # rows that ended with EOS: the pad columns added above fall after it and are masked out.
     has_eos = torch.zeros(completion_ids.shape[0], dtype=torch.bool)
@@ -442,4 +489,5 @@ def generate(
         texts=list(texts),
         num_tokens=[int(n) for n in lengths],
         truncated=[not bool(h) for h in has_eos],
+        sampling_logp=sampling_logp,
     )

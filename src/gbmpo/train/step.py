@@ -7,7 +7,9 @@ Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` 
 3. rewards :math:`r_i = R(q, o_i)` from the task (per-sample failures -> 0, counted);
 4. behaviour log-probs :math:`\log\pi_{\text{old}}` (only when the policy moves before the batch
    is used up, or a regularizer term is placed in the reward) and reference log-probs
-   :math:`\log\pi_{\text{ref}}` (only when needed);
+   :math:`\log\pi_{\text{ref}}` (only when needed); with ``objective.rollout_correction`` the
+   sampler's log-probs :math:`\log\mu` too, and the weights :math:`w = f(\pi_{old}/\mu)` that
+   multiply each token's surrogate (:mod:`gbmpo.train.correction`);
 5. the terms placed in the reward: :math:`\tilde r_i = r_i - \sum_k \beta_k \sum_t
    D^{(k)}_{i,t}(\pi_{old}\,\|\,\pi_{ref})` (detached); then group advantages
    :math:`A_i = (\tilde r_i - \bar{\tilde r}_g)` [:math:`/\,(\sigma_g+\epsilon)`];
@@ -36,6 +38,7 @@ from torch import Tensor
 from gbmpo.rewards.scoring import score_completions
 from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
+from gbmpo.train.correction import micro_correction, sampler_weights
 from gbmpo.train.device import peak_memory_bytes
 from gbmpo.train.exact import full_terms, logprobs_and_exact, sequence_exact
 from gbmpo.train.precision import MasterWeightOptimizer
@@ -63,6 +66,7 @@ def train_step(tr: Trainer) -> dict[str, Any]:
         temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
         generator_seed=derive_seed(cfg.run.seed, "rollout", tr.step),  # same seed, same samples
         batch_size=ro.batch_size, engine=ro.generator, lean_decoder=ro.lean_decoder,
+        return_logprobs=cfg.objective.rollout_correction.active,  # the sampler's log mu
     ).to(tr.device)
     t_generated = time.perf_counter()
     mask = batch.completion_mask.float()
@@ -82,6 +86,8 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     #    mini-batches); log pi_ref only if the regularizer (or monitoring) needs it
     old_logp = no_grad_logprobs(tr, batch, reference=False) if tr.needs_old else None
     ref_logp = no_grad_logprobs(tr, batch, reference=True) if tr.needs_ref else None
+    # rollout correction: w = f(pi_old / mu) of the trainer's vs the sampler's log-probs
+    correction = sampler_weights(cfg.objective.rollout_correction, batch, old_logp, mask)
 
     # 5. terms placed in the reward: r_i - beta_k * sum_t D_k(pi_old || pi_ref) (detached), then
     #    group advantages: A_i = r_i - mean_g(r)  [/ (std_g + eps) for "grpo"]
@@ -112,7 +118,8 @@ def train_step(tr: Trainer) -> dict[str, Any]:
         for rows in order.split(tr.mini_batch):
             tr.optimizer.zero_grad(set_to_none=True)
             stats = accumulate_gradients(
-                tr, batch, rows, advantages, old_logp, ref_logp, diag, with_entropy=epoch == 0
+                tr, batch, rows, advantages, old_logp, ref_logp, diag, with_entropy=epoch == 0,
+                correction=correction,
             )
             if isinstance(tr.optimizer, MasterWeightOptimizer):
                 tr.optimizer.grads_to_masters()  # clip and step in fp32
@@ -218,6 +225,7 @@ def accumulate_gradients(
     diag: _Accumulator | None = None,
     *,
     with_entropy: bool = False,
+    correction: Tensor | None = None,
 ) -> _MiniBatchStats:
     r"""Backpropagate the loss of the mini-batch ``rows`` into ``.grad`` (summed over
     micro-batches of ``optim.micro_batch_size`` rows).
@@ -225,7 +233,9 @@ def accumulate_gradients(
     Each micro-batch loss uses the mini-batch's normalisers (``num_sequences = |rows|``,
     ``num_tokens`` = valid tokens of ``rows``, ``max_len = L_max``), so
     :math:`\sum_{\text{micro}} \mathcal L_{\text{micro}} = \mathcal L_{\text{mini}}`
-    and the accumulated gradient equals the one-batch gradient.
+    and the accumulated gradient equals the one-batch gradient. ``correction``: the step's
+    rollout-correction weights ``[N, T]`` (:mod:`gbmpo.train.correction`), which multiply the
+    surrogate of each token.
     """
     mask = batch.completion_mask.float()
     anchor_old = tr.objective.anchor == "old"
@@ -251,10 +261,17 @@ def accumulate_gradients(
             "ref": ref_logp[micro] if ref_logp is not None else None,
             "old": old if old is not None else logp.detach(),
         }
+        weights, corrected = micro_correction(
+            tr.config.objective.rollout_correction,
+            None if correction is None else correction[micro],
+            None if batch.sampling_logp is None else batch.sampling_logp[micro],
+            logp, advantages[micro], m,
+        )  # fmt: skip
         loss, metrics = policy_loss(
             tr, logp, old, anchor, advantages[micro], m, n_seq, n_tok, anchors=anchors,
-            exact=exact,
+            exact=exact, token_weights=weights,
         )  # fmt: skip
+        metrics.update(corrected)
         loss.backward()
         # the micro-batch losses are parts of the mini-batch loss: they add up
         stats.loss += metrics.pop("loss")
@@ -280,12 +297,14 @@ def policy_loss(
     *,
     anchors: dict[str, Tensor | None] | None = None,
     exact: dict[str, Tensor] | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The configured objective (:func:`gbmpo.objectives.compute_policy_loss`) of one
     micro-batch, normalised as its mini-batch: the surrogate plus the terms placed in the loss
     (``anchor``: the single term's anchor log-probs; ``anchors``: ``ref`` / ``old`` log-probs,
     each term taking its own, for a sum of terms; ``exact``: the per-token values of the terms
-    with ``estimator: full``, by name, used instead of their sampled-token formulas)."""
+    with ``estimator: full``, by name, used instead of their sampled-token formulas;
+    ``token_weights``: constants multiplying the surrogate per token, the rollout correction)."""
     from gbmpo.objectives import compute_policy_loss
     from gbmpo.objectives.estimators import ExactValues
 
@@ -298,7 +317,7 @@ def policy_loss(
     common: dict[str, Any] = {
         "surrogate": o.surrogate, "aggregation": o.aggregation,
         "max_len": tr.config.rollout.max_new_tokens,
-        "num_sequences": num_sequences, "num_tokens": num_tokens,
+        "num_sequences": num_sequences, "num_tokens": num_tokens, "token_weights": token_weights,
     }  # fmt: skip
     if o.single_loss_term:  # one regularizer in the loss
         return compute_policy_loss(

@@ -138,6 +138,15 @@ GBMPO: dict[str, Support] = {
                                          "micro-batch (KL family, prob_l2, neural_mirror)"),
     "objective.aggregation": H(),
     "objective.monitor_regularizers": H("reg/<name> for every registered regularizer"),
+    "objective.rollout_correction.mode": H(
+        "weights from the trainer's old log-probs vs the sampler's (gbmpo | hf sampler, "
+        "temperature / top-k / top-p applied): 1 up to float rounding unless top_p < 1, "
+        "top_k > 0 or bf16 (gbmpo.train.correction)"),
+    "objective.rollout_correction.level": H(),
+    "objective.rollout_correction.low": H(),
+    "objective.rollout_correction.high": H(),
+    "objective.rollout_correction.off_policy_mask_threshold": H(
+        "against the sampler's log-probs, per micro-batch with the current log-probs"),
     "optim.lr": H(),
     "optim.warmup_steps": H(),
     "optim.schedule": H(),
@@ -247,6 +256,19 @@ TRL: dict[str, Support] = {
     "objective.monitor_regularizers": H("reg/<name> = D(pi_old || pi_ref) for every registered "
                                         "regularizer (GBMPOConfig monitor_reference)",
                                         probe=False),
+    "objective.rollout_correction.mode": R(
+        "TRL returns the sampler's log-probs only from vLLM: a mode other than 'none' needs "
+        "rollout.generator vllm (then vllm_importance_sampling_correction with "
+        "vllm_importance_sampling_mode token|sequence_truncate (tis) or _mask (mis, icepop)); "
+        "'none' sets vllm_importance_sampling_correction=false, TRL's default being on",
+        lambda v, c: v != "none" and c.rollout.generator != "vllm", probe="tis"),
+    "objective.rollout_correction.level": H("vllm_importance_sampling_mode token_* | "
+                                            "sequence_*", probe="sequence"),
+    "objective.rollout_correction.low": H("vllm_importance_sampling_clip_min", probe=0.5),
+    "objective.rollout_correction.high": H("vllm_importance_sampling_clip_max", probe=3.0),
+    "objective.rollout_correction.off_policy_mask_threshold": H(
+        "off_policy_mask_threshold (against vLLM's log-probs with rollout.generator vllm, else "
+        "TRL's old log-probs)", probe=0.5),
     "optim.lr": H("the rate of each RL step from gbmpo's schedule (GRPOConfig learning_rate)",
                   probe=1e-4),
     "optim.warmup_steps": H("gbmpo's schedule, per RL step", probe=3),
@@ -324,6 +346,12 @@ def _verl_refuses_terms(value: Any, cfg: Any) -> bool:
     return bool(value.placement == "reward" and value.coef != 0 and value.params)
 
 
+def _verl_refuses_correction(value: Any, cfg: Any) -> bool:
+    """verl's TIS is a cap only; its masked IS ("low_high") needs both bounds."""
+    low = cfg.objective.rollout_correction.low
+    return (value == "tis" and low is not None) or (value == "mis" and low is None)
+
+
 _VERL_SAMPLER = "verl samples with vLLM whatever the value (the same sampling distribution)"
 VERL.update({
     "engine": H("verl's main_ppo with the gbmpo plugin"),
@@ -384,6 +412,21 @@ VERL.update({
         "verl logs the optimised regularizer only (actor/kl_loss), not reg/<name> for every "
         "registered one: set objective.monitor_regularizers: false", lambda v, c: bool(v),
         probe=True),
+    "objective.rollout_correction.mode": R(
+        "algorithm.rollout_correction.rollout_is (null for 'none'), rollout_is_threshold: "
+        "verl's truncated IS has no lower bound ('tis' with low is refused) and its masked IS "
+        "needs both bounds ('mis' without low is refused)", _verl_refuses_correction,
+        probe="mis"),
+    "objective.rollout_correction.level": H("algorithm.rollout_correction.rollout_is",
+                                            probe="sequence"),
+    "objective.rollout_correction.low": H("algorithm.rollout_correction.rollout_is_threshold "
+                                          "'low_high' (mis, icepop)", probe=0.25),
+    "objective.rollout_correction.high": H("algorithm.rollout_correction.rollout_is_threshold",
+                                           probe=3.0),
+    "objective.rollout_correction.off_policy_mask_threshold": R(
+        "verl 0.9.1 has no advantage-conditioned off-policy sequence mask (its rollout_rs "
+        "rejects sequences whatever their advantage): engines gbmpo and trl take it",
+        lambda v, c: v is not None, probe=0.5),
     "optim.lr": H(f"{_A}.optim.lr", probe=1e-4),
     "optim.warmup_steps": H(f"{_A}.optim.lr_warmup_steps (verl's linear warm-up starts at 0: "
                             "step s gets s/w of the rate, the own engine's (s+1)/w)", probe=5),

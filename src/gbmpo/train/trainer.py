@@ -124,6 +124,8 @@ class Trainer:
         self.mini_batch = cfg.optim.mini_batch_size or batch
         self.micro_batch = cfg.optim.micro_batch_size or self.mini_batch
         self.needs_old = cfg.optim.mu > 1 or self.mini_batch < batch
+        # the rollout correction compares pi_old's log-probs with the sampler's
+        self.needs_old = self.needs_old or cfg.objective.rollout_correction.active
 
     @classmethod
     def resume(

@@ -17,8 +17,10 @@ from gbmpo.integrations.trl.objective import (
     LOSS_TYPE_AGGREGATION,
     LOSS_TYPE_SURROGATES,
     REGULARIZER_ANCHORS,
+    TRL_CORRECTION_DEFAULTS,
     refuse_full_estimator,
     refuse_reward_placement,
+    rollout_correction_args,
     spec_from_trl_fields,
 )
 from gbmpo.objectives.regularizers import REGULARIZERS
@@ -379,10 +381,27 @@ class GBMPOConfig(GRPOConfig):
                 f"{spec.advantage!r} has no TRL counterpart; supported aggregations: "
                 f"{', '.join(TRL_LOSS_TYPES)}; advantages: {', '.join(TRL_SCALE_REWARDS)}"
             )
+        self._apply_rollout_correction(spec)
         self.objective = spec.to_dict()
         self._built = (spec.to_dict(), built)
         self.loss_type = TRL_LOSS_TYPES[spec.aggregation]
         self.scale_rewards = TRL_SCALE_REWARDS[spec.advantage]
+
+    def _apply_rollout_correction(self, spec: ObjectiveSpec) -> None:
+        """The spec's ``rollout_correction`` decides TRL's vLLM importance sampling and the
+        off-policy mask (mode ``none``: TRL's correction off, whatever TRL's default); a TRL field
+        set away from TRL's default to another value is refused (put it into the spec)."""
+        wanted = rollout_correction_args(spec.rollout_correction)
+        clash = [f"{k}={getattr(self, k)!r}" for k, d in TRL_CORRECTION_DEFAULTS.items()
+                 if getattr(self, k) != d and getattr(self, k) != wanted.get(k, d)]
+        if clash:
+            raise ValueError(
+                f"GBMPOConfig: objective= is given, so its rollout_correction section sets TRL's "
+                f"vLLM importance sampling; got {', '.join(clash)} (put them into "
+                "objective.rollout_correction instead)"
+            )
+        for key, value in wanted.items():
+            setattr(self, key, value)
 
     def _resolve_coefficient(self) -> None:
         if self.objective is not None:  # the spec's coefficient (checked by its build)

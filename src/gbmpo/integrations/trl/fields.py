@@ -53,7 +53,8 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
     "top_entropy_quantile": ("honoured", "TRL's high-entropy token mask multiplies the "
                              "surrogate and restricts the entropy bonus"),
     "off_policy_mask_threshold": ("honoured", "TRL's off-policy sequence mask multiplies the "
-                                  "surrogate"),
+                                  "surrogate; with objective= it is set from "
+                                  "objective.rollout_correction"),
     "entropy_coef": ("honoured", "TRL's entropy bonus, -entropy_coef * mean token entropy"),
     "use_adaptive_entropy": ("honoured", "TRL's adaptive entropy coefficient "
                              "(adaptive_entropy_coef), state kept in checkpoints as TRL does"),
@@ -65,7 +66,9 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
     "max_completion_length": ("honoured", "generation length; dr_grpo's normaliser"),
     "steps_per_generation": ("honoured", "TRL's batching; dapo/cispo/vespo normaliser"),
     "vllm_importance_sampling_correction": ("honoured", "the ratio multiplies the surrogate "
-                                            "only, as TRL; refused with loss_type='vespo' "
+                                            "only, as TRL; with objective= set from "
+                                            "objective.rollout_correction (off by default); "
+                                            "refused with loss_type='vespo' "
                                             "(TRL folds it into VESPO's sequence weight, which "
                                             "gbmpo's vespo surrogate does not take)"),
     "scale_rewards": ("honoured", "TRL's advantage normalisation (the objective spec's "

@@ -80,13 +80,15 @@ def window_means(metrics: dict[str, list[float]], token_weights: dict[str, list[
     r"""Reduce a logging window's per-micro-batch values in place (then emptied:
     ``token_weights``): a key with weights becomes its token-weighted mean
     :math:`\sum_j n_j v_j / \sum_j n_j` (:math:`n_j` valid tokens of micro-batch :math:`j`, so a
-    fraction of tokens stays one over the whole window); ``ratio/min`` / ``ratio/max`` become
-    the window's extremes."""
+    fraction of tokens stays one over the whole window); ``ratio/min`` / ``ratio/max`` and
+    ``rollout_correction/weight_min`` / ``_max`` become the window's extremes."""
     for key, w in token_weights.items():
         values = metrics.get(key)
         if values and len(values) == len(w) and sum(w) > 0:
             metrics[key] = [sum(v * x for v, x in zip(values, w, strict=True)) / sum(w)]
     token_weights.clear()
-    for key, pick in (("ratio/min", min), ("ratio/max", max)):
+    for key, pick in (("ratio/min", min), ("ratio/max", max),
+                      ("rollout_correction/weight_min", min),
+                      ("rollout_correction/weight_max", max)):
         if metrics.get(key):
             metrics[key] = [pick(metrics[key])]

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from gbmpo.integrations.trl.config import GBMPOConfig
 
 __all__ = [
+    "TRL_CORRECTION_DEFAULTS",
+    "rollout_correction_args",
     "CLIP_MODES",
     "LOSS_TYPE_AGGREGATION",
     "LOSS_TYPE_SURROGATES",
@@ -231,3 +233,30 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
         reference_monitors=dict(built.monitors),
         terms=() if built.single_loss_term else built.terms,
     )
+
+
+#: TRL 1.16's defaults of the fields :func:`rollout_correction_args` sets
+TRL_CORRECTION_DEFAULTS: dict[str, Any] = {
+    "vllm_importance_sampling_correction": True,
+    "vllm_importance_sampling_mode": "sequence_mask",
+    "vllm_importance_sampling_clip_min": None,
+    "vllm_importance_sampling_clip_max": 3.0,
+    "off_policy_mask_threshold": None,
+}
+
+
+def rollout_correction_args(rc: Any) -> dict[str, Any]:
+    """The ``GRPOConfig`` fields of ``objective.rollout_correction``: mode ``none`` switches
+    TRL's vLLM importance sampling off; ``tis`` is ``<level>_truncate`` and ``mis`` /
+    ``icepop`` ``<level>_mask``, with ``low`` / ``high`` as ``vllm_importance_sampling_clip_min``
+    / ``_max``; ``off_policy_mask_threshold`` as is."""
+    out: dict[str, Any] = {
+        "vllm_importance_sampling_correction": rc.mode != "none",
+        "off_policy_mask_threshold": rc.off_policy_mask_threshold,
+    }
+    if rc.mode != "none":
+        kind = "truncate" if rc.mode == "tis" else "mask"
+        out.update(vllm_importance_sampling_mode=f"{rc.level}_{kind}",
+                   vllm_importance_sampling_clip_min=rc.low,
+                   vllm_importance_sampling_clip_max=rc.high)  # fmt: skip
+    return out

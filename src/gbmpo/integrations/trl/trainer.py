@@ -14,6 +14,7 @@ from torch import Tensor
 from trl import GRPOTrainer
 
 from gbmpo.integrations.trl.config import GBMPOConfig
+from gbmpo.integrations.trl.correction import log_rollout_correction
 from gbmpo.integrations.trl.formulas import (
     adaptive_entropy_coef,
     dapo_normalizer,
@@ -138,7 +139,7 @@ class GBMPOTrainer(GRPOTrainer):
         # TRL's token weights ([B, T] or [B, 1]): they multiply the surrogate only, before the
         # regularizer is added (compute_policy_loss's token_weights).
         weights: Tensor | None = None
-        entropy_mask = None
+        entropy_mask = keep = ratio = None
         if self.top_entropy_quantile < 1.0:
             threshold = 1 - self.top_entropy_quantile
             entropy_mask = self.get_high_entropy_mask(entropies, mask, threshold)
@@ -156,6 +157,8 @@ class GBMPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             ratio = inputs["importance_sampling_ratio"]
             weights = ratio if weights is None else weights * ratio
+        if ratio is not None or keep is not None:  # rollout_correction/* (gbmpo.io.metrics)
+            log_rollout_correction(self, mode, ratio, keep, mask)
 
         # Regularizer anchor.
         anchor = ref_logp if obj.anchor == "ref" else old_logp
