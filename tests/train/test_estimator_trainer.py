@@ -162,7 +162,8 @@ def test_gbmpo_train_with_full_estimators_runs_end_to_end(micro_model_dir: Path,
     steps = [r for r in rows if "reg_value/kl_k3" in r]
     assert len(steps) == 2
     for r in steps:
-        assert r["reg_value/kl_k3"] >= 0 and "reward_penalty/kl_k1" in r
+        # exact KL >= 0; at step 1 the policy is the reference, so rounding may give -1e-10
+        assert r["reg_value/kl_k3"] >= -1e-6 and "reward_penalty/kl_k1" in r
         assert all(v == v for v in r.values() if isinstance(v, float))  # no NaN
 
 
