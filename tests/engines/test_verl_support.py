@@ -223,3 +223,30 @@ def test_seed_reaches_data_actor_and_rollout(tmp_path: Path) -> None:
 def test_optimizer_eps(tmp_path: Path) -> None:
     ov = overrides(_cfg(("optim.eps", 1e-6)), tmp_path)
     assert "actor_rollout_ref.actor.optim.override_optimizer_config={eps:1e-06}" in ov
+
+
+def test_cpu_modules_are_loaded_only_for_a_cpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gbmpo.engines.verl_runner import _verl_env
+
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    gpu, cpu = _verl_env(["json"]), _verl_env(["json"], cpu=True)
+    assert gpu["VERL_USE_EXTERNAL_MODULES"] == "json,gbmpo.integrations.verl"
+    assert "VERL_PLATFORM" not in gpu and "VERL_ENGINE_DEVICE" not in gpu
+    assert cpu["VERL_USE_EXTERNAL_MODULES"] == (
+        "gbmpo.integrations.verl_cpu.plugin,json,gbmpo.integrations.verl")
+    assert cpu["VERL_PLATFORM"] == "cpu" and cpu["VERL_ENGINE_DEVICE"] == "cuda"
+
+
+def test_untested_verl_stops_a_cpu_run_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:  # fmt: skip
+    """The version guard, from gbmpo's own environment (verl's version read in verl's)."""
+    import subprocess
+
+    from gbmpo.engines import verl_runner
+    from gbmpo.engines.checks import EngineUnavailable
+
+    monkeypatch.setattr(verl_runner, "verl_python", lambda: "/x/python")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 0, stdout="0.10.0\n", stderr=""))  # fmt: skip
+    with pytest.raises(EngineUnavailable, match=r"tested with verl 0\.9\.1 only, found verl 0\.10"):
+        verl_runner._gpu_python(_cfg(("model.device", "cpu")))

@@ -113,9 +113,6 @@ def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[st
            "VERL_USE_EXTERNAL_MODULES": modules}  # fmt: skip
     if cpu:
         env.update(verl_cpu.ENV)
-    else:
-        for key in verl_cpu.ENV:
-            env.pop(key, None)
     return env
 
 
