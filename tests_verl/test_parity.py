@@ -598,3 +598,71 @@ def test_source_facts_checked_at_first_use(monkeypatch: pytest.MonkeyPatch) -> N
     assert torch.isfinite(loss)
     _call("gbmpo_clip", x, "token-mean")
     assert calls == [True]
+
+
+# --------------------------------------------------------------------------------------------
+# A sum of regularizer terms: one KL loss gbmpo_sum == the own engine's terms
+# --------------------------------------------------------------------------------------------
+
+SUM_SPEC = {
+    "surrogate": {"name": "clip", "params": {"eps_low": 0.2, "eps_high": 0.28,
+                                             "dual_clip_c": 3.0}},
+    "regularizer": [{"name": "prob_l2", "coef": 0.05}, {"name": "kl_k3", "coef": 0.01},
+                    {"name": "rpg_ufkl", "coef": 0.002, "anchor": "old",
+                     "params": {"clamp": 10.0}},
+                    {"name": "kl_k1", "coef": 0.0}],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_sum_of_terms_equals_the_own_engines_sum(mode: str) -> None:
+    """``objective.regularizer`` as a list: the overrides gbmpo composes (``kl_loss_type=
+    gbmpo_sum``, coefficient 1, the terms with their coefficients, anchors and parameters)
+    through verl's own ``ppo_loss`` equal the own engine's ``compute_policy_loss(terms=...)``
+    in loss and gradient; the terms' ``kl_loss`` is the own engine's ``reg_loss``."""
+    from gbmpo.integrations.common import verl_objective_overrides
+    from gbmpo.objectives.loss import LossTerm
+
+    x = _tensors(seed=211 + MODES.index(mode))
+    t = x["mask"].shape[1]
+    ov = dict(o.lstrip("+").split("=", 1) for o in verl_objective_overrides(
+        {**SUM_SPEC, "aggregation": GBMPO_AGG[mode][0]}, max_response_length=t))  # fmt: skip
+    a = "actor_rollout_ref.actor"
+    assert ov[f"{a}.kl_loss_type"] == "gbmpo_sum" and ov[f"{a}.kl_loss_coef"] == "1.0"
+    terms = json.loads(ov[f"{a}.policy_loss.gbmpo_kl.terms"][1:-1])
+    assert [tm["name"] for tm in terms] == ["prob_l2", "kl_k3", "rpg_ufkl"]  # coef 0: dropped
+
+    def config(terms: list[dict[str, Any]]) -> FSDPActorConfig:
+        return FSDPActorConfig(
+            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
+            clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode,
+            use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type="gbmpo_sum",
+            policy_loss=gv.GBMPOPolicyLossConfig(
+                loss_mode="gbmpo_clip", gbmpo_surrogate=SUM_SPEC["surrogate"]["params"],
+                gbmpo_kl={"terms": json.dumps(terms)}),
+        )  # fmt: skip
+
+    l_v, g_v, m_v = _run_ppo_loss(config(terms), x)
+
+    agg, kw = GBMPO_AGG[mode]
+    if agg == "dr_grpo":
+        kw = {"max_len": t}
+    lp = x["logp"].clone().requires_grad_(True)
+    own_terms = [LossTerm("prob_l2", get_regularizer("prob_l2"), 0.05, x["ref"]),
+                 LossTerm("kl_k3", get_regularizer("kl_k3"), 0.01, x["ref"]),
+                 LossTerm("rpg_ufkl", get_regularizer("rpg_ufkl", clamp=10.0), 0.002,
+                          x["old"])]  # fmt: skip
+    l_g, m_g = compute_policy_loss(
+        logp=lp, old_logp=x["old"], ref_logp=None, advantages=x["adv"], mask=x["mask"],
+        surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0),
+        regularizer=None, aggregation=agg, terms=own_terms, **kw,
+    )  # fmt: skip
+    (g_g,) = torch.autograd.grad(l_g, lp)
+    dl, dg = float((l_g.detach() - l_v).abs()), float((g_g - g_v).abs().max())
+    _record(f"sum_of_terms[{mode}]", dl, dg)
+    assert dl <= TOL and dg <= TOL, (mode, dl, dg)
+    assert _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], abs=1e-6)
+    # sensitive: without the 'old' anchor the sum differs
+    terms[2]["anchor"] = "ref"
+    l_ref_anchor, _, _ = _run_ppo_loss(config(terms), x)
+    assert float((l_ref_anchor - l_v).abs()) > 1e-6

@@ -51,13 +51,15 @@ def test_run_without_gpus_exits_2_and_writes_nothing(
 
 @pytest.mark.parametrize(
     ("flags", "key"),
-    [([], "model.device"),  # the own engine's defaults: CPU
+    [([], "objective.monitor_regularizers"),  # the own engine's defaults
      (["--time-budget", "60"], "run.time_budget_seconds"),
      (["--model.dtype", "float16"], "model.dtype"),
      (["--lora.dropout", "0.1"], "lora.dropout"),
      (["--eval.max_new_tokens", "64"], "eval.max_new_tokens"),
      (["--objective.monitor_regularizers", "true"], "objective.monitor_regularizers"),
-     (["--eval.drift", "true"], "eval.drift")],
+     (["--eval.drift", "true"], "eval.drift"),
+     (["--model.device", "cpu", "--lora.enabled", "true"], "model.device"),
+     (["--model.device", "cpu", "--num-processes", "2"], "model.device")],
 )  # fmt: skip
 @pytest.mark.parametrize("dry", [False, True])
 def test_refused_values_exit_2_before_anything_is_written(

@@ -1,6 +1,7 @@
 """verl and ``objective.regularizer.placement``: ``reward`` becomes verl's in-reward KL through
-the gbmpo plugin's ``gbmpo_<name>`` KL types; a list of terms, and an in-reward term with
-parameters, are refused before anything runs."""
+the gbmpo plugin's ``gbmpo_<name>`` KL types; an in-reward term in a list of terms, and an
+in-reward term with parameters, are refused before anything runs (a list of loss terms is one KL
+loss, ``gbmpo_sum``: tests_verl/test_parity.py)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_reward_placement_is_verl_kl_in_reward(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "regularizer",
-    [[{"name": "prob_l2", "coef": 0.05}, {"name": "kl_k3", "coef": 0.01}],
+    [[{"name": "prob_l2", "coef": 0.05}, {"name": "kl_k3", "coef": 0.01, "placement": "reward"}],
      {"name": "kl_k3", "coef": 0.1, "placement": "reward", "params": {"clamp": 5.0}}],
 )  # fmt: skip
 def test_what_verl_cannot_express_is_refused(regularizer: Any) -> None:
@@ -50,6 +51,29 @@ def test_what_verl_cannot_express_is_refused(regularizer: Any) -> None:
         check_support(cfg, "verl")
     with pytest.raises(ValueError):
         verl_objective_overrides(cfg.objective, max_response_length=8)
+
+
+def test_a_list_of_loss_terms_is_one_sum_kl_loss(tmp_path: Path) -> None:
+    import json
+
+    terms = [{"name": "prob_l2", "coef": 0.05}, {"name": "rpg_ufkl", "coef": 0.01,
+                                                 "anchor": "old", "params": {"clamp": 5.0}},
+             {"name": "kl_k3", "coef": 0.0}]  # fmt: skip
+    cfg = _cfg(("objective.regularizer", terms))
+    assert check_support(cfg, "verl") == []
+    out = overrides(cfg, tmp_path / "run")
+    a = "actor_rollout_ref.actor"
+    for expected in (f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef=1.0",
+                     f"{a}.kl_loss_type=gbmpo_sum", "algorithm.use_kl_in_reward=false"):
+        assert expected in out, expected
+    (line,) = [o for o in out if o.startswith(f"+{a}.policy_loss.gbmpo_kl.terms=")]
+    assert json.loads(line.split("=", 1)[1][1:-1]) == [
+        {"name": "prob_l2", "coef": 0.05, "anchor": "ref", "params": {}},
+        {"name": "rpg_ufkl", "coef": 0.01, "anchor": "old", "params": {"clamp": 5.0}}]
+    bad = _cfg(("objective.regularizer", [{"name": "prob_l2", "coef": 0.05, "anchor": "old"},
+                                          {"name": "kl_k3", "coef": 0.01}]))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'objective.regularizer.anchor'=.*engine 'verl'"):
+        check_support(bad, "verl")
 
 
 def test_reward_penalty_is_score_minus_shaped_reward() -> None:

@@ -19,11 +19,14 @@ from gbmpo.train.support import (
     VERL,
     VERL_REQUIRED,
     check_support,
+    probe_settings,
 )
 
-#: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set);
-#: eval.every 0, so that eval.after changes test_freq
-VERL_OK: list[tuple[str, Any]] = [("engine", "verl"), *VERL_REQUIRED.items(), ("eval.every", 0)]
+#: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set), on
+#: GPUs (the probes include LoRA and several processes, which a CPU run refuses); eval.every 0,
+#: so that eval.after changes test_freq
+VERL_OK: list[tuple[str, Any]] = [("engine", "verl"), *VERL_REQUIRED.items(),
+                                  ("model.device", "cuda"), ("eval.every", 0)]  # fmt: skip
 
 
 def _cfg(*settings: tuple[str, Any]) -> Any:
@@ -78,14 +81,14 @@ def test_most_honoured_keys_have_a_probe() -> None:
 @pytest.mark.parametrize("key", [k for k, s in VERL.items() if s.status == REFUSED])
 def test_every_refused_entry_refuses_its_probe_on_verl(key: str) -> None:
     entry = VERL[key]
-    cfg = _cfg((key, entry.probe))
+    cfg = _cfg(*probe_settings(key, entry.probe))
     with pytest.raises(ConfigError, match=rf"'{key}'=.*engine 'verl'"):
         check_support(cfg, "verl")
 
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("model.device", "cpu"), ("model.device", "cuda:1"), ("model.dtype", "float16"),
+    [("model.device", "mps"), ("model.device", "cuda:1"), ("model.dtype", "float16"),
      ("run.time_budget_seconds", 240.0), ("objective.monitor_regularizers", True),
      ("lora.dropout", 0.1), ("eval.max_new_tokens", 64), ("objective.advantage", "batch"),
      ("objective.regularizer.anchor", "old")],
@@ -153,6 +156,43 @@ def test_after_false_with_an_every_that_misses_the_last_step_is_refused(tmp_path
     cfg = _cfg(("eval.every", 7), ("eval.after", False), ("run.steps", 30))
     with pytest.raises(ConfigError, match=r"'eval.after'=False.*engine 'verl'"):
         overrides(cfg, tmp_path)
+    with pytest.raises(ConfigError, match=r"'eval.after'=False.*engine 'verl'"):
+        check_support(cfg, "verl")  # the matrix says so, before anything is written
+    assert check_support(_cfg(("eval.every", 10), ("eval.after", False), ("run.steps", 30)),
+                         "verl") == []  # fmt: skip
+
+
+@pytest.mark.parametrize(("generations", "mini", "refused"),
+                         [(8, 12, True), (8, 16, False), (4, None, False), (3, 8, True)])
+def test_mini_batch_not_a_multiple_of_the_group_is_refused(
+    generations: int, mini: int | None, refused: bool
+) -> None:
+    cfg = _cfg(("rollout.num_generations", generations), ("rollout.prompts_per_step", 4),
+               ("optim.mini_batch_size", mini))  # fmt: skip
+    if refused:
+        with pytest.raises(ConfigError, match=r"'optim.mini_batch_size'=.*engine 'verl'"):
+            check_support(cfg, "verl")
+    else:
+        assert check_support(cfg, "verl") == []
+
+
+def test_cpu_refuses_lora_and_several_processes() -> None:
+    base = [("model.device", "cpu")]
+    assert check_support(_cfg(*base), "verl") == []
+    for extra in (("lora.enabled", True), ("run.num_processes", 2), ("run.num_nodes", 2)):
+        with pytest.raises(ConfigError, match=r"'model.device'='cpu'.*engine 'verl'"):
+            check_support(_cfg(*base, extra), "verl")
+
+
+def test_cpu_overrides_only_on_a_cpu_run(tmp_path: Path) -> None:
+    from gbmpo.engines.verl_args import cpu_overrides
+
+    gpu, cpu = overrides(_cfg(), tmp_path), overrides(_cfg(("model.device", "cpu")), tmp_path)
+    assert "actor_rollout_ref.rollout.name=vllm" in gpu and cpu_overrides(_cfg()) == []
+    assert "actor_rollout_ref.rollout.name=hf" in cpu
+    for o in ("trainer.device=cpu", "+ray_kwargs.ray_init.num_gpus=1"):
+        assert o in cpu and o not in gpu
+    assert "trainer.use_v1=false" in gpu and "trainer.use_v1=false" in cpu
 
 
 def test_eval_switches_reach_verl(tmp_path: Path) -> None:
@@ -194,7 +234,6 @@ def test_optimizer_eps(tmp_path: Path) -> None:
     assert "actor_rollout_ref.actor.optim.override_optimizer_config={eps:1e-06}" in ov
 
 
-
 def test_rollout_correction_overrides(tmp_path: Path) -> None:
     rc = "objective.rollout_correction."
     c = "algorithm.rollout_correction."
@@ -210,3 +249,30 @@ def test_rollout_correction_overrides(tmp_path: Path) -> None:
                 [(rc + "off_policy_mask_threshold", 0.5)]):  # fmt: skip
         with pytest.raises(ConfigError, match="rollout_correction.*engine 'verl'"):
             check_support(_cfg(*bad), "verl")
+
+
+def test_cpu_modules_are_loaded_only_for_a_cpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gbmpo.engines.verl_runner import _verl_env
+
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    gpu, cpu = _verl_env(["json"]), _verl_env(["json"], cpu=True)
+    assert gpu["VERL_USE_EXTERNAL_MODULES"] == "json,gbmpo.integrations.verl"
+    assert "VERL_PLATFORM" not in gpu and "VERL_ENGINE_DEVICE" not in gpu
+    assert cpu["VERL_USE_EXTERNAL_MODULES"] == (
+        "gbmpo.integrations.verl_cpu.plugin,json,gbmpo.integrations.verl")
+    assert cpu["VERL_PLATFORM"] == "cpu" and cpu["VERL_ENGINE_DEVICE"] == "cuda"
+
+
+def test_untested_verl_stops_a_cpu_run_in_one_line(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:  # fmt: skip
+    """The version guard, from gbmpo's own environment (verl's version read in verl's)."""
+    import subprocess
+
+    from gbmpo.engines import verl_runner
+    from gbmpo.engines.checks import EngineUnavailable
+
+    monkeypatch.setattr(verl_runner, "verl_python", lambda: "/x/python")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a, 0, stdout="0.10.0\n", stderr=""))  # fmt: skip
+    with pytest.raises(EngineUnavailable, match=r"tested with verl 0\.9\.1 only, found verl 0\.10"):
+        verl_runner._gpu_python(_cfg(("model.device", "cpu")))

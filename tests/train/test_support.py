@@ -13,6 +13,7 @@ from gbmpo.train.support import (
     SUPPORT,
     check_support,
     config_keys,
+    probe_settings,
     render_markdown,
 )
 
@@ -58,7 +59,7 @@ def test_every_refused_entry_refuses_its_probe(engine: str, key: str) -> None:
     entry = SUPPORT[engine][key]
     assert entry.how, f"{engine}/{key}: a refusal says why"
     assert entry.probe is not None, f"{engine}/{key}: a refusal names a refused value (probe)"
-    cfg = _base(engine, (key, entry.probe))
+    cfg = _base(engine, *probe_settings(key, entry.probe))
     with pytest.raises(ConfigError, match=rf"{key}.*engine {engine!r}"):
         check_support(cfg, engine)
 

@@ -15,10 +15,12 @@ from gbmpo.integrations.common import hydra_value as _value
 
 __all__ = [
     "PASSTHROUGH_TEMPLATE",
+    "cpu_overrides",
     "data_source",
     "overrides",
     "precision_overrides",
     "reward_module_path",
+    "schedule_overrides",
     "validation_freq",
     "with_mirror_file",
     "write_data",
@@ -78,9 +80,7 @@ def overrides(
         f"{a}.optim.weight_decay={opt.weight_decay!r}",
         f"{a}.optim.betas={_value(list(opt.betas))}",
         f"{a}.optim.override_optimizer_config={{eps:{opt.eps!r}}}",
-        f"{a}.optim.lr_warmup_steps={opt.warmup_steps}",
-        f"{a}.optim.lr_scheduler_type={opt.schedule}",
-        f"{a}.optim.min_lr_ratio={opt.min_lr_ratio!r}",
+        *schedule_overrides(cfg),
         f"{a}.optim.clip_grad={opt.grad_clip if opt.grad_clip is not None else 1e9!r}",
         f"{a}.ppo_mini_batch_size={mini // G}",
         f"{a}.ppo_epochs={opt.mu}",
@@ -107,8 +107,9 @@ def overrides(
         out += [f"actor_rollout_ref.model.lora_rank={cfg.lora.r}",
                 f"actor_rollout_ref.model.lora_alpha={cfg.lora.alpha}",
                 f"actor_rollout_ref.model.target_modules={modules}"]  # fmt: skip
+    cpu = cfg.model.device == "cpu"
     out += [
-        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.name={'hf' if cpu else 'vllm'}",
         f"actor_rollout_ref.rollout.n={G}",
         f"actor_rollout_ref.rollout.temperature={ro.temperature!r}",
         f"actor_rollout_ref.rollout.top_p={ro.top_p!r}",
@@ -123,7 +124,9 @@ def overrides(
         "reward.custom_reward_function.name=compute_score",
         "+reward.custom_reward_function.reward_kwargs.gbmpo_config="
         + _value(str(run_dir / "config.yaml")),
-        # the run
+        # the run: verl's legacy trainer (main_ppo_v0; the v1 default needs TransferQueue's
+        # storage actors, 8 CPUs by default): one trainer on GPUs and on the CPU
+        "trainer.use_v1=false",
         f"trainer.n_gpus_per_node={run.num_processes}",
         f"trainer.nnodes={run.num_nodes}",
         f"trainer.total_training_steps={run.steps}",
@@ -136,8 +139,57 @@ def overrides(
         "trainer.project_name=gbmpo",
         f"trainer.experiment_name={_value(run_dir.name)}",
         f"trainer.logger={_value(['console', 'file', *run.report_to])}",
+        *cpu_overrides(cfg),
     ]
     return out
+
+
+def cpu_overrides(cfg: Any) -> list[str]:
+    """The overrides of a CPU run (``model.device: cpu``; none otherwise), with the platform
+    and rollout of :mod:`gbmpo.integrations.verl_cpu` loaded in verl's processes: Ray with one
+    logical GPU (verl's placement groups count GPU bundles; no CUDA is used) and a few logical
+    CPUs for verl's actors, the device, the ``hf`` rollout (one server, no tensor
+    parallelism), SDPA attention (no flash-attn), no torch.compile, FSDP2 (whose CPU offload
+    policy the reference model uses), no gradient checkpointing, and the data loaded in the
+    trainer's process, one agent-loop and one reward worker."""
+    if cfg.model.device != "cpu":
+        return []
+    a = "actor_rollout_ref"
+    return [
+        "+ray_kwargs.ray_init.num_gpus=1",
+        "ray_kwargs.ray_init.num_cpus=8",
+        "trainer.device=cpu",
+        f"{a}.rollout.tensor_model_parallel_size=1",
+        f"+{a}.model.override_config.attn_implementation=sdpa",
+        f"{a}.model.enable_gradient_checkpointing=false",
+        f"{a}.model.use_remove_padding=false",
+        f"{a}.actor.use_torch_compile=false",
+        f"{a}.actor.strategy=fsdp2",
+        f"{a}.ref.strategy=fsdp2",
+        "data.dataloader_num_workers=0",
+        # one agent-loop and one reward-loop worker (8 each by default: a Ray process apiece)
+        f"{a}.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+    ]
+
+
+def schedule_overrides(cfg: Any) -> list[str]:
+    """``optim.schedule`` / ``warmup_steps`` / ``min_lr_ratio`` as verl's LR scheduler
+    (``verl.utils.torch_functional``), the own engine's rate at every step
+    (:meth:`gbmpo.train.trainer.Trainer.lr_at`: warm-up :math:`(s+1)/w` for :math:`s < w`, then
+    constant or cosine with progress :math:`(s-w)/(S-w)`).
+
+    verl's ``constant`` warms up as :math:`s/w` (the first step at rate 0), so ``constant``
+    becomes verl's ``cosine`` with ``min_lr_ratio=1`` (a flat cosine) and
+    ``zero_indexed_step=false`` (its warm-up is then :math:`(s+1)/w`). ``cosine`` keeps verl's
+    zero-indexed steps (the same progress); with a warm-up verl's cosine cannot give both the
+    own warm-up and the own progress, so that is refused (the support matrix)."""
+    opt = cfg.optim
+    a = "actor_rollout_ref.actor.optim"
+    out = [f"{a}.lr_warmup_steps={opt.warmup_steps}", f"{a}.lr_scheduler_type=cosine"]
+    if opt.schedule == "constant":
+        return [*out, f"{a}.min_lr_ratio=1.0", f"{a}.zero_indexed_step=false"]
+    return [*out, f"{a}.min_lr_ratio={opt.min_lr_ratio!r}", f"{a}.zero_indexed_step=true"]
 
 
 def validation_freq(cfg: Any) -> int:
@@ -189,12 +241,15 @@ def with_mirror_file(cfg: Any, path: Path) -> Any:
     import copy
 
     reg = cfg.objective.regularizer
-    if isinstance(reg, list):  # a sum of regularizers: refused on verl (the support matrix)
-        return cfg
-    mirror = reg.params.get("mirror")
-    if reg.name != "neural_mirror" or (
-        isinstance(mirror, str) and Path(mirror).expanduser().exists()
-    ):
+    terms = reg if isinstance(reg, list) else [reg]
+    missing = []
+    for i, term in enumerate(terms):
+        mirror = term.params.get("mirror")
+        if term.name == "neural_mirror" and not (
+            isinstance(mirror, str) and Path(mirror).expanduser().exists()
+        ):
+            missing.append(i)
+    if not missing:
         return cfg
     from gbmpo.objectives.mirror import NeuralMirrorMap
 
@@ -202,7 +257,10 @@ def with_mirror_file(cfg: Any, path: Path) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         NeuralMirrorMap.random(0.01, 42).save(path)
     out = copy.deepcopy(cfg)
-    out.objective.regularizer.params = {**reg.params, "mirror": str(path.resolve())}
+    new = out.objective.regularizer
+    for i in missing:
+        term = new[i] if isinstance(new, list) else new
+        term.params = {**term.params, "mirror": str(path.resolve())}
     return out
 
 

@@ -98,15 +98,22 @@ def verl_python() -> str | None:
     return None
 
 
-def _verl_env(plugins: list[str] | None = None) -> dict[str, str]:
+def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[str, str]:
     """This process's environment, with this gbmpo first on the path and the plugin loaded
     (after the run's ``run.plugins``, which may register surrogates and regularizers that the
-    plugin then registers with verl)."""
+    plugin then registers with verl); with ``cpu`` also the CPU platform and rollout
+    (:mod:`gbmpo.integrations.verl_cpu`, never on a GPU run)."""
+    from gbmpo.integrations import verl_cpu
+
     src = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
-    modules = ",".join([*(plugins or []), "gbmpo.integrations.verl"])
-    return {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""),
-            "VERL_USE_EXTERNAL_MODULES": modules}  # fmt: skip
+    extra = [verl_cpu.PLUGIN] if cpu else []
+    modules = ",".join([*extra, *(plugins or []), "gbmpo.integrations.verl"])
+    env = {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""),
+           "VERL_USE_EXTERNAL_MODULES": modules}  # fmt: skip
+    if cpu:
+        env.update(verl_cpu.ENV)
+    return env
 
 
 def check_engine_support(cfg: Any) -> list[str]:
@@ -140,13 +147,13 @@ def dry_run(cfg: Any) -> DryRunReport:
             report.skip("verl config", "no verl environment here (GBMPO_VERL_PYTHON, .venv-verl)")
             return report
         plugins = list(cfg.run.plugins)
-        proc = _verl_check(python, ov, Path(tmp), plugins)
+        proc = _verl_check(python, ov, Path(tmp), plugins, cpu=cfg.model.device == "cpu")
         if proc.returncode != 0 and "vllm version" in proc.stderr and cfg.lora.enabled:
             # verl checks the installed vLLM for LoRA rollouts: validate the rest without LoRA
             report.skip("verl LoRA", "verl validates LoRA against an installed vLLM (GPU only)")
             proc = _verl_check(python, [o for o in ov if ".lora_" not in o
                                         and ".target_modules=" not in o], Path(tmp),
-                               plugins)  # fmt: skip
+                               plugins, cpu=cfg.model.device == "cpu")  # fmt: skip
     if proc.returncode != 0:
         from gbmpo.train.config import ConfigError
 
@@ -159,13 +166,13 @@ def dry_run(cfg: Any) -> DryRunReport:
 
 
 def _verl_check(
-    python: str, ov: list[str], tmp: Path, plugins: list[str] | None = None
+    python: str, ov: list[str], tmp: Path, plugins: list[str] | None = None, *, cpu: bool = False
 ) -> subprocess.CompletedProcess[str]:
     ov_file = tmp / "overrides.json"
     ov_file.write_text(json.dumps(ov))
     return subprocess.run(
         [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
-        env=_verl_env(plugins), capture_output=True, text=True, timeout=300,
+        env=_verl_env(plugins, cpu=cpu), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
 
@@ -208,8 +215,10 @@ def run(cfg: Any) -> dict[str, Any]:
 
 
 def _gpu_python(cfg: Any) -> str:
-    """verl's interpreter where it sees ``run.num_processes`` GPUs; else
-    :class:`EngineUnavailable` naming what is missing."""
+    """verl's interpreter where it can run ``cfg``: on ``model.device: cuda`` where it sees
+    ``run.num_processes`` GPUs; on ``cpu`` where its verl is a version the CPU run was tested
+    with (:func:`gbmpo.integrations.verl_cpu.check_version`). Else :class:`EngineUnavailable`
+    naming what is missing."""
     python = verl_python()
     if python is None:
         raise EngineUnavailable(
@@ -218,6 +227,18 @@ def _gpu_python(cfg: Any) -> str:
             "pip install 'gbmpo[verl]' into a new environment and point GBMPO_VERL_PYTHON at its "
             "python"
         )
+    if cfg.model.device == "cpu":
+        from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
+
+        probe = subprocess.run(
+            [python, "-c", "import importlib.metadata as m; print(m.version('verl'))"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        try:
+            check_version(probe.stdout.strip() if probe.returncode == 0 else None)
+        except VerlCPUError as err:
+            raise EngineUnavailable(str(err)) from None
+        return python
     probe = subprocess.run(
         [python, "-c", "import torch; print(torch.cuda.device_count())"],
         capture_output=True, text=True, timeout=300,
@@ -227,7 +248,8 @@ def _gpu_python(cfg: Any) -> str:
         raise EngineUnavailable(
             f"engine verl needs {cfg.run.num_processes} NVIDIA GPU(s) per node "
             f"(run.num_processes), found {gpus} in verl's environment ({python}); "
-            "`gbmpo train --engine verl --dry-run` checks the config without them"
+            "model.device: cpu trains on the CPU (one process), and "
+            "`gbmpo train --engine verl --dry-run` checks the config without GPUs"
         )
     return python
 
@@ -239,10 +261,13 @@ def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
     from gbmpo.io import write_atomic
 
     write_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
-    env = {**_verl_env(list(cfg.run.plugins)),
+    env = {**_verl_env(list(cfg.run.plugins), cpu=cfg.model.device == "cpu"),
            "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / VERL_METRICS_FILE)}  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov], env=env)
+    # Hydra's own output folder (the composed config, the log) inside the run directory, not
+    # ./outputs of the working directory
+    hydra_dir = f"hydra.run.dir={_value(str(run_dir.resolve() / 'hydra'))}"
+    proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov, hydra_dir], env=env)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"verl.trainer.main_ppo failed (exit {proc.returncode}); see above")

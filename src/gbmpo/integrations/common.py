@@ -36,6 +36,7 @@ __all__ = [
     "TRL_SCALE_REWARDS",
     "VERL_ADV_ESTIMATORS",
     "VERL_LOSS_AGG_MODES",
+    "VERL_SUM",
     "check_fields",
     "check_signatures",
     "check_sources",
@@ -181,8 +182,9 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     only on verl), or with
     ``placement: reward`` verl's in-reward KL (``algorithm.use_kl_in_reward``, ``kl_penalty=
     gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``); aggregation -> ``loss_agg_mode``
-    (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``). ``ValueError`` names what
-    verl cannot express (a list of regularizer terms: verl has one KL)."""
+    (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``); a list of regularizer terms
+    -> one KL loss ``gbmpo_sum`` (:func:`_verl_sum_overrides`). ``ValueError`` names what verl
+    cannot express."""
     from pathlib import Path
 
     from gbmpo.objectives.spec import ObjectiveSpec
@@ -214,10 +216,7 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     for key, value in params.items():
         out.append(f"+{a}.policy_loss.gbmpo_surrogate.{key}={hydra_value(value)}")
     if len(o.terms) > 1:
-        raise ValueError(
-            f"'objective.regularizer' lists {len(o.terms)} terms ({o.regularizer_label}): verl "
-            "has one KL (loss or reward), so a sum of regularizers is refused there"
-        )
+        return out + _verl_sum_overrides(o.terms)
     reg = o.terms[0]
     if reg.estimator == "full":
         raise ValueError(
@@ -261,6 +260,53 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
             value = str(Path(value).expanduser().resolve())
         out.append(f"+{a}.policy_loss.gbmpo_kl.{key}={hydra_value(value)}")
     return out
+
+
+#: the verl KL loss type of a sum of regularizer terms (``kl_loss_type=gbmpo_sum``, the terms in
+#: ``policy_loss.gbmpo_kl.terms``); not a regularizer name
+VERL_SUM = "sum"
+
+
+def _verl_sum_overrides(terms: list[Any]) -> list[str]:
+    """A list of regularizer terms as one verl KL loss, ``gbmpo_sum`` with ``kl_loss_coef`` 1:
+    per token :math:`\\sum_k \\lambda_k D_k(\\pi_\theta, \text{anchor}_k)`, the terms (name,
+    coef, anchor, params) as JSON in ``policy_loss.gbmpo_kl.terms``. ``ValueError`` for what
+    one term alone could not do on verl either (``estimator: full``, an ``old`` anchor on a
+    regularizer other than ``rpg_*``) and for ``placement: reward`` (verl's in-reward KL is one
+    built-in type without parameters)."""
+    import json
+    from pathlib import Path
+
+    a = "actor_rollout_ref.actor"
+    listed = []
+    for t in terms:
+        if t.estimator == "full":
+            raise ValueError(
+                f"'objective.regularizer' term {t.name!r}: estimator 'full' is not supported by "
+                "engine verl (per-token log-probs only)"
+            )
+        if t.name == "none" or t.coef == 0:
+            continue
+        if t.placement == "reward":
+            raise ValueError(
+                f"'objective.regularizer' term {t.name!r}: placement reward in a list of terms is "
+                "not supported by engine verl (its in-reward KL is one type without parameters)"
+            )
+        if t.anchor == "old" and not t.name.startswith("rpg_"):
+            raise ValueError(
+                f"'objective.regularizer.anchor'=old with {t.name!r}: verl's KL loss is anchored "
+                "at the reference model; the rollout policy as anchor is offered there for the "
+                "rpg_* regularizers only"
+            )
+        params = {k: (str(Path(v).expanduser().resolve()) if k == "mirror" and v is not None
+                      else v) for k, v in t.params.items()}  # fmt: skip
+        listed.append({"name": t.name, "coef": float(t.coef), "anchor": t.anchor,
+                       "params": params})  # fmt: skip
+    if not listed:
+        return [f"{a}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"]
+    return ["algorithm.use_kl_in_reward=false", f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef=1.0",
+            f"{a}.kl_loss_type=gbmpo_{VERL_SUM}",
+            f"+{a}.policy_loss.gbmpo_kl.terms={hydra_value(json.dumps(listed))}"]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

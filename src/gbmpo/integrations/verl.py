@@ -103,7 +103,7 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
         "e.g. bash scripts/install_verl_env.sh)"
     ) from _err
 
-from gbmpo.integrations.common import clip_params, verl_objective_overrides
+from gbmpo.integrations.common import VERL_SUM, clip_params, verl_objective_overrides
 from gbmpo.integrations.verl_internals import (
     _SUPPORTED_MAX,
     _SUPPORTED_MIN,
@@ -121,7 +121,9 @@ __all__ = [
     "SUPPORTED_VERL",
     "GBMPOPolicyLossConfig",
     "VerlInternalsError",
+    "SumPenalty",
     "build_regularizer",
+    "build_sum",
     "build_surrogate",
     "check_verl_internals",
     "describe",
@@ -289,6 +291,59 @@ def build_regularizer(kl_loss_type: str, params: Mapping[str, Any] | None = None
     return _REGULARIZER_CACHE[key]
 
 
+class SumPenalty:
+    r"""A sum of regularizer terms as one verl KL loss (``kl_loss_type=gbmpo_sum``,
+    ``kl_loss_coef=1``): per token
+
+    .. math:: \sum_k \lambda_k\, D_k(\log\pi_\theta, \log\pi_{\text{anchor}_k})
+
+    with each term's coefficient :math:`\lambda_k`, anchor (``ref``: verl's reference
+    log-probs; ``old``: the rollout log-probs handed over by the gbmpo policy loss) and
+    parameters: the per-token part of the own engine's
+    :func:`gbmpo.objectives.compute_policy_loss` with ``terms`` (the aggregation is linear, so
+    verl's ``agg(sum)`` is the own ``sum`` of the aggregated terms)."""
+
+    def __init__(self, terms: list[dict[str, Any]]) -> None:
+        if not terms:
+            raise ValueError("kl_loss_type=gbmpo_sum needs policy_loss.gbmpo_kl.terms")
+        self.terms = []
+        for t in terms:
+            anchor = t.get("anchor", "ref")
+            if anchor not in ("ref", "old"):
+                raise ValueError(f"gbmpo_sum term {t.get('name')!r}: anchor must be 'ref' or "
+                                 f"'old', got {anchor!r}")  # fmt: skip
+            reg = build_regularizer(PREFIX + str(t["name"]), dict(t.get("params") or {}))
+            self.terms.append((reg, float(t["coef"]), anchor))
+        self.name = "+".join(r.name for r, _, _ in self.terms)
+        self.needs_old = any(anchor == "old" for _, _, anchor in self.terms)
+
+    def __call__(self, *, logp: Tensor, ref_logp: Tensor, old_logp: Tensor | None) -> Tensor:
+        out = torch.zeros_like(logp)
+        for reg, coef, anchor in self.terms:
+            values = reg(logp=logp, old_logp=old_logp,
+                         ref_logp=old_logp if anchor == "old" else ref_logp)  # fmt: skip
+            out = out + coef * values.to(out.dtype)
+        return out
+
+
+_SUM_CACHE: dict[str, SumPenalty] = {}
+
+
+def build_sum(params: Mapping[str, Any] | None = None) -> SumPenalty:
+    """The :class:`SumPenalty` of ``params["terms"]`` (a JSON string or a list of
+    ``{name, coef, anchor, params}``; default: those of :func:`configure_kl`); cached."""
+    import json
+
+    p = dict(_KL_PARAMS) if params is None else _split_anchor(params)[0]
+    terms = p.get("terms")
+    if isinstance(terms, str):
+        terms = json.loads(terms)
+    key = json.dumps(terms, sort_keys=True, default=str)
+    if key not in _SUM_CACHE:
+        _SUM_CACHE[key] = SumPenalty(list(terms or []))
+    return _SUM_CACHE[key]
+
+
 # --------------------------------------------------------------------------------------------
 # Hand-over of the rollout log-probs from the policy loss to the KL loss of one micro-batch
 # --------------------------------------------------------------------------------------------
@@ -316,6 +371,25 @@ class _OldLogProbSlot:
 
 _OLD = _OldLogProbSlot()
 _warned_on_policy = False
+
+#: ``GBMPO_VERL_DUMP_DIR``: a directory where each gbmpo policy-loss and KL call of this process
+#: saves its input tensors (``<kind>_<pid>_<n>.pt``), so that a test can recompute the loss with
+#: the own engine's functions on exactly the tensors verl trained on; unset: nothing is saved
+DUMP_ENV = "GBMPO_VERL_DUMP_DIR"
+_dumped: dict[str, int] = {}
+
+
+def _dump(kind: str, **tensors: Any) -> None:
+    import os
+
+    where = os.environ.get(DUMP_ENV)
+    if not where:
+        return
+    n = _dumped[kind] = _dumped.get(kind, 0) + 1
+    path = os.path.join(where, f"{kind}_{os.getpid()}_{n:04d}.pt")
+    os.makedirs(where, exist_ok=True)
+    torch.save({k: v.detach().cpu() if isinstance(v, Tensor) else v
+                for k, v in tensors.items()}, path)  # fmt: skip
 _sources_checked = False
 
 
@@ -366,6 +440,9 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
         loss = core_algos.agg_loss(
             loss_mat=per_token, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **gbi
         )
+        _dump("policy_loss", old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages,
+              response_mask=response_mask, loss=loss, loss_agg_mode=loss_agg_mode,
+              global_batch_info=gbi)  # fmt: skip
         metrics: dict[str, Any] = {
             # verl's names and meanings: share of tokens where the clip removes the gradient,
             # mean of log(pi_old / pi_theta), share where the dual clip binds
@@ -395,8 +472,9 @@ def policy_loss_names() -> list[str]:
 
 def kl_loss_types() -> list[str]:
     """The ``kl_loss_type`` names the hook serves: ``gbmpo_`` + each regularizer name (plugin
-    regularizers of the ``gbmpo.regularizers`` entry-point group included)."""
-    return [PREFIX + n for n in REGULARIZERS.names()]
+    regularizers of the ``gbmpo.regularizers`` entry-point group included), and ``gbmpo_sum``
+    (:class:`SumPenalty`)."""
+    return [PREFIX + n for n in REGULARIZERS.names()] + [PREFIX + VERL_SUM]
 
 
 def register_policy_losses() -> list[str]:
@@ -421,6 +499,17 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
     (float64 stays float64)."""
     global _warned_on_policy
     _check_sources_once()
+    if kl_penalty == PREFIX + VERL_SUM:
+        penalty = build_sum()
+        old = _OLD.take(logprob)
+        if old is None and penalty.needs_old:
+            raise ValueError(
+                f"kl_loss_type={kl_penalty} with a term anchored at 'old' needs the rollout "
+                "log-probs, which only a gbmpo policy loss hands over"
+            )
+        values = penalty(logp=logprob, ref_logp=ref_logprob, old_logp=old)
+        _dump("kl", log_prob=logprob, ref_log_prob=ref_logprob, values=values)
+        return values
     reg = build_regularizer(kl_penalty)
     old = _OLD.take(logprob)
     anchor = _KL_ANCHOR[0]
@@ -439,7 +528,9 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
             stacklevel=2,
         )
     ref = old if anchor == "old" else ref_logprob
-    return reg(logp=logprob, old_logp=old, ref_logp=ref)
+    values = reg(logp=logprob, old_logp=old, ref_logp=ref)
+    _dump("kl", log_prob=logprob, ref_log_prob=ref_logprob, values=values)
+    return values
 
 
 def install_kl_hook(algos: Any = core_algos) -> None:
@@ -511,7 +602,8 @@ def describe(config: Any) -> dict[str, Any]:
     kl_params = _get(_get(config, "policy_loss"), "gbmpo_kl")
     if _get(config, "use_kl_loss", False) and str(kl_type).startswith(PREFIX):
         base = kl_type[:-1] if kl_type.endswith("+") else kl_type
-        reg = build_regularizer(base, kl_params)
+        reg = (build_sum(kl_params) if base == PREFIX + VERL_SUM
+               else build_regularizer(base, kl_params))  # fmt: skip
     return {"surrogate": surr, "regularizer": reg, "anchor": _split_anchor(kl_params)[1]}
 
 

@@ -35,8 +35,10 @@ __all__ = [
     "REQUIRED",
     "VERL_REQUIRED",
     "Support",
+    "Together",
     "check_support",
     "config_keys",
+    "probe_settings",
     "render_markdown",
 ]
 
@@ -58,6 +60,20 @@ class Support:
     how: str = ""
     refuse: Callable[[Any, Any], bool] | None = None
     probe: Any = None
+
+
+@dataclass(frozen=True)
+class Together:
+    """A probe that needs other keys set with it (``settings``: ``(key, value)`` pairs, the
+    entry's own key among them), e.g. ``eval.after: false`` refused only with an ``eval.every``
+    that misses the last step."""
+
+    settings: tuple[tuple[str, Any], ...]
+
+
+def probe_settings(key: str, probe: Any) -> list[tuple[str, Any]]:
+    """The config settings of ``key``'s ``probe`` (:class:`Together`: its settings)."""
+    return list(probe.settings) if isinstance(probe, Together) else [(key, probe)]
 
 
 def H(how: str = "", probe: Any = None) -> Support:  # noqa: N802 - table shorthand
@@ -321,10 +337,10 @@ TRL: dict[str, Support] = {
 
 # ----------------------------------------------------------- verl (gbmpo.engines.verl_runner)
 
-#: the values verl needs where the own engine's defaults are refused on verl (a CPU device, a
-#: time budget, monitoring every regularizer): a default config with these passes on verl
+#: the values verl needs where the own engine's defaults are refused on verl (a time budget,
+#: monitoring every regularizer, the end-of-run drift): a default config with these passes on
+#: verl (on the CPU: ``model.device`` stays the own engine's default)
 VERL_REQUIRED: dict[str, Any] = {
-    "model.device": "cuda",
     "run.time_budget_seconds": None,
     "objective.monitor_regularizers": False,
     "eval.drift": False,
@@ -334,15 +350,11 @@ VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl_a
 _A = "actor_rollout_ref.actor"
 
 
-def _kl_on(cfg: Any) -> bool:
-    return any(t.name != "none" and t.coef != 0 for t in cfg.objective.terms)
-
-
 def _verl_refuses_terms(value: Any, cfg: Any) -> bool:
-    """A list of terms, or an in-reward term with parameters (verl's driver computes the
-    in-reward KL and receives no gbmpo_kl parameters)."""
+    """A list with an active in-reward term, or one in-reward term with parameters (verl's
+    driver computes the in-reward KL and receives no gbmpo_kl parameters)."""
     if isinstance(value, list):
-        return True
+        return any(t.placement == "reward" and t.coef != 0 and t.name != "none" for t in value)
     return bool(value.placement == "reward" and value.coef != 0 and value.params)
 
 
@@ -352,7 +364,21 @@ def _verl_refuses_correction(value: Any, cfg: Any) -> bool:
     return (value == "tis" and low is not None) or (value == "mis" and low is None)
 
 
-_VERL_SAMPLER = "verl samples with vLLM whatever the value (the same sampling distribution)"
+def _verl_refuses_old_anchor(value: Any, cfg: Any) -> bool:
+    """An active term anchored at 'old' whose regularizer is not an rpg_* one."""
+    return any(t.anchor == "old" and t.coef != 0 and t.name != "none"
+               and not t.name.startswith("rpg_") for t in cfg.objective.terms)  # fmt: skip
+
+
+def _verl_refuses_device(value: Any, cfg: Any) -> bool:
+    """Anything but 'cuda' and 'cpu'; 'cpu' with LoRA or more than one process or node."""
+    if value == "cpu":
+        return bool(cfg.lora.enabled or cfg.run.num_processes != 1 or cfg.run.num_nodes != 1)
+    return value != "cuda"
+
+
+_VERL_SAMPLER = ("verl samples with vLLM (on the CPU with gbmpo's hf rollout) whatever the "
+                 "value (the same sampling distribution)")
 VERL.update({
     "engine": H("verl's main_ppo with the gbmpo plugin"),
     "model.path": H("actor_rollout_ref.model.path", probe="some/other-model"),
@@ -360,9 +386,13 @@ VERL.update({
                      "mixed_precision fp32 and vLLM float32; bfloat16: fp32 master weights "
                      "(FSDP model_dtype fp32) with bf16 compute and bf16 vLLM",
                      lambda v, c: v == "float16", probe="float16"),
-    "model.device": R("verl places its workers on every GPU of each node through Ray "
-                      "(run.num_processes per node): model.device must be 'cuda' (choose the "
-                      "GPUs with CUDA_VISIBLE_DEVICES)", lambda v, c: v != "cuda", probe="cpu"),
+    "model.device": R("'cuda': verl places its workers on every GPU of each node through Ray "
+                      "(run.num_processes per node; choose the GPUs with CUDA_VISIBLE_DEVICES); "
+                      "'cpu': one process, verl's trainer with gbmpo's CPU platform and "
+                      "transformers rollout (gbmpo.integrations.verl_cpu, verl 0.9.1 only), "
+                      "refused with lora.enabled (the CPU rollout takes full weights) and with "
+                      "run.num_processes or run.num_nodes above 1; other devices are refused",
+                      _verl_refuses_device, probe="cuda:1"),
     "model.trust_remote_code": H("actor_rollout_ref.model.trust_remote_code, "
                                  "data.trust_remote_code", probe=True),
     "task.name": H("data/train.parquet, data/test.parquet and the reward function"),
@@ -375,7 +405,8 @@ VERL.update({
     "rollout.temperature": H("actor_rollout_ref.rollout.temperature", probe=0.7),
     "rollout.top_p": H("actor_rollout_ref.rollout.top_p", probe=0.9),
     "rollout.top_k": H("actor_rollout_ref.rollout.top_k (0 -> -1)", probe=20),
-    "rollout.batch_size": N("vLLM batches the requests itself"),
+    "rollout.batch_size": N("vLLM batches the requests itself (the CPU rollout samples one "
+                            "completion at a time)"),
     "rollout.generator": N(_VERL_SAMPLER),
     "rollout.lean_decoder": N("the own engine's decoder; " + _VERL_SAMPLER),
     "rollout.share_prompts": N("the own engine's log-prob forwards; verl has its own"),
@@ -386,9 +417,13 @@ VERL.update({
     "objective.surrogate.params": H(f"{_A}.policy_loss.gbmpo_surrogate.*",
                                     probe={"eps_low": 0.1}),
     "objective.regularizer": R(
-        "verl has one KL (in the loss or in the reward): a list of terms is refused; with "
-        "placement reward verl's driver computes the KL and receives no gbmpo_kl parameters, so "
-        "a term with params is refused there", _verl_refuses_terms, probe=_SUM_PROBE),
+        f"a list of terms: one KL loss {_A}.kl_loss_type=gbmpo_sum (kl_loss_coef 1) summing "
+        "coef * D per term with its own anchor and params; with placement reward verl's driver "
+        "computes its one in-reward KL and receives no gbmpo_kl parameters, so a term with "
+        "params, or any in-reward term in a list, is refused",
+        _verl_refuses_terms,
+        probe=[{"name": "prob_l2", "coef": 0.05},
+               {"name": "kl_k3", "coef": 0.01, "placement": "reward"}]),
     "objective.regularizer.name": H(f"{_A}.kl_loss_type=gbmpo_<name> (placement reward: "
                                     "algorithm.kl_penalty=gbmpo_<name>)", probe="kl_k3"),
     "objective.regularizer.coef": H(f"{_A}.kl_loss_coef (placement reward: "
@@ -396,15 +431,17 @@ VERL.update({
     "objective.regularizer.anchor": R(
         "verl's KL loss is anchored at the reference model; anchor 'old' is offered there for "
         "the rpg_* regularizers only",
-        lambda v, c: v == "old" and _kl_on(c) and not c.objective.regularizer.name.startswith(
-            "rpg_"), probe="old"),
+        _verl_refuses_old_anchor, probe="old"),
     "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_kl.*"),
     "objective.regularizer.placement": H(
         "reward: algorithm.use_kl_in_reward=true with algorithm.kl_penalty=gbmpo_<name> and a "
         f"fixed kl_ctrl ({_A}.use_kl_loss=false)", probe="reward"),
     "objective.regularizer.estimator": R(
         "verl's KL loss and in-reward KL are computed from per-token log-probs (its reference "
-        "worker returns log-probs, not logits): 'full' is refused (engine gbmpo takes it)",
+        "worker returns log-probs, not logits), and the exact divergence needs the reference's "
+        "logits inside the actor's loss; with LoRA the reference is the actor with its adapter "
+        "off, which verl's loss function does not reach (not wired in gbmpo's plugin): 'full' "
+        "is refused (engine gbmpo takes it)",
         lambda v, c: _any_full(v), probe="full"),
     "objective.aggregation": H(f"{_A}.loss_agg_mode (dr_grpo: loss_scale_factor)",
                                probe="bnpo"),
@@ -428,17 +465,30 @@ VERL.update({
         "rejects sequences whatever their advantage): engines gbmpo and trl take it",
         lambda v, c: v is not None, probe=0.5),
     "optim.lr": H(f"{_A}.optim.lr", probe=1e-4),
-    "optim.warmup_steps": H(f"{_A}.optim.lr_warmup_steps (verl's linear warm-up starts at 0: "
-                            "step s gets s/w of the rate, the own engine's (s+1)/w)", probe=5),
-    "optim.schedule": H(f"{_A}.optim.lr_scheduler_type", probe="constant"),
-    "optim.min_lr_ratio": H(f"{_A}.optim.min_lr_ratio", probe=0.1),
+    "optim.warmup_steps": R(f"{_A}.optim.lr_warmup_steps, the own engine's (s+1)/w warm-up "
+                            "(constant: verl's cosine with min_lr_ratio 1 and zero_indexed_step "
+                            "false); with schedule cosine refused: verl's cosine gives either "
+                            "the own warm-up or the own decay, not both",
+                            lambda v, c: bool(v) and c.optim.schedule == "cosine",
+                            probe=Together((("optim.schedule", "cosine"),
+                                            ("optim.warmup_steps", 5)))),
+    "optim.schedule": H(f"{_A}.optim.lr_scheduler_type=cosine (constant: min_lr_ratio 1)",
+                        probe="constant"),
+    "optim.min_lr_ratio": H(f"{_A}.optim.min_lr_ratio (schedule cosine)", probe=0.1),
     "optim.weight_decay": H(f"{_A}.optim.weight_decay", probe=0.1),
     "optim.betas": H(f"{_A}.optim.betas", probe=(0.9, 0.999)),
     "optim.eps": H(f"{_A}.optim.override_optimizer_config.eps", probe=1e-6),
     "optim.grad_clip": H(f"{_A}.optim.clip_grad (null: 1e9)", probe=0.5),
     "optim.mu": H(f"{_A}.ppo_epochs", probe=2),
-    "optim.mini_batch_size": H(f"{_A}.ppo_mini_batch_size (in prompts), rows shuffled "
-                               f"({_A}.shuffle)", probe=32),
+    "optim.mini_batch_size": R(f"{_A}.ppo_mini_batch_size (in prompts), rows shuffled "
+                               f"({_A}.shuffle); verl counts mini-batches in prompts, so a "
+                               "mini-batch (null: the whole batch) that is not a multiple of "
+                               "rollout.num_generations is refused",
+                               lambda v, c: bool((v or c.rollout.prompts_per_step
+                                                  * c.rollout.num_generations)
+                                                 % c.rollout.num_generations),
+                               probe=Together((("rollout.num_generations", 8),
+                                               ("optim.mini_batch_size", 12)))),
     "optim.micro_batch_size": H(f"{_A}.ppo_micro_batch_size_per_gpu (null: dynamic batch "
                                 "sizes); the same gradient up to float rounding", probe=4),
     "lora.enabled": H("actor_rollout_ref.model.lora_rank > 0", probe=True),
@@ -456,8 +506,13 @@ VERL.update({
                              lambda v, c: v != c.rollout.max_new_tokens, probe=41),
     "eval.batch_size": N("verl sends the whole validation set to vLLM at once"),
     "eval.before": H("trainer.val_before_train", probe=False),
-    "eval.after": H("trainer.test_freq includes the last step (eval.every 0: test_freq = "
-                    "run.steps)", probe=False),
+    "eval.after": R("trainer.test_freq includes the last step (eval.every 0: test_freq = "
+                    "run.steps); verl validates at the last step whenever it validates "
+                    "periodically, so eval.after false is refused where eval.every does not "
+                    "divide run.steps",
+                    lambda v, c: bool(not v and c.eval.every and c.run.steps % c.eval.every),
+                    probe=Together((("eval.every", 7), ("run.steps", 30),
+                                    ("eval.after", False)))),
     "eval.drift": R("verl's run ends with an FSDP checkpoint, not a policy gbmpo can load: set "
                     "eval.drift: false and measure the merged model with gbmpo eval --model DIR "
                     "--reference MODEL", lambda v, c: bool(v) and c.eval.after, probe=True),

@@ -1,0 +1,38 @@
+"""Imported by verl's processes in a CPU run (``VERL_USE_EXTERNAL_MODULES``): the version check,
+the ``cpu`` platform, the ``hf`` rollout and the patches (:mod:`gbmpo.integrations.verl_cpu`)."""
+
+from __future__ import annotations
+
+from gbmpo.integrations.verl_cpu import check_version
+
+__all__ = ["ROLLOUT", "install"]
+
+#: the rollout name (``actor_rollout_ref.rollout.name``)
+ROLLOUT = "hf"
+_ROLLOUT_MODULE = "gbmpo.integrations.verl_cpu.rollout"
+
+
+def install() -> None:
+    """Version check, platform, rollout and patches (idempotent)."""
+    check_version()
+    from verl.plugin.platform import PlatformRegistry
+    from verl.workers.rollout.base import _ROLLOUT_REGISTRY
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from gbmpo.integrations.verl_cpu.patches import apply
+    from gbmpo.integrations.verl_cpu.platform import PlatformCPU
+
+    PlatformRegistry.register("cpu")(PlatformCPU)
+    # the hf rollout, by name (gbmpo.integrations.verl_cpu.rollout imports verl)
+    RolloutReplicaRegistry.register(ROLLOUT, _hf_replica)
+    _ROLLOUT_REGISTRY[(ROLLOUT, "async")] = f"{_ROLLOUT_MODULE}.HFServerAdapter"
+    apply()
+
+
+def _hf_replica() -> type:
+    import importlib
+
+    return importlib.import_module(_ROLLOUT_MODULE).HFReplica
+
+
+install()

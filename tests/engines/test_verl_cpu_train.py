@@ -1,0 +1,162 @@
+"""``gbmpo train --engine verl`` trains on the CPU: verl 0.9.1's own trainer (``main_ppo``, Ray,
+FSDP2) with gbmpo's CPU platform and transformers rollout (``gbmpo.integrations.verl_cpu``), the
+embedded tiny model, 2 steps, then ``--resume`` of the same run stopped after its first
+checkpoint.
+
+What a run must show: exit 0; the run directory every engine writes (``summary.json`` with the
+shared keys, ``metrics.jsonl`` with the shared names, verl's own under ``verl/``); a gradient
+(``grad_norm > 0``, the task's reward varies within the groups); the rollout's log-probs equal
+to the FSDP actor's (``training/rollout_probs_diff_mean``: the weights handed to the rollout
+after each step are the trained ones); and the first step's loss equal to the own engine's
+``compute_policy_loss`` on the very tensors verl trained on (its log-probs, reference log-probs,
+advantages and mask, saved by the gbmpo verl plugin under ``GBMPO_VERL_DUMP_DIR``), to 1e-6. The
+own engine cannot sample the same completions (another sampler and RNG), so the loss is compared
+on verl's batch; that the log-probs themselves are the model's is what the rollout/actor
+agreement shows (the rollout is a plain ``transformers`` forward of the same weights).
+
+Minutes: Ray and verl's processes start in about a minute, a step takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gbmpo.cli import main
+from gbmpo.io.metrics import SUMMARY_KEYS, is_shared
+
+ROOT = Path(__file__).resolve().parents[2]
+VERL_PYTHON = ROOT / ".venv-verl" / "bin" / "python"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.ray,
+    pytest.mark.skipif(not VERL_PYTHON.exists() and not os.environ.get("GBMPO_VERL_PYTHON"),
+                       reason=".venv-verl not built (make verl)"),
+]  # fmt: skip
+
+#: a reward that varies within a group whatever the tiny model writes: the share of digits
+REWARD = '''
+def digits(prompts, completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
+'''
+MAX_NEW = 16
+
+
+def _argv(tmp: Path, out: Path) -> list[str]:
+    (tmp / "digits_share.py").write_text(REWARD)
+    with (tmp / "data.jsonl").open("w") as f:
+        for i in range(40):
+            f.write(json.dumps({"prompt": f"{i} + {i + 1} =", "answer": str(2 * i + 1)}) + "\n")
+    params = {"path": str(tmp / "data.jsonl"), "reward": f"{tmp / 'digits_share.py'}:digits"}
+    return ["train", "--engine", "verl", "--model.device", "cpu", "--steps", "2",
+            "--task.name", "jsonl", "--task.params", json.dumps(params),
+            "--rollout.prompts_per_step", "2", "--rollout.num_generations", "4",
+            "--optim.mini_batch_size", "8", "--optim.micro_batch_size", "8",
+            "--rollout.max_new_tokens", str(MAX_NEW), "--eval.max_new_tokens", str(MAX_NEW),
+            "--eval.limit", "4", "--eval.every", "0", "--run.checkpoint_every", "1",
+            "--run.keep_checkpoints", "2", "--time-budget", "null",
+            "--objective.monitor_regularizers", "false", "--eval.drift", "false",
+            "--output-dir", str(out)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def verl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One 2-step CPU verl run (its directory; the plugin's tensors under ``dump/``)."""
+    tmp = tmp_path_factory.mktemp("verl_cpu")
+    out = tmp / "run"
+    before = os.environ.get("GBMPO_VERL_DUMP_DIR")
+    os.environ["GBMPO_VERL_DUMP_DIR"] = str(tmp / "dump")
+    try:
+        assert main(_argv(tmp, out)) == 0
+    finally:
+        if before is None:
+            os.environ.pop("GBMPO_VERL_DUMP_DIR")
+        else:
+            os.environ["GBMPO_VERL_DUMP_DIR"] = before
+    return out
+
+
+def _rows(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_cpu_run_writes_the_shared_run_directory(verl_run: Path) -> None:
+    summary = json.loads((verl_run / "summary.json").read_text())
+    assert set(SUMMARY_KEYS) <= set(summary), set(SUMMARY_KEYS) - set(summary)
+    assert summary["engine"] == "verl" and summary["device"] == "cpu"
+    assert summary["status"] == "finished" and summary["steps"] == 2
+    assert summary["eval_before"] is not None and summary["eval_after"] is not None
+    rows = _rows(verl_run)
+    train = [r for r in rows if "grad_norm" in r]
+    assert [r["step"] for r in train] == [1, 2]
+    for row in rows:
+        assert all(is_shared(k) or k == "step" or k.startswith("verl/") for k in row), row
+    for row in train:
+        for name in ("pg_loss", "grad_norm", "reward_mean", "response_length_mean"):
+            assert name in row, name
+        assert row["grad_norm"] > 0, row  # it trains
+        # the rollout's log-probs against the FSDP actor's, per token: the same weights
+        assert row["verl/training/rollout_probs_diff_mean"] < 1e-4, row
+    assert (verl_run / "checkpoints" / "global_step_2" / "actor").is_dir()
+
+
+def test_first_step_loss_equals_the_own_engines_on_verls_batch(verl_run: Path) -> None:
+    import torch
+
+    from gbmpo.objectives import compute_policy_loss, get_regularizer, get_surrogate
+    from gbmpo.train.config import load_config
+
+    cfg = load_config(verl_run / "config.yaml")
+    dump = verl_run.parent / "dump"
+    # one micro-batch per step (micro = mini = the step's 8 rows): call 1 is step 1
+    pl = torch.load(sorted(dump.glob("policy_loss_*_0001.pt"))[0])
+    kl = torch.load(sorted(dump.glob("kl_*_0001.pt"))[0])
+    assert torch.equal(pl["log_prob"], kl["log_prob"])  # the KL call of the same micro-batch
+    o = cfg.objective
+    reg = o.regularizer
+    own_loss, own = compute_policy_loss(
+        logp=pl["log_prob"].double(), old_logp=pl["old_log_prob"].double(),
+        ref_logp=kl["ref_log_prob"].double(), advantages=pl["advantages"].double(),
+        mask=pl["response_mask"], surrogate=get_surrogate(o.surrogate.name, **o.surrogate.params),
+        regularizer=get_regularizer(reg.name, **reg.params), coef=reg.coef,
+        aggregation=o.aggregation, max_len=MAX_NEW,
+    )  # fmt: skip
+    step1 = next(r for r in _rows(verl_run) if r["step"] == 1)
+    assert own["pg_loss"] == pytest.approx(step1["verl/actor/pg_loss"], abs=1e-6)
+    assert own["reg_loss"] == pytest.approx(reg.coef * step1["verl/actor/kl_loss"], abs=1e-6)
+    assert float(own_loss) == pytest.approx(step1["verl/actor/loss"], abs=1e-6)
+    assert float(own_loss) == pytest.approx(float(pl["loss"]) + own["reg_loss"], abs=1e-6)
+    # dr_grpo advantages: reward minus its group's mean, so they sum to 0 over the batch
+    adv = pl["advantages"][:, 0].double()
+    assert abs(float(adv.sum())) < 1e-5 and float(adv.abs().max()) > 0
+
+
+def test_resume_after_a_checkpoint_continues(verl_run: Path, tmp_path: Path) -> None:
+    """The run as if stopped after step 1's checkpoint (step 2's checkpoint, log rows and
+    summary gone); ``--resume`` runs step 2 from there."""
+    run = tmp_path / "run"
+    shutil.copytree(verl_run, run)
+    launch = json.loads((run / "verl_launch.json").read_text())
+    launch["verl_checkpoints"] = str(run.resolve() / "checkpoints")
+    (run / "verl_launch.json").write_text(json.dumps(launch))
+    shutil.rmtree(run / "checkpoints" / "global_step_2")
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
+    (run / "summary.json").unlink()
+    log = run / "verl_metrics.jsonl"
+    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
+                           if json.loads(line)["step"] <= 1))  # fmt: skip
+    assert main(["train", "--resume", str(run)]) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["status"] == "finished"
+    train = [r for r in _rows(run) if "grad_norm" in r]
+    assert [r["step"] for r in train] == [1, 2]  # each step once
+    first = {k: v for k, v in _rows(verl_run)[1].items() if k == "grad_norm"}
+    assert train[0]["grad_norm"] == first["grad_norm"]  # step 1 is the first part's row
+    assert train[1]["grad_norm"] > 0
+    assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
