@@ -36,6 +36,7 @@ _SCHEMA_NAMES = {
     "frac_reward_zero_std": "frac_reward_zero_std",
     "gbmpo/accuracy": "accuracy",
     "gbmpo/reward_std": "reward_std",
+    "reward_penalty": "reward_penalty",
 }
 
 
@@ -49,8 +50,12 @@ def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
 
     record: dict[str, Any] = {}
     for key, value in logs.items():
-        if key in _SCHEMA_NAMES:
+        if key == "completions/max_length":  # a token count, an int as on the own engine
+            record["response_length_max"] = int(round(value))
+        elif key in _SCHEMA_NAMES:
             record[_SCHEMA_NAMES[key]] = value
+        elif key.startswith("reward_penalty/"):  # a term of a sum placed in the reward
+            record[key] = value
         elif key == f"regularizer/{regularizer}":
             record["reg_value"] = value
         elif "+" in regularizer and key.split("/", 1)[-1] in regularizer.split("+") \
