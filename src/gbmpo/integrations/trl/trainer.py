@@ -62,12 +62,21 @@ def _valid_tokens(batch: dict[str, Any]) -> Tensor:
 class GBMPOTrainer(GRPOTrainer):
     r"""``GRPOTrainer`` whose loss is gbmpo's (:mod:`gbmpo.integrations.trl`); same constructor.
 
-    ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL). Only
-    ``_compute_loss`` is overridden: generation, rewards, advantages, reference log-probs
-    (computed by TRL whenever the regularizer is anchored on the reference model), old
-    log-probs, vLLM importance ratios and everything else stay TRL's.
+    ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL).
+    ``_compute_loss`` is gbmpo's loss; generation, rewards, reference log-probs (computed by
+    TRL whenever the regularizer is anchored on the reference model), old log-probs, vLLM
+    importance ratios and everything else stay TRL's, with three additions
+    (:mod:`gbmpo.integrations.trl.exact`): a term with ``estimator: full`` takes the exact
+    divergence from the policy's logits of each micro-batch and a no-grad reference forward; a
+    term with ``placement: reward`` has its detached per-sequence penalty subtracted from the
+    rewards before TRL's advantages (``_generate_and_score_completions``, with the rewards kept
+    by ``_calculate_rewards``); ``loss_type="bnpo"`` divides by the optimizer step's valid tokens
+    over every process (``_prepare_inputs`` adds ``mini_batch_tokens``), the own engine's
+    mini-batch token mean.
 
-    Logged metrics (``self._metrics``, averaged over processes by token count): ``entropy``,
+    Logged metrics (``self._metrics``, averaged over processes by token count): ``entropy``
+    (the first of the ``num_iterations`` passes over a generation batch, as the own engine),
+    ``reward_penalty`` (and ``reward_penalty/<name>`` per term of a sum) with in-reward terms,
     ``kl`` (k3 against the reference, when its log-probs exist; TRL's key),
     ``regularizer/<name>`` (the active regularizer and, with ``log_all_regularizers``, every
     parameter-free one, against the anchor), ``loss/surrogate`` and ``loss/regularizer`` (the
