@@ -1,9 +1,10 @@
 """One TRL optimizer step (GBMPOTrainer, SGD) on a fixed batch; rank 0 saves the parameter update.
 
-Run on one process (``python this.py OUT``) or several (``accelerate launch --multi_gpu
---num_processes 2 this.py OUT``): each process takes its equal share of the same 16 rows, so the
-saved updates must agree (the loss normalisers and the data-parallel gradient average are exact
-for the ``dr_grpo`` aggregation). Used by test_trl_engine.py.
+Run on one process (``python this.py OUT [AGGREGATION [MICRO]]``) or several (``accelerate
+launch --multi_gpu --num_processes 2 this.py OUT ...``): each process takes its equal share of the
+same 16 rows, so the saved updates must agree whatever the process count and the micro-batch
+size (the loss normalisers and the data-parallel gradient average are exact; bnpo divides by the
+optimizer step's tokens over every process). Used by test_trl_engine.py.
 """
 
 from __future__ import annotations
@@ -40,11 +41,12 @@ def fixed_batch(tokenizer: Any, prompts: list[str]) -> dict[str, torch.Tensor]:
 
 
 class FixedBatchTrainer(GBMPOTrainer):
-    """Uses this process's share of :data:`BATCH` instead of generating."""
+    """Uses this process's share of :data:`BATCH` instead of generating (TRL's ``_prepare_inputs``
+    then shuffles and splits it into micro-batches, as a generated batch)."""
 
     batch: dict[str, torch.Tensor]
 
-    def _prepare_inputs(self, generation_batch: Any) -> dict[str, Any]:
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         rows = slice(rank * N // world, (rank + 1) * N // world)
         out: dict[str, Any] = {k: v[rows].to(self.accelerator.device) for k, v in
@@ -59,9 +61,11 @@ class FixedBatchTrainer(GBMPOTrainer):
         return out
 
 
-def main(out: str) -> None:
+def main(out: str, aggregation: str = "dr_grpo", micro: int | None = None) -> None:
     torch.manual_seed(0)
-    cfg = load_config(None, [("rollout.prompts_per_step", 4), ("rollout.num_generations", G),
+    cfg = load_config(None, [("objective.aggregation", aggregation),
+                             ("optim.micro_batch_size", micro),
+                             ("rollout.prompts_per_step", 4), ("rollout.num_generations", G),
                              ("rollout.max_new_tokens", T), ("optim.mini_batch_size", None),
                              ("optim.lr", 1e-2), ("optim.schedule", "constant"),
                              ("optim.grad_clip", None), ("run.steps", 1),
@@ -91,4 +95,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *sys.argv[2:3], *(int(m) for m in sys.argv[3:4]))

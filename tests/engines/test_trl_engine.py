@@ -5,6 +5,7 @@ embedded tiny model; the same run directory as the own engine; 2 processes throu
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -46,6 +47,28 @@ def test_batch_layout() -> None:
         batch_layout(cfg, 3)
 
 
+def test_every_batch_layout_refusal_is_the_support_matrix_s() -> None:
+    """A mini-batch, micro-batch and process count that TRL's batch layout cannot take is
+    refused by the support matrix first (check_support names the key and the engine), so the
+    refusal is in the matrix, not only in the engine's code."""
+    from gbmpo.train.support import check_support
+
+    seen = 0
+    for world in (1, 2, 3, 4):
+        for mini in (None, 4, 8, 16):
+            for micro in (None, 1, 2, 3, 4, 6):
+                cfg = load_config(None, [("engine", "trl"), ("run.num_processes", world),
+                                         ("optim.mini_batch_size", mini),
+                                         ("optim.micro_batch_size", micro)])  # fmt: skip
+                try:
+                    batch_layout(cfg, world)
+                except ConfigError:
+                    seen += 1
+                    with pytest.raises(ConfigError, match="engine 'trl'"):
+                        check_support(cfg, "trl")
+    assert seen > 10
+
+
 def test_grpo_args_follow_the_config(tmp_path: Path) -> None:
     cfg = load_config(None, [("objective.surrogate.name", "atr"),
                              ("objective.surrogate.params", {"delta": 0.02}),
@@ -68,7 +91,7 @@ def test_same_yaml_runs_with_both_engines(tmp_path: Path, capsys: pytest.Capture
         assert main(["train", "--config", str(cfg_file), "--engine", engine,
                      "--output-dir", str(out), *SMALL]) == 0  # fmt: skip
         dirs[engine] = out
-    shared, summaries = {}, {}
+    shared, summaries, last = {}, {}, {}
     for engine, out in dirs.items():
         for name in ("config.yaml", "metrics.jsonl", "summary.json", "model/config.json"):
             assert (out / name).is_file(), (engine, name)
@@ -79,6 +102,7 @@ def test_same_yaml_runs_with_both_engines(tmp_path: Path, capsys: pytest.Capture
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
         train_rows = [r for r in rows if "loss" in r]
         assert len(train_rows) == 1 and train_rows[0]["step"] == 1
+        last[engine] = train_rows[0]
         assert "reg/prob_l2" in train_rows[0] and "reward_mean" in train_rows[0], engine
         # the schema's names: every step metric, reg/<name> for every registered regularizer
         names = {k for k in train_rows[0] if is_shared(k) and not k.startswith("time/")}
@@ -87,10 +111,38 @@ def test_same_yaml_runs_with_both_engines(tmp_path: Path, capsys: pytest.Capture
         assert not [k for k in train_rows[0] if not is_shared(k) and "/" in k
                     and not k.startswith("trl/")], engine  # fmt: skip
     assert shared["trl"] == shared["gbmpo"]
+    assert type(last["trl"]["response_length_max"]) is type(last["gbmpo"]["response_length_max"])
+    # the same summary keys; the host's own values under its prefix
+    host_only = {k for k in summaries["trl"] if k.startswith("trl/")}
+    assert set(summaries["trl"]) - host_only == set(summaries["gbmpo"])
     assert set(SUMMARY_KEYS) <= set(summaries["trl"])
     assert set(summaries["gbmpo"]) & set(SUMMARY_KEYS) <= set(summaries["trl"])
     assert summaries["trl"]["engine"] == "trl" and summaries["trl"]["dtype"] == "float32"
     assert "finished 1 steps (trl)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("key", "value"), [("objective.regularizer.estimator", "full"),
+                                          ("objective.regularizer.placement", "reward")])
+def test_the_whole_knob_runs_on_trl_from_the_cli(key: str, value: str, tmp_path: Path) -> None:
+    """The exact full-vocabulary divergence and the in-reward penalty train on TRL from the CLI
+    (embedded model, 2 steps), with the own engine's metric names."""
+    names = {}
+    for engine in ("gbmpo", "trl"):
+        out = tmp_path / engine
+        assert main(["train", "--engine", engine, "--steps", "2", f"--{key}", value,
+                     "--eval.before", "false", "--eval.after", "false",
+                     "--output-dir", str(out), *SMALL]) == 0  # fmt: skip
+        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        train = [r for r in rows if "loss" in r]
+        assert len(train) == 2 and all(math.isfinite(r["loss"]) for r in train), engine
+        # (the values themselves are pinned against the own engine in test_trl_knob.py)
+        assert all(math.isfinite(r["reward_penalty" if value == "reward" else "reg_value"])
+                   for r in train), engine  # fmt: skip
+        names[engine] = {k for k in train[0] if is_shared(k) and not k.startswith("time/")}
+        summary = json.loads((out / "summary.json").read_text())
+        label = load_config(out / "config.yaml").objective.regularizer_label
+        assert summary["regularizer"] == label
+    assert names["trl"] == names["gbmpo"], names["trl"] ^ names["gbmpo"]
 
 
 def test_time_budget_decays_the_rate_and_eval_every_runs(
@@ -139,7 +191,7 @@ def test_bf16_trains_fp32_weights_and_prints_the_no_effect_notices(
     err = capsys.readouterr().err
     assert err.count("rollout.batch_size=1 has no effect") == 1
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["dtype"] == "float32" and summary["mixed_precision"] == "bf16"
+    assert summary["dtype"] == "float32" and summary["trl/mixed_precision"] == "bf16"
     assert summary["fp32_master_weights"] is True and summary["eval_before"] is None
     assert summary["eval_after"]["n"] == 6  # the first 6 of the 200 test examples
 
@@ -155,7 +207,9 @@ def test_vllm_maps_to_trl_vllm_in_the_dry_run(capsys: pytest.CaptureFixture) -> 
 
 def test_own_engine_refuses_vllm(capsys: pytest.CaptureFixture) -> None:
     assert main(["train", "--rollout.generator", "vllm", "--dry-run"]) == 2
-    assert "'rollout.generator': unknown generator 'vllm'" in capsys.readouterr().err
+    # the support matrix's refusal, naming the engine (not an unknown name)
+    assert "'rollout.generator'='vllm' is not supported by engine 'gbmpo'" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -168,13 +222,37 @@ def test_two_processes_train_two_steps(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["world_size"] == 2
+    assert summary["steps"] == 2 and summary["trl/world_size"] == 2
     assert (out / "model" / "config.json").is_file()
     assert "finished 2 steps (trl)" in proc.stdout
 
 
+def test_bnpo_update_does_not_depend_on_the_micro_batch_size(tmp_path: Path) -> None:
+    """bnpo on TRL is the token mean of the optimizer step (the own engine's mini-batch): the
+    first SGD update on a fixed batch of ragged completions is the same with one micro-batch of
+    16 and with four of 4 (TRL's own bnpo normalises each micro-batch by its own tokens)."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location(
+        "_trl_fixed_batch_update", Path(__file__).with_name("_trl_fixed_batch_update.py"))
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    deltas = []
+    for micro in (None, 4):
+        module.main(str(tmp_path / f"{micro}.pt"), "bnpo", micro)
+        deltas.append(torch.load(tmp_path / f"{micro}.pt")["delta"])
+    assert deltas[0].abs().max() > 1e-4
+    assert torch.allclose(deltas[0], deltas[1], rtol=1e-4, atol=1e-7), float(
+        (deltas[0] - deltas[1]).abs().max())
+
+
 @pytest.mark.slow
-def test_first_update_on_a_fixed_batch_is_the_same_on_two_processes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("aggregation", ["dr_grpo", "bnpo"])
+def test_first_update_on_a_fixed_batch_is_the_same_on_two_processes(
+    tmp_path: Path, aggregation: str
+) -> None:
     import torch
 
     script = str(Path(__file__).with_name("_trl_fixed_batch_update.py"))
@@ -182,7 +260,7 @@ def test_first_update_on_a_fixed_batch_is_the_same_on_two_processes(tmp_path: Pa
               "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
               "--dynamo_backend", "no"]  # fmt: skip
     for cmd, name in (([sys.executable], "one.pt"), (launch, "two.pt")):
-        proc = subprocess.run([*cmd, script, str(tmp_path / name)], env=_env(),
+        proc = subprocess.run([*cmd, script, str(tmp_path / name), aggregation], env=_env(),
                               capture_output=True, text=True, timeout=600)  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")

@@ -40,13 +40,22 @@ def cfg(**kw: Any) -> GBMPOConfig:
 
 def test_defaults_match_trl_defaults() -> None:
     c, t = cfg(), GRPOConfig(**BASE)
-    assert (c.regularizer, c.regularizer_coef, c.regularizer_anchor) == ("kl_k3", 0.0, "ref")
+    # TRL's default use_bias_correction_kl=True: its k3 times the token ratio, gbmpo's kl_k3_is
+    assert (c.regularizer, c.regularizer_coef, c.regularizer_anchor) == ("kl_k3_is", 0.0, "ref")
     assert c.beta == t.beta == 0.0 and not c.needs_reference_model
     assert (c.loss_type, c.epsilon, c.clip_mode) == (t.loss_type, t.epsilon, "ratio")
     obj = build_objective(c)
     assert obj.surrogate_name == "clip" and obj.aggregation == "bnpo" and obj.coef == 0.0
-    assert c.use_bias_correction_kl is False  # TRL 1.16 default is True: see kl_k3_is
-    assert cfg(use_bias_correction_kl=True, beta=0.04).regularizer == "kl_k3_is"
+    assert c.use_bias_correction_kl is t.use_bias_correction_kl is True
+    assert cfg(use_bias_correction_kl=False, beta=0.04).regularizer == "kl_k3"
+    # not TRL's k3: used as named; at coefficient 0 GSPO is not refused (nothing to weight)
+    assert cfg(regularizer="prob_l2", beta=0.04).regularizer == "prob_l2"
+    assert cfg(importance_sampling_level="sequence").regularizer == "kl_k3"
+    # objective=: the spec names the regularizer; the flag follows it
+    assert cfg(objective={"regularizer": {"name": "kl_k3", "coef": 0.1}}).use_bias_correction_kl \
+        is False
+    assert cfg(objective={"regularizer": {"name": "kl_k3_is", "coef": 0.1}},
+               use_bias_correction_kl=False).use_bias_correction_kl is True
 
 
 def test_coef_defaults_to_beta() -> None:
@@ -93,10 +102,11 @@ def test_inconsistent_beta_and_coef_raise() -> None:
         ({"regularizer_anchor": "base"}, ValueError, "valid: ref, old"),
         ({"loss_type": "ppo"}, ValueError,
          "supported: grpo, bnpo, dr_grpo, dapo, luspo, cispo, sapo, vespo"),
-        ({"use_bias_correction_kl": True, "regularizer": "prob_l2"}, ValueError,
-         "regularizer='prob_l2' is not k3"),
-        ({"use_bias_correction_kl": True, "importance_sampling_level": "sequence"}, ValueError,
-         "weights the KL by the sequence ratio"),
+        ({"use_bias_correction_kl": True, "importance_sampling_level": "sequence",
+          "beta": 0.04}, ValueError, "weights the KL by the sequence ratio"),
+        ({"loss_type": "bnpo", "gradient_accumulation_steps": 2, "steps_per_generation": 3,
+          "per_device_train_batch_size": 4, "num_generations": 4}, ValueError,
+         "must be a multiple of gradient_accumulation_steps"),
         ({"clip_mode": "atr"}, ValueError, "needs atr_delta"),
         ({"atr_delta": 0.02}, ValueError, "set clip_mode='atr'"),
         ({"clip_mode": "atr", "atr_delta": 0.0}, ValueError, "ATR delta must be finite and > 0"),

@@ -55,13 +55,30 @@ def test_every_grpo_config_field_has_an_answer() -> None:
     print("GRPOConfig fields:", dict(counts), "of", len(names))
     with pytest.raises(KeyError, match="no answer in GBMPOTrainer"):
         trl_field_status("not_a_grpo_field")
-    # every field TRL's GRPOConfig defines is a GBMPOConfig field with TRL's default, except the
-    # one documented changed default
+    # every field TRL's GRPOConfig defines is a GBMPOConfig field with TRL's default
+    # (test_every_default_is_trls checks the default factories too)
     gb = {f.name: f for f in dataclasses.fields(GBMPOConfig)}
     for f in dataclasses.fields(GRPOConfig):
-        if f.name == "use_bias_correction_kl" or f.default is dataclasses.MISSING:
+        if f.default is dataclasses.MISSING:
             continue
         assert gb[f.name].default == f.default, f.name
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def test_every_default_is_trls() -> None:
+    """A TRL user who swaps GBMPOConfig in for GRPOConfig trains what TRL trains: every
+    GRPOConfig dataclass field has the same default (value or factory) in GBMPOConfig."""
+    gb = {f.name: f for f in dataclasses.fields(GBMPOConfig)}
+    differ = {f.name: (_default(f), _default(gb[f.name])) for f in dataclasses.fields(GRPOConfig)
+              if _default(f) != _default(gb[f.name])}  # fmt: skip
+    assert not differ, differ
 
 
 def _spec(**kw: Any) -> dict[str, Any]:
@@ -76,7 +93,7 @@ def _spec(**kw: Any) -> dict[str, Any]:
         ({}, {"delta": 2.0}),
         ({}, {"importance_sampling_level": "sequence"}),
         ({}, {"beta": 0.04}),
-        ({"beta": 0.04}, {"beta": 0.04, "use_bias_correction_kl": True}),
+        ({"beta": 0.04, "use_bias_correction_kl": False}, {"beta": 0.04}),
         ({}, {"loss_type": "dr_grpo"}),
         ({"loss_type": "cispo", "epsilon_high": 5.0}, {"loss_type": "cispo", "epsilon_high": 3.0}),
         ({"loss_type": "sapo"}, {"loss_type": "sapo", "sapo_temperature_pos": 2.0}),
@@ -314,3 +331,27 @@ def test_use_liger_kernel_behaves_as_in_trl(
         except ImportError as err:
             outcomes.append(f"ImportError: {err}")
     assert outcomes[0] == outcomes[1], outcomes
+
+
+def test_swapped_in_trains_step_for_step_what_grpo_trainer_trains(
+    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any, cpu_args: dict[str, Any]
+) -> None:
+    """TRL's defaults (with beta 0.04, so that TRL's default bias-corrected KL is on): the same
+    fields in GBMPOConfig / GBMPOTrainer train what GRPOConfig / GRPOTrainer train, step for step
+    (the same losses, and the same weights after 3 optimizer steps)."""
+    # a large rate, so that the policy leaves the reference after the first step and the KL's
+    # gradient (k3 times the token ratio in TRL's default) matters in the later ones
+    kw = {**cpu_args, "max_steps": 3, "logging_steps": 1, "max_completion_length": 6,
+          "beta": 0.04, "learning_rate": 0.05}  # fmt: skip
+    runs = {}
+    for name, config, trainer_cls in (("trl", GRPOConfig, GRPOTrainer),
+                                      ("gbmpo", GBMPOConfig, GBMPOTrainer)):  # fmt: skip
+        t = trainer_cls(model=tiny_model_dir, reward_funcs=reward_fn, train_dataset=tiny_dataset,
+                        args=config(output_dir=str(tmp_path / name), **kw))  # fmt: skip
+        t.train()
+        losses = [r["loss"] for r in t.state.log_history if "loss" in r]
+        weights = torch.cat([p.detach().flatten() for p in t.model.parameters()])
+        runs[name] = (losses, weights)
+    (loss_t, w_t), (loss_g, w_g) = runs["trl"], runs["gbmpo"]
+    assert len(loss_t) == 3 and loss_g == pytest.approx(loss_t, abs=1e-6)
+    assert float((w_t - w_g).abs().max()) <= 1e-6

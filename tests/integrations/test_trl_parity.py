@@ -79,6 +79,9 @@ def pair(
 
     def make(trl_kwargs: dict[str, Any], gbmpo_kwargs: dict[str, Any]) -> tuple[Any, Any]:
         common = {**cpu_args, **COMMON}
+        # both trainers take the same use_bias_correction_kl (both default to TRL's True)
+        bias = trl_kwargs.get("use_bias_correction_kl", True)
+        gbmpo_kwargs = {"use_bias_correction_kl": bias, **gbmpo_kwargs}
         stock = GRPOTrainer(
             model=tiny_model_dir,
             reward_funcs=reward_fn,
@@ -98,7 +101,10 @@ def pair(
 
 def _compare(stock: Any, ours: Any, inputs: dict[str, Any]) -> tuple[float, float]:
     loss_s, grads_s = _loss_and_grads(stock, inputs)
-    loss_o, grads_o = _loss_and_grads(ours, inputs)
+    # bnpo: GBMPOTrainer divides by the optimizer step's tokens (its _prepare_inputs adds them);
+    # here the window holds ACCUM micro-batches like this one, TRL's per-micro-batch normaliser
+    ours_inputs = {**inputs, "mini_batch_tokens": inputs["completion_mask"].sum() * ACCUM}
+    loss_o, grads_o = _loss_and_grads(ours, ours_inputs)
     assert set(grads_s) == set(grads_o)
     loss_diff = abs(loss_s - loss_o)
     grad_diff = max(float((grads_s[n] - grads_o[n]).abs().max()) for n in grads_s)

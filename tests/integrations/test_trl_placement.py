@@ -1,5 +1,5 @@
-"""GBMPOTrainer with a sum of regularizer terms (``objective.regularizer`` a list) and its
-refusal of ``placement: reward``."""
+"""GBMPOTrainer with a sum of regularizer terms (``objective.regularizer`` a list) and with
+``placement: reward`` (its values against the own engine: test_trl_knob.py)."""
 
 from __future__ import annotations
 
@@ -57,10 +57,17 @@ def test_a_sum_of_terms_builds_and_switches_the_reference_on() -> None:
     assert c.needs_reference_model and c.beta == 0.02
 
 
-def test_reward_placement_is_refused() -> None:
+def test_reward_placement_builds_and_refuses_normalize_then_sum() -> None:
+    """``placement: reward`` is GBMPOTrainer's (the shaped rewards' advantages); TRL's
+    normalisation of each reward function before their sum has no one reward to shape."""
     reg = {"name": "kl_k1", "coef": 0.1, "placement": "reward"}
-    with pytest.raises(ValueError, match="placement=reward"):
+    c = GBMPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none",
+                    objective={**BASE, "regularizer": reg})  # fmt: skip
+    obj = build_objective(c)
+    assert [t.name for t in obj.reward_terms] == ["kl_k1"] and c.beta == 0.1
+    with pytest.raises(ValueError, match="placement=reward.*normalize_then_sum"):
         GBMPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none",
+                    multi_objective_aggregation="normalize_then_sum",
                     objective={**BASE, "regularizer": reg})  # fmt: skip
 
 

@@ -42,7 +42,8 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                   "rpg_beta": 0.01, "regularizer": "rpg_ufkl", "regularizer_coef": 0.01,
                   "regularizer_anchor": "old"}),
     ("gspo_dr_grpo", {"importance_sampling_level": "sequence", "loss_type": "grpo",
-                      "regularizer": "kl_k3", "regularizer_coef": 0.05}),
+                      "regularizer": "kl_k3", "regularizer_coef": 0.05,
+                      "use_bias_correction_kl": False}),  # TRL's sequence-weighted KL: refused
 ]
 
 

@@ -81,6 +81,8 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
         # the reference model's log-probs for reg/<name> = D(pi_old || pi_ref), as the own
         # engine computes them whenever it monitors regularizers
         "monitor_reference": bool(cfg.objective.monitor_regularizers),
+        # TRL loads its reference model itself, with this flag (the policy comes loaded)
+        "trust_remote_code": bool(cfg.model.trust_remote_code),
         # generation
         "num_generations": ro.num_generations,
         "max_completion_length": ro.max_new_tokens,

@@ -39,6 +39,7 @@ _SCHEMA_NAMES = {
     # GBMPOTrainer's rollout correction (gbmpo.integrations.trl.correction)
     **{f"rollout_correction/{k}": f"rollout_correction/{k}"
        for k in ("weight_mean", "weight_min", "weight_max", "masked_frac")},
+    "reward_penalty": "reward_penalty",
 }
 
 
@@ -52,8 +53,12 @@ def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
 
     record: dict[str, Any] = {}
     for key, value in logs.items():
-        if key in _SCHEMA_NAMES:
+        if key == "completions/max_length":  # a token count, an int as on the own engine
+            record["response_length_max"] = int(round(value))
+        elif key in _SCHEMA_NAMES:
             record[_SCHEMA_NAMES[key]] = value
+        elif key.startswith("reward_penalty/"):  # a term of a sum placed in the reward
+            record[key] = value
         elif key == f"regularizer/{regularizer}":
             record["reg_value"] = value
         elif "+" in regularizer and key.split("/", 1)[-1] in regularizer.split("+") \

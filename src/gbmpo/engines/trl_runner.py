@@ -431,13 +431,13 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
         summary["wall_seconds"] += wall_before  # the parts before a resume too
         summary["device"] = str(params[0].device)
         summary["dtype"] = str(params[0].dtype).removeprefix("torch.")
-        summary["mixed_precision"] = "bf16" if args.bf16 else "no"
+        summary["trl/mixed_precision"] = "bf16" if args.bf16 else "no"
         # HF's Trainer steps the fp32 weights it computes with under bf16 autocast
         summary["fp32_master_weights"] = bool(args.bf16) and not cfg.lora.enabled
         peak = peak_memory_bytes(params[0].device)
         summary["peak_memory_gib"] = None if peak is None else peak / 2**30
         summary["reward_failures"] = failures
-        summary["world_size"] = state.num_processes  # processes that trained (accelerate)
+        summary["trl/world_size"] = state.num_processes  # processes that trained (accelerate)
         summary["drift"] = drift  # gbmpo.eval.drift.DRIFT_KEYS, or None
         summary["drift_seconds"] = drift_seconds if drift is not None else None
         write_summary(run_dir, summary)
@@ -460,8 +460,9 @@ def _summary(cfg: Any, run_dir: Path, steps: int, progress: RLProgress,
         "eval_before": before,
         "eval_after": after,
         **run_identity(cfg),
-        "num_processes": cfg.run.num_processes,
-        "finished": _dt.datetime.now().isoformat(timespec="seconds"),
+        # host-only values under the host's prefix: the other keys are the own engine's
+        "trl/num_processes": cfg.run.num_processes,
+        "trl/finished": _dt.datetime.now().isoformat(timespec="seconds"),
         "run_dir": str(run_dir),
         "final_model": str(run_dir / "model"),
     }

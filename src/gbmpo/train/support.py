@@ -128,7 +128,9 @@ GBMPO: dict[str, Support] = {
     "rollout.top_p": H(),
     "rollout.top_k": H(),
     "rollout.batch_size": N(_SPEED),
-    "rollout.generator": H("gbmpo | hf sampler (vllm: engines trl and verl)"),
+    "rollout.generator": R("the own trainer samples with its own decoder or transformers' "
+                           "generate (gbmpo | hf); vllm is engines trl's and verl's",
+                           lambda v, c: v == "vllm", probe="vllm"),
     "rollout.lean_decoder": N(_SPEED),
     "rollout.share_prompts": N(_SPEED),
     "rollout.lean_forward": N(_SPEED),
@@ -214,6 +216,25 @@ def _device_index(value: Any, cfg: Any) -> bool:
     return head == "cuda" and index not in ("", "0")
 
 
+def _trl_mini(cfg: Any) -> int:
+    ro = cfg.rollout
+    return int(cfg.optim.mini_batch_size or ro.prompts_per_step * ro.num_generations)
+
+
+def _uneven_mini(value: Any, cfg: Any) -> bool:
+    """A process count that cannot share the mini-batch equally."""
+    return _trl_mini(cfg) % max(int(value), 1) != 0
+
+
+def _uneven_micro(value: Any, cfg: Any) -> bool:
+    """A micro-batch that does not divide the per-process share of the mini-batch."""
+    world = max(int(cfg.run.num_processes), 1)
+    if _trl_mini(cfg) % world:
+        return False  # refused by optim.mini_batch_size
+    share = _trl_mini(cfg) // world
+    return share % min(value or share, share) != 0
+
+
 _TRL_PROMPTS = "the generation batch (prompts_per_step * num_generations = steps_per_generation"
 _TRL_EVAL = "gbmpo.eval on the main process, as the own engine"
 TRL: dict[str, Support] = {
@@ -227,7 +248,9 @@ TRL: dict[str, Support] = {
                       "device index other than 0 is refused: select the GPU with "
                       "CUDA_VISIBLE_DEVICES and use model.device cuda", _device_index,
                       probe="cuda:1"),
-    "model.trust_remote_code": H("load_model_and_tokenizer(trust_remote_code=)", probe=True),
+    "model.trust_remote_code": H("load_model_and_tokenizer(trust_remote_code=) for the policy, "
+                                 "GRPOConfig trust_remote_code for TRL's reference model",
+                                 probe=True),
     "task.name": H("train_dataset (prompts rendered as the own engine) + the reward function",
                    probe="gsm8k"),
     "task.params": H("the task factory's keyword arguments", probe={"num_train": 100}),
@@ -250,7 +273,8 @@ TRL: dict[str, Support] = {
     "rollout.vllm_tensor_parallel_size": H("vllm_tensor_parallel_size", probe=2),
     "rollout.vllm_server_host": H("vllm_server_host", probe="10.0.0.2"),
     "rollout.vllm_server_port": H("vllm_server_port", probe=8001),
-    "objective.advantage": H("GBMPOConfig objective (TRL scale_rewards)", probe="grpo"),
+    "objective.advantage": H("GBMPOConfig objective (TRL scale_rewards); TRL adds 1e-4 to the "
+                             "reward std (the own engine and verl 1e-6)", probe="grpo"),
     "objective.surrogate.name": H("GBMPOConfig objective", probe="gspo"),
     "objective.surrogate.params": H("GBMPOConfig objective", probe={"eps_low": 0.1}),
     "objective.regularizer": H("GBMPOConfig objective: a list of terms is summed in "
@@ -259,16 +283,17 @@ TRL: dict[str, Support] = {
     "objective.regularizer.coef": H("GBMPOConfig objective (TRL beta)", probe=0.2),
     "objective.regularizer.anchor": H("GBMPOConfig objective", probe="old"),
     "objective.regularizer.params": H("GBMPOConfig objective", probe={"clamp": 10.0}),
-    "objective.regularizer.placement": R(
-        "TRL computes rewards and advantages inside GRPOTrainer._generate_and_score_completions, "
-        "whose reward hook sees no log-probs: 'reward' is refused (engines gbmpo and verl take "
-        "it)", lambda v, c: "reward" in (v if isinstance(v, list) else [v]), probe="reward"),
-    "objective.regularizer.estimator": R(
-        "GBMPOTrainer's loss receives TRL's per-token log-probs of the sampled tokens (its "
-        "forward reduces the logits to them) and the reference's log-probs from the generation "
-        "step, never the logits the exact divergence sums over: 'full' is refused (engine "
-        "gbmpo takes it)", lambda v, c: _any_full(v), probe="full"),
-    "objective.aggregation": H("GBMPOConfig objective (TRL loss_type)", probe="grpo"),
+    "objective.regularizer.placement": H(
+        "reward: GBMPOTrainer subtracts coef * sum_t D(pi_old || pi_ref) (detached, from TRL's "
+        "rollout and reference log-probs) from the summed reward before TRL's advantages",
+        probe="reward"),
+    "objective.regularizer.estimator": H(
+        "full: the exact divergence over the vocabulary from the policy's logits of each "
+        "micro-batch and a no-grad reference forward (the reference model, or the adapter "
+        "switched off under LoRA), chunked as on the own engine", probe="full"),
+    "objective.aggregation": H("GBMPOConfig objective (TRL loss_type); bnpo: the token mean of "
+                               "each optimizer step over every process, as the own engine's "
+                               "mini-batch", probe="grpo"),
     "objective.monitor_regularizers": H("reg/<name> = D(pi_old || pi_ref) for every registered "
                                         "regularizer (GBMPOConfig monitor_reference)",
                                         probe=False),
@@ -298,7 +323,10 @@ TRL: dict[str, Support] = {
     "optim.mu": H("num_iterations", probe=2),
     "optim.mini_batch_size": H("per_device_train_batch_size x gradient_accumulation_steps x "
                                "processes", probe=8),
-    "optim.micro_batch_size": N("gradient accumulation: same gradient up to float rounding"),
+    "optim.micro_batch_size": R("gradient accumulation (same gradient up to float rounding): a "
+                                "micro-batch that does not divide the per-process mini-batch "
+                                "(optim.mini_batch_size / run.num_processes) is refused",
+                                _uneven_micro, probe=3),
     "lora.enabled": H("peft_config (LoraConfig)", probe=True),
     "lora.r": H("LoraConfig r (with lora.enabled)", probe=4),
     "lora.alpha": H("LoraConfig lora_alpha (with lora.enabled)", probe=8),
@@ -329,7 +357,10 @@ TRL: dict[str, Support] = {
     "run.progress": N("display only"),
     "run.plugins": H("imported in every process", probe=["json"]),
     "run.allow_unsandboxed_code": H("the code sandbox of the reward function", probe=True),
-    "run.num_processes": H("accelerate launch --num_processes", probe=2),
+    "run.num_processes": R("accelerate launch --num_processes; a count that does not divide "
+                           "the mini-batch (optim.mini_batch_size, default the whole batch) is "
+                           "refused: each process takes an equal share of every optimizer step",
+                           _uneven_mini, probe=3),
     "run.num_nodes": R("engine trl runs on one machine (a multi-node accelerate configuration is "
                        "out of scope; engine verl runs on several)",
                        _never_default("run.num_nodes"), probe=2),

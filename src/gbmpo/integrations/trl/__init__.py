@@ -17,6 +17,8 @@ RPG-style dual clip), :math:`D` by ``regularizer`` (any name of
 anchor by ``regularizer_anchor`` (the frozen reference, or the rollout policy as in RPG),
 :math:`\omega` TRL's token weights (off-policy mask, high-entropy mask, vLLM importance-sampling
 ratio; they multiply the surrogate only, as in TRL) and the aggregation by TRL's ``loss_type``.
+A term with ``estimator: full`` is the exact divergence over the vocabulary; a term with
+``placement: reward`` leaves the loss and is subtracted from the rewards before the advantages.
 
 ``beta`` and ``regularizer_coef``: gbmpo's coefficient replaces TRL's ``beta``. Leave
 ``regularizer_coef`` unset to take ``beta``'s value (so a TRL config with ``beta=0.04`` keeps its
@@ -33,6 +35,8 @@ The names above are this package's API; the code is in its modules, one per conc
 :mod:`~gbmpo.integrations.trl.objective` (TRL's fields -> the objective spec and its loss
 pieces), :mod:`~gbmpo.integrations.trl.trainer` (``GBMPOTrainer``: the loss and the metrics),
 :mod:`~gbmpo.integrations.trl.formulas` (TRL's normalisers and entropy terms, reproduced),
+:mod:`~gbmpo.integrations.trl.exact` (``estimator: full`` from the logits, the in-reward
+penalty and the advantages of the shaped rewards),
 :mod:`~gbmpo.integrations.trl.fields` (every ``GRPOConfig`` field's answer) and
 :mod:`~gbmpo.integrations.trl.internals` (the TRL internals hooked and their check).
 """

@@ -18,8 +18,7 @@ from gbmpo.integrations.trl.objective import (
     LOSS_TYPE_SURROGATES,
     REGULARIZER_ANCHORS,
     TRL_CORRECTION_DEFAULTS,
-    refuse_full_estimator,
-    refuse_reward_placement,
+    check_reward_placement,
     rollout_correction_args,
     spec_from_trl_fields,
 )
@@ -93,9 +92,12 @@ class GBMPOConfig(GRPOConfig):
             that ``reference/<name>`` is logged for the active regularizer and, with
             ``log_all_regularizers``, every registered one.
 
-    Changed default: ``use_bias_correction_kl`` is False here (TRL 1.16: True, which multiplies
-    k3 by the token importance ratio), so the regularizer is exactly the one named; True maps
-    ``regularizer="kl_k3"`` onto ``kl_k3_is``, TRL's corrected KL (identical at token level).
+    Every default is ``GRPOConfig``'s, ``use_bias_correction_kl=True`` included (a TRL config
+    swapped in trains the same KL gradient): it maps ``regularizer="kl_k3"`` onto ``kl_k3_is``,
+    TRL's corrected KL (k3 times the token importance ratio, identical at token level); set it
+    False for the plain k3. Other regularizers are not TRL's k3 and are used as named. With
+    ``objective=`` the spec names the regularizer exactly, and ``use_bias_correction_kl`` is
+    rewritten to whether it is ``kl_k3_is`` (TRL's ``kl`` metric follows it).
 
     Every ``GRPOConfig`` field is honoured, mapped onto the gbmpo objective that is the same
     quantity, or refused with the reason (:data:`TRL_FIELDS`). Refused (``ValueError``):
@@ -104,13 +106,12 @@ class GBMPOConfig(GRPOConfig):
     and inconsistent combinations (listed in the errors).
     """
 
-    # TRL 1.16 defaults this to True (k3 times the importance ratio). Here the regularizer is
-    # exactly the named one, so the default is False; TRL's corrected KL is "kl_k3_is".
+    # TRL's default (True: k3 times the importance ratio, gbmpo's kl_k3_is); see the docstring
     use_bias_correction_kl: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": "TRL's importance-weighted k3: True turns regularizer='kl_k3' into 'kl_k3_is' "
-            "(default False here, True in TRL)."
+            "(TRL's default); with objective= it follows the spec's regularizer."
         },
     )
     regularizer: str = field(
@@ -199,6 +200,14 @@ class GBMPOConfig(GRPOConfig):
         if getattr(self, "activation_checkpointing", False) is None:
             self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
+        accum = self.gradient_accumulation_steps
+        if self.loss_type == "bnpo" and self.steps_per_generation % accum:
+            raise ValueError(
+                f"GBMPOConfig: loss_type='bnpo' is the token mean of each optimizer step, whose "
+                f"micro-batches must come from one generation batch: steps_per_generation="
+                f"{self.steps_per_generation} must be a multiple of gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps}"
+            )
 
     def _validate_gbmpo(self) -> None:
         if self.objective is not None:
@@ -219,7 +228,9 @@ class GBMPOConfig(GRPOConfig):
                 f"GBMPOConfig: unknown loss_type {self.loss_type!r}; supported: "
                 f"{', '.join(LOSS_TYPE_AGGREGATION)}"
             )
-        if self.use_bias_correction_kl:
+        if self.objective is not None:
+            self.use_bias_correction_kl = self._built[1].spec.regularizer_label == "kl_k3_is"
+        elif self.use_bias_correction_kl:
             self._map_bias_correction_kl()
         if self.loss_type in LOSS_TYPE_SURROGATES and self.objective is None:
             self._check_loss_type_surrogate()
@@ -282,27 +293,22 @@ class GBMPOConfig(GRPOConfig):
         self._built = (spec.to_dict(), spec.build())
 
     def _map_bias_correction_kl(self) -> None:
-        r"""TRL's ``use_bias_correction_kl=True`` (k3 times the token importance ratio
-        :math:`\pi_\theta/\pi_{old}`) is gbmpo's ``kl_k3_is``: the default ``kl_k3`` becomes
-        ``kl_k3_is``; any other regularizer is refused (TRL corrects only its k3)."""
-        if self.objective is not None:
-            raise ValueError(
-                "GBMPOConfig: use_bias_correction_kl=True with objective=: the spec names the "
-                "regularizer; write regularizer: {name: kl_k3_is} there (TRL's corrected KL)"
-            )
-        if self.regularizer not in ("kl_k3", "kl_k3_is"):
-            raise ValueError(
-                "GBMPOConfig: use_bias_correction_kl=True corrects TRL's k3 KL (it becomes "
-                f"regularizer='kl_k3_is'); regularizer={self.regularizer!r} is not k3: set "
-                "use_bias_correction_kl=False"
-            )
+        r"""TRL's ``use_bias_correction_kl=True`` (its k3 times the token importance ratio
+        :math:`\pi_\theta/\pi_{old}`) is gbmpo's ``kl_k3_is``: ``kl_k3`` becomes ``kl_k3_is``;
+        any other regularizer is not TRL's k3 and stays as named. Refused where TRL would weight
+        an active k3 by the sequence ratio (GSPO), which ``kl_k3_is`` does not."""
+        if self.regularizer != "kl_k3":
+            return
+        coef = self.regularizer_coef if self.regularizer_coef is not None else self.beta
         if self.importance_sampling_level != "token":
-            raise ValueError(
-                "GBMPOConfig: use_bias_correction_kl=True with importance_sampling_level="
-                f"{self.importance_sampling_level!r}: TRL then weights the KL by the sequence "
-                "ratio; gbmpo's kl_k3_is weights it by the token ratio. Set "
-                "use_bias_correction_kl=False or importance_sampling_level='token'"
-            )
+            if coef != 0:
+                raise ValueError(
+                    "GBMPOConfig: use_bias_correction_kl=True with importance_sampling_level="
+                    f"{self.importance_sampling_level!r}: TRL then weights the KL by the sequence "
+                    "ratio; gbmpo's kl_k3_is weights it by the token ratio. Set "
+                    "use_bias_correction_kl=False or importance_sampling_level='token'"
+                )
+            return
         self.regularizer = "kl_k3_is"
 
     def _check_loss_type_surrogate(self) -> None:
@@ -373,8 +379,7 @@ class GBMPOConfig(GRPOConfig):
                 f"GBMPOConfig: beta={self.beta:g} disagrees with the objective's "
                 f"regularizer.coef={coefs}; leave beta at 0"
             )
-        refuse_reward_placement(spec)
-        refuse_full_estimator(spec)
+        check_reward_placement(spec, self)
         if spec.aggregation not in TRL_LOSS_TYPES or spec.advantage not in TRL_SCALE_REWARDS:
             raise ValueError(
                 f"GBMPOConfig: the objective's aggregation {spec.aggregation!r} / advantage "

@@ -27,7 +27,9 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
     "beta": ("mapped", "the regularizer's coefficient (regularizer_coef); the default "
              "regularizer kl_k3 is TRL's k3 KL to the reference model"),
     "loss_type": ("mapped", "grpo/bnpo/dr_grpo/dapo/luspo: the aggregation with TRL's "
-                  "normalisers; cispo/sapo/vespo: gbmpo's surrogate of that name plus TRL's "
+                  "normalisers (bnpo: the optimizer step's tokens over every process, the own "
+                  "engine's mini-batch token mean); cispo/sapo/vespo: gbmpo's surrogate of "
+                  "that name plus TRL's "
                   "aggregation (LOSS_TYPE_AGGREGATION, LOSS_TYPE_SURROGATES); with "
                   "clip_mode != 'ratio' only the clip loss types (the surrogate is clip_mode's)"),
     "epsilon": ("mapped", "eps_low of the clip / gspo / rpg_clip surrogate"),
@@ -47,9 +49,11 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
     "vespo_lambda_pos": ("mapped", "lambda_pos of the vespo surrogate"),
     "vespo_k_neg": ("mapped", "k_neg of the vespo surrogate"),
     "vespo_lambda_neg": ("mapped", "lambda_neg of the vespo surrogate"),
-    "use_bias_correction_kl": ("mapped", "True: regularizer kl_k3 becomes kl_k3_is (k3 times "
-                               "the token ratio, TRL's corrected KL); refused with another "
-                               "regularizer or objective=. Default False here (TRL: True)"),
+    "use_bias_correction_kl": ("mapped", "True (TRL's default, and GBMPOConfig's): regularizer "
+                               "kl_k3 becomes kl_k3_is (k3 times the token ratio, TRL's "
+                               "corrected KL); other regularizers are used as named; refused "
+                               "with an active kl_k3 and importance_sampling_level='sequence'; "
+                               "with objective= it follows the spec (True for kl_k3_is)"),
     "top_entropy_quantile": ("honoured", "TRL's high-entropy token mask multiplies the "
                              "surrogate and restricts the entropy bonus"),
     "off_policy_mask_threshold": ("honoured", "TRL's off-policy sequence mask multiplies the "
@@ -77,7 +81,11 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
                        "is used (the regularizer is not anchored on it)"),
     "ref_model_mixup_alpha": ("honoured", "TRL's reference sync"),
     "ref_model_sync_steps": ("honoured", "TRL's reference sync"),
-    "num_iterations": ("honoured", "TRL's updates per generation (old log-probs)"),
+    "num_iterations": ("honoured", "TRL's updates per generation (old log-probs); the entropy "
+                       "metric averages the first pass, as the own engine"),
+    "multi_objective_aggregation": ("honoured", "TRL's sum of the reward functions; "
+                                    "'normalize_then_sum' is refused with placement: reward "
+                                    "(no one reward to subtract the penalty from)"),
     # --- generation, rewards, data, logging: TRL's code, not the loss --------------------
     **{name: ("honoured", _TRL) for name in (
         "model_init_kwargs", "trust_remote_code", "disable_dropout", "cast_lm_head_to_fp32",
@@ -85,7 +93,7 @@ TRL_FIELDS: dict[str, tuple[str, str]] = {
         "shuffle_dataset", "pad_to_multiple_of", "generation_batch_size", "temperature",
         "top_p", "top_k", "min_p", "generation_kwargs", "chat_template_kwargs",
         "repetition_penalty", "cache_implementation", "reward_weights",
-        "multi_objective_aggregation", "mask_truncated_completions",
+        "mask_truncated_completions",
         "max_tool_calling_iterations", "log_completions", "log_multimodal",
         "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
         "use_transformers_continuous_batching", "transformers_continuous_batching_config",

@@ -93,6 +93,8 @@ _HOOKED_METHODS: dict[str, tuple[str, ...]] = {
         "off_policy_threshold",
     ),
     "_generate_and_score_completions": ("inputs",),
+    "_calculate_rewards": ("inputs", "prompts", "completions", "completion_ids_list"),
+    "_prepare_inputs": ("generation_batch",),
     "get_gamma_weights": (
         "advantages",
         "log_ratio_per_token",
@@ -153,6 +155,14 @@ _TRAINER_ATTRIBUTES: tuple[str, ...] = (
     "_last_world_entropy",
     "_metrics",
     "accelerator",
+    "_step",
+    "_buffered_inputs",
+    "num_iterations",
+    "num_generations",
+    "num_generations_eval",
+    "reward_weights",
+    "scale_rewards",
+    "temperature",
 )
 
 #: Source facts relied upon (checked with ``strict=True``): method -> strings its source has.
@@ -174,7 +184,12 @@ _SOURCE_FACTS: dict[str, tuple[str, ...]] = {
         '"ref_per_token_logps"',
         '"importance_sampling_ratio"',
         '"sampling_per_token_logps"',
+        # placement reward: the rewards of every process, then the process's slice
+        "self._calculate_rewards(",
+        "advantages = advantages[process_slice]",
     ),
+    # bnpo's optimizer-step tokens: the buffered micro-batches, one per micro-step
+    "_prepare_inputs": ("self._buffered_inputs[self._step % self.args.steps_per_generation]",),
 }
 
 

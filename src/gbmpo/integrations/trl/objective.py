@@ -28,8 +28,7 @@ __all__ = [
     "build_objective",
     "loss_type_surrogate",
     "objective_spec",
-    "refuse_full_estimator",
-    "refuse_reward_placement",
+    "check_reward_placement",
     "spec_from_trl_fields",
 ]
 
@@ -78,33 +77,28 @@ class TRLObjective:
     #: a sum of regularizers (``objective.regularizer`` a list): every term, each with its own
     #: coefficient and anchor; empty for one regularizer (``regularizer``, ``coef``, ``anchor``)
     terms: tuple[Any, ...] = ()
+    #: the terms placed in the reward (``placement: reward``, active): their detached
+    #: per-sequence penalty is subtracted from the rewards before TRL's advantages
+    reward_terms: tuple[Any, ...] = ()
+    #: the terms placed in the loss with ``estimator: full`` (the exact divergence over the
+    #: vocabulary from the policy's and the reference's logits of each micro-batch)
+    full_loss_terms: tuple[Any, ...] = ()
 
 
-def refuse_reward_placement(spec: ObjectiveSpec) -> None:
-    """Refuse a regularizer term with ``placement: reward``: TRL 1.16 computes the rewards and
-    the advantages inside ``GRPOTrainer._generate_and_score_completions``, and its reward hook
-    (``_calculate_rewards``) sees neither the rollout nor the reference log-probs."""
+def check_reward_placement(spec: ObjectiveSpec, args: Any) -> None:
+    """``placement: reward`` on TRL: GBMPOTrainer subtracts the detached per-sequence penalty
+    from the weighted sum of the reward functions before TRL's group advantages
+    (:meth:`GBMPOTrainer._generate_and_score_completions`); TRL's other aggregation of several
+    reward functions (``normalize_then_sum``, each function normalised before the sum) has no
+    single reward to shape and is refused with it."""
     placed = [t.name for t in spec.terms if t.placement == "reward"]
-    if placed:
+    aggregation = getattr(args, "multi_objective_aggregation", "sum_then_normalize")
+    if placed and aggregation != "sum_then_normalize":
         raise ValueError(
-            f"GBMPOConfig: objective.regularizer.placement=reward ({', '.join(placed)}) is not "
-            "supported with TRL: GRPOTrainer computes rewards and advantages in "
-            "_generate_and_score_completions, whose reward hook sees no log-probs; use "
-            "placement: loss, or the gbmpo or verl engine for an in-reward divergence"
-        )
-
-
-def refuse_full_estimator(spec: ObjectiveSpec) -> None:
-    """Refuse a regularizer term with ``estimator: full``: GBMPOTrainer's loss receives TRL's
-    log-probs of the sampled tokens and the reference's log-probs from the generation step,
-    never the logits the exact full-vocabulary divergence sums over."""
-    full = [t.name for t in spec.terms if t.estimator == "full"]
-    if full:
-        raise ValueError(
-            f"GBMPOConfig: objective.regularizer.estimator=full ({', '.join(full)}) is not "
-            "supported with TRL: GBMPOTrainer's loss receives the sampled tokens' log-probs, "
-            "not the policy's and the reference's logits; use estimator: sample, or the gbmpo "
-            "engine for the exact divergence"
+            f"GBMPOConfig: objective.regularizer.placement=reward ({', '.join(placed)}) shapes "
+            "the summed reward before the advantages; multi_objective_aggregation="
+            f"{aggregation!r} normalises each reward function before the sum. Use "
+            "multi_objective_aggregation='sum_then_normalize' (TRL's default)"
         )
 
 
@@ -232,6 +226,8 @@ def build_objective(args: GBMPOConfig) -> TRLObjective:
         spec=spec,
         reference_monitors=dict(built.monitors),
         terms=() if built.single_loss_term else built.terms,
+        reward_terms=tuple(built.reward_terms),
+        full_loss_terms=tuple(t for t in built.loss_terms if t.estimator == "full"),
     )
 
 

@@ -15,6 +15,12 @@ from trl import GRPOTrainer
 
 from gbmpo.integrations.trl.config import GBMPOConfig
 from gbmpo.integrations.trl.correction import log_rollout_correction
+from gbmpo.integrations.trl.exact import (
+    TRL_STD_EPS,
+    logprobs_and_exact,
+    sequence_penalties,
+    shaped_advantages,
+)
 from gbmpo.integrations.trl.formulas import (
     adaptive_entropy_coef,
     dapo_normalizer,
@@ -34,6 +40,7 @@ from gbmpo.integrations.trl.objective import (
     TRLObjective,
     build_objective,
 )
+from gbmpo.objectives.estimators import ExactValues
 from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.regularizers import kl_k3
 from gbmpo.objectives.tensors import masked_mean
@@ -45,15 +52,32 @@ _GLOBAL_TOKEN_LOSS_TYPES: tuple[str, ...] = ("dapo", "cispo", "vespo")
 
 
 
+def _valid_tokens(batch: dict[str, Any]) -> Tensor:
+    """The valid completion tokens of one buffered micro-batch (TRL's tool mask applied)."""
+    mask = batch["completion_mask"]
+    if batch.get("tool_mask") is not None:
+        mask = mask * batch["tool_mask"]
+    return mask.sum().float()
+
+
 class GBMPOTrainer(GRPOTrainer):
     r"""``GRPOTrainer`` whose loss is gbmpo's (:mod:`gbmpo.integrations.trl`); same constructor.
 
-    ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL). Only
-    ``_compute_loss`` is overridden: generation, rewards, advantages, reference log-probs
-    (computed by TRL whenever the regularizer is anchored on the reference model), old
-    log-probs, vLLM importance ratios and everything else stay TRL's.
+    ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL).
+    ``_compute_loss`` is gbmpo's loss; generation, rewards, reference log-probs (computed by
+    TRL whenever the regularizer is anchored on the reference model), old log-probs, vLLM
+    importance ratios and everything else stay TRL's, with three additions
+    (:mod:`gbmpo.integrations.trl.exact`): a term with ``estimator: full`` takes the exact
+    divergence from the policy's logits of each micro-batch and a no-grad reference forward; a
+    term with ``placement: reward`` has its detached per-sequence penalty subtracted from the
+    rewards before TRL's advantages (``_generate_and_score_completions``, with the rewards kept
+    by ``_calculate_rewards``); ``loss_type="bnpo"`` divides by the optimizer step's valid tokens
+    over every process (``_prepare_inputs`` adds ``mini_batch_tokens``), the own engine's
+    mini-batch token mean.
 
-    Logged metrics (``self._metrics``, averaged over processes by token count): ``entropy``,
+    Logged metrics (``self._metrics``, averaged over processes by token count): ``entropy``
+    (the first of the ``num_iterations`` passes over a generation batch, as the own engine),
+    ``reward_penalty`` (and ``reward_penalty/<name>`` per term of a sum) with in-reward terms,
     ``kl`` (k3 against the reference, when its log-probs exist; TRL's key),
     ``regularizer/<name>`` (the active regularizer and, with ``log_all_regularizers``, every
     parameter-free one, against the anchor), ``loss/surrogate`` and ``loss/regularizer`` (the
@@ -103,6 +127,68 @@ class GBMPOTrainer(GRPOTrainer):
         if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
             raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
 
+    def _first_pass(self) -> bool:
+        """Whether this micro-step is in the first of the ``num_iterations`` passes over its
+        generation batch (the ``entropy`` metric averages that pass only: the rollout policy's
+        entropy on its own samples, the own engine's first epoch)."""
+        per_generation = self.args.steps_per_generation
+        return (self._step % (per_generation * self.num_iterations)) < per_generation
+
+    def _prepare_inputs(self, generation_batch: Any) -> Any:
+        """TRL's batch, plus (``loss_type="bnpo"``, training) ``mini_batch_tokens``: the valid
+        tokens of the optimizer step this micro-batch belongs to, over every process, so that
+        bnpo is the token mean of the optimizer step (the own engine's mini-batch) whatever the
+        micro-batch size and the number of processes."""
+        inputs = super()._prepare_inputs(generation_batch)
+        if self._gbmpo.loss_type != "bnpo" or not self.model.training:
+            return inputs
+        buffers = self._buffered_inputs
+        accum = self.args.gradient_accumulation_steps
+        if getattr(self, "_mini_tokens_of", None) is not buffers:
+            local = torch.stack([_valid_tokens(b) for b in buffers])
+            groups = local.view(-1, accum).sum(dim=1)  # S / accum optimizer steps
+            self._mini_tokens = self.accelerator.reduce(groups, reduction="sum")
+            self._mini_tokens_of = buffers
+        index = (self._step % self.args.steps_per_generation) // accum
+        return {**inputs, "mini_batch_tokens": self._mini_tokens[index]}
+
+    def _calculate_rewards(self, inputs: Any, prompts: Any, completions: Any,
+                           completion_ids_list: Any) -> Tensor:  # fmt: skip
+        """TRL's rewards (every process's), kept for the in-reward terms."""
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._rewards_per_func = rewards
+        return rewards
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        r"""TRL's generation batch; with terms placed in the reward, its advantages are those of
+        the shaped rewards :math:`r_i - \sum_k \beta_k S^{(k)}_i` (:func:`sequence_penalties`
+        from the batch's rollout and reference log-probs, :func:`shaped_advantages` with TRL's
+        formula), and ``reward_penalty`` (per term ``reward_penalty/<name>`` for several) is
+        logged beside TRL's ``reward`` (the task's, as on the own engine)."""
+        output = super()._generate_and_score_completions(inputs)
+        terms = self._gbmpo.reward_terms
+        if not terms:
+            return output
+        mode = "train" if self.model.training else "eval"
+        rpf = self._rewards_per_func
+        rewards = (rpf * self.reward_weights.to(rpf.device).unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rpf).all(dim=1)] = torch.nan  # unscorable: advantage 0, as TRL
+        penalties = sequence_penalties(self, output, terms)
+        local = sum(penalties.values())
+        total = self.accelerator.gather(local.to(rewards.device))
+        n = local.shape[0]
+        group = self.num_generations if mode == "train" else self.num_generations_eval
+        advantages = shaped_advantages(rewards, total, group, self.scale_rewards, TRL_STD_EPS)
+        rank = self.accelerator.process_index
+        output["advantages"] = advantages[rank * n : (rank + 1) * n].to(output["advantages"])
+        self._metrics[mode]["reward_penalty"].append(float(total.mean()))
+        if len(self._gbmpo.terms) > 1:
+            for name, value in penalties.items():
+                self._metrics[mode][f"reward_penalty/{name}"].append(
+                    float(self.accelerator.gather(value.to(rewards.device)).mean())
+                )
+        return output
+
     @property
     def objective(self) -> TRLObjective:
         """The resolved gbmpo objective (surrogate, regularizer, coefficient, aggregation)."""
@@ -122,15 +208,28 @@ class GBMPOTrainer(GRPOTrainer):
         mask = completion_mask
         if "tool_mask" in inputs:
             mask = completion_mask * inputs["tool_mask"]
-        logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **{k: inputs.get(k) for k in _FORWARD_KEYS},
-        )
+        exact: dict[str, Tensor] = {}  # estimator full: per-token exact divergences, by term
+        if obj.full_loss_terms:
+            extra = [k for k in _FORWARD_KEYS if inputs.get(k) is not None]
+            if extra:
+                raise ValueError(
+                    f"estimator 'full' takes the logits of a text-only forward; this batch has "
+                    f"{', '.join(extra)}: use estimator 'sample' with multimodal inputs"
+                )
+            logp, entropies, aux_loss, exact = logprobs_and_exact(
+                self, model, input_ids, attention_mask, logits_to_keep, completion_ids, mask,
+                obj.full_loss_terms, aux=self.aux_loss_enabled,
+            )  # fmt: skip
+        else:
+            logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model,
+                input_ids,
+                attention_mask,
+                logits_to_keep,
+                compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled,
+                **{k: inputs.get(k) for k in _FORWARD_KEYS},
+            )
         advantages = inputs["advantages"]
         old_in = inputs.get("old_per_token_logps")
         old_logp = logp.detach() if old_in is None else old_in
@@ -169,6 +268,8 @@ class GBMPOTrainer(GRPOTrainer):
                 f"(beta={self.beta})"
             )
         regularizer = obj.regularizer if anchor is not None else None
+        if regularizer is not None and obj.regularizer.name in exact:
+            regularizer = ExactValues(obj.regularizer.name, exact[obj.regularizer.name])
         coef = obj.coef if regularizer is not None else 0.0
         terms = None
         if obj.terms:  # a sum of regularizers: each term with its own anchor
@@ -181,17 +282,28 @@ class GBMPOTrainer(GRPOTrainer):
                     f"(beta={self.beta})"
                 )
             terms = [
-                LossTerm(t.name, t.regularizer, t.coef, anchors[t.anchor])
+                LossTerm(t.name, ExactValues(t.name, exact[t.name]) if t.name in exact
+                         else t.regularizer, t.coef, anchors[t.anchor])
                 for t in obj.terms
                 if t.placement == "loss"
-            ]
+            ]  # fmt: skip
             regularizer, coef = None, 0.0
 
         # Aggregation with TRL's normalisers (full accumulation window -> no further division).
         agg_kw: dict[str, Any] = {}
-        if obj.loss_type == "bnpo":
-            # TRL: local token mean / G_acc
-            agg_kw["num_tokens"] = max(float(mask.sum()), 1.0) * accum
+        if obj.loss_type == "bnpo" and mode == "train":
+            # the optimizer step's valid tokens over every process (the own engine's mini-batch
+            # token mean): the data-parallel average of the processes' gradients divides by P
+            if "mini_batch_tokens" not in inputs:
+                raise KeyError(
+                    "loss_type='bnpo' needs the batch's 'mini_batch_tokens' (the optimizer step's "
+                    "valid tokens over all processes), which GBMPOTrainer._prepare_inputs adds"
+                )
+            agg_kw["num_tokens"] = max(float(inputs["mini_batch_tokens"]), 1.0) / (
+                self.accelerator.num_processes
+            )
+        elif obj.loss_type == "bnpo":
+            agg_kw["num_tokens"] = max(float(mask.sum()), 1.0)
         elif obj.loss_type in _GLOBAL_TOKEN_LOSS_TYPES:
             # TRL: token sum / Z with Z = global tokens / processes (scaled to the window); Z may
             # be below this process's token count, which aggregate accepts.
@@ -245,6 +357,8 @@ class GBMPOTrainer(GRPOTrainer):
             self._mean_over_processes(m["reg_loss"] * accum)
         )
         for t in obj.terms:  # a sum of regularizers: each term's part of the loss
+            if t.placement != "loss":
+                continue
             self._metrics[mode][f"loss/regularizer/{t.name}"].append(
                 self._mean_over_processes(m[f"reg_loss/{t.name}"] * accum)
             )
@@ -398,7 +512,8 @@ class GBMPOTrainer(GRPOTrainer):
         def token_mean(x: Tensor) -> Tensor:
             return masked_mean(x, mf)
 
-        values["entropy"] = token_mean(entropies)
+        if mode != "train" or self._first_pass():  # the rollout policy's entropy (own engine's)
+            values["entropy"] = token_mean(entropies)
         with torch.no_grad():
             lp = logp.detach()
             if ref_logp is not None:
@@ -411,6 +526,8 @@ class GBMPOTrainer(GRPOTrainer):
                 label = obj.spec.regularizer_label if obj.spec is not None else "sum"
                 values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
                 for t in obj.terms:
+                    if t.placement != "loss":
+                        continue
                     values[f"regularizer/{t.name}"] = torch.tensor(
                         m[f"reg_value/{t.name}"], device=mf.device
                     )

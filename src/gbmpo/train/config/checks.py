@@ -75,7 +75,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
     from gbmpo.rollout.sampling import ENGINES
 
-    generators = (*ENGINES, "vllm") if cfg.engine != "gbmpo" else ENGINES  # TRL / verl: vLLM
+    generators = (*ENGINES, "vllm")  # vllm: engines trl and verl (the support matrix)
     _require(
         r.generator in generators,
         f"'rollout.generator': unknown generator {r.generator!r}; valid: {', '.join(generators)}",
