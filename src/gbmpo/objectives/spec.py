@@ -354,7 +354,7 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     from gbmpo.objectives.estimators import check_estimator
 
     try:
-        check_estimator(r.name, r.estimator, r.anchor, r.params)
+        check_estimator(r.name, r.estimator, r.anchor, r.params, regularizer)
     except ValueError as err:
         raise SpecError(f"'{at}.estimator' ({r.name!r}): {err}") from None
     term = BuiltTerm(r.name, regularizer, float(r.coef), r.anchor, r.placement, r.estimator)
