@@ -132,7 +132,9 @@ GBMPO: dict[str, Support] = {
     "objective.regularizer.anchor": H(),
     "objective.regularizer.params": H(),
     "objective.regularizer.placement": H("reward: coef * sum_t D(pi_old || pi_ref) off each "
-                                         "sequence's reward before the advantages"),
+                                         "sequence's reward before the advantages; advantage: "
+                                         "coef * sum_{s >= t} D_s(pi_old || pi_ref) off each "
+                                         "token's advantage after the normalisation (FRPO)"),
     "objective.regularizer.estimator": H("full: the exact divergence over the vocabulary from "
                                          "the policy's and the reference's logits of each "
                                          "micro-batch (KL family, prob_l2, neural_mirror)"),
@@ -237,7 +239,10 @@ TRL: dict[str, Support] = {
     "objective.regularizer.placement": R(
         "TRL computes rewards and advantages inside GRPOTrainer._generate_and_score_completions, "
         "whose reward hook sees no log-probs: 'reward' is refused (engines gbmpo and verl take "
-        "it)", lambda v, c: "reward" in (v if isinstance(v, list) else [v]), probe="reward"),
+        "it); 'advantage' is refused too: TRL's advantages are per sequence and computed "
+        "there (engine gbmpo takes it)",
+        lambda v, c: bool({"reward", "advantage"} & set(v if isinstance(v, list) else [v])),
+        probe="reward"),
     "objective.regularizer.estimator": R(
         "GBMPOTrainer's loss receives TRL's per-token log-probs of the sampled tokens (its "
         "forward reduces the logits to them) and the reference's log-probs from the generation "
@@ -371,9 +376,12 @@ VERL.update({
         lambda v, c: v == "old" and _kl_on(c) and not c.objective.regularizer.name.startswith(
             "rpg_"), probe="old"),
     "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_kl.*"),
-    "objective.regularizer.placement": H(
+    "objective.regularizer.placement": R(
         "reward: algorithm.use_kl_in_reward=true with algorithm.kl_penalty=gbmpo_<name> and a "
-        f"fixed kl_ctrl ({_A}.use_kl_loss=false)", probe="reward"),
+        f"fixed kl_ctrl ({_A}.use_kl_loss=false); 'advantage' is refused: verl's driver "
+        "computes the advantages and has no hook for a per-token penalty after the "
+        "normalisation (engine gbmpo takes it)",
+        lambda v, c: "advantage" in (v if isinstance(v, list) else [v]), probe="advantage"),
     "objective.regularizer.estimator": R(
         "verl's KL loss and in-reward KL are computed from per-token log-probs (its reference "
         "worker returns log-probs, not logits): 'full' is refused (engine gbmpo takes it)",
@@ -522,7 +530,28 @@ def check_support(cfg: Any, engine: str | None = None) -> list[str]:
         elif entry.status == NO_EFFECT and value != _default_of(key):
             notices.append(f"{key}={value!r} has no effect on results with engine {engine!r} "
                            f"({entry.how})")  # fmt: skip
+    notices.extend(placement_notes(cfg))
     return notices
+
+
+#: advantages divided by a standard deviation (``placement: reward`` is then rescaled)
+STD_NORMALISED: tuple[str, ...] = ("grpo", "batch")
+
+
+def placement_notes(cfg: Any) -> list[str]:
+    """One note when a term is placed in the reward and the advantage divides by a standard
+    deviation: the penalty then reaches the gradient as beta / sigma_g (each group's std), so
+    it is the exact KL-regularised gradient only with ``dr_grpo`` (Dr. GRPO)."""
+    placed = [t.name for t in cfg.objective.terms
+              if t.placement == "reward" and t.name != "none" and t.coef != 0]  # fmt: skip
+    if not placed or cfg.objective.advantage not in STD_NORMALISED:
+        return []
+    return [
+        f"objective.regularizer.placement=reward ({', '.join(placed)}) with objective.advantage="
+        f"{cfg.objective.advantage}: the penalty is subtracted before the advantages are divided "
+        "by the std, so beta is divided by each group's std (exact only with advantage: "
+        "dr_grpo, Dr. GRPO); placement: advantage adds it after the normalisation (FRPO)"
+    ]
 
 
 def render_markdown() -> str:

@@ -17,6 +17,7 @@ from gbmpo.integrations.trl.objective import (
     LOSS_TYPE_AGGREGATION,
     LOSS_TYPE_SURROGATES,
     REGULARIZER_ANCHORS,
+    refuse_advantage_placement,
     refuse_full_estimator,
     refuse_reward_placement,
     spec_from_trl_fields,
@@ -390,6 +391,7 @@ class GBMPOConfig(GRPOConfig):
                 f"regularizer.coef={coefs}; leave beta at 0"
             )
         refuse_reward_placement(spec)
+        refuse_advantage_placement(spec)
         refuse_full_estimator(spec)
         if spec.aggregation not in TRL_LOSS_TYPES or spec.advantage not in TRL_SCALE_REWARDS:
             raise ValueError(

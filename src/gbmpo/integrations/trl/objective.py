@@ -27,6 +27,7 @@ __all__ = [
     "loss_type_surrogate",
     "objective_spec",
     "refuse_full_estimator",
+    "refuse_advantage_placement",
     "refuse_reward_placement",
     "spec_from_trl_fields",
 ]
@@ -89,6 +90,19 @@ def refuse_reward_placement(spec: ObjectiveSpec) -> None:
             "supported with TRL: GRPOTrainer computes rewards and advantages in "
             "_generate_and_score_completions, whose reward hook sees no log-probs; use "
             "placement: loss, or the gbmpo or verl engine for an in-reward divergence"
+        )
+
+
+def refuse_advantage_placement(spec: ObjectiveSpec) -> None:
+    """Refuse a regularizer term with ``placement: advantage``: TRL 1.16 computes one advantage
+    per sequence inside ``GRPOTrainer._generate_and_score_completions``; the per-token future
+    penalty after the normalisation is the own engine's."""
+    placed = [t.name for t in spec.terms if t.placement == "advantage"]
+    if placed:
+        raise ValueError(
+            f"GBMPOConfig: objective.regularizer.placement=advantage ({', '.join(placed)}) is "
+            "not supported with TRL: GRPOTrainer computes one advantage per sequence in "
+            "_generate_and_score_completions; use placement: loss, or the gbmpo engine"
         )
 
 
