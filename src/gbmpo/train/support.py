@@ -161,6 +161,8 @@ GBMPO: dict[str, Support] = {
     "eval.limit": H(),
     "eval.auto_limit": H(),
     "eval.max_new_tokens": H(),
+    "eval.samples": H("N > 1: N samples per problem at rollout.temperature / top_p; pass@k "
+                      "for k = 1, 2, 4, ..., N, distinct_answers, token_entropy"),
     "eval.batch_size": N(_SPEED),
     "eval.before": H(),
     "eval.after": H(),
@@ -276,6 +278,7 @@ TRL: dict[str, Support] = {
     "eval.limit": H(_TRL_EVAL, probe=8),
     "eval.auto_limit": H(f"{_TRL_EVAL} (the same held-out subset)", probe=100),
     "eval.max_new_tokens": H(_TRL_EVAL, probe=16),
+    "eval.samples": H(f"{_TRL_EVAL} (pass@k curve, distinct_answers, token_entropy)", probe=4),
     "eval.batch_size": N(_SPEED),
     "eval.before": H(_TRL_EVAL, probe=False),
     "eval.after": H(_TRL_EVAL, probe=False),
@@ -419,6 +422,9 @@ VERL.update({
     "eval.max_new_tokens": R("verl validates with the rollout length: eval.max_new_tokens must "
                              "equal rollout.max_new_tokens",
                              lambda v, c: v != c.rollout.max_new_tokens, probe=41),
+    "eval.samples": R("verl validates one greedy sample per problem: eval.samples must be 1 "
+                      "(measure pass@k of the merged model with gbmpo eval --samples N)",
+                      lambda v, c: v != 1, probe=4),
     "eval.batch_size": N("verl sends the whole validation set to vLLM at once"),
     "eval.before": H("trainer.val_before_train", probe=False),
     "eval.after": H("trainer.test_freq includes the last step (eval.every 0: test_freq = "
