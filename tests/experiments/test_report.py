@@ -190,3 +190,32 @@ def test_report_has_no_pass_at_k_table_for_one_sample(runs, tmp_path, gbmpo_cli)
     assert gbmpo_cli(["report", str(runs), "--output-dir", str(out)]) == 0
     assert "distinct answers" not in (out / "report.md").read_text()
     assert not (out / "passk_arithmetic.png").exists()
+
+
+def test_report_draws_the_largest_pass_at_k_frontier(tmp_path, make_run, gbmpo_cli):
+    """A sweep evaluated with several samples: beside the accuracy frontier, the frontier of
+    the largest pass@k against drift (results.json frontier_passk, frontier_passk_<task>.png)."""
+    root = tmp_path / "runs"
+    for reg in ("kl_k3", "fkl"):
+        for i, coef in enumerate((0.04, 0.64)):
+            for seed in (0, 1):
+                kl = 0.03 / (1 + 4 * i) + 0.001 * seed
+                p4 = 0.6 + kl + (0.05 if reg == "fkl" else 0.0)
+                drift = {"kl": kl, "kl_reverse": 2 * kl, "prob_l2": kl / 10, "tv": kl / 2,
+                         "entropy": 1.0, "response_length": 20.0, "n_prompts": 8,
+                         "n_tokens": 160}  # fmt: skip
+                make_run(root / f"{reg}-{i}-{seed}", regularizer=reg, coef=coef, seed=seed,
+                         final=0.4 + kl, drift=drift,
+                         eval_extra={"pass@1": 0.4 + kl, "pass@2": 0.5, "pass@4": p4})
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(root), "--output-dir", str(out)]) == 0
+    task = json.loads((out / "results.json").read_text())["tasks"][0]
+    fr = task["frontier_passk"]
+    assert fr["metric"] == "pass@4" and {a["arm"] for a in fr["arms"]} == {"kl_k3", "fkl"}
+    assert task["frontier"]["metric"] == "accuracy"
+    fkl = next(a for a in fr["arms"] if a["arm"] == "fkl")
+    low = min(fkl["points"], key=lambda p: p["drift"]["mean"])
+    assert low["accuracy"]["mean"] == pytest.approx(0.65 + low["drift"]["mean"])
+    assert (out / "frontier_passk_arithmetic.png").stat().st_size > 1000
+    md = (out / "report.md").read_text()
+    assert "### pass@4 versus drift" in md and "frontier_passk_arithmetic.png" in md

@@ -189,7 +189,7 @@ def plot_frontier(frontier: Mapping[str, Any], path: str | Path, *, title: str =
     if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) > 20:
         ax.set_xscale("log")
     ax.set_xlabel(f"drift.{measure}: {DRIFT_LABELS.get(measure, measure)} on held-out prompts")
-    ax.set_ylabel(f"held-out {metric} % (greedy)")
+    ax.set_ylabel(f"held-out {metric} %")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9, frameon=False)
     key = frontier.get("sweep_key")

@@ -127,6 +127,9 @@ def passk_table(
     return header, rows
 
 
+#: key suffix of a task's largest-pass@k frontier image in the ``frontiers`` mapping
+PASSK_SUFFIX = "#passk"
+
 _PASSK_NOTE = (
     "pass@k of the final evaluation (unbiased estimator, Chen et al. 2021; eval.samples "
     "samples per problem at the rollout temperature), mean ± std over seeds; distinct answers: "
@@ -334,6 +337,8 @@ def render_markdown(
         if task["task"] in images:
             out += [f"![learning curves, {task['task']}]({images[task['task']]})", ""]
         out += _frontier_md(_frontier_blocks(task, frontiers.get(task["task"])))
+        out += _frontier_md(_frontier_blocks(task, frontiers.get(task["task"] + PASSK_SUFFIX),
+                                             "frontier_passk"))
         out += ["### Per-run results", "", md_table(*_run_table(task, row)), ""]
     failures = results.get("failures") or {}
     if failures:
@@ -406,15 +411,19 @@ def _ahead_table(fr: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _frontier_blocks(task: Mapping[str, Any], image: str | None) -> list[tuple[str, Any]]:
+def _frontier_blocks(
+    task: Mapping[str, Any], image: str | None, key: str = "frontier"
+) -> list[tuple[str, Any]]:
     """The frontier section of a task as blocks ``("h", text)``, ``("p", text)``,
     ``("ul", [items])``, ``("table", (header, rows))`` and ``("img", (src, alt))``, rendered by
-    both the Markdown and the HTML report."""
-    fr = task.get("frontier")
+    both the Markdown and the HTML report (``key``: ``frontier``, or ``frontier_passk`` for the
+    largest pass@k)."""
+    fr = task.get(key)
     if not fr:
         return []
     m = fr["measure"]
-    blocks: list[tuple[str, Any]] = [("h", "Accuracy versus drift")]
+    head = "Accuracy versus drift" if key == "frontier" else f"{fr['metric']} versus drift"
+    blocks: list[tuple[str, Any]] = [("h", head)]
     if fr.get("reason"):
         blocks.append(("p", f"No frontier: {fr['reason']} (the drift measurement of the final "
                             "policy on held-out prompts is missing)."))  # fmt: skip
@@ -554,6 +563,8 @@ def render_html(
             src = esc(images[task["task"]])
             parts.append(f"<p><img src='{src}' alt='learning curves {esc(task['task'])}'></p>")
         parts += _frontier_html(_frontier_blocks(task, frontiers.get(task["task"])))
+        parts += _frontier_html(_frontier_blocks(
+            task, frontiers.get(task["task"] + PASSK_SUFFIX), "frontier_passk"))
         parts.append("<h3>Per-run results</h3>")
         parts.append(_html_table(*_run_table(task, row)))
     failures = results.get("failures") or {}
@@ -614,6 +625,11 @@ def write_report(
                 name = f"frontier_{_slug(task)}.png"
                 plot_frontier(fr, out / name, title=fig_title)
                 frontiers[task] = name
+            fr = task_results.get("frontier_passk")
+            if fr and fr.get("arms"):
+                name = f"frontier_passk_{_slug(task)}.png"
+                plot_frontier(fr, out / name, title=fig_title)
+                frontiers[task + PASSK_SUFFIX] = name
     results["images"] = images
     results["frontier_images"] = frontiers
     results["passk_images"] = passk_images

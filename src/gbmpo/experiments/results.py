@@ -112,6 +112,21 @@ def _spread_or_none(values: Sequence[float]) -> dict[str, Any] | None:
     return spread(values).to_dict() if values else None
 
 
+def _passk_frontier(
+    groups: Mapping[str, Sequence[RunRecord]], rows: Sequence[dict[str, Any]], measure: str
+) -> dict[str, Any] | None:
+    """The accuracy-versus-drift frontier read with the largest pass@k every group reports
+    (k > 1), or None (no such k, or no sweep)."""
+    from gbmpo.experiments.frontier import build_frontier
+
+    keys = [set(g.get("pass_at_k") or {}) for g in rows]
+    common = set.intersection(*keys) if keys else set()
+    ks = sorted((int(k[5:]) for k in common), reverse=True)
+    if not ks or ks[0] < 2:
+        return None
+    return build_frontier(groups, metric=f"pass@{ks[0]}", measure=measure)
+
+
 def _pass_at_k_spread(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """``pass@k`` -> spread over the runs of an arm, for the k every run reports (in k order);
     empty when the runs evaluated one sample per problem."""
@@ -339,6 +354,8 @@ def build_results(
                 "settings": _settings(all_runs),
                 "groups": rows_out,
                 "frontier": build_frontier(groups, metric=metric, measure=drift_measure),
+                # with eval.samples > 1: the frontier of the largest pass@k too
+                "frontier_passk": _passk_frontier(groups, rows_out, drift_measure),
             }
         )
     return {
