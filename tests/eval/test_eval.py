@@ -48,7 +48,12 @@ def test_pass_at_k_known_values_and_errors() -> None:
         pass_at_k(3, 5, 1)
     with pytest.raises(TypeError):
         pass_at_k(3.0, 1, 1)  # type: ignore[arg-type]
-    assert default_ks(1) == [1] and default_ks(16) == [1, 5, 10, 16]
+    assert default_ks(1) == [1] and default_ks(16) == [1, 2, 4, 8, 16]
+    assert default_ks(12) == [1, 2, 4, 8, 12]
+    from math import comb
+
+    for n, c, k in ((16, 3, 4), (12, 5, 8), (7, 0, 2), (9, 9, 3)):  # Chen et al.'s definition
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k), abs=1e-12)
     assert mean_and_stderr([1.0, 0.0]) == pytest.approx((0.5, 0.5))
 
 
@@ -125,6 +130,11 @@ def test_evaluate_records_and_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     assert m["n"] == 5 and m["samples"] == 3
     assert recs[2]["completions"] == ["2", "2", "x"] and recs[2]["task_id"] == 2
     assert recs[2]["correct"] == [True, True, False]
+    # pass@k curve k = 1, 2, ..., samples; distinct final answers per problem: 1, 2, 2, 1, 1
+    assert {k for k in m if k.startswith("pass@")} == {"pass@1", "pass@2", "pass@3"}
+    assert [r["distinct_answers"] for r in recs] == [1, 2, 2, 1, 1]
+    assert m["distinct_answers"] == pytest.approx(7 / 5)
+    assert "token_entropy" not in m  # a scripted rollout has no model to measure it with
     assert [len(c["prompts"]) for c in calls] == [2, 2, 1]
     assert [c["generator_seed"] for c in calls] == [11, 12, 13]
     assert all(c["do_sample"] and c["temperature"] == 0.7 for c in calls)
@@ -257,3 +267,67 @@ def test_evaluate_the_tiny_model_on_arithmetic() -> None:
     for r in out["records"]:
         assert r["rewards"] == task.reward([r["prompt"]], r["completions"], answer=[r["answer"]])
     json.dumps(out)
+
+
+def test_final_answers_and_distinct_counts() -> None:
+    from gbmpo.eval import distinct_answers, final_answer
+
+    assert final_answer("so 12 + 3 = 15") == "15"
+    assert final_answer("total 1,234 apples") == "1234"
+    assert final_answer("no number here  at all") == "no number here at all"
+    assert final_answer("x = 3", {"extracted": "42"}) == "42"
+    assert final_answer("x = 3", {"extracted": None}) == ""
+    assert final_answer("def f(): pass", {"program": "def f():\n    pass"}) == "def f(): pass"
+    assert distinct_answers(["a 1", "b 1", "c 2"]) == 2
+    assert distinct_answers(["1", "2", "3"], [{}, {}, {"extracted": "1"}]) == 2
+
+
+def test_token_entropy_of_real_samples_is_the_sampling_entropy(micro_model_dir) -> None:
+    """On the micro model: ``token_entropy`` equals the entropy of softmax(logits / T) at the
+    sampled positions, recomputed here independently from the model's full logits."""
+    import torch
+
+    from gbmpo.models import load_model_and_tokenizer
+    from gbmpo.rollout.sampling import generate
+
+    torch.manual_seed(0)
+    model, tok = load_model_and_tokenizer(str(micro_model_dir))
+    out = evaluate(model, tok, "arithmetic", limit=2, samples=4, temperature=0.9,
+                   max_new_tokens=5, batch_size=2, seed=3)  # fmt: skip
+    m, recs = out["metrics"], out["records"]
+    assert {k for k in m if k.startswith("pass@")} == {"pass@1", "pass@2", "pass@4"}
+    assert 1 <= m["distinct_answers"] <= 4 and m["token_entropy"] > 0
+    ro = generate(model, tok, [r["prompt"] for r in recs], num_return_sequences=4,
+                  max_new_tokens=5, do_sample=True, temperature=0.9, top_p=1.0,
+                  generator_seed=3)  # fmt: skip
+    assert list(ro.texts) == [c for r in recs for c in r["completions"]]
+    with torch.no_grad():
+        ids = torch.cat([ro.prompt_ids, ro.completion_ids], 1)
+        att = torch.cat([ro.prompt_mask, ro.completion_mask], 1)
+        pos = (att.cumsum(1) - 1).clamp_min(0)
+        logits = model(input_ids=ids, attention_mask=att, position_ids=pos).logits.double()
+    p_len, c_len = ro.prompt_ids.shape[1], ro.completion_ids.shape[1]
+    z = logits[:, p_len - 1 : p_len - 1 + c_len] / 0.9
+    ent = -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
+    mask = ro.completion_mask.double()
+    want = float((ent * mask).sum() / mask.sum())
+    assert m["token_entropy"] == pytest.approx(want, rel=1e-4)
+
+
+def test_train_config_eval_samples_reaches_the_trainers_evaluation(micro_model_dir) -> None:
+    """``eval.samples: 4``: the trainer's held-out evaluation (summary.json eval_before /
+    eval_after) reports the pass@k curve k = 1, 2, 4 and the diversity measures;
+    ``eval.samples: 1`` stays greedy with accuracy only."""
+    from gbmpo.train import Trainer, load_config
+    from gbmpo.train.config import ConfigError, validate
+
+    base = [("model.path", str(micro_model_dir)), ("eval.limit", "3"),
+            ("eval.max_new_tokens", "4"), ("run.progress", "false")]  # fmt: skip
+    cfg = validate(load_config(None, [*base, ("eval.samples", "4")]))
+    metrics = Trainer(cfg).evaluate()
+    assert {"pass@1", "pass@2", "pass@4", "distinct_answers", "token_entropy"} <= set(metrics)
+    assert metrics["samples"] == 4 and metrics["pass@1"] == pytest.approx(metrics["accuracy"])
+    greedy = Trainer(validate(load_config(None, base))).evaluate()
+    assert "pass@2" not in greedy and "distinct_answers" not in greedy
+    with pytest.raises(ConfigError, match="eval.samples"):
+        validate(load_config(None, [*base, ("eval.samples", "0")]))

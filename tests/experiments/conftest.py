@@ -34,9 +34,11 @@ def fake_run(
     response_tokens: float = 25.0,
     wall: float = 100.0,
     drift: dict[str, Any] | None = None,
+    eval_extra: dict[str, Any] | None = None,
 ) -> Path:
     """A run directory as the trainer writes it, with made-up numbers (``drift``: the summary's
-    ``drift`` record, absent when ``None``)."""
+    ``drift`` record, absent when ``None``; ``eval_extra``: more final-evaluation metrics,
+    e.g. a pass@k curve)."""
     cfg = TrainConfig()
     cfg.task.name = task
     cfg.objective.regularizer.name = regularizer
@@ -68,7 +70,8 @@ def fake_run(
             "wall_seconds": wall,
             "rl_seconds": wall - 10,
             "eval_before": {"accuracy": before, "n": 200, "mean_response_tokens": 26.0},
-            "eval_after": {"accuracy": final, "n": 200, "mean_response_tokens": response_tokens},
+            "eval_after": {"accuracy": final, "n": 200, "mean_response_tokens": response_tokens,
+                           **(eval_extra or {})},
             "task": task,
             "regularizer": regularizer,
             "coef": coef,

@@ -153,3 +153,69 @@ def test_report_has_no_spread_table_below_four_seeds(runs, tmp_path, gbmpo_cli):
     out = tmp_path / "report"
     assert gbmpo_cli(["report", str(runs), "--output-dir", str(out)]) == 0
     assert "Run-to-run spread" not in (out / "report.md").read_text()
+
+
+def test_report_shows_the_pass_at_k_curves_and_diversity(tmp_path, make_run, gbmpo_cli):
+    """Runs evaluated with eval.samples > 1: the report tabulates pass@k for every k (mean ±
+    std over seeds), distinct answers and token entropy, and draws passk_<task>.png."""
+    root = tmp_path / "runs"
+    curves = {"kl_k3": [(0.30, 0.45, 0.60), (0.34, 0.47, 0.64)],
+              "fkl": [(0.28, 0.50, 0.70), (0.30, 0.52, 0.74)]}
+    for reg, per_seed in curves.items():
+        for seed, (p1, p2, p4) in enumerate(per_seed):
+            extra = {"pass@1": p1, "pass@2": p2, "pass@4": p4, "samples": 4,
+                     "distinct_answers": 1.5 + seed, "token_entropy": 0.2 + 0.1 * seed}
+            make_run(root / f"{reg}{seed}", regularizer=reg, seed=seed, final=p1,
+                     eval_extra=extra)
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(root), "--output-dir", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    fkl = _group(results, "fkl")
+    assert list(fkl["pass_at_k"]) == ["pass@1", "pass@2", "pass@4"]
+    assert fkl["pass_at_k"]["pass@4"]["mean"] == pytest.approx(0.72)
+    assert fkl["pass_at_k"]["pass@4"]["std"] == pytest.approx(float(np.std([0.70, 0.74], ddof=1)))
+    assert fkl["distinct_answers"]["mean"] == pytest.approx(2.0)
+    assert fkl["token_entropy"]["mean"] == pytest.approx(0.25)
+    md = (out / "report.md").read_text()
+    assert "| regularizer | coef | pass@1 % | pass@2 % | pass@4 % | distinct answers |" in md
+    assert ("| fkl | 0.05 | 29.0 ± 1.4 | 51.0 ± 1.4 | 72.0 ± 2.8 | 2.00 ± 0.71 | 0.250 ± 0.071 |"
+            in md)
+    assert (out / "passk_arithmetic.png").stat().st_size > 1000
+    assert "passk_arithmetic.png" in md
+    assert "passk_arithmetic.png" in (out / "report.html").read_text()
+
+
+def test_report_has_no_pass_at_k_table_for_one_sample(runs, tmp_path, gbmpo_cli):
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(runs), "--output-dir", str(out)]) == 0
+    assert "distinct answers" not in (out / "report.md").read_text()
+    assert not (out / "passk_arithmetic.png").exists()
+
+
+def test_report_draws_the_largest_pass_at_k_frontier(tmp_path, make_run, gbmpo_cli):
+    """A sweep evaluated with several samples: beside the accuracy frontier, the frontier of
+    the largest pass@k against drift (results.json frontier_passk, frontier_passk_<task>.png)."""
+    root = tmp_path / "runs"
+    for reg in ("kl_k3", "fkl"):
+        for i, coef in enumerate((0.04, 0.64)):
+            for seed in (0, 1):
+                kl = 0.03 / (1 + 4 * i) + 0.001 * seed
+                p4 = 0.6 + kl + (0.05 if reg == "fkl" else 0.0)
+                drift = {"kl": kl, "kl_reverse": 2 * kl, "prob_l2": kl / 10, "tv": kl / 2,
+                         "entropy": 1.0, "response_length": 20.0, "n_prompts": 8,
+                         "n_tokens": 160}  # fmt: skip
+                make_run(root / f"{reg}-{i}-{seed}", regularizer=reg, coef=coef, seed=seed,
+                         final=0.4 + kl, drift=drift,
+                         eval_extra={"pass@1": 0.4 + kl, "pass@2": 0.5, "pass@4": p4})
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(root), "--output-dir", str(out)]) == 0
+    task = json.loads((out / "results.json").read_text())["tasks"][0]
+    fr = task["frontier_passk"]
+    assert fr["metric"] == "pass@4" and {a["arm"] for a in fr["arms"]} == {"kl_k3", "fkl"}
+    assert task["frontier"]["metric"] == "accuracy"
+    fkl = next(a for a in fr["arms"] if a["arm"] == "fkl")
+    low = min(fkl["points"], key=lambda p: p["drift"]["mean"])
+    assert low["accuracy"]["mean"] == pytest.approx(0.65 + low["drift"]["mean"])
+    assert (out / "frontier_passk_arithmetic.png").stat().st_size > 1000
+    md = (out / "report.md").read_text()
+    assert "### pass@4 versus drift" in md and "frontier_passk_arithmetic.png" in md

@@ -89,7 +89,7 @@ def test_inconsistent_beta_and_coef_raise() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"regularizer": "kl9"}, UnknownNameError, "valid names: kl_k1, kl_k2, kl_k3"),
+        ({"regularizer": "kl9"}, UnknownNameError, "valid names: alpha, chi2, fkl, hellinger"),
         ({"clip_mode": "trust"}, ValueError, "valid: ratio, atr, divergence, rpg_dual"),
         ({"clip_mode": "divergence"}, ValueError, "needs clip_measure and clip_delta"),
         ({"clip_mode": "divergence", "clip_measure": "k1"}, ValueError, "needs clip_measure"),

@@ -201,10 +201,68 @@ def test_spec_terms_round_trip_and_errors() -> None:
     for bad, match in (
         ({"regularizer": []}, "empty list"),
         ({"regularizer": [{"name": "none"}, {"name": "kl_k3"}]}, "'none' beside"),
-        ({"regularizer": {"name": "kl_k3", "placement": "advantage"}}, "placement' must be"),
+        ({"regularizer": {"name": "kl_k3", "placement": "bogus"}}, "placement. must be"),
         ({"regularizer": [{"name": "kl_k3", "bogus": 1}]}, r"regularizer\[0\].bogus"),
     ):
         with pytest.raises(SpecError, match=match):
             ObjectiveSpec.from_dict(bad).build()
     with pytest.raises(SpecError, match="empty list"):
         ObjectiveSpec(regularizer=[]).build()
+
+
+# ------------------------------------------------ both placements x both advantages (FRPO)
+
+
+def _population_advantage(r: Tensor, p: Tensor, normalise: bool) -> Tensor:
+    """The population form of the group advantage over the 9 sequences (weights pi(s)):
+    ``dr_grpo``: r - E_pi[r]; ``grpo``: (r - E_pi[r]) / std_pi(r)."""
+    mean = (p * r).sum()
+    centred = r - mean
+    if not normalise:
+        return centred
+    return centred / (p * centred**2).sum().sqrt()
+
+
+@pytest.mark.parametrize("advantage", ["dr_grpo", "grpo"])
+@pytest.mark.parametrize("placement", ["reward", "advantage"])
+def test_placements_under_both_advantages(placement: str, advantage: str) -> None:
+    """k1 placed in the reward or in the advantage, with the plain (Dr. GRPO) or the
+    std-normalised (GRPO) advantage; the exact expected gradient of each:
+
+    * reward + dr_grpo, advantage + dr_grpo: grad (E[r] - beta KL), exactly;
+    * reward + grpo: grad (E[r] - beta KL) / std(r - beta S): beta is divided by the std;
+    * advantage + grpo (FRPO): grad E[r] / std(r) - beta grad KL: beta keeps its scale.
+    """
+    from gbmpo.objectives.placement import advantage_penalty, future_sum
+
+    theta1, theta2, ref1, ref2, rewards = _fixture()
+    logp = _token_logp(theta1, theta2)
+    ref_logp = _token_logp(ref1, ref2)
+    p = logp.sum(1).exp().detach()
+    k1 = get_regularizer("kl_k1")
+    normalise = advantage == "grpo"
+    if placement == "reward":
+        seq = sequence_divergence(k1, rollout_logp=logp, ref_logp=ref_logp, mask=MASK)
+        shaped = reward_penalty(rewards, [(BETA, seq)])
+        adv = _population_advantage(shaped, p, normalise)
+        scale = 1.0 / float((p * (shaped - (p * shaped).sum()) ** 2).sum().sqrt())
+    else:
+        old = logp.detach()
+        values = k1(logp=old, old_logp=old, ref_logp=ref_logp, mask=MASK)
+        torch.testing.assert_close(future_sum(values, MASK)[:, 0], values.sum(1))
+        base = _population_advantage(rewards, p, normalise)
+        adv = advantage_penalty(base, [(BETA, values)], MASK)
+        assert adv.shape == (len(SEQS), T)
+        scale = 1.0 / float((p * (rewards - (p * rewards).sum()) ** 2).sum().sqrt())
+    g = -_grad(_reinforce_loss(logp, adv, p), theta1, theta2)
+    g_exact, g_kl = _exact_gradient(theta1, theta2, ref1, ref2, rewards)
+    g_reward = g_exact + g_kl  # grad E[r]
+    if not normalise:
+        want = g_exact
+    elif placement == "reward":
+        want = scale * g_exact  # beta / std: the penalty is rescaled with the reward
+    else:
+        want = scale * g_reward - g_kl  # FRPO: beta keeps its scale
+    torch.testing.assert_close(g, want, rtol=1e-10, atol=1e-12)
+    if normalise:  # the two placements differ under std normalisation
+        assert float(scale) != pytest.approx(1.0, abs=1e-3)

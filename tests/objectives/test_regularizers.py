@@ -75,7 +75,45 @@ CASES: dict[str, Case] = {
         lambda l, r, o: (l - r).exp() * ((l - r) - 1) + 1,
         lambda l, r, o: (l - r).exp() * (l - r),
     ),
+    # straight-through KL (verl k1+ / k3+): value of k1 / k3, gradient of k2
+    "kl_k1_st": (lambda l, r, o: l - r, lambda l, r, o: l - r),
+    "kl_k3_st": (lambda l, r, o: _k3(l, r), lambda l, r, o: l - r),
 }
+
+
+def _f_case(g: Callable[[T], T], dg: Callable[[T], T]) -> Case:
+    """An f-divergence's importance-weighted sampled form: value w_o g(t), derivative
+    w_o (g(t) + g'(t)), w_o = exp(l - o), t = l - r."""
+    return (
+        lambda l, r, o: torch.exp(l - o) * g(l - r),
+        lambda l, r, o: torch.exp(l - o) * (g(l - r) + dg(l - r)),
+    )
+
+
+_A = 0.5  # alpha's default
+_L2 = math.log(2.0)
+CASES.update({
+    "fkl": _f_case(lambda t: 1 - torch.exp(-t) * (1 + t), lambda t: t * torch.exp(-t)),
+    "chi2": _f_case(lambda t: torch.exp(t) - 2 + torch.exp(-t),
+                    lambda t: torch.exp(t) - torch.exp(-t)),
+    "hellinger": _f_case(lambda t: 0.5 * (1 - torch.exp(-t / 2)) ** 2,
+                         lambda t: (1 - torch.exp(-t / 2)) * 0.5 * torch.exp(-t / 2)),
+    "tv": _f_case(lambda t: 0.5 * (1 - torch.exp(-t)).abs(),
+                  lambda t: 0.5 * torch.sign(1 - torch.exp(-t)) * torch.exp(-t)),
+    "js": _f_case(
+        lambda t: 0.5 * (_L2 - torch.log1p(torch.exp(-t))
+                         + torch.exp(-t) * (_L2 - torch.log1p(torch.exp(t)))),
+        lambda t: -0.5 * torch.exp(-t) * (_L2 - torch.log1p(torch.exp(t))),
+    ),
+    "alpha": _f_case(
+        lambda t: (_A + (1 - _A) * torch.exp(-t) - torch.exp((_A - 1) * t)) / (_A * (1 - _A)),
+        lambda t: (torch.exp((_A - 1) * t) - torch.exp(-t)) / _A,
+    ),
+    "kl_chi2": _f_case(
+        lambda t: (t - 1 + torch.exp(-t)) + 0.5 * (torch.exp(t) - 2 + torch.exp(-t)),
+        lambda t: (1 - torch.exp(-t)) + 0.5 * (torch.exp(t) - torch.exp(-t)),
+    ),
+})  # fmt: skip
 
 
 def test_every_registered_regularizer_has_a_test_case() -> None:
@@ -196,7 +234,7 @@ def test_low_precision_inputs_finite_float32(dtype: torch.dtype) -> None:
 
 
 NONNEG = {"kl_k2", "kl_k3", "kl_k3_is", "prob_l2", "log_l2", "neural_mirror", "rpg_ufkl",
-          "rpg_urkl"}
+          "rpg_urkl", "kl_k3_st", "fkl", "js", "chi2", "hellinger", "tv", "alpha", "kl_chi2"}
 LOGP = st.floats(LOG_FLOOR, 0.0)
 
 

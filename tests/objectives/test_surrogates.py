@@ -402,11 +402,12 @@ def test_rpg_reinforce_branches_on_effective_advantage():
 def test_registry_names_unknown_name_and_params():
     assert set(SURROGATES.names()) == {
         "clip", "gspo", "atr", "divergence_clip", "rpg_clip", "rpg_reinforce", "cispo", "sapo",
-        "gmpo", "vespo",
+        "gmpo", "vespo", "gpg", "dro",
     }  # fmt: skip
     with pytest.raises(
         UnknownNameError,
-        match="atr, cispo, clip, divergence_clip, gmpo, gspo, rpg_clip, rpg_reinforce, sapo, vespo",
+        match="atr, cispo, clip, divergence_clip, dro, gmpo, gpg, gspo, rpg_clip, rpg_reinforce, "
+        "sapo, vespo",
     ):
         get_surrogate("ppo")
     with pytest.raises(TypeError, match="'epsilon'.*valid parameters: eps_low, eps_high"):
@@ -592,3 +593,30 @@ def test_baselines_mask_garbage(name):
     assert torch.isfinite(loss).all() and (loss[0, 1:] == 0).all()
     assert torch.isfinite(g).all() and (g[0, 1:] == 0).all() and g[0, 0] != 0
     assert all(torch.isfinite(v) for v in diag.values())
+
+
+# ------------------------------------------------------------------- gpg, dro (verl's losses)
+
+
+def test_gpg_and_dro_values_and_analytic_gradients_float64():
+    g = torch.Generator().manual_seed(11)
+    logp = torch.rand(3, 5, generator=g, dtype=F64).clamp_min(1e-3).log()
+    old = (logp + 0.2 * torch.randn(3, 5, generator=g, dtype=F64)).clamp_max(0.0)
+    adv = torch.randn(3, generator=g, dtype=F64)
+    mask = torch.ones(3, 5, dtype=F64)
+    mask[1, 3:] = 0
+    a = adv[:, None].expand(3, 5) * mask
+    lp = logp.clone().requires_grad_()
+    loss, _ = get_surrogate("gpg")(logp=lp, old_logp=old, advantages=adv, mask=mask)
+    torch.testing.assert_close(loss.detach(), -a * logp * mask)
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    torch.testing.assert_close(grad, -a)
+    beta = 0.3
+    lp = logp.clone().requires_grad_()
+    loss, _ = get_surrogate("dro", beta=beta)(logp=lp, old_logp=old, advantages=adv, mask=mask)
+    d = (logp - old) * mask
+    torch.testing.assert_close(loss.detach(), -(logp * a - 0.5 * beta * d**2) * mask)
+    (grad,) = torch.autograd.grad(loss.sum(), lp)
+    torch.testing.assert_close(grad, (-a + beta * d) * mask)
+    with pytest.raises(ValueError, match="beta must be > 0"):
+        get_surrogate("dro", beta=0.0)

@@ -112,7 +112,7 @@ def test_a_sum_of_regularizers_logs_each_term(micro_model_dir: Path, tmp_path: P
 
 def test_placement_errors_name_the_key(micro_model_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"objective.regularizer.placement' must be"):
-        _config(micro_model_dir, None, ("objective.regularizer.placement", "advantage"))
+        _config(micro_model_dir, None, ("objective.regularizer.placement", "bogus"))
     with pytest.raises(ConfigError, match=r"placement'=reward.*anchor"):
         _config(
             micro_model_dir, None,
@@ -171,3 +171,86 @@ def test_reports_group_a_sum_by_its_terms_and_a_placement_apart() -> None:
     in_reward = cfg(("regularizer", "kl_k1"), ("objective.regularizer.placement", "reward"))
     assert default_label(in_reward) == "kl_k1[placement=reward]"
     assert group_key(in_reward) != group_key(cfg(("regularizer", "kl_k1")))
+
+
+@pytest.mark.parametrize("advantage", ["grpo", "dr_grpo"])
+def test_advantage_placement_subtracts_the_future_penalty_after_normalising(
+    micro_model_dir: Path, advantage: str
+) -> None:
+    """placement: advantage (FRPO): the advantage estimator sees the task rewards unchanged, the
+    loss sees per-token advantages A_i - beta * sum_{s >= t} D_s, and the logged penalty is
+    beta * sum_t D_t per sequence."""
+    from gbmpo.objectives.placement import advantage_penalty
+    from gbmpo.train import step as step_mod
+
+    cfg = _config(
+        micro_model_dir, None,
+        ("objective.advantage", advantage),
+        ("objective.regularizer.name", "kl_k1"),
+        ("objective.regularizer.coef", "0.5"),
+        ("objective.regularizer.placement", "advantage"),
+    )  # fmt: skip
+    trainer = Trainer(cfg, reward_fn=varied_reward)
+    _perturb(trainer)
+    seen = _capture_advantage_inputs(trainer)
+    used: list[torch.Tensor] = []
+    original = step_mod.accumulate_gradients
+
+    def spy(tr, batch, rows, advantages, *args, **kwargs):
+        used.append(advantages.detach().clone())
+        return original(tr, batch, rows, advantages, *args, **kwargs)
+
+    step_mod.accumulate_gradients = spy
+    try:
+        record = trainer.train_step()
+    finally:
+        step_mod.accumulate_gradients = original
+    (rewards,) = seen
+    assert record["reward_mean"] == pytest.approx(float(rewards.mean()), abs=1e-6)
+    assert "reward_penalty" not in record and record["reg_loss"] == 0.0
+    (adv,) = used
+    assert adv.dim() == 2  # per token
+    tokens_per_seq = record["response_length_mean"]
+    assert record["advantage_penalty"] == pytest.approx(
+        0.5 * tokens_per_seq * record["reg/kl_k1"], rel=1e-4
+    )
+    # the first token's advantage is the normalised one minus beta * the whole sequence's D
+    base = trainer.objective.advantage(rewards, cfg.rollout.num_generations)
+    shift = base[:, None] - adv
+    first = shift[:, 0]
+    assert float(first.abs().max()) > 0
+    assert float(first.mean() / 0.5) == pytest.approx(
+        record["advantage_penalty"] / 0.5, rel=1e-4
+    )
+    assert advantage_penalty  # the function the step uses (unit-tested with the enumeration)
+
+
+def test_advantage_placement_is_refused_on_trl_and_verl_and_reward_notes_the_std(
+    micro_model_dir: Path,
+) -> None:
+    from gbmpo.train.support import VERL_REQUIRED, check_support
+
+    cfg = _config(micro_model_dir, None, ("objective.regularizer.placement", "advantage"))
+    assert check_support(cfg, "gbmpo") == []
+    for engine in ("trl", "verl"):
+        c = cfg
+        if engine == "verl":
+            c = _config(micro_model_dir, None, ("objective.regularizer.placement", "advantage"),
+                        *VERL_REQUIRED.items())
+        with pytest.raises(ConfigError, match=r"placement'='advantage'.*not supported"):
+            check_support(c, engine)
+    noted = _config(
+        micro_model_dir, None,
+        ("objective.advantage", "grpo"),
+        ("objective.regularizer.name", "kl_k1"),
+        ("objective.regularizer.placement", "reward"),
+    )  # fmt: skip
+    (note,) = check_support(noted, "gbmpo")
+    assert "beta is divided by each group's std" in note and "Dr. GRPO" in note
+    plain = _config(
+        micro_model_dir, None,
+        ("objective.advantage", "dr_grpo"),
+        ("objective.regularizer.name", "kl_k1"),
+        ("objective.regularizer.placement", "reward"),
+    )  # fmt: skip
+    assert check_support(plain, "gbmpo") == []

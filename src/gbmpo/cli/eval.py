@@ -41,7 +41,9 @@ def add_eval_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="evaluate a model on a task (accuracy or pass@k)",
         description=(
             "Generate completions for a task's held-out split and grade them: accuracy for math "
-            "tasks, pass@1 and unbiased pass@k for code tasks, mean response length in tokens."
+            "tasks, pass@1 and unbiased pass@k for code tasks, mean response length in tokens; "
+            "with --samples N: pass@k for k = 1, 2, 4, ..., N, the mean number of distinct final "
+            "answers per problem and the mean token entropy."
         ),
     )
     p.add_argument("--model", default="tiny",
@@ -205,6 +207,10 @@ def run_eval(args: argparse.Namespace) -> int:
     head = "accuracy" if "accuracy" in m else "pass@1"
     extra = "".join(f", {k} {100 * v:.1f}%" for k, v in m.items()
                     if k.startswith("pass@") and k not in ("pass@1", "pass@1_stderr"))
+    if "distinct_answers" in m:
+        extra += f", {m['distinct_answers']:.2f} distinct answers per problem"
+    if "token_entropy" in m:
+        extra += f", token entropy {m['token_entropy']:.3f} nats"
     failures = (f"; {m['reward_failures']} reward(s) unusable, scored 0 "
                 f"({', '.join(m['reward_failure_kinds'])[:300]})"
                 if m.get("reward_failures") else "")

@@ -178,6 +178,7 @@ def host_settings(cfg: Any, output_dir: str | Path = "unused") -> dict[str, Any]
             "drift": ev.drift,
             "split": ev.split,
             "max_new_tokens": ev.max_new_tokens,
+            "samples": ev.samples,
             "limit": eval_limit_of(cfg, 10_000),
         },
         "time_budget_seconds": cfg.run.time_budget_seconds,

@@ -253,7 +253,9 @@ def _evaluate(cfg: Any, model: Any, tokenizer: Any, task: Any, split: str,
 
     ev = cfg.eval
     result = evaluate(
-        model, tokenizer, task, split=split, limit=limit, samples=1, temperature=0.0,
+        model, tokenizer, task, split=split, limit=limit, samples=ev.samples,
+        temperature=cfg.rollout.temperature if ev.samples > 1 else 0.0,
+        top_p=cfg.rollout.top_p if ev.samples > 1 else 1.0,
         max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
         engine="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
     )  # fmt: skip

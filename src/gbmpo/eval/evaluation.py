@@ -5,11 +5,18 @@
 * ``metrics``: ``n`` (problems), ``samples`` (per problem), ``mean_response_tokens``,
   ``truncated_fraction``, ``mean_reward``; for math tasks ``accuracy`` (mean over problems of
   the fraction of correct samples) and ``accuracy_stderr``; for code tasks ``pass@1`` and, with
-  several samples, ``pass@k`` for the k of :func:`gbmpo.eval.metrics.default_ks` (the unbiased
-  estimator of Chen et al.; math tasks get the same pass@k keys when ``samples > 1``).
+  several samples, ``pass@k`` for the k of :func:`gbmpo.eval.metrics.default_ks` (1, 2, 4,
+  ..., ``samples``: a pass@k curve, with the unbiased estimator of Chen et al.; math tasks get
+  the same pass@k keys when ``samples > 1``), and two diversity measures:
+  ``distinct_answers`` (mean over problems of the number of different final answers among the
+  samples, :func:`gbmpo.eval.metrics.distinct_answers`) and ``token_entropy`` (the mean
+  per-token entropy of the sampling distribution along the samples, in nats, from one no-grad
+  forward of the completions).
 * ``records``: one dict per problem: ``index``, ``task_id`` (when the data has one),
   ``prompt``, ``answer``, ``completions``, ``num_tokens``, ``rewards``, ``correct``,
-  ``num_correct`` and the task's per-sample ``details`` (extracted answer, sandbox status...).
+  ``num_correct``, the task's per-sample ``details`` (extracted answer, sandbox status...) and,
+  with several samples, ``distinct_answers`` and ``token_entropy`` (per sample, the mean over
+  its tokens).
 
 A sample is *correct* when the task's ``grade`` says so (tasks of this package: every test
 passed, or the final answer matched) or, for tasks without ``grade``, when its reward is at
@@ -25,7 +32,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gbmpo.eval.metrics import default_ks, mean_and_stderr, pass_at_k
+from gbmpo.eval.metrics import default_ks, distinct_answers, mean_and_stderr, pass_at_k
 from gbmpo.tasks import TASKS, Task, get_task
 
 __all__ = ["evaluate", "resolve_task", "score_samples", "summarize"]
@@ -137,7 +144,47 @@ def summarize(
                 raise ValueError(f"pass@{k} needs at least {k} samples per problem")
             vals = [pass_at_k(samples, r["num_correct"], k) for r in records]
             metrics[f"pass@{k}"] = sum(vals) / len(vals)
+        distinct = [r["distinct_answers"] for r in records if "distinct_answers" in r]
+        if distinct:
+            metrics["distinct_answers"] = sum(distinct) / len(distinct)
+        weighted = [(h, n) for r in records
+                    for h, n in zip(r.get("token_entropy", []), r["num_tokens"], strict=False)
+                    if h is not None]  # fmt: skip
+        n_tok = sum(n for _, n in weighted)
+        if n_tok > 0:
+            metrics["token_entropy"] = sum(h * n for h, n in weighted) / n_tok
     return metrics
+
+
+def _sample_entropies(
+    model: Any, rollout: Any, temperature: float, rows: int
+) -> list[float | None]:
+    """Per sample, the mean over its tokens of the entropy (nats) of the sampling distribution
+    (logits / ``temperature``), from no-grad forwards of ``rows`` samples at a time (memory:
+    ``rows x C x V`` logits); None for an empty completion."""
+    import torch
+
+    from gbmpo.rollout.logprobs import completion_logprobs
+
+    out: list[float | None] = []
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for lo in range(0, len(rollout), rows):
+                sub = rollout.select(slice(lo, lo + rows))
+                _, ent = completion_logprobs(
+                    model, sub.prompt_ids, sub.prompt_mask, sub.completion_ids,
+                    sub.completion_mask, temperature=temperature, with_entropy=True,
+                )  # fmt: skip
+                assert ent is not None
+                m = sub.completion_mask.to(ent.device).float()
+                n = m.sum(-1)
+                mean = (ent.float() * m).sum(-1) / n.clamp_min(1.0)
+                out += [float(h) if k > 0 else None for h, k in zip(mean, n, strict=True)]
+    finally:
+        model.train(was_training)
+    return out
 
 
 def _json_safe(value: Any) -> Any:
@@ -219,6 +266,10 @@ def evaluate(
         truncated = list(getattr(rollout, "truncated", []) or [False] * len(texts))
         flat_examples = [ex for ex in chunk for _ in range(samples)]
         scored = score_samples(task_obj, texts, flat_examples)
+        entropies = (  # a real rollout (token tensors) of a model: the sampling entropy
+            _sample_entropies(model, rollout, temperature, max(1, batch_size))
+            if samples > 1 and model is not None and hasattr(rollout, "completion_ids") else None
+        )
         for j, ex in enumerate(chunk):
             sl = slice(j * samples, (j + 1) * samples)
             grades = scored[sl]
@@ -237,6 +288,10 @@ def evaluate(
                          for g in grades],
             )
             rec["num_correct"] = sum(rec["correct"])
+            if samples > 1:
+                rec["distinct_answers"] = distinct_answers(rec["completions"], rec["details"])
+                if entropies is not None:
+                    rec["token_entropy"] = entropies[sl]
             records.append(_json_safe(rec))
         if progress is not None:
             progress(len(records), len(examples))

@@ -1,11 +1,14 @@
-"""Evaluation metrics: the unbiased pass@k estimator and accuracy with its standard error."""
+"""Evaluation metrics: the unbiased pass@k estimator, accuracy with its standard error, and the
+number of distinct final answers per problem."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["default_ks", "mean_and_stderr", "pass_at_k"]
+__all__ = ["default_ks", "distinct_answers", "final_answer", "mean_and_stderr", "pass_at_k"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -46,6 +49,42 @@ def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
 
 
 def default_ks(samples: int) -> list[int]:
-    """The k reported for ``samples`` per problem: 1, 5, 10, 20, 50, 100 up to ``samples``,
-    and ``samples`` itself."""
-    return sorted({k for k in (1, 5, 10, 20, 50, 100) if k <= samples} | {samples})
+    """The k reported for ``samples`` per problem, a pass@k curve: 1, 2, 4, 8, ... (powers of
+    two) up to ``samples``, and ``samples`` itself."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    ks, k = set(), 1
+    while k <= samples:
+        ks.add(k)
+        k *= 2
+    return sorted(ks | {samples})
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def final_answer(completion: str, details: dict[str, Any] | None = None) -> str:
+    """The final answer of one sample, for counting distinct answers: the task's extracted
+    answer where its grade reports one (``extracted``: GSM8K, reasoning-gym), the extracted
+    program of a code task (``program``), else the last number in the completion (arithmetic
+    and number-answer tasks; commas dropped), else the whole completion with its whitespace
+    collapsed. An unparseable extraction (None) counts as the empty answer."""
+    d = details or {}
+    for key in ("extracted", "program"):
+        if key in d:
+            value = d[key]
+            return "" if value is None else " ".join(str(value).split())
+    numbers = _NUMBER.findall(completion)
+    if numbers:
+        return numbers[-1].replace(",", "")
+    return " ".join(completion.split())
+
+
+def distinct_answers(
+    completions: Sequence[str], details: Sequence[dict[str, Any]] | None = None
+) -> int:
+    """How many different final answers (:func:`final_answer`) the samples of one problem
+    give: 1 when they all agree, ``len(completions)`` when they all differ (a diversity
+    measure next to pass@k: DPH-RL, arXiv 2509.07430, reads diversity collapse from it)."""
+    ds = list(details) if details is not None else [{} for _ in completions]
+    return len({final_answer(c, d) for c, d in zip(completions, ds, strict=True)})

@@ -142,8 +142,9 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
         task,
         split=split,
         limit=eval_limit(cfg, len(task.split(split))),  # as the trainer evaluates
-        samples=1,
-        temperature=0.0,
+        samples=cfg.eval.samples,
+        temperature=cfg.rollout.temperature if cfg.eval.samples > 1 else 0.0,
+        top_p=cfg.rollout.top_p if cfg.eval.samples > 1 else 1.0,
         max_new_tokens=cfg.eval.max_new_tokens,
         batch_size=cfg.eval.batch_size,
     )

@@ -108,6 +108,36 @@ def summary_table(
     return header, rows
 
 
+def passk_table(
+    task: Mapping[str, Any], row: str = "regularizer"
+) -> tuple[list[str], list[list[str]]] | None:
+    """The pass@k curve of each group's final evaluation (mean ± std over seeds, %) with the
+    mean number of distinct final answers per problem and the mean token entropy; None when
+    no group evaluated several samples per problem (``eval.samples`` 1)."""
+    groups = [g for g in task["groups"] if len(g.get("pass_at_k") or {}) > 1]
+    if not groups:
+        return None
+    ks = sorted({k for g in groups for k in g["pass_at_k"]}, key=lambda k: int(k[5:]))
+    header = [row, "coef", *[f"{k} %" for k in ks], "distinct answers", "token entropy"]
+    rows = []
+    for g in groups:
+        cells = [_pct(g["pass_at_k"].get(k)) for k in ks]
+        rows.append([g["label"], _coef(g["coef"]), *cells, _num(g.get("distinct_answers"), 2),
+                     _num(g.get("token_entropy"), 3)])  # fmt: skip
+    return header, rows
+
+
+#: key suffix of a task's largest-pass@k frontier image in the ``frontiers`` mapping
+PASSK_SUFFIX = "#passk"
+
+_PASSK_NOTE = (
+    "pass@k of the final evaluation (unbiased estimator, Chen et al. 2021; eval.samples "
+    "samples per problem at the rollout temperature), mean ± std over seeds; distinct answers: "
+    "mean number of different final answers among a problem's samples; token entropy: mean "
+    "per-token entropy of the sampling distribution along the samples (nats)"
+)
+
+
 def _p_value(paired: Mapping[str, Any] | None) -> str:
     if not paired or paired.get("p_value") is None:
         return "–"
@@ -267,12 +297,14 @@ def render_markdown(
     images: Mapping[str, str] | None = None,
     title: str = "",
     frontiers: Mapping[str, str] | None = None,
+    passk_images: Mapping[str, str] | None = None,
 ) -> str:
     """``report.md``: per task the summary table, notes, settings, learning curves, the
     frontier of a sweep and the per-run table. ``images`` / ``frontiers`` map task -> PNG path
     (learning curves / frontier) relative to the report."""
     images = images or {}
     frontiers = frontiers or {}
+    passk_images = passk_images or {}
     out = [f"# {title or 'Regularizer comparison'}", ""]
     out.append(f"Generated {results['generated']}.")
     machine = results.get("machine") or {}
@@ -295,11 +327,18 @@ def render_markdown(
         spread_table = _spread_table(task)
         if spread_table is not None:
             out += ["", _SPREAD_NOTE + ":", "", md_table(*spread_table)]
+        pk = passk_table(task, row)
+        if pk is not None:
+            out += ["", _PASSK_NOTE + ":", "", md_table(*pk)]
+            if task["task"] in passk_images:
+                out += ["", f"![pass@k, {task['task']}]({passk_images[task['task']]})"]
         settings = ", ".join(f"`{k}`={_yaml(v)}" for k, v in task["settings"].items())
         out += ["", f"Settings: {settings}.", ""]
         if task["task"] in images:
             out += [f"![learning curves, {task['task']}]({images[task['task']]})", ""]
         out += _frontier_md(_frontier_blocks(task, frontiers.get(task["task"])))
+        out += _frontier_md(_frontier_blocks(task, frontiers.get(task["task"] + PASSK_SUFFIX),
+                                             "frontier_passk"))
         out += ["### Per-run results", "", md_table(*_run_table(task, row)), ""]
     failures = results.get("failures") or {}
     if failures:
@@ -372,15 +411,19 @@ def _ahead_table(fr: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
-def _frontier_blocks(task: Mapping[str, Any], image: str | None) -> list[tuple[str, Any]]:
+def _frontier_blocks(
+    task: Mapping[str, Any], image: str | None, key: str = "frontier"
+) -> list[tuple[str, Any]]:
     """The frontier section of a task as blocks ``("h", text)``, ``("p", text)``,
     ``("ul", [items])``, ``("table", (header, rows))`` and ``("img", (src, alt))``, rendered by
-    both the Markdown and the HTML report."""
-    fr = task.get("frontier")
+    both the Markdown and the HTML report (``key``: ``frontier``, or ``frontier_passk`` for the
+    largest pass@k)."""
+    fr = task.get(key)
     if not fr:
         return []
     m = fr["measure"]
-    blocks: list[tuple[str, Any]] = [("h", "Accuracy versus drift")]
+    head = "Accuracy versus drift" if key == "frontier" else f"{fr['metric']} versus drift"
+    blocks: list[tuple[str, Any]] = [("h", head)]
     if fr.get("reason"):
         blocks.append(("p", f"No frontier: {fr['reason']} (the drift measurement of the final "
                             "policy on held-out prompts is missing)."))  # fmt: skip
@@ -478,10 +521,12 @@ def render_html(
     images: Mapping[str, str] | None = None,
     title: str = "",
     frontiers: Mapping[str, str] | None = None,
+    passk_images: Mapping[str, str] | None = None,
 ) -> str:
     """``report.html``: the same content as :func:`render_markdown`, self-contained HTML."""
     images = images or {}
     frontiers = frontiers or {}
+    passk_images = passk_images or {}
     esc = html.escape
     t = title or "Regularizer comparison"
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(t)}</title>"
@@ -505,12 +550,21 @@ def render_html(
         if dyn is not None:
             parts.append(f"<p>{esc(_DYNAMICS_NOTE)}:</p>")
             parts.append(_html_table(*dyn))
+        pk = passk_table(task, row)
+        if pk is not None:
+            parts.append(f"<p>{esc(_PASSK_NOTE)}:</p>")
+            parts.append(_html_table(*pk))
+            if task["task"] in passk_images:
+                src = esc(passk_images[task["task"]])
+                parts.append(f"<p><img src='{src}' alt='pass@k {esc(task['task'])}'></p>")
         settings = ", ".join(f"{k}={_yaml(v)}" for k, v in task["settings"].items())
         parts.append(f"<p>Settings: {esc(settings)}.</p>")
         if task["task"] in images:
             src = esc(images[task["task"]])
             parts.append(f"<p><img src='{src}' alt='learning curves {esc(task['task'])}'></p>")
         parts += _frontier_html(_frontier_blocks(task, frontiers.get(task["task"])))
+        parts += _frontier_html(_frontier_blocks(
+            task, frontiers.get(task["task"] + PASSK_SUFFIX), "frontier_passk"))
         parts.append("<h3>Per-run results</h3>")
         parts.append(_html_table(*_run_table(task, row)))
     failures = results.get("failures") or {}
@@ -537,7 +591,8 @@ def write_report(
     plots: bool = True,
     drift_measure: str = "kl",
 ) -> dict[str, Any]:
-    """Write ``results.json``, ``report.md``, ``report.html``, ``curves_<task>.png`` and, for a
+    """Write ``results.json``, ``report.md``, ``report.html``, ``curves_<task>.png``, with
+    ``eval.samples`` > 1 ``passk_<task>.png`` (the pass@k curves) and, for a
     sweep with drift measurements, ``frontier_<task>.png`` (against ``drift.<drift_measure>``)
     into ``output_dir``; returns the results dict."""
     out = Path(output_dir)
@@ -547,6 +602,7 @@ def write_report(
     )
     images: dict[str, str] = {}
     frontiers: dict[str, str] = {}
+    passk_images: dict[str, str] = {}
     if plots:
         from gbmpo.experiments.plots import plot_curves, plot_frontier
 
@@ -557,15 +613,30 @@ def write_report(
             fig_title = title if task in title else (f"{title}: {task}" if title else task)
             plot_curves(groups, out / name, metric=metric, title=fig_title, window=window)
             images[task] = name
+            task_results = next(t for t in results["tasks"] if t["task"] == task)
+            if passk_table(task_results) is not None:
+                from gbmpo.experiments.plots import plot_pass_at_k
+
+                name = f"passk_{_slug(task)}.png"
+                plot_pass_at_k(task_results, out / name, title=fig_title)
+                passk_images[task] = name
             fr = next(t["frontier"] for t in results["tasks"] if t["task"] == task)
             if fr and fr["arms"]:
                 name = f"frontier_{_slug(task)}.png"
                 plot_frontier(fr, out / name, title=fig_title)
                 frontiers[task] = name
+            fr = task_results.get("frontier_passk")
+            if fr and fr.get("arms"):
+                name = f"frontier_passk_{_slug(task)}.png"
+                plot_frontier(fr, out / name, title=fig_title)
+                frontiers[task + PASSK_SUFFIX] = name
     results["images"] = images
     results["frontier_images"] = frontiers
+    results["passk_images"] = passk_images
     # each file replaces the previous report whole: a kill leaves the old or the new one
     write_atomic(out / "results.json", json.dumps(results, indent=2, default=str) + "\n")
-    write_atomic(out / "report.md", render_markdown(results, images, title, frontiers))
-    write_atomic(out / "report.html", render_html(results, images, title, frontiers))
+    write_atomic(out / "report.md",
+                 render_markdown(results, images, title, frontiers, passk_images))
+    write_atomic(out / "report.html",
+                 render_html(results, images, title, frontiers, passk_images))
     return results

@@ -112,6 +112,30 @@ def _spread_or_none(values: Sequence[float]) -> dict[str, Any] | None:
     return spread(values).to_dict() if values else None
 
 
+def _passk_frontier(
+    groups: Mapping[str, Sequence[RunRecord]], rows: Sequence[dict[str, Any]], measure: str
+) -> dict[str, Any] | None:
+    """The accuracy-versus-drift frontier read with the largest pass@k every group reports
+    (k > 1), or None (no such k, or no sweep)."""
+    from gbmpo.experiments.frontier import build_frontier
+
+    keys = [set(g.get("pass_at_k") or {}) for g in rows]
+    common = set.intersection(*keys) if keys else set()
+    ks = sorted((int(k[5:]) for k in common), reverse=True)
+    if not ks or ks[0] < 2:
+        return None
+    return build_frontier(groups, metric=f"pass@{ks[0]}", measure=measure)
+
+
+def _pass_at_k_spread(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``pass@k`` -> spread over the runs of an arm, for the k every run reports (in k order);
+    empty when the runs evaluated one sample per problem."""
+    keys = [set(r.get("pass_at_k") or {}) for r in rows]
+    common = set.intersection(*keys) if keys else set()
+    return {k: _spread_or_none([float(r["pass_at_k"][k]) for r in rows])
+            for k in sorted(common, key=lambda k: int(k[5:]))}  # fmt: skip
+
+
 def _mean_last(run: RunRecord, key: str, k: int = LAST_STEPS) -> float | None:
     vals = [
         float(r[key])
@@ -168,6 +192,11 @@ def _run_row(run: RunRecord, metric: str, base: Path | None) -> dict[str, Any]:
         "params": run.regularizer_params,
         "final": final.get(metric),
         "before": before.get(metric),
+        # the pass@k curve and the diversity measures of the final evaluation (eval.samples > 1)
+        "pass_at_k": {k: float(v) for k, v in final.items()
+                      if k.startswith("pass@") and k[5:].isdigit()},
+        "distinct_answers": final.get("distinct_answers"),
+        "token_entropy": final.get("token_entropy"),
         "eval_n": final.get("n"),
         "response_tokens": final.get("mean_response_tokens"),
         "train_reward_last": _mean_last(run, "reward_mean"),
@@ -302,6 +331,9 @@ def build_results(
                     "before": _spread_or_none(_values(rows, "before")),
                     "gain": _spread_or_none(gains),
                     "paired_vs_baseline": paired,
+                    "pass_at_k": _pass_at_k_spread(rows),
+                    "distinct_answers": _spread_or_none(_values(rows, "distinct_answers")),
+                    "token_entropy": _spread_or_none(_values(rows, "token_entropy")),
                     "response_tokens": _spread_or_none(_values(rows, "response_tokens")),
                     "train_reward_last": _spread_or_none(_values(rows, "train_reward_last")),
                     **{k: _spread_or_none(_values(rows, k)) for k in DYNAMICS},
@@ -322,6 +354,8 @@ def build_results(
                 "settings": _settings(all_runs),
                 "groups": rows_out,
                 "frontier": build_frontier(groups, metric=metric, measure=drift_measure),
+                # with eval.samples > 1: the frontier of the largest pass@k too
+                "frontier_passk": _passk_frontier(groups, rows_out, drift_measure),
             }
         )
     return {

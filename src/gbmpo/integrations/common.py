@@ -227,6 +227,12 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     if reg.name == "none" or reg.coef == 0:
         out += [f"{a}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"]
         return out
+    if reg.placement == "advantage":
+        raise ValueError(
+            "'objective.regularizer.placement'='advantage' is not supported by engine verl: its "
+            "driver computes the advantages and has no hook for a per-token penalty after the "
+            "normalisation; use placement: reward or loss, or engine gbmpo"
+        )
     if reg.placement == "reward":
         if reg.params:
             raise ValueError(

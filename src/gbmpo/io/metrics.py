@@ -23,7 +23,10 @@ completions and the ``mu`` passes over it):
 * ``reward_mean``: the task's reward, before any in-reward divergence; ``reward_penalty``: the
   batch mean of the per-sequence penalty :math:`\\beta \\sum_t D(\\pi_{old}\\,\\|\\,\\pi_{ref})`
   subtracted from it before the advantages (``placement: reward``; ``reward_penalty/<name>``
-  per term of a list);
+  per term of a list); ``advantage_penalty``: the batch mean of the per-sequence penalty
+  :math:`\\beta \\sum_t D(\\pi_{old}\\,\\|\\,\\pi_{ref})` whose future part
+  :math:`\\beta \\sum_{s\\ge t} D_s` is subtracted from each token's normalised advantage
+  (``placement: advantage``; ``advantage_penalty/<name>`` per term of a list);
 * ``loss`` / ``pg_loss``: the aggregated objective / surrogate term, averaged over the step's
   optimizer steps;
 * ``rollout_correction/weight_mean|weight_min|weight_max|masked_frac``: the sampler / trainer
@@ -86,6 +89,9 @@ OBJECTIVE_METRICS: dict[str, str] = {
     "rollout_correction/masked_frac": "objective.rollout_correction: fraction of valid tokens "
     "the correction removes from the gradient (weight 0 by mis / icepop, or dropped by the "
     "off-policy sequence mask), mean over the step's update passes",
+    "advantage_penalty": "mean per-sequence coef * sum_t D(pi_old || pi_ref) whose future part "
+    "sum_{s >= t} is subtracted from each token's normalised advantage (regularizer terms with "
+    "placement advantage)",
 }
 
 #: summary.json keys every engine writes
@@ -102,7 +108,8 @@ HOST_PREFIXES: dict[str, str] = {"trl": "trl/", "verl": "verl/"}
 def is_shared(name: str) -> bool:
     """Whether ``name`` is a schema name (``reg/<name>`` and ``eval/<metric>`` included)."""
     return name in STEP_METRICS or name in OBJECTIVE_METRICS or name.startswith(
-        ("reg/", "eval/", "reg_loss/", "reg_value/", "reward_penalty/", "time/")
+        ("reg/", "eval/", "reg_loss/", "reg_value/", "reward_penalty/", "advantage_penalty/",
+         "time/")
     )
 
 

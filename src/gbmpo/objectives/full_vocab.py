@@ -61,6 +61,7 @@ from gbmpo.objectives.potentials import NegEntropy, Potential, Square, as_potent
 
 __all__ = [
     "LOGIT_FLOOR",
+    "RowDivergence",
     "bregman_rows",
     "finite_logits",
     "full_vocab_bregman",
@@ -104,7 +105,32 @@ def finite_logits(logits: Tensor) -> Tensor:
     return torch.where(logits == float("-inf"), row_max - LOGIT_FLOOR, logits)
 
 
-def bregman_rows(policy_logits: Tensor, ref_logits: Tensor, potential: Potential) -> Tensor:
+class RowDivergence:
+    """A divergence between whole next-token distributions given by a row function of the two
+    log-softmax rows, ``rows(log_p [C, V], log_q [C, V]) -> [C]`` (differentiable by autograd).
+
+    The exact full-vocabulary form of a regularizer that is not a separable Bregman divergence
+    (the f-divergences of :mod:`gbmpo.objectives.f_divergences`, or a plugin's own form): every
+    function of this module takes one where it takes a potential; its values and gradients go
+    through the autograd path of each chunk (:func:`_autograd_rows`), with the same memory bound
+    as a neural mirror map. -inf logits are made finite first (:func:`finite_logits`), so
+    ``rows`` sees finite log-probabilities only. ``description`` is the formula, for messages
+    and docs.
+    """
+
+    def __init__(self, name: str, rows: Callable[[Tensor, Tensor], Tensor],
+                 description: str = "") -> None:
+        self.name = name
+        self.rows = rows
+        self.description = description or name
+
+    def __repr__(self) -> str:
+        return f"RowDivergence({self.name!r})"
+
+
+def bregman_rows(
+    policy_logits: Tensor, ref_logits: Tensor, potential: Potential | RowDivergence
+) -> Tensor:
     """sum_v D_h(softmax(policy)_v, softmax(ref)_v) over the last dimension (float32 math).
 
     For :class:`NegEntropy` this is KL(softmax(policy) || softmax(ref)) = sum_v p_v (log p_v -
@@ -114,10 +140,12 @@ def bregman_rows(policy_logits: Tensor, ref_logits: Tensor, potential: Potential
     """
     dt = _float_dtype(policy_logits, ref_logits)
     x, y = policy_logits.to(dt), ref_logits.to(dt)
-    if isinstance(potential, NegEntropy):
+    if isinstance(potential, (NegEntropy, RowDivergence)):
         x, y = finite_logits(x), finite_logits(y)
     log_p = torch.log_softmax(x, dim=-1)
     log_q = torch.log_softmax(y, dim=-1)
+    if isinstance(potential, RowDivergence):
+        return potential.rows(log_p, log_q)
     if isinstance(potential, NegEntropy):
         # kl_div(input=log q, target=log p, log_target=True) = exp(log p) (log p - log q)
         return F.kl_div(log_q, log_p, reduction="none", log_target=True).sum(-1)
@@ -176,7 +204,7 @@ def _run_chunks(fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor, st
 _TAIL_ROWS = 8
 
 
-def _closed_form_kind(potential: Potential) -> str | None:
+def _closed_form_kind(potential: Potential | RowDivergence) -> str | None:
     """``"kl"`` / ``"square"`` for the potentials with a closed-form kernel, else None."""
     if isinstance(potential, NegEntropy):
         return "kl"
@@ -265,7 +293,7 @@ def _closed_form_rows_raw(
 
 
 def _autograd_rows(
-    x: Tensor, y: Tensor, potential: Potential, grad_out: Tensor | None
+    x: Tensor, y: Tensor, potential: Potential | RowDivergence, grad_out: Tensor | None
 ) -> tuple[Tensor, Tensor]:
     """Values and gradient w.r.t. ``x`` of :func:`bregman_rows` for any potential, by autograd on
     one chunk. ``grad_out`` [C] weights the rows (None: 1, i.e. each row's own gradient)."""
@@ -487,7 +515,7 @@ class _HiddenBregman(torch.autograd.Function):
 def full_vocab_bregman(
     policy_logits: Tensor,
     ref_logits: Tensor,
-    potential: str | Potential = "neg_entropy",
+    potential: str | Potential | RowDivergence = "neg_entropy",
     chunk_size: int | None = None,
     mask: Tensor | None = None,
 ) -> Tensor:
@@ -496,14 +524,15 @@ def full_vocab_bregman(
     D[b, t] = sum_v D_h(softmax(policy_logits[b, t])_v, softmax(ref_logits[b, t])_v)
     (docs/methods.md, section "Sampled-token and full-vocabulary divergences"). ``potential``: a
     name from POTENTIALS (``neg_entropy`` = exact KL, ``square``/``prob_l2``, ``neural_mirror``) or
-    a potential object such as a NeuralMirrorMap. ``chunk_size`` rows (token positions) are
-    processed at a time (None: all at once). With grad into the policy logits only, the forward
-    stores the gradient itself (one [B, T, V] buffer, returned as the logits' gradient by the
-    backward, which can run only once) and [chunk_size, V] scratch; with grad into ``ref_logits``
-    too, each chunk is checkpointed. Gradients flow into whichever logits require grad (normally
-    only the policy's). ``mask`` [B, T] zeroes padded positions: their value is 0 and their gradient
-    exactly 0, whatever their logits hold (NaN, all -inf). Output float32 (float64 for float64
-    logits).
+    a potential object such as a NeuralMirrorMap, or a :class:`RowDivergence` (any divergence given
+    by a function of the two log-softmax rows, e.g. an f-divergence). ``chunk_size`` rows (token
+    positions) are processed at a time (None: all at once). With grad into the policy logits only,
+    the forward stores the gradient itself (one [B, T, V] buffer, returned as the logits' gradient
+    by the backward, which can run only once) and [chunk_size, V] scratch; with grad into
+    ``ref_logits`` too, each chunk is checkpointed. Gradients flow into whichever logits require
+    grad (normally only the policy's). ``mask`` [B, T] zeroes padded positions: their value is 0 and
+    their gradient exactly 0, whatever their logits hold (NaN, all -inf). Output float32 (float64
+    for float64 logits).
 
     -inf logits are allowed in unmasked rows as long as each row keeps a finite one: a -inf
     policy logit (p_v = 0) contributes exactly 0; for ``neg_entropy`` a -inf reference logit
@@ -512,7 +541,7 @@ def full_vocab_bregman(
     are finite (never NaN) for any such input in float32, bf16/fp16 (computed in float32) and
     float64.
     """
-    pot = as_potential(potential)
+    pot = potential if isinstance(potential, RowDivergence) else as_potential(potential)
     _check_chunk(chunk_size)
     if policy_logits.shape != ref_logits.shape or policy_logits.dim() < 2:
         raise ValueError(

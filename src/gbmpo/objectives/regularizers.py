@@ -34,6 +34,8 @@ name                value                                           d/dl      so
 ``kl_k2``           (l - r)^2 / 2                                   l - r     Schulman 2020
 ``kl_k3``           rho - 1 - log rho                               1 - rho   Schulman; TRL
 ``kl_k3_is``        w_o (rho - 1 - log rho), w_o = exp(l - o)       see fn    RPG 2505.17508
+``kl_k1_st``        l - r (value of k1)                             l - r     verl ``k1+``
+``kl_k3_st``        rho - 1 - log rho (value of k3)                 l - r     verl ``k3+``
 ``prob_l2``         (p - q)^2                                       2(p-q)p   GBMPO 2602.04380
 ``log_l2``          (l - r)^2                                       2(l - r)  GBMPO code (L2)
 ``neural_mirror``   D_h(p, q) of a NeuralMirrorMap                  (h'(p)-h'(q))p  GBMPO
@@ -42,6 +44,10 @@ name                value                                           d/dl      so
 ``rpg_ufkl``        w - log w - 1                                   w - 1     RPG Table 4
 ``rpg_urkl``        w (log w - 1) + 1                               w log w   RPG Table 4
 ==================  ==============================================  ========  ===============
+
+The f-divergences ``fkl``, ``js``, ``chi2``, ``hellinger``, ``tv``, ``alpha`` and ``kl_chi2``
+are registered by :mod:`gbmpo.objectives.f_divergences` (importing :mod:`gbmpo.objectives`
+registers them).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
+from gbmpo.objectives.potentials import NegEntropy, Square
 from gbmpo.objectives.tensors import attach, masked
 from gbmpo.registry import Registry
 
@@ -66,7 +73,9 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "kl_k1_st",
     "kl_k3_is",
+    "kl_k3_st",
     "log_l2",
     "mirror_bregman",
     "prob_l2",
@@ -187,6 +196,32 @@ def kl_k3_is(
     logp, ref_logp = _compute(logp, ref_logp)
     anchor = logp.detach() if old_logp is None else old_logp.to(logp.dtype)
     return _exp_of_log(logp - anchor) * kl_k3(logp, ref_logp, clamp)
+
+
+def kl_k1_st(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Straight-through k1: the value of k1 = l - r with the gradient of k2 = (l - r)^2 / 2.
+
+    ``k2 - SG(k2) + SG(k1)``, verl 0.9.1's ``kl_loss_type: k1+`` ("Rethinking KL
+    regularization in RLHF", arXiv 2510.01555; docs/methods.md, section "KL estimators"). The
+    value is k1's (unbiased for KL(pi_theta || pi_ref) on samples of pi_theta) and
+    d/dlogp = l - r, whose expectation on-policy is the exact reverse-KL gradient (k1's own
+    gradient, 1, has expectation 0).
+    """
+    logp, ref_logp = _compute(logp, ref_logp)
+    k2 = kl_k2(logp, ref_logp)
+    return k2 - k2.detach() + kl_k1(logp, ref_logp).detach()
+
+
+def kl_k3_st(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
+    """Straight-through k3: the value of k3 (:func:`kl_k3`, clipped to [-c, c] with ``clamp``)
+    with the gradient of k2, d/dlogp = l - r (verl 0.9.1's ``k3+``, arXiv 2510.01555).
+
+    verl's ``k3+`` takes its forward value from ``low_var_kl`` (always clipped to [-10, 10]);
+    ``clamp=10`` is that. The clip acts on the value only: the k2 gradient is never cut.
+    """
+    logp, ref_logp = _compute(logp, ref_logp)
+    k2 = kl_k2(logp, ref_logp)
+    return k2 - k2.detach() + kl_k3(logp, ref_logp, clamp).detach()
 
 
 def prob_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
@@ -332,6 +367,16 @@ class Regularizer:
     anchor of its own. Attributes: ``name``; ``needs_ref`` (the caller must pass ``ref_logp``;
     False for ``none``, so the trainer can skip the reference forward); ``params`` (the
     construction parameters).
+
+    Capabilities, declared by the regularizer itself (a plugin declares them the same way):
+
+    * ``full``: its exact full-vocabulary form, used by ``estimator: full``
+      (:mod:`gbmpo.objectives.estimators`): a separable potential h
+      (:class:`~gbmpo.objectives.potentials.Potential`: the divergence is
+      sum_v D_h(p_v, q_v)) or a :class:`~gbmpo.objectives.full_vocab.RowDivergence` (any
+      function of the two log-softmax rows); ``None``: no exact form (``full`` is refused);
+    * ``full_description``: that form as a formula (messages, docs);
+    * ``clampable``: whether it takes a ``clamp`` parameter (clipping its sampled value).
     """
 
     def __init__(
@@ -342,12 +387,21 @@ class Regularizer:
         needs_ref: bool = True,
         params: Mapping[str, Any] | None = None,
         value_and_grad: ValueAndGrad | None = None,
+        full: Any = None,
+        full_description: str | None = None,
+        clampable: bool = False,
     ) -> None:
         self.name = name
         self._formula = formula
         self.needs_ref = needs_ref
         self.params = dict(params or {})
         self._value_and_grad = value_and_grad
+        self.full = full
+        self.full_description = (
+            full_description if full_description is not None
+            else getattr(full, "description", None) if full is not None else None
+        )
+        self.clampable = clampable
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
@@ -433,18 +487,24 @@ def _make_none() -> Regularizer:
     return Regularizer("none", lambda l, r, o: torch.zeros_like(l), needs_ref=False)
 
 
+#: the exact form of the KL family (``estimator: full``)
+_KL_FULL = "KL(pi_theta || pi_ref) = sum_v p_v log(p_v / q_v)"
+
+
 @REGULARIZERS.register("kl_k1")
 def _make_k1() -> Regularizer:
     return Regularizer(
-        "kl_k1", lambda l, r, o: kl_k1(l, r), value_and_grad=lambda l, r, o: _k1_vg(l, r)
-    )
+        "kl_k1", lambda l, r, o: kl_k1(l, r), value_and_grad=lambda l, r, o: _k1_vg(l, r),
+        full=NegEntropy(), full_description=_KL_FULL,
+    )  # fmt: skip
 
 
 @REGULARIZERS.register("kl_k2")
 def _make_k2() -> Regularizer:
     return Regularizer(
-        "kl_k2", lambda l, r, o: kl_k2(l, r), value_and_grad=lambda l, r, o: _k2_vg(l, r)
-    )
+        "kl_k2", lambda l, r, o: kl_k2(l, r), value_and_grad=lambda l, r, o: _k2_vg(l, r),
+        full=NegEntropy(), full_description=_KL_FULL,
+    )  # fmt: skip
 
 
 @REGULARIZERS.register("kl_k3")
@@ -455,20 +515,44 @@ def _make_k3(clamp: float | None = None) -> Regularizer:
         lambda l, r, o: kl_k3(l, r, c),
         params={"clamp": c},
         value_and_grad=lambda l, r, o: _k3_vg(l, r, c),
-    )
+        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+    )  # fmt: skip
 
 
 @REGULARIZERS.register("kl_k3_is")
 def _make_k3_is(clamp: float | None = None) -> Regularizer:
     c = _check_clamp("kl_k3_is", clamp)
-    return Regularizer("kl_k3_is", lambda l, r, o: kl_k3_is(l, r, o, c), params={"clamp": c})
+    return Regularizer(
+        "kl_k3_is", lambda l, r, o: kl_k3_is(l, r, o, c), params={"clamp": c},
+        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+    )  # fmt: skip
+
+
+@REGULARIZERS.register("kl_k1_st")
+def _make_k1_st() -> Regularizer:
+    return Regularizer(
+        "kl_k1_st", lambda l, r, o: kl_k1_st(l, r),
+        value_and_grad=lambda l, r, o: (kl_k1(l, r), l - r),
+        full=NegEntropy(), full_description=_KL_FULL,
+    )  # fmt: skip
+
+
+@REGULARIZERS.register("kl_k3_st")
+def _make_k3_st(clamp: float | None = None) -> Regularizer:
+    c = _check_clamp("kl_k3_st", clamp)
+    return Regularizer(
+        "kl_k3_st", lambda l, r, o: kl_k3_st(l, r, c), params={"clamp": c},
+        value_and_grad=lambda l, r, o: (kl_k3(l, r, c), l - r),
+        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+    )  # fmt: skip
 
 
 @REGULARIZERS.register("prob_l2")
 def _make_prob_l2() -> Regularizer:
     return Regularizer(
-        "prob_l2", lambda l, r, o: prob_l2(l, r), value_and_grad=lambda l, r, o: _prob_l2_vg(l, r)
-    )
+        "prob_l2", lambda l, r, o: prob_l2(l, r), value_and_grad=lambda l, r, o: _prob_l2_vg(l, r),
+        full=Square(), full_description="sum_v (p_v - q_v)^2",
+    )  # fmt: skip
 
 
 @REGULARIZERS.register("log_l2")
@@ -484,14 +568,16 @@ def _make_neural_mirror(
 ) -> Regularizer:
     m = as_mirror_map(mirror)
     return Regularizer(
-        "neural_mirror", lambda l, r, o: mirror_bregman(l, r, m), params={"mirror": m}
-    )
+        "neural_mirror", lambda l, r, o: mirror_bregman(l, r, m), params={"mirror": m},
+        full=m, full_description="sum_v D_h(p_v, q_v) with the map's h",
+    )  # fmt: skip
 
 
 def _rpg_factory(name: str, fn: Callable[..., Tensor]) -> Callable[..., Regularizer]:
     def make(clamp: float | None = None) -> Regularizer:
         c = _check_clamp(name, clamp)
-        return Regularizer(name, lambda l, r, o: fn(l, r, c), params={"clamp": c})
+        return Regularizer(name, lambda l, r, o: fn(l, r, c), params={"clamp": c},
+                           clampable=True)
 
     make.__doc__ = (
         f"{name}: {fn.__doc__}\nThe anchor is ``ref_logp``: the objective's ``anchor: old`` "

@@ -12,6 +12,7 @@ An objective is advantages -> per-token surrogate + coef * regularizer -> aggreg
         coef: 0.1
         anchor: ref                  # ref (frozen reference) | old (rollout policy, RPG)
         placement: loss              # loss (per-token term) | reward (penalty before advantages)
+                                     # | advantage (future penalty after normalisation)
         estimator: sample            # sample (sampled token) | full (exact, whole vocabulary)
         params: {}
       aggregation: dr_grpo           # AGGREGATIONS: grpo | bnpo | dr_grpo | seq_mean_token_sum
@@ -64,8 +65,10 @@ ANCHORS: tuple[str, ...] = ("ref", "old")
 
 #: ``regularizer.placement`` values: ``loss`` adds ``coef * D`` per token to the loss;
 #: ``reward`` subtracts ``coef * sum_t D(pi_old || pi_ref)`` from each sequence's reward before
-#: the advantages are computed (docs/methods.md, "Where the divergence goes").
-PLACEMENTS: tuple[str, ...] = ("loss", "reward")
+#: the advantages are computed; ``advantage`` subtracts the future penalty
+#: ``coef * sum_{s >= t} D_s(pi_old || pi_ref)`` from each token's advantage after they are
+#: normalised (FRPO; docs/methods.md, "Where the divergence goes").
+PLACEMENTS: tuple[str, ...] = ("loss", "reward", "advantage")
 
 
 class SpecError(ValueError):
@@ -95,7 +98,9 @@ class RegularizerSpec:
     #: keyword arguments of the regularizer (e.g. clamp, mirror=path/to/mirror.json)
     params: dict[str, Any] = field(default_factory=dict)
     #: "loss": coef * D per token in the loss; "reward": coef * sum_t D(pi_old || pi_ref) of the
-    #: rollout, detached, subtracted from each sequence's reward before the advantages
+    #: rollout, detached, subtracted from each sequence's reward before the advantages;
+    #: "advantage": coef * sum_{s >= t} D_s(pi_old || pi_ref), detached, subtracted from each
+    #: token's advantage after the normalisation (FRPO; gbmpo.objectives.placement)
     placement: str = "loss"
     #: "sample": the regularizer's formula on the sampled token; "full": the exact divergence
     #: over the whole vocabulary at each position (KL family: KL(pi || pi_ref); prob_l2:
@@ -366,8 +371,10 @@ class ObjectiveSpec:
 
 @dataclass(frozen=True)
 class BuiltTerm:
-    """One built regularizer term: ``coef * D`` per token in the loss (``placement == "loss"``)
-    or ``coef * sum_t D(pi_old || pi_ref)`` off each sequence's reward (``"reward"``)."""
+    """One built regularizer term: ``coef * D`` per token in the loss (``placement == "loss"``),
+    ``coef * sum_t D(pi_old || pi_ref)`` off each sequence's reward (``"reward"``) or
+    ``coef * sum_{s >= t} D_s(pi_old || pi_ref)`` off each token's normalised advantage
+    (``"advantage"``)."""
 
     name: str
     #: ``(logp, ref_logp, old_logp, mask) -> per-token divergence``
@@ -375,7 +382,7 @@ class BuiltTerm:
     coef: float
     #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
     anchor: str
-    #: ``loss`` or ``reward``
+    #: ``loss``, ``reward`` or ``advantage``
     placement: str = "loss"
     #: ``sample`` (the formula on the sampled token) or ``full`` (the exact divergence over the
     #: vocabulary, :mod:`gbmpo.objectives.estimators`)
@@ -410,20 +417,22 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     if r.anchor not in ANCHORS:
         raise SpecError(f"'{at}.anchor' must be 'ref' or 'old', got {r.anchor!r}")
     if r.placement not in PLACEMENTS:
-        raise SpecError(f"'{at}.placement' must be 'loss' or 'reward', got {r.placement!r}")
+        raise SpecError(
+            f"'{at}.placement' must be one of {', '.join(PLACEMENTS)}, got {r.placement!r}"
+        )
     from gbmpo.objectives.estimators import check_estimator
 
     try:
-        check_estimator(r.name, r.estimator, r.anchor, r.params)
+        check_estimator(r.name, r.estimator, r.anchor, r.params, regularizer)
     except ValueError as err:
         raise SpecError(f"'{at}.estimator' ({r.name!r}): {err}") from None
     term = BuiltTerm(r.name, regularizer, float(r.coef), r.anchor, r.placement, r.estimator)
-    if r.placement == "reward" and term.active and not term.needs_ref:
+    if r.placement in ("reward", "advantage") and term.active and not term.needs_ref:
         raise SpecError(
-            f"'{at}.placement'=reward with {r.name!r} (anchor {r.anchor!r}"
-            "): the in-reward penalty is D(pi_old || pi_ref) on the rollout, which is 0 when "
-            "the anchor is the rollout policy itself; use anchor: ref (a regularizer anchored "
-            "on the frozen reference) or placement: loss"
+            f"'{at}.placement'={r.placement} with {r.name!r} (anchor {r.anchor!r}"
+            f"): the in-{r.placement} penalty is D(pi_old || pi_ref) on the rollout, which is 0 "
+            "when the anchor is the rollout policy itself; use anchor: ref (a regularizer "
+            "anchored on the frozen reference) or placement: loss"
         )
     return term
 
@@ -469,6 +478,12 @@ class BuiltObjective:
     def reward_terms(self) -> tuple[BuiltTerm, ...]:
         """The active terms subtracted from the reward (placement ``reward``, nonzero coef)."""
         return tuple(t for t in self.terms if t.placement == "reward" and t.active)
+
+    @property
+    def advantage_terms(self) -> tuple[BuiltTerm, ...]:
+        """The active terms whose future penalty is subtracted from the normalised advantages
+        (placement ``advantage``, nonzero coef)."""
+        return tuple(t for t in self.terms if t.placement == "advantage" and t.active)
 
     @property
     def single_loss_term(self) -> bool:

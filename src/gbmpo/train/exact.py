@@ -40,7 +40,7 @@ from gbmpo.train.batching import _chunks
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
 
-__all__ = ["full_terms", "logprobs_and_exact", "no_grad_logits", "sequence_exact"]
+__all__ = ["full_terms", "logprobs_and_exact", "no_grad_logits", "sequence_exact", "token_exact"]
 
 
 def full_terms(terms: Any) -> list[Any]:
@@ -94,6 +94,27 @@ def logprobs_and_exact(
         for t in terms
     }
     return logp, entropy, exact
+
+
+@torch.no_grad()
+def token_exact(
+    tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor
+) -> dict[str, Tensor]:
+    r"""Per ``full`` term, the per-token exact divergence :math:`D^{\text{full}}_{i,t}(\pi_{old}
+    \,\|\,\pi_{ref})` ``[N, C]`` of the rollout ``batch`` (detached, 0 where masked),
+    micro-batch by micro-batch (the ``placement: advantage`` penalty)."""
+    if batch is None:
+        raise ValueError("an in-advantage term with estimator 'full' needs the rollout batch")
+    parts: dict[str, list[Tensor]] = {t.name: [] for t in terms}
+    for rows in _chunks(len(batch), tr.micro_batch):
+        sub = batch.select(rows)
+        old = no_grad_logits(tr, sub, reference=False)
+        ref = no_grad_logits(tr, sub, reference=True)
+        m = mask[rows]
+        for t in terms:
+            form = full_potential(t.name, t.regularizer)
+            parts[t.name].append(exact_divergence(old, ref, form, m))
+    return {name: torch.cat(p) for name, p in parts.items()}
 
 
 @torch.no_grad()

@@ -12,7 +12,9 @@ Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` 
    multiply each token's surrogate (:mod:`gbmpo.train.correction`);
 5. the terms placed in the reward: :math:`\tilde r_i = r_i - \sum_k \beta_k \sum_t
    D^{(k)}_{i,t}(\pi_{old}\,\|\,\pi_{ref})` (detached); then group advantages
-   :math:`A_i = (\tilde r_i - \bar{\tilde r}_g)` [:math:`/\,(\sigma_g+\epsilon)`];
+   :math:`A_i = (\tilde r_i - \bar{\tilde r}_g)` [:math:`/\,(\sigma_g+\epsilon)`]; then the
+   terms placed in the advantage: :math:`A_{i,t} = A_i - \sum_k \beta_k \sum_{s\ge t}
+   D^{(k)}_{i,s}` (detached, after the normalisation: FRPO);
 6. ``mu`` epochs over mini-batches, each a gradient-accumulated sum over micro-batches of
    :math:`\mathcal L = \mathrm{agg}(\ell^{\text{surr}}_{i,t} + \sum_k \lambda_k D^{(k)}_{i,t})`
    (the terms placed in the loss) with the mini-batch's normalisers, so accumulation is exact;
@@ -40,7 +42,7 @@ from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
 from gbmpo.train.correction import micro_correction, sampler_weights
 from gbmpo.train.device import peak_memory_bytes
-from gbmpo.train.exact import full_terms, logprobs_and_exact, sequence_exact
+from gbmpo.train.exact import full_terms, logprobs_and_exact, sequence_exact, token_exact
 from gbmpo.train.precision import MasterWeightOptimizer
 
 if TYPE_CHECKING:
@@ -92,10 +94,17 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     # 5. terms placed in the reward: r_i - beta_k * sum_t D_k(pi_old || pi_ref) (detached), then
     #    group advantages: A_i = r_i - mean_g(r)  [/ (std_g + eps) for "grpo"]
     shaped, penalties = rewards, {}
-    if tr.objective.reward_terms:
+    rollout = old_logp
+    if tr.objective.reward_terms or tr.objective.advantage_terms:
         rollout = old_logp if old_logp is not None else no_grad_logprobs(tr, batch, reference=False)
+    if tr.objective.reward_terms:
         shaped, penalties = in_reward_penalties(tr, rewards, rollout, ref_logp, mask, batch)
     advantages = tr.objective.advantage(shaped, G)
+    adv_penalties: dict[str, Tensor] = {}
+    if tr.objective.advantage_terms:  # FRPO: - beta * sum_{s >= t} D_s, after normalisation
+        advantages, adv_penalties = in_advantage_penalties(
+            tr, advantages, rollout, ref_logp, mask, batch
+        )
     t_ref = time.perf_counter()
 
     # 6. mu epochs x mini-batches (one AdamW step each) x micro-batches (accumulated):
@@ -152,7 +161,10 @@ def train_step(tr: Trainer) -> dict[str, Any]:
         "response_length_mean": n_tokens / n,
         "response_length_max": int(max(batch.num_tokens)),
         "truncated_frac": sum(batch.truncated) / n,
-        "advantage_abs_mean": float(advantages.abs().mean()),
+        "advantage_abs_mean": float(
+            advantages.abs().mean() if advantages.dim() == 1
+            else (advantages.abs() * mask).sum() / mask.sum().clamp_min(1.0)
+        ),
         "loss": sum(losses) / len(losses),
         "pg_loss": sum(pg_losses) / len(pg_losses),
         "entropy": entropy_sum / max(n_tokens, 1.0),
@@ -167,6 +179,11 @@ def train_step(tr: Trainer) -> dict[str, Any]:
         if len(tr.objective.terms) > 1:
             for name, value in penalties.items():
                 record[f"reward_penalty/{name}"] = float(value.mean())
+    if adv_penalties:  # the mean per-sequence penalty beta * sum_t D_t (its value at t = 0)
+        record["advantage_penalty"] = float(sum(adv_penalties.values()).mean())
+        if len(tr.objective.terms) > 1:
+            for name, value in adv_penalties.items():
+                record[f"advantage_penalty/{name}"] = float(value.mean())
     if ref_logp is not None and tr.objective.monitors:
         # value of every registered regularizer at pi_old, vs the frozen reference
         from gbmpo.objectives.tensors import masked_mean
@@ -213,6 +230,36 @@ def in_reward_penalties(
         penalties[term.name] = term.coef * seq.to(rewards.dtype)
     shaped = reward_penalty(rewards, [(1.0, p) for p in penalties.values()])
     return shaped, penalties
+
+
+def in_advantage_penalties(
+    tr: Trainer, advantages: Tensor, rollout_logp: Tensor, ref_logp: Tensor | None,
+    mask: Tensor, batch: Rollout | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The per-token advantages minus each ``placement: advantage`` term's future penalty
+    ``beta_k * sum_{s >= t} D_k,s(pi_old || pi_ref)`` (:func:`gbmpo.objectives.placement.
+    advantage_penalty`, after the normalisation), and each term's per-sequence penalty
+    ``beta_k * sum_t D_k,t`` ([N], by name); a term with ``estimator: full`` takes the exact
+    per-token divergence from the logits of ``batch``."""
+    from gbmpo.objectives.placement import advantage_penalty
+
+    terms = tr.objective.advantage_terms
+    full = full_terms(terms)
+    exact = token_exact(tr, batch, full, mask) if full else {}
+    pairs: list[tuple[float, Tensor]] = []
+    totals: dict[str, Tensor] = {}
+    m = mask.to(torch.bool)
+    for term in terms:
+        values = exact.get(term.name)
+        if values is None:
+            with torch.no_grad():
+                old = rollout_logp.detach()
+                values = term.regularizer(logp=old, old_logp=old, ref_logp=ref_logp, mask=mask)
+        values = torch.where(m, values, torch.zeros((), dtype=values.dtype,
+                                                    device=values.device))
+        pairs.append((term.coef, values))
+        totals[term.name] = term.coef * values.sum(-1)
+    return advantage_penalty(advantages, pairs, mask), totals
 
 
 def accumulate_gradients(

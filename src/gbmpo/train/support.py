@@ -150,7 +150,9 @@ GBMPO: dict[str, Support] = {
     "objective.regularizer.anchor": H(),
     "objective.regularizer.params": H(),
     "objective.regularizer.placement": H("reward: coef * sum_t D(pi_old || pi_ref) off each "
-                                         "sequence's reward before the advantages"),
+                                         "sequence's reward before the advantages; advantage: "
+                                         "coef * sum_{s >= t} D_s(pi_old || pi_ref) off each "
+                                         "token's advantage after the normalisation (FRPO)"),
     "objective.regularizer.estimator": H("full: the exact divergence over the vocabulary from "
                                          "the policy's and the reference's logits of each "
                                          "micro-batch (KL family, prob_l2, neural_mirror)"),
@@ -186,6 +188,8 @@ GBMPO: dict[str, Support] = {
     "eval.limit": H(),
     "eval.auto_limit": H(),
     "eval.max_new_tokens": H(),
+    "eval.samples": H("N > 1: N samples per problem at rollout.temperature / top_p; pass@k "
+                      "for k = 1, 2, 4, ..., N, distinct_answers, token_entropy"),
     "eval.batch_size": N(_SPEED),
     "eval.before": H(),
     "eval.after": H(),
@@ -283,10 +287,12 @@ TRL: dict[str, Support] = {
     "objective.regularizer.coef": H("GBMPOConfig objective (TRL beta)", probe=0.2),
     "objective.regularizer.anchor": H("GBMPOConfig objective", probe="old"),
     "objective.regularizer.params": H("GBMPOConfig objective", probe={"clamp": 10.0}),
-    "objective.regularizer.placement": H(
+    "objective.regularizer.placement": R(
         "reward: GBMPOTrainer subtracts coef * sum_t D(pi_old || pi_ref) (detached, from TRL's "
-        "rollout and reference log-probs) from the summed reward before TRL's advantages",
-        probe="reward"),
+        "rollout and reference log-probs) from the summed reward before TRL's advantages; "
+        "'advantage' is refused: TRL's advantages are per sequence and computed inside "
+        "GRPOTrainer._generate_and_score_completions (engine gbmpo takes it)",
+        lambda v, c: "advantage" in (v if isinstance(v, list) else [v]), probe="advantage"),
     "objective.regularizer.estimator": H(
         "full: the exact divergence over the vocabulary from the policy's logits of each "
         "micro-batch and a no-grad reference forward (the reference model, or the adapter "
@@ -337,6 +343,7 @@ TRL: dict[str, Support] = {
     "eval.limit": H(_TRL_EVAL, probe=8),
     "eval.auto_limit": H(f"{_TRL_EVAL} (the same held-out subset)", probe=100),
     "eval.max_new_tokens": H(_TRL_EVAL, probe=16),
+    "eval.samples": H(f"{_TRL_EVAL} (pass@k curve, distinct_answers, token_entropy)", probe=4),
     "eval.batch_size": N(_SPEED),
     "eval.before": H(_TRL_EVAL, probe=False),
     "eval.after": H(_TRL_EVAL, probe=False),
@@ -464,9 +471,12 @@ VERL.update({
         "the rpg_* regularizers only",
         _verl_refuses_old_anchor, probe="old"),
     "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_kl.*"),
-    "objective.regularizer.placement": H(
+    "objective.regularizer.placement": R(
         "reward: algorithm.use_kl_in_reward=true with algorithm.kl_penalty=gbmpo_<name> and a "
-        f"fixed kl_ctrl ({_A}.use_kl_loss=false)", probe="reward"),
+        f"fixed kl_ctrl ({_A}.use_kl_loss=false); 'advantage' is refused: verl's driver "
+        "computes the advantages and has no hook for a per-token penalty after the "
+        "normalisation (engine gbmpo takes it)",
+        lambda v, c: "advantage" in (v if isinstance(v, list) else [v]), probe="advantage"),
     "objective.regularizer.estimator": R(
         "verl's KL loss and in-reward KL are computed from per-token log-probs (its reference "
         "worker returns log-probs, not logits), and the exact divergence needs the reference's "
@@ -535,6 +545,9 @@ VERL.update({
     "eval.max_new_tokens": R("verl validates with the rollout length: eval.max_new_tokens must "
                              "equal rollout.max_new_tokens",
                              lambda v, c: v != c.rollout.max_new_tokens, probe=41),
+    "eval.samples": R("verl validates one greedy sample per problem: eval.samples must be 1 "
+                      "(measure pass@k of the merged model with gbmpo eval --samples N)",
+                      lambda v, c: v != 1, probe=4),
     "eval.batch_size": N("verl sends the whole validation set to vLLM at once"),
     "eval.before": H("trainer.val_before_train", probe=False),
     "eval.after": R("trainer.test_freq includes the last step (eval.every 0: test_freq = "
@@ -651,7 +664,28 @@ def check_support(cfg: Any, engine: str | None = None) -> list[str]:
         elif entry.status == NO_EFFECT and value != _default_of(key):
             notices.append(f"{key}={value!r} has no effect on results with engine {engine!r} "
                            f"({entry.how})")  # fmt: skip
+    notices.extend(placement_notes(cfg))
     return notices
+
+
+#: advantages divided by a standard deviation (``placement: reward`` is then rescaled)
+STD_NORMALISED: tuple[str, ...] = ("grpo", "batch")
+
+
+def placement_notes(cfg: Any) -> list[str]:
+    """One note when a term is placed in the reward and the advantage divides by a standard
+    deviation: the penalty then reaches the gradient as beta / sigma_g (each group's std), so
+    it is the exact KL-regularised gradient only with ``dr_grpo`` (Dr. GRPO)."""
+    placed = [t.name for t in cfg.objective.terms
+              if t.placement == "reward" and t.name != "none" and t.coef != 0]  # fmt: skip
+    if not placed or cfg.objective.advantage not in STD_NORMALISED:
+        return []
+    return [
+        f"objective.regularizer.placement=reward ({', '.join(placed)}) with objective.advantage="
+        f"{cfg.objective.advantage}: the penalty is subtracted before the advantages are divided "
+        "by the std, so beta is divided by each group's std (exact only with advantage: "
+        "dr_grpo, Dr. GRPO); placement: advantage adds it after the normalisation (FRPO)"
+    ]
 
 
 def render_markdown() -> str:

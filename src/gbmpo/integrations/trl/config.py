@@ -19,6 +19,7 @@ from gbmpo.integrations.trl.objective import (
     REGULARIZER_ANCHORS,
     TRL_CORRECTION_DEFAULTS,
     check_reward_placement,
+    refuse_advantage_placement,
     rollout_correction_args,
     spec_from_trl_fields,
 )
@@ -43,8 +44,23 @@ _ALIAS_DEFAULTS: dict[str, Any] = {
     "rpg_beta": 0.0,
 }
 
-# Regularizers that take a ``clamp`` parameter.
-_CLAMPABLE = ("kl_k3", "kl_k3_is", "rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl")
+def _clampable(name: str) -> bool:
+    """Whether the registered regularizer ``name`` takes a ``clamp`` (it declares it itself:
+    ``Regularizer.clampable``)."""
+    from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
+
+    if name not in REGULARIZERS:
+        return False
+    try:
+        return bool(getattr(get_regularizer(name), "clampable", False))
+    except Exception:  # noqa: BLE001 - one that needs parameters: reported when it is built
+        return False
+
+
+def _clampable_names() -> list[str]:
+    from gbmpo.objectives.regularizers import REGULARIZERS
+
+    return [n for n in REGULARIZERS.names() if _clampable(n)]
 
 
 
@@ -55,15 +71,18 @@ class GBMPOConfig(GRPOConfig):
     Parameters (in addition to :class:`trl.GRPOConfig`):
         regularizer: per-token regularizer name from
             :data:`gbmpo.objectives.regularizers.REGULARIZERS` (``kl_k3`` = TRL's KL;
-            ``prob_l2``, ``neural_mirror``, ``kl_k1``, ``kl_k2``, ``kl_k3_is``, ``log_l2``,
-            ``rpg_fkl``, ``rpg_rkl``, ``rpg_ufkl``, ``rpg_urkl``, ``none``).
+            ``prob_l2``, ``neural_mirror``, ``kl_k1``, ``kl_k2``, ``kl_k3_is``, ``kl_k1_st``,
+            ``kl_k3_st``, ``log_l2``, ``rpg_fkl``, ``rpg_rkl``, ``rpg_ufkl``, ``rpg_urkl``, the
+            f-divergences ``fkl``, ``js``, ``chi2``, ``hellinger``, ``tv``, ``alpha``,
+            ``kl_chi2`` (their parameters through ``objective=``), ``none``).
         regularizer_coef: its coefficient :math:`\lambda`; ``None`` takes ``beta``. It replaces
             ``beta`` (see :mod:`gbmpo.integrations.trl` for the exact rule).
         regularizer_anchor: ``"ref"`` (frozen reference model; with PEFT the adapter-disabled
             base, TRL's mechanism) or ``"old"`` (the rollout policy's log-probs, RPG's iterative
             reference; no reference model is loaded).
-        regularizer_clamp: clip the regularizer value to ``[-c, c]`` (``kl_k3``, ``kl_k3_is``,
-            ``rpg_*`` only; the RPG code uses 10). ``None``: no clip, as TRL.
+        regularizer_clamp: clip the regularizer value to ``[-c, c]`` (the regularizers that
+            declare ``clampable``: ``kl_k3``, ``kl_k3_is``, ``kl_k3_st``, ``rpg_*``; the RPG code
+            uses 10). ``None``: no clip, as TRL.
         mirror_path: neural mirror map file (``NeuralMirrorMap.save`` / an ES result) for
             ``regularizer="neural_mirror"``; ``None`` draws the NM-GRPO random init
             (``NeuralMirrorMap.random(0.01, seed=42)``).
@@ -242,10 +261,10 @@ class GBMPOConfig(GRPOConfig):
                 f"GBMPOConfig: mirror_path is set but regularizer={self.regularizer!r}; "
                 "mirror_path is used only by regularizer='neural_mirror'"
             )
-        if self.regularizer_clamp is not None and self.regularizer not in _CLAMPABLE:
+        if self.regularizer_clamp is not None and not _clampable(self.regularizer):
             raise ValueError(
                 f"GBMPOConfig: regularizer_clamp is set but regularizer {self.regularizer!r} takes "
-                f"no clamp (only {', '.join(_CLAMPABLE)})"
+                f"no clamp (only {', '.join(_clampable_names())})"
             )
         if self.clip_mode == "atr":
             if self.atr_delta is None:
@@ -380,6 +399,7 @@ class GBMPOConfig(GRPOConfig):
                 f"regularizer.coef={coefs}; leave beta at 0"
             )
         check_reward_placement(spec, self)
+        refuse_advantage_placement(spec)
         if spec.aggregation not in TRL_LOSS_TYPES or spec.advantage not in TRL_SCALE_REWARDS:
             raise ValueError(
                 f"GBMPOConfig: the objective's aggregation {spec.aggregation!r} / advantage "

@@ -29,6 +29,7 @@ __all__ = [
     "loss_type_surrogate",
     "objective_spec",
     "check_reward_placement",
+    "refuse_advantage_placement",
     "spec_from_trl_fields",
 ]
 
@@ -99,6 +100,19 @@ def check_reward_placement(spec: ObjectiveSpec, args: Any) -> None:
             "the summed reward before the advantages; multi_objective_aggregation="
             f"{aggregation!r} normalises each reward function before the sum. Use "
             "multi_objective_aggregation='sum_then_normalize' (TRL's default)"
+        )
+
+
+def refuse_advantage_placement(spec: ObjectiveSpec) -> None:
+    """Refuse a regularizer term with ``placement: advantage``: TRL 1.16 computes one advantage
+    per sequence inside ``GRPOTrainer._generate_and_score_completions``; the per-token future
+    penalty after the normalisation is the own engine's."""
+    placed = [t.name for t in spec.terms if t.placement == "advantage"]
+    if placed:
+        raise ValueError(
+            f"GBMPOConfig: objective.regularizer.placement=advantage ({', '.join(placed)}) is "
+            "not supported with TRL: GRPOTrainer computes one advantage per sequence in "
+            "_generate_and_score_completions; use placement: loss, or the gbmpo engine"
         )
 
 

@@ -22,14 +22,16 @@ Diagnostics are detached 0-dim tensors, masked means over valid tokens (0 on an 
 Names (registry :data:`SURROGATES`, built by :func:`get_surrogate`): ``clip``, ``gspo``, ``atr``,
 ``divergence_clip`` (clip by any policy divergence; ``atr`` is its ``measure="k3"``; the
 ``dppo_tv`` / ``dppo_kl`` measures give DPPO), ``rpg_clip``, ``rpg_reinforce``, and the baselines
-``cispo`` (MiniMax-M1), ``sapo`` (soft gate), ``gmpo`` (geometric mean) and ``vespo`` (gamma
-weight of the sequence ratio).
+``cispo`` (MiniMax-M1), ``sapo`` (soft gate), ``gmpo`` (geometric mean), ``vespo`` (gamma
+weight of the sequence ratio), ``gpg`` (plain REINFORCE) and ``dro`` (REINFORCE with a quadratic
+log-ratio penalty; both verl 0.9.1 policy losses).
 
 The package keeps one module per kind of surrogate: :mod:`~gbmpo.objectives.surrogates.clip`
 (``clip``, ``gspo``), :mod:`~gbmpo.objectives.surrogates.trust_region` (``atr``,
 ``divergence_clip``; the measures are in :mod:`gbmpo.objectives.clip_measures`),
 :mod:`~gbmpo.objectives.surrogates.rpg` (``rpg_clip``, ``rpg_reinforce``) and
-:mod:`~gbmpo.objectives.surrogates.baselines` (``cispo``, ``sapo``, ``gmpo``, ``vespo``), on the
+:mod:`~gbmpo.objectives.surrogates.baselines` (``cispo``, ``sapo``, ``gmpo``, ``vespo``, ``gpg``,
+``dro``), on the
 shared signature, registry, masking and diagnostics of :mod:`~gbmpo.objectives.surrogates.base`.
 Importing the package registers them all; this module is their public API.
 """
@@ -47,7 +49,9 @@ from gbmpo.objectives.surrogates.base import (
 )
 from gbmpo.objectives.surrogates.baselines import (
     CISPOSurrogate,
+    DROSurrogate,
     GMPOSurrogate,
+    GPGSurrogate,
     SAPOSurrogate,
     VESPOSurrogate,
     cispo_loss,
@@ -76,6 +80,8 @@ __all__ = [
     "ATRSurrogate",
     "CISPOSurrogate",
     "ClipSurrogate",
+    "DROSurrogate",
+    "GPGSurrogate",
     "DivergenceClipSurrogate",
     "GMPOSurrogate",
     "GSPOSurrogate",

@@ -1,6 +1,7 @@
 """Baseline surrogates from other methods: ``cispo`` (MiniMax-M1), ``sapo`` (soft gate),
-``gmpo`` (geometric mean of the token ratios) and ``vespo`` (gamma weight of the sequence
-ratio)."""
+``gmpo`` (geometric mean of the token ratios), ``vespo`` (gamma weight of the sequence
+ratio), ``gpg`` (plain REINFORCE, no ratio) and ``dro`` (REINFORCE with a quadratic log-ratio
+penalty against the behaviour policy)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ from gbmpo.objectives.tensors import attach
 
 __all__ = [
     "CISPOSurrogate",
+    "DROSurrogate",
+    "GPGSurrogate",
     "GMPOSurrogate",
     "SAPOSurrogate",
     "VESPOSurrogate",
@@ -306,4 +309,80 @@ class VESPOSurrogate:
             loss = g * lp
             w_seq = torch.exp(seq.clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
             diag = _fdiag(w_seq, m, None, None, None)
+        return attach(x, loss, g), diag
+
+
+@SURROGATES.register("gpg")
+@dataclass(frozen=True)
+class GPGSurrogate:
+    r"""GPG: group policy gradient, the plain REINFORCE surrogate without a ratio or a clip
+    ("GPG: A Simple and Strong Reinforcement Learning Baseline", arXiv 2504.02546; verl 0.9.1
+    ``policy_loss.loss_mode: gpg``; docs/methods.md, section "Baseline surrogates"):
+
+    .. math::
+        \ell_t = -A_t\,\log\pi_\theta(o_t),\qquad
+        \frac{\partial\ell_t}{\partial\log\pi_\theta} = -A_t .
+
+    The behaviour policy's log-probs are not used: the gradient is the on-policy policy gradient
+    whatever the ratio (with ``mu > 1`` or several mini-batches the later updates are not
+    importance-corrected, as in verl). The value is a REINFORCE surrogate, not an objective
+    estimate. No parameters.
+
+    Diagnostics: clip fractions 0; ratio statistics of :math:`w = \pi_\theta/\pi_{old}`.
+    """
+
+    name: ClassVar[str] = "gpg"
+
+    def __call__(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
+        with torch.no_grad():
+            g = -adv  # 0 where masked (adv = 0)
+            loss = g * lp
+            diag = _fdiag(torch.exp(log_ratio), m, None, None, None)
+        return attach(x, loss, g), diag
+
+
+@SURROGATES.register("dro")
+@dataclass(frozen=True)
+class DROSurrogate:
+    r"""DRO: direct reward optimisation with a quadratic log-ratio penalty (Richemond et al.,
+    "Offline Regularised Reinforcement Learning for Large Language Models Alignment", arXiv
+    2405.19107; verl 0.9.1 ``policy_loss.loss_mode: dro`` with ``dro_beta``; docs/methods.md,
+    section "Baseline surrogates"):
+
+    .. math::
+        \ell_t = -\Big(A_t\log\pi_\theta(o_t) - \frac{\beta}{2}\big(\log\pi_\theta(o_t)
+        - \log\pi_{old}(o_t)\big)^2\Big),\qquad
+        \frac{\partial\ell_t}{\partial\log\pi_\theta} = -A_t + \beta\,(\log\pi_\theta
+        - \log\pi_{old}).
+
+    The penalty is k2 of the token against the behaviour policy: it pulls the policy back
+    towards the sampler as the update moves (0 gradient on-policy). The log-ratio is not
+    clipped (verl's is not).
+
+    Args:
+        beta: the penalty's coefficient, > 0 (verl ``dro_beta``, required there; default 1.0).
+
+    Diagnostics: clip fractions 0; ratio statistics of :math:`w = \pi_\theta/\pi_{old}`.
+    """
+
+    beta: float = 1.0
+    name: ClassVar[str] = "dro"
+
+    def __post_init__(self) -> None:
+        if _finite_number(self.name, "beta", self.beta) <= 0:
+            raise ValueError(f"{self.name}: beta must be > 0, got {self.beta!r}")
+
+    def __call__(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
+        with torch.no_grad():
+            old = torch.where(m > 0, old_logp.detach().to(lp.dtype), 0.0)
+            raw = torch.where(m > 0, lp - old, 0.0)  # unclipped log-ratio, 0 where masked
+            loss = -(lp * adv - (0.5 * self.beta) * raw.square())
+            g = -adv + self.beta * raw
+            diag = _fdiag(torch.exp(log_ratio), m, None, None, None)
         return attach(x, loss, g), diag

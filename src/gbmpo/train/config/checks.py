@@ -158,6 +158,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _positive_int(ev.limit, "eval.limit", allow_none=True)
     _positive_int(ev.auto_limit, "eval.auto_limit", allow_none=True)
     _positive_int(ev.max_new_tokens, "eval.max_new_tokens")
+    _positive_int(ev.samples, "eval.samples")
+    if ev.samples > 1 and cfg.rollout.temperature <= 0:
+        raise ConfigError("'eval.samples' > 1 samples at rollout.temperature, which must be > 0")
     _positive_int(ev.batch_size, "eval.batch_size")
 
     _positive_int(run.steps, "run.steps")

@@ -145,7 +145,8 @@ class LoraSettings:
 
 @dataclass
 class EvalConfig:
-    """Greedy held-out evaluation before, during (every ``every`` steps) and after training."""
+    """Held-out evaluation before, during (every ``every`` steps) and after training (greedy, or
+    ``samples`` per problem)."""
 
     #: steps between evaluations during training (0: only before and after)
     every: int = 50
@@ -158,6 +159,11 @@ class EvalConfig:
     #: split (GSM8K's 1,319) does not hold up the start of a run
     auto_limit: int | None = 500
     max_new_tokens: int = 40
+    #: completions per problem: 1 decodes greedily (accuracy / pass@1); N > 1 samples N at the
+    #: rollout's temperature and top_p and adds the pass@k curve (k = 1, 2, 4, ..., N; unbiased
+    #: estimator), the mean number of distinct final answers per problem and the mean token
+    #: entropy (``gbmpo.eval``)
+    samples: int = 1
     #: prompts per ``generate`` call
     batch_size: int = 100
     before: bool = True
