@@ -367,6 +367,14 @@ class Command:
     progress: Callable[[Path], str]
 
 
+def has_checkpoint(d: Path) -> bool:
+    """Whether the run directory ``d`` holds a complete checkpoint (own engine or TRL)."""
+    from gbmpo.engines import trl_checkpoints
+    from gbmpo.train.checkpoint import list_checkpoints
+
+    return bool(list_checkpoints(d) or trl_checkpoints.checkpoints(d))
+
+
 def train_command(steps: int, extra: list[str] | None = None) -> Command:
     base = [*TRAIN_FAST, "--steps", str(steps), "--eval-every", str(max(2, steps // 2)),
             "--run.checkpoint_every", "2", *(extra or [])]
@@ -375,7 +383,10 @@ def train_command(steps: int, extra: list[str] | None = None) -> Command:
         return ["train", *base, "--output-dir", str(d)]
 
     def resume(d: Path) -> list[str]:
-        return ["train", "--resume", str(d)] if (d / "config.yaml").is_file() else fresh(d)
+        # a run killed before its first checkpoint: the resume says to add --restart
+        if (d / "config.yaml").is_file():
+            return ["train", "--resume", str(d), *([] if has_checkpoint(d) else ["--restart"])]
+        return fresh(d)
 
     def progress(d: Path) -> str:
         from gbmpo.train.checkpoint import latest_checkpoint
