@@ -48,6 +48,7 @@ from gbmpo.engines.checks import (
     DryRunReport,
     EngineUnavailable,
     common_checks,
+    memory_check,
     run_identity,
     without_missing_mirror,
     write_summary,
@@ -94,6 +95,7 @@ def dry_run(cfg: Any) -> DryRunReport:
     for line in notices:  # one check per no-effect key set
         report.ok(line.split("=", 1)[0], "no effect: " + line)
     common_checks(cfg, report)
+    memory_check(cfg, report)  # the plan per GPU (weights ... activations, KV cache or vLLM)
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
     world = cfg.run.num_processes
