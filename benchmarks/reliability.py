@@ -38,6 +38,12 @@ run is reproducible step for step):
   ``checkpoint-N/`` without that file is a save the kill cut short: a leftover (the resume
   removes it), not a corrupt file. "Identical" as for ``train`` (TRL's ``trl/step_time`` is a
   wall-clock field), plus the final checkpoint's ``model.safetensors``.
+* **SIGTERM / SIGINT + resume** (``train``, ``trl``, ``trl2``; ``--signals N`` of each): SIGTERM to
+  the process (``kill PID``, a scheduler's preemption notice), SIGINT to its process group
+  (Ctrl-C), at a time drawn over the reference's training seconds. Survived = exit 143 / 130,
+  one line on stderr (``note:`` lines aside) with the resume command and no traceback,
+  ``status.json`` ``preempted`` / ``interrupted`` naming an existing checkpoint, no lock file,
+  no corrupt file, and ``gbmpo train --resume DIR`` ends with the reference's result.
 * **no corrupt file**: every ``*.json``, ``*.jsonl``, ``*.yaml``, ``*.safetensors`` and ``*.pt``
   under the directory parses / loads, every checkpoint matches its manifest. Hidden temporary
   files (``.name.XXXX.tmp``, ``.step-N.XXXX/``) are not under a real name; they are listed
@@ -175,10 +181,12 @@ def start(args: list[str], log_dir: Path, cwd: Path) -> tuple[subprocess.Popen[b
 def finish(
     proc: subprocess.Popen[bytes], out: Path, err: Path, args: list[str], t0: float,
     kill_after: float | None = None, kill_when: Callable[[], bool] | None = None,
-    timeout: float = 900,
+    timeout: float = 900, send: tuple[int, bool] | None = None,
 ) -> Proc:
     """Wait for ``proc``; SIGKILL its process group after ``kill_after`` seconds from ``t0`` or
-    as soon as ``kill_when()`` is true (polled)."""
+    as soon as ``kill_when()`` is true (polled). ``send=(signal, to_group)``: send that signal
+    instead (to the process group, as Ctrl-C does, or to the process, as ``kill PID``) and wait
+    for the process to end (``killed`` then means: signalled)."""
     killed = False
     deadline = t0 + timeout
     while proc.poll() is None:
@@ -186,6 +194,11 @@ def finish(
         if (kill_after is not None and now - t0 >= kill_after) or (
             kill_when is not None and kill_when()
         ):
+            if send is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    (os.killpg if send[1] else os.kill)(proc.pid, send[0])
+                killed, kill_after, kill_when = True, None, None
+                continue
             os.killpg(proc.pid, signal.SIGKILL)
             killed = True
             break
@@ -195,7 +208,7 @@ def finish(
             raise TimeoutError(f"{' '.join(args)} did not finish in {timeout} s")
         time.sleep(0.01 if kill_after is not None else 0.05)
     proc.wait()
-    if killed:  # the group's other members (pool workers) too
+    if killed and send is None:  # the group's other members (pool workers) too
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     return Proc(args, proc.returncode, time.perf_counter() - t0, killed,
@@ -367,6 +380,14 @@ class Command:
     progress: Callable[[Path], str]
 
 
+def has_checkpoint(d: Path) -> bool:
+    """Whether the run directory ``d`` holds a complete checkpoint (own engine or TRL)."""
+    from gbmpo.engines import trl_checkpoints
+    from gbmpo.train.checkpoint import list_checkpoints
+
+    return bool(list_checkpoints(d) or trl_checkpoints.checkpoints(d))
+
+
 def train_command(steps: int, extra: list[str] | None = None) -> Command:
     base = [*TRAIN_FAST, "--steps", str(steps), "--eval-every", str(max(2, steps // 2)),
             "--run.checkpoint_every", "2", *(extra or [])]
@@ -375,7 +396,10 @@ def train_command(steps: int, extra: list[str] | None = None) -> Command:
         return ["train", *base, "--output-dir", str(d)]
 
     def resume(d: Path) -> list[str]:
-        return ["train", "--resume", str(d)] if (d / "config.yaml").is_file() else fresh(d)
+        # a run killed before its first checkpoint: the resume says to add --restart
+        if (d / "config.yaml").is_file():
+            return ["train", "--resume", str(d), *([] if has_checkpoint(d) else ["--restart"])]
+        return fresh(d)
 
     def progress(d: Path) -> str:
         from gbmpo.train.checkpoint import latest_checkpoint
@@ -626,6 +650,65 @@ class Suite:
                 temps = sorted(set(temps) | set(temps2))
             cat.add(not why, case=i, kill_at=round(at, 2), killed=first.killed, draws=draw + 1,
                     at_kill=at_kill, temp_leftovers=temps, why="; ".join(why) or None)
+
+    # -------------------------------------------------------------- SIGTERM / SIGINT
+
+    def signals(self, key: str, cmd: Command, n: int, rng: random.Random) -> None:
+        """SIGTERM to the process (``kill PID``, a scheduler's notice) and SIGINT to its process
+        group (Ctrl-C), each ``n`` times, at a time drawn over the reference's training seconds
+        (counted from the moment metrics.jsonl appears). Survived = exit 143 / 130, one line
+        on stderr (besides ``note:`` lines) naming the checkpoint and the resume command, no
+        traceback, status.json ``preempted`` / ``interrupted`` naming an intact checkpoint, no
+        lock file and no corrupt file; then ``gbmpo train --resume DIR`` gives the reference's
+        result."""
+        from gbmpo.io import LOCK_FILE
+
+        cat = self.cat(f"signal + resume: {cmd.name}")
+        expect = {signal.SIGTERM: (143, "preempted", False), signal.SIGINT: (130, "interrupted",
+                                                                             True)}  # fmt: skip
+        for sig, (code, state, group) in expect.items():
+            for i in range(n):
+                d = self.dir("signal", cmd.name, f"{sig.name}-{i:02d}")
+                logs = self.dir("logs", "signal", cmd.name, f"{sig.name}-{i:02d}")
+                for draw in range(3):
+                    at = rng.uniform(0.0, 0.8 * self.train_seconds[key])
+                    first = run(cmd.fresh(d), logs, self.work, send=(sig, group),
+                                kill_when=_after_metrics_appear(d, at))
+                    if not cmd.complete(d) or draw == 2:
+                        break
+                    shutil.rmtree(d)  # it finished before the signal: draw another time
+                why = []
+                lines = [ln for ln in first.stderr.strip().splitlines()
+                         if not ln.startswith("note: ")]  # fmt: skip
+                if first.returncode != code:
+                    why.append(f"exit {first.returncode}, not {code}: {first.stderr[-600:]}")
+                if "Traceback" in first.stderr or len(lines) != 1:
+                    why.append(f"stderr is not one line: {lines[-5:]}")
+                elif "resume with: gbmpo train --resume" not in lines[0]:
+                    why.append(f"the line names no resume command: {lines[0]}")
+                status = {}
+                with contextlib.suppress(OSError, ValueError):
+                    status = json.loads((d / "status.json").read_text())
+                if status.get("status") != state or not status.get("checkpoint"):
+                    why.append(f"status.json: {status}")
+                elif not Path(status["checkpoint"]).is_dir():
+                    why.append(f"the checkpoint it names is missing: {status['checkpoint']}")
+                if (d / LOCK_FILE).exists():
+                    why.append("the lock file is left")
+                corrupt, temps = scan(d)
+                if corrupt:
+                    why.append(f"corrupt after the signal: {corrupt}")
+                at_signal = cmd.progress(d)
+                res = self.resume_to_end(cmd, d, logs, attempts=1)
+                if res.returncode != 0:
+                    why.append(f"resume exit {res.returncode}: {res.stderr.strip()[-600:]}")
+                else:
+                    diff = self.check_against(key, cmd, d)
+                    if diff:
+                        why.append(f"differs from the reference: {diff}")
+                cat.add(not why, case=f"{sig.name} {i}", signal_at=round(at, 2),
+                        step=status.get("step"), at_signal=at_signal, temp_leftovers=temps,
+                        why="; ".join(why) or None)
 
     # -------------------------------------------------------------- damaged checkpoints
 
@@ -1107,6 +1190,8 @@ def main() -> None:
     ap.add_argument("--commands", default="train,es,compare,trl,trl2",
                     help="train, es, compare, trl (TRL engine, 1 process), trl2 (2 processes)")
     ap.add_argument("--steps", type=int, default=16, help="RL steps of the train runs")
+    ap.add_argument("--signals", type=int, default=2,
+                    help="SIGTERM and SIGINT points per command: train, trl, trl2 (default 2)")
     ap.add_argument("--es-iterations", type=int, default=4)
     ap.add_argument("--races", default="0,0.5,2,5", help="start offsets (s) of the second run")
     ap.add_argument("--bad-inputs", type=int, default=None, help="only the first N (default all)")
@@ -1124,7 +1209,7 @@ def main() -> None:
                     "'worktree': the working tree as it is, even while it changes)")
     a = ap.parse_args()
     if a.quick:
-        a.kills, a.commands, a.steps, a.races = 2, "train", 4, "0"
+        a.kills, a.commands, a.steps, a.races, a.signals = 2, "train", 4, "0", 0
         a.bad_inputs = 3 if a.bad_inputs is None else a.bad_inputs
         a.no_disk_full = a.no_damaged = a.no_control = True
 
@@ -1148,6 +1233,8 @@ def main() -> None:
         if "train" in commands or not a.no_damaged or not a.no_disk_full:
             print("train", flush=True)
             suite.reference("train", train_cmd, control=not a.no_control)
+        if "train" in commands and a.signals:
+            suite.signals("train", train_cmd, a.signals, rng)
         if "train" in commands:
             suite.kills("train", train_cmd, a.kills, rng)
             if a.quick:  # the second run has the same seed: no second reference to compute
@@ -1191,6 +1278,8 @@ def main() -> None:
                 suite.reference(name, trl_cmd, control=not a.no_control)
                 suite.kills(name, trl_cmd, a.trl_kills, rng,
                             during_training=not a.trl_kill_anytime)
+                if a.signals:
+                    suite.signals(name, trl_cmd, a.signals, rng)
         print("bad inputs", flush=True)
         cases = bad_input_cases()
         if a.bad_inputs == 0:

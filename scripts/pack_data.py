@@ -81,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="compare instead of writing")
     args = ap.parse_args(argv)
     if not args.source.is_dir():
-        print(f"pack_data: no {args.source}; the package carries no GSM8K/MBPP files "
-              "(tasks then use $GBMPO_DATA_DIR or the Hugging Face hub)", file=sys.stderr)
+        print("pack_data: no offline GSM8K/MBPP copies to pack (normal for a clone); "
+              "--task gsm8k / mbpp will download them from the Hugging Face hub on first use, "
+              "or read them from $GBMPO_DATA_DIR", file=sys.stderr)
         return 0
     problems = pack(args.source, args.dest, check_only=args.check)
     for p in problems:

@@ -118,3 +118,17 @@ def test_estimator_cost_benchmark_toy(tmp_path: Path) -> None:
     for variant in ("sample", "full"):
         assert data[variant]["seconds_min"] > 0 and data[variant]["reg_value"] > 0
     assert {"time_ratio", "extra_logits_tensors"} <= set(data["full_vs_sample"])
+
+
+def test_scale_rehearsal_tiny(tmp_path: Path) -> None:
+    """The rehearsal's CPU form: a tiny random Qwen3, 3 RL steps on the own engine and on TRL,
+    with its throughput, memory plan and (no GPU: none) MFU."""
+    data, last = _run("scale_rehearsal.py", tmp_path / "sr.json", "--size", "tiny")
+    assert last.startswith("scale_rehearsal (tiny, cpu") and str(tmp_path / "sr.json") in last
+    assert data["device"] == "cpu" and data["parameters"] > 0
+    for engine in ("gbmpo", "trl"):
+        r = data["engines"][engine]
+        assert r["steps_timed"] == 2 and r["training_tokens_per_second"] > 0
+        assert r["plan_peak_gib"] > 0 and r["mfu"] is None and r["peak_memory_gib"] is None
+    assert data["engines"]["gbmpo"]["generation_tokens_per_second"] > 0
+    assert data["engines"]["trl"]["generation_tokens_per_second"] is None

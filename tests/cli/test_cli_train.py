@@ -204,3 +204,34 @@ def test_resume_rejects_changing_the_objective(micro_model_dir, tmp_path, capsys
     (run / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(micro_model_dir)}}))
     assert main(["train", "--resume", str(run), "--regularizer", "kl_k3"]) == 2
     assert "cannot change 'objective.regularizer.name'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "is a directory; name a YAML file in it, e.g. "),
+        ("", "is empty (no settings)"),
+        ("# nothing but a comment\n", "is empty (no settings)"),
+        ('{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 64, "vocab_size": 10}',
+         "is not a gbmpo training config: its top-level keys (architectures, hidden_size, "
+         "vocab_size) are none of engine, model"),
+        ("optim:\n  lrr: 1e-4\n", "unknown key 'optim.lrr'; valid keys under 'optim': lr, "),
+        ("regulariser: kl_k3\n", "did you mean 'objective.regularizer.name'? (in a YAML file: "
+         "objective: regularizer: name: ...)"),
+        ("lr: 1e-4\n", "did you mean 'optim.lr'? (in a YAML file: optim: lr: ...)"),
+    ],
+)
+def test_config_files_of_the_wrong_kind_get_one_clear_line(tmp_path, capsys, content, needle):
+    """A directory, an empty file, another kind of file and unknown keys (with the command
+    line's "did you mean", pointing an alias or a bare field name to its nested key)."""
+    path = tmp_path / "cfg"
+    if content is None:
+        (path / "paper").mkdir(parents=True)
+        (path / "paper" / "a.yaml").write_text("task:\n  name: arithmetic\n")
+    else:
+        path.write_text(content)
+    assert main(["train", "--config", str(path), "--print-config"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+    if content is None:
+        assert str(path / "paper" / "a.yaml") in err[0]

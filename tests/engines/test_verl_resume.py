@@ -125,3 +125,17 @@ def test_metrics_join_the_parts_before_and_after_a_resume(tmp_path: Path) -> Non
     summary = verl_metrics.summarize_run(cfg, run, kind="math", wall_seconds=1.0)
     got = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in got] == [1, 2, 3, 4] and summary["steps"] == 4
+
+
+def test_resume_without_a_checkpoint_exits_1_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Killed before verl's first checkpoint: one line, exit 1, the directory unchanged (the
+    user starts it over with ``--restart``)."""
+    run = _verl_run(tmp_path, None)
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
+    assert main(["train", "--resume", str(run)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has no checkpoint" in err[0] and "--restart" in err[0]
+    after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
+    assert after == before

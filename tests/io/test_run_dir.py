@@ -98,5 +98,22 @@ def test_run_lock_is_exclusive_and_names_the_owner(tmp_path: Path) -> None:
         assert lock.path.read_text() == f"{os.getpid()}\n"
         with pytest.raises(RunDirInUseError, match=rf"pid {os.getpid()}\b"):
             RunLock(run, what="ES").acquire()
-    # released: the next owner gets it
+    assert not (run / LOCK_FILE).exists()  # released: the file is removed
+    # the next owner gets it
     RunLock(run).acquire().release()
+    assert not (run / LOCK_FILE).exists()
+
+
+def test_a_lock_taken_on_a_removed_file_is_retaken(tmp_path: Path) -> None:
+    """The owner removes the file as it releases the lock: a process that opened the old file
+    just before must not believe it holds the lock while a third one locks the new file."""
+    import fcntl
+
+    run = tmp_path / "run"
+    first = RunLock(run).acquire()
+    stale = open(first.path)  # noqa: SIM115 - opened before the owner's release
+    first.release()
+    fcntl.flock(stale.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)  # locks the removed file
+    with RunLock(run) as lock:  # a lock on the path's file, not on the removed one
+        assert lock.path.read_text() == f"{os.getpid()}\n"
+    stale.close()

@@ -5,7 +5,9 @@ Exit codes: 0 success; 2 bad input (:func:`input_errors`: unknown key or name, w
 missing model or data file, a reward function that fails for a whole batch, a missing sandbox
 layer, an output directory in use...), reported in one line naming the cause; 1 when no intact
 checkpoint is left or one could not be written (:class:`gbmpo.io.CheckpointError`); a
-subcommand may return 1 for its own partial failures (``compare``: some runs failed).
+subcommand may return 1 for its own partial failures (``compare``: some runs failed); 143 /
+130 for a run stopped by SIGTERM / SIGINT after writing a checkpoint (one line naming it and the
+resume command).
 """
 
 from __future__ import annotations
@@ -156,11 +158,19 @@ def report_errors(
 ) -> int:
     """``run()``'s exit code; bad input (:func:`input_errors` plus ``extra``) is reported on
     stderr in one line as ``gbmpo COMMAND: error: ...`` and gives 2, a checkpoint that cannot be
-    read or written (:class:`gbmpo.io.CheckpointError`) gives 1."""
-    from gbmpo.io import CheckpointError
+    read or written (:class:`gbmpo.io.CheckpointError`) gives 1; a run stopped by SIGTERM /
+    SIGINT (:class:`gbmpo.io.RunStopped`) prints its one line and gives 143 / 130, Ctrl-C
+    elsewhere prints ``interrupted`` and gives 130."""
+    from gbmpo.io import CheckpointError, RunStopped
 
     try:
         return int(run())
+    except RunStopped as err:  # SIGTERM / SIGINT: the checkpoint and the resume command
+        print(f"gbmpo {command}: {one_line(err)}", file=sys.stderr, flush=True)
+        return err.exit_code
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop: nothing to save
+        print(f"gbmpo {command}: interrupted", file=sys.stderr, flush=True)
+        return 130
     except input_errors(*extra) as err:
         print(f"gbmpo {command}: error: {one_line(err)}", file=sys.stderr)
         return 2

@@ -43,6 +43,13 @@ def add_train_parser(subparsers: Any) -> None:
         "trainer.resume_mode)",
     )
     p.add_argument(
+        "--restart",
+        action="store_true",
+        help="with --resume, for a run that has no checkpoint: start it over from step 0 in the "
+        "same directory (its metrics.jsonl rows are dropped); without it such a resume exits 1 "
+        "and changes nothing",
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="validate the config and build everything but the model weights; no training",
@@ -69,7 +76,8 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
         if engine != "gbmpo":  # trl / verl: the engine's own resume, driven by gbmpo.engines
             from gbmpo import engines
 
-            return engines.resume(args.resume, overrides, dry=args.dry_run)
+            return engines.resume(args.resume, overrides, dry=args.dry_run,
+                                  restart=args.restart)  # fmt: skip
         if args.dry_run:
             from gbmpo.train.checkpoint import latest_valid_checkpoint
             from gbmpo.train.run import resume_config
@@ -78,10 +86,12 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
             found = latest_valid_checkpoint(path)
             print("dry run OK: " + json.dumps({"resume_from": str(found) if found else None}))
             return 0
-        trainer = Trainer.resume(args.resume, overrides)
+        trainer = Trainer.resume(args.resume, overrides, restart=args.restart)
         summary = trainer.train()
         print_summary(summary)
         return 0
+    if args.restart:
+        raise UsageError("--restart goes with --resume RUN_DIR")
     cfg = load_config_noting_renames(args.config, overrides)
     if args.print_config:
         print(dump_yaml(cfg), end="")

@@ -68,12 +68,14 @@ def check_resumable(run_dir: str) -> str:
     return str(load_config(path).engine)
 
 
-def resume(run_dir: str, overrides: list[tuple[str, Any]], *, dry: bool = False) -> int:
+def resume(run_dir: str, overrides: list[tuple[str, Any]], *, dry: bool = False,
+           restart: bool = False) -> int:
     """``gbmpo train --resume DIR [--dry-run]`` for a ``trl`` or ``verl`` run: continue it from
     its last intact checkpoint with the engine's own resume
     (:func:`gbmpo.engines.trl_runner.resume`, :func:`gbmpo.engines.verl_runner.resume`); prints
     the summary line (dry run: the plan); returns the exit code (2 where the engine cannot run
-    here, nothing written)."""
+    here, nothing written). Without a checkpoint: :class:`gbmpo.io.CheckpointError` (exit 1,
+    nothing changed) unless ``restart`` (start over in the same directory)."""
     import json
     import sys
 
@@ -85,7 +87,7 @@ def resume(run_dir: str, overrides: list[tuple[str, Any]], *, dry: bool = False)
             if dry:
                 print("dry run OK: " + json.dumps(trl_runner.resume(run_dir, overrides, dry=True)))
                 return 0
-            summary = trl_runner.resume(run_dir, overrides)
+            summary = trl_runner.resume(run_dir, overrides, restart=restart)
         elif engine == "verl":
             from gbmpo.engines import verl_runner
 
@@ -95,6 +97,12 @@ def resume(run_dir: str, overrides: list[tuple[str, Any]], *, dry: bool = False)
                     print(f"warning: {check.name}: {check.detail}", file=sys.stderr)
                 print("dry run OK: " + json.dumps(report.to_dict()))
                 return 0
+            if not restart and not verl_runner.resume_dry_run(run_dir, overrides).info[
+                "resume_step"
+            ]:
+                from gbmpo.train.run import no_checkpoint_error
+
+                raise no_checkpoint_error(run_dir)
             summary = verl_runner.resume(run_dir, overrides)
         else:
             raise ValueError(f"gbmpo.engines.resume: engine {engine!r} is the own trainer's")

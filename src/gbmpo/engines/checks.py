@@ -23,6 +23,7 @@ __all__ = [
     "DryRunReport",
     "EngineUnavailable",
     "common_checks",
+    "memory_check",
     "without_missing_mirror",
     "write_summary",
 ]
@@ -157,6 +158,9 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
             + ("" if task_cfg is cfg else " (chat prompts not rendered: no tokenizer)"),
         )
         report.info.update(train_examples=len(train), eval_examples=n_eval)
+        if tokenizer is not None and len(train):
+            report.info["longest_prompt_tokens"] = max(
+                len(tokenizer(ex["prompt"])["input_ids"]) for ex in train[:1000])
 
     if device_absent:
         report.skip("device", f"{device}: no CUDA device here (GPU-only checks skipped)")
@@ -169,6 +173,46 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
 
             raise ConfigError(f"output directory {str(out)!r} already exists and is not empty")
     return tokenizer, (task if task_cfg is cfg else None)
+
+
+#: the prompt length a memory plan assumes when the data or the tokenizer is not here
+ASSUMED_PROMPT_TOKENS = 256
+
+
+def memory_check(cfg: Any, report: DryRunReport) -> None:
+    """The memory plan per GPU of ``cfg`` on its engine (:func:`gbmpo.train.memory.memory_plan`)
+    as the check ``memory``: the model's config.json where the model is here, else the known
+    shape of a model the paper configs name; the longest prompt found by :func:`common_checks`,
+    else :data:`ASSUMED_PROMPT_TOKENS`. A plan that does not fit is reported, not refused."""
+    from gbmpo.models import resolve_model_path
+    from gbmpo.train.device import device_memory_bytes
+    from gbmpo.train.memory import memory_plan, model_shape, plan_line
+
+    model_cfg = model_shape(cfg.model.path)
+    if model_cfg is None:
+        try:
+            from transformers import AutoConfig
+
+            model_cfg = AutoConfig.from_pretrained(
+                resolve_model_path(cfg.model.path),
+                trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
+        except (OSError, ValueError) as err:
+            report.skip("memory", f"no shape for {cfg.model.path!r} here ({err})")
+            return
+    prompt = report.info.get("longest_prompt_tokens")
+    assumed = prompt is None
+    from gbmpo.objectives.regularizers import get_regularizer
+
+    o = without_missing_mirror(cfg).objective
+    needs_ref = bool(o.monitor_regularizers) or any(
+        t.anchor == "ref" and get_regularizer(t.name, **t.params).needs_ref for t in o.terms)
+    plan = memory_plan(cfg, model_cfg, prompt or ASSUMED_PROMPT_TOKENS, needs_ref=needs_ref,
+                       device_bytes=device_memory_bytes(cfg.model.device))  # fmt: skip
+    line = plan_line(plan, cfg.model.device)
+    if assumed:
+        line += f" (prompts assumed {ASSUMED_PROMPT_TOKENS} tokens: the data is not here)"
+    report.ok("memory", line)
+    report.info["memory_plan"] = {k: v for k, v in plan.items() if k != "notes"}
 
 
 def run_identity(cfg: Any) -> dict[str, Any]:

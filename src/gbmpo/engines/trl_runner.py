@@ -48,6 +48,7 @@ from gbmpo.engines.checks import (
     DryRunReport,
     EngineUnavailable,
     common_checks,
+    memory_check,
     run_identity,
     without_missing_mirror,
     write_summary,
@@ -94,6 +95,7 @@ def dry_run(cfg: Any) -> DryRunReport:
     for line in notices:  # one check per no-effect key set
         report.ok(line.split("=", 1)[0], "no effect: " + line)
     common_checks(cfg, report)
+    memory_check(cfg, report)  # the plan per GPU (weights ... activations, KV cache or vLLM)
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
     world = cfg.run.num_processes
@@ -177,15 +179,39 @@ def run(cfg: Any) -> dict[str, Any]:
 def _train(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
            resuming: bool = False) -> dict[str, Any]:  # fmt: skip
     """Train in this process (one process) or through ``accelerate launch`` (several)."""
+    from gbmpo.io.stop import stop_file
+
+    stop_file(run_dir).unlink(missing_ok=True)  # a stop request left by a killed run
     if cfg.run.num_processes == 1:
         return train_in_process(cfg, run_dir, resume_from=resume_from, resuming=resuming)
+    import json
+    import signal
+
+    from gbmpo.io import RunStopped
+    from gbmpo.io.stop import forwarding
+
     env = {**os.environ, "ACCELERATE_USE_CPU": "true"} if cfg.model.device == "cpu" else None
     cmd = launch_command(cfg, run_dir, resume_from=resume_from, resuming=resuming)
-    proc = subprocess.run(cmd, env=env, preexec_fn=_die_with_parent())
-    if proc.returncode != 0:
-        raise RuntimeError(f"the TRL workers failed (exit {proc.returncode}); see above")
-    import json
+    # a session of its own: SIGTERM / SIGINT reach the workers through the stop file only
+    proc = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent(), start_new_session=True)
+    with forwarding(run_dir, lambda: os.killpg(proc.pid, signal.SIGKILL)) as stop:
+        try:
+            returncode = proc.wait()
+        except RunStopped as err:  # a second signal: the launcher and its workers killed
+            proc.wait()
+            from gbmpo.engines.trl_stop import stopped_run
 
+            done = json.loads((run_dir / "status.json").read_text()).get("step", 0) \
+                if (run_dir / "status.json").is_file() else 0  # fmt: skip
+            raise stopped_run(err, None, int(done), run_dir, True) from None
+    status = {}
+    if (run_dir / "status.json").is_file():
+        status = json.loads((run_dir / "status.json").read_text())
+    if stop.requested and status.get("status") in ("preempted", "interrupted"):
+        raise RunStopped(status["signal"], step=status["step"], checkpoint=status["checkpoint"],
+                         run_dir=run_dir)  # fmt: skip
+    if returncode != 0:
+        raise RuntimeError(f"the TRL workers failed (exit {returncode}); see above")
     return dict(json.loads((run_dir / "summary.json").read_text()))
 
 
@@ -210,14 +236,15 @@ def _die_with_parent() -> Callable[[], None] | None:
 # ------------------------------------------------------------------------------ resume
 
 def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
-           *, dry: bool = False) -> dict[str, Any]:  # fmt: skip
+           *, dry: bool = False, restart: bool = False) -> dict[str, Any]:  # fmt: skip
     """``gbmpo train --resume DIR`` for a TRL run: its config.yaml (only the keys of
     :data:`gbmpo.train.run.RESUMABLE_OVERRIDES` may change; a finished run is refused), TRL's
     ``resume_from_checkpoint`` on the newest intact checkpoint (weights, optimizer, scheduler,
     data position, every process's RNG states) and gbmpo's :data:`STATE_FILE` (RL seconds and
     step for the learning rate and the time budget, the evaluation before training, the
     metrics.jsonl rows to keep: the ones logged after the checkpoint are dropped). Without an
-    intact checkpoint the run starts over in the same directory. ``dry``: only the plan
+    intact checkpoint :class:`gbmpo.io.CheckpointError` (nothing changed) unless ``restart``:
+    the run starts over in the same directory. ``dry``: only the plan
     (``{"resume_from": ...}``), nothing written. Returns the summary."""
     import importlib.util
 
@@ -236,10 +263,14 @@ def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
     if dry:
         found = latest_valid_checkpoint(path)
         return {"resume_from": None if found is None else str(found)}
+    if not restart and latest_valid_checkpoint(path, log=lambda _: None) is None:
+        from gbmpo.train.run import no_checkpoint_error
+
+        raise no_checkpoint_error(path)
     lock = RunLock(path).acquire()  # one process per run directory
     try:
         start = prepare_resume(path)
-        where = f"from {start.name}" if start else "from the start (no intact checkpoint)"
+        where = f"from {start.name}" if start else "from step 0 (--restart)"
         print(f"gbmpo: resuming {str(path)!r} {where}", file=sys.stderr, flush=True)
         write_atomic(path / "config.yaml", dump_yaml(cfg))
         return _train(cfg, path, resume_from=start, resuming=True)
@@ -344,8 +375,14 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
         progress.last_eval = tuple(saved["last_eval"]) if saved["last_eval"] else None  # type: ignore[assignment]
         wall_before = float(saved["wall_seconds"])
     trainer_cls = engine_trainer_class()
-    with console.progress(cfg.run.steps, cfg.run.time_budget_seconds, 0, 0.0) as bar:
+    from gbmpo.engines.trl_stop import StopCallback, stopped_run, write_running
+    from gbmpo.io import RunStopped, StopSignals
+
+    write_running(run_dir, int(saved["rl_step"]) if saved else 0, main)
+    with console.progress(cfg.run.steps, cfg.run.time_budget_seconds, 0, 0.0) as bar, \
+            StopSignals(run_dir) as stop:  # fmt: skip
         callback = RunDirCallback(cfg, progress, writer, evaluate, bar if main else None)
+        stopper = StopCallback(stop, lay.optimizer_steps, run_dir, main)
         reward = reward_function(task, columns)
         trainer = trainer_cls(
             model=model,
@@ -354,7 +391,7 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora_config(cfg),
-            callbacks=[callback.as_trainer_callback()],
+            callbacks=[callback.as_trainer_callback(), stopper.as_trainer_callback()],
         )
         trainer.progress = progress
         if main and saved is not None:  # the failures counted before (the sum over processes)
@@ -402,8 +439,19 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
             trainer.state.global_step = int(saved["global_step"])
             progress.stop_reason = "time_budget"
         else:
-            trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+            try:
+                trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+            except RunStopped as err:  # a second signal
+                if writer is not None:
+                    writer.close()
+                raise stopped_run(err, None, trainer.state.global_step // lay.optimizer_steps,
+                                  run_dir, main) from None  # fmt: skip
     steps = math.ceil(trainer.state.global_step / lay.optimizer_steps)
+    if stopper.signame is not None:  # stopped on a signal, with a checkpoint of this step
+        if writer is not None:
+            writer.close()
+        state.wait_for_everyone()
+        raise stopped_run(None, stopper.signame, steps, run_dir, main)
     failures = int(all_reduce(float(reward.failures), "sum"))  # type: ignore[attr-defined]
 
     summary: dict[str, Any] = {}
@@ -443,6 +491,9 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
         summary["drift"] = drift  # gbmpo.eval.drift.DRIFT_KEYS, or None
         summary["drift_seconds"] = drift_seconds if drift is not None else None
         write_summary(run_dir, summary)
+        from gbmpo.train.run import write_status
+
+        write_status(run_dir, "finished", steps, engine="trl")
     state.wait_for_everyone()
     if main and not cfg.run.checkpoint_every:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -499,7 +550,12 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     resuming = ns.resume_from is not None
     start = Path(ns.resume_from) if ns.resume_from else None
-    train_in_process(cfg, run_dir, resume_from=start, resuming=resuming)
+    from gbmpo.io import RunStopped
+
+    try:
+        train_in_process(cfg, run_dir, resume_from=start, resuming=resuming)
+    except RunStopped:  # status.json says so; `gbmpo train` prints the line and the exit code
+        return 0
     return 0
 
 

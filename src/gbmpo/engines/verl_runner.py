@@ -54,6 +54,7 @@ from gbmpo.engines.checks import (
     DryRunReport,
     EngineUnavailable,
     common_checks,
+    memory_check,
     write_summary,
 )
 from gbmpo.engines.verl_args import overrides, with_mirror_file, write_data
@@ -135,6 +136,7 @@ def dry_run(cfg: Any) -> DryRunReport:
     if notices:
         report.info["notices"] = notices
     common_checks(cfg, report)
+    memory_check(cfg, report)  # the plan per GPU (FSDP shards, vLLM's reserve, activations)
     run_dir = Path(cfg.run.output_dir or "runs/verl-dry-run")
     with tempfile.TemporaryDirectory() as tmp:
         # a mirror map not written yet (by ES, or the run's default map): a stand-in file

@@ -180,7 +180,8 @@ def execute_run(job: Mapping[str, Any]) -> float:
 
             engines.run(cfg)
     elif job["action"] == "resume":
-        Trainer.resume(run_dir, list(job.get("overrides") or [])).train()
+        # restart: a run stopped before its first checkpoint starts over in place
+        Trainer.resume(run_dir, list(job.get("overrides") or []), restart=True).train()
     elif job["action"] != "reuse":
         raise ValueError(f"unknown action {job['action']!r}")
     metrics = ensure_final_eval(run_dir)

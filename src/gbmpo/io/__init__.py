@@ -14,8 +14,13 @@ from gbmpo.io.run_dir import (
     write_atomic,
     write_json_atomic,
 )
+from gbmpo.io.stop import EXIT_CODES, RunStopped, StopSignals, resume_command
 
 __all__ = [
+    "EXIT_CODES",
+    "RunStopped",
+    "StopSignals",
+    "resume_command",
     "LOCK_FILE",
     "CheckpointError",
     "RunDirInUseError",

@@ -146,9 +146,11 @@ def is_nonempty(path: str | Path) -> bool:
 class RunLock:
     """Exclusive ownership of a run directory: ``flock`` on ``<dir>/.gbmpo.lock``.
 
-    The lock is released when the process exits, however it exits (kill -9 included), so a stale
-    lock file never blocks a resume. ``acquire`` creates the directory if needed and raises
-    :class:`RunDirInUseError` naming the owner's pid when another process holds the lock.
+    ``release`` removes the lock file, so a run that ends (finished, failed, stopped on a
+    signal) leaves none behind. The lock itself is released when the process exits, however it
+    exits: the file a kill -9 leaves behind never blocks a resume. ``acquire`` creates the
+    directory if needed and raises :class:`RunDirInUseError` naming the owner's pid when another
+    process holds the lock.
     """
 
     def __init__(self, directory: str | Path, what: str = "run") -> None:
@@ -159,6 +161,24 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         self.directory.mkdir(parents=True, exist_ok=True)
+        while True:
+            f = self._try_lock()
+            # the owner before removes the file when it releases it: a lock taken on a file
+            # that is no longer at the path locks nothing; take the new file's instead
+            try:
+                if os.path.samestat(os.fstat(f.fileno()), os.stat(self.path)):
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        self._file = f
+        return self
+
+    def _try_lock(self) -> IO[str]:
         f = open(self.path, "a+")  # noqa: SIM115 - held open for the lifetime of the lock
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -173,15 +193,14 @@ class RunLock:
                 f"{self.what} directory {str(self.directory)!r} is in use by another gbmpo "
                 f"process (pid {owner}); wait for it to finish or choose another output directory"
             ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        self._file = f
-        return self
+        return f
 
     def release(self) -> None:
+        """Remove the lock file (while still holding the lock) and release the lock."""
         if self._file is not None:
+            with contextlib.suppress(OSError):
+                if os.path.samestat(os.fstat(self._file.fileno()), os.stat(self.path)):
+                    os.unlink(self.path)
             fcntl.flock(self._file.fileno(), fcntl.LOCK_UN)
             self._file.close()
             self._file = None

@@ -84,6 +84,12 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
         fits, line = _memory_verdict(memory, cfg.model.device)
         memory["fits_one_device"] = fits
         notes.append(line)
+        from gbmpo.train.memory import memory_plan, plan_line
+
+        plan = memory_plan(cfg, model_cfg, longest, needs_ref=needs_ref,
+                           device_bytes=memory["device_bytes"])  # fmt: skip
+        memory["plan"] = {k: v for k, v in plan.items() if k != "notes"}
+        notes.append(plan_line(plan, cfg.model.device))
         if not fits:
             warnings.append(
                 f"the run does not fit one device ({line}); use an engine that shards it over "

@@ -2,20 +2,40 @@
 
 A run writes ``config.yaml``, ``status.json`` (running / failed / interrupted / finished),
 ``metrics.jsonl``, ``checkpoints/``, the final ``model/`` and, last, ``summary.json`` (only for a
-finished run). One process per run directory (a lock); a resumed run continues from its last
-intact checkpoint with the metrics rows that checkpoint counted.
+finished run). One process per run directory (a lock, removed when the run ends); a resumed run
+continues from its last intact checkpoint with the metrics rows that checkpoint counted.
+
+SIGTERM / SIGINT (:mod:`gbmpo.io.stop`): the step under way finishes, a checkpoint is written,
+``status.json`` says ``preempted`` / ``interrupted`` with the step and the checkpoint, and
+:class:`gbmpo.io.RunStopped` is raised (its message: the checkpoint and the resume command); a
+second signal stops at once (the last complete checkpoint is kept).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gbmpo.io import RunLock, is_nonempty, write_atomic, write_json_atomic
-from gbmpo.train.checkpoint import latest_valid_checkpoint, load_checkpoint, save_checkpoint
+from gbmpo.io import (
+    CheckpointError,
+    RunLock,
+    RunStopped,
+    StopSignals,
+    is_nonempty,
+    resume_command,
+    write_atomic,
+    write_json_atomic,
+)
+from gbmpo.train.checkpoint import (
+    latest_checkpoint,
+    latest_valid_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from gbmpo.train.config import (
     ConfigError,
     TrainConfig,
@@ -41,9 +61,11 @@ __all__ = [
     "default_run_dir",
     "final_drift",
     "fmt_drift",
+    "no_checkpoint_error",
     "refuse_nonempty",
     "resume_config",
     "run",
+    "write_status",
 ]
 
 CONFIG_FILE = "config.yaml"
@@ -115,6 +137,15 @@ def resume_config(
     return cfg, path
 
 
+def no_checkpoint_error(run_dir: str | Path) -> CheckpointError:
+    """What ``gbmpo train --resume DIR`` says (exit 1, nothing changed) about a run that has no
+    checkpoint to continue from."""
+    return CheckpointError(
+        f"cannot resume {str(run_dir)!r}: it has no checkpoint (it stopped before its first); "
+        f"start it over in the same directory with `{resume_command(run_dir)} --restart`"
+    )
+
+
 def _gib(n: int | None) -> float | None:
     return None if n is None else n / 2**30
 
@@ -131,8 +162,10 @@ def run(tr: Trainer) -> dict[str, Any]:
     # may have taken (and used) since __init__
     lock = RunLock(run_dir).acquire()
     try:
-        return _train_locked(tr, run_dir)
+        with StopSignals() as tr._stop:
+            return _train_locked(tr, run_dir)
     finally:
+        tr._stop = None
         lock.release()
 
 
@@ -143,10 +176,18 @@ def _train_locked(tr: Trainer, run_dir: Path) -> dict[str, Any]:
     if tr._resume_dir is not None and (run_dir / SUMMARY_FILE).is_file():
         raise ConfigError(f"cannot resume {str(run_dir)!r}: the run already finished")
     resumed_from = latest_valid_checkpoint(run_dir) if tr._resume_dir else None
+    if tr._resume_dir is not None and resumed_from is None and not tr._restart:
+        raise no_checkpoint_error(run_dir)
     if resumed_from is not None:
         _restore(tr, resumed_from)
+        print(f"gbmpo: resuming {str(run_dir)!r} from {resumed_from.name} (step {tr.step} of "
+              f"{cfg.run.steps})", file=sys.stderr, flush=True)  # fmt: skip
+    elif tr._resume_dir is not None:
+        print(f"gbmpo: restarting {str(run_dir)!r} from step 0 (--restart)", file=sys.stderr,
+              flush=True)  # fmt: skip
     write_atomic(run_dir / CONFIG_FILE, dump_yaml(cfg))
-    set_status(tr, "running", resumed_from=str(resumed_from) if resumed_from else None)
+    tr._running = {"resumed_from": str(resumed_from) if resumed_from else None}
+    set_status(tr, "running", **tr._running)
     # on resume, drop what was logged after the checkpoint (everything if there is none):
     # the rows it counted, e.g. not the final evaluation's row logged after the last periodic
     # checkpoint at the same step (older checkpoints: the rows up to its step)
@@ -159,6 +200,16 @@ def _train_locked(tr: Trainer, run_dir: Path) -> dict[str, Any]:
             cfg.run.report_to, run_dir, config_to_dict(cfg), run_name=run_dir.name
         )
         summary = _loop(tr, writer, reporters)
+    except RunStopped as err:
+        if not err.now:  # stopped after a step: status and checkpoint written
+            raise
+        # a second signal: the newest complete checkpoint is what a resume continues from
+        found = latest_checkpoint(run_dir)
+        stopped = err.complete(step=tr.step, checkpoint=found, run_dir=run_dir)
+        with contextlib.suppress(OSError):
+            set_status(tr, stopped.state, signal=err.signame, stopped="at once",
+                       checkpoint=None if found is None else str(found))  # fmt: skip
+        raise stopped from None
     except BaseException as err:
         kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
         with contextlib.suppress(OSError):  # e.g. a full disk: report the original error
@@ -192,6 +243,7 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
     stop_reason = "steps"
     with console.progress(cfg.run.steps, budget, tr.step, tr.rl_seconds) as bar:
         while tr.step < cfg.run.steps:
+            _stop_if_asked(tr)
             if budget is not None and tr.rl_seconds >= budget:
                 stop_reason = "time_budget"
                 break
@@ -199,9 +251,13 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
             if cfg.eval.every and tr.step % cfg.eval.every == 0:
                 record.update(_eval_record(tr, tr.step))
             _log(writer, reporters, record)
-            if cfg.run.checkpoint_every and tr.step % cfg.run.checkpoint_every == 0:
+            every = cfg.run.checkpoint_every
+            checkpointed = bool(every and tr.step % every == 0)
+            if checkpointed:
                 tr._checkpoint()  # via the trainer: subclasses extend it
             bar.update(tr.step, tr.rl_seconds, record, tr.last_eval)
+            _stop_if_asked(tr, checkpointed=checkpointed)
+            set_status(tr, "running", **tr._running)  # the step, for whoever watches the run
 
     eval_after = None
     if cfg.eval.after:
@@ -230,6 +286,24 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
     write_json_atomic(tr.run_dir / SUMMARY_FILE, summary)  # last: the run is finished
     set_status(tr, "finished")
     return summary
+
+
+def _stop_if_asked(tr: Trainer, *, checkpointed: bool = False) -> None:
+    """After a step (or before the first): on a requested stop, checkpoint this step (unless
+    just done), write the stopped state to status.json and raise :class:`RunStopped`."""
+    stop = tr._stop
+    signame = stop.poll() if stop is not None else None
+    if signame is None:
+        return
+    assert tr.run_dir is not None
+    stop.immediate_second = True
+    if not checkpointed:
+        tr._checkpoint()
+    found = latest_checkpoint(tr.run_dir)
+    stopped = RunStopped(signame, step=tr.step, checkpoint=found, run_dir=tr.run_dir)
+    set_status(tr, stopped.state, signal=signame, checkpoint=str(found),
+               resume=resume_command(tr.run_dir))  # fmt: skip
+    raise stopped
 
 
 #: ``final_drift``'s default reference: the initial weights (LoRA: the adapters disabled)
@@ -341,11 +415,18 @@ def _restore(tr: Trainer, path: Path) -> None:
 
 def set_status(tr: Trainer, status: str, **extra: Any) -> None:
     assert tr.run_dir is not None
+    write_status(tr.run_dir, status, tr.step, **extra)
+
+
+def write_status(run_dir: str | Path, status: str, step: int, **extra: Any) -> None:
+    """``status.json``: ``{"status", "step", "updated", **extra}`` (every engine), written
+    atomically. ``status``: running / finished / failed / interrupted (SIGINT) / preempted
+    (SIGTERM)."""
     write_json_atomic(
-        tr.run_dir / STATUS_FILE,
+        Path(run_dir) / STATUS_FILE,
         {
             "status": status,
-            "step": tr.step,
+            "step": step,
             "updated": _dt.datetime.now().isoformat(timespec="seconds"),
             **extra,
         },

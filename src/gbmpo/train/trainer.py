@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
+from gbmpo.io import StopSignals
 from gbmpo.rollout.logprobs import completion_logprobs
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train import run as _run
@@ -65,6 +66,7 @@ class Trainer:
         task: Any = None,
         reward_fn: Callable[..., Any] | None = None,
         _resume_dir: str | Path | None = None,
+        _restart: bool = False,
     ) -> None:
         cfg = self.config = validate(config)
         # refuse what cannot run here before anything is loaded or written
@@ -73,6 +75,12 @@ class Trainer:
             check_device(cfg.model.device)
             check_train_dtype(cfg.model.dtype, cfg.lora.enabled)
         self._resume_dir = Path(_resume_dir) if _resume_dir is not None else None
+        self._restart = _restart
+        if self._resume_dir is not None and not _restart:  # before anything is loaded
+            from gbmpo.train.checkpoint import latest_valid_checkpoint
+
+            if latest_valid_checkpoint(self._resume_dir, log=lambda _: None) is None:
+                raise _run.no_checkpoint_error(self._resume_dir)
         self.run_dir = self._resume_dir or (
             Path(cfg.run.output_dir) if cfg.run.output_dir else None
         )
@@ -119,6 +127,8 @@ class Trainer:
         self.last_eval: tuple[int, dict[str, Any]] | None = None
         self._writer: MetricsWriter | None = None
         self._resume_rows: int | None = None
+        self._stop: StopSignals | None = None  # while train() runs: SIGTERM / SIGINT
+        self._running: dict[str, Any] = {}  # status.json's extra keys while running
         # the policy moves before the batch is used up -> keep pi_old's log-probs
         batch = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
         self.mini_batch = cfg.optim.mini_batch_size or batch
@@ -129,12 +139,15 @@ class Trainer:
 
     @classmethod
     def resume(
-        cls, run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None, **kwargs: Any
-    ) -> Trainer:
+        cls, run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None, *,
+        restart: bool = False, **kwargs: Any,
+    ) -> Trainer:  # fmt: skip
         """A trainer continuing ``run_dir`` from its last checkpoint (config from the run dir;
-        only the keys in :data:`RESUMABLE_OVERRIDES` may be overridden)."""
+        only the keys in :data:`RESUMABLE_OVERRIDES` may be overridden). Without an intact
+        checkpoint: :class:`gbmpo.io.CheckpointError` before anything changes, unless
+        ``restart`` (start over from step 0 in the same directory, its metrics dropped)."""
         cfg, path = _run.resume_config(run_dir, overrides)
-        return cls(cfg, _resume_dir=path, **kwargs)
+        return cls(cfg, _resume_dir=path, _restart=restart, **kwargs)
 
     def train(self) -> dict[str, Any]:
         """Run (or resume) the whole training; returns the summary written to summary.json."""

@@ -136,6 +136,26 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} at {path!r}")  # pragma: no cover
 
 
+def top_level_hint(key: str) -> str:
+    """The "did you mean" of an unknown top-level key of a config file: a command-line alias
+    (``regularizer``) or a bare field name (``lr``) points to its nested key, as
+    ``--regularizer`` and ``--lr`` do on the command line."""
+    from gbmpo.train.config.overrides import leaf_keys
+    from gbmpo.train.config.schema import ALIASES
+
+    table = dict(ALIASES)
+    for full in leaf_keys():
+        table.setdefault(full.rsplit(".", 1)[-1], full)
+    hint = did_you_mean(key, table)
+    if not hint:
+        return ""
+    full = hint.split("'")[1]
+    if "." not in full:
+        return hint
+    nested = ": ".join(full.split(".")) + ": ..."
+    return f"{hint} (in a YAML file: {nested})"
+
+
 def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
     fields = _fields(cls)
     kwargs = {}
@@ -144,6 +164,8 @@ def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
         if key not in fields:
             where = f" under {path!r}" if path else ""
             hint = did_you_mean(str(key), list(fields), prefix=f"{path}." if path else "")
+            if not path and not hint:  # a top-level key: also an alias or a field's own name
+                hint = top_level_hint(str(key))
             raise ConfigError(
                 f"unknown key {full!r}; valid keys{where}: {', '.join(fields)}{hint}"
             )
@@ -236,6 +258,11 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
         shown = text if len(text) <= 200 else f"{text[:200]}... ({len(text)} characters)"
         raise ConfigError(f"config file {shown!r} cannot be read: {err.strerror}") from None
     if not found:
+        if p.is_dir():
+            yamls = sorted(str(f) for f in p.rglob("*.y*ml"))[:3]
+            example = f", e.g. {', '.join(yamls)}" if yamls else ""
+            raise ConfigError(f"config file {str(path)!r} is a directory; name a YAML file in "
+                              f"it{example}")  # fmt: skip
         raise ConfigError(f"config file {str(path)!r} does not exist")
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8-sig"))
@@ -244,8 +271,30 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
                           ) from err
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {err}") from err
-    if data is None:
-        return {}
+    if data is None or data == {}:
+        raise ConfigError(
+            f"config file {str(path)!r} is empty (no settings); write the keys to change "
+            "(`gbmpo train --print-config` shows them all) or drop --config to train the defaults"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {_describe(data)}")
+    _check_kind(path, data)
     return data
+
+
+def _check_kind(path: str | Path, data: Mapping[str, Any]) -> None:
+    """A file none of whose top-level keys is a key of the configuration, and fewer than half
+    close to one, is another kind of file (a model's config.json, an ES config, ...): say so
+    in one line."""
+    fields = _fields(TrainConfig)
+    keys = [str(k) for k in data]
+    if any(k in fields or k in RENAMED_KEYS or k.split(".")[0] in fields for k in keys):
+        return
+    close = sum(bool(did_you_mean(k, list(fields)) or top_level_hint(k)) for k in keys)
+    if 2 * close >= len(keys):
+        return  # typos: the unknown-key error names the first and its fix
+    shown = ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else "")
+    raise ConfigError(
+        f"config file {str(path)!r} is not a gbmpo training config: its top-level keys "
+        f"({shown}) are none of {', '.join(fields)}"
+    )

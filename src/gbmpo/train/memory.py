@@ -1,0 +1,191 @@
+r"""The memory plan of a run, per GPU, on every engine (``gbmpo train --dry-run``).
+
+The parts (bytes on one device):
+
+* **static**: weights, gradients, optimizer state (AdamW: two fp32 moments, plus fp32 master
+  weights for 16-bit parameters), the frozen reference (:func:`gbmpo.train.device.estimate_memory`);
+  on verl, FSDP shards them over the GPUs (divided by their number);
+* **activations** of the training forward kept for the backward, one micro-batch of ``rows``
+  sequences of ``L = prompt + completion`` tokens (:func:`activation_bytes`);
+* **generation**: the KV cache of one generate call (own engine, TRL with transformers'
+  ``generate``), or the share of the device vLLM reserves (``gpu_memory_utilization``: TRL's
+  colocated vLLM, verl's rollout).
+
+TRL (``GRPOConfig``'s default) and verl (``enable_gradient_checkpointing``) checkpoint the
+gradient: their activations are each layer's input plus one layer recomputed.
+
+Generation and the update do not overlap in time (the KV cache is freed before the update, vLLM
+keeps its reserve), so the peak is ``static + max(activations, KV cache)``, or
+``static + vLLM reserve + activations`` with vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gbmpo.train.config import TrainConfig
+from gbmpo.train.device import ONE_DEVICE_REFERENCE_BYTES, _kv_cache_bytes, estimate_memory
+
+__all__ = ["KNOWN_SHAPES", "activation_bytes", "memory_plan", "model_shape", "plan_line"]
+
+#: the architectures of the models the paper configs name, from each model's ``config.json`` on
+#: the Hugging Face hub: a dry run plans their memory without downloading anything
+KNOWN_SHAPES: dict[str, dict[str, Any]] = {
+    "Qwen/Qwen3-0.6B": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128, intermediate_size=3072,
+                            vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen3-1.7B": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16,
+                            num_key_value_heads=8, head_dim=128, intermediate_size=6144,
+                            vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen3-4B": dict(hidden_size=2560, num_hidden_layers=36, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, intermediate_size=9728,
+                          vocab_size=151936, tie_word_embeddings=True),
+    "Qwen/Qwen3-8B": dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                          num_key_value_heads=8, head_dim=128, intermediate_size=12288,
+                          vocab_size=151936, tie_word_embeddings=False),
+}  # fmt: skip
+
+
+def model_shape(name: str) -> Any:
+    """A ``Qwen3Config`` of the known model ``name`` (:data:`KNOWN_SHAPES`; ``Qwen/`` may be
+    left out), or ``None``."""
+    from transformers import Qwen3Config
+
+    shape = KNOWN_SHAPES.get(name) or KNOWN_SHAPES.get(f"Qwen/{name}")
+    return None if shape is None else Qwen3Config(**shape)
+
+
+def activation_bytes(model_config: Any, rows: int, seq_len: int, completion_len: int,
+                     dtype_bytes: int, *, checkpointing: bool = False) -> int:  # fmt: skip
+    r"""Bytes a decoder's training forward keeps for the backward, for ``rows`` sequences of
+    ``seq_len`` tokens of which the last ``completion_len`` are scored.
+
+    Per token and layer, the tensors autograd saves in a pre-norm attention + SwiGLU block
+    (the count of Korthikanti et al., arXiv 2205.05198, Sec. 4.1, for a gated MLP and
+    grouped-query attention, with a fused attention kernel that keeps no score matrix):
+    the two RMSNorm inputs and outputs (:math:`4h`), queries before and after the norm and the
+    rotary embedding plus the attention output (:math:`3q`), keys likewise and values
+    (:math:`5k`), the gate, up, SiLU and product of the MLP (:math:`4i`), each of
+    ``dtype_bytes``:
+
+    .. math:: A = r\,L\,N\,b\,(4h + 3q + 5k + 4i) + r\,C\,V\,(b + 8)
+
+    with the scored positions' logits (:math:`b` bytes) and their float32 log-softmax and its
+    gradient (8 bytes) over the vocabulary :math:`V`. With gradient ``checkpointing`` only each
+    layer's input is kept (:math:`r L N b h`) plus one layer's set, recomputed in the backward
+    (:math:`r L b (4h + 3q + 5k + 4i)`)."""
+    cfg = getattr(model_config, "text_config", None) or model_config
+    h, n = int(cfg.hidden_size), int(cfg.num_hidden_layers)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    hd = int(getattr(cfg, "head_dim", None) or h // heads)
+    i = int(getattr(cfg, "intermediate_size", None) or 4 * h)
+    q, k = heads * hd, kv_heads * hd
+    per_token = dtype_bytes * (4 * h + 3 * q + 5 * k + 4 * i)
+    logits = completion_len * int(cfg.vocab_size) * (dtype_bytes + 8)
+    if checkpointing:
+        return rows * (seq_len * (n * dtype_bytes * h + per_token) + logits)
+    return rows * (seq_len * n * per_token + logits)
+
+
+def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, needs_ref: bool,
+                device_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """Peak bytes per GPU of ``cfg`` on its engine (``cfg.engine``), by part (see the module
+    docstring); ``fits`` against ``device_bytes`` (default: one 80 GiB GPU)."""
+    from gbmpo.train.device import _BYTES
+
+    ro, opt, run = cfg.rollout, cfg.optim, cfg.run
+    engine = cfg.engine
+    world = max(1, run.num_processes) * (max(1, run.num_nodes) if engine == "verl" else 1)
+    parts = estimate_memory(cfg, model_config, prompt_tokens, needs_ref)
+    b = _BYTES[cfg.model.dtype]
+    batch = ro.prompts_per_step * ro.num_generations
+    mini = opt.mini_batch_size or batch
+    micro = opt.micro_batch_size or mini
+    length = prompt_tokens + ro.max_new_tokens
+    notes: list[str] = []
+    if engine != "gbmpo" and not cfg.lora.enabled and b < 4:
+        # full fine-tuning on TRL and verl: float32 weights (the optimizer's) under bf16
+        # autocast / FSDP mixed precision, float32 gradients, no separate master copy
+        total = parts["parameters"]
+        parts["weights"] = total * 4
+        parts["gradients"] = total * 4
+        parts["optimizer"] = total * 8
+        parts["reference"] = total * 4 if parts["reference"] else 0
+    if engine == "trl":  # one replica per process (DDP)
+        micro = max(1, micro // world) if opt.micro_batch_size is None else micro
+        rows = max(1, batch // world)
+        parts["kv_cache"] = _kv_cache_bytes(model_config, rows, length, b)
+    elif engine == "verl":
+        shard = ("weights", "gradients", "optimizer", "reference")
+        for name in shard:  # FSDP: each GPU holds 1/world of the parameters and their state
+            parts[name] = (parts[name] or 0) // world
+        micro = opt.micro_batch_size or 0
+        parts["kv_cache"] = None
+    reserve = 0
+    capacity = device_bytes or ONE_DEVICE_REFERENCE_BYTES
+    vllm = engine == "verl" or (engine == "trl" and ro.generator == "vllm"
+                                and ro.vllm_mode == "colocate")  # fmt: skip
+    if vllm:
+        util = ro.vllm_gpu_memory_utilization if engine == "trl" else _verl_gpu_util()
+        reserve = int(util * capacity)
+        parts["kv_cache"] = None
+    if engine == "verl" and not micro:
+        # use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu tokens, padding
+        # removed, logits of every token; gradient checkpointing (verl's default)
+        tokens = min(VERL_MAX_TOKENS_PER_GPU, max(1, mini // world) * length)
+        act = activation_bytes(model_config, 1, tokens, tokens, b, checkpointing=True)
+        micro, length = 1, tokens
+    else:
+        # TRL's GRPOConfig and verl checkpoint the gradient by default; the own engine does not
+        act = activation_bytes(model_config, micro, length, ro.max_new_tokens, b,
+                               checkpointing=engine != "gbmpo")  # fmt: skip
+    static = sum(int(parts[k] or 0) for k in ("weights", "reference", "gradients", "optimizer"))
+    kv = int(parts["kv_cache"] or 0)
+    peak = static + reserve + act if vllm else static + max(act, kv)
+    return {
+        "engine": engine,
+        "devices": world,
+        "micro_batch_rows": micro,
+        "sequence_tokens": length,
+        "weights": parts["weights"],
+        "gradients": parts["gradients"],
+        "optimizer": parts["optimizer"],
+        "reference": parts["reference"],
+        "activations": act,
+        "kv_cache": parts["kv_cache"],
+        "vllm_reserve": reserve or None,
+        "peak": peak,
+        "device_bytes": device_bytes,
+        "fits": peak <= capacity,
+        "notes": notes,
+    }
+
+
+#: verl's ``actor.ppo_max_token_len_per_gpu`` default (verl 0.9.1 ``actor.yaml``): the tokens
+#: of one packed micro-batch with ``use_dynamic_bsz``
+VERL_MAX_TOKENS_PER_GPU = 16384
+
+
+def _verl_gpu_util() -> float:
+    """verl's ``actor_rollout_ref.rollout.gpu_memory_utilization`` default (``ppo_trainer.yaml``
+    of verl 0.9.1), which gbmpo does not override."""
+    return 0.5
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def plan_line(plan: dict[str, Any], device: str) -> str:
+    """One line: the peak per GPU, its parts and whether it fits ``device``."""
+    names = ("weights", "gradients", "optimizer", "reference", "activations", "kv_cache",
+             "vllm_reserve")  # fmt: skip
+    parts = ", ".join(f"{n.replace('_', ' ')} {_size(plan[n])}" for n in names if plan.get(n))
+    capacity = plan.get("device_bytes")
+    where = (f"{device} has {_size(capacity)}" if capacity else
+             f"{device} absent here: compared with one {_size(ONE_DEVICE_REFERENCE_BYTES)} GPU")
+    verdict = "fits" if plan["fits"] else "does NOT fit"
+    return (f"memory plan ({plan['engine']}, per GPU of {plan['devices']}): peak "
+            f"{_size(plan['peak'])} ({parts}; micro-batch {plan['micro_batch_rows']} x "
+            f"{plan['sequence_tokens']} tokens); {verdict}: {where}")  # fmt: skip
