@@ -355,7 +355,8 @@ def test_bf16_and_float32_inputs_are_finite(measure):
     "params,error,match",
     [
         ({"measure": "js", "delta": 0.1}, ValueError,
-         "unknown measure 'js'; valid: ratio, k1, k2, k3, prob_l2, neural_mirror"),
+         "unknown measure 'js'; valid: dppo_kl, dppo_tv, k1, k2, k3, neural_mirror, prob_l2, "
+         "ratio"),
         ({"measure": "k3"}, ValueError, "give delta"),
         ({"measure": "k3", "delta_low": 0.1}, ValueError, "give delta"),
         ({"measure": "k3", "delta": 0.0}, ValueError, "delta must be > 0"),
@@ -370,7 +371,7 @@ def test_bf16_and_float32_inputs_are_finite(measure):
          "truncates the importance weight instead of a dual clip"),
         ({"measure": "dppo_kl", "delta": 0.05, "is_cap": 1.0}, ValueError, "is_cap must be > 1"),
         ({"measure": "k3", "delta": 0.05, "is_cap": 20.0}, ValueError,
-         "is_cap .* only with the measures dppo_tv, dppo_kl, not 'k3'"),
+         "is_cap .* only with the measures dppo_kl, dppo_tv, not 'k3'"),
     ],
 )  # fmt: skip
 def test_bad_parameters(params, error, match):
@@ -532,3 +533,47 @@ def test_mirror_interval_table_next_to_the_lower_threshold():
     lb, _ = mirror_interval(p, mirror, 0.01, 0.02, method="bisect")
     assert torch.equal(lt == 0, lb == 0) and float(lt[-2:].abs().max()) == 0.0
     assert float((lt - lb).abs().max()) <= 2 * MIRROR_TABLE_TOL
+
+
+def test_measures_are_a_registry_that_a_plugin_can_extend():
+    """The measures are ``CLIP_MEASURE_REGISTRY`` entries, like every other named piece: the
+    built-in ones match the documented tuples, an unknown name lists the valid ones, and a
+    registered measure is usable by ``divergence_clip`` without touching the surrogate."""
+    from gbmpo.objectives.clip_measures import (
+        CLIP_MEASURE_REGISTRY,
+        CLIP_MEASURES,
+        DPPO_MEASURES,
+        PER_TOKEN_MEASURES,
+        ClipMeasure,
+        ratio_interval,
+    )
+    from gbmpo.registry import UnknownNameError
+
+    assert set(CLIP_MEASURE_REGISTRY.names()) == set(CLIP_MEASURES)
+    assert {n for n in CLIP_MEASURES if CLIP_MEASURE_REGISTRY.get(n).per_token} == set(
+        PER_TOKEN_MEASURES)  # fmt: skip
+    assert {n for n in CLIP_MEASURES if CLIP_MEASURE_REGISTRY.get(n).dppo} == set(DPPO_MEASURES)
+    with pytest.raises(UnknownNameError, match="unknown clip measure 'js'; valid names: dppo_kl"):
+        CLIP_MEASURE_REGISTRY.get("js")
+    with pytest.raises(ValueError, match="exactly one of bounds, interval"):
+        ClipMeasure("both")
+
+    def half_ratio(lo: float, hi: float) -> tuple[float, float]:  # the ratio clip at delta / 2
+        return ratio_interval(lo / 2, hi / 2)
+
+    measure = ClipMeasure("half_ratio_test", bounds=half_ratio)
+    CLIP_MEASURE_REGISTRY.register("half_ratio_test", measure)
+    try:
+        s = get_surrogate("divergence_clip", measure="half_ratio_test", delta=0.4)
+        ref = get_surrogate("divergence_clip", measure="ratio", delta=0.2)
+        assert s.bounds == ref.bounds == (0.8, 1.2)
+        g = torch.Generator().manual_seed(0)
+        logp = -torch.rand(3, 5, generator=g, dtype=torch.float64)
+        old = logp + 0.3 * torch.randn(3, 5, generator=g, dtype=torch.float64)
+        kw = {"old_logp": old, "advantages": torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64),
+              "mask": torch.ones(3, 5, dtype=torch.float64)}  # fmt: skip
+        a, _ = s(logp=logp, **kw)
+        b, _ = ref(logp=logp, **kw)
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    finally:
+        CLIP_MEASURE_REGISTRY._items.pop("half_ratio_test")

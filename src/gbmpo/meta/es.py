@@ -41,11 +41,13 @@ Gradient estimators (registry :data:`ESTIMATORS`, chosen by ``ESConfig.estimator
 By default (``elites_in_gradient=False``) only the fresh members enter the gradient. Elites are
 selected *by fitness*, so their eps are not Gaussian draws and every estimator that uses them is
 biased (the mean-subtracted one too, though not by the fitness level). Elites still enter the
-acceptance mean, as in the paper. ``elites_in_gradient=True`` with ``estimator="raw"``
-reproduces the authors' update (:meth:`ESConfig.authors_code`). An elite is stored as the
-displacement it was actually evaluated at, delta = sigma_k' eps, and enters the gradient as
-delta / sigma_k; the authors reuse eps with the new sigma_k although the fitness was measured
-at sigma_k' (a factor gamma per reuse).
+acceptance mean, as in the authors' code (the meta-ES trainer of Lexsi-Labs/aligntune averages
+the new members' and the elites' fitness; the paper's text was not available).
+``elites_in_gradient=True`` with ``estimator="raw"`` reproduces the authors' update
+(:meth:`ESConfig.authors_code`). An elite is stored as the displacement it was actually
+evaluated at, delta = sigma_k' eps, and enters the gradient as delta / sigma_k; the authors reuse
+eps with the new sigma_k although the fitness was measured at sigma_k' (a factor gamma per
+reuse).
 
 Randomness comes from a ``numpy.random.Generator`` (PCG64) whose state lives in :class:`ESState`,
 so a checkpointed run resumes on exactly the same trajectory. The global RNGs are never touched.

@@ -53,15 +53,21 @@ the divergence (as DPPO's code does) rather than through the interval.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from scipy.special import lambertw
 from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap
+from gbmpo.registry import Registry
 
 __all__ = [
     "CLIP_MEASURES",
+    "CLIP_MEASURE_REGISTRY",
+    "ClipMeasure",
     "DPPO_MEASURES",
     "PER_TOKEN_MEASURES",
     "atr_bounds",
@@ -278,3 +284,72 @@ def dppo_tv_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tupl
     dh = _radius("delta_high", delta_high)
     p = p_old.to(torch.float64)
     return (1.0 - dl / p).clamp_min(0.0), 1.0 + dh / p
+
+
+# ------------------------------------------------------------------------------ registry
+
+
+@dataclass(frozen=True)
+class ClipMeasure:
+    """What ``divergence_clip`` needs of a measure: its admissible interval and its kind.
+
+    Exactly one of ``bounds`` (token-independent measures) and ``interval`` (per-token ones)
+    is set."""
+
+    name: str
+    #: ``(delta_low, delta_high) -> (l, u)``: the interval, the same for every token
+    bounds: Callable[[float, float], tuple[float, float]] | None = None
+    #: ``(p_old, delta_low, delta_high, mirror) -> (l, u)``: float64 tensors of ``p_old``'s shape
+    interval: Callable[[Tensor, float, float, Any], tuple[Tensor, Tensor]] | None = None
+    #: DPPO's masked, truncated-importance-weight loss instead of the PPO clip
+    dppo: bool = False
+    #: takes a neural mirror map (``mirror``)
+    needs_mirror: bool = False
+
+    def __post_init__(self) -> None:
+        if (self.bounds is None) == (self.interval is None):
+            raise ValueError(f"clip measure {self.name!r}: give exactly one of bounds, interval")
+
+    @property
+    def per_token(self) -> bool:
+        """Whether the interval depends on the token's old probability."""
+        return self.interval is not None
+
+
+#: the measures ``divergence_clip`` accepts, by name (an unknown name lists the valid ones);
+#: a plugin adds one with ``CLIP_MEASURE_REGISTRY.register(name, ClipMeasure(...))``
+CLIP_MEASURE_REGISTRY: Registry[ClipMeasure] = Registry("clip measure")
+
+
+def _prob_l2_interval(p_old: Tensor, lo: float, hi: float, mirror: Any) -> tuple[Tensor, Tensor]:
+    return prob_l2_interval(p_old, lo, hi)
+
+
+def _dppo_tv_interval(p_old: Tensor, lo: float, hi: float, mirror: Any) -> tuple[Tensor, Tensor]:
+    return dppo_tv_interval(p_old, lo, hi)
+
+
+def _mirror_interval(p_old: Tensor, lo: float, hi: float, mirror: Any) -> tuple[Tensor, Tensor]:
+    from gbmpo.objectives.clip_bisection import mirror_interval
+
+    return mirror_interval(p_old, mirror, lo, hi)
+
+
+def _dppo_kl_interval(p_old: Tensor, lo: float, hi: float, mirror: Any) -> tuple[Tensor, Tensor]:
+    from gbmpo.objectives.clip_bisection import dppo_kl_interval
+
+    return dppo_kl_interval(p_old, lo, hi)
+
+
+for _m in (
+    ClipMeasure("ratio", bounds=ratio_interval),
+    ClipMeasure("k1", bounds=k1_interval),
+    ClipMeasure("k2", bounds=k2_interval),
+    ClipMeasure("k3", bounds=k3_interval),
+    ClipMeasure("prob_l2", interval=_prob_l2_interval),
+    ClipMeasure("neural_mirror", interval=_mirror_interval, needs_mirror=True),
+    ClipMeasure("dppo_tv", interval=_dppo_tv_interval, dppo=True),
+    ClipMeasure("dppo_kl", interval=_dppo_kl_interval, dppo=True),
+):
+    CLIP_MEASURE_REGISTRY.register(_m.name, _m)
+del _m

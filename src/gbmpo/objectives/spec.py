@@ -42,6 +42,7 @@ This module is pure: it imports the registries only inside :meth:`ObjectiveSpec.
 from __future__ import annotations
 
 import math
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +59,8 @@ __all__ = [
     "RolloutCorrectionSpec",
     "SpecError",
     "SurrogateSpec",
+    "parse_coefficient",
+    "parse_number",
 ]
 
 #: ``regularizer.anchor`` values.
@@ -412,8 +415,7 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
         raise UnknownNameError(f"{at}.name: {err}") from None
     except (TypeError, ValueError) as err:  # a missing mirror file stays FileNotFoundError
         raise SpecError(f"{at} ({r.name!r}): {err}") from None
-    if not math.isfinite(r.coef):
-        raise SpecError(f"'{at}.coef' must be finite, got {r.coef}")
+    coef = parse_coefficient(r.coef, f"{at}.coef")  # a spec built by hand is parsed here
     if r.anchor not in ANCHORS:
         raise SpecError(f"'{at}.anchor' must be 'ref' or 'old', got {r.anchor!r}")
     if r.placement not in PLACEMENTS:
@@ -426,7 +428,7 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
         check_estimator(r.name, r.estimator, r.anchor, r.params, regularizer)
     except ValueError as err:
         raise SpecError(f"'{at}.estimator' ({r.name!r}): {err}") from None
-    term = BuiltTerm(r.name, regularizer, float(r.coef), r.anchor, r.placement, r.estimator)
+    term = BuiltTerm(r.name, regularizer, coef, r.anchor, r.placement, r.estimator)
     if r.placement in ("reward", "advantage") and term.active and not term.needs_ref:
         raise SpecError(
             f"'{at}.placement'={r.placement} with {r.name!r} (anchor {r.anchor!r}"
@@ -517,10 +519,7 @@ def _term(value: Any, where: str) -> RegularizerSpec:
     if "name" in r:
         term.name = _text(r["name"], f"{where}.name")
     if "coef" in r:
-        c = r["coef"]
-        if isinstance(c, bool) or not isinstance(c, (int, float)):
-            raise SpecError(f"'{where}.coef' must be float, got {c!r}")
-        term.coef = float(c)
+        term.coef = parse_coefficient(r["coef"], f"{where}.coef")
     if "anchor" in r:
         term.anchor = _text(r["anchor"], f"{where}.anchor")
     if "placement" in r:
@@ -548,10 +547,55 @@ def _correction(value: Any, where: str) -> RolloutCorrectionSpec:
     for key in ("low", "high", "off_policy_mask_threshold"):
         if key in d:
             v = d[key]
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise SpecError(f"'{where}.{key}' must be float or null, got {v!r}")
-            setattr(rc, key, None if v is None else float(v))
+            setattr(rc, key, None if v is None else parse_number(v, f"{where}.{key}"))
     return rc
+
+
+#: A number in YAML 1.2's core syntax (``5e-2``, ``1E5``, ``0.05``, ``-3``, ``.5``).
+_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
+#: The numbers among them that YAML 1.1 (PyYAML) reads as text: an exponent without a dot
+#: (``5e-2``, ``1e5``) or without a sign (``1.0e5``).
+_EXPONENT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+")
+
+
+def parse_number(value: Any, where: str) -> float:
+    """The one rule for a float value of the objective: an int or a float (not a bool), or a
+    string written as a number (YAML 1.2 syntax: PyYAML, a YAML 1.1 reader, returns ``5e-2`` or
+    ``1e5`` unquoted in a file as the string ``"5e-2"``, and a quoted ``"0.05"`` is a string
+    too), as a float; anything else is a :class:`SpecError` naming ``where``."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        return float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecError(f"'{where}' must be float, got {type(value).__name__} {value!r}")
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range
+        raise SpecError(f"'{where}' must be float, got an int out of float range") from None
+
+
+def parse_coefficient(value: Any, where: str) -> float:
+    """A regularizer coefficient: :func:`parse_number`, finite and ``>= 0``.
+
+    Negative coefficients are refused on every path (the ``objective:`` section, the TRL
+    drop-in's ``regularizer_coef`` / ``beta``): every registered regularizer is a divergence
+    from the anchor (``>= 0`` per token, or in expectation for ``kl_k1``), so ``coef < 0`` would
+    reward moving away from the anchor, not penalise it; 0 switches the term off."""
+    coef = parse_number(value, where)
+    if not math.isfinite(coef) or coef < 0:
+        raise SpecError(
+            f"'{where}' must be finite and >= 0, got {coef:g}: the regularizer is a divergence "
+            "from the anchor, so a negative coefficient would reward drifting away from it; "
+            "use 0 to switch the term off"
+        )
+    return coef
+
+
+def _param_value(value: Any) -> Any:
+    """A free parameter as given, except a number that YAML 1.1 left as text (``5e-2``), which
+    becomes the float YAML 1.2 reads (names and paths stay strings)."""
+    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        return float(value)
+    return value
 
 
 def _lift_anchor(term: RegularizerSpec, where: str) -> None:
@@ -626,4 +670,4 @@ def _params(value: Any, where: str) -> dict[str, Any]:
     for k in d:
         if not isinstance(k, str):
             raise SpecError(f"{where!r} keys must be strings, got {k!r}")
-    return dict(d)
+    return {k: _param_value(v) for k, v in d.items()}

@@ -5,7 +5,6 @@ an objective spec when it is built (see :mod:`gbmpo.integrations.trl` for the ``
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +23,7 @@ from gbmpo.integrations.trl.objective import (
     spec_from_trl_fields,
 )
 from gbmpo.objectives.regularizers import REGULARIZERS
-from gbmpo.objectives.spec import ObjectiveSpec
+from gbmpo.objectives.spec import ObjectiveSpec, SpecError, parse_coefficient
 from gbmpo.objectives.surrogates import SURROGATES
 
 __all__ = ["GBMPOConfig"]
@@ -393,9 +392,13 @@ class GBMPOConfig(GRPOConfig):
                 f"got {', '.join(changed)} (put them into the objective spec instead)"
             )
         coefs = spec.coef_label
-        if self.beta not in (0.0, *(coefs if isinstance(coefs, list) else [coefs])):
+        try:
+            beta = parse_coefficient(self.beta, "beta")
+        except SpecError as err:
+            raise ValueError(f"GBMPOConfig: {err}") from None
+        if beta not in (0.0, *(coefs if isinstance(coefs, list) else [coefs])):
             raise ValueError(
-                f"GBMPOConfig: beta={self.beta:g} disagrees with the objective's "
+                f"GBMPOConfig: beta={beta:g} disagrees with the objective's "
                 f"regularizer.coef={coefs}; leave beta at 0"
             )
         check_reward_placement(spec, self)
@@ -438,16 +441,20 @@ class GBMPOConfig(GRPOConfig):
             self._set_beta(beta, built.anchored_on_ref)
             self._check_sync_ref_model(built.spec.regularizer_label, built.anchor, built.coef)
             return
-        beta = float(self.beta)
-        coef = beta if self.regularizer_coef is None else float(self.regularizer_coef)
+        # the objective's one rule for a coefficient (gbmpo.objectives.spec.parse_coefficient):
+        # a number or a numeric string ("5e-2"), finite and >= 0
+        try:
+            beta = parse_coefficient(self.beta, "beta")
+            coef = beta if self.regularizer_coef is None else parse_coefficient(
+                self.regularizer_coef, "regularizer_coef")
+        except SpecError as err:
+            raise ValueError(f"GBMPOConfig: {err}") from None
         if self.regularizer_coef is not None and beta != 0.0 and beta != coef:
             raise ValueError(
                 f"GBMPOConfig: beta={beta:g} and regularizer_coef={coef:g} disagree. "
                 "regularizer_coef replaces TRL's beta: set only regularizer_coef (or set both to "
                 "the same value)"
             )
-        if not math.isfinite(coef) or coef < 0:
-            raise ValueError(f"GBMPOConfig: regularizer_coef must be finite and >= 0, got {coef}")
         if self.regularizer == "none" and coef != 0:
             raise ValueError(
                 f"GBMPOConfig: regularizer='none' but the coefficient is {coef:g} (from "

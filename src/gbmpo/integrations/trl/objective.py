@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gbmpo.integrations.common import clip_params
 from gbmpo.objectives.regularizers import Regularizer
-from gbmpo.objectives.spec import ObjectiveSpec, RegularizerSpec, SurrogateSpec
+from gbmpo.objectives.spec import ObjectiveSpec
 from gbmpo.objectives.surrogates import Surrogate
 
 if TYPE_CHECKING:
@@ -205,15 +205,24 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
         reg_params["clamp"] = args.regularizer_clamp
     if args.regularizer == "neural_mirror":
         reg_params["mirror"] = args.mirror_path
-    coef = float(args.regularizer_coef if args.regularizer_coef is not None else args.beta)
+    coef = args.regularizer_coef if args.regularizer_coef is not None else args.beta
     scale = {True: "group", False: "none"}.get(args.scale_rewards, args.scale_rewards)
     advantage = {"group": "grpo", "batch": "batch", "none": "dr_grpo"}.get(scale, "grpo")
-    return ObjectiveSpec(
-        advantage=advantage,
-        surrogate=SurrogateSpec(name, params),
-        regularizer=RegularizerSpec(args.regularizer, coef, args.regularizer_anchor, reg_params),
-        aggregation=LOSS_TYPE_AGGREGATION.get(args.loss_type, "bnpo"),
-        monitor_regularizers=bool(args.log_all_regularizers),
+    # through the objective section's own parser, so both spellings follow one rule for types
+    # and signs (a numeric string "5e-2" is 0.05; a negative coefficient is refused)
+    return ObjectiveSpec.from_dict(
+        {
+            "advantage": advantage,
+            "surrogate": {"name": name, "params": params},
+            "regularizer": {
+                "name": args.regularizer,
+                "coef": coef,
+                "anchor": args.regularizer_anchor,
+                "params": reg_params,
+            },
+            "aggregation": LOSS_TYPE_AGGREGATION.get(args.loss_type, "bnpo"),
+            "monitor_regularizers": bool(args.log_all_regularizers),
+        }
     )
 
 

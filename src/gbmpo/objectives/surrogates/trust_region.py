@@ -10,21 +10,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.clip_bisection import dppo_kl_interval, mirror_interval
 from gbmpo.objectives.clip_measures import (
-    CLIP_MEASURES,
-    DPPO_MEASURES,
-    PER_TOKEN_MEASURES,
+    CLIP_MEASURE_REGISTRY,
+    ClipMeasure,
     atr_bounds,
-    dppo_tv_interval,
     dppo_valid_mask,
-    k1_interval,
-    k2_interval,
-    k3_interval,
-    prob_l2_interval,
-    ratio_interval,
 )
-from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
+from gbmpo.objectives.mirror import as_mirror_map
 from gbmpo.objectives.surrogates.base import (
     SURROGATES,
     _check_dual,
@@ -37,6 +29,11 @@ from gbmpo.objectives.surrogates.base import (
 from gbmpo.objectives.tensors import attach, masked
 
 __all__ = ["ATRSurrogate", "DivergenceClipSurrogate", "dppo_loss"]
+
+
+def _dppo_names() -> list[str]:
+    """The registered measures that bring DPPO's loss."""
+    return [n for n in CLIP_MEASURE_REGISTRY.names() if CLIP_MEASURE_REGISTRY.get(n).dppo]
 
 
 def dppo_loss(
@@ -150,10 +147,13 @@ class DivergenceClipSurrogate:
 
     def __post_init__(self) -> None:
         cls = self.name
-        if self.measure not in CLIP_MEASURES:
+        if not isinstance(self.measure, str) or self.measure not in CLIP_MEASURE_REGISTRY:
             raise ValueError(
-                f"{cls}: unknown measure {self.measure!r}; valid: {', '.join(CLIP_MEASURES)}"
+                f"{cls}: unknown measure {self.measure!r}; valid: "
+                f"{', '.join(CLIP_MEASURE_REGISTRY.names())}"
             )
+        spec = CLIP_MEASURE_REGISTRY.get(self.measure)
+        object.__setattr__(self, "_spec", spec)
         for key in ("delta", "delta_low", "delta_high"):
             value = getattr(self, key)
             if value is not None and _finite_number(cls, key, value) <= 0:
@@ -165,7 +165,7 @@ class DivergenceClipSurrogate:
                 f"delta_high={self.delta_high!r}"
             )
         _check_dual(cls, "dual_clip_c", self.dual_clip_c)
-        if self.measure in DPPO_MEASURES:
+        if spec.dppo:
             if self.dual_clip_c is not None:
                 raise ValueError(
                     f"{cls}: measure {self.measure!r} (DPPO) truncates the importance weight "
@@ -176,15 +176,15 @@ class DivergenceClipSurrogate:
         elif self.is_cap is not None:
             raise ValueError(
                 f"{cls}: is_cap (DPPO's truncated importance weight) is used only with the "
-                f"measures {', '.join(DPPO_MEASURES)}, not {self.measure!r}"
+                f"measures {', '.join(_dppo_names())}, not {self.measure!r}"
             )
-        if self.measure == "neural_mirror":
+        if spec.needs_mirror:
             object.__setattr__(self, "_mirror_map", as_mirror_map(self.mirror))
         elif self.mirror is not None:
             raise ValueError(
                 f"{cls}: mirror is used only with measure='neural_mirror', not {self.measure!r}"
             )
-        if self.measure not in PER_TOKEN_MEASURES:
+        if not spec.per_token:
             self.bounds  # noqa: B018 - computes (and so checks) the interval once
 
     @property
@@ -198,15 +198,14 @@ class DivergenceClipSurrogate:
     def per_token(self) -> bool:
         """True when the bounds depend on the token's old probability (``prob_l2``,
         ``neural_mirror``)."""
-        return self.measure in PER_TOKEN_MEASURES
+        return bool(self._spec.per_token)  # type: ignore[attr-defined]
 
     @property
     def bounds(self) -> tuple[float, float]:
         """``(l, u)`` of a measure whose interval is the same for every token."""
         lo, hi = self.radii
         assert lo is not None and hi is not None
-        fn = {"ratio": ratio_interval, "k1": k1_interval, "k2": k2_interval,
-              "k3": k3_interval}.get(self.measure)  # fmt: skip
+        fn = self._spec.bounds  # type: ignore[attr-defined]
         if fn is None:
             raise ValueError(
                 f"{self.name}: measure {self.measure!r} has per-token bounds; use "
@@ -220,15 +219,9 @@ class DivergenceClipSurrogate:
         lo, hi = self.radii
         assert lo is not None and hi is not None
         p_old = torch.exp(old_logp.detach().to(torch.float64))
-        if self.measure == "prob_l2":
-            return prob_l2_interval(p_old, lo, hi)
-        if self.measure == "neural_mirror":
-            mirror: NeuralMirrorMap = self._mirror_map  # type: ignore[attr-defined]
-            return mirror_interval(p_old, mirror, lo, hi)
-        if self.measure == "dppo_tv":
-            return dppo_tv_interval(p_old, lo, hi)
-        if self.measure == "dppo_kl":
-            return dppo_kl_interval(p_old, lo, hi)
+        spec: ClipMeasure = self._spec  # type: ignore[attr-defined]
+        if spec.interval is not None:
+            return spec.interval(p_old, lo, hi, getattr(self, "_mirror_map", None))
         low, high = self.bounds
         return torch.full_like(p_old, low), torch.full_like(p_old, high)
 
@@ -239,7 +232,7 @@ class DivergenceClipSurrogate:
         if not self.per_token:
             low, high = self.bounds
             return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
-        if self.measure in DPPO_MEASURES:
+        if self._spec.dppo:  # type: ignore[attr-defined]
             old = masked(old_logp.detach().to(lp.dtype), m)
             return self._dppo(x, lp, old, log_ratio, adv, m, inside)
         old = masked(old_logp.detach().to(torch.float64), m.to(torch.float64))

@@ -15,7 +15,7 @@ from typing import Any, Union
 
 import yaml
 
-from gbmpo.objectives.spec import did_you_mean
+from gbmpo.objectives.spec import ObjectiveSpec, SpecError, did_you_mean
 from gbmpo.train.config.schema import RENAMED_KEYS, ConfigError, TrainConfig
 
 __all__ = ["config_from_dict", "config_to_dict", "dump_yaml", "rename_old_keys", "renamed_key"]
@@ -83,6 +83,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
             return value
         if not isinstance(value, Mapping):
             raise ConfigError(f"{path!r} must be a mapping (section), got {_describe(value)}")
+        if tp is ObjectiveSpec:  # one parser for the objective, whichever path reads it
+            try:
+                return ObjectiveSpec.from_dict(value, path)
+            except ConfigError:
+                raise
+            except SpecError as err:
+                raise ConfigError(str(err)) from None
         return _build(tp, value, path)
     if origin is dict:
         if not isinstance(value, Mapping):
