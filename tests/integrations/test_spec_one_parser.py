@@ -28,8 +28,10 @@ from gbmpo.objectives.spec import (  # noqa: E402
 )
 from gbmpo.train.config import ConfigError, load_config  # noqa: E402
 
+# use_bias_correction_kl defaults to True as in GRPOConfig (kl_k3 -> kl_k3_is); off, the alias
+# names the regularizer the section names
 BASE: dict[str, Any] = {"output_dir": "unused", "use_cpu": True, "bf16": False,
-                        "report_to": "none"}  # fmt: skip
+                        "report_to": "none", "use_bias_correction_kl": False}  # fmt: skip
 
 #: regularizers both paths can spell (neural_mirror needs a file), those that take ``clamp``
 NAMES = ("kl_k1", "kl_k2", "kl_k3", "kl_k3_is", "prob_l2", "log_l2", "rpg_fkl", "rpg_rkl",
