@@ -188,6 +188,8 @@ def test_a_table_that_misses_the_bound_is_refused():
 
 def test_the_exact_map_stays_the_default_and_tables_are_cached():
     assert type(as_mirror_map(None)) is NeuralMirrorMap
+    # one default map per process: its tables (here and the clip measure's) are built once
+    assert as_mirror_map(None) is as_mirror_map(None)
     m = NeuralMirrorMap.random()
     assert m.tabulated() is m.tabulated()
 

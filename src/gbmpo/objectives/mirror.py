@@ -510,12 +510,20 @@ def _check_vector(vec: Tensor) -> None:
         )
 
 
+_DEFAULT_MAP: NeuralMirrorMap | None = None
+
+
 def as_mirror_map(mirror: NeuralMirrorMap | str | os.PathLike[str] | None) -> NeuralMirrorMap:
     """Resolve a ``mirror`` option: a map is returned as is, a path is loaded with
     :meth:`NeuralMirrorMap.load`, and None gives ``NeuralMirrorMap.random(scale=0.01, seed=42)``
-    (the NM-GRPO default init)."""
+    (the NM-GRPO default init), one object per process: a map is immutable, and the tables
+    built from it (:meth:`NeuralMirrorMap.tabulated`, the clip measure's interval tables) are
+    cached per map object, so a fresh default map per call would rebuild them every call."""
+    global _DEFAULT_MAP
     if mirror is None:
-        return NeuralMirrorMap.random(scale=0.01, seed=42)
+        if _DEFAULT_MAP is None:
+            _DEFAULT_MAP = NeuralMirrorMap.random(scale=0.01, seed=42)
+        return _DEFAULT_MAP
     if isinstance(mirror, NeuralMirrorMap):
         return mirror
     if isinstance(mirror, (str, os.PathLike)):
