@@ -165,6 +165,17 @@ def test_beyond_the_grid_is_exact_and_nan_propagates():
     q = torch.tensor([0.3, 0.4], dtype=F64)
     torch.testing.assert_close(tab.bregman(torch.tensor([3.0, 0.5], dtype=F64), q),
                                exact.bregman(torch.tensor([3.0, 0.5], dtype=F64), q))  # fmt: skip
+    # mixed: only the elements beyond the grid take the exact map, gradients flow to both
+    pm = torch.tensor([5.0, 0.5, 0.2], dtype=F64, requires_grad=True)
+    qm = torch.tensor([0.3, 0.4, 4.0], dtype=F64)
+    pe = pm.detach().clone().requires_grad_(True)
+    vt, ve = tab.bregman(pm, qm), exact.bregman(pe, qm)
+    torch.testing.assert_close(vt, ve, rtol=1e-6, atol=0)
+    vt.sum().backward()
+    ve.sum().backward()
+    torch.testing.assert_close(pm.grad, pe.grad, rtol=1e-6, atol=0)
+    lt = tab.bregman_log(pm.detach().log(), qm.log())
+    torch.testing.assert_close(lt, ve.detach(), rtol=1e-6, atol=0)
     v = tab.bregman(torch.tensor([float("nan"), 0.5], dtype=F64), q)
     assert math.isnan(float(v[0])) and math.isfinite(float(v[1]))
 

@@ -356,8 +356,14 @@ class TabulatedMirrorMap(NeuralMirrorMap):
             q.to(torch.float64).clamp_min(PROB_FLOOR),
         )
         p64, q64 = torch.broadcast_tensors(p64, q64)
+        top = math.exp(_TABLE_T1)
         if self._beyond(p64.detach().log(), q64.detach().log()):
-            return self._exact.bregman(p, q)
+            # the elements beyond the grid (no probabilities) from the exact map, the rest
+            # from the table
+            over = (p64 > top) | (q64 > top)
+            inside = self.bregman(p64.clamp_max(top), q64.clamp_max(top)).to(dtype)
+            exact = self._exact.bregman(p64[over], q64[over]).to(dtype)
+            return inside.masked_scatter(over, exact)
         tq, delta = _log_pair(p64, q64)
         return self._apply(tq, delta, dtype)
 
@@ -368,7 +374,10 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         dtype = _compute_dtype(logp, ref_logp)
         logp, ref_logp = torch.broadcast_tensors(logp, ref_logp)
         if self._beyond(logp.detach(), ref_logp.detach()):
-            return self._exact.bregman(torch.exp(logp), torch.exp(ref_logp))
+            over = (logp > _TABLE_T1) | (ref_logp > _TABLE_T1)
+            inside = self.bregman_log(logp.clamp_max(_TABLE_T1), ref_logp.clamp_max(_TABLE_T1))
+            exact = self._exact.bregman(torch.exp(logp[over]), torch.exp(ref_logp[over]))
+            return inside.masked_scatter(over, exact.to(inside.dtype))
         if torch.is_grad_enabled() and (logp.requires_grad or ref_logp.requires_grad):
             out: Tensor = _TableBregmanLog.apply(self, logp, ref_logp, dtype)
             return out
