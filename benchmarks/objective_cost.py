@@ -12,7 +12,10 @@ which is recorded too). A pair whose first call takes over 5 s (the neural-mirro
 before its interval tables: a 2 x 60-step bisection over the map per token) is timed by that
 one call; otherwise the first call is an untimed warm-up (it builds the neural-mirror interval
 tables, cached per map and radius). ``neural_mirror_table`` and ``dc:neural_mirror_table`` use
-the default map's explicit tabulated evaluation (``NeuralMirrorMap.tabulated()``).
+the default map's tabulated evaluation (``NeuralMirrorMap.tabulated()``, the regularizer's
+``evaluation: table``), in ``--before`` too where that revision has it. ``--ref-noise`` sets
+how far the reference log-probs lie from the policy's (the tabulated map's cost depends on the
+share of tokens next to p = q).
 ``dc:neural_mirror*`` is timed with no regularizer only unless named in ``--regularizers``.
 
 ``--before REV`` also times the objectives package of git revision ``REV`` in the same run (its
@@ -70,9 +73,10 @@ SURROGATE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
 REGULARIZER_CASES = ["none", "kl_k1", "kl_k3", "kl_k3_is", "prob_l2", "log_l2", "neural_mirror",
                      "neural_mirror_table", "rpg_rkl", "rpg_urkl"]  # fmt: skip
 #: cases that need a name from this revision only
-NEW_SURROGATES = {"dc:dppo_tv", "dc:dppo_kl", "cispo", "sapo", "gmpo", "vespo",
-                  "dc:neural_mirror_table"}  # fmt: skip
-NEW_REGULARIZERS = {"neural_mirror_table"}
+NEW_SURROGATES = {"dc:dppo_tv", "dc:dppo_kl", "cispo", "sapo", "gmpo", "vespo"}
+NEW_REGULARIZERS: set[str] = set()
+#: cases that need ``NeuralMirrorMap.tabulated`` (a revision without it shows "-")
+TABLE_CASES = {"dc:neural_mirror_table", "neural_mirror_table"}
 
 
 def _tabulated_map(objectives: ModuleType) -> Any:
@@ -91,7 +95,9 @@ def trl_style_loss(logp, old, ref, adv, mask, eps_low=0.2, eps_high=0.28, beta=B
     return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
-def make_batch(seed: int = 0, b: int = B, t: int = T) -> dict[str, torch.Tensor]:
+def make_batch(
+    seed: int = 0, b: int = B, t: int = T, ref_noise: float = 0.2
+) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(t // 4, t + 1, (b,), generator=g)
     lens[0] = t
@@ -99,7 +105,7 @@ def make_batch(seed: int = 0, b: int = B, t: int = T) -> dict[str, torch.Tensor]
     # log-probs of sampled tokens: mostly likely tokens, a tail of rare ones
     logp = -torch.distributions.Exponential(2.0).sample((b, t))
     old = logp + 0.1 * torch.randn(b, t, generator=g)
-    ref = logp + 0.2 * torch.randn(b, t, generator=g)
+    ref = logp + ref_noise * torch.randn(b, t, generator=g)
     adv = torch.randn(b, 1, generator=g)
     return {"logp": logp, "old": old, "ref": ref, "adv": adv, "mask": mask}
 
@@ -208,6 +214,9 @@ def main() -> None:
                     help="comma-separated subset of: " + ", ".join(REGULARIZER_CASES))
     ap.add_argument("--out", default=None, help="result JSON (default benchmarks/results/...)")
     ap.add_argument("--shape", default=f"{B},{T}", help="sequences,tokens (default %(default)s)")
+    ap.add_argument("--ref-noise", type=float, default=0.2,
+                    help="log ref = log p + this * N(0, 1) (default %(default)s; small values "
+                         "put every token next to p = q)")
     ap.add_argument("--device", default="cpu",
                     help="cpu (CPU-time ratios, one thread) or cuda (wall-time ratios, "
                          "synchronized)")
@@ -234,10 +243,11 @@ def main() -> None:
     versions: dict[str, ModuleType] = {"after": after}
     if a.before:
         versions = {"before": load_objectives(a.before), "after": after}
-    x = {k: v.to(a.device) for k, v in make_batch(b=b, t=t).items()}
+    x = {k: v.to(a.device) for k, v in make_batch(b=b, t=t, ref_noise=a.ref_noise).items()}
     base = baseline_step(x)
     result = start_result("objective_cost")
     result.update({"shape": [b, t], "tokens": int(x["mask"].sum()), "threads": 1,
+                   "ref_noise": a.ref_noise,
                    "device": a.device,
                    "before": a.before, "rows": []})  # fmt: skip
     base()
@@ -257,7 +267,9 @@ def main() -> None:
             row: dict[str, Any] = {"surrogate": sn, "regularizer": rn}
             cells = []
             for c, mod in versions.items():
-                if c == "before" and (sn in NEW_SURROGATES or rn in NEW_REGULARIZERS):
+                no_table = not hasattr(mod.NeuralMirrorMap, "tabulated")
+                if c == "before" and (sn in NEW_SURROGATES or rn in NEW_REGULARIZERS or (
+                        no_table and (sn in TABLE_CASES or rn in TABLE_CASES))):  # fmt: skip
                     cells.append(f"{'-':>10s} {'-':>8s}")
                     continue
                 fn = make_step(mod, SURROGATE_CASES[sn], rn, x)

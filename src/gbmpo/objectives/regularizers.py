@@ -249,7 +249,7 @@ def mirror_bregman(logp: Tensor, ref_logp: Tensor, mirror: NeuralMirrorMap) -> T
     GBMPO NM-GRPO (arXiv 2602.04380; docs/methods.md, section "Neural mirror map").
     d/dlogp = (h'(p) - h'(q)) p.
     """
-    return mirror.bregman(torch.exp(logp), torch.exp(ref_logp))
+    return mirror.bregman_log(logp, ref_logp)
 
 
 def rpg_fkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
@@ -565,8 +565,13 @@ def _make_log_l2() -> Regularizer:
 @REGULARIZERS.register("neural_mirror")
 def _make_neural_mirror(
     mirror: NeuralMirrorMap | str | os.PathLike[str] | None = None,
+    evaluation: str = "exact",
 ) -> Regularizer:
     m = as_mirror_map(mirror)
+    if evaluation == "table":  # D_h from a float64 table, relative error <= 1e-6 (measured)
+        m = m.tabulated()
+    elif evaluation != "exact":
+        raise ValueError(f"neural_mirror evaluation must be 'exact' or 'table', got {evaluation!r}")
     return Regularizer(
         "neural_mirror", lambda l, r, o: mirror_bregman(l, r, m), params={"mirror": m},
         full=m, full_description="sum_v D_h(p_v, q_v) with the map's h",
@@ -600,7 +605,8 @@ def get_regularizer(name: str, **params: Any) -> Regularizer:
     """Build the regularizer registered as ``name`` with ``params`` (see :data:`REGULARIZERS`).
 
     Parameters: ``kl_k3``/``kl_k3_is``: ``clamp``; ``neural_mirror``: ``mirror`` (a
-    NeuralMirrorMap, a path to a saved map, or None for ``NeuralMirrorMap.random(0.01, 42)``);
+    NeuralMirrorMap, a path to a saved map, or None for ``NeuralMirrorMap.random(0.01, 42)``)
+    and ``evaluation`` (``exact`` or ``table``: :meth:`NeuralMirrorMap.tabulated`);
     ``rpg_*``: ``clamp`` (the anchor is the caller's ``ref_logp``). An unknown name raises
     UnknownNameError listing the valid names; an unknown parameter raises TypeError naming it. A
     plugin factory must return a :class:`Regularizer` (TypeError otherwise, naming the plugin).
