@@ -98,13 +98,14 @@ def logprobs_and_exact(
 
 @torch.no_grad()
 def token_exact(
-    tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor
+    tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor, *, where: str = "advantage"
 ) -> dict[str, Tensor]:
     r"""Per ``full`` term, the per-token exact divergence :math:`D^{\text{full}}_{i,t}(\pi_{old}
     \,\|\,\pi_{ref})` ``[N, C]`` of the rollout ``batch`` (detached, 0 where masked),
-    micro-batch by micro-batch (the ``placement: advantage`` penalty)."""
+    micro-batch by micro-batch (the ``placement: advantage`` penalty; ``where`` names the
+    placement in the error for a missing batch)."""
     if batch is None:
-        raise ValueError("an in-advantage term with estimator 'full' needs the rollout batch")
+        raise ValueError(f"an in-{where} term with estimator 'full' needs the rollout batch")
     parts: dict[str, list[Tensor]] = {t.name: [] for t in terms}
     for rows in _chunks(len(batch), tr.micro_batch):
         sub = batch.select(rows)
@@ -122,16 +123,7 @@ def sequence_exact(
     tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor
 ) -> dict[str, Tensor]:
     r"""Per ``full`` term, :math:`S_i = \sum_t m_{i,t} D^{\text{full}}_{i,t}(\pi_{old}\,\|\,
-    \pi_{ref})` ``[N]`` of the rollout ``batch`` (detached), micro-batch by micro-batch."""
-    if batch is None:
-        raise ValueError("an in-reward term with estimator 'full' needs the rollout batch")
-    parts: dict[str, list[Tensor]] = {t.name: [] for t in terms}
-    for rows in _chunks(len(batch), tr.micro_batch):
-        sub = batch.select(rows)
-        old = no_grad_logits(tr, sub, reference=False)
-        ref = no_grad_logits(tr, sub, reference=True)
-        m = mask[rows]
-        for t in terms:
-            d = exact_divergence(old, ref, full_potential(t.name, t.regularizer), m)
-            parts[t.name].append(d.sum(dim=-1))
-    return {name: torch.cat(p) for name, p in parts.items()}
+    \pi_{ref})` ``[N]`` of the rollout ``batch`` (detached): :func:`token_exact` summed over
+    the tokens (the ``placement: reward`` penalty)."""
+    per_token = token_exact(tr, batch, terms, mask, where="reward")
+    return {name: d.sum(dim=-1) for name, d in per_token.items()}
