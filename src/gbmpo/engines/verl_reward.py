@@ -20,14 +20,24 @@ the training rows ``acc`` is ``reward >= 1``.
 from __future__ import annotations
 
 import json
+import threading
 from functools import lru_cache
 from typing import Any
 
 __all__ = ["compute_score"]
 
 
-@lru_cache(maxsize=4)
+#: verl's reward workers call ``compute_score`` from a thread pool: the task is built once
+_TASK_LOCK = threading.Lock()
+
+
 def _task(config_path: str) -> Any:
+    with _TASK_LOCK:
+        return _build_task(config_path)
+
+
+@lru_cache(maxsize=4)
+def _build_task(config_path: str) -> Any:
     from gbmpo.registry import add_plugin_modules
     from gbmpo.train.config import load_config
     from gbmpo.train.setup import build_task

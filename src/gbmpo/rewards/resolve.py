@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import re
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,21 +66,28 @@ def exact_match_reward(
     ]
 
 
+#: one reward file is executed once per process: threads that score at the same time (verl's
+#: reward workers run ``compute_score`` in a thread pool) would otherwise see the module in
+#: ``sys.modules`` before its body has run, without its functions
+_FILE_LOCK = threading.RLock()
+
+
 def _load_file_module(path: Path) -> Any:
     name = f"gbmpo_user_reward_{abs(hash(str(path.resolve())))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+    with _FILE_LOCK:
+        if name in sys.modules:
+            return sys.modules[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
 
 
 def _from_import_path(spec: str) -> Callable[..., Any]:
