@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = 0.25
 
 _MEASURE = r"""
-import gc, json, resource, sys, torch
+import gc, json, sys, torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 from gbmpo.rollout.logprobs import completion_logprobs
 from gbmpo.train.memory import activation_bytes
@@ -41,11 +41,19 @@ lp, _ = completion_logprobs(model, pid[:1, :8], pm[:1, :8], cid[:1, :8], cm[:1, 
 lp.sum().backward()  # warm-up: the gradients exist before the measurement
 gc.collect()
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
+def hwm():  # the resident peak since the last reset (VmHWM, kB)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
 base = rss()
+# reset the resident peak to the current size, so that the peak is this forward and backward's
+# and not the imports' (ru_maxrss cannot be reset; importing transformers can peak higher)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
 lp, _ = completion_logprobs(model, pid, pm, cid, cm, lean=bool(lean))
 kept = rss() - base
 lp.sum().backward()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+peak = hwm() - base
 estimate = activation_bytes(cfg, rows, P + C, C, 4)
 print(json.dumps({"kept": kept, "peak": peak, "estimate": estimate}))
 """
