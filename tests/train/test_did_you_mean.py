@@ -20,8 +20,8 @@ from gbmpo.train.config import ConfigError, config_from_dict, leaf_keys, load_co
          "lora, eval, run; did you mean 'regularizer'?"),
         (["--objective.regulariser.name", "kl_k3"],
          "unknown key 'objective.regulariser'; valid keys under 'objective': advantage, "
-         "surrogate, regularizer, aggregation, monitor_regularizers; did you mean "
-         "'objective.regularizer'?"),
+         "surrogate, regularizer, aggregation, monitor_regularizers, rollout_correction; "
+         "did you mean 'objective.regularizer'?"),
         (["--objective.regularizer.nme", "kl"], "did you mean 'objective.regularizer.name'?"),
         (["--num_generation", "3"], "did you mean 'num-generations'?"),
         (["--grad-clip", "1"], "did you mean 'optim.grad_clip'?"),

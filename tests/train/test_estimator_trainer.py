@@ -167,7 +167,7 @@ def test_gbmpo_train_with_full_estimators_runs_end_to_end(micro_model_dir: Path,
         assert all(v == v for v in r.values() if isinstance(v, float))  # no NaN
 
 
-@pytest.mark.parametrize("engine", ["trl", "verl"])
+@pytest.mark.parametrize("engine", ["verl"])
 def test_other_engines_refuse_full(engine: str) -> None:
     from gbmpo.train.support import REQUIRED
 
@@ -177,14 +177,16 @@ def test_other_engines_refuse_full(engine: str) -> None:
         check_support(cfg, engine)
 
 
-def test_gbmpo_trainer_and_verl_overrides_refuse_full() -> None:
+def test_gbmpo_trainer_takes_full_and_verl_overrides_refuse_it() -> None:
     pytest.importorskip("trl")
     from gbmpo.integrations.common import verl_objective_overrides
-    from gbmpo.integrations.trl import GBMPOConfig
+    from gbmpo.integrations.trl import GBMPOConfig, build_objective
 
     spec = {"regularizer": {"name": "kl_k3", "coef": 0.1, "estimator": "full"}}
-    with pytest.raises(ValueError, match="estimator=full.*TRL"):
-        GBMPOConfig(output_dir="/tmp/unused-gbmpo-probe", objective=spec, use_cpu=True)
+    args = GBMPOConfig(output_dir="/tmp/unused-gbmpo-probe", objective=spec, use_cpu=True)
+    assert [t.name for t in build_objective(args).full_loss_terms] == ["kl_k3"]
+    assert check_support(load_config(None, [("engine", "trl"),
+                                            ("objective.regularizer.estimator", "full")])) == []
     with pytest.raises(ValueError, match="estimator'='full'.*verl"):
         verl_objective_overrides(spec, max_response_length=8)
 
