@@ -99,6 +99,7 @@ def _dry_run(tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str]
 @example(pairs=[("optim.betas", [0.9])])
 @example(pairs=[("objective.regularizer.params", {"mirror": [[]]})])
 @example(pairs=[("run.num_threads", 10**12)])
+@example(pairs=[("eval.split", "x"), ("run.num_threads", None)])  # a note, then an error
 @example(pairs=[("run.time_budget_seconds", float("inf"))])
 @example(pairs=[("rollout.temperature", 1e308)])
 @example(pairs=[("model.path", "x" * 5000)])  # longer than a file name may be

@@ -103,14 +103,16 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     from gbmpo.train.support import check_support
 
     validate(without_missing_mirror(cfg) if args.dry_run else cfg)
-    for notice in check_support(cfg):
-        print(f"note: {notice}", file=sys.stderr)
+    # the no-effect notes print once the config has passed every check: a failing command
+    # prints its one error line and nothing else
+    notes = [f"note: {notice}" for notice in check_support(cfg)]
     if cfg.engine != "gbmpo":  # trl / verl: gbmpo.engines builds and launches them
         from gbmpo import engines
 
-        return engines.main(cfg, dry=args.dry_run)
+        return engines.main(cfg, dry=args.dry_run, notes=notes)
     if args.dry_run:
         info = dry_run(cfg)
+        _print_notes(notes)
         print(dump_yaml(cfg), end="")
         for line in info["notes"]:
             print(line)
@@ -118,9 +120,16 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
             print(f"warning: {line}", file=sys.stderr)
         print("dry run OK: " + json.dumps(info))
         return 0
-    summary = Trainer(cfg).train()
+    trainer = Trainer(cfg)
+    _print_notes(notes)
+    summary = trainer.train()
     print_summary(summary)
     return 0
+
+
+def _print_notes(notes: list[str]) -> None:
+    for line in notes:
+        print(line, file=sys.stderr)
 
 
 def load_config_noting_renames(path: str | None, overrides: list[tuple[str, Any]]) -> Any:

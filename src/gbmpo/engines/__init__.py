@@ -18,6 +18,7 @@ calls them for the ``trl`` and ``verl`` engines, and :func:`resume` for ``--resu
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gbmpo.engines.checks import Check, DryRunReport, EngineUnavailable
@@ -128,10 +129,11 @@ def dry_run(config: Any) -> DryRunReport:
     raise ValueError(f"gbmpo.engines.dry_run: engine {config.engine!r} is the own trainer's")
 
 
-def main(config: Any, *, dry: bool = False) -> int:
+def main(config: Any, *, dry: bool = False, notes: Sequence[str] = ()) -> int:
     """The ``gbmpo train`` hook for ``engine: trl | verl``: dry run (prints the resolved config
     and the report) or run (prints the summary line); returns the exit code (2 where the engine
-    cannot run here, naming what is missing)."""
+    cannot run here, naming what is missing). ``notes`` (lines for stderr) print once the dry
+    run's checks have passed, or before the run starts."""
     import json
     import sys
 
@@ -140,11 +142,15 @@ def main(config: Any, *, dry: bool = False) -> int:
     try:
         if dry:
             report = dry_run(config)
+            for line in notes:
+                print(line, file=sys.stderr)
             print(dump_yaml(config), end="")
             for check in report.skipped:
                 print(f"warning: {check.name}: {check.detail}", file=sys.stderr)
             print("dry run OK: " + json.dumps(report.to_dict()))
             return 0
+        for line in notes:
+            print(line, file=sys.stderr)
         summary = run(config)
     except EngineUnavailable as err:
         print(f"gbmpo train: error: {err}", file=sys.stderr)
