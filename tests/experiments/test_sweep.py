@@ -148,6 +148,23 @@ def test_dry_run_lists_the_runs(gbmpo_cli, tmp_path):
     assert "dry run OK: 6 runs" in stdout and not (tmp_path / "o").exists()
 
 
+@needs_tiny
+@pytest.mark.parametrize("sweep", ["coef=0.04,0.16", "fkl:coef=0.04,0.16"])
+def test_sweep_sets_the_coefficient_of_a_regularizer_without_a_default(gbmpo_cli, tmp_path,
+                                                                        sweep):
+    """fkl has no built-in default coefficient: the sweep gives it its values (without the
+    sweep, --regularizers asks for --coefs)."""
+    argv = ["compare", "--regularizers", "kl_k3,fkl", "--seeds", "0", "--dry-run",
+            "--output-dir", str(tmp_path / "o"), *SMALL]  # fmt: skip
+    code, _, stderr = _call(gbmpo_cli, argv)
+    assert code == 2 and "no coefficient for 'fkl' (fkl): pass --coefs" in stderr
+    code, stdout, stderr = _call(gbmpo_cli, [*argv, "--sweep", sweep])
+    assert code == 0, stderr
+    for coef in ("0.04", "0.16"):
+        assert f"[compare] fkl@coef={coef}: regularizer fkl, coef {coef} (from --sweep)" in stdout
+    assert "fkl/seed0" not in stdout  # no unswept fkl run with a made-up coefficient
+
+
 # ------------------------------------------------------------------------------ end to end
 
 

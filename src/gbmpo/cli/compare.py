@@ -31,6 +31,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,11 @@ from gbmpo.experiments.grid import (
     plan_grid,
 )
 from gbmpo.experiments.runs import RunDirError, RunRecord, load_run
-from gbmpo.experiments.sweep import BASE_ARM, parse_sweep, sweep_runs, swept_value
+from gbmpo.experiments.sweep import BASE_ARM, Sweep, parse_sweep, sweep_runs, swept_value
 from gbmpo.io import RunLock
+
+#: the coefficient's key (a sweep of it replaces --coefs)
+_COEF = "objective.regularizer.coef"
 
 __all__ = ["add_compare_parser", "run_compare"]
 
@@ -130,16 +134,61 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
-    from gbmpo.experiments.grid import check_overrides
-    from gbmpo.experiments.report import write_report
-    from gbmpo.meta.backends import BACKENDS
-    from gbmpo.train import load_config
-    from gbmpo.train.config import canonical_key
+@dataclass
+class _Plan:
+    """What ``gbmpo compare`` runs: the runs, the base configuration, the regularizer entries
+    (``--regularizers``) or arms (``--arms`` / a base sweep), the seeds and the overrides."""
 
+    runs: list[Any]
+    base: Any
+    entries: list[Any]
+    arms: list[Any]
+    seeds: list[int]
+    overrides: list[tuple[str, Any]]
+    use_arms: bool
+    sweep: Sweep | None
+
+
+def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
+    plan = _plan(args, tokens)
+    _describe(plan)
+    if args.dry_run:
+        for run in plan.runs:
+            action, ovr = plan_action(run)
+            more = f" with {ovr}" if ovr else ""
+            print(f"[compare] {run.name}: {action}{more}")
+        print(f"dry run OK: {len(plan.runs)} runs")
+        return 0
+    backend_params = _backend_params(args, plan.base.run.num_threads)
+    # one compare per output directory: a second one would delete and restart the runs the
+    # first is training ("fresh" runs start from an empty directory)
+    with RunLock(args.output_dir, "compare output"):
+        outcome = run_grid(plan.runs, backend=args.backend, backend_params=backend_params)
+        records: list[RunRecord] = []
+        failures = dict(outcome.failures)
+        for run in plan.runs:
+            if run.name in failures:
+                continue
+            try:
+                records.append(load_run(run.run_dir, label=run.label))
+            except RunDirError as err:
+                failures[run.name] = str(err)
+        if not records:
+            print("gbmpo compare: no run finished; nothing to report", file=sys.stderr)
+            _print_failures(failures)
+            return 1
+        _report(args, plan, records, failures, outcome.actions)
+        if failures:
+            print(f"gbmpo compare: {len(failures)} run(s) failed:", file=sys.stderr)
+            _print_failures(failures)
+            return 1
+        return 0
+
+
+def _check_options(args: argparse.Namespace, sweep: Sweep | None) -> tuple[bool, bool]:
+    """Refuse conflicting options; return ``(use_arms, base_sweep)``: whether the grid is a list
+    of arms (``--arms``, or the base configuration alone when only ``--sweep`` is given)."""
     use_arms = getattr(args, "arms", None) is not None
-    sweep_items = getattr(args, "sweep", None)
-    sweep = parse_sweep(sweep_items) if sweep_items else None
     if use_arms and args.regularizers is not None:
         raise GridError(
             "give exactly one of --arms (LABEL:key=value,... or a YAML file) and "
@@ -154,7 +203,7 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
     if sweep is not None and args.regularizers is not None:
         if sweep.key == "objective.regularizer.name":
             raise GridError("--sweep objective.regularizer.name: use --regularizers")
-        if sweep.key == "objective.regularizer.coef" and args.coefs is not None:
+        if sweep.key == _COEF and args.coefs is not None:
             raise GridError(
                 "--coefs and --sweep objective.regularizer.coef both set coefficients; give "
                 "an arm its own values with --sweep ARM:coef=V1,V2,..."
@@ -168,6 +217,39 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
                     f"{opt} goes with --regularizers; with --arms set the regularizer in the "
                     "arm (objective.regularizer.coef=..., objective.regularizer.params.X=...)"
                 )
+    return use_arms, base_sweep
+
+
+def _regularizer_params(text: str | None) -> dict[str, Any]:
+    """``--regularizer-params`` (JSON mapping labels to objects) -> a dict."""
+    if not text:
+        return {}
+    try:
+        params = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise GridError(f"--regularizer-params is not valid JSON: {err}") from None
+    if not isinstance(params, dict) or not all(isinstance(v, dict) for v in params.values()):
+        raise GridError('--regularizer-params must map labels to objects: {"label": {...}}')
+    return params
+
+
+def _coef_swept(sweep: Sweep | None, entries: Sequence[Any]) -> set[str]:
+    """The ``--regularizers`` labels whose coefficients a sweep of the coefficient sets."""
+    if sweep is None or sweep.key != _COEF:
+        return set()
+    return {e.label for e in entries if sweep.values_for(e.label) is not None}
+
+
+def _plan(args: argparse.Namespace, tokens: list[str]) -> _Plan:
+    """Every run of the grid, validated (nothing written)."""
+    from gbmpo.experiments.grid import check_overrides
+    from gbmpo.meta.backends import BACKENDS
+    from gbmpo.train import load_config
+    from gbmpo.train.config import canonical_key
+
+    sweep_items = getattr(args, "sweep", None)
+    sweep = parse_sweep(sweep_items) if sweep_items else None
+    use_arms, base_sweep = _check_options(args, sweep)
     overrides = parse_overrides(tokens, flags=getattr(args, "own_flags", ()))
     check_overrides(overrides, arms=use_arms)
     if args.backend not in BACKENDS:
@@ -178,60 +260,49 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
     tasks = [t.strip() for t in args.task.split(",") if t.strip()] if args.task else None
     keep_progress = any(canonical_key(k) == "run.progress" for k, _ in overrides)
     progress = None if keep_progress else False
+    entries: list[Any] = []
+    arms: list[Any] = []
     if use_arms:
         arms = [GridArm(BASE_ARM)] if base_sweep else parse_arms(args.arms)
         base = load_config(args.config, overrides)
         runs = plan_arms(base, arms, seeds, args.output_dir, tasks=tasks, progress=progress)
-        entries: list[Any] = []
     else:
         entries = parse_regularizers(args.regularizers)
         coefs = parse_coefs(args.coefs)
-        params: dict[str, Any] = {}
-        if args.regularizer_params:
-            try:
-                params = json.loads(args.regularizer_params)
-            except json.JSONDecodeError as err:
-                raise GridError(f"--regularizer-params is not valid JSON: {err}") from None
-            if not isinstance(params, dict) or not all(
-                isinstance(v, dict) for v in params.values()
-            ):
-                raise GridError(
-                    '--regularizer-params must map labels to objects: {"label": {...}}'
-                )
+        params = _regularizer_params(args.regularizer_params)
         base = load_config(args.config, overrides)
-        runs = plan_grid(
-            base,
-            entries,
-            seeds,
-            args.output_dir,
-            tasks=tasks,
-            coefs=coefs,
-            params=params,
-            progress=progress,
-        )
+        runs = plan_grid(base, entries, seeds, args.output_dir, tasks=tasks, coefs=coefs,
+                         params=params, progress=progress,
+                         coef_swept=_coef_swept(sweep, entries))  # fmt: skip
     if sweep is not None:
         runs = sweep_runs(runs, sweep, args.output_dir, progress=progress)
+    return _Plan(runs, base, entries, arms, seeds, overrides, use_arms, sweep)
+
+
+def _term_text(t: Any, sep: str) -> str:
+    return (f"{t.name}{sep}coef {t.coef:g}"
+            + (f", in the {t.placement}" if t.placement != "loss" else "")
+            + (f", params {t.params}" if t.params else ""))  # fmt: skip
+
+
+def _describe(plan: _Plan) -> None:
+    """One ``[compare]`` line per row: its surrogate (arms) and regularizer."""
     seen: set[str] = set()
-    for run in runs:
+    sweep = plan.sweep
+    for run in plan.runs:
         if run.label in seen:
             continue
         seen.add(run.label)
         o = run.config.objective
-        def term_text(t: Any, sep: str) -> str:
-            return (f"{t.name}{sep}coef {t.coef:g}"
-                    + (f", in the {t.placement}" if t.placement != "loss" else "")
-                    + (f", params {t.params}" if t.params else ""))  # fmt: skip
-
         if len(o.terms) == 1:
-            reg_text = term_text(o.terms[0], ", ")
+            reg_text = _term_text(o.terms[0], ", ")
         else:
-            reg_text = " + ".join(f"{term_text(t, ' (')})" for t in o.terms)
+            reg_text = " + ".join(f"{_term_text(t, ' (')})" for t in o.terms)
         extra = ""
-        if sweep is not None and run.label != run.arm and sweep.key != "objective.regularizer.coef":
-            value = swept_value(run.config, sweep.key)
-            extra += f", {sweep.key} {value}"
-        if use_arms:
-            surr = run.config.objective.surrogate
+        if sweep is not None and run.label != run.arm and sweep.key != _COEF:
+            extra += f", {sweep.key} {swept_value(run.config, sweep.key)}"
+        if plan.use_arms:
+            surr = o.surrogate
             sp = f" {surr.params}" if surr.params else ""
             print(
                 f"[compare] {run.label}: surrogate {surr.name}{sp}, regularizer {reg_text}{extra}"
@@ -240,97 +311,79 @@ def _compare(args: argparse.Namespace, tokens: list[str]) -> int:
             print(
                 f"[compare] {run.label}: regularizer {reg_text} (from {run.coef_source}){extra}"
             )
-    if args.dry_run:
-        for run in runs:
-            action, ovr = plan_action(run)
-            more = f" with {ovr}" if ovr else ""
-            print(f"[compare] {run.name}: {action}{more}")
-        print(f"dry run OK: {len(runs)} runs")
-        return 0
 
-    backend_params: dict[str, Any] = {}
-    threads = base.run.num_threads
-    if args.backend == "local":
-        backend_params = {"workers": args.workers, "threads_per_worker": threads}
-    elif args.backend == "ray":
-        backend_params = {"address": args.ray_address, "cpus_per_member": threads or 1}
-    elif args.backend == "serial":
-        backend_params = {"threads": threads}
+
+def _backend_params(args: argparse.Namespace, threads: int | None) -> dict[str, Any]:
+    """The execution backend's parameters from ``--workers`` / ``--ray-address``."""
     if args.workers is not None and args.backend != "local":
         raise GridError("--workers is for --backend local")
-    # one compare per output directory: a second one would delete and restart the runs the
-    # first is training ("fresh" runs start from an empty directory)
-    with RunLock(args.output_dir, "compare output"):
-        outcome = run_grid(runs, backend=args.backend, backend_params=backend_params)
+    if args.backend == "local":
+        return {"workers": args.workers, "threads_per_worker": threads}
+    if args.backend == "ray":
+        return {"address": args.ray_address, "cpus_per_member": threads or 1}
+    if args.backend == "serial":
+        return {"threads": threads}
+    return {}
 
-        records: list[RunRecord] = []
-        failures = dict(outcome.failures)
-        for run in runs:
-            if run.name in failures:
-                continue
-            try:
-                records.append(load_run(run.run_dir, label=run.label))
-            except RunDirError as err:
-                failures[run.name] = str(err)
-        if not records:
-            print("gbmpo compare: no run finished; nothing to report", file=sys.stderr)
-            for name, err in failures.items():
-                print(f"  {name}: {err}", file=sys.stderr)
-            return 1
-        grid_spec: dict[str, Any] = {
-            "regularizers": [
-                {
-                    "label": e.label,
-                    "regularizer": e.regularizer,
-                    "coef": next(r.config.objective.regularizer.coef for r in runs
-                                 if r.arm == e.label),
-                    "coef_source": next(r.coef_source for r in runs if r.arm == e.label),
-                    "params": next(r.config.objective.regularizer.params for r in runs
-                                   if r.arm == e.label),
-                }
-                for e in entries
-            ],
-            "seeds": seeds,
-            "tasks": sorted({r.task for r in runs}),
-            "config_file": args.config,
-            "overrides": [[k, v] for k, v in overrides],
-            "backend": args.backend,
-            "actions": outcome.actions,
-        }
-        if use_arms:
-            grid_spec["arms"] = [_arm_spec(arm, runs) for arm in arms]
-        if sweep is not None:
-            grid_spec["sweep"] = {
-                "key": sweep.key,
-                "label_key": sweep.short,
-                "points": {
-                    r.label: {"arm": r.arm, "value": swept_value(r.config, sweep.key)}
-                    for r in runs
-                    if r.label != r.arm
-                },
+
+def _print_failures(failures: dict[str, str]) -> None:
+    for name, err in failures.items():
+        print(f"  {name}: {err}", file=sys.stderr)
+
+
+def _report(args: argparse.Namespace, plan: _Plan, records: list[RunRecord],
+            failures: dict[str, str], actions: Any) -> None:  # fmt: skip
+    """Write results.json, report.md / report.html and the plots; print the table."""
+    from gbmpo.experiments.report import write_report
+
+    runs, sweep = plan.runs, plan.sweep
+    grid_spec: dict[str, Any] = {
+        "regularizers": [
+            {
+                "label": e.label,
+                "regularizer": e.regularizer,
+                "coef": next(r.config.objective.regularizer.coef for r in runs
+                             if r.arm == e.label),
+                "coef_source": next(r.coef_source for r in runs if r.arm == e.label),
+                "params": next(r.config.objective.regularizer.params for r in runs
+                               if r.arm == e.label),
             }
-        baseline = args.baseline
-        if baseline is None and use_arms and any(r.label == arms[0].label for r in runs):
-            baseline = arms[0].label
-        results = write_report(
-            records,
-            args.output_dir,
-            baseline=baseline,
-            title=args.title or ("Comparison" if use_arms else "Regularizer comparison"),
-            window=args.smooth,
-            extra={"grid": grid_spec, "failures": failures},
-            plots=not args.no_plots,
-            drift_measure=args.drift_measure,
-        )
-        print_table(results)
-        out = Path(args.output_dir)
-        print(f"\nreport: {out / 'report.md'} (also report.html, results.json)")
-        if failures:
-            print(f"gbmpo compare: {len(failures)} run(s) failed:", file=sys.stderr)
-            for name, err in failures.items():
-                print(f"  {name}: {err}", file=sys.stderr)
-            return 1
-        return 0
+            for e in plan.entries
+        ],
+        "seeds": plan.seeds,
+        "tasks": sorted({r.task for r in runs}),
+        "config_file": args.config,
+        "overrides": [[k, v] for k, v in plan.overrides],
+        "backend": args.backend,
+        "actions": actions,
+    }
+    if plan.use_arms:
+        grid_spec["arms"] = [_arm_spec(arm, runs) for arm in plan.arms]
+    if sweep is not None:
+        grid_spec["sweep"] = {
+            "key": sweep.key,
+            "label_key": sweep.short,
+            "points": {
+                r.label: {"arm": r.arm, "value": swept_value(r.config, sweep.key)}
+                for r in runs
+                if r.label != r.arm
+            },
+        }
+    baseline = args.baseline
+    if baseline is None and plan.use_arms and any(r.label == plan.arms[0].label for r in runs):
+        baseline = plan.arms[0].label
+    results = write_report(
+        records,
+        args.output_dir,
+        baseline=baseline,
+        title=args.title or ("Comparison" if plan.use_arms else "Regularizer comparison"),
+        window=args.smooth,
+        extra={"grid": grid_spec, "failures": failures},
+        plots=not args.no_plots,
+        drift_measure=args.drift_measure,
+    )
+    print_table(results)
+    print(f"\nreport: {Path(args.output_dir) / 'report.md'} (also report.html, results.json)")
 
 
 def _arm_spec(arm: Any, runs: Sequence[Any]) -> dict[str, Any]:

@@ -6,13 +6,18 @@ resumed or started fresh (:func:`plan_action`), one run with its final held-out 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
+import tempfile
+import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -27,12 +32,14 @@ from gbmpo.experiments.runs import (
     main_metric,
     run_status,
 )
-from gbmpo.io import write_atomic
+from gbmpo.io import EXIT_CODES, RunStopped, write_atomic
+from gbmpo.io.stop import STOP_FILE
 from gbmpo.train.config import config_from_dict, config_to_dict, rename_old_keys
 
 __all__ = [
     "GridMember",
     "GridOutcome",
+    "GridStopped",
     "ensure_final_eval",
     "execute_run",
     "plan_action",
@@ -194,13 +201,68 @@ def execute_run(job: Mapping[str, Any]) -> float:
 
 class GridMember:
     """Picklable ``fn(theta) -> float`` for :meth:`gbmpo.meta.backends.Backend.evaluate`:
-    ``theta[0]`` is the index of the job to run."""
+    ``theta[0]`` is the index of the job to run. With ``stop_path``, a job whose turn comes
+    after that file was written (the grid was asked to stop) is not started: it raises
+    :class:`gbmpo.io.RunStopped` with the signal named in the file."""
 
-    def __init__(self, jobs: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(self, jobs: Sequence[Mapping[str, Any]], stop_path: str | None = None) -> None:
         self.jobs = [dict(j) for j in jobs]
+        self.stop_path = stop_path
 
     def __call__(self, theta: np.ndarray) -> float:
+        if self.stop_path is not None:
+            try:
+                signame = Path(self.stop_path).read_text().strip()
+            except OSError:
+                signame = ""
+            if signame:
+                raise RunStopped(signame if signame in EXIT_CODES else "SIGTERM")
         return execute_run(self.jobs[int(round(float(np.asarray(theta).ravel()[0])))])
+
+
+class GridStopped(RunStopped):
+    """``gbmpo compare`` stopped on SIGTERM / SIGINT: the runs in flight saved a checkpoint
+    after their step (or, without one yet, start over), the others did not start. ``str()`` is
+    the one line the command prints; the exit code is the signal's (143 / 130)."""
+
+    def __init__(self, signame: str, *, finished: int, total: int) -> None:
+        self.finished, self.total = finished, total
+        super().__init__(signame)
+
+    def message(self) -> str:
+        return (
+            f"stopped ({self.state}, {self.signame}): {self.finished} of {self.total} runs "
+            "finished; the runs in flight saved a checkpoint after their step and the rest did "
+            "not start; run the same gbmpo compare command to go on (finished runs are reused, "
+            "stopped ones resumed)"
+        )
+
+
+@contextlib.contextmanager
+def _stop_on_signals(pool: Any, stop_path: Path) -> Iterator[list[str]]:
+    """For the length of the block, SIGTERM / SIGINT to this process ask the grid to stop:
+    the first writes ``stop_path`` (no further run starts) and each is passed on to the
+    backend (:meth:`~gbmpo.meta.backends.Backend.request_stop`). Yields the list of the
+    signals received (empty: none)."""
+    received: list[str] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if not received:
+            with contextlib.suppress(OSError):
+                write_atomic(stop_path, name + "\n")
+        received.append(name)
+        pool.request_stop(name)
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handle)
+    try:
+        yield received
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
@@ -256,10 +318,21 @@ def run_grid(
             except Exception as err:  # reported with the other failures
                 failures[job["name"]] = f"{type(err).__name__}: {err}"
     if todo:
-        with get_backend(backend, **dict(backend_params or {})) as pool:
-            results = pool.evaluate(
-                GridMember(todo), [np.array([float(i)]) for i in range(len(todo))]
-            )
+        thetas = [np.array([float(i)]) for i in range(len(todo))]
+        with (tempfile.TemporaryDirectory(prefix="gbmpo-grid-") as tmp,
+              get_backend(backend, **dict(backend_params or {})) as pool):  # fmt: skip
+            stop_path = Path(tmp) / STOP_FILE
+            with _stop_on_signals(pool, stop_path) as received:
+                try:
+                    results = pool.evaluate(GridMember(todo, str(stop_path)), thetas)
+                except RunStopped as err:  # serial: the run in this process stopped
+                    received.append(err.signame)
+                    results = []
+            stopped = [r for r in results if isinstance(r, RunStopped)]
+            if received or stopped:
+                signame = next((n for n in received if n in EXIT_CODES), "SIGTERM")
+                done = sum(run_status(j["run_dir"]) == "finished" for j in jobs)
+                raise GridStopped(signame, finished=done, total=len(jobs))
         for job, res in zip(todo, results, strict=True):
             if isinstance(res, BaseException):
                 failures[job["name"]] = f"{type(res).__name__}: {res}"

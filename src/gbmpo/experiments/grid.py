@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,10 +213,12 @@ def check_overrides(overrides: Sequence[tuple[str, Any]], *, arms: bool = False)
 
 
 def _resolve_coef(
-    entry: GridEntry, base: TrainConfig, coefs: Mapping[str, float]
+    entry: GridEntry, base: TrainConfig, coefs: Mapping[str, float], swept: Collection[str] = ()
 ) -> tuple[float, str]:
     if entry.label in coefs:
         return coefs[entry.label], "--coefs"
+    if entry.label in swept:  # the sweep sets every run's coefficient (sweep_runs)
+        return 0.0, "--sweep"
     if entry.regularizer == "none":
         return 0.0, "default"
     terms = base.objective.terms
@@ -268,13 +270,16 @@ def plan_grid(
     coefs: Mapping[str, float] | None = None,
     params: Mapping[str, Mapping[str, Any]] | None = None,
     progress: bool | None = False,
+    coef_swept: Collection[str] = (),
 ) -> list[GridRun]:
     """The validated configuration of every run of the grid (nothing is created on disk).
 
     Each run is ``base`` with the task, the regularizer (name, coefficient, parameters), the
     seed and the output directory replaced. Task parameters of ``base`` are kept only for its
     own task and regularizer parameters only for its own regularizer. ``progress`` sets
-    ``run.progress`` (``None``: keep ``base``'s).
+    ``run.progress`` (``None``: keep ``base``'s). Labels in ``coef_swept`` take their
+    coefficients from a sweep of ``objective.regularizer.coef`` (:func:`sweep_runs`), so they
+    need neither ``--coefs`` nor a default coefficient.
     """
     from gbmpo.objectives.regularizers import REGULARIZERS
 
@@ -300,7 +305,7 @@ def plan_grid(
         if not _LABEL.fullmatch(task):
             raise GridError(f"--task: bad task name {task!r}")
         for entry in entries:
-            coef, source = _resolve_coef(entry, base, coefs)
+            coef, source = _resolve_coef(entry, base, coefs, coef_swept)
             for seed in seeds:
                 cfg = copy.deepcopy(base)
                 reg = cfg.objective.regularizer

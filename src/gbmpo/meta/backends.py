@@ -21,6 +21,7 @@ failing member never stops the others; :func:`gbmpo.meta.es.es_step` records and
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing as mp
 import os
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from gbmpo.io import RunStopped
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -81,6 +83,11 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release workers (idempotent)."""
+
+    def request_stop(self, signame: str) -> None:  # noqa: B027 - optional hook
+        """A stop was requested (SIGTERM / SIGINT to this process): start no further member and
+        pass the signal on to the members in flight where the backend can (the local pool
+        does; the default, used by Ray, lets members in flight run to their end)."""
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}
@@ -150,6 +157,20 @@ class LocalPoolBackend(Backend):
         self.start_method = start_method
         self.threads_per_worker = threads_per_worker or max(1, cores // self.workers)
         self._pool: cf.ProcessPoolExecutor | None = None
+        self._futures: list[cf.Future[Any]] = []
+
+    def request_stop(self, signame: str) -> None:
+        """Cancel the members not started yet and send ``signame`` to every worker process
+        (a member that trains stops after its step, saving a checkpoint)."""
+        import signal as _signal
+
+        for fut in self._futures:
+            fut.cancel()
+        pool = self._pool
+        processes = dict(getattr(pool, "_processes", None) or {}) if pool is not None else {}
+        for pid in processes:  # (a worker gone already, or a name that is no signal: skip)
+            with contextlib.suppress(OSError, AttributeError):
+                os.kill(pid, getattr(_signal, signame))
 
     def _ensure_pool(self) -> cf.ProcessPoolExecutor:
         if self._pool is None:
@@ -179,6 +200,7 @@ class LocalPoolBackend(Backend):
                 futures.append(pool.submit(fn, np.asarray(t)))
             except cf.process.BrokenProcessPool as e:  # broke while we were submitting
                 futures.append(e)
+        self._futures = [f for f in futures if isinstance(f, cf.Future)]
         out: list[Any] = []
         broken = False
         for fut in futures:
@@ -191,8 +213,9 @@ class LocalPoolBackend(Backend):
             except cf.process.BrokenProcessPool as e:
                 broken = True
                 out.append(e)
-            except Exception as e:
+            except (Exception, RunStopped) as e:  # RunStopped: a member stopped on a signal
                 out.append(e)
+        self._futures = []
         if broken:  # this pool is unusable: start a fresh one next time
             pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
