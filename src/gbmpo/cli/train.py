@@ -12,9 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gbmpo.cli.args import UsageError, one_line, parse_overrides
+
+if TYPE_CHECKING:
+    from gbmpo.engines import DryRun
 
 __all__ = ["add_train_parser", "run_train"]
 
@@ -114,7 +117,7 @@ def _run_train(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _print_dry_run(report: Any) -> None:
+def _print_dry_run(report: DryRun) -> None:
     """A :class:`gbmpo.engines.DryRun`: its notes (stdout), its warnings (stderr) and the
     ``dry run OK: {...}`` line."""
     _print_lines(report.notes)
