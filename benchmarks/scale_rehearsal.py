@@ -115,14 +115,9 @@ def run_engine(engine: str, cfg: Any, n_params: int, model_config: Any) -> dict[
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     with measure() as m:
-        if engine == "gbmpo":
-            from gbmpo.train import Trainer
+        from gbmpo import engines
 
-            summary = Trainer(cfg).train()
-        else:
-            from gbmpo import engines
-
-            summary = engines.run(cfg)
+        summary = engines.run(cfg)
     rows = [r for r in read_metrics(cfg.run.output_dir) if "loss" in r]
     timed = rows[1:] or rows  # step 1 pays for warm-up
     ro = cfg.rollout

@@ -12,11 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gbmpo.cli.args import UsageError, parse_overrides
+from gbmpo.cli.args import UsageError, one_line, parse_overrides
 
-__all__ = ["add_train_parser", "print_summary", "run_train"]
+if TYPE_CHECKING:
+    from gbmpo.engines import DryRun
+
+__all__ = ["add_train_parser", "run_train"]
 
 
 def add_train_parser(subparsers: Any) -> None:
@@ -60,9 +63,22 @@ def add_train_parser(subparsers: Any) -> None:
 
 
 def run_train(args: argparse.Namespace, extra: list[str]) -> int:
+    """``gbmpo train``: the engine the config (or ``--resume DIR``'s run) names, from the
+    registry :data:`gbmpo.engines.ENGINES`, through the same :class:`gbmpo.engines.Engine`
+    methods for every engine; an engine that cannot run here exits 2 naming what is missing."""
+    from gbmpo.engines import EngineUnavailable
+
+    try:
+        return _run_train(args, extra)
+    except EngineUnavailable as err:
+        print(f"gbmpo train: error: {one_line(err)}", file=sys.stderr)
+        return 2
+
+
+def _run_train(args: argparse.Namespace, extra: list[str]) -> int:
     from transformers.utils import logging as hf_logging
 
-    from gbmpo.train import Trainer, dry_run
+    from gbmpo.engines import check_resumable, engine_for, get_engine
     from gbmpo.train.config import dump_yaml
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars; training has its own
@@ -70,25 +86,12 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.resume:
         if args.config:
             raise UsageError("--resume uses the run's own config.yaml; drop --config")
-        from gbmpo.engines import check_resumable
-
-        engine = check_resumable(args.resume)
-        if engine != "gbmpo":  # trl / verl: the engine's own resume, driven by gbmpo.engines
-            from gbmpo import engines
-
-            return engines.resume(args.resume, overrides, dry=args.dry_run,
-                                  restart=args.restart)  # fmt: skip
+        engine = get_engine(check_resumable(args.resume))  # the engine that trained it
         if args.dry_run:
-            from gbmpo.train.checkpoint import latest_valid_checkpoint
-            from gbmpo.train.run import resume_config
-
-            _, path = resume_config(args.resume, overrides)
-            found = latest_valid_checkpoint(path)
-            print("dry run OK: " + json.dumps({"resume_from": str(found) if found else None}))
+            _print_dry_run(engine.resume_dry_run(args.resume, overrides))
             return 0
-        trainer = Trainer.resume(args.resume, overrides, restart=args.restart)
-        summary = trainer.train()
-        print_summary(summary)
+        summary = engine.resume(args.resume, overrides, restart=args.restart)
+        _print_lines(engine.summary_lines(summary))
         return 0
     if args.restart:
         raise UsageError("--restart goes with --resume RUN_DIR")
@@ -96,40 +99,35 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     if args.print_config:
         print(dump_yaml(cfg), end="")
         return 0
+    engine = engine_for(cfg)
     # bad values and what the engine refuses stop here (exit 2), before any write; a dry run
-    # checks a config whose mirror map an ES run has yet to write with the map's initialisation
-    from gbmpo.engines.checks import without_missing_mirror
-    from gbmpo.train.config import validate
-    from gbmpo.train.support import check_support
-
-    validate(without_missing_mirror(cfg) if args.dry_run else cfg)
-    # the no-effect notes print once the config has passed every check: a failing command
-    # prints its one error line and nothing else
-    notes = [f"note: {notice}" for notice in check_support(cfg)]
-    if cfg.engine != "gbmpo":  # trl / verl: gbmpo.engines builds and launches them
-        from gbmpo import engines
-
-        return engines.main(cfg, dry=args.dry_run, notes=notes)
+    # checks a config whose mirror map an ES run has yet to write with the map's initialisation.
+    # The no-effect notes print once the config has passed every check (dry run: the dry run's
+    # too; a run: once the engine is ready to start), so a failing command prints its one
+    # error line and nothing else
+    notes = [f"note: {notice}" for notice in engine.check(cfg, dry=args.dry_run)]
     if args.dry_run:
-        info = dry_run(cfg)
-        _print_notes(notes)
+        report = engine.dry_run(cfg)
+        _print_lines(notes, err=True)
         print(dump_yaml(cfg), end="")
-        for line in info["notes"]:
-            print(line)
-        for line in info["warnings"]:
-            print(f"warning: {line}", file=sys.stderr)
-        print("dry run OK: " + json.dumps(info))
+        _print_dry_run(report)
         return 0
-    trainer = Trainer(cfg)
-    _print_notes(notes)
-    summary = trainer.train()
-    print_summary(summary)
+    summary = engine.train(cfg, on_ready=lambda: _print_lines(notes, err=True))
+    _print_lines(engine.summary_lines(summary))
     return 0
 
 
-def _print_notes(notes: list[str]) -> None:
-    for line in notes:
-        print(line, file=sys.stderr)
+def _print_dry_run(report: DryRun) -> None:
+    """A :class:`gbmpo.engines.DryRun`: its notes (stdout), its warnings (stderr) and the
+    ``dry run OK: {...}`` line."""
+    _print_lines(report.notes)
+    _print_lines([f"warning: {line}" for line in report.warnings], err=True)
+    print("dry run OK: " + json.dumps(report.to_dict()))
+
+
+def _print_lines(lines: list[str], *, err: bool = False) -> None:
+    for line in lines:
+        print(line, file=sys.stderr if err else sys.stdout)
 
 
 def load_config_noting_renames(path: str | None, overrides: list[tuple[str, Any]]) -> Any:
@@ -148,17 +146,3 @@ def load_config_noting_renames(path: str | None, overrides: list[tuple[str, Any]
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return cfg
-
-
-def print_summary(summary: dict[str, Any]) -> None:
-    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
-    key = next((k for k in ("accuracy", "pass@1") if k in before or k in after), None)
-    line = f"finished {summary['steps']} steps in {summary['wall_seconds']:.0f} s"
-    if key is not None and key in before and key in after:
-        gain = 100 * (after[key] - before[key])
-        line += (
-            f"; held-out {key}: {100 * before[key]:.1f}% -> {100 * after[key]:.1f}% "
-            f"({gain:+.1f} points)"
-        )
-    print(line)
-    print(f"run directory: {summary['run_dir']}")

@@ -24,6 +24,8 @@ __all__ = [
     "EngineUnavailable",
     "common_checks",
     "memory_check",
+    "model_config_for",
+    "plan_memory",
     "without_missing_mirror",
     "write_summary",
 ]
@@ -45,7 +47,8 @@ class Check:
 
 @dataclass
 class DryRunReport:
-    """What a dry run checked (:attr:`checks`) and found (:attr:`info`)."""
+    """What a dry run checked (:attr:`checks`) and found (:attr:`info`); a
+    :class:`gbmpo.engines.base.DryRun`."""
 
     engine: str
     checks: list[Check] = field(default_factory=list)
@@ -60,6 +63,17 @@ class DryRunReport:
     @property
     def skipped(self) -> list[Check]:
         return [c for c in self.checks if c.status == "skipped"]
+
+    @property
+    def notes(self) -> list[str]:
+        """Lines for stdout (:class:`gbmpo.engines.base.DryRun`): none, the checks are in
+        :meth:`to_dict`."""
+        return []
+
+    @property
+    def warnings(self) -> list[str]:
+        """Each skipped check as ``name: reason``."""
+        return [f"{c.name}: {c.detail}" for c in self.skipped]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -179,35 +193,54 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
 ASSUMED_PROMPT_TOKENS = 256
 
 
-def memory_check(cfg: Any, report: DryRunReport) -> None:
-    """The memory plan per GPU of ``cfg`` on its engine (:func:`gbmpo.train.memory.memory_plan`)
-    as the check ``memory``: the model's config.json where the model is here, else the known
-    shape of a model the paper configs name; the longest prompt found by :func:`common_checks`,
-    else :data:`ASSUMED_PROMPT_TOKENS`. A plan that does not fit is reported, not refused."""
+def model_config_for(cfg: Any) -> Any:
+    """The model's shape for a memory plan: the known shape of a model the paper configs name
+    (:func:`gbmpo.train.memory.model_shape`), else its config.json where the model is here;
+    ``OSError`` / ``ValueError`` where neither is."""
     from gbmpo.models import resolve_model_path
-    from gbmpo.train.device import device_memory_bytes
-    from gbmpo.train.memory import memory_plan, model_shape, plan_line
+    from gbmpo.train.memory import model_shape
 
     model_cfg = model_shape(cfg.model.path)
     if model_cfg is None:
-        try:
-            from transformers import AutoConfig
+        from transformers import AutoConfig
 
-            model_cfg = AutoConfig.from_pretrained(
-                resolve_model_path(cfg.model.path),
-                trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
-        except (OSError, ValueError) as err:
-            report.skip("memory", f"no shape for {cfg.model.path!r} here ({err})")
-            return
-    prompt = report.info.get("longest_prompt_tokens")
-    assumed = prompt is None
+        model_cfg = AutoConfig.from_pretrained(
+            resolve_model_path(cfg.model.path),
+            trust_remote_code=cfg.model.trust_remote_code)  # fmt: skip
+    return model_cfg
+
+
+def plan_memory(cfg: Any, model_cfg: Any, prompt_tokens: int) -> dict[str, Any]:
+    """The memory plan per GPU of ``cfg`` on its engine (:func:`gbmpo.train.memory.memory_plan`)
+    for the model shape ``model_cfg`` and prompts of ``prompt_tokens`` tokens, against the
+    configured device's memory; a reference model is counted where a term anchored at it needs
+    one or a regularizer is monitored."""
     from gbmpo.objectives.regularizers import get_regularizer
+    from gbmpo.train.device import device_memory_bytes
+    from gbmpo.train.memory import memory_plan
 
     o = without_missing_mirror(cfg).objective
     needs_ref = bool(o.monitor_regularizers) or any(
         t.anchor == "ref" and get_regularizer(t.name, **t.params).needs_ref for t in o.terms)
-    plan = memory_plan(cfg, model_cfg, prompt or ASSUMED_PROMPT_TOKENS, needs_ref=needs_ref,
+    return memory_plan(cfg, model_cfg, prompt_tokens, needs_ref=needs_ref,
                        device_bytes=device_memory_bytes(cfg.model.device))  # fmt: skip
+
+
+def memory_check(cfg: Any, report: DryRunReport) -> None:
+    """The memory plan per GPU of ``cfg`` on its engine (:func:`plan_memory`) as the check
+    ``memory``: the model's shape (:func:`model_config_for`); the longest prompt found by
+    :func:`common_checks`, else :data:`ASSUMED_PROMPT_TOKENS`. A plan that does not fit is
+    reported, not refused."""
+    from gbmpo.train.memory import plan_line
+
+    try:
+        model_cfg = model_config_for(cfg)
+    except (OSError, ValueError) as err:
+        report.skip("memory", f"no shape for {cfg.model.path!r} here ({err})")
+        return
+    prompt = report.info.get("longest_prompt_tokens")
+    assumed = prompt is None
+    plan = plan_memory(cfg, model_cfg, prompt or ASSUMED_PROMPT_TOKENS)
     line = plan_line(plan, cfg.model.device)
     if assumed:
         line += f" (prompts assumed {ASSUMED_PROMPT_TOKENS} tokens: the data is not here)"

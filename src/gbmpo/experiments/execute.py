@@ -179,13 +179,10 @@ def execute_run(job: Mapping[str, Any]) -> float:
     if job["action"] == "fresh":
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        cfg = config_from_dict(job["config"])
-        if cfg.engine == "gbmpo":
-            Trainer(cfg).train()
-        else:  # an arm may be an engine: TRL's or verl's trainer, same run directory
-            from gbmpo import engines
+        from gbmpo import engines
 
-            engines.run(cfg)
+        # an arm may name any engine (the own trainer, TRL's, verl's): same run directory
+        engines.run(config_from_dict(job["config"]))
     elif job["action"] == "resume":
         # restart: a run stopped before its first checkpoint starts over in place
         Trainer.resume(run_dir, list(job.get("overrides") or []), restart=True).train()

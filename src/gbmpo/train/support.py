@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from gbmpo.train.config.schema import TRAIN_ENGINES
+
 __all__ = [
     "ENGINES",
     "HONOURED",
@@ -43,7 +45,9 @@ __all__ = [
 ]
 
 HONOURED, REFUSED, NO_EFFECT = "honoured", "refused", "no_effect"
-ENGINES: tuple[str, ...] = ("gbmpo", "trl", "verl")
+#: the engines, in the matrix's column order: the config's ``engine`` values (one tuple, also
+#: the names of the engine registry :data:`gbmpo.engines.ENGINES`)
+ENGINES: tuple[str, ...] = TRAIN_ENGINES
 
 
 @dataclass(frozen=True)
@@ -586,8 +590,8 @@ VERL.update({
                           ("rollout.vllm_server_port", 8001))},  # fmt: skip
 })
 
-#: engine -> key -> :class:`Support`
-SUPPORT: dict[str, dict[str, Support]] = {"gbmpo": GBMPO, "trl": TRL, "verl": VERL}
+#: engine -> key -> :class:`Support` (the tables in the order of :data:`ENGINES`)
+SUPPORT: dict[str, dict[str, Support]] = dict(zip(ENGINES, (GBMPO, TRL, VERL), strict=True))
 
 #: engine -> the values it needs where the own engine's defaults are refused (a config for that
 #: engine starts from these; tests check every other key from there)

@@ -268,7 +268,9 @@ ALIASES: dict[str, str] = {
 #: ``DeprecationWarning`` (``gbmpo train`` prints it as a note); giving both is a ConfigError.
 RENAMED_KEYS: dict[str, str] = {"rollout.engine": "rollout.generator"}
 
-#: values of the top-level ``engine`` key (``gbmpo train --engine NAME``)
+#: values of the top-level ``engine`` key (``gbmpo train --engine NAME``): the one list of the
+#: engines, also the support matrix's columns (:data:`gbmpo.train.support.ENGINES`) and the
+#: names in the engine registry (:data:`gbmpo.engines.ENGINES`, which sits above this layer)
 TRAIN_ENGINES: tuple[str, ...] = ("gbmpo", "trl", "verl")
 
 #: names accepted by ``run.report_to``, with the package each needs

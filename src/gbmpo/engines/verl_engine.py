@@ -1,0 +1,50 @@
+"""Engine ``verl``: verl's ``main_ppo`` with the gbmpo plugin (:mod:`gbmpo.engines.verl_runner`)
+as an :class:`gbmpo.engines.base.Engine`. verl runs in its own environment; nothing of it is
+imported here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from gbmpo.engines.base import BaseEngine, Ready
+from gbmpo.engines.checks import DryRunReport
+
+__all__ = ["VerlEngine"]
+
+
+class VerlEngine(BaseEngine):
+    """:func:`gbmpo.engines.verl_runner.dry_run`, :func:`~gbmpo.engines.verl_runner.run`,
+    :func:`~gbmpo.engines.verl_runner.resume` and
+    :func:`~gbmpo.engines.verl_runner.resume_dry_run` behind the engine interface."""
+
+    name = "verl"
+
+    def dry_run(self, cfg: Any) -> DryRunReport:
+        from gbmpo.engines import verl_runner
+
+        return verl_runner.dry_run(self.own(cfg))
+
+    def train(self, cfg: Any, *, on_ready: Ready | None = None) -> dict[str, Any]:
+        from gbmpo.engines import verl_runner
+
+        self.own(cfg)
+        if on_ready is not None:
+            on_ready()
+        return verl_runner.run(cfg)
+
+    def resume(self, run_dir: str | Path, overrides: list[tuple[str, Any]], *,
+               restart: bool = False) -> dict[str, Any]:  # fmt: skip
+        from gbmpo.engines import verl_runner
+
+        if not restart and not verl_runner.resume_dry_run(run_dir, overrides).info["resume_step"]:
+            from gbmpo.train.run import no_checkpoint_error
+
+            raise no_checkpoint_error(run_dir)
+        return verl_runner.resume(run_dir, overrides)
+
+    def resume_dry_run(self, run_dir: str | Path,
+                       overrides: list[tuple[str, Any]]) -> DryRunReport:  # fmt: skip
+        from gbmpo.engines import verl_runner
+
+        return verl_runner.resume_dry_run(run_dir, overrides)
