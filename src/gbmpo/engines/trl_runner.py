@@ -303,7 +303,20 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
     """The TRL run of ``cfg`` in this process (one of ``run.num_processes`` under
     ``accelerate launch``); the main process writes the run directory. ``resuming``: continue
     from the checkpoint ``resume_from`` (its :data:`STATE_FILE` restores what TRL does not;
-    ``None``: start over, dropping the rows logged so far)."""
+    ``None``: start over, dropping the rows logged so far). A run that ends on an exception
+    says so in ``status.json`` (``failed``, with the error), as the own engine's does."""
+    try:
+        return _train_in_process(cfg, run_dir, resume_from=resume_from, resuming=resuming)
+    except BaseException as err:
+        if os.environ.get("RANK", "0") == "0":  # the main process (accelerate sets RANK)
+            from gbmpo.engines.trl_stop import mark_failed
+
+            mark_failed(run_dir, err)
+        raise
+
+
+def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
+                      resuming: bool) -> dict[str, Any]:  # fmt: skip
     import torch
     from accelerate import PartialState
 

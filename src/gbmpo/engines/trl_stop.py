@@ -20,7 +20,7 @@ from gbmpo.engines.trl_callbacks import all_reduce
 from gbmpo.engines.trl_checkpoints import latest_valid_checkpoint
 from gbmpo.io import RunStopped, StopSignals, resume_command
 
-__all__ = ["StopCallback", "stopped_run", "write_running"]
+__all__ = ["StopCallback", "mark_failed", "stopped_run", "write_running"]
 
 _CODES = {"SIGTERM": 1.0, "SIGINT": 2.0}
 _NAMES = {v: k for k, v in _CODES.items()}
@@ -32,6 +32,30 @@ def write_running(run_dir: Path, step: int, main: bool) -> None:
         from gbmpo.train.run import write_status
 
         write_status(run_dir, "running", step, engine="trl")
+
+
+def mark_failed(run_dir: Path, err: BaseException) -> None:
+    """``status.json`` ``failed`` (``interrupted`` for a Ctrl-C outside a step), with the error,
+    when a run that said ``running`` ends on an exception (main process: the one that wrote
+    ``running``). A stop on a signal has written its own status and is left as it is."""
+    import contextlib
+    import json
+
+    from gbmpo.train.run import STATUS_FILE, write_status
+
+    if isinstance(err, RunStopped):
+        return
+    path = Path(run_dir) / STATUS_FILE
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError):  # not started (no status yet), or not this process's file
+        return
+    if not isinstance(status, dict) or status.get("status") != "running":
+        return
+    kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
+    with contextlib.suppress(OSError):  # e.g. a full disk: the original error is reported
+        write_status(run_dir, kind, int(status.get("step") or 0), engine="trl",
+                     error=f"{type(err).__name__}: {err}")  # fmt: skip
 
 
 class StopCallback:
