@@ -160,3 +160,48 @@ def test_resume_after_a_checkpoint_continues(verl_run: Path, tmp_path: Path) -> 
     assert train[0]["grad_norm"] == first["grad_norm"]  # step 1 is the first part's row
     assert train[1]["grad_norm"] > 0
     assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
+
+
+def test_sigterm_stops_verl_and_says_where_it_goes_on(tmp_path: Path) -> None:
+    """SIGTERM to ``gbmpo train`` alone (a scheduler's notice) ends verl's whole process group
+    (no ``main_ppo`` left behind), one line names verl's newest checkpoint and the resume
+    command, status.json says preempted, the exit code is 143."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    argv = _argv(tmp_path, out)
+    argv[argv.index("--steps") + 1] = "50"  # still running when the signal comes
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cli = "import sys; from gbmpo.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", cli, *argv], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    log, deadline = out / "verl_metrics.jsonl", time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if log.is_file() and any('"grad_norm"' in ln or "actor/" in ln
+                                 for ln in log.read_text().splitlines()):  # fmt: skip
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gbmpo train: stopped (preempted, SIGTERM); verl writes no "
+                           "checkpoint on a signal"), last
+    assert f"resume with: gbmpo train --resume {out}" in last
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "preempted" and status["signal"] == "SIGTERM"
+    assert status["engine"] == "verl" and not (out / "summary.json").exists()
+    time.sleep(2)
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "verl.trainer.main_ppo" in text and str(out) in text:
+            left.append(text[:200])
+    assert not left, left

@@ -41,13 +41,18 @@ verl's ``trainer.resume_mode=resume_path`` (:func:`resume_overrides`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from gbmpo.engines.checks import (
@@ -65,6 +70,7 @@ from gbmpo.engines.verl_metrics import (
     summarize_run,
 )
 from gbmpo.integrations.common import hydra_value as _value
+from gbmpo.io import RunStopped, resume_command
 
 __all__ = [
     "LAUNCH_FILE",
@@ -269,13 +275,78 @@ def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
     # Hydra's own output folder (the composed config, the log) inside the run directory, not
     # ./outputs of the working directory
     hydra_dir = f"hydra.run.dir={_value(str(run_dir.resolve() / 'hydra'))}"
-    proc = subprocess.run([python, "-m", "verl.trainer.main_ppo", *ov, hydra_dir], env=env)
+    from gbmpo.train.run import write_status
+
+    write_status(run_dir, "running", _resume_point(run_dir)[2], engine="verl")
+    with _forwarding_signals() as (received, forward):
+        proc = subprocess.Popen([python, "-m", "verl.trainer.main_ppo", *ov, hydra_dir],
+                                env=env, start_new_session=True)  # fmt: skip
+        forward.append(proc)
+        code = proc.wait()
     wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise RuntimeError(f"verl.trainer.main_ppo failed (exit {proc.returncode}); see above")
+    if received:
+        raise _stopped(run_dir, received[0])
+    if code != 0:
+        write_status(run_dir, "failed", _resume_point(run_dir)[2], engine="verl",
+                     error=f"verl.trainer.main_ppo exited with {code}")  # fmt: skip
+        raise RuntimeError(f"verl.trainer.main_ppo failed (exit {code}); see above")
     summary = summarize_run(cfg, run_dir, kind=kind, wall_seconds=wall, n_eval=n_eval)
     write_summary(run_dir, summary)
+    write_status(run_dir, "finished", int(summary.get("steps") or 0), engine="verl")
     return summary
+
+
+@contextlib.contextmanager
+def _forwarding_signals() -> Iterator[tuple[list[str], list[subprocess.Popen[bytes]]]]:
+    """While verl runs (in a session of its own, so that a terminal's Ctrl-C reaches only
+    ``gbmpo train``): SIGTERM / SIGINT are recorded and passed on to verl's whole process group
+    (``main_ppo`` and the Ray processes it started), which ends it. Yields the signals received
+    and the list to put the launched process in."""
+    received: list[str] = []
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
+        for proc in procs:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signum)
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, handle)
+    try:
+        yield received, procs
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class VerlStopped(RunStopped):
+    """A verl run stopped on SIGTERM / SIGINT. verl's trainer writes no checkpoint when it is
+    signalled, so the run goes on from verl's newest checkpoint (``step``; none: it starts
+    over)."""
+
+    def message(self) -> str:
+        head = f"stopped ({self.state}, {self.signame}); verl writes no checkpoint on a signal"
+        if self.checkpoint is None:
+            return (f"{head} and had none yet in {self.run_dir}: resuming starts over; "
+                    f"resume with: {resume_command(self.run_dir or '')}")  # fmt: skip
+        return (f"{head}: its newest is step {self.step} ({self.checkpoint}); resume with: "
+                f"{resume_command(self.run_dir or '')}")  # fmt: skip
+
+
+def _stopped(run_dir: Path, signame: str) -> VerlStopped:
+    """``status.json`` (preempted / interrupted, verl's newest checkpoint) and the stop to
+    raise."""
+    from gbmpo.train.run import write_status
+
+    _, folder, step = _resume_point(run_dir)
+    err = VerlStopped(signame, step=step, checkpoint=folder, run_dir=run_dir)
+    write_status(run_dir, err.state, step, engine="verl", signal=signame,
+                 checkpoint=None if folder is None else str(folder),
+                 resume=resume_command(run_dir))  # fmt: skip
+    return err
 
 
 #: written at launch: where verl's checkpoints are (``verl_checkpoints``) and what a resume
