@@ -191,7 +191,7 @@ class GBMPOTrainer(GRPOTrainer):
 
     @property
     def objective(self) -> TRLObjective:
-        """The resolved gbmpo objective (surrogate, regularizer, coefficient, aggregation)."""
+        """The resolved gbmpo objective (the built objective: surrogate, terms, aggregation)."""
         return self._gbmpo
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
@@ -491,7 +491,10 @@ class GBMPOTrainer(GRPOTrainer):
                 if self.args.use_bias_correction_kl:
                     kl = kl * torch.exp(lp.float() - old_logp.float())
                 values["kl"] = token_mean(kl)
-            if terms:  # the summed value under the objective's label, then each term's
+            # the summed value under the objective's label (0 with every term outside the
+            # loss; not logged when the loss's terms were left out for want of an anchor),
+            # then each term's
+            if terms or not obj.loss_terms:
                 label = obj.spec.regularizer_label
                 values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
                 for t in terms:
