@@ -81,6 +81,7 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
 
     from gbmpo.objectives import compute_policy_loss, get_regularizer
     from gbmpo.objectives.estimators import ExactValues
+    from gbmpo.objectives.loss import LossTerm
     from gbmpo.objectives.spec import BuiltTerm
     from gbmpo.rollout.logprobs import completion_logprobs
     from gbmpo.train.exact import logprobs_and_exact
@@ -105,9 +106,14 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
                 logp, _, exact = logprobs_and_exact(tr, batch, mask, [term], with_entropy=False)
                 reg = ExactValues("kl_k3", exact["kl_k3"])
             loss, metrics = compute_policy_loss(
-                logp=logp, old_logp=None, ref_logp=ref_logp, advantages=advantages, mask=mask,
-                surrogate="clip", regularizer=reg,
-                coef=COEF, aggregation="dr_grpo", max_len=a.completion,
+                logp=logp,
+                old_logp=None,
+                advantages=advantages,
+                mask=mask,
+                surrogate="clip",
+                terms=[LossTerm("kl_k3", reg, COEF, ref_logp)],
+                aggregation="dr_grpo",
+                max_len=a.completion,
             )  # fmt: skip
             loss.backward()
         runs.append(m.record())

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import subprocess
 import sys
 import tempfile
@@ -146,12 +147,19 @@ def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], reg
         reg = objectives.get_regularizer(regularizer)
     coef = 0.0 if reg is None else BETA
     adv = x["adv"][:, 0]
+    # the regularizer as a list of terms; a --before revision older than that takes
+    # regularizer= / coef= / ref_logp= instead
+    if "regularizer" in inspect.signature(objectives.compute_policy_loss).parameters:
+        reg_kw: dict[str, Any] = {"regularizer": reg, "coef": coef, "ref_logp": x["ref"]}
+    else:
+        reg_kw = {"terms": [] if reg is None else
+                  [objectives.LossTerm(reg.name, reg, coef, x["ref"])]}  # fmt: skip
 
     def step() -> None:
         lp = x["logp"].clone().requires_grad_(True)
         loss, _ = objectives.compute_policy_loss(
-            logp=lp, old_logp=x["old"], ref_logp=x["ref"], advantages=adv, mask=x["mask"],
-            surrogate=surr, regularizer=reg, coef=coef, aggregation="grpo",
+            logp=lp, old_logp=x["old"], advantages=adv, mask=x["mask"], surrogate=surr,
+            aggregation="grpo", **reg_kw,
         )  # fmt: skip
         loss.backward()
 

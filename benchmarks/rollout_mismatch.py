@@ -33,7 +33,7 @@ def measure(generator: str, dtype: torch.dtype, top_p: float, top_k: int, args: 
 
     batch = generate(model, tok, prompts, num_return_sequences=args.generations,
                      max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=top_p,
-                     top_k=top_k, generator_seed=args.seed, engine=generator,
+                     top_k=top_k, generator_seed=args.seed, generator=generator,
                      return_logprobs=True)  # fmt: skip
     with torch.no_grad():
         trainer, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask,

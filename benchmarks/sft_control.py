@@ -45,7 +45,7 @@ def heldout_accuracy(model: Any, tokenizer: Any, task: ArithmeticTask) -> float:
     """Greedy accuracy on the test split, with the trainer's evaluation settings."""
     model.eval()
     out = evaluate(model, tokenizer, task, split="test", samples=1, temperature=0.0,
-                   max_new_tokens=40, batch_size=64, engine="gbmpo")
+                   max_new_tokens=40, batch_size=64, generator="gbmpo")
     model.train()
     return float(out["metrics"]["accuracy"])
 

@@ -79,10 +79,15 @@ def _verl(
 
 def _ours(x: dict[str, Tensor], surrogate: Any, aggregation: str) -> tuple[Tensor, Tensor, dict]:
     lp = x["logp"].clone().requires_grad_(True)
-    loss, metrics = compute_policy_loss(logp=lp, old_logp=x["old"], ref_logp=None,
-                                        advantages=x["adv"], mask=x["mask"],
-                                        surrogate=surrogate, regularizer=None,
-                                        aggregation=aggregation)  # fmt: skip
+    loss, metrics = compute_policy_loss(
+        logp=lp,
+        old_logp=x["old"],
+        advantages=x["adv"],
+        mask=x["mask"],
+        surrogate=surrogate,
+        terms=(),
+        aggregation=aggregation,
+    )  # fmt: skip
     (g,) = torch.autograd.grad(loss, lp)
     return loss.detach(), g, metrics
 

@@ -87,8 +87,14 @@ def test_gpg_and_dro_equal_verls_policy_losses(mode: str, loss_mode: str,
     params = {} if beta is None else {"beta": beta}
     lp_g = x["logp"].clone().requires_grad_(True)
     l_gb, _ = compute_policy_loss(
-        logp=lp_g, old_logp=x["old"], ref_logp=None, advantages=x["adv"], mask=x["mask"],
-        surrogate=get_surrogate(loss_mode, **params), regularizer=None, aggregation=agg, **kw,
+        logp=lp_g,
+        old_logp=x["old"],
+        advantages=x["adv"],
+        mask=x["mask"],
+        surrogate=get_surrogate(loss_mode, **params),
+        terms=(),
+        aggregation=agg,
+        **kw,
     )  # fmt: skip
     (g_gb,) = torch.autograd.grad(l_gb, lp_g)
     assert float((l_gb - l_ref).detach().abs()) <= TOL, mode

@@ -30,6 +30,7 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 import gbmpo.integrations.verl as gv  # noqa: E402
 from gbmpo.objectives import (  # noqa: E402
+    LossTerm,
     NeuralMirrorMap,
     compute_policy_loss,
     get_regularizer,
@@ -219,8 +220,14 @@ def test_gbmpo_compute_policy_loss_equals_verl(mode: str) -> None:
     lp_g = x["logp"].clone().requires_grad_(True)
     surrogate = get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0)
     l_gb, _ = compute_policy_loss(
-        logp=lp_g, old_logp=x["old"], ref_logp=x["ref"], advantages=x["adv"], mask=x["mask"],
-        surrogate=surrogate, regularizer="kl_k3", coef=COEF, aggregation=agg, **kw,
+        logp=lp_g,
+        old_logp=x["old"],
+        advantages=x["adv"],
+        mask=x["mask"],
+        surrogate=surrogate,
+        terms=[LossTerm("kl_k3", "kl_k3", COEF, x["ref"])],
+        aggregation=agg,
+        **kw,
     )  # fmt: skip
     (g_gb,) = torch.autograd.grad(l_gb, lp_g)
     dl = float((l_gb - l_ref).detach().abs())
@@ -299,8 +306,13 @@ def test_plugin_name_matches_gbmpo(loss_mode: str, params: dict[str, Any]) -> No
     surrogate = get_surrogate(name, **derived, **params)
     lp = x["logp"].clone().requires_grad_(True)
     l_gb, _ = compute_policy_loss(
-        logp=lp, old_logp=x["old"], ref_logp=None, advantages=x["adv"], mask=x["mask"],
-        surrogate=surrogate, regularizer=None, aggregation="bnpo",
+        logp=lp,
+        old_logp=x["old"],
+        advantages=x["adv"],
+        mask=x["mask"],
+        surrogate=surrogate,
+        terms=(),
+        aggregation="bnpo",
     )  # fmt: skip
     (g_gb,) = torch.autograd.grad(l_gb, lp)
     assert float((loss - l_gb).abs()) <= TOL
@@ -621,7 +633,6 @@ def test_sum_of_terms_equals_the_own_engines_sum(mode: str) -> None:
     through verl's own ``ppo_loss`` equal the own engine's ``compute_policy_loss(terms=...)``
     in loss and gradient; the terms' ``kl_loss`` is the own engine's ``reg_loss``."""
     from gbmpo.integrations.common import verl_objective_overrides
-    from gbmpo.objectives.loss import LossTerm
 
     x = _tensors(seed=211 + MODES.index(mode))
     t = x["mask"].shape[1]
@@ -653,9 +664,14 @@ def test_sum_of_terms_equals_the_own_engines_sum(mode: str) -> None:
                  LossTerm("rpg_ufkl", get_regularizer("rpg_ufkl", clamp=10.0), 0.002,
                           x["old"])]  # fmt: skip
     l_g, m_g = compute_policy_loss(
-        logp=lp, old_logp=x["old"], ref_logp=None, advantages=x["adv"], mask=x["mask"],
+        logp=lp,
+        old_logp=x["old"],
+        advantages=x["adv"],
+        mask=x["mask"],
         surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0),
-        regularizer=None, aggregation=agg, terms=own_terms, **kw,
+        aggregation=agg,
+        terms=own_terms,
+        **kw,
     )  # fmt: skip
     (g_g,) = torch.autograd.grad(l_g, lp)
     dl, dg = float((l_g.detach() - l_v).abs()), float((g_g - g_v).abs().max())

@@ -109,7 +109,7 @@ def test_cpu_run_writes_the_shared_run_directory(verl_run: Path) -> None:
 def test_first_step_loss_equals_the_own_engines_on_verls_batch(verl_run: Path) -> None:
     import torch
 
-    from gbmpo.objectives import compute_policy_loss, get_regularizer, get_surrogate
+    from gbmpo.objectives import LossTerm, compute_policy_loss, get_regularizer, get_surrogate
     from gbmpo.train.config import load_config
 
     cfg = load_config(verl_run / "config.yaml")
@@ -121,11 +121,15 @@ def test_first_step_loss_equals_the_own_engines_on_verls_batch(verl_run: Path) -
     o = cfg.objective
     reg = o.regularizer
     own_loss, own = compute_policy_loss(
-        logp=pl["log_prob"].double(), old_logp=pl["old_log_prob"].double(),
-        ref_logp=kl["ref_log_prob"].double(), advantages=pl["advantages"].double(),
-        mask=pl["response_mask"], surrogate=get_surrogate(o.surrogate.name, **o.surrogate.params),
-        regularizer=get_regularizer(reg.name, **reg.params), coef=reg.coef,
-        aggregation=o.aggregation, max_len=MAX_NEW,
+        logp=pl["log_prob"].double(),
+        old_logp=pl["old_log_prob"].double(),
+        advantages=pl["advantages"].double(),
+        mask=pl["response_mask"],
+        surrogate=get_surrogate(o.surrogate.name, **o.surrogate.params),
+        terms=[LossTerm(reg.name, get_regularizer(reg.name, **reg.params), reg.coef,
+                        kl["ref_log_prob"].double())],
+        aggregation=o.aggregation,
+        max_len=MAX_NEW,
     )  # fmt: skip
     step1 = next(r for r in _rows(verl_run) if r["step"] == 1)
     assert own["pg_loss"] == pytest.approx(step1["verl/actor/pg_loss"], abs=1e-6)

@@ -198,7 +198,7 @@ def test_yaml_exponent_in_free_params_is_a_number_and_names_stay_text() -> None:
     assert spec.surrogate.params == {"delta": 0.02} and spec.terms[0].params == {"clamp": 10.0}
     assert spec.terms[0].coef == 0.05
     built = spec.build()
-    assert built.surrogate.delta == 0.02 and built.coef == 0.05
+    assert built.surrogate.delta == 0.02 and built.terms[0].coef == 0.05
     kept = ObjectiveSpec.from_dict({"surrogate": {"name": "divergence_clip",
                                                   "params": {"measure": "k3", "delta_low": 0.1}}})
     assert kept.surrogate.params["measure"] == "k3"

@@ -45,7 +45,8 @@ def test_defaults_match_trl_defaults() -> None:
     assert c.beta == t.beta == 0.0 and not c.needs_reference_model
     assert (c.loss_type, c.epsilon, c.clip_mode) == (t.loss_type, t.epsilon, "ratio")
     obj = build_objective(c)
-    assert obj.surrogate_name == "clip" and obj.aggregation == "bnpo" and obj.coef == 0.0
+    assert obj.surrogate_name == "clip" and obj.aggregation == "bnpo"
+    assert obj.terms[0].coef == 0.0
     assert c.use_bias_correction_kl is t.use_bias_correction_kl is True
     assert cfg(use_bias_correction_kl=False, beta=0.04).regularizer == "kl_k3"
     # not TRL's k3: used as named; at coefficient 0 GSPO is not refused (nothing to weight)
@@ -147,9 +148,9 @@ def test_objective_mapping() -> None:
     o = build_objective(cfg(clip_mode="divergence", clip_measure="k3", clip_delta=0.02))
     assert o.surrogate.bounds == atr_bounds(0.02)
     o = build_objective(cfg(loss_type="luspo", regularizer="rpg_rkl", regularizer_clamp=10.0))
-    assert o.aggregation == "seq_mean_token_sum" and o.regularizer.params["clamp"] == 10.0
+    assert o.aggregation == "seq_mean_token_sum" and o.terms[0].regularizer.params["clamp"] == 10.0
     o = build_objective(cfg(regularizer="neural_mirror", regularizer_coef=1e-4))
-    assert o.regularizer.name == "neural_mirror" and o.coef == 1e-4
+    assert o.terms[0].regularizer.name == "neural_mirror" and o.terms[0].coef == 1e-4
 
 
 def test_dapo_normalizer() -> None:

@@ -251,8 +251,13 @@ def test_k1_in_the_reward_through_gbmpo_trainer_is_the_exact_kl_regularized_grad
                                          ref_logp=ref_logp, mask=mask)  # fmt: skip
     advantages = shaped_advantages(rewards, penalty, len(seqs), "none")
     loss, _ = compute_policy_loss(
-        logp=logp, old_logp=None, ref_logp=None, advantages=advantages, mask=mask,
-        surrogate="clip", regularizer=None, aggregation="seq_mean_token_sum",
+        logp=logp,
+        old_logp=None,
+        advantages=advantages,
+        mask=mask,
+        surrogate="clip",
+        terms=(),
+        aggregation="seq_mean_token_sum",
         token_weights=(p * len(seqs))[:, None],
     )  # fmt: skip
     grads = torch.autograd.grad(loss, (theta1, theta2), retain_graph=True)

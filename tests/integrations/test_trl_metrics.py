@@ -63,12 +63,12 @@ def test_monitoring_loads_the_reference_when_the_loss_does_not() -> None:
     args = GBMPOConfig(output_dir="unused", use_cpu=True, num_generations=4,
                        per_device_train_batch_size=4, monitor_reference=True,
                        objective=objective)  # fmt: skip
-    assert args.beta != 0.0 and build_objective(args).coef == 0.0
+    assert args.beta != 0.0 and build_objective(args).terms[0].coef == 0.0
     args = GBMPOConfig(output_dir="unused", use_cpu=True, num_generations=4,
                        per_device_train_batch_size=4, monitor_reference=True,
                        objective={"regularizer": {"name": "kl_k3", "coef": 0.3,
                                                   "anchor": "old"}})  # fmt: skip
-    assert args.beta != 0.0 and build_objective(args).anchor == "old"
+    assert args.beta != 0.0 and build_objective(args).terms[0].anchor == "old"
 
 
 def test_window_means_weight_micro_batches_by_their_tokens() -> None:

@@ -34,8 +34,10 @@ def test_spec_and_aliases_build_the_same_objective(tmp_path: Path) -> None:
         spec_cfg = GBMPOConfig(**BASE, objective=objective)
         assert spec_cfg.objective == spec_from_trl_fields(aliases).to_dict()
         a, b = build_objective(aliases), build_objective(spec_cfg)
-        assert a.surrogate == b.surrogate and a.regularizer.name == b.regularizer.name
-        assert (a.coef, a.anchor, a.aggregation) == (b.coef, b.anchor, b.aggregation)
+        assert a.surrogate == b.surrogate and len(a.terms) == len(b.terms) == 1
+        (ta,), (tb,) = a.terms, b.terms
+        assert ta.regularizer.name == tb.regularizer.name
+        assert (ta.coef, ta.anchor, a.aggregation) == (tb.coef, tb.anchor, b.aggregation)
         # the TRL fields the spec determines
         assert (spec_cfg.loss_type, spec_cfg.scale_rewards) == ("dr_grpo", "group")
         assert spec_cfg.beta == 0.1 and spec_cfg.needs_reference_model
@@ -75,4 +77,4 @@ def test_gbmpo_config_pickles_without_its_built_objective(tmp_path) -> None:
                        report_to="none", use_cpu=True)  # fmt: skip
     again = pickle.loads(pickle.dumps(args))
     assert again.objective == args.objective and again.needs_reference_model
-    assert build_objective(again).coef == 0.1
+    assert build_objective(again).terms[0].coef == 0.1

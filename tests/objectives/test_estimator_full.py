@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gbmpo.objectives import compute_policy_loss, get_regularizer
+from gbmpo.objectives import LossTerm, compute_policy_loss, get_regularizer
 from gbmpo.objectives.aggregate import aggregate
 from gbmpo.objectives.estimators import (
     FULL_FORMS,
@@ -89,9 +89,14 @@ def test_exact_values_enter_the_loss_as_a_sampled_term_would() -> None:
             brute = _brute("kl_k3", logits, y) * mask
             reg = ExactValues("kl_k3", brute)
         return compute_policy_loss(
-            logp=logp, old_logp=None, ref_logp=None, advantages=adv, mask=mask,
-            surrogate="clip", regularizer=reg, coef=coef,
-            aggregation="dr_grpo", max_len=T,
+            logp=logp,
+            old_logp=None,
+            advantages=adv,
+            mask=mask,
+            surrogate="clip",
+            terms=[LossTerm("kl_k3", reg, coef, None)],
+            aggregation="dr_grpo",
+            max_len=T,
         )  # fmt: skip
 
     xa = x.clone().requires_grad_()

@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from gbmpo.objectives import aggregate, compute_policy_loss, get_regularizer, get_surrogate
+from gbmpo.objectives import (
+    LossTerm,
+    aggregate,
+    compute_policy_loss,
+    get_regularizer,
+    get_surrogate,
+)
 from gbmpo.registry import UnknownNameError
 
 F64 = torch.float64
@@ -36,10 +42,12 @@ def test_prob_l2_loss_gradient_matches_analytic(weights):
     tw = _token_weights(weights)
     w_tok = torch.ones(6, 5, dtype=F64) if tw is None else tw.expand(6, 5)
     loss, metrics = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
         surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28),
-        regularizer=get_regularizer("prob_l2"),
-        coef=coef,
+        terms=[LossTerm("prob_l2", get_regularizer("prob_l2"), coef, ref)],
         aggregation="dr_grpo",
         max_len=8,
         token_weights=tw,
@@ -67,17 +75,21 @@ def test_prob_l2_loss_gradient_matches_analytic(weights):
 def test_names_are_resolved_through_the_registries():
     logp, old, ref, adv, mask = batch()
     by_name, m1 = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
         surrogate="clip",
-        regularizer="kl_k3",
-        coef=0.1,
+        terms=[LossTerm("kl_k3", "kl_k3", 0.1, ref)],
         aggregation="bnpo",
     )
     by_obj, m2 = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
         surrogate=get_surrogate("clip"),
-        regularizer=get_regularizer("kl_k3"),
-        coef=0.1,
+        terms=[LossTerm("kl_k3", get_regularizer("kl_k3"), 0.1, ref)],
         aggregation="bnpo",
     )
     torch.testing.assert_close(by_name, by_obj)
@@ -86,31 +98,28 @@ def test_names_are_resolved_through_the_registries():
         compute_policy_loss(
             logp=logp,
             old_logp=old,
-            ref_logp=ref,
             advantages=adv,
             mask=mask,
             surrogate="ppo",
-            regularizer=None,
+            terms=(),
         )
     with pytest.raises(UnknownNameError, match="valid names"):
         compute_policy_loss(
             logp=logp,
             old_logp=old,
-            ref_logp=ref,
             advantages=adv,
             mask=mask,
             surrogate="clip",
-            regularizer="kl_k9",
+            terms=[LossTerm("kl_k9", "kl_k9", 0.0, ref)],
         )
     with pytest.raises(UnknownNameError, match="valid names: bnpo"):
         compute_policy_loss(
             logp=logp,
             old_logp=old,
-            ref_logp=ref,
             advantages=adv,
             mask=mask,
             surrogate="clip",
-            regularizer=None,
+            terms=(),
             aggregation="mean",
         )
 
@@ -121,56 +130,43 @@ def test_reference_requirements():
         compute_policy_loss(
             logp=logp,
             old_logp=old,
-            ref_logp=None,
             advantages=adv,
             mask=mask,
             surrogate="clip",
-            regularizer="prob_l2",
-            coef=0.1,
+            terms=[LossTerm("prob_l2", "prob_l2", 0.1, None)],
         )
     # needs_ref False: no reference needed
     loss, metrics = compute_policy_loss(
         logp=logp,
         old_logp=old,
-        ref_logp=None,
         advantages=adv,
         mask=mask,
         surrogate="clip",
-        regularizer="none",
-        coef=0.1,
+        terms=[LossTerm("none", "none", 0.1, None)],
     )
     assert metrics["reg_value"] == 0.0 and torch.isfinite(loss)
     loss2, _ = compute_policy_loss(
         logp=logp,
         old_logp=old,
-        ref_logp=None,
         advantages=adv,
         mask=mask,
         surrogate="clip",
-        regularizer=None,
+        terms=(),
     )
     torch.testing.assert_close(loss, loss2)
-    with pytest.raises(ValueError, match="regularizer is None"):
-        compute_policy_loss(
-            logp=logp,
-            old_logp=old,
-            ref_logp=None,
-            advantages=adv,
-            mask=mask,
-            surrogate="clip",
-            regularizer=None,
-            coef=0.1,
-        )
+    for bad in (LossTerm("none", "none", 0.1, None), [("prob_l2", 0.1)]):
+        with pytest.raises(TypeError, match="sequence of LossTerm"):
+            compute_policy_loss(
+                logp=logp, old_logp=old, advantages=adv, mask=mask, surrogate="clip", terms=bad
+            )
     with pytest.raises(ValueError, match="coef"):
         compute_policy_loss(
             logp=logp,
             old_logp=old,
-            ref_logp=None,
             advantages=adv,
             mask=mask,
             surrogate="clip",
-            regularizer="none",
-            coef=math.nan,
+            terms=[LossTerm("none", "none", math.nan, None)],
         )
 
 
@@ -183,12 +179,10 @@ def test_reg_loss_survives_a_surrogate_far_larger_in_float32():
     loss, m = compute_policy_loss(
         logp=logp,
         old_logp=old,
-        ref_logp=ref,
         advantages=adv,
         mask=mask,
         surrogate="clip",
-        regularizer="prob_l2",
-        coef=1e-3,
+        terms=[LossTerm("prob_l2", "prob_l2", 1e-3, ref)],
         aggregation="bnpo",
     )
     p, q = logp.exp(), ref.exp()
@@ -202,21 +196,18 @@ def test_coef_zero_reports_but_does_not_add_the_regularizer():
     with_reg, m = compute_policy_loss(
         logp=logp,
         old_logp=old,
-        ref_logp=ref,
         advantages=adv,
         mask=mask,
         surrogate="clip",
-        regularizer="prob_l2",
-        coef=0.0,
+        terms=[LossTerm("prob_l2", "prob_l2", 0.0, ref)],
     )
     without, _ = compute_policy_loss(
         logp=logp,
         old_logp=old,
-        ref_logp=ref,
         advantages=adv,
         mask=mask,
         surrogate="clip",
-        regularizer=None,
+        terms=(),
     )
     torch.testing.assert_close(with_reg, without)
     assert m["reg_value"] > 0
@@ -230,17 +221,22 @@ def test_rpg_fully_differentiable_equals_rpg_reinforce(variant):
     logp, old, _, adv, mask = batch(b=8, t=6, seed=3)
     beta = 0.4
     kw = {"aggregation": "bnpo"}
-    fd, _ = compute_policy_loss(  # anchored at pi_old: the rollout log-probs as ref_logp
-        logp=logp, old_logp=old, ref_logp=old, advantages=adv, mask=mask,
+    fd, _ = compute_policy_loss(
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
         surrogate=get_surrogate("rpg_clip", c=3.0),
-        regularizer=get_regularizer(f"rpg_{variant}"),
-        coef=beta,
+        terms=[LossTerm(f"rpg_{variant}", get_regularizer(f"rpg_{variant}"), beta, old)],
         **kw,
     )
     rf, m = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=None, advantages=adv, mask=mask,
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
         surrogate=get_surrogate("rpg_reinforce", variant=variant, beta=beta),
-        regularizer=None,
+        terms=(),
         **kw,
     )
     assert m["clip_frac_low"] == m["clip_frac_high"] == 0.0
@@ -260,10 +256,12 @@ def test_local_callable_regularizer_and_on_policy_default():
             return -logp.to(torch.float64)
 
     loss, metrics = compute_policy_loss(
-        logp=logp, old_logp=None, ref_logp=None, advantages=adv, mask=mask,
+        logp=logp,
+        old_logp=None,
+        advantages=adv,
+        mask=mask,
         surrogate="clip",
-        regularizer=Entropyish(),
-        coef=0.5,
+        terms=[LossTerm("entropyish", Entropyish(), 0.5, None)],
         aggregation="grpo",
     )
     (g,) = torch.autograd.grad(loss, logp)
@@ -274,15 +272,25 @@ def test_local_callable_regularizer_and_on_policy_default():
 
 def test_micro_batches_through_compute_policy_loss():
     logp, old, ref, adv, mask = batch(b=8, t=6, spread=0.5, seed=4)
-    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.2, "max_len": 6}
+    kw = {"surrogate": "clip", "max_len": 6}
     for mode in ("grpo", "bnpo", "dr_grpo", "seq_mean_token_sum"):
         full, _ = compute_policy_loss(
-            logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, aggregation=mode, **kw
+            logp=logp,
+            old_logp=old,
+            advantages=adv,
+            mask=mask,
+            terms=[LossTerm("kl_k3", "kl_k3", 0.2, ref)],
+            aggregation=mode,
+            **kw,
         )
         (g_full,) = torch.autograd.grad(full, logp)
         parts = [
             compute_policy_loss(
-                logp=logp[r], old_logp=old[r], ref_logp=ref[r], advantages=adv[r], mask=mask[r],
+                logp=logp[r],
+                old_logp=old[r],
+                advantages=adv[r],
+                mask=mask[r],
+                terms=[LossTerm("kl_k3", "kl_k3", 0.2, ref[r])],
                 aggregation=mode,
                 num_sequences=8,
                 num_tokens=float(mask.sum()),
@@ -303,12 +311,10 @@ def test_bf16_inputs_give_finite_float32_loss():
         loss, metrics = compute_policy_loss(
             logp=x,
             old_logp=old.to(torch.bfloat16),
-            ref_logp=ref.to(torch.bfloat16),
             advantages=adv.to(torch.bfloat16),
             mask=mask.bool(),
             surrogate="gspo",
-            regularizer=reg,
-            coef=0.1,
+            terms=[LossTerm(reg, reg, 0.1, ref.to(torch.bfloat16))],
             aggregation="grpo",
         )
         assert loss.dtype == torch.float32 and torch.isfinite(loss)
@@ -328,16 +334,14 @@ def _weights(b=6, t=5, seed=7):
 @pytest.mark.parametrize("aggregation", ["grpo", "bnpo", "dr_grpo", "seq_mean_token_sum"])
 def test_token_weights_of_ones_equal_none(aggregation):
     logp, old, ref, adv, mask = batch(spread=0.6)  # some tokens clipped
-    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": aggregation}
-    base, m0 = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, **kw
-    )
+    kw = {"surrogate": "clip", "terms": [LossTerm("kl_k3", "kl_k3", 0.1, ref)],
+          "aggregation": aggregation}
+    base, m0 = compute_policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask, **kw)
     (g0,) = torch.autograd.grad(base, logp)
     for ones in (torch.ones_like(mask), torch.ones(6, 1, dtype=torch.bool)):
         loss, m1 = compute_policy_loss(
             logp=logp,
             old_logp=old,
-            ref_logp=ref,
             advantages=adv,
             mask=mask,
             token_weights=ones,
@@ -358,10 +362,12 @@ def test_token_weights_by_hand_float64():
     w = torch.tensor([[0.5, 2.0, 1.25], [0.0, 3.0, math.nan]], dtype=F64)  # NaN on padding
     lam, z = 0.3, 4.0
     loss, metrics = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask,
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
         surrogate=get_surrogate("clip", eps_low=0.2, eps_high=0.28),
-        regularizer="kl_k3",
-        coef=lam,
+        terms=[LossTerm("kl_k3", "kl_k3", lam, ref)],
         aggregation="bnpo",
         num_tokens=z,
         token_weights=w,
@@ -388,14 +394,12 @@ def test_token_weights_by_hand_float64():
 def test_token_weights_do_not_multiply_the_regularizer():
     logp, old, ref, _, mask = batch()
     zero_adv = torch.zeros(6, dtype=F64)  # surrogate 0: only the regularizer is left
-    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.2, "aggregation": "bnpo"}
-    plain, _ = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=zero_adv, mask=mask, **kw
-    )
+    kw = {"surrogate": "clip", "terms": [LossTerm("kl_k3", "kl_k3", 0.2, ref)],
+          "aggregation": "bnpo"}
+    plain, _ = compute_policy_loss(logp=logp, old_logp=old, advantages=zero_adv, mask=mask, **kw)
     weighted, m = compute_policy_loss(
         logp=logp,
         old_logp=old,
-        ref_logp=ref,
         advantages=zero_adv,
         mask=mask,
         token_weights=3.0 * _weights(),
@@ -407,15 +411,20 @@ def test_token_weights_do_not_multiply_the_regularizer():
 
 def test_per_sequence_token_weights_broadcast():
     logp, old, ref, adv, mask = batch(spread=0.6)
-    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": "grpo"}
+    kw = {"surrogate": "clip", "terms": [LossTerm("kl_k3", "kl_k3", 0.1, ref)],
+          "aggregation": "grpo"}
     col = _weights()[:, :1]
     a, ma = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, token_weights=col, **kw
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
+        token_weights=col,
+        **kw,
     )
     b, mb = compute_policy_loss(
         logp=logp,
         old_logp=old,
-        ref_logp=ref,
         advantages=adv,
         mask=mask,
         token_weights=col.expand(6, 5),
@@ -426,13 +435,12 @@ def test_per_sequence_token_weights_broadcast():
 
 def test_token_weights_errors_name_the_parameter():
     logp, old, ref, adv, mask = batch()
-    kw = {"surrogate": "clip", "regularizer": None}
+    kw = {"surrogate": "clip"}
     for bad in (torch.ones(6), torch.ones(6, 4), torch.ones(5, 5), torch.ones(1, 6, 5)):
         with pytest.raises(ValueError, match="token_weights must be"):
             compute_policy_loss(
                 logp=logp,
                 old_logp=old,
-                ref_logp=ref,
                 advantages=adv,
                 mask=mask,
                 token_weights=bad,
@@ -442,7 +450,6 @@ def test_token_weights_errors_name_the_parameter():
         compute_policy_loss(
             logp=logp,
             old_logp=old,
-            ref_logp=ref,
             advantages=adv,
             mask=mask,
             token_weights=[[1.0] * 5] * 6,
@@ -454,15 +461,19 @@ def test_num_tokens_below_local_count_through_compute_policy_loss():
     """bnpo with Z below this batch's token count: loss and gradient are the token sum / Z,
     i.e. the default (local token mean) times local / Z."""
     logp, old, ref, adv, mask = batch()
-    kw = {"surrogate": "clip", "regularizer": "kl_k3", "coef": 0.1, "aggregation": "bnpo"}
+    kw = {"surrogate": "clip", "terms": [LossTerm("kl_k3", "kl_k3", 0.1, ref)],
+          "aggregation": "bnpo"}
     local = float(mask.sum())
     z = local / 3.0
-    mean, m0 = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, **kw
-    )
+    mean, m0 = compute_policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask, **kw)
     (g_mean,) = torch.autograd.grad(mean, logp)
     loss, m1 = compute_policy_loss(
-        logp=logp, old_logp=old, ref_logp=ref, advantages=adv, mask=mask, num_tokens=z, **kw
+        logp=logp,
+        old_logp=old,
+        advantages=adv,
+        mask=mask,
+        num_tokens=z,
+        **kw,
     )
     (g,) = torch.autograd.grad(loss, logp)
     torch.testing.assert_close(loss, mean * (local / z))
@@ -473,7 +484,6 @@ def test_num_tokens_below_local_count_through_compute_policy_loss():
             compute_policy_loss(
                 logp=logp,
                 old_logp=old,
-                ref_logp=ref,
                 advantages=adv,
                 mask=mask,
                 num_tokens=bad,

@@ -19,7 +19,7 @@ from gbmpo.objectives.full_vocab import (
     full_vocab_bregman,
     full_vocab_bregman_from_hidden,
 )
-from gbmpo.objectives.loss import compute_policy_loss
+from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.mirror import NeuralMirrorMap
 from gbmpo.objectives.regularizers import REGULARIZERS, exp_bound, get_regularizer
 
@@ -217,12 +217,10 @@ def test_surrogates_and_loss_finite_over_extreme_log_ratios(rows, adv, which, dt
     loss, _ = compute_policy_loss(
         logp=lp,
         old_logp=old,
-        ref_logp=old.flip(-1),
         advantages=advantages,
         mask=mask,
         surrogate=surr,
-        regularizer=reg,
-        coef=0.1,
+        terms=[LossTerm(reg, reg, 0.1, old.flip(-1))],
         aggregation=agg,
     )
     (g,) = torch.autograd.grad(loss, lp)

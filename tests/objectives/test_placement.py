@@ -79,8 +79,12 @@ def _reinforce_loss(logp: Tensor, advantages: Tensor, p: Tensor) -> Tensor:
     """The exact expectation of the on-policy clip surrogate: ``-sum_s pi(s) A(s) sum_t
     log pi`` in gradient (compute_policy_loss with the sequence weights pi(s) * N)."""
     loss, _ = compute_policy_loss(
-        logp=logp, old_logp=None, ref_logp=None, advantages=advantages, mask=MASK,
-        surrogate="clip", regularizer=None,
+        logp=logp,
+        old_logp=None,
+        advantages=advantages,
+        mask=MASK,
+        surrogate="clip",
+        terms=(),
         aggregation="seq_mean_token_sum",
         token_weights=(p * len(SEQS))[:, None],
     )  # fmt: skip
@@ -144,27 +148,30 @@ def test_a_sum_of_terms_is_the_sum_of_each_term_alone() -> None:
     def run(**kw):
         logp = _token_logp(theta1, theta2)
         loss, m = compute_policy_loss(
-            logp=logp, old_logp=None, ref_logp=ref_logp, advantages=adv, mask=MASK,
-            surrogate="clip", aggregation="dr_grpo", max_len=T, **kw,
+            logp=logp,
+            old_logp=None,
+            advantages=adv,
+            mask=MASK,
+            surrogate="clip",
+            aggregation="dr_grpo",
+            max_len=T,
+            **kw,
         )  # fmt: skip
         return loss, _grad(loss, theta1, theta2), m
 
     pl2, k3 = get_regularizer("prob_l2"), get_regularizer("kl_k3")
     loss_sum, g_sum, m = run(
-        regularizer=None,
         terms=[LossTerm("prob_l2", pl2, 0.3, ref_logp), LossTerm("kl_k3", k3, 0.2, ref_logp)],
     )
-    loss0, g0, _ = run(regularizer=None)
-    loss_a, g_a, m_a = run(regularizer=pl2, coef=0.3)
-    loss_b, g_b, m_b = run(regularizer=k3, coef=0.2)
+    loss0, g0, _ = run(terms=())
+    loss_a, g_a, m_a = run(terms=[LossTerm("prob_l2", pl2, 0.3, ref_logp)])
+    loss_b, g_b, m_b = run(terms=[LossTerm("kl_k3", k3, 0.2, ref_logp)])
     torch.testing.assert_close(loss_sum, loss_a + loss_b - loss0)
     torch.testing.assert_close(g_sum, g_a + g_b - g0)
     assert m["reg_loss/prob_l2"] == pytest.approx(m_a["reg_loss"])
     assert m["reg_loss/kl_k3"] == pytest.approx(m_b["reg_loss"])
     assert m["reg_loss"] == pytest.approx(m_a["reg_loss"] + m_b["reg_loss"])
     assert m["reg_value"] == pytest.approx(m_a["reg_value"] + m_b["reg_value"])
-    with pytest.raises(ValueError, match="either terms or regularizer"):
-        run(regularizer=pl2, coef=0.3, terms=[])
 
 
 def test_sequence_penalty_equals_verl_token_level_rewards() -> None:
@@ -196,8 +203,9 @@ def test_spec_terms_round_trip_and_errors() -> None:
     built = spec.build()
     assert [t.name for t in built.loss_terms] == ["prob_l2"]
     assert [t.name for t in built.reward_terms] == ["kl_k1"]
-    assert built.needs_ref and built.anchored_on_ref and not built.single_loss_term
-    assert ObjectiveSpec().build().single_loss_term  # the default: one term in the loss
+    assert built.needs_ref and built.anchored_on_ref and len(built.loss_terms) == 1
+    default = ObjectiveSpec().build()  # the default: one term in the loss, a tuple of one
+    assert len(default.terms) == 1 and default.loss_terms == default.terms
     for bad, match in (
         ({"regularizer": []}, "empty list"),
         ({"regularizer": [{"name": "none"}, {"name": "kl_k3"}]}, "'none' beside"),

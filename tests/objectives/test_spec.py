@@ -39,7 +39,8 @@ def test_round_trip_and_config_section_are_the_same_thing(tmp_path: Path) -> Non
 def test_check_builds_the_named_objects() -> None:
     built = ObjectiveSpec.from_dict(ATR).build()
     assert built.surrogate.name == "atr" and built.surrogate.delta == 0.02
-    assert built.regularizer.name == "kl_k3" and built.coef == 0.01 and built.anchor == "ref"
+    (term,) = built.terms
+    assert term.regularizer.name == "kl_k3" and term.coef == 0.01 and term.anchor == "ref"
 
 
 @pytest.mark.parametrize(
@@ -95,7 +96,8 @@ def test_deprecated_regularizer_anchor_parameter_becomes_the_terms_anchor() -> N
     term = spec.terms[0]
     assert term.anchor == "old" and term.params == {}
     built = spec.build()
-    assert built.anchor == "old" and not built.anchored_on_ref and not built.terms[0].needs_ref
+    assert built.terms[0].anchor == "old" and not built.anchored_on_ref
+    assert not built.terms[0].needs_ref
     with pytest.warns(DeprecationWarning), pytest.raises(SpecError, match="disagree"):
         ObjectiveSpec.from_dict(
             {"regularizer": {"name": "rpg_ufkl", "anchor": "old", "params": {"anchor": "ref"}}}

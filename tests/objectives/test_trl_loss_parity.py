@@ -104,9 +104,15 @@ def _trl_loss(x: dict[str, Tensor], loss_type: str, **args: Any) -> tuple[Tensor
 
 def _ours(x: dict[str, Tensor], surrogate: Any, aggregation: str) -> tuple[Tensor, Tensor]:
     logp = x["logp"].clone().requires_grad_(True)
-    loss, _ = compute_policy_loss(logp=logp, old_logp=x["old"], ref_logp=None, advantages=x["adv"],
-                                  mask=x["mask"], surrogate=surrogate, regularizer=None,
-                                  aggregation=aggregation)  # fmt: skip
+    loss, _ = compute_policy_loss(
+        logp=logp,
+        old_logp=x["old"],
+        advantages=x["adv"],
+        mask=x["mask"],
+        surrogate=surrogate,
+        terms=(),
+        aggregation=aggregation,
+    )  # fmt: skip
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad
 

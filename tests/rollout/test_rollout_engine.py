@@ -1,4 +1,4 @@
-"""The 'gbmpo' rollout engine (shared-prefill decode loop) and the prompt-sharing log-prob
+"""The 'gbmpo' rollout generator (shared-prefill decode loop) and the prompt-sharing log-prob
 forward: same decisions as transformers, same distribution, same log-probs and gradients."""
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ def _masked(r):  # noqa: ANN001, ANN202
 
 
 @pytest.mark.parametrize("batch_size", [None, 2])
-def test_greedy_engine_matches_transformers_generate(micro_model, batch_size):
+def test_greedy_generator_matches_transformers_generate(micro_model, batch_size):
     """Greedy decoding takes the same tokens as ``model.generate`` (left-padded prompts,
     several rows per prompt from one expanded cache, prompts split into batches;
     transformers refuses several greedy sequences, so it gets each prompt twice)."""
     model, tok = micro_model
     kw = dict(max_new_tokens=12, do_sample=False)
-    ours = generate(model, tok, PROMPTS, engine="gbmpo", num_return_sequences=2,
+    ours = generate(model, tok, PROMPTS, generator="gbmpo", num_return_sequences=2,
                     batch_size=batch_size, **kw)
     twice = [p for p in PROMPTS for _ in range(2)]
-    theirs = generate(model, tok, twice, engine="hf", batch_size=batch_size and 2 * batch_size,
+    theirs = generate(model, tok, twice, generator="hf", batch_size=batch_size and 2 * batch_size,
                       **kw)
     assert ours.num_tokens == theirs.num_tokens
     assert ours.truncated == theirs.truncated
@@ -42,7 +42,7 @@ def test_greedy_engine_matches_transformers_generate(micro_model, batch_size):
     assert ours.texts == theirs.texts
 
 
-def test_greedy_engine_matches_on_the_shipped_model():
+def test_greedy_generator_matches_on_the_shipped_model():
     from gbmpo.eval.evaluation import resolve_task
     from gbmpo.models import load_model_and_tokenizer
 
@@ -50,8 +50,8 @@ def test_greedy_engine_matches_on_the_shipped_model():
     task = resolve_task("arithmetic", tokenizer=tok)
     prompts = [ex["prompt"] for ex in task.split(task.eval_split)[:6]]
     kw = dict(max_new_tokens=40, do_sample=False)
-    ours = generate(model, tok, prompts, engine="gbmpo", **kw)
-    theirs = generate(model, tok, prompts, engine="hf", **kw)
+    ours = generate(model, tok, prompts, generator="gbmpo", **kw)
+    theirs = generate(model, tok, prompts, generator="hf", **kw)
     assert ours.texts == theirs.texts
     assert not any(ours.truncated), "the SFT model ends its answers with EOS"
 
@@ -65,10 +65,10 @@ def test_top_k_one_sampling_is_greedy(micro_model):
     assert torch.equal(_masked(sampled), _masked(greedy))
 
 
-def test_unknown_engine_lists_the_valid_ones(micro_model):
+def test_unknown_generator_lists_the_valid_ones(micro_model):
     model, tok = micro_model
-    with pytest.raises(ValueError, match="valid engines: gbmpo, hf"):
-        generate(model, tok, PROMPTS, engine="vllm")
+    with pytest.raises(ValueError, match="valid generators: gbmpo, hf"):
+        generate(model, tok, PROMPTS, generator="vllm")
 
 
 @settings(max_examples=60, deadline=None)

@@ -113,7 +113,7 @@ def test_full_kl_gradient_is_the_exact_divergences_gradient(micro_model_dir: Pat
 def test_full_in_reward_penalty_is_the_exact_divergence_of_the_rollout(
     micro_model_dir: Path,
 ) -> None:
-    from gbmpo.train.step import in_reward_penalties
+    from gbmpo.train.penalties import in_reward_penalties
 
     trainer = _perturbed_trainer(micro_model_dir, **{
         "objective.regularizer.name": "prob_l2", "objective.regularizer.coef": "2.0",

@@ -23,10 +23,10 @@ def varied_reward(prompts, completions, **columns):
     return [float(len(c) % 3) / 2 for c in completions]
 
 
-def _gap(model, tok, engine: str, top_p: float) -> torch.Tensor:
+def _gap(model, tok, generator: str, top_p: float) -> torch.Tensor:
     """log pi_old - log mu over the valid tokens of one sampled batch."""
     batch = generate(model, tok, PROMPTS, num_return_sequences=4, max_new_tokens=10,
-                     temperature=0.9, top_p=top_p, generator_seed=3, engine=engine,
+                     temperature=0.9, top_p=top_p, generator_seed=3, generator=generator,
                      return_logprobs=True)  # fmt: skip
     trainer, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask,
                                      batch.completion_ids, batch.completion_mask,
@@ -35,17 +35,17 @@ def _gap(model, tok, engine: str, top_p: float) -> torch.Tensor:
     return (trainer - batch.sampling_logp)[batch.completion_mask.bool()]
 
 
-@pytest.mark.parametrize("engine", ["gbmpo", "hf"])
-def test_sampler_log_probs_equal_the_trainers_without_truncation(micro_model, engine):
+@pytest.mark.parametrize("generator", ["gbmpo", "hf"])
+def test_sampler_log_probs_equal_the_trainers_without_truncation(micro_model, generator):
     model, tok = micro_model
-    gap = _gap(model, tok, engine, top_p=1.0)
+    gap = _gap(model, tok, generator, top_p=1.0)
     assert gap.numel() > 0 and gap.abs().max() < 1e-4  # float32 rounding of two forwards
 
 
-@pytest.mark.parametrize("engine", ["gbmpo", "hf"])
-def test_top_p_is_a_mismatch_with_ratio_at_most_one(micro_model, engine):
+@pytest.mark.parametrize("generator", ["gbmpo", "hf"])
+def test_top_p_is_a_mismatch_with_ratio_at_most_one(micro_model, generator):
     model, tok = micro_model
-    gap = _gap(model, tok, engine, top_p=0.5)
+    gap = _gap(model, tok, generator, top_p=0.5)
     assert gap.max() < 1e-4  # mu is the renormalised truncation: mu >= pi_old
     assert gap.mean() < -1e-2  # and the mismatch is real
 

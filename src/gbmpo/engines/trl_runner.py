@@ -288,7 +288,7 @@ def _evaluate(cfg: Any, model: Any, tokenizer: Any, task: Any, split: str,
         temperature=cfg.rollout.temperature if ev.samples > 1 else 0.0,
         top_p=cfg.rollout.top_p if ev.samples > 1 else 1.0,
         max_new_tokens=ev.max_new_tokens, batch_size=ev.batch_size,
-        engine="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
+        generator="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
     )  # fmt: skip
     metrics = result["metrics"].items()
     return {

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from gbmpo.objectives.full_vocab import bregman_rows, total_variation_rows
 from gbmpo.objectives.potentials import NegEntropy, Square
+from gbmpo.objectives.tensors import compute_dtype
 
 __all__ = ["DRIFT_KEYS", "FORWARD_ELEMENTS", "drift_rows", "measure_drift"]
 
@@ -82,9 +83,7 @@ def drift_rows(policy_logits: Tensor, ref_logits: Tensor) -> dict[str, Tensor]:
             f"policy_logits {tuple(policy_logits.shape)} and ref_logits "
             f"{tuple(ref_logits.shape)} must both be [N, V]"
         )
-    dt = torch.float64 if torch.float64 in (policy_logits.dtype, ref_logits.dtype) else (
-        torch.float32
-    )
+    dt = compute_dtype(policy_logits, ref_logits)
     log_p = torch.log_softmax(policy_logits.to(dt), dim=-1)
     p = log_p.exp()
     return {
@@ -139,7 +138,7 @@ def measure_drift(
     max_new_tokens: int = 256,
     batch_size: int = 8,
     seed: int = 0,
-    engine: str = "gbmpo",
+    generator: str = "gbmpo",
     chunk_size: int = 256,
     lean: bool = True,
     progress: Callable[[int, int], None] | None = None,
@@ -157,7 +156,7 @@ def measure_drift(
         batch_size: prompts per ``generate`` call (the forwards take at most
             :data:`FORWARD_ELEMENTS` logits each).
         seed: sampling seed (chunk ``i`` of ``batch_size`` prompts uses ``seed + i``).
-        engine: the rollout engine of :func:`gbmpo.rollout.generate`.
+        generator: the rollout generator of :func:`gbmpo.rollout.generate`.
         chunk_size: token rows per divergence computation.
         lean: use :class:`~gbmpo.rollout.lean_forward.LeanForward` where the model allows it.
         progress: called with (prompts done, prompts total) after each chunk.
@@ -198,7 +197,7 @@ def measure_drift(
             ro = generate(
                 policy, tokenizer, prompts, num_return_sequences=1, max_new_tokens=max_new_tokens,
                 do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                generator_seed=seed + chunk_i, engine=engine,
+                generator_seed=seed + chunk_i, generator=generator,
             )  # fmt: skip
             width = max(int(ro.completion_ids.shape[1]), 1)
             vocab = _vocab_size(policy) or 1

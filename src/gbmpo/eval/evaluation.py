@@ -214,7 +214,7 @@ def evaluate(
     seed: int = 0,
     ks: Sequence[int] | None = None,
     progress: Callable[[int, int], None] | None = None,
-    engine: str = "gbmpo",
+    generator: str = "gbmpo",
 ) -> dict[str, Any]:
     """Generate ``samples`` completions per problem of ``split`` and grade them.
 
@@ -231,7 +231,8 @@ def evaluate(
         seed: sampling seed (chunk ``i`` uses ``seed + i``).
         ks: pass@k values to report when ``samples > 1``.
         progress: called with (problems done, problems total) after each chunk.
-        engine: rollout engine of :func:`gbmpo.rollout.generate` (``"gbmpo"`` or ``"hf"``).
+        generator: the rollout generator of :func:`gbmpo.rollout.generate` (``"gbmpo"`` or
+            ``"hf"``).
 
     Returns:
         ``{"metrics", "records", "config"}``; see the module docstring.
@@ -258,7 +259,7 @@ def evaluate(
             model, tokenizer, [ex["prompt"] for ex in chunk],
             num_return_sequences=samples, max_new_tokens=max_new_tokens,
             do_sample=temperature > 0, temperature=temperature if temperature > 0 else 1.0,
-            top_p=top_p, generator_seed=seed + chunk_i, engine=engine,
+            top_p=top_p, generator_seed=seed + chunk_i, generator=generator,
         )
         texts = list(rollout.texts)
         if len(texts) != len(chunk) * samples:

@@ -15,7 +15,8 @@ Each family is a :class:`gbmpo.registry.Registry` whose unknown-name error lists
 * :data:`POTENTIALS` (:func:`get_potential`): separable potentials for full-vocabulary Bregman
   divergences (:func:`full_vocab_bregman`).
 
-:func:`compute_policy_loss` combines a surrogate, a regularizer and an aggregation;
+:func:`compute_policy_loss` combines a surrogate, regularizer terms (:class:`LossTerm`) and an
+aggregation;
 :func:`full_vocab_divergence` evaluates any regularizer's exact full-vocabulary form by name.
 """
 
@@ -24,7 +25,7 @@ from gbmpo.objectives.advantages import ADVANTAGE_SCALES, ADVANTAGES, group_adva
 from gbmpo.objectives.aggregate import AGGREGATIONS, aggregate
 from gbmpo.objectives.estimators import full_vocab_divergence
 from gbmpo.objectives.full_vocab import full_vocab_bregman, full_vocab_bregman_from_hidden
-from gbmpo.objectives.loss import compute_policy_loss
+from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.mirror import NeuralMirrorMap
 from gbmpo.objectives.potentials import POTENTIALS, get_potential
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
@@ -35,6 +36,7 @@ __all__ = [
     "ADVANTAGES",
     "ADVANTAGE_SCALES",
     "AGGREGATIONS",
+    "LossTerm",
     "POTENTIALS",
     "REGULARIZERS",
     "ROLLOUT_CORRECTIONS",

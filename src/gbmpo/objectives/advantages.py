@@ -19,6 +19,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.tensors import compute_dtype
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -59,10 +60,6 @@ def as_reward_tensor(rewards: Tensor | Sequence[float | None]) -> Tensor:
         raise ValueError("rewards contain +/-inf; use None/NaN for an abstaining reward function")
     return r
 
-
-def _compute_dtype(t: Tensor) -> torch.dtype:
-    """float64 stays float64; every other floating dtype (bf16, fp16, fp32) is computed in fp32."""
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 def _abs_max(x: Tensor, valid: Tensor, dim: int | None) -> Tensor:
@@ -134,7 +131,7 @@ def group_advantages(
             f"len(rewards)={n} is not divisible by group_size={group_size}; rewards must hold "
             "whole groups, ordered group by group"
         )
-    r = r.to(_compute_dtype(r))
+    r = r.to(compute_dtype(r))
     g = r.view(-1, group_size)  # [num_groups, G]
     valid = ~torch.isnan(g)
     zero = torch.zeros_like(g)

@@ -49,6 +49,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.tensors import compute_dtype
 from gbmpo.registry import Registry
 
 __all__ = ["AGGREGATIONS", "AggregationFn", "aggregate"]
@@ -133,7 +134,7 @@ def aggregate(
         raise ValueError(
             f"mask shape {tuple(mask.shape)} != per_token shape {tuple(per_token.shape)}"
         )
-    dt = torch.float64 if per_token.dtype == torch.float64 else torch.float32
+    dt = compute_dtype(per_token)
     m = mask.to(dt)
     # m - m * m is 0 only for 0 and 1 (NaN fails); float arithmetic, not a bool where, is the
     # cheap form on CPU

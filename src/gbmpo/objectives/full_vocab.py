@@ -58,6 +58,7 @@ from torch.autograd.function import FunctionCtx, once_differentiable
 from torch.utils.checkpoint import checkpoint
 
 from gbmpo.objectives.potentials import NegEntropy, Potential, Square, as_potential
+from gbmpo.objectives.tensors import compute_dtype
 
 __all__ = [
     "LOGIT_FLOOR",
@@ -69,10 +70,6 @@ __all__ = [
     "total_variation_rows",
 ]
 
-
-def _float_dtype(*tensors: Tensor | None) -> torch.dtype:
-    ts = [t for t in tensors if t is not None]
-    return torch.float64 if any(t.dtype == torch.float64 for t in ts) else torch.float32
 
 
 #: -inf logits are replaced by (row max - LOGIT_FLOOR) in the KL (see :func:`finite_logits`).
@@ -138,7 +135,7 @@ def bregman_rows(
     summed over v, after :func:`finite_logits`, which only matters for -inf logits); otherwise
     h's own elementwise ``bregman`` on the probabilities (finite with -inf logits as they are).
     """
-    dt = _float_dtype(policy_logits, ref_logits)
+    dt = compute_dtype(policy_logits, ref_logits)
     x, y = policy_logits.to(dt), ref_logits.to(dt)
     if isinstance(potential, (NegEntropy, RowDivergence)):
         x, y = finite_logits(x), finite_logits(y)
@@ -161,7 +158,7 @@ def total_variation_rows(policy_logits: Tensor, ref_logits: Tensor) -> Tensor:
     not a Bregman divergence (|.| is not strictly convex), so it has no potential; it is used to
     measure drift (:mod:`gbmpo.eval.drift`), not as a regularizer. A -inf logit is probability 0.
     """
-    dt = _float_dtype(policy_logits, ref_logits)
+    dt = compute_dtype(policy_logits, ref_logits)
     p = torch.softmax(policy_logits.to(dt), dim=-1)
     q = torch.softmax(ref_logits.to(dt), dim=-1)
     return 0.5 * (p - q).abs().sum(-1)
@@ -194,7 +191,7 @@ def _run_chunks(fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor, st
         args = (x[start : start + step], y[start : start + step])
         outs.append(checkpoint(fn, *args, use_reentrant=False) if use_ckpt else fn(*args))
     if not outs:
-        return torch.zeros(0, dtype=_float_dtype(x, y), device=x.device)
+        return torch.zeros(0, dtype=compute_dtype(x, y), device=x.device)
     return torch.cat(outs)
 
 
@@ -319,7 +316,7 @@ class _LogitsBregman(torch.autograd.Function):
         keep: Tensor | None = None,
     ) -> Tensor:
         n, vocab = x.shape
-        dt = _float_dtype(x, y)
+        dt = compute_dtype(x, y)
         kind = _closed_form_kind(potential)
         grad = torch.empty((n, vocab), dtype=x.dtype, device=x.device)
         out = torch.empty(n, dtype=dt, device=x.device)
@@ -412,7 +409,7 @@ class _HiddenBregman(torch.autograd.Function):
         step: int,
     ) -> Tensor:
         n = h.shape[0]
-        dt = _float_dtype(h, weight)
+        dt = compute_dtype(h, weight)
         out = torch.empty(n, dtype=dt, device=h.device)
         for s, e, logits, ref_logits, p_buf in _HiddenBregman._chunks(
             h, weight, bias, ref, ref_w, ref_b, step, dt

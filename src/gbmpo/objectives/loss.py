@@ -1,7 +1,9 @@
-r"""The full policy loss: (weighted) surrogate + coef * regularizer per token, then aggregation.
+r"""The full policy loss: (weighted) surrogate + the regularizer terms per token, then
+aggregation.
 
 .. math::
-    \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t} + \lambda\,D_{i,t},\ m\big)
+    \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t}
+    + \textstyle\sum_k \lambda_k\,D^{(k)}_{i,t},\ m\big)
 
 (GBMPO adds the regularizer per token before aggregation, as TRL does with its KL term;
 docs/methods.md, sections "Aggregation" and "GBMPO regularizers"). The optional token weights
@@ -24,7 +26,7 @@ from torch import Tensor
 from gbmpo.objectives.aggregate import aggregate
 from gbmpo.objectives.regularizers import Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import Surrogate, get_surrogate
-from gbmpo.objectives.tensors import float_mask, masked_mean
+from gbmpo.objectives.tensors import compute_dtype, float_mask, masked_mean
 
 __all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
 
@@ -40,7 +42,8 @@ class LossTerm:
     regularizer needs none)."""
 
     name: str
-    regularizer: RegularizerLike
+    #: a regularizer object, any callable with its call signature, or a registered name
+    regularizer: RegularizerLike | str
     coef: float
     anchor_logp: Tensor | None = None
 
@@ -85,12 +88,12 @@ def reward_penalty(rewards: Tensor, penalties: Sequence[tuple[float, Tensor]]) -
     return out
 
 
-def _resolve_regularizer(regularizer: str | RegularizerLike | None) -> RegularizerLike | None:
-    if regularizer is None or callable(regularizer):
+def _resolve_regularizer(regularizer: str | RegularizerLike) -> RegularizerLike:
+    if callable(regularizer):
         return regularizer
     if isinstance(regularizer, str):
         return get_regularizer(regularizer)
-    raise TypeError(f"regularizer must be a name, a callable or None, got {regularizer!r}")
+    raise TypeError(f"regularizer must be a name or a callable, got {regularizer!r}")
 
 
 def _resolve_surrogate(surrogate: str | Surrogate) -> Surrogate:
@@ -121,27 +124,25 @@ def compute_policy_loss(
     *,
     logp: Tensor,
     old_logp: Tensor | None,
-    ref_logp: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
     surrogate: str | Surrogate,
-    regularizer: str | RegularizerLike | None,
-    coef: float = 0.0,
+    terms: Sequence[LossTerm] = (),
     aggregation: str = "dr_grpo",
     max_len: int | None = None,
     num_sequences: int | None = None,
     num_tokens: float | None = None,
     token_weights: Tensor | None = None,
-    terms: Sequence[LossTerm] | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    r"""Per-token :math:`\omega\,\ell^{\text{surr}} + \text{coef}\cdot D`, aggregated:
+    r"""Per-token :math:`\omega\,\ell^{\text{surr}} + \sum_k \lambda_k D^{(k)}`, aggregated:
 
     .. math::
         \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t}
-        + \lambda\,D_{i,t},\ m\big),
+        + \textstyle\sum_k \lambda_k\,D^{(k)}_{i,t},\ m\big),
         \qquad
         \nabla_\theta\mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\nabla_\theta
-        \ell^{\text{surr}}_{i,t} + \lambda\,\nabla_\theta D_{i,t},\ m\big)
+        \ell^{\text{surr}}_{i,t} + \textstyle\sum_k \lambda_k\,\nabla_\theta D^{(k)}_{i,t},
+        \ m\big)
 
     (``agg`` is linear for a fixed mask and :math:`\omega` is a constant; :math:`\omega \equiv 1`
     when ``token_weights`` is None). The weights scale the policy-gradient term only, never the
@@ -150,23 +151,24 @@ def compute_policy_loss(
     high-entropy mask *before* adding :math:`\beta\,\mathrm{KL}`. (An importance-weighted
     regularizer is a regularizer of its own, e.g. ``kl_k3_is``.)
 
-    Keyword arguments only (``logp=, old_logp=, ref_logp=, advantages=, mask=``, the order and
-    names every surrogate and regularizer call uses).
+    Keyword arguments only (``logp=, old_logp=, advantages=, mask=``, the order and names every
+    surrogate and regularizer call uses).
 
     Args:
         logp: ``[B, T]`` sampled-token log-probs under the trained policy (with grad).
         old_logp: ``[B, T]`` behaviour-policy log-probs; ``None`` means on-policy, i.e.
             ``logp.detach()`` (ratio 1 with the right gradient, TRL's single-iteration case).
-        ref_logp: ``[B, T]`` anchor log-probs for the regularizer; may be ``None`` when the
-            regularizer's ``needs_ref`` is False (or there is no regularizer).
         advantages: ``[B]`` or ``[B, T]``.
         mask: ``[B, T]`` {0, 1} completion mask.
         surrogate: a callable from :func:`gbmpo.objectives.get_surrogate`, or a registered name
             (built with its default parameters).
-        regularizer: a callable ``(*, logp, old_logp, ref_logp, mask) -> [B, T]`` (e.g. from
-            :func:`gbmpo.objectives.get_regularizer`), a registered name, or ``None`` for none.
-        coef: regularizer coefficient :math:`\lambda` (or :math:`\beta`); the term is added only
-            when ``coef != 0``, but its masked mean is always reported.
+        terms: the regularizer terms (:class:`LossTerm`: a name, a callable
+            ``(*, logp, old_logp, ref_logp, mask) -> [B, T]`` such as
+            :func:`gbmpo.objectives.get_regularizer`'s or a registered name, the coefficient
+            :math:`\lambda_k` and the anchor log-probs passed as ``ref_logp``, which may be
+            ``None`` when the regularizer's ``needs_ref`` is False). One regularizer is a list
+            of one; none is ``()``. A term is added only when its coefficient is nonzero, but
+            its masked mean is always reported.
         aggregation: mode of :func:`gbmpo.objectives.aggregate`.
         max_len, num_sequences, num_tokens: passed to :func:`~gbmpo.objectives.aggregate`
             (full-batch normalisers for micro-batching; ``num_tokens`` may be a float below
@@ -175,41 +177,33 @@ def compute_policy_loss(
             :math:`\omega` of the surrogate, any real dtype (bool masks too), e.g. importance
             ratios or 0/1 masks. Used as given on valid tokens (no detach: pass constants) and
             ignored on masked ones, so padding may hold anything, NaN included.
-        terms: a sum of regularizers instead of one (:class:`LossTerm`, each with its own
-            coefficient and anchor log-probs; ``regularizer`` must then be None and ``coef``
-            0): per token :math:`\omega\,\ell^{\text{surr}} + \sum_k \lambda_k D^{(k)}`.
-            ``reg_loss`` and ``reg_value`` are then the sums over the terms, and each term adds
-            ``reg_loss/<name>`` and ``reg_value/<name>``.
 
     Returns:
         ``(loss, metrics)``: the scalar loss (float32, or float64 for float64 ``logp``) and
         python floats: the surrogate diagnostics (``clip_frac_low``, ``clip_frac_high``,
         ``clip_frac_dual``, ``ratio_mean``, ``ratio_min``, ``ratio_max``; unweighted masked
         statistics), ``pg_loss`` (the aggregated weighted surrogate
-        :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}}, m)` alone), ``reg_loss`` (the aggregated
-        :math:`\mathrm{agg}(\beta D, m)` alone, computed on its own so that a regularizer term far
-        below the surrogate is not lost to rounding in ``loss - pg_loss``), ``reg_value`` (masked
-        mean of the regularizer, 0 without one) and ``loss``.
+        :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}}, m)` alone), ``reg_loss`` (the
+        aggregated :math:`\mathrm{agg}(\sum_k \lambda_k D^{(k)}, m)` alone, the sum of the
+        terms' parts, each computed on its own so that a regularizer term far below the
+        surrogate is not lost to rounding in ``loss - pg_loss``), ``reg_value`` (the sum of the
+        terms' masked means, 0 without a term), per term ``reg_loss/<name>`` and
+        ``reg_value/<name>``, and ``loss``.
 
     Raises:
-        ValueError: invalid ``coef``, ``coef != 0`` without a regularizer, a missing
-            ``ref_logp``, shape mismatches (``token_weights`` included), or invalid aggregation
-            normalisers (see :func:`~gbmpo.objectives.aggregate`).
+        ValueError: a term's coefficient not a finite number, a missing anchor (``ref_logp``)
+            for a regularizer that needs one, shape mismatches (``token_weights`` included), or
+            invalid aggregation normalisers (see :func:`~gbmpo.objectives.aggregate`).
     """
-    if isinstance(coef, bool) or not isinstance(coef, (int, float)) or not math.isfinite(coef):
-        raise ValueError(f"coef must be a finite number, got {coef!r}")
     surr = _resolve_surrogate(surrogate)
-    reg = _resolve_regularizer(regularizer)
-    if reg is None and coef != 0:
-        raise ValueError(f"coef={coef} given but regularizer is None")
-    if terms is not None and (reg is not None or coef != 0):
-        raise ValueError("give either terms or regularizer/coef, not both")
+    if isinstance(terms, LossTerm) or not all(isinstance(t, LossTerm) for t in terms):
+        raise TypeError(f"terms must be a sequence of LossTerm, got {terms!r}")
     if old_logp is None:
         old_logp = logp.detach()
     if logp.dim() == 2:
         # checked here once, then passed on as {0, 1} floats of the compute dtype (float-mask
         # arithmetic is what the built-in surrogates and regularizers use)
-        dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+        dt = compute_dtype(logp)
         mask = float_mask(mask, logp.shape, dt)
 
     pg, diag = surr(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
@@ -223,18 +217,17 @@ def compute_policy_loss(
     reg_value = 0.0
     reg_loss = 0.0
     per_term: dict[str, float] = {}
-    listed = terms is not None
-    if terms is None:
-        terms = [] if reg is None else [LossTerm("", reg, float(coef), ref_logp)]
     for term in terms:
         if isinstance(term.coef, bool) or not isinstance(term.coef, (int, float)) \
                 or not math.isfinite(term.coef):  # fmt: skip
             raise ValueError(f"term {term.name!r}: coef must be a finite number, got {term.coef!r}")
         r = _resolve_regularizer(term.regularizer)
-        assert r is not None
         needs_ref = bool(getattr(r, "needs_ref", True))
         if needs_ref and term.anchor_logp is None:
-            raise ValueError(f"regularizer {r!r} needs reference log-probs but ref_logp is None")
+            raise ValueError(
+                f"term {term.name!r}: regularizer {r!r} needs anchor log-probs (ref_logp) but "
+                "anchor_logp is None"
+            )
         values = r(logp=logp, old_logp=old_logp, ref_logp=term.anchor_logp, mask=mask)
         if tuple(values.shape) != tuple(pg.shape):
             raise ValueError(
@@ -249,9 +242,8 @@ def compute_policy_loss(
                 term_loss = float(aggregate(reg_term, mask, aggregation, max_len, **agg_kw))
         reg_value += value
         reg_loss += term_loss
-        if listed:
-            per_term[f"reg_loss/{term.name}"] = term_loss
-            per_term[f"reg_value/{term.name}"] = value
+        per_term[f"reg_loss/{term.name}"] = term_loss
+        per_term[f"reg_value/{term.name}"] = value
 
     loss = aggregate(per_token, mask, aggregation, max_len, **agg_kw)
     with torch.no_grad():

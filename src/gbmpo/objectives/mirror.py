@@ -65,6 +65,7 @@ from gbmpo.objectives.mirror_kernels import (
     _gkl_over_sq,
     _sigma,
 )
+from gbmpo.objectives.tensors import compute_dtype
 
 if TYPE_CHECKING:
     from gbmpo.objectives.mirror_table import TabulatedMirrorMap
@@ -91,10 +92,6 @@ _BLOCKS = ("v", "w", "b")
 #: cells of :meth:`NeuralMirrorMap.tabulated`'s grid in t = log y over [log 1e-10, 1]
 TABLE_CELLS = 2048
 
-
-def _compute_dtype(*tensors: Tensor) -> torch.dtype:
-    """float64 if any input is float64, else float32 (bf16/fp16 are upcast)."""
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def _as_float64_vector(x: Any) -> Tensor:
@@ -337,7 +334,7 @@ class NeuralMirrorMap:
         return self._poly_coeffs  # type: ignore[no-any-return]
 
     def _prep(self, *ys: Tensor) -> tuple[Tensor, ...]:
-        dt = _compute_dtype(*ys)
+        dt = compute_dtype(*ys)
         return tuple(y.to(dt).clamp_min(PROB_FLOOR) for y in ys)
 
     def potential(self, y: Tensor) -> Tensor:

@@ -22,9 +22,9 @@ from gbmpo.objectives.mirror import (
     PROB_FLOOR,
     TABLE_CELLS,
     NeuralMirrorMap,
-    _compute_dtype,
 )
 from gbmpo.objectives.mirror_kernels import _PHI_COEFFS, _horner
+from gbmpo.objectives.tensors import compute_dtype
 
 __all__ = ["TABLE_RTOL", "TabulatedMirrorMap", "quintic_hermite_coeffs"]
 
@@ -344,13 +344,13 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         return ((g2 - g1) / (y64 * y64)).to(dt)
 
     def _tab_prep(self, y: Tensor) -> tuple[Tensor, torch.dtype]:
-        dt = _compute_dtype(y)
+        dt = compute_dtype(y)
         return y.to(torch.float64).clamp_min(PROB_FLOOR), dt
 
     def bregman(self, p: Tensor, q: Tensor) -> Tensor:
         """The tabulated D_h(p, q) (class docstring), p, q floored at 1e-10; exact map beyond
         y = e."""
-        dtype = _compute_dtype(p, q)
+        dtype = compute_dtype(p, q)
         p64, q64 = (
             p.to(torch.float64).clamp_min(PROB_FLOOR),
             q.to(torch.float64).clamp_min(PROB_FLOOR),
@@ -371,7 +371,7 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         """D_h(e^logp, e^ref_logp) from the log-probabilities directly (no exp and log):
         delta = logp - ref_logp is exact in float64, so D keeps its relative precision for p
         next to q. Log-probabilities below log 1e-10 are floored (gradient 0 there)."""
-        dtype = _compute_dtype(logp, ref_logp)
+        dtype = compute_dtype(logp, ref_logp)
         logp, ref_logp = torch.broadcast_tensors(logp, ref_logp)
         if self._beyond(logp.detach(), ref_logp.detach()):
             over = (logp > _TABLE_T1) | (ref_logp > _TABLE_T1)

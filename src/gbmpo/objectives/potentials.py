@@ -28,10 +28,10 @@ from torch import Tensor
 from gbmpo.objectives.mirror import (
     PROB_FLOOR,
     NeuralMirrorMap,
-    _compute_dtype,
     as_mirror_map,
 )
 from gbmpo.objectives.mirror_kernels import generalized_kl
+from gbmpo.objectives.tensors import compute_dtype
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -69,14 +69,14 @@ class NegEntropy:
     name = "neg_entropy"
 
     def potential(self, y: Tensor) -> Tensor:
-        y = y.to(_compute_dtype(y)).clamp_min(PROB_FLOOR)
+        y = y.to(compute_dtype(y)).clamp_min(PROB_FLOOR)
         return torch.xlogy(y, y) - y
 
     def derivative(self, y: Tensor) -> Tensor:
-        return torch.log(y.to(_compute_dtype(y)).clamp_min(PROB_FLOOR))
+        return torch.log(y.to(compute_dtype(y)).clamp_min(PROB_FLOOR))
 
     def bregman(self, p: Tensor, q: Tensor) -> Tensor:
-        dt = _compute_dtype(p, q)
+        dt = compute_dtype(p, q)
         return generalized_kl(p.to(dt).clamp_min(PROB_FLOOR), q.to(dt).clamp_min(PROB_FLOOR))
 
     def __repr__(self) -> str:
@@ -93,13 +93,13 @@ class Square:
     name = "square"
 
     def potential(self, y: Tensor) -> Tensor:
-        return y.to(_compute_dtype(y)).square()
+        return y.to(compute_dtype(y)).square()
 
     def derivative(self, y: Tensor) -> Tensor:
-        return 2.0 * y.to(_compute_dtype(y))
+        return 2.0 * y.to(compute_dtype(y))
 
     def bregman(self, p: Tensor, q: Tensor) -> Tensor:
-        dt = _compute_dtype(p, q)
+        dt = compute_dtype(p, q)
         return (p.to(dt) - q.to(dt)).square()
 
     def __repr__(self) -> str:

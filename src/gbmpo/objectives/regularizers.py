@@ -62,7 +62,7 @@ from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
 from gbmpo.objectives.potentials import NegEntropy, Square
-from gbmpo.objectives.tensors import attach, masked
+from gbmpo.objectives.tensors import attach, compute_dtype, masked
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -110,7 +110,7 @@ _EXP_BOUND_F64 = 0.25 * math.log(torch.finfo(torch.float64).max)
 
 def _compute(*xs: Tensor) -> tuple[Tensor, ...]:
     """The inputs in the compute dtype: float64 stays, everything else becomes float32."""
-    dt = torch.float64 if any(x.dtype == torch.float64 for x in xs) else torch.float32
+    dt = compute_dtype(*xs)
     return tuple(x.to(dt) for x in xs)
 
 
@@ -415,7 +415,7 @@ class Regularizer:
         ref_logp: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
-        dtype = torch.float64 if logp.dtype == torch.float64 else torch.float32
+        dtype = compute_dtype(logp)
         if not self.needs_ref:  # ``none``: no anchor to compare with
             return torch.zeros(logp.shape, dtype=dtype, device=logp.device)
         if ref_logp is None:

@@ -42,6 +42,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.tensors import compute_dtype
 from gbmpo.registry import Registry, UnknownNameError
 
 __all__ = [
@@ -144,7 +145,7 @@ def sampler_log_ratio(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor,
     if tuple(trainer_logp.shape) != tuple(sampler_logp.shape):
         raise ValueError(f"sampler log-probs shape {tuple(sampler_logp.shape)} != trainer "
                          f"log-probs shape {tuple(trainer_logp.shape)}")  # fmt: skip
-    dt = torch.float64 if trainer_logp.dtype == torch.float64 else torch.float32
+    dt = compute_dtype(trainer_logp)
     m = mask.to(torch.bool)
     diff = trainer_logp.detach().to(dt) - sampler_logp.detach().to(dt)
     diff = torch.where(m & ~torch.isnan(diff), diff, torch.zeros((), dtype=dt,
@@ -215,7 +216,7 @@ def off_policy_sequence_mask(advantages: Tensor, logp: Tensor, sampler_logp: Ten
     ``GRPOTrainer.get_off_policy_mask`` with ``off_policy_mask_threshold`` (NaN sampler
     log-probs count as 0, the mean divides by :math:`\max(|o_i|, 1)`). ``advantages``: ``[B]``,
     ``[B, 1]`` or ``[B, T]`` (the sign of each token's advantage, per token then)."""
-    dt = torch.float64 if logp.dtype == torch.float64 else torch.float32
+    dt = compute_dtype(logp)
     mf = mask.to(dt)
     kl = torch.nan_to_num(sampler_logp.detach().to(dt) - logp.detach().to(dt), nan=0.0)
     mean_kl = (kl * mf).sum(dim=1, keepdim=True) / mf.sum(dim=1, keepdim=True).clamp(min=1.0)

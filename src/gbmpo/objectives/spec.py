@@ -358,17 +358,13 @@ class ObjectiveSpec:
                 monitors[name] = built[name]
             elif name != "none" and self.monitor_regularizers:
                 monitors[name] = get_regularizer(name)
-        first = terms[0]
         return BuiltObjective(
             spec=self,
             advantage=ADVANTAGES.get(self.advantage),
             surrogate=surrogate,
-            regularizer=first.regularizer,
-            coef=first.coef,
-            anchor=first.anchor,
+            terms=tuple(terms),
             aggregation=self.aggregation,
             monitors=monitors,
-            terms=tuple(terms),
         )
 
 
@@ -442,8 +438,8 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
 @dataclass(frozen=True)
 class BuiltObjective:
     """What an :class:`ObjectiveSpec` names, built once and used as is by every engine (the own
-    trainer, ``GBMPOTrainer`` and the verl plugin): the advantage function, the surrogate and
-    regularizer objects, the coefficient, the anchor, the aggregation mode's name and the
+    trainer, ``GBMPOTrainer`` and the verl plugin): the advantage function, the surrogate, the
+    regularizer terms (one regularizer is a list of one), the aggregation mode's name and the
     regularizers monitored as ``reg/<name>``."""
 
     #: the spec this was built from
@@ -452,24 +448,20 @@ class BuiltObjective:
     advantage: Any
     #: ``(logp, old_logp, advantages, mask) -> (per-token loss, diagnostics)``
     surrogate: Any
-    #: ``(logp, ref_logp, old_logp, mask) -> per-token divergence``
-    regularizer: Any
-    coef: float
-    #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
-    anchor: str
+    #: every regularizer term, each with its regularizer object, coefficient, anchor, placement
+    #: and estimator; a single ``regularizer:`` mapping is a tuple of one
+    terms: tuple[BuiltTerm, ...]
     aggregation: str
     #: the regularizers logged as ``reg/<name>`` = D(pi_old || pi_ref): the optimised ones (the
     #: same objects) and, with ``monitor_regularizers``, every registered one but ``none``
     monitors: dict[str, Any] = field(default_factory=dict)
-    #: every term of the regularizer (one for a single mapping); ``regularizer``, ``coef`` and
-    #: ``anchor`` above are the first term's
-    terms: tuple[BuiltTerm, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.terms:  # built by hand with one regularizer
-            name = str(getattr(self.regularizer, "name", "regularizer"))
-            term = BuiltTerm(name, self.regularizer, float(self.coef), self.anchor, "loss")
-            object.__setattr__(self, "terms", (term,))
+        if not self.terms or not all(isinstance(t, BuiltTerm) for t in self.terms):
+            raise SpecError(
+                f"BuiltObjective.terms must be a non-empty tuple of BuiltTerm, got {self.terms!r}"
+            )
+        object.__setattr__(self, "terms", tuple(self.terms))
 
     @property
     def loss_terms(self) -> tuple[BuiltTerm, ...]:
@@ -486,12 +478,6 @@ class BuiltObjective:
         """The active terms whose future penalty is subtracted from the normalised advantages
         (placement ``advantage``, nonzero coef)."""
         return tuple(t for t in self.terms if t.placement == "advantage" and t.active)
-
-    @property
-    def single_loss_term(self) -> bool:
-        """One regularizer placed in the loss: the objective of every engine before terms could
-        be summed or placed in the reward (``compute_policy_loss``'s one-regularizer form)."""
-        return len(self.terms) == 1 and self.terms[0].placement == "loss"
 
     @property
     def needs_ref(self) -> bool:

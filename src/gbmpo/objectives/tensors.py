@@ -15,7 +15,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["attach", "check_mask", "float_mask", "masked", "masked_mean"]
+__all__ = ["attach", "check_mask", "compute_dtype", "float_mask", "masked", "masked_mean"]
+
+
+def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
+    """The dtype the objectives compute in: float64 if any of ``tensors`` is float64, else
+    float32 (bf16 / fp16 inputs are upcast, so a loss, a divergence or an advantage is never
+    accumulated in half precision). ``None`` entries are skipped. The one place this rule lives:
+    the surrogates, regularizers, aggregation, advantages, rollout correction, the
+    full-vocabulary divergences and the log-prob kernels all ask it."""
+    return torch.float64 if any(t is not None and t.dtype == torch.float64
+                                for t in tensors) else torch.float32  # fmt: skip
 
 
 def check_mask(mask: Tensor, shape: torch.Size) -> Tensor:

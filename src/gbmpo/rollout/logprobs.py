@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from gbmpo.objectives.tensors import compute_dtype
 from gbmpo.rollout.lean_forward import LeanForward
 
 __all__ = [
@@ -172,7 +173,7 @@ def _selective_log_softmax(
         )
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    out_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    out_dtype = compute_dtype(logits)
     if index.numel() == 0:
         zeros = torch.zeros(index.shape, dtype=out_dtype, device=logits.device)
         return zeros, (zeros.float() if with_entropy else None)
@@ -334,7 +335,7 @@ def logits_forward(model: Any, lean: bool = True) -> CompletionLogits:
 
 def _accepts_logits_to_keep(model: Any) -> bool:
     """Whether ``model``'s forward takes ``logits_to_keep`` (logits only at the last positions;
-    also used by the sampling engine's prefill)."""
+    also used by the sampling generator's prefill)."""
     forward = getattr(model, "forward", None)
     try:
         params = inspect.signature(forward).parameters  # type: ignore[arg-type]

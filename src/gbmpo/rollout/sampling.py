@@ -1,4 +1,4 @@
-r"""Sampling: gbmpo's own rollout engine and the batch it returns.
+r"""Sampling: gbmpo's own rollout generator and the batch it returns.
 
 What lives here, and why it is apart from the log-probs (:mod:`gbmpo.rollout.logprobs`):
 sampling runs under ``no_grad`` in eval mode, once per generation batch, and its cost is the
@@ -13,12 +13,13 @@ is the forward and backward. The two share only the model.
   :func:`gbmpo.objectives.group_advantages` expects. The completion mask covers every token up
   to **and including** the first EOS (:func:`completion_mask_from_ids`); a completion that
   never emits EOS is truncated and fully masked in.
-* Two engines: ``"gbmpo"`` (default) prefills each prompt once (:func:`_prefill`), expands its
-  KV cache to its ``G`` rows and decodes with a plain loop (:func:`_decode`, sampling with
-  :func:`filter_logits` and :func:`sample_from_logits`) whose forwards, for Llama-shaped models
-  (Qwen3, Qwen2, Llama), run through :class:`~gbmpo.rollout.decoder.LeanDecoder` (prefill
-  through :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`); ``"hf"`` calls
-  transformers' ``generate``. Greedy decoding takes the same tokens with both.
+* Two generators (``rollout.generator``): ``"gbmpo"`` (default) prefills each prompt once
+  (:func:`_prefill`), expands its KV cache to its ``G`` rows and decodes with a plain loop
+  (:func:`_decode`, sampling with :func:`filter_logits` and :func:`sample_from_logits`) whose
+  forwards, for Llama-shaped models (Qwen3, Qwen2, Llama), run through
+  :class:`~gbmpo.rollout.decoder.LeanDecoder` (prefill through
+  :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`); ``"hf"`` calls transformers'
+  ``generate``. Greedy decoding takes the same tokens with both.
 
 Reproducibility: with ``generator_seed`` the sampling runs under :func:`torch.random.fork_rng`
 seeded with it, so the same seed gives the same completions and the caller's global RNG state
@@ -40,7 +41,7 @@ from gbmpo.rollout.lean_forward import LeanForward
 from gbmpo.rollout.logprobs import _accepts_logits_to_keep
 
 __all__ = [
-    "ENGINES",
+    "GENERATORS",
     "Rollout",
     "completion_mask_from_ids",
     "eos_token_ids",
@@ -165,8 +166,9 @@ def _check_sampling(
         raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {top_k!r}")
 
 
-#: rollout engines of :func:`generate`
-ENGINES = ("gbmpo", "hf")
+#: the rollout generators (samplers) of :func:`generate`: ``rollout.generator``'s values on
+#: the own engine
+GENERATORS = ("gbmpo", "hf")
 
 
 def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
@@ -227,7 +229,7 @@ def _prefill(model: Any, ids: Tensor, mask: Tensor, repeats: int) -> tuple[Any, 
     if cache is None:
         raise RuntimeError(
             f"{type(model).__name__} returned no KV cache with use_cache=True; the 'gbmpo' "
-            "rollout engine needs one (set rollout.generator: hf to use transformers' generate)"
+            "rollout generator needs one (set rollout.generator: hf to use transformers' generate)"
         )
     last = out.logits[:, -1]
     if repeats > 1:
@@ -257,7 +259,7 @@ def _decode(
     lean: bool = True,
     logprobs: list[Tensor] | None = None,
 ) -> Tensor:
-    """The 'gbmpo' engine: prefill each prompt once, expand its KV cache to its ``repeats``
+    """The 'gbmpo' generator: prefill each prompt once, expand its KV cache to its ``repeats``
     rows, then decode one token per row per forward until every row has emitted an EOS or
     ``max_new_tokens`` tokens; finished rows are filled with ``pad_id``. Returns the
     ``[rows, steps]`` completion ids. With ``lean`` (default) and a model
@@ -343,7 +345,7 @@ def generate(
     top_k: int = 0,
     generator_seed: int | None = None,
     batch_size: int | None = None,
-    engine: str = "gbmpo",
+    generator: str = "gbmpo",
     lean_decoder: bool = True,
     return_logprobs: bool = False,
 ) -> Rollout:
@@ -361,13 +363,13 @@ def generate(
             The same seed and ``batch_size`` give the same samples; another ``batch_size``
             draws the random numbers in another order (greedy decoding does not depend on it).
         batch_size: prompts per forward batch (``None``: all at once).
-        engine: ``"gbmpo"`` (default): each prompt is prefilled once and its KV cache expanded
+        generator: ``"gbmpo"`` (default): each prompt is prefilled once and its KV cache expanded
             to its ``G`` rows, then a plain decode loop samples with :func:`filter_logits` and
             :func:`sample_from_logits` (one uniform number per row and step); ``"hf"``:
             transformers' ``generate`` with the same sampling settings (``G`` prefills per
             prompt, its own random stream). Both draw from the same distribution; the same
-            seed gives different samples across engines.
-        lean_decoder: with the ``"gbmpo"`` engine, run the decode forwards of a model
+            seed gives different samples across generators.
+        lean_decoder: with the ``"gbmpo"`` generator, run the decode forwards of a model
             :class:`~gbmpo.rollout.decoder.LeanDecoder` supports through it (the same logits,
             without transformers' per-call overhead); ``False``: the model's own forward.
             Other models always use their own forward.
@@ -386,8 +388,10 @@ def generate(
     _check_sampling(num_return_sequences, max_new_tokens, temperature, top_p, top_k)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
-    if engine not in ENGINES:
-        raise ValueError(f"unknown rollout engine {engine!r}; valid engines: {', '.join(ENGINES)}")
+    if generator not in GENERATORS:
+        raise ValueError(
+            f"unknown rollout generator {generator!r}; valid generators: {', '.join(GENERATORS)}"
+        )
     if return_logprobs and not do_sample:
         raise ValueError("return_logprobs needs do_sample=True (greedy decoding has no sampler "
                          "distribution to score)")  # fmt: skip
@@ -427,7 +431,7 @@ def generate(
     model.eval()
     pieces: list[Tensor] = []
     logp_pieces: list[Tensor] = []
-    if return_logprobs and engine == "hf":
+    if return_logprobs and generator == "hf":
         gen_kwargs.update(output_scores=True, return_dict_in_generate=True)
     try:
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
@@ -436,7 +440,7 @@ def generate(
             for start in range(0, len(prompts), chunk):
                 ids = prompt_ids[start : start + chunk].to(device)
                 att = prompt_mask[start : start + chunk].to(device)
-                if engine == "hf":
+                if generator == "hf":
                     out = model.generate(input_ids=ids, attention_mask=att, **gen_kwargs)
                     if return_logprobs:  # scores: the processed logits of every step
                         new = out.sequences[:, ids.shape[1] :]

@@ -350,7 +350,7 @@ def final_drift(
         policy, reference, tokenizer, task, split=split, limit=limit,
         max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
         seed=cfg.run.seed,
-        engine="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
+        generator="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
         lean=cfg.rollout.lean_forward,
     )  # fmt: skip
     return drift, time.perf_counter() - t

@@ -45,7 +45,7 @@ def configure_process(cfg: TrainConfig) -> None:
 
 def build_objectives(cfg: TrainConfig) -> BuiltObjective:
     """``cfg.objective`` built once by its spec (:meth:`gbmpo.objectives.spec.ObjectiveSpec.build`):
-    advantage, surrogate, regularizer with coef and anchor, aggregation, monitors."""
+    advantage, surrogate, the regularizer terms (one is a list of one), aggregation, monitors."""
     return cfg.objective.build()
 
 

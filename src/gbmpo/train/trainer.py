@@ -214,7 +214,7 @@ class Trainer:
             top_p=self.config.rollout.top_p if ev.samples > 1 else 1.0,
             max_new_tokens=ev.max_new_tokens,
             batch_size=ev.batch_size,
-            engine=self.config.rollout.generator,
+            generator=self.config.rollout.generator,
         )
         # numeric metrics only; the wall time is logged separately as time/eval_seconds
         return {

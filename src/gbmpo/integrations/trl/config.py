@@ -434,12 +434,14 @@ class GBMPOConfig(GRPOConfig):
     def _resolve_coefficient(self) -> None:
         if self.objective is not None:  # the spec's coefficient (checked by its build)
             built = self._built[1]
-            # beta: the first term's coefficient, or (a sum of terms) any nonzero value that
-            # switches TRL's reference forward on; GBMPOTrainer's loss replaces TRL's use of it
+            # beta: the coefficient of the first active term anchored on the reference (any
+            # nonzero value switches TRL's reference forward on; GBMPOTrainer's loss replaces
+            # TRL's use of it), 0 without one
             ref_coefs = [t.coef for t in built.terms if t.active and t.needs_ref]
-            beta = built.coef if built.single_loss_term or not ref_coefs else ref_coefs[0]
-            self._set_beta(beta, built.anchored_on_ref)
-            self._check_sync_ref_model(built.spec.regularizer_label, built.anchor, built.coef)
+            self._set_beta(ref_coefs[0] if ref_coefs else 0.0, built.anchored_on_ref)
+            self._check_sync_ref_model(built.spec.regularizer_label,
+                                       "+".join(t.anchor for t in built.terms),
+                                       "+".join(f"{t.coef:g}" for t in built.terms))  # fmt: skip
             return
         # the objective's one rule for a coefficient (gbmpo.objectives.spec.parse_coefficient):
         # a number or a numeric string ("5e-2"), finite and >= 0
@@ -463,7 +465,7 @@ class GBMPOConfig(GRPOConfig):
             )
         self.regularizer_coef = coef
         self._set_beta(coef, self.needs_reference_model)
-        self._check_sync_ref_model(self.regularizer, self.regularizer_anchor, coef)
+        self._check_sync_ref_model(self.regularizer, self.regularizer_anchor, f"{coef:g}")
 
     def _set_beta(self, coef: float, needs_reference: bool) -> None:
         # TRL loads the reference model and computes its log-probs exactly when beta != 0; TRL's
@@ -474,11 +476,13 @@ class GBMPOConfig(GRPOConfig):
         else:
             self.beta = 1.0 if self.monitor_reference else 0.0
 
-    def _check_sync_ref_model(self, regularizer: str, anchor: str, coef: float) -> None:
+    def _check_sync_ref_model(self, regularizer: str, anchor: str, coef: str) -> None:
+        """``regularizer``, ``anchor`` and ``coef``: the terms' names, anchors and coefficients
+        joined by ``+`` (one term: its own), for the message."""
         if self.sync_ref_model and not (self.needs_reference_model or self.monitor_reference):
             raise ValueError(
                 "GBMPOConfig: sync_ref_model=True but no reference model is used "
-                f"(regularizer={regularizer!r}, anchor={anchor!r}, coefficient={coef:g})"
+                f"(regularizer={regularizer!r}, anchor={anchor!r}, coefficient={coef})"
             )
 
     def __getstate__(self) -> dict[str, Any]:

@@ -39,8 +39,8 @@ from gbmpo.integrations.trl.objective import (
     LOSS_TYPE_SURROGATES,
     TRLObjective,
     build_objective,
+    loss_terms,
 )
-from gbmpo.objectives.estimators import ExactValues
 from gbmpo.objectives.loss import LossTerm, compute_policy_loss
 from gbmpo.objectives.regularizers import kl_k3
 from gbmpo.objectives.tensors import masked_mean
@@ -191,7 +191,7 @@ class GBMPOTrainer(GRPOTrainer):
 
     @property
     def objective(self) -> TRLObjective:
-        """The resolved gbmpo objective (surrogate, regularizer, coefficient, aggregation)."""
+        """The resolved gbmpo objective (the built objective: surrogate, terms, aggregation)."""
         return self._gbmpo
 
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
@@ -259,35 +259,9 @@ class GBMPOTrainer(GRPOTrainer):
         if ratio is not None or keep is not None:  # rollout_correction/* (gbmpo.io.metrics)
             log_rollout_correction(self, mode, ratio, keep, mask)
 
-        # Regularizer anchor.
-        anchor = ref_logp if obj.anchor == "ref" else old_logp
-        if anchor is None and obj.coef != 0:
-            raise RuntimeError(
-                f"regularizer {obj.regularizer.name!r} is anchored on the reference model but the "
-                "batch has no 'ref_per_token_logps'; TRL computes them when beta != 0 "
-                f"(beta={self.beta})"
-            )
-        regularizer = obj.regularizer if anchor is not None else None
-        if regularizer is not None and obj.regularizer.name in exact:
-            regularizer = ExactValues(obj.regularizer.name, exact[obj.regularizer.name])
-        coef = obj.coef if regularizer is not None else 0.0
-        terms = None
-        if obj.terms:  # a sum of regularizers: each term with its own anchor
-            anchors = {"ref": ref_logp, "old": old_logp}
-            missing = [t.name for t in obj.terms if t.active and t.needs_ref and ref_logp is None]
-            if missing:
-                raise RuntimeError(
-                    f"regularizers {missing} are anchored on the reference model but the batch "
-                    f"has no 'ref_per_token_logps'; TRL computes them when beta != 0 "
-                    f"(beta={self.beta})"
-                )
-            terms = [
-                LossTerm(t.name, ExactValues(t.name, exact[t.name]) if t.name in exact
-                         else t.regularizer, t.coef, anchors[t.anchor])
-                for t in obj.terms
-                if t.placement == "loss"
-            ]  # fmt: skip
-            regularizer, coef = None, 0.0
+        # The terms placed in the loss, each with its anchor's log-probs (the frozen reference,
+        # or the rollout policy); one regularizer is a list of one, as on the own engine.
+        terms = loss_terms(obj, ref_logp, old_logp, exact, self.beta)
 
         # Aggregation with TRL's normalisers (full accumulation window -> no further division).
         agg_kw: dict[str, Any] = {}
@@ -321,16 +295,13 @@ class GBMPOTrainer(GRPOTrainer):
         loss, m = compute_policy_loss(
             logp=logp,
             old_logp=old_logp,
-            ref_logp=anchor,
             advantages=advantages,
             mask=mask,
             surrogate=obj.surrogate,
-            regularizer=regularizer,
-            coef=coef,
+            terms=terms,
             aggregation=obj.aggregation,
             max_len=obj.max_len if obj.aggregation == "dr_grpo" else None,
             token_weights=weights,
-            terms=terms,
             **agg_kw,
         )
         pg_part = m["pg_loss"]
@@ -348,7 +319,7 @@ class GBMPOTrainer(GRPOTrainer):
                 self.accelerator.gather_for_metrics(aux_loss).mean().item()
             )
 
-        self._log_gbmpo_metrics(mode, logp, entropies, mask, anchor, ref_logp, old_logp, m)
+        self._log_gbmpo_metrics(mode, logp, entropies, mask, terms, ref_logp, old_logp, m)
         self._log_trl_metrics(mode, logp.detach(), old_logp, advantages, mask)
         if mode == "train" and ref_logp is not None:
             self._add_reference_divergences(old_logp, ref_logp, mask)
@@ -356,9 +327,7 @@ class GBMPOTrainer(GRPOTrainer):
         self._metrics[mode]["loss/regularizer"].append(
             self._mean_over_processes(m["reg_loss"] * accum)
         )
-        for t in obj.terms:  # a sum of regularizers: each term's part of the loss
-            if t.placement != "loss":
-                continue
+        for t in terms if len(obj.terms) > 1 else ():  # a sum: each term's part of the loss
             self._metrics[mode][f"loss/regularizer/{t.name}"].append(
                 self._mean_over_processes(m[f"reg_loss/{t.name}"] * accum)
             )
@@ -498,7 +467,7 @@ class GBMPOTrainer(GRPOTrainer):
         logp: Tensor,
         entropies: Tensor,
         mask: Tensor,
-        anchor: Tensor | None,
+        terms: list[LossTerm],
         ref_logp: Tensor | None,
         old_logp: Tensor,
         m: dict[str, float],
@@ -522,19 +491,18 @@ class GBMPOTrainer(GRPOTrainer):
                 if self.args.use_bias_correction_kl:
                     kl = kl * torch.exp(lp.float() - old_logp.float())
                 values["kl"] = token_mean(kl)
-            if obj.terms:  # a sum: the summed value under its label, then each term's
-                label = obj.spec.regularizer_label if obj.spec is not None else "sum"
+            # the summed value under the objective's label (0 with every term outside the
+            # loss; not logged when the loss's terms were left out for want of an anchor),
+            # then each term's
+            if terms or not obj.loss_terms:
+                label = obj.spec.regularizer_label
                 values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
-                for t in obj.terms:
-                    if t.placement != "loss":
-                        continue
+                for t in terms:
                     values[f"regularizer/{t.name}"] = torch.tensor(
                         m[f"reg_value/{t.name}"], device=mf.device
                     )
-            if anchor is not None and not obj.terms:
-                values[f"regularizer/{obj.regularizer.name}"] = torch.tensor(
-                    m["reg_value"], device=mf.device
-                )
+            if len(obj.terms) == 1 and len(terms) == 1:  # the others at the term's anchor
+                anchor = terms[0].anchor_logp
                 for name, reg in obj.diagnostics.items():
                     values[f"regularizer/{name}"] = token_mean(
                         reg(logp=lp, old_logp=old_logp, ref_logp=anchor, mask=mask)

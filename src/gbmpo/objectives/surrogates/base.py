@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.tensors import attach, check_mask, float_mask, masked
+from gbmpo.objectives.tensors import attach, check_mask, compute_dtype, float_mask, masked
 from gbmpo.registry import Registry
 
 __all__ = ["SURROGATES", "Surrogate", "ppo_clip_loss", "sequence_log_ratio"]
@@ -76,9 +76,6 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
     return (log_ratio * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp_min(1.0)
 
 
-def _compute_dtype(t: Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
 
 def _fcmp(op: Callable[..., Tensor], a: Tensor, b: Tensor | float) -> Tensor:
     """Comparison ``op(a, b)`` as a {0, 1} tensor of ``a``'s dtype, written straight into a
@@ -101,7 +98,7 @@ def _prepare(
             f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
         )
     m = check_mask(mask, logp.shape)
-    dt = _compute_dtype(logp)
+    dt = compute_dtype(logp)
     lp = logp.to(dt)
     zero = torch.zeros((), dtype=dt, device=lp.device)
     lp = torch.where(m, lp, zero)
@@ -136,7 +133,7 @@ def _prepare_fused(
         raise ValueError(
             f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
         )
-    dt = _compute_dtype(logp)
+    dt = compute_dtype(logp)
     mf = float_mask(mask, logp.shape, dt)
     x = logp.to(dt)
     b, t = logp.shape

@@ -73,9 +73,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     )
     _require(0 < r.top_p <= 1, f"'rollout.top_p' must be in (0, 1], got {r.top_p}")
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
-    from gbmpo.rollout.sampling import ENGINES
+    from gbmpo.rollout.sampling import GENERATORS
 
-    generators = (*ENGINES, "vllm")  # vllm: engines trl and verl (the support matrix)
+    generators = (*GENERATORS, "vllm")  # vllm: engines trl and verl (the support matrix)
     _require(
         r.generator in generators,
         f"'rollout.generator': unknown generator {r.generator!r}; valid: {', '.join(generators)}",

@@ -1,0 +1,52 @@
+"""The own trainer's policy loss of one micro-batch (:func:`policy_loss`): the objective's
+terms placed in the loss, each with its anchor's log-probs, handed to
+:func:`gbmpo.objectives.compute_policy_loss` with the mini-batch's normalisers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from gbmpo.objectives.estimators import ExactValues
+from gbmpo.objectives.loss import LossTerm, compute_policy_loss
+
+if TYPE_CHECKING:
+    from gbmpo.train.trainer import Trainer
+
+__all__ = ["policy_loss"]
+
+
+def policy_loss(
+    tr: Trainer,
+    logp: Tensor,
+    old: Tensor | None,
+    anchors: dict[str, Tensor | None],
+    advantages: Tensor,
+    mask: Tensor,
+    num_sequences: int,
+    num_tokens: float,
+    *,
+    exact: dict[str, Tensor] | None = None,
+    token_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """The configured objective (:func:`gbmpo.objectives.compute_policy_loss`) of one
+    micro-batch, normalised as its mini-batch: the surrogate plus the terms placed in the loss,
+    each with its anchor's log-probs (``anchors``: ``ref`` / ``old``); ``exact``: the per-token
+    values of the terms with ``estimator: full``, by name, used instead of their sampled-token
+    formulas; ``token_weights``: constants multiplying the surrogate per token, the rollout
+    correction."""
+    exact = exact or {}
+    o = tr.objective
+    terms = []
+    for t in o.loss_terms:
+        if t.anchor not in anchors:
+            raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: no such anchor given")
+        reg = ExactValues(t.name, exact[t.name]) if t.name in exact else t.regularizer
+        terms.append(LossTerm(t.name, reg, t.coef, anchors[t.anchor]))
+    return compute_policy_loss(
+        logp=logp, old_logp=old, advantages=advantages, mask=mask, surrogate=o.surrogate,
+        terms=terms, aggregation=o.aggregation, max_len=tr.config.rollout.max_new_tokens,
+        num_sequences=num_sequences, num_tokens=num_tokens, token_weights=token_weights,
+    )  # fmt: skip
