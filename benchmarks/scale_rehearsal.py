@@ -77,7 +77,7 @@ def build_model(directory: Path, size: str) -> Any:
 
 
 def engine_config(model_dir: Path, out: Path, engine: str, size: str, device: str) -> Any:
-    from gbmpo.train.config import load_config
+    from gbmpo.config import load_config
 
     s = SETTINGS[size]
     return load_config(overrides=[

@@ -194,7 +194,7 @@ def _our_config(model_dir: str, out_dir: str, steps: int, a: argparse.Namespace,
     "nolean" (the defaults without the lean decode step), "noleanfwd" (the defaults without
     the lean log-prob forward) or "mallocdefault" (the defaults with glibc's malloc
     defaults)."""
-    from gbmpo.train.config import config_from_dict
+    from gbmpo.config import config_from_dict
 
     baseline = role == "baseline"
 

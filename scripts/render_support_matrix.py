@@ -1,4 +1,4 @@
-"""Write the support matrix (gbmpo.train.support) into docs/cli-and-config.md, between its
+"""Write the support matrix (gbmpo.config.support) into docs/cli-and-config.md, between its
 ``support-matrix`` markers; ``--check`` only reports whether the page is up to date (exit 1 if
 not). Run it after changing an engine's entries:
 
@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gbmpo.train.support import render_markdown
+from gbmpo.config.support import render_markdown
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli-and-config.md"
 START, END = "<!-- support-matrix:start -->", "<!-- support-matrix:end -->"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gbmpo.train.config import TrainConfig, config_to_dict
+from gbmpo.config import TrainConfig, config_to_dict
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -335,7 +335,7 @@ def test_engine_verl_without_its_environment_says_make_verl(
 ) -> None:
     import gbmpo.engines.verl_runner as engine_verl
     from gbmpo.cli import main
-    from gbmpo.train.support import VERL_REQUIRED
+    from gbmpo.config.support import VERL_REQUIRED
 
     out = tmp_path / "run"
     monkeypatch.setattr(engine_verl, "verl_python", lambda: None)
@@ -351,7 +351,7 @@ def test_engine_verl_python_naming_no_file_is_refused(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from gbmpo.cli import main
-    from gbmpo.train.support import VERL_REQUIRED
+    from gbmpo.config.support import VERL_REQUIRED
 
     missing = tmp_path / "no-python"
     monkeypatch.setenv("GBMPO_VERL_PYTHON", str(missing))

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from gbmpo.cli import main
+from gbmpo.config import TRAIN_ENGINES, ConfigError, load_config
+from gbmpo.config.support import ENGINES as MATRIX_ENGINES
+from gbmpo.config.support import SUPPORT
 from gbmpo.engines import ENGINES, Engine, engine_for, get_engine
 from gbmpo.engines.base import PlainDryRun
 from gbmpo.engines.checks import DryRunReport, memory_check
 from gbmpo.registry import UnknownNameError
-from gbmpo.train.config import TRAIN_ENGINES, ConfigError, load_config
-from gbmpo.train.support import ENGINES as MATRIX_ENGINES
-from gbmpo.train.support import SUPPORT
 
 METHODS = ("check", "plan", "dry_run", "train", "resume", "resume_dry_run", "summary_lines")
 
@@ -138,7 +138,7 @@ def test_the_command_calls_the_same_methods_on_every_engine(
     run_dir = tmp_path / "unfinished"
     run_dir.mkdir()
     cfg = load_config(None, [("engine", name)])
-    from gbmpo.train.config import dump_yaml
+    from gbmpo.config import dump_yaml
 
     (run_dir / "config.yaml").write_text(dump_yaml(cfg))
     rec.calls.clear()

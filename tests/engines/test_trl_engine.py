@@ -17,9 +17,9 @@ import yaml
 pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
+from gbmpo.config import ConfigError, load_config  # noqa: E402
 from gbmpo.engines.trl_args import batch_layout, grpo_args, lr_at  # noqa: E402
 from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared  # noqa: E402
-from gbmpo.train.config import ConfigError, load_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--rollout.prompts_per_step", "2", "--num-generations", "4", "--max-new-tokens", "16",
@@ -51,7 +51,7 @@ def test_every_batch_layout_refusal_is_the_support_matrix_s() -> None:
     """A mini-batch, micro-batch and process count that TRL's batch layout cannot take is
     refused by the support matrix first (check_support names the key and the engine), so the
     refusal is in the matrix, not only in the engine's code."""
-    from gbmpo.train.support import check_support
+    from gbmpo.config.support import check_support
 
     seen = 0
     for world in (1, 2, 3, 4):

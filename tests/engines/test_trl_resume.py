@@ -126,7 +126,7 @@ def test_completing_a_checkpoint_rotates_the_older_ones(tmp_path: Path) -> None:
 
 
 def test_worker_command_carries_the_resume_point(tmp_path: Path) -> None:
-    from gbmpo.train.config import load_config
+    from gbmpo.config import load_config
 
     cfg = load_config(None, [("engine", "trl"), ("run.num_processes", 2)])
     cmd = trl_args.launch_command(cfg, tmp_path, resume_from=tmp_path / "checkpoint-4",
@@ -139,7 +139,7 @@ def test_worker_command_carries_the_resume_point(tmp_path: Path) -> None:
 def test_resume_dry_run_and_refused_overrides(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from gbmpo.train.config import dump_yaml, load_config
+    from gbmpo.config import dump_yaml, load_config
 
     run = tmp_path / "run"
     run.mkdir()

@@ -117,7 +117,7 @@ def test_resume_without_a_checkpoint_exits_1_and_changes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from gbmpo.cli.args import parse_overrides
-    from gbmpo.train.config import load_config
+    from gbmpo.config import load_config
     from gbmpo.train.run import dump_yaml
 
     run = tmp_path / "run"

@@ -109,8 +109,8 @@ def test_cpu_run_writes_the_shared_run_directory(verl_run: Path) -> None:
 def test_first_step_loss_equals_the_own_engines_on_verls_batch(verl_run: Path) -> None:
     import torch
 
+    from gbmpo.config import load_config
     from gbmpo.objectives import LossTerm, compute_policy_loss, get_regularizer, get_surrogate
-    from gbmpo.train.config import load_config
 
     cfg = load_config(verl_run / "config.yaml")
     dump = verl_run.parent / "dump"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from gbmpo.cli import main
+from gbmpo.config import ConfigError, load_config
 from gbmpo.engines.verl_args import overrides
 from gbmpo.engines.verl_runner import verl_python
-from gbmpo.train.config import ConfigError, load_config
 
 #: the keys verl refuses at the own engine's defaults (CPU, a time budget, all-regularizer
 #: monitoring, the end-of-run drift measurement), set to values verl honours

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from gbmpo.config import load_config
 from gbmpo.engines.verl_metrics import summarize_run
 from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared
-from gbmpo.train.config import load_config
 
 VERL_OK: list[tuple[str, Any]] = [
     ("engine", "verl"), ("model.device", "cuda"), ("run.time_budget_seconds", None),

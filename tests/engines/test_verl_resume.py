@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from gbmpo.cli import main
+from gbmpo.config import dump_yaml, load_config
+from gbmpo.config.support import VERL_REQUIRED
 from gbmpo.engines import verl_args, verl_metrics, verl_runner
 from gbmpo.integrations.common import hydra_value
-from gbmpo.train.config import dump_yaml, load_config
-from gbmpo.train.support import VERL_REQUIRED
 
 RESUME_KEYS = ("trainer.resume_mode=", "trainer.resume_from_path=", "trainer.val_before_train=")
 

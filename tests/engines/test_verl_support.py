@@ -10,9 +10,8 @@ from typing import Any
 
 import pytest
 
-from gbmpo.engines.verl_args import overrides, precision_overrides, validation_freq
-from gbmpo.train.config import ConfigError, load_config
-from gbmpo.train.support import (
+from gbmpo.config import ConfigError, load_config
+from gbmpo.config.support import (
     HONOURED,
     NO_EFFECT,
     REFUSED,
@@ -21,6 +20,7 @@ from gbmpo.train.support import (
     check_support,
     probe_settings,
 )
+from gbmpo.engines.verl_args import overrides, precision_overrides, validation_freq
 
 #: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set), on
 #: GPUs (the probes include LoRA and several processes, which a CPU run refuses); eval.every 0,

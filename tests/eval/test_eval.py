@@ -318,8 +318,8 @@ def test_train_config_eval_samples_reaches_the_trainers_evaluation(micro_model_d
     """``eval.samples: 4``: the trainer's held-out evaluation (summary.json eval_before /
     eval_after) reports the pass@k curve k = 1, 2, 4 and the diversity measures;
     ``eval.samples: 1`` stays greedy with accuracy only."""
+    from gbmpo.config import ConfigError, validate
     from gbmpo.train import Trainer, load_config
-    from gbmpo.train.config import ConfigError, validate
 
     base = [("model.path", str(micro_model_dir)), ("eval.limit", "3"),
             ("eval.max_new_tokens", "4"), ("run.progress", "false")]  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from gbmpo.cli import main
-from gbmpo.train.config import TrainConfig, dump_yaml
+from gbmpo.config import TrainConfig, dump_yaml
 
 
 def cli(argv: Sequence[str]) -> int:

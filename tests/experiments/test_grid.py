@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from gbmpo.config import dump_yaml
 from gbmpo.experiments.execute import plan_action
 from gbmpo.experiments.grid import (
     DEFAULT_COEFS,
@@ -19,7 +20,6 @@ from gbmpo.experiments.grid import (
     plan_grid,
 )
 from gbmpo.train import load_config
-from gbmpo.train.config import dump_yaml
 
 
 def test_parse_regularizers_labels():

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from transformers.utils import logging as hf_logging
 
 from gbmpo.cli import main
-from gbmpo.train.config import annotation_at, leaf_keys
+from gbmpo.config import annotation_at, leaf_keys
 
 #: the settings of every fuzz target (the profile chosen in conftest.py)
 FUZZ = settings.get_profile(os.environ.get("GBMPO_FUZZ_PROFILE", "fuzz-ci"))
@@ -35,7 +35,7 @@ def sized(ci: int, long: int | None = None) -> settings:
     (default: the profile's own count)."""
     return settings(FUZZ, max_examples=(long or FUZZ.max_examples) if LONG else ci)
 
-#: every dotted configuration key (from the dataclasses of gbmpo.train.config)
+#: every dotted configuration key (from the dataclasses of gbmpo.config)
 KEYS: list[str] = leaf_keys()
 
 # Keys whose arbitrary values would leave the sandbox of a unit test (import a module by name,
@@ -106,7 +106,7 @@ def _junk_values() -> st.SearchStrategy[Any]:
 
 
 def _defaults() -> dict[str, Any]:
-    from gbmpo.train.config import TrainConfig, config_to_dict
+    from gbmpo.config import TrainConfig, config_to_dict
 
     flat: dict[str, Any] = {}
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 pytest.importorskip("trl")
 
+from gbmpo.config import ConfigError, load_config  # noqa: E402
 from gbmpo.integrations.trl import GBMPOConfig  # noqa: E402
 from gbmpo.integrations.trl.objective import objective_spec  # noqa: E402
 from gbmpo.objectives.spec import (  # noqa: E402
@@ -26,7 +27,6 @@ from gbmpo.objectives.spec import (  # noqa: E402
     parse_coefficient,
     parse_number,
 )
-from gbmpo.train.config import ConfigError, load_config  # noqa: E402
 
 # use_bias_correction_kl defaults to True as in GRPOConfig (kl_k3 -> kl_k3_is); off, the alias
 # names the regularizer the section names

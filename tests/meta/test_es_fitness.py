@@ -131,7 +131,7 @@ def test_es_command_runs_resumes_and_exports_a_trainable_map(tmp_path, capsys) -
     assert doc["iteration"] == 2 and len(doc["history"]) == 2
     assert doc["run"]["fitness"]["steps"] == 1
     mirror = NeuralMirrorMap.load(out / "best_mirror.json")
-    from gbmpo.train.config import load_config, validate
+    from gbmpo.config import load_config, validate
 
     train_cfg = load_config(overrides=[("regularizer", "neural_mirror"),
                                        ("mirror", str(out / "best_mirror.json"))])

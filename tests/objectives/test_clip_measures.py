@@ -389,7 +389,7 @@ def test_asymmetric_radii_override_delta():
 
 
 def test_usable_through_the_trainer_config():
-    from gbmpo.train.config import TrainConfig, validate
+    from gbmpo.config import TrainConfig, validate
 
     cfg = TrainConfig()
     cfg.objective.surrogate.name = "divergence_clip"

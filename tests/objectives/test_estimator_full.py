@@ -155,7 +155,7 @@ def test_estimator_is_a_string() -> None:
 
 
 def test_config_refuses_with_a_config_error_naming_the_key() -> None:
-    from gbmpo.train.config import ConfigError, load_config, validate
+    from gbmpo.config import ConfigError, load_config, validate
 
     cfg = load_config(None, [("objective.regularizer.name", "log_l2"),
                              ("objective.regularizer.estimator", "full")])  # fmt: skip

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gbmpo.config import ConfigError, TrainConfig, load_config
 from gbmpo.integrations.common import clip_params
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError
 from gbmpo.registry import UnknownNameError
-from gbmpo.train.config import ConfigError, TrainConfig, load_config
 
 ATR = {
     "advantage": "grpo",

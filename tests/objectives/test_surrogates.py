@@ -573,7 +573,7 @@ def test_vespo_weight_is_one_on_policy_and_decays_off_policy():
 
 @pytest.mark.parametrize("name", ["cispo", "sapo", "gmpo", "vespo"])
 def test_baselines_selectable_in_the_trainer_config(name):
-    from gbmpo.train.config import TrainConfig, validate
+    from gbmpo.config import TrainConfig, validate
 
     cfg = TrainConfig()
     cfg.objective.surrogate.name = name

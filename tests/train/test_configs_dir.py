@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gbmpo.train.config import ConfigError, TrainConfig, load_config, validate
+from gbmpo.config import ConfigError, TrainConfig, load_config, validate
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 FILES = sorted(CONFIGS.rglob("*.yaml"))

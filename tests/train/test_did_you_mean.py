@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gbmpo.cli import main
+from gbmpo.config import ConfigError, config_from_dict, leaf_keys, load_config
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError, did_you_mean
-from gbmpo.train.config import ConfigError, config_from_dict, leaf_keys, load_config
 
 
 @pytest.mark.parametrize(

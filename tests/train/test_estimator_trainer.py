@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from gbmpo.config import ConfigError
+from gbmpo.config.support import check_support
 from gbmpo.objectives.aggregate import aggregate
 from gbmpo.rollout import generate
 from gbmpo.rollout.logprobs import completion_logits
 from gbmpo.train import Trainer, load_config
-from gbmpo.train.config import ConfigError
 from gbmpo.train.step import accumulate_gradients, no_grad_logprobs
-from gbmpo.train.support import check_support
 
 
 def varied_reward(prompts, completions, **columns):
@@ -169,7 +169,7 @@ def test_gbmpo_train_with_full_estimators_runs_end_to_end(micro_model_dir: Path,
 
 @pytest.mark.parametrize("engine", ["verl"])
 def test_other_engines_refuse_full(engine: str) -> None:
-    from gbmpo.train.support import REQUIRED
+    from gbmpo.config.support import REQUIRED
 
     cfg = load_config(None, [*REQUIRED[engine].items(),
                              ("objective.regularizer.estimator", "full")])  # fmt: skip
@@ -192,8 +192,8 @@ def test_gbmpo_trainer_takes_full_and_verl_overrides_refuse_it() -> None:
 
 
 def test_reports_keep_full_apart_from_sample() -> None:
+    from gbmpo.config import config_to_dict
     from gbmpo.experiments.runs import default_label, group_key
-    from gbmpo.train.config import config_to_dict
 
     def cfg(*overrides: tuple[str, str]) -> dict:
         return config_to_dict(load_config(None, [("regularizer", "kl_k3"), *overrides]))

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from gbmpo.config import load_config
 from gbmpo.engines.checks import DryRunReport, memory_check
-from gbmpo.train.config import load_config
 from gbmpo.train.memory import activation_bytes, memory_plan, model_shape
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gbmpo.cli import main
-from gbmpo.train.config import load_config
+from gbmpo.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PAPER = sorted((CONFIGS / "paper").glob("*.yaml"))

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
+from gbmpo.config import ConfigError, validate
 from gbmpo.train import Trainer, load_config
-from gbmpo.train.config import ConfigError, validate
 
 
 def varied_reward(prompts, completions, **columns):
@@ -151,9 +151,9 @@ def test_config_overrides_of_the_list_and_of_one_term(tmp_path: Path) -> None:
 
 
 def test_reports_group_a_sum_by_its_terms_and_a_placement_apart() -> None:
+    from gbmpo.config import config_to_dict
     from gbmpo.experiments.report import _coef
     from gbmpo.experiments.runs import default_label, group_key
-    from gbmpo.train.config import config_to_dict
 
     def cfg(*overrides: tuple[str, Any]) -> dict[str, Any]:
         return config_to_dict(load_config(None, list(overrides)))
@@ -228,7 +228,7 @@ def test_advantage_placement_subtracts_the_future_penalty_after_normalising(
 def test_advantage_placement_is_refused_on_trl_and_verl_and_reward_notes_the_std(
     micro_model_dir: Path,
 ) -> None:
-    from gbmpo.train.support import VERL_REQUIRED, check_support
+    from gbmpo.config.support import VERL_REQUIRED, check_support
 
     cfg = _config(micro_model_dir, None, ("objective.regularizer.placement", "advantage"))
     assert check_support(cfg, "gbmpo") == []

@@ -38,7 +38,7 @@ def _args(model: Path, steps: int = 30) -> list[str]:
 
 def _config(model: Path, run: Path, steps: int, **extra: str):  # noqa: ANN202
     from gbmpo.cli.args import parse_overrides
-    from gbmpo.train.config import load_config
+    from gbmpo.config import load_config
 
     extra = {"eval.before": "false", "run.output_dir": str(run), **extra}
     return load_config(overrides=[*parse_overrides(_args(model, steps)), *extra.items()])

@@ -70,10 +70,10 @@ def parse_overrides(tokens: Sequence[str], flags: Sequence[str] = ()) -> list[tu
     """``["--optim.lr", "1e-4", "--lora", "--steps=5"]`` -> ``[(key, value-or-True), ...]``.
 
     A flag without a value means ``true`` (only valid for boolean keys). Every key is checked
-    here: an unknown one raises :class:`~gbmpo.train.config.ConfigError` with a "did you mean"
+    here: an unknown one raises :class:`~gbmpo.config.ConfigError` with a "did you mean"
     among the config keys or, failing that, among the subcommand's own options ``flags``.
     """
-    from gbmpo.train.config import ConfigError, annotation_at, canonical_key
+    from gbmpo.config import ConfigError, annotation_at, canonical_key
 
     out: list[tuple[str, Any]] = []
     i = 0

@@ -242,10 +242,10 @@ def _coef_swept(sweep: Sweep | None, entries: Sequence[Any]) -> set[str]:
 
 def _plan(args: argparse.Namespace, tokens: list[str]) -> _Plan:
     """Every run of the grid, validated (nothing written)."""
+    from gbmpo.config import canonical_key
     from gbmpo.experiments.grid import check_overrides
     from gbmpo.meta.backends import BACKENDS
     from gbmpo.train import load_config
-    from gbmpo.train.config import canonical_key
 
     sweep_items = getattr(args, "sweep", None)
     sweep = parse_sweep(sweep_items) if sweep_items else None

@@ -132,7 +132,7 @@ def run_eval(args: argparse.Namespace) -> int:
             raise ValueError("--samples > 1 needs --temperature > 0 (greedy repeats itself)")
     except ValueError as err:
         return bad_input(err)
-    from gbmpo.train.config import ConfigError
+    from gbmpo.config import ConfigError
     from gbmpo.train.device import check_device
 
     try:  # an absent device stops before the model is loaded

@@ -23,7 +23,7 @@ __all__ = ["add_train_parser", "run_train"]
 
 
 def add_train_parser(subparsers: Any) -> None:
-    from gbmpo.train.config import ALIASES
+    from gbmpo.config import ALIASES
 
     aliases = "\n".join(f"  --{a:<18} = --{k}" for a, k in sorted(ALIASES.items()))
     p = subparsers.add_parser(
@@ -78,8 +78,8 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
 def _run_train(args: argparse.Namespace, extra: list[str]) -> int:
     from transformers.utils import logging as hf_logging
 
+    from gbmpo.config import dump_yaml
     from gbmpo.engines import check_resumable, engine_for, get_engine
-    from gbmpo.train.config import dump_yaml
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars; training has its own
     overrides = parse_overrides(extra, flags=getattr(args, "own_flags", ()))

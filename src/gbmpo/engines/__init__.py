@@ -15,7 +15,7 @@ Every engine writes the same run directory: ``config.yaml``, ``metrics.jsonl``,
 
 Each engine implements :class:`gbmpo.engines.base.Engine` and is registered once, in
 :data:`ENGINES`; the names are the config's ``engine`` values
-(:data:`gbmpo.train.config.TRAIN_ENGINES`, also the support matrix's columns). ``gbmpo train``
+(:data:`gbmpo.config.TRAIN_ENGINES`, also the support matrix's columns). ``gbmpo train``
 looks the engine up (:func:`engine_for`) and calls the same methods on every engine. Importing
 this package imports none of TRL, verl, transformers or torch.
 """
@@ -60,10 +60,10 @@ def get_engine(name: str) -> Engine:
 
 def engine_for(config: Any) -> Engine:
     """The engine ``config.engine`` names. For a name no engine has, the config's first error
-    (:func:`gbmpo.train.config.validate`: its plugins, then ``'engine'`` with the valid
+    (:func:`gbmpo.config.validate`: its plugins, then ``'engine'`` with the valid
     names), as a config checked without an engine reports it."""
     if config.engine not in ENGINES:
-        from gbmpo.train.config import validate
+        from gbmpo.config import validate
 
         validate(config)
     return get_engine(config.engine)
@@ -91,7 +91,7 @@ def check_resumable(run_dir: str) -> str:
     trainer's resume reports it). ``ConfigError`` (exit 2) for a finished run."""
     from pathlib import Path
 
-    from gbmpo.train.config import ConfigError, load_config
+    from gbmpo.config import ConfigError, load_config
 
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():

@@ -114,9 +114,9 @@ class BaseEngine:
     name: str = ""
 
     def check(self, cfg: Any, *, dry: bool = False) -> list[str]:
+        from gbmpo.config import validate
+        from gbmpo.config.support import check_support
         from gbmpo.engines.checks import without_missing_mirror
-        from gbmpo.train.config import validate
-        from gbmpo.train.support import check_support
 
         self.own(cfg)
         validate(without_missing_mirror(cfg) if dry else cfg)

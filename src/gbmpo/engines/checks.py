@@ -1,7 +1,7 @@
 """Dry-run checks shared by the engines, and the run-directory writing they share.
 
 :func:`common_checks` runs what does not depend on the engine: config values and registry
-names (:func:`gbmpo.train.config.validate`, which builds the objective once), the model
+names (:func:`gbmpo.config.validate`, which builds the objective once), the model
 (resolved locally or from the hub cache), the tokenizer, the task and its splits, the device.
 What needs a resource this machine lacks (a CUDA device, a hub model that is not cached and
 cannot be downloaded, a mirror map that a ``gbmpo es`` run produces, and the data set of a
@@ -110,9 +110,9 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     ``DataError``, ``FileNotFoundError``), as the own trainer's dry run does."""
     import torch
 
+    from gbmpo.config import validate
     from gbmpo.models import looks_like_hub_id, resolve_model_path
     from gbmpo.tasks import DataUnavailable
-    from gbmpo.train.config import validate
     from gbmpo.train.setup import build_task, load_splits, load_tokenizer
 
     mirror = _missing_mirror(cfg)
@@ -183,7 +183,7 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     if cfg.run.output_dir and Path(cfg.run.output_dir).exists():
         out = Path(cfg.run.output_dir)
         if out.is_dir() and any(out.iterdir()):
-            from gbmpo.train.config import ConfigError
+            from gbmpo.config import ConfigError
 
             raise ConfigError(f"output directory {str(out)!r} already exists and is not empty")
     return tokenizer, (task if task_cfg is cfg else None)

@@ -40,7 +40,7 @@ def batch_layout(cfg: Any, world: int) -> BatchLayout:
     of :math:`m` per optimizer step, TRL generates :math:`N` completions every
     :math:`N/(Wm)` micro-steps, and an RL step has :math:`\mu N/M` optimizer steps.
     ``ConfigError`` names the setting when :math:`M` is not a multiple of :math:`W m`."""
-    from gbmpo.train.config import ConfigError
+    from gbmpo.config import ConfigError
 
     n = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
     mini = cfg.optim.mini_batch_size or n
@@ -131,7 +131,7 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
     try:
         return GBMPOConfig(**kw)
     except ValueError as err:  # TRL's own checks (batch divisibility, vLLM, precision, ...)
-        from gbmpo.train.config import ConfigError
+        from gbmpo.config import ConfigError
 
         raise ConfigError(f"TRL's GRPOConfig rejects this configuration: {err}") from err
 
@@ -208,7 +208,7 @@ def eval_limit_of(cfg: Any, n_eval: int) -> int | None:
 
 def check_vllm(cfg: Any) -> None:
     """``ConfigError`` for a bad vLLM setting (values TRL would take and fail on later)."""
-    from gbmpo.train.config import ConfigError
+    from gbmpo.config import ConfigError
 
     ro = cfg.rollout
     if ro.vllm_mode not in ("colocate", "server"):
@@ -240,9 +240,9 @@ def vllm_missing(cfg: Any) -> str | None:
 
 def check_engine(cfg: Any) -> list[str]:
     """Everything refused before a TRL run writes anything: the support matrix
-    (:func:`gbmpo.train.support.check_support`), the vLLM settings and the batch layout;
+    (:func:`gbmpo.config.support.check_support`), the vLLM settings and the batch layout;
     returns the support matrix's no-effect notices."""
-    from gbmpo.train.support import check_support
+    from gbmpo.config.support import check_support
 
     notices = check_support(cfg, "trl")
     check_vllm(cfg)

@@ -1,7 +1,7 @@
 r"""``gbmpo train --engine trl``: TRL's ``GRPOTrainer`` (with gbmpo's loss) from a gbmpo config.
 
 What the config becomes is :mod:`gbmpo.engines.trl_args` (every key's answer on this engine is
-in the support matrix, :data:`gbmpo.train.support.TRL`, checked by ``check_engine`` before
+in the support matrix, :data:`gbmpo.config.support.TRL`, checked by ``check_engine`` before
 anything is written):
 
 * ``objective`` -> ``GBMPOConfig(objective=...)`` (the spec itself; TRL's ``loss_type`` and
@@ -151,8 +151,8 @@ def run(cfg: Any) -> dict[str, Any]:
     import importlib.util
     import tempfile
 
+    from gbmpo.config import ConfigError, dump_yaml, validate
     from gbmpo.io import is_nonempty, write_atomic
-    from gbmpo.train.config import ConfigError, dump_yaml, validate
     from gbmpo.train.run import default_run_dir
 
     if importlib.util.find_spec("trl") is None:
@@ -248,8 +248,8 @@ def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
     (``{"resume_from": ...}``), nothing written. Returns the summary."""
     import importlib.util
 
+    from gbmpo.config import dump_yaml, validate
     from gbmpo.io import RunLock, write_atomic
-    from gbmpo.train.config import dump_yaml, validate
     from gbmpo.train.run import resume_config
 
     cfg, path = resume_config(run_dir, overrides)
@@ -549,7 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         help="continue from this checkpoint ('': resume from the start)",
     )
     ns = parser.parse_args(argv)
-    from gbmpo.train.config import load_config
+    from gbmpo.config import load_config
 
     run_dir = Path(ns.run_dir)
     cfg = load_config(run_dir / "config.yaml")

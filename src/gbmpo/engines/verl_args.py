@@ -43,9 +43,9 @@ def overrides(
     ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
     anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes, ``eval.after:
     false`` where verl would validate at the last step: :func:`validation_freq`); the values
-    :data:`gbmpo.train.support.VERL` refuses are checked by :func:`check_engine_support`."""
+    :data:`gbmpo.config.support.VERL` refuses are checked by :func:`check_engine_support`."""
+    from gbmpo.config import ConfigError
     from gbmpo.integrations.common import verl_objective_overrides
-    from gbmpo.train.config import ConfigError
 
     run_dir = Path(run_dir).resolve()
     o, ro, opt, run = cfg.objective, cfg.rollout, cfg.optim, cfg.run
@@ -201,7 +201,7 @@ def validation_freq(cfg: Any) -> int:
     (``test_freq = run.steps``), with ``eval.after: false`` as well none (``-1``).
     ``ConfigError`` for ``eval.after: false`` with an ``eval.every`` that does not divide
     ``run.steps``: verl would validate at the last step anyway."""
-    from gbmpo.train.config import ConfigError
+    from gbmpo.config import ConfigError
 
     ev, steps = cfg.eval, cfg.run.steps
     if ev.every:
@@ -222,7 +222,7 @@ def precision_overrides(dtype: str) -> list[str]:
     bf16 compute (FSDP ``param_dtype=bf16``, gradients reduced in fp32) and a bf16 vLLM, which is
     what the own engine's bfloat16 does (bf16 weights trained through fp32 master weights);
     ``float32``: fp32 weights, compute and rollout. ``float16`` is refused
-    (:mod:`gbmpo.train.support`)."""
+    (:mod:`gbmpo.config.support`)."""
     p = {"float32": "fp32", "bfloat16": "bf16"}[dtype]
     mixed = f"{{param_dtype:{p},reduce_dtype:fp32,buffer_dtype:fp32}}"
     out = []

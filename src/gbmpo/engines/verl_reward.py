@@ -38,8 +38,8 @@ def _task(config_path: str) -> Any:
 
 @lru_cache(maxsize=4)
 def _build_task(config_path: str) -> Any:
+    from gbmpo.config import load_config
     from gbmpo.registry import add_plugin_modules
-    from gbmpo.train.config import load_config
     from gbmpo.train.setup import build_task
 
     cfg = load_config(config_path)

@@ -23,7 +23,7 @@ verl's ``ppo_trainer.yaml``):
   ``run.num_nodes``, steps, checkpoints, validation (``validation_freq``: the last step
   is the final evaluation), seeds, precision (``precision_overrides``).
 
-Every key is honoured or refused (:data:`gbmpo.train.support.VERL`): :func:`run` and
+Every key is honoured or refused (:data:`gbmpo.config.support.VERL`): :func:`run` and
 :func:`dry_run` call :func:`check_engine_support` before anything is written. After the run
 :mod:`gbmpo.engines.verl_metrics` turns verl's file log into ``metrics.jsonl`` (the schema of
 :mod:`gbmpo.io.metrics`, verl's own names under ``verl/``) and ``summary.json``.
@@ -124,10 +124,10 @@ def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[st
 
 
 def check_engine_support(cfg: Any) -> list[str]:
-    """:func:`gbmpo.train.support.check_support` for engine verl: ``ConfigError`` (exit 2,
+    """:func:`gbmpo.config.support.check_support` for engine verl: ``ConfigError`` (exit 2,
     nothing written) for a value verl cannot honour; returns the no-effect notices (``gbmpo
     train`` prints them once)."""
-    from gbmpo.train.support import check_support
+    from gbmpo.config.support import check_support
 
     return check_support(cfg, "verl")
 
@@ -163,7 +163,7 @@ def dry_run(cfg: Any) -> DryRunReport:
                                         and ".target_modules=" not in o], Path(tmp),
                                plugins, cpu=cfg.model.device == "cpu")  # fmt: skip
     if proc.returncode != 0:
-        from gbmpo.train.config import ConfigError
+        from gbmpo.config import ConfigError
 
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ConfigError(f"verl rejects the composed config: {tail}")
@@ -188,9 +188,9 @@ def run(cfg: Any) -> dict[str, Any]:
     """Write the run directory (config, data, overrides, :data:`LAUNCH_FILE`) and launch
     ``verl.trainer.main_ppo``; :class:`EngineUnavailable` (nothing written) where verl or GPUs
     are missing."""
+    from gbmpo.config import ConfigError, dump_yaml, validate
     from gbmpo.io import is_nonempty, write_atomic, write_json_atomic
     from gbmpo.models import resolve_model_path
-    from gbmpo.train.config import ConfigError, dump_yaml, validate
     from gbmpo.train.run import default_run_dir
     from gbmpo.train.setup import build_task, load_tokenizer
 
@@ -358,7 +358,7 @@ LAUNCH_FILE = "verl_launch.json"
 def _resume_point(run_dir: Path) -> tuple[dict[str, Any], Path | None, int]:
     """The launch record, the checkpoint directory verl resumes from (``None``: none yet) and
     its step (0 without one)."""
-    from gbmpo.train.config import ConfigError
+    from gbmpo.config import ConfigError
 
     try:
         launch = json.loads((run_dir / LAUNCH_FILE).read_text())
@@ -396,7 +396,7 @@ def resume_overrides(cfg: Any, run_dir: str | Path) -> tuple[list[str], int]:
 
 
 def _resume_config(run_dir: str | Path, extra: list[tuple[str, Any]] | None) -> tuple[Any, Path]:
-    from gbmpo.train.config import validate
+    from gbmpo.config import validate
     from gbmpo.train.run import resume_config
 
     cfg, path = resume_config(run_dir, extra)
@@ -423,8 +423,8 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     :class:`EngineUnavailable` (nothing written) where verl or its GPUs are missing. verl's log
     rows past that checkpoint are dropped (the rows up to it are kept in
     :data:`VERL_EARLIER_METRICS_FILE`), so that metrics.jsonl has each step once."""
+    from gbmpo.config import dump_yaml
     from gbmpo.io import RunLock, write_atomic
-    from gbmpo.train.config import dump_yaml
 
     cfg, path = _resume_config(run_dir, extra)
     python = _gpu_python(cfg)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from gbmpo.config import config_from_dict, config_to_dict, rename_old_keys
 from gbmpo.experiments.grid import GridError, GridRun
 from gbmpo.experiments.runs import (
     EVAL_FILE,
@@ -34,7 +35,6 @@ from gbmpo.experiments.runs import (
 )
 from gbmpo.io import EXIT_CODES, RunStopped, write_atomic
 from gbmpo.io.stop import STOP_FILE
-from gbmpo.train.config import config_from_dict, config_to_dict, rename_old_keys
 
 __all__ = [
     "GridMember",

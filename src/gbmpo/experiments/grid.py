@@ -41,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from gbmpo.train.config import (
+from gbmpo.config import (
     ConfigError,
     TrainConfig,
     canonical_key,
@@ -437,7 +437,7 @@ def _arm_config(base: TrainConfig, arm: GridArm) -> TrainConfig:
     """``base`` with ``arm``'s overrides. An arm that switches the surrogate or the regularizer
     to another name drops the base's parameters of that component (they belong to the other
     one); its own ``...params.X`` overrides then apply."""
-    from gbmpo.train.config import apply_overrides
+    from gbmpo.config import apply_overrides
 
     data = config_to_dict(base)
     keys = dict(arm.overrides)

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from gbmpo.train.config import rename_old_keys
+from gbmpo.config import rename_old_keys
 
 __all__ = [
     "EVAL_FILE",

@@ -21,6 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gbmpo.config import (
+    ConfigError,
+    TrainConfig,
+    annotation_at,
+    canonical_key,
+    config_to_dict,
+)
 from gbmpo.experiments.grid import (
     _ARM_FORBIDDEN,
     GridArm,
@@ -30,13 +37,6 @@ from gbmpo.experiments.grid import (
     _grid_run,
 )
 from gbmpo.experiments.runs import RunRecord, flatten
-from gbmpo.train.config import (
-    ConfigError,
-    TrainConfig,
-    annotation_at,
-    canonical_key,
-    config_to_dict,
-)
 
 __all__ = [
     "BASE_ARM",

@@ -155,13 +155,13 @@ class TrainingFitness:
         if not isinstance(self.device, str):
             raise ValueError(f"fitness device must be a string, got {self.device!r}")
         cfg = self.resolved_config(None)
-        from gbmpo.train.config import validate
+        from gbmpo.config import validate
 
         validate(cfg)  # a bad inner config fails here, before any worker starts
 
     def resolved_config(self, mirror: Any) -> Any:
         """The member's ``TrainConfig`` (``mirror``: its map, or None for a validation pass)."""
-        from gbmpo.train.config import config_from_dict
+        from gbmpo.config import config_from_dict
 
         cfg = config_from_dict(copy.deepcopy(self.train_config))
         reg = cfg.objective.regularizer
@@ -208,8 +208,8 @@ class TrainingFitness:
 
     def task(self, tokenizer: Any = None) -> HeldOutSplitTask:
         """The inner-training / validation task (cached per process)."""
+        from gbmpo.config import config_from_dict
         from gbmpo.eval import resolve_task
-        from gbmpo.train.config import config_from_dict
 
         cfg = config_from_dict(copy.deepcopy(self.train_config))
         key = (

@@ -1,7 +1,7 @@
-"""Training: the typed configuration, the RL trainer and its run directory."""
+"""Training: the RL trainer (own engine) and its run directory; the configuration it reads is
+:mod:`gbmpo.config` (re-exported here: ``load_config``, ``TrainConfig``, ...)."""
 
-from gbmpo.train.batching import DataError, PromptSampler
-from gbmpo.train.config import (
+from gbmpo.config import (
     ConfigError,
     TrainConfig,
     config_from_dict,
@@ -10,6 +10,7 @@ from gbmpo.train.config import (
     load_config,
     validate,
 )
+from gbmpo.train.batching import DataError, PromptSampler
 from gbmpo.train.dry_run import dry_run
 from gbmpo.train.trainer import Trainer, train
 

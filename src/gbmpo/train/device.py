@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from gbmpo.train.config import ConfigError, TrainConfig
+from gbmpo.config import ConfigError, TrainConfig
 
 __all__ = [
     "ONE_DEVICE_REFERENCE_BYTES",

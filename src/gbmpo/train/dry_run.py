@@ -6,8 +6,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from gbmpo.config import TrainConfig, validate
 from gbmpo.tasks import DataUnavailable
-from gbmpo.train.config import TrainConfig, validate
 from gbmpo.train.device import (
     ONE_DEVICE_REFERENCE_BYTES,
     device_absent_reason,

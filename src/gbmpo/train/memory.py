@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gbmpo.train.config import TrainConfig
+from gbmpo.config import TrainConfig
 from gbmpo.train.device import ONE_DEVICE_REFERENCE_BYTES, _kv_cache_bytes, estimate_memory
 
 __all__ = ["KNOWN_SHAPES", "activation_bytes", "memory_plan", "model_shape", "plan_line"]

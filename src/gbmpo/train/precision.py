@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gbmpo.train.config import ConfigError
+from gbmpo.config import ConfigError
 
 __all__ = ["MasterWeightOptimizer", "check_train_dtype", "needs_master_weights"]
 

@@ -20,6 +20,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gbmpo.config import (
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    dump_yaml,
+)
 from gbmpo.io import (
     CheckpointError,
     RunLock,
@@ -35,14 +43,6 @@ from gbmpo.train.checkpoint import (
     latest_valid_checkpoint,
     load_checkpoint,
     save_checkpoint,
-)
-from gbmpo.train.config import (
-    ConfigError,
-    TrainConfig,
-    apply_overrides,
-    config_from_dict,
-    config_to_dict,
-    dump_yaml,
 )
 from gbmpo.train.console import Console, fmt_eval, main_metric
 from gbmpo.train.device import device_memory_bytes, peak_memory_bytes
@@ -117,7 +117,7 @@ def resume_config(
     :data:`RESUMABLE_OVERRIDES` may be overridden) and its path."""
     import yaml
 
-    from gbmpo.train.config import canonical_key
+    from gbmpo.config import canonical_key
 
     path = Path(run_dir)
     if not (path / CONFIG_FILE).is_file():

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gbmpo.config import ConfigError, TrainConfig
 from gbmpo.objectives.spec import BuiltObjective
 from gbmpo.train.allocator import keep_freed_memory
 from gbmpo.train.batching import DataError
-from gbmpo.train.config import ConfigError, TrainConfig
 from gbmpo.train.precision import MasterWeightOptimizer, needs_master_weights
 
 __all__ = [

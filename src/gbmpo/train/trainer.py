@@ -19,13 +19,13 @@ from typing import Any
 
 from torch import Tensor
 
+from gbmpo.config import ConfigError, TrainConfig, validate
 from gbmpo.io import StopSignals
 from gbmpo.rollout.logprobs import completion_logprobs
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train import run as _run
 from gbmpo.train import step as _step
 from gbmpo.train.batching import PromptSampler
-from gbmpo.train.config import ConfigError, TrainConfig, validate
 from gbmpo.train.device import check_device, check_single_process
 from gbmpo.train.logging import MetricsWriter
 from gbmpo.train.precision import check_train_dtype

@@ -11,8 +11,8 @@ One config is one experiment on every engine, so each key has one answer per eng
   once at the start when set to a non-default value).
 
 :func:`check_support` applies the matrix to a config: it raises
-:class:`gbmpo.train.config.ConfigError` for a refused value and returns the notices for
-no-effect keys set to non-default values. :func:`gbmpo.train.config.validate` calls it, so every
+:class:`gbmpo.config.ConfigError` for a refused value and returns the notices for
+no-effect keys set to non-default values. :func:`gbmpo.config.validate` calls it, so every
 engine refuses before anything is written; ``gbmpo train`` prints the notices once.
 ``docs/cli-and-config.md`` holds the rendered table (:func:`render_markdown`), and a test fails
 for a config key without an entry for every engine.
@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gbmpo.train.config.schema import TRAIN_ENGINES
+from gbmpo.config.schema import TRAIN_ENGINES
 
 __all__ = [
     "ENGINES",
@@ -602,9 +602,9 @@ REQUIRED: dict[str, dict[str, Any]] = {"gbmpo": {}, "trl": {}, "verl": VERL_REQU
 
 
 def config_keys() -> list[str]:
-    """Every dotted key of :class:`gbmpo.train.config.TrainConfig` (free ``params`` dicts are
+    """Every dotted key of :class:`gbmpo.config.TrainConfig` (free ``params`` dicts are
     one key each)."""
-    from gbmpo.train.config import TrainConfig
+    from gbmpo.config import TrainConfig
 
     def walk(cls: type, prefix: str) -> Iterator[str]:
         hints = typing.get_type_hints(cls)
@@ -641,7 +641,7 @@ def _listed(value: Any, cfg: Any) -> bool:
 
 
 def _default_of(key: str) -> Any:
-    from gbmpo.train.config import TrainConfig
+    from gbmpo.config import TrainConfig
 
     return _value_at(TrainConfig(), key)
 
@@ -649,7 +649,7 @@ def _default_of(key: str) -> Any:
 def check_support(cfg: Any, engine: str | None = None) -> list[str]:
     """Refuse (``ConfigError``, exit 2) a value ``engine`` (default ``cfg.engine``) cannot honour;
     return one notice per no-effect key set to a non-default value."""
-    from gbmpo.train.config import ConfigError
+    from gbmpo.config import ConfigError
 
     engine = engine or cfg.engine
     table = SUPPORT[engine]

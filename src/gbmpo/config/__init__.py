@@ -12,29 +12,29 @@ checks keys and types and names the offending key by its dotted path::
 regularizers, aggregations, tasks), building each objective once so that a wrong parameter is
 reported before any run directory is created or any model is loaded.
 
-The package's modules: :mod:`~gbmpo.train.config.schema` (the dataclass tree, its defaults and
-aliases), :mod:`~gbmpo.train.config.convert` (dicts and YAML), :mod:`~gbmpo.train.config.overrides`
-(command-line overrides, :func:`load_config`) and :mod:`~gbmpo.train.config.checks`
+The package's modules: :mod:`~gbmpo.config.schema` (the dataclass tree, its defaults and
+aliases), :mod:`~gbmpo.config.convert` (dicts and YAML), :mod:`~gbmpo.config.overrides`
+(command-line overrides, :func:`load_config`) and :mod:`~gbmpo.config.checks`
 (:func:`validate`); the names below are its API.
 """
 
 from __future__ import annotations
 
-from gbmpo.train.config.checks import validate
-from gbmpo.train.config.convert import (
+from gbmpo.config.checks import validate
+from gbmpo.config.convert import (
     config_from_dict,
     config_to_dict,
     dump_yaml,
     rename_old_keys,
 )
-from gbmpo.train.config.overrides import (
+from gbmpo.config.overrides import (
     annotation_at,
     apply_overrides,
     canonical_key,
     leaf_keys,
     load_config,
 )
-from gbmpo.train.config.schema import (
+from gbmpo.config.schema import (
     ALIASES,
     RENAMED_KEYS,
     REPORTERS,

@@ -269,7 +269,7 @@ ALIASES: dict[str, str] = {
 RENAMED_KEYS: dict[str, str] = {"rollout.engine": "rollout.generator"}
 
 #: values of the top-level ``engine`` key (``gbmpo train --engine NAME``): the one list of the
-#: engines, also the support matrix's columns (:data:`gbmpo.train.support.ENGINES`) and the
+#: engines, also the support matrix's columns (:data:`gbmpo.config.support.ENGINES`) and the
 #: names in the engine registry (:data:`gbmpo.engines.ENGINES`, which sits above this layer)
 TRAIN_ENGINES: tuple[str, ...] = ("gbmpo", "trl", "verl")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib.util
 import math
 
+from gbmpo.config.schema import REPORTERS, TRAIN_ENGINES, ConfigError, TrainConfig
 from gbmpo.objectives.spec import SpecError
-from gbmpo.train.config.schema import REPORTERS, TRAIN_ENGINES, ConfigError, TrainConfig
 
 __all__ = ["validate"]
 
@@ -35,7 +35,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
     Raises :class:`ConfigError` (or :class:`gbmpo.registry.UnknownNameError`, which lists the
     valid names) naming the key, also for a value ``cfg.engine`` cannot honour (the support
-    matrix, :func:`gbmpo.train.support.check_support`). Does not touch the filesystem or load a
+    matrix, :func:`gbmpo.config.support.check_support`). Does not touch the filesystem or load a
     model.
     """
     from gbmpo.registry import PluginError, UnknownNameError, add_plugin_modules
@@ -183,7 +183,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 f"(pip install {package})"
             )
     # the support matrix: a value this engine cannot honour is refused here, before any write
-    from gbmpo.train.support import check_support
+    from gbmpo.config.support import check_support
 
     check_support(cfg)
     return cfg

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from gbmpo.registry import UnknownNameError
-from gbmpo.train.config import (
+from gbmpo.config import (
     ConfigError,
     TrainConfig,
     config_from_dict,
@@ -15,6 +14,7 @@ from gbmpo.train.config import (
     load_config,
     validate,
 )
+from gbmpo.registry import UnknownNameError
 
 
 def test_defaults_are_the_embedded_recipe():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gbmpo.train.config import ConfigError, TrainConfig, load_config
-from gbmpo.train.support import (
+from gbmpo.config import ConfigError, TrainConfig, load_config
+from gbmpo.config.support import (
     ENGINES,
     NO_EFFECT,
     REFUSED,
@@ -28,7 +28,7 @@ def test_every_config_key_has_an_entry_for_every_engine() -> None:
 
 
 def test_a_new_key_without_an_entry_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gbmpo.train import support
+    from gbmpo.config import support
 
     monkeypatch.setattr(support, "config_keys", lambda: [*config_keys(), "run.brand_new_key"])
     with pytest.raises(ConfigError, match="run.brand_new_key"):
@@ -83,7 +83,7 @@ def test_markdown_has_one_row_per_key() -> None:
 
 
 def test_validate_refuses_for_the_configured_engine() -> None:
-    from gbmpo.train.config import validate
+    from gbmpo.config import validate
 
     with pytest.raises(ConfigError, match=r"run.num_nodes.*engine 'gbmpo'"):
         validate(load_config(overrides=[("run.num_nodes", "2")]))

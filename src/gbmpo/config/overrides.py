@@ -15,8 +15,7 @@ from typing import Any, Union
 
 import yaml
 
-from gbmpo.objectives.spec import did_you_mean
-from gbmpo.train.config.convert import (
+from gbmpo.config.convert import (
     _fields,
     _read_yaml,
     _type_name,
@@ -25,7 +24,8 @@ from gbmpo.train.config.convert import (
     rename_old_keys,
     renamed_key,
 )
-from gbmpo.train.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
+from gbmpo.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
+from gbmpo.objectives.spec import did_you_mean
 
 __all__ = ["annotation_at", "apply_overrides", "canonical_key", "leaf_keys", "load_config"]
 
