@@ -3,6 +3,8 @@
 #   make test   install .venv and .venv-verl if needed, then run the whole test suite (what CI runs)
 #   make verl   install .venv-verl if needed: verl, for `--engine verl` and the verl tests
 # Extra arguments go through ARGS:  make run ARGS="--steps 20"   make test ARGS="-x tests/cli/test_cli.py"
+# `make test` runs the tests on JOBS pytest-xdist workers (2: the 2-core CI machine); JOBS=0 runs
+# them in one process (e.g. for --pdb or -s):  make test JOBS=0 ARGS="--pdb tests/io"
 #
 # .venv (scripts/install.sh) is installed when it has no stamp yet or requirements.txt,
 # pyproject.toml, scripts/install.sh or scripts/pack_data.py is newer than the stamp; .venv-verl
@@ -21,6 +23,7 @@ ifneq ($(GBMPO_INSTALL_VERL),0)
 TEST_NEEDS += $(VERL_STAMP)
 endif
 ARGS ?=
+JOBS ?= 2
 
 .PHONY: run test install verl
 .DELETE_ON_ERROR:
@@ -29,7 +32,7 @@ run: $(STAMP)
 	$(VENV)/bin/gbmpo train $(ARGS)
 
 test: $(TEST_NEEDS)
-	$(VENV)/bin/python -m pytest $(ARGS)
+	$(VENV)/bin/python -m pytest -n $(JOBS) $(ARGS)
 
 install: $(STAMP)
 

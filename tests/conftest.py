@@ -9,10 +9,21 @@ small byte-level BPE tokenizer trained on arithmetic problems, saved like a real
 GSM8K/MBPP packed into the package at install, where the install found them) and as a user's
 own clone has them (``hidden``: no package data, no ``GBMPO_DATA_DIR``, no hub), so CI, which
 has the data, still proves what a user without it gets.
+
+Parallel runs (``make test`` runs ``pytest -n 2``, pytest-xdist): tests go one by one to the
+free worker, except that the tests of a file with a module- or class-scoped fixture (one training
+run its tests only read) run on one worker, which builds that fixture once
+(``pytest_xdist_make_scheduler``); a test marked ``ray`` waits until no other worker runs one
+(one local Ray instance at a time); a test marked ``exclusive`` runs while no other worker runs
+any test (a timing window or a whole-machine measurement). Without ``-n`` none of this applies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,6 +32,79 @@ import pytest
 
 if TYPE_CHECKING:
     from gbmpo.sandbox import Sandbox
+
+
+#: a test file whose tests share a fixture built once per module, class or package
+_SHARED_FIXTURE = re.compile(r"""scope\s*=\s*["'](?:module|class|package)["']""")
+
+
+@functools.cache
+def _shares_a_fixture(path: Path) -> bool:
+    """Whether the test file ``path`` defines a module-, class- or package-scoped fixture."""
+    try:
+        return _SHARED_FIXTURE.search(path.read_text(encoding="utf-8")) is not None
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``-n N`` (``--dist load``): tests go one by one to the worker that is free, except that
+    the tests of a file that defines a module/class/package fixture go together, so the one
+    worker that runs them builds that fixture (e.g. a training run its tests read) once."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileWhereSharedScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if _shares_a_fixture(config.rootpath / path) else nodeid
+
+    return FileWhereSharedScheduling(config, log)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, mode: int) -> Iterator[None]:
+    import fcntl
+
+    with open(path, "a+") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def _machine_turn(shared_dir: Path, *, exclusive: bool, ray: bool) -> Iterator[None]:
+    """Locks over one xdist run's workers (``fcntl.flock`` on files in the directory their
+    temporary directories share). ``turn``, a readers-writer lock: every test holds it shared,
+    an ``exclusive`` test alone; an exclusive test waiting for it holds ``gate``, so the other
+    worker's next tests wait behind it instead of starving it. ``ray``: one Ray test at a time.
+    Always taken in this order (turn, then ray), so no two workers wait for each other."""
+    import fcntl
+
+    with contextlib.ExitStack() as held:
+        with _flock(shared_dir / "gbmpo-gate.lock", fcntl.LOCK_EX):
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            held.enter_context(_flock(shared_dir / "gbmpo-turn.lock", mode))
+        if ray:
+            held.enter_context(_flock(shared_dir / "gbmpo-ray.lock", fcntl.LOCK_EX))
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Under xdist, a test (its set-up, call and tear-down, module fixtures included) runs
+    while it holds its turn (``_machine_turn``)."""
+    basetemp = item.config.option.basetemp  # xdist gives each worker <the run's basetemp>/gwN
+    if "PYTEST_XDIST_WORKER" not in os.environ or not basetemp:
+        return (yield)
+    with _machine_turn(Path(basetemp).parent,
+                       exclusive=item.get_closest_marker("exclusive") is not None,
+                       ray=item.get_closest_marker("ray") is not None):  # fmt: skip
+        return (yield)
 
 
 @pytest.fixture(params=["packed", "hidden"])

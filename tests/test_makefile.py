@@ -77,7 +77,10 @@ def test_test_installs_both_once_then_runs_the_command_directly(tree):
     proc = _make(tree, "test", "ARGS=-x tests/cli/test_cli.py")
     assert proc.returncode == 0, proc.stderr
     assert _installs(tree) == [".venv", ".venv-verl"]  # CI's `make test` runs the verl tests too
-    assert ".venv/bin/python -m pytest -x tests/cli/test_cli.py" in proc.stdout
+    # on 2 pytest-xdist workers, the ARGS after the defaults (so a later `-n 0` wins)
+    assert ".venv/bin/python -m pytest -n 2 -x tests/cli/test_cli.py" in proc.stdout
+    serial = _make(tree, "test", "JOBS=0", "ARGS=tests/io").stdout
+    assert ".venv/bin/python -m pytest -n 0 tests/io" in serial
     assert (tree / ".venv" / ".gbmpo-installed").is_file()
     assert (tree / ".venv-verl" / ".gbmpo-installed").is_file()
     for target in ("install", "verl", "test", "run"):

@@ -167,6 +167,7 @@ def test_sharded_checkpoint_needs_every_shard(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------ no cache
 
 
+@pytest.mark.exclusive  # a time limit: alone under pytest-xdist
 def test_offline_without_cache_fails_fast_with_a_clear_message(
     hub_cache: Path, no_probe: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -204,6 +205,7 @@ def test_unreachable_hub_fails_fast(hub_cache: Path, monkeypatch: pytest.MonkeyP
         resolve_model_path("gbmpo-test/absent")
 
 
+@pytest.mark.exclusive  # a time limit: alone under pytest-xdist
 def test_hung_hub_probe_is_bounded(hub_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _offline(monkeypatch, False)
     monkeypatch.setattr(gbmpo.models, "HUB_PROBE_TIMEOUT", 0.2)
@@ -262,6 +264,7 @@ def test_rate_limited_hub_passes_the_id_through(
 # ------------------------------------------------------------------------------ CLI
 
 
+@pytest.mark.exclusive  # a time limit: alone under pytest-xdist
 @pytest.mark.parametrize("command", ["train", "eval"])
 def test_cli_unreachable_hub_exit_2(
     hub_cache: Path,
@@ -284,6 +287,7 @@ def test_cli_unreachable_hub_exit_2(
     assert "not in the local Hugging Face cache" in err and "cannot be reached" in err
 
 
+@pytest.mark.exclusive  # a time limit: alone under pytest-xdist
 def test_console_script_offline_without_cache_exit_2(tmp_path: Path) -> None:
     """The acceptance case: ``HF_HUB_OFFLINE=1``, empty ``HF_HOME``, ``gbmpo train --dry-run``
     on a hub id -> exit 2 with a one-line message, no traceback, in seconds."""

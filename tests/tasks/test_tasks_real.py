@@ -101,6 +101,7 @@ def test_missing_data_names_the_path_and_env_var(tmp_path: Path,
         get_task("mbpp", path=str(tmp_path / "nope.jsonl")).split("test")
 
 
+@pytest.mark.exclusive  # a time limit: alone under pytest-xdist
 def test_unreachable_hub_fails_within_seconds_naming_the_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from huggingface_hub import constants

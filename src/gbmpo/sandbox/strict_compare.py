@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import threading
 
 __all__ = ["HELPER_NAMES", "KIND_NAMES", "kind_table", "strict_helpers", "strict_test_source"]
 
@@ -78,6 +79,13 @@ class _StrictRewriter(ast.NodeTransformer):
         return node
 
 
+#: one ``ast.parse`` at a time in this process: CPython 3.11's AST constructor (3.11.7 here)
+#: tracks its recursion depth in state the threads share, so two parses at once
+#: (``Sandbox.run_many``'s thread pool) can fail with "SystemError: AST constructor recursion
+#: depth mismatch"
+_PARSE_LOCK = threading.Lock()
+
+
 @functools.lru_cache(maxsize=4096)
 def strict_test_source(source: str) -> str:
     """Trusted test code rewritten with type-strict comparisons (cached: a group's G programs
@@ -90,7 +98,8 @@ def strict_test_source(source: str) -> str:
     parse is returned unchanged (that test then fails with its ``SyntaxError``).
     """
     try:
-        tree = ast.parse(source, "<test>", "exec")
+        with _PARSE_LOCK:
+            tree = ast.parse(source, "<test>", "exec")
     except (SyntaxError, ValueError):
         return source
     return ast.unparse(ast.fix_missing_locations(_StrictRewriter().visit(tree)))
