@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from gbmpo.objectives.mirror import NeuralMirrorMap
@@ -240,6 +240,7 @@ LOGP = st.floats(LOG_FLOOR, 0.0)
 
 @settings(max_examples=40, deadline=None)
 @given(l=LOGP, r=LOGP, o=LOGP)
+@example(l=0.0, r=-5.960464477539063e-08, o=0.0)  # js cancelled to -3e-8 in float32
 def test_finite_everywhere_and_divergences_nonnegative(l: float, r: float, o: float) -> None:
     for dt in (torch.float32, F64):
         lt, rt, ot = (torch.tensor([[x]], dtype=dt) for x in (l, r, o))

@@ -55,8 +55,9 @@ def bisect_interval(
     (up to rounding of :math:`f`). Tolerance: :math:`|\log \hat l - \log l| \le
     2^{-\text{iters}}\log(1/w_{\min})`, same for :math:`u` with :math:`\log w_{\max}`; with the
     default 60 steps and brackets of width at most 23.03 (probabilities down to 1e-10), below
-    2.0e-17. Where :math:`f(w_{\min}) \le \delta_{\text{low}}` the lower end is 0 (no lower clip);
-    where :math:`f(w_{\max}) \le \delta_{\text{high}}` the upper end is :math:`+\infty`.
+    2.0e-17 (``dppo_kl``'s bracket down to 1e-300, width 690.8: below 6.0e-16). Where
+    :math:`f(w_{\min}) \le \delta_{\text{low}}` the lower end is 0 (no lower clip); where
+    :math:`f(w_{\max}) \le \delta_{\text{high}}` the upper end is :math:`+\infty`.
     """
     dl = _radius("delta_low", delta_low)
     dh = _radius("delta_high", delta_high)
@@ -367,13 +368,21 @@ class _MirrorEndTable:
         return w.masked_fill_(outside, out_value)
 
 
+#: the smallest ratio the ``dppo_kl`` interval's bisection looks at (:func:`dppo_kl_interval`)
+DPPO_KL_W_MIN = 1e-300
+
+
 def dppo_kl_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tuple[Tensor, Tensor]:
     r"""``dppo_kl``, per token: the ends of :math:`\{w : \mathrm{KL}(\mathrm{Bern}(p)\,\|\,
     \mathrm{Bern}(wp)) \le \delta\}` by :func:`bisect_interval` over
-    :math:`w \in [10^{-10}/p, 1/p]` (DPPO-Binary-KL, arXiv 2602.04879). The binary KL is convex in
+    :math:`w \in [10^{-300}, 1/p]` (DPPO-Binary-KL, arXiv 2602.04879). The binary KL is convex in
     :math:`w` with minimum 0 at :math:`w = 1`; it grows without bound as :math:`wp \to 1` only
-    through DPPO's :math:`\epsilon = 10^{-8}`, so the upper end is finite for small radii."""
+    through DPPO's :math:`\epsilon = 10^{-8}`, so the upper end is finite for small radii. As
+    :math:`w \to 0` it grows like :math:`p \log(1/w)`, slowly for a small :math:`p`: the lower
+    end can lie far below :math:`10^{-10}/p` (:math:`p = 0.011`, :math:`\delta = 0.2`:
+    :math:`w \approx 3 \cdot 10^{-9}`), so the bracket reaches down to :math:`10^{-300}` (the
+    measure is evaluated from :math:`\log w`); a radius not reached there has no lower end."""
     p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
-    w_min = (PROB_FLOOR / p).clamp_max(1.0)
+    w_min = torch.full_like(p, DPPO_KL_W_MIN)
     w_max = 1.0 / p
     return bisect_interval(lambda w: measure_dppo_kl(w, p), delta_low, delta_high, w_min, w_max)
