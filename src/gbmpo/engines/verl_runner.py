@@ -48,7 +48,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,6 +70,7 @@ from gbmpo.engines.verl_metrics import (
 )
 from gbmpo.integrations.common import hydra_value as _value
 from gbmpo.io import RunStopped, resume_command
+from gbmpo.io.stop import handling
 
 __all__ = [
     "LAUNCH_FILE",
@@ -311,15 +311,8 @@ def _forwarding_signals() -> Iterator[tuple[list[str], list[subprocess.Popen[byt
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signum)
 
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, handle)
-    try:
+    with handling(handle):
         yield received, procs
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 class VerlStopped(RunStopped):

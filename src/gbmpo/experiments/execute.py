@@ -11,7 +11,6 @@ import json
 import shutil
 import signal
 import tempfile
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,7 +33,7 @@ from gbmpo.experiments.runs import (
     run_status,
 )
 from gbmpo.io import EXIT_CODES, RunStopped, write_atomic
-from gbmpo.io.stop import STOP_FILE
+from gbmpo.io.stop import STOP_FILE, handling
 
 __all__ = [
     "GridMember",
@@ -251,15 +250,8 @@ def _stop_on_signals(pool: Any, stop_path: Path) -> Iterator[list[str]]:
         received.append(name)
         pool.request_stop(name)
 
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, handle)
-    try:
+    with handling(handle):
         yield received
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @dataclass

@@ -18,7 +18,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,6 +30,7 @@ __all__ = [
     "RunStopped",
     "StopSignals",
     "forwarding",
+    "handling",
     "resume_command",
     "stop_file",
 ]
@@ -174,14 +175,25 @@ def forwarding(run_dir: Path, on_second: Any) -> Iterator[StopSignals]:
             on_second()
             raise RunStopped(stop.requested, now=True)
 
+    try:
+        with handling(handle):
+            yield stop
+    finally:
+        with contextlib.suppress(OSError):
+            stop_file(run_dir).unlink()
+
+
+@contextlib.contextmanager
+def handling(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
+    """``handler`` for SIGTERM and SIGINT for the length of the block, the handlers before
+    restored after it; outside the main thread (where Python cannot install handlers) nothing
+    changes."""
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
-            previous[sig] = signal.signal(sig, handle)
+            previous[sig] = signal.signal(sig, handler)
     try:
-        yield stop
+        yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        with contextlib.suppress(OSError):
-            stop_file(run_dir).unlink()
+        for sig, old in previous.items():
+            signal.signal(sig, old)
