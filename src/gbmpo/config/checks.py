@@ -36,16 +36,35 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     Raises :class:`ConfigError` (or :class:`gbmpo.registry.UnknownNameError`, which lists the
     valid names) naming the key, also for a value ``cfg.engine`` cannot honour (the support
     matrix, :func:`gbmpo.config.support.check_support`). Does not touch the filesystem or load a
-    model.
+    model. The sections are checked in this order (the first bad value is the one reported).
     """
-    from gbmpo.registry import PluginError, UnknownNameError, add_plugin_modules
-    from gbmpo.tasks import TASKS
+    from gbmpo.config.support import check_support
 
-    try:  # plugins first: they may register the names checked below
+    _check_plugins(cfg)  # first: plugins may register the names checked below
+    _check_engine_and_model(cfg)
+    _check_rollout(cfg)
+    _check_task(cfg)
+    _check_objective(cfg)
+    _check_optim(cfg)
+    _check_lora(cfg)
+    _check_eval(cfg)
+    _check_run(cfg)
+    # the support matrix: a value this engine cannot honour is refused here, before any write
+    check_support(cfg)
+    return cfg
+
+
+def _check_plugins(cfg: TrainConfig) -> None:
+    from gbmpo.registry import PluginError, add_plugin_modules
+
+    try:
         add_plugin_modules(list(cfg.run.plugins))
     except PluginError as err:
         raise ConfigError(f"run.plugins: {err}") from None
-    r, o, opt, ev, run = cfg.rollout, cfg.objective, cfg.optim, cfg.eval, cfg.run
+
+
+def _check_engine_and_model(cfg: TrainConfig) -> None:
+    run = cfg.run
     _require(
         cfg.engine in TRAIN_ENGINES,
         f"'engine': unknown engine {cfg.engine!r}; valid: {', '.join(TRAIN_ENGINES)}",
@@ -57,6 +76,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         f"'model.dtype' must be float32, bfloat16 or float16, got {cfg.model.dtype!r}",
     )
     _require(bool(cfg.model.path.strip()), "'model.path' is empty")
+
+
+def _check_rollout(cfg: TrainConfig) -> None:
+    from gbmpo.rollout.sampling import GENERATORS
+
+    r = cfg.rollout
     _positive_int(r.prompts_per_step, "rollout.prompts_per_step")
     _positive_int(r.num_generations, "rollout.num_generations")
     _require(
@@ -73,13 +98,16 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     )
     _require(0 < r.top_p <= 1, f"'rollout.top_p' must be in (0, 1], got {r.top_p}")
     _require(r.top_k >= 0, f"'rollout.top_k' must be >= 0 (0 = off), got {r.top_k}")
-    from gbmpo.rollout.sampling import GENERATORS
-
     generators = (*GENERATORS, "vllm")  # vllm: engines trl and verl (the support matrix)
     _require(
         r.generator in generators,
         f"'rollout.generator': unknown generator {r.generator!r}; valid: {', '.join(generators)}",
     )
+
+
+def _check_task(cfg: TrainConfig) -> None:
+    from gbmpo.registry import UnknownNameError
+    from gbmpo.tasks import TASKS
 
     if cfg.task.name not in TASKS:
         try:
@@ -97,6 +125,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         cfg.task.template in ("auto", "base", "chat"),
         f"'task.template' must be auto, base or chat, got {cfg.task.template!r}",
     )
+
+
+def _check_objective(cfg: TrainConfig) -> None:
+    o = cfg.objective
     try:  # the spec's own check: names (UnknownNameError), parameters (each built once), coef
         o.check("objective")
     except ConfigError:
@@ -106,6 +138,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     except OSError as err:  # e.g. a mirror-map file that is not there
         raise ConfigError(f"objective.regularizer ({o.regularizer_label!r}): {err}") from None
 
+
+def _check_optim(cfg: TrainConfig) -> None:
+    r, opt = cfg.rollout, cfg.optim
     _require(math.isfinite(opt.lr) and opt.lr >= 0, f"'optim.lr' must be >= 0, got {opt.lr}")
     _positive_int(opt.warmup_steps, "optim.warmup_steps", zero=True)
     _require(
@@ -142,18 +177,24 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         f"'optim.micro_batch_size'={micro} must divide the mini-batch size {mini}",
     )
 
-    if cfg.lora.enabled:
-        _positive_int(cfg.lora.r, "lora.r")
-        _require(cfg.lora.alpha > 0, f"'lora.alpha' must be > 0, got {cfg.lora.alpha}")
-        _require(
-            0 <= cfg.lora.dropout < 1, f"'lora.dropout' must be in [0, 1), got {cfg.lora.dropout}"
-        )
-        _require(bool(cfg.lora.target_modules), "'lora.target_modules' is empty")
-        _require(
-            importlib.util.find_spec("peft") is not None,
-            "'lora.enabled' needs the peft package: pip install peft",
-        )
 
+def _check_lora(cfg: TrainConfig) -> None:
+    if not cfg.lora.enabled:
+        return
+    _positive_int(cfg.lora.r, "lora.r")
+    _require(cfg.lora.alpha > 0, f"'lora.alpha' must be > 0, got {cfg.lora.alpha}")
+    _require(
+        0 <= cfg.lora.dropout < 1, f"'lora.dropout' must be in [0, 1), got {cfg.lora.dropout}"
+    )
+    _require(bool(cfg.lora.target_modules), "'lora.target_modules' is empty")
+    _require(
+        importlib.util.find_spec("peft") is not None,
+        "'lora.enabled' needs the peft package: pip install peft",
+    )
+
+
+def _check_eval(cfg: TrainConfig) -> None:
+    ev = cfg.eval
     _positive_int(ev.every, "eval.every", zero=True)
     _positive_int(ev.limit, "eval.limit", allow_none=True)
     _positive_int(ev.auto_limit, "eval.auto_limit", allow_none=True)
@@ -163,6 +204,9 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         raise ConfigError("'eval.samples' > 1 samples at rollout.temperature, which must be > 0")
     _positive_int(ev.batch_size, "eval.batch_size")
 
+
+def _check_run(cfg: TrainConfig) -> None:
+    run = cfg.run
     _positive_int(run.steps, "run.steps")
     _require(
         run.time_budget_seconds is None or run.time_budget_seconds > 0,
@@ -182,8 +226,3 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                 f"'run.report_to' {name!r} needs the {package} package, which is not installed "
                 f"(pip install {package})"
             )
-    # the support matrix: a value this engine cannot honour is refused here, before any write
-    from gbmpo.config.support import check_support
-
-    check_support(cfg)
-    return cfg
