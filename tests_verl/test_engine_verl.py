@@ -18,10 +18,10 @@ import pandas as pd  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
 import gbmpo.integrations.verl as gv  # noqa: E402
+from gbmpo.config import dump_yaml, load_config  # noqa: E402
 from gbmpo.engines.verl_args import overrides, write_data  # noqa: E402
 from gbmpo.engines.verl_check import check  # noqa: E402
 from gbmpo.objectives import get_regularizer, get_surrogate  # noqa: E402
-from gbmpo.config import dump_yaml, load_config  # noqa: E402
 from gbmpo.train.setup import build_task, load_tokenizer  # noqa: E402
 
 

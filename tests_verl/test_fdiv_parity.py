@@ -12,13 +12,12 @@ import torch
 
 pytest.importorskip("verl")
 
+from test_parity import GBMPO_AGG, MODES, TOL, _tensors  # noqa: E402
 from verl.trainer.ppo import core_algos  # noqa: E402
 from verl.workers.config import FSDPActorConfig, PolicyLossConfig  # noqa: E402
 
 import gbmpo.integrations.verl as gv  # noqa: E402
 from gbmpo.objectives import compute_policy_loss, get_regularizer, get_surrogate  # noqa: E402
-
-from test_parity import GBMPO_AGG, MODES, TOL, _tensors  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
