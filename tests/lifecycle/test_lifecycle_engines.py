@@ -181,3 +181,17 @@ def test_verl(micro_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
         "preempted", "verl", "SIGTERM", "at once")  # fmt: skip
     assert status["checkpoint"] is None and status["error"] is None
     assert info.value.exit_code == 143 and "verl writes no checkpoint" in str(info.value)
+
+
+def test_no_runner_writes_the_lifecycle_files_itself() -> None:
+    """The lock, the signal handlers, ``status.json`` and ``summary.json`` are taken and written
+    only in :mod:`gbmpo.lifecycle.core`: no engine's runner nor the own trainer does it."""
+    import re
+
+    own = re.compile(r"write_status\(|RunLock\(|StopSignals\(|write_json_atomic\([^)]*SUMMARY")
+    src = ROOT / "src" / "gbmpo"
+    found = [f"{path.relative_to(src)}:{n}" for folder in ("engines", "train")
+             for path in sorted((src / folder).glob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1) if own.search(line)]
+    assert not found, found
+    assert own.search((src / "lifecycle" / "core.py").read_text())  # the pattern finds them

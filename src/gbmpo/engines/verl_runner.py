@@ -209,7 +209,7 @@ def run(cfg: Any) -> dict[str, Any]:
     task = build_task(cfg, tokenizer)
     overrides(cfg, run_dir, model_path=model_path)  # what verl cannot express, before writing
     # the lock (a second run on this directory is refused) and the empty-directory check
-    with RunLifecycle(run_dir, "verl", step=lambda: _resume_point(run_dir)[2]) as life:
+    with RunLifecycle(run_dir, "verl") as life:
         write_atomic(run_dir / CONFIG_FILE, dump_yaml(cfg))
         counts = write_data(cfg, task, run_dir / "data", tokenizer)
         ov = overrides(
@@ -417,7 +417,7 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     python = _gpu_python(cfg)
     ov, step = resume_overrides(cfg, path)
     launch = json.loads((path / LAUNCH_FILE).read_text())
-    with RunLifecycle(path, "verl", resuming=True, step=lambda: _resume_point(path)[2]) as life:
+    with RunLifecycle(path, "verl", resuming=True) as life:
         earlier = read_verl_log(path / VERL_EARLIER_METRICS_FILE)
         rows = [r for r in earlier + read_verl_log(path / VERL_METRICS_FILE)
                 if step > 0 and int(r["step"]) <= step]  # fmt: skip
