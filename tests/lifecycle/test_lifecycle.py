@@ -104,6 +104,13 @@ def test_what_is_left_alone(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError), RunLifecycle(run, "gbmpo"):
         raise RuntimeError("bad model")
     assert read_status(run) is None and not (run / LOCK_FILE).exists()
+    # a resume that fails before it runs: the status a killed part left stays as it was
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    left = write_status(killed, "running", 5, engine="gbmpo")
+    with pytest.raises(RuntimeError), RunLifecycle(killed, "gbmpo", resuming=True):
+        raise RuntimeError("no checkpoint")
+    assert _status(killed) == left
     # a stop another process recorded (a worker): kept as it is
     worker = tmp_path / "worker"
     with pytest.raises(RunStopped), RunLifecycle(worker, "trl") as life:

@@ -196,8 +196,9 @@ class RunLifecycle:
     the engine calls :meth:`running` once it trains (and after each step, to keep the step
     current), :meth:`stopped` when it stops after a step on a signal, :meth:`finished` at the
     end. On leaving: a second signal's :class:`RunStopped` is completed with the hooks and
-    recorded; any other exception, while ``status.json`` says ``running``, becomes ``failed`` /
-    ``interrupted`` with the error; the signal handlers and the lock are released.
+    recorded; any other exception, while ``status.json`` says ``running`` (written by this part
+    of the run), becomes ``failed`` / ``interrupted`` with the error; the signal handlers and
+    the lock are released.
 
     ``main``: whether this process writes ``status.json`` (the main process of several).
     Hooks, read when a stop is recorded: :attr:`step` (RL steps done) and :attr:`checkpoint`
@@ -229,6 +230,7 @@ class RunLifecycle:
         self._signals = signals
         self._stop_file = stop_file
         self._exit = contextlib.ExitStack()
+        self._before: dict[str, Any] | None = None  # status.json as this part found it
 
     # -- hooks' defaults
 
@@ -241,6 +243,7 @@ class RunLifecycle:
     def __enter__(self) -> RunLifecycle:
         if self._lock is not None:
             self._lock.acquire()
+        self._before = read_status(self.run_dir)
         try:
             if self._lock is not None and not self.resuming:
                 refuse_nonempty(self.run_dir)  # checked again under the lock
@@ -296,8 +299,10 @@ class RunLifecycle:
         if not self.main:
             return
         status = read_status(self.run_dir)
-        if status is None or status.get("status") != "running":
-            return  # not started (nothing to say), or already ended
+        if status is None or status.get("status") != "running" or status == self._before:
+            # not started (nothing to say; a "running" left by a killed part of the run
+            # stays as it was), or already ended
+            return
         kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
         with contextlib.suppress(OSError):  # e.g. a full disk: the original error is reported
             self._write(kind, int(status.get("step") or 0), error=f"{type(err).__name__}: {err}")
