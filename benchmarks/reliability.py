@@ -308,8 +308,8 @@ def _strip(obj: Any, keys: set[str]) -> Any:
 
 
 def train_fingerprint(run_dir: Path) -> dict[str, Any]:
+    from gbmpo.lifecycle.logging import read_metrics, without_timing
     from gbmpo.train.checkpoint import latest_checkpoint
-    from gbmpo.train.logging import read_metrics, without_timing
 
     summary = json.loads((run_dir / "summary.json").read_text())
     ckpt = latest_checkpoint(run_dir)
@@ -424,7 +424,7 @@ TRL_SUMMARY_VOLATILE = TIMING_SUMMARY_KEYS | {"finished"}
 
 def trl_fingerprint(run_dir: Path) -> dict[str, Any]:
     from gbmpo.engines import trl_checkpoints
-    from gbmpo.train.logging import read_metrics, without_timing
+    from gbmpo.lifecycle.logging import read_metrics, without_timing
 
     summary = json.loads((run_dir / "summary.json").read_text())
     found = trl_checkpoints.checkpoints(run_dir)

@@ -106,8 +106,8 @@ def peak_flops(device: str) -> float | None:
 def run_engine(engine: str, cfg: Any, n_params: int, model_config: Any) -> dict[str, Any]:
     import torch
 
+    from gbmpo.lifecycle.logging import read_metrics
     from gbmpo.train.device import device_memory_bytes
-    from gbmpo.train.logging import read_metrics
     from gbmpo.train.memory import memory_plan
 
     device = cfg.model.device

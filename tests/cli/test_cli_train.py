@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from gbmpo.cli import main, parse_overrides
+from gbmpo.lifecycle.logging import read_metrics
 from gbmpo.tasks import TASKS, Task
-from gbmpo.train.logging import read_metrics
 
 SMALL = [
     "--rollout.prompts_per_step",

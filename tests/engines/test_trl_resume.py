@@ -21,7 +21,7 @@ pytest.importorskip("trl")
 from gbmpo.cli import main  # noqa: E402
 from gbmpo.engines import trl_args, trl_checkpoints  # noqa: E402
 from gbmpo.io import CheckpointError  # noqa: E402
-from gbmpo.train.logging import read_metrics, without_timing  # noqa: E402
+from gbmpo.lifecycle.logging import read_metrics, without_timing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--engine", "trl", "--rollout.prompts_per_step", "2", "--num-generations", "4",

@@ -20,7 +20,7 @@ pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
 from gbmpo.io import LOCK_FILE  # noqa: E402
-from gbmpo.train.logging import read_metrics, without_timing  # noqa: E402
+from gbmpo.lifecycle.logging import read_metrics, without_timing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--engine", "trl", "--rollout.prompts_per_step", "2", "--num-generations", "4",
@@ -117,8 +117,7 @@ def test_resume_without_a_checkpoint_exits_1_and_changes_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     from gbmpo.cli.args import parse_overrides
-    from gbmpo.config import load_config
-    from gbmpo.train.run import dump_yaml
+    from gbmpo.config import dump_yaml, load_config
 
     run = tmp_path / "run"
     run.mkdir()

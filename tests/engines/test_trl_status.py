@@ -11,11 +11,11 @@ import pytest
 
 from gbmpo.engines import trl_runner
 from gbmpo.io import RunStopped
-from gbmpo.train.run import STATUS_FILE, write_status
+from gbmpo.lifecycle import STATUS_FILE, STATUS_KEYS, write_status
 
 
 def _fails_with(err: BaseException, *, started: bool = True):  # noqa: ANN202
-    def train(cfg, run_dir, *, resume_from, resuming):  # noqa: ANN001, ANN202
+    def train(cfg, run_dir, life, *, resume_from, resuming):  # noqa: ANN001, ANN202
         if started:
             write_status(run_dir, "running", 3, engine="trl")
         raise err
@@ -34,20 +34,22 @@ def test_an_exception_leaves_its_status(tmp_path: Path, monkeypatch: pytest.Monk
     status = json.loads((tmp_path / STATUS_FILE).read_text())
     assert status["status"] == state and status["step"] == 3 and status["engine"] == "trl"
     assert status["error"] == f"{type(err).__name__}: {err}"
+    assert tuple(status) == STATUS_KEYS and status["signal"] is None
 
 
 def test_a_signal_stop_and_a_run_not_started_are_left_alone(tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch
                                                             ) -> None:  # fmt: skip
-    def stopped(cfg, run_dir, *, resume_from, resuming):  # noqa: ANN001, ANN202
-        write_status(run_dir, "preempted", 2, engine="trl", signal="SIGTERM")
-        raise RunStopped("SIGTERM", step=2, run_dir=run_dir)
+    def stopped(cfg, run_dir, life, *, resume_from, resuming):  # noqa: ANN001, ANN202
+        raise life.stopped("SIGTERM", 2, None)
 
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(trl_runner, "_train_in_process", stopped)
     with pytest.raises(RunStopped):
         trl_runner.train_in_process(None, tmp_path)
-    assert json.loads((tmp_path / STATUS_FILE).read_text())["status"] == "preempted"
+    status = json.loads((tmp_path / STATUS_FILE).read_text())
+    assert status["status"] == "preempted" and status["signal"] == "SIGTERM"
+    assert status["stopped"] == "after step" and status["error"] is None
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()

@@ -190,8 +190,8 @@ def test_trainer_gives_the_same_run_with_and_without_it(micro_model_dir, tmp_pat
     """``rollout.lean_forward`` changes how the log-prob passes run, not what they compute:
     the same seed gives the same metrics (rewards, lengths, losses, KL, grad norms) to float32
     rounding with it on and off."""
+    from gbmpo.lifecycle.logging import read_metrics, without_timing
     from gbmpo.train import Trainer
-    from gbmpo.train.logging import read_metrics, without_timing
 
     def reward(prompts, completions, **columns):  # noqa: ANN001, ANN003, ANN202
         return [float(len(c) % 3) / 2 for c in completions]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from gbmpo.lifecycle.logging import read_metrics, without_timing
 from gbmpo.train import Trainer, load_config
 from gbmpo.train.checkpoint import (
     LOCK_FILE,
@@ -23,7 +24,6 @@ from gbmpo.train.checkpoint import (
     list_checkpoints,
     verify_checkpoint,
 )
-from gbmpo.train.logging import read_metrics, without_timing
 
 
 def varied_reward(prompts, completions, **columns):

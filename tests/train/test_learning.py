@@ -14,9 +14,9 @@ import math
 
 import pytest
 
+from gbmpo.lifecycle.logging import read_metrics
 from gbmpo.models import TINY_MODEL_PATH
 from gbmpo.train import Trainer, load_config
-from gbmpo.train.logging import read_metrics
 
 pytestmark = pytest.mark.skipif(
     not (TINY_MODEL_PATH / "config.json").is_file(),

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from gbmpo.lifecycle.logging import read_metrics
 from gbmpo.rollout import generate
 from gbmpo.rollout.logprobs import completion_logprobs
 from gbmpo.train import Trainer, load_config
-from gbmpo.train.logging import read_metrics
 from gbmpo.train.step import accumulate_gradients, no_grad_logprobs
 
 PROMPTS = ["Q: Anna has 3 eggs.\nA:", "Q: Ben has 12 pens and 4 more.\nA:"]

@@ -19,9 +19,9 @@ import pytest
 
 from gbmpo.cli import main
 from gbmpo.io import LOCK_FILE, RunStopped
+from gbmpo.lifecycle.logging import read_metrics, without_timing
 from gbmpo.train import Trainer
 from gbmpo.train.checkpoint import list_checkpoints
-from gbmpo.train.logging import read_metrics, without_timing
 
 ROOT = Path(__file__).resolve().parents[2]
 CLI = "import sys; from gbmpo.cli import main; sys.exit(main(sys.argv[1:]))"

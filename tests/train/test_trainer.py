@@ -11,11 +11,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from gbmpo.lifecycle.logging import read_metrics, without_timing
 from gbmpo.rewards.scoring import RewardError
 from gbmpo.rollout import generate
 from gbmpo.train import Trainer, load_config
 from gbmpo.train.checkpoint import latest_checkpoint
-from gbmpo.train.logging import read_metrics, without_timing
 from gbmpo.train.step import accumulate_gradients, no_grad_logprobs
 
 

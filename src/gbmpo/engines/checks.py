@@ -13,7 +13,6 @@ check as a warning.
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,6 @@ __all__ = [
     "model_config_for",
     "plan_memory",
     "without_missing_mirror",
-    "write_summary",
 ]
 
 
@@ -263,10 +261,3 @@ def run_identity(cfg: Any) -> dict[str, Any]:
         "aggregation": o.aggregation,
         "seed": cfg.run.seed,
     }
-
-
-def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
-    """``summary.json``, written last and atomically (a finished run)."""
-    from gbmpo.io import write_json_atomic
-
-    write_json_atomic(run_dir / "summary.json", json.loads(json.dumps(summary, default=str)))

@@ -39,8 +39,8 @@ class OwnEngine(BaseEngine):
 
     def resume_dry_run(self, run_dir: str | Path,
                        overrides: list[tuple[str, Any]]) -> PlainDryRun:  # fmt: skip
+        from gbmpo.lifecycle import resume_config
         from gbmpo.train.checkpoint import latest_valid_checkpoint
-        from gbmpo.train.run import resume_config
 
         _, path = resume_config(run_dir, overrides)
         found = latest_valid_checkpoint(path)

@@ -51,7 +51,6 @@ from gbmpo.engines.checks import (
     memory_check,
     run_identity,
     without_missing_mirror,
-    write_summary,
 )
 from gbmpo.engines.trl_args import (
     batch_layout,
@@ -76,6 +75,19 @@ from gbmpo.engines.trl_checkpoints import (
     latest_valid_checkpoint,
     prepare_resume,
 )
+from gbmpo.engines.trl_stop import StopCallback
+from gbmpo.io import RunStopped, write_atomic
+from gbmpo.lifecycle import (
+    CONFIG_FILE,
+    MODEL_DIR,
+    RunLifecycle,
+    default_run_dir,
+    no_checkpoint_error,
+    read_status,
+    resume_config,
+)
+from gbmpo.lifecycle.console import Console, fmt_eval, main_metric
+from gbmpo.lifecycle.logging import MetricsWriter
 
 __all__ = ["dry_run", "main", "resume", "run", "train_in_process"]
 
@@ -151,9 +163,7 @@ def run(cfg: Any) -> dict[str, Any]:
     import importlib.util
     import tempfile
 
-    from gbmpo.config import ConfigError, dump_yaml, validate
-    from gbmpo.io import is_nonempty, write_atomic
-    from gbmpo.train.run import default_run_dir
+    from gbmpo.config import dump_yaml, validate
 
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
@@ -165,15 +175,16 @@ def run(cfg: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:  # TRL's own checks, before anything is written
         grpo_args(without_missing_mirror(cfg), tmp, world=1)
     run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
-    if is_nonempty(run_dir):
-        raise ConfigError(
-            f"output directory {str(run_dir)!r} already exists and is not empty; choose another "
-            "--output-dir"
-        )
     cfg.run.output_dir = str(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-    return _train(cfg, run_dir)
+    # the lock (a second run on this directory is refused) and the empty-directory check
+    with RunLifecycle(run_dir, "trl", checkpoint=lambda: _newest(run_dir)):
+        write_atomic(run_dir / CONFIG_FILE, dump_yaml(cfg))
+        return _train(cfg, run_dir)
+
+
+def _newest(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint (the lifecycle's hook when a run stops at once)."""
+    return latest_valid_checkpoint(run_dir, log=lambda _: None)
 
 
 def _train(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
@@ -187,7 +198,6 @@ def _train(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
     import json
     import signal
 
-    from gbmpo.io import RunStopped
     from gbmpo.io.stop import forwarding
 
     env = {**os.environ, "ACCELERATE_USE_CPU": "true"} if cfg.model.device == "cpu" else None
@@ -197,20 +207,14 @@ def _train(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
     with forwarding(run_dir, lambda: os.killpg(proc.pid, signal.SIGKILL)) as stop:
         try:
             returncode = proc.wait()
-        except RunStopped as err:  # a second signal: the launcher and its workers killed
-            proc.wait()
-            from gbmpo.engines.trl_stop import stopped_run
-
-            done = json.loads((run_dir / "status.json").read_text()).get("step", 0) \
-                if (run_dir / "status.json").is_file() else 0  # fmt: skip
-            raise stopped_run(err, None, int(done), run_dir, True) from None
-    status = {}
-    if (run_dir / "status.json").is_file():
-        status = json.loads((run_dir / "status.json").read_text())
+        except RunStopped:  # a second signal: the launcher and its workers killed; the run's
+            proc.wait()  # lifecycle records the step status.json last said and the checkpoint
+            raise
+    status = read_status(run_dir) or {}
     if stop.requested and status.get("status") in ("preempted", "interrupted"):
         raise RunStopped(status["signal"], step=status["step"], checkpoint=status["checkpoint"],
                          run_dir=run_dir)  # fmt: skip
-    if returncode != 0:
+    if returncode != 0:  # status.json still "running": the lifecycle makes it "failed"
         raise RuntimeError(f"the TRL workers failed (exit {returncode}); see above")
     return dict(json.loads((run_dir / "summary.json").read_text()))
 
@@ -238,7 +242,7 @@ def _die_with_parent() -> Callable[[], None] | None:
 def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
            *, dry: bool = False, restart: bool = False) -> dict[str, Any]:  # fmt: skip
     """``gbmpo train --resume DIR`` for a TRL run: its config.yaml (only the keys of
-    :data:`gbmpo.train.run.RESUMABLE_OVERRIDES` may change; a finished run is refused), TRL's
+    :data:`gbmpo.lifecycle.RESUMABLE_OVERRIDES` may change; a finished run is refused), TRL's
     ``resume_from_checkpoint`` on the newest intact checkpoint (weights, optimizer, scheduler,
     data position, every process's RNG states) and gbmpo's :data:`STATE_FILE` (RL seconds and
     step for the learning rate and the time budget, the evaluation before training, the
@@ -249,8 +253,6 @@ def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
     import importlib.util
 
     from gbmpo.config import dump_yaml, validate
-    from gbmpo.io import RunLock, write_atomic
-    from gbmpo.train.run import resume_config
 
     cfg, path = resume_config(run_dir, overrides)
     if importlib.util.find_spec("trl") is None:
@@ -264,18 +266,13 @@ def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
         found = latest_valid_checkpoint(path)
         return {"resume_from": None if found is None else str(found)}
     if not restart and latest_valid_checkpoint(path, log=lambda _: None) is None:
-        from gbmpo.train.run import no_checkpoint_error
-
         raise no_checkpoint_error(path)
-    lock = RunLock(path).acquire()  # one process per run directory
-    try:
+    with RunLifecycle(path, "trl", resuming=True, checkpoint=lambda: _newest(path)):
         start = prepare_resume(path)
         where = f"from {start.name}" if start else "from step 0 (--restart)"
         print(f"gbmpo: resuming {str(path)!r} {where}", file=sys.stderr, flush=True)
-        write_atomic(path / "config.yaml", dump_yaml(cfg))
+        write_atomic(path / CONFIG_FILE, dump_yaml(cfg))
         return _train(cfg, path, resume_from=start, resuming=True)
-    finally:
-        lock.release()
 
 
 def _evaluate(cfg: Any, model: Any, tokenizer: Any, task: Any, split: str,
@@ -303,28 +300,26 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
     """The TRL run of ``cfg`` in this process (one of ``run.num_processes`` under
     ``accelerate launch``); the main process writes the run directory. ``resuming``: continue
     from the checkpoint ``resume_from`` (its :data:`STATE_FILE` restores what TRL does not;
-    ``None``: start over, dropping the rows logged so far). A run that ends on an exception
-    says so in ``status.json`` (``failed``, with the error), as the own engine's does."""
-    try:
-        return _train_in_process(cfg, run_dir, resume_from=resume_from, resuming=resuming)
-    except BaseException as err:
-        if os.environ.get("RANK", "0") == "0":  # the main process (accelerate sets RANK)
-            from gbmpo.engines.trl_stop import mark_failed
+    ``None``: start over, dropping the rows logged so far). Its status, stop and end go through
+    the run's :class:`gbmpo.lifecycle.RunLifecycle` (the lock is the launching process's; the
+    main process writes ``status.json``): a run that ends on an exception says so (``failed``,
+    with the error), as the own engine's does."""
+    life = RunLifecycle(run_dir, "trl", resuming=resuming, lock=False, stop_file=True,
+                        main=os.environ.get("RANK", "0") == "0",  # accelerate sets RANK
+                        checkpoint=lambda: _newest(run_dir))  # fmt: skip
+    with life:
+        return _train_in_process(cfg, run_dir, life, resume_from=resume_from, resuming=resuming)
 
-            mark_failed(run_dir, err)
-        raise
 
-
-def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
-                      resuming: bool) -> dict[str, Any]:  # fmt: skip
+def _train_in_process(cfg: Any, run_dir: Path, life: RunLifecycle, *,
+                      resume_from: Path | None, resuming: bool) -> dict[str, Any]:  # fmt: skip
+    # deferred: torch (and what imports it) and accelerate, loaded only when TRL trains
     import torch
     from accelerate import PartialState
 
+    from gbmpo.eval.drift import final_drift, fmt_drift
     from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.console import Console, fmt_eval
     from gbmpo.train.device import peak_memory_bytes
-    from gbmpo.train.logging import MetricsWriter
-    from gbmpo.train.run import final_drift, fmt_drift
     from gbmpo.train.setup import build_task, load_splits, load_tokenizer
 
     t0 = time.perf_counter()
@@ -364,6 +359,8 @@ def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
     saved: dict[str, Any] | None = None
     if resume_from is not None:
         saved = json.loads((resume_from / STATE_FILE).read_text())
+    # running from the evaluation before training on (a failure from here on: "failed")
+    life.running(int(saved["rl_step"]) if saved else 0, resumed_from=resume_from)
     writer = None
     if main:  # on resume: the rows the checkpoint counted (none when starting over)
         keep = {"keep_rows": saved["metrics_rows"]} if saved else {"keep_up_to_step": -1}
@@ -388,14 +385,10 @@ def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
         progress.last_eval = tuple(saved["last_eval"]) if saved["last_eval"] else None  # type: ignore[assignment]
         wall_before = float(saved["wall_seconds"])
     trainer_cls = engine_trainer_class()
-    from gbmpo.engines.trl_stop import StopCallback, stopped_run, write_running
-    from gbmpo.io import RunStopped, StopSignals
-
-    write_running(run_dir, int(saved["rl_step"]) if saved else 0, main)
     with console.progress(cfg.run.steps, cfg.run.time_budget_seconds, 0, 0.0) as bar, \
-            StopSignals(run_dir) as stop:  # fmt: skip
+            life.catching():  # fmt: skip
         callback = RunDirCallback(cfg, progress, writer, evaluate, bar if main else None)
-        stopper = StopCallback(stop, lay.optimizer_steps, run_dir, main)
+        stopper = StopCallback(life, lay.optimizer_steps)
         reward = reward_function(task, columns)
         trainer = trainer_cls(
             model=model,
@@ -407,6 +400,7 @@ def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
             callbacks=[callback.as_trainer_callback(), stopper.as_trainer_callback()],
         )
         trainer.progress = progress
+        life.step = lambda: trainer.state.global_step // lay.optimizer_steps  # a second signal
         if main and saved is not None:  # the failures counted before (the sum over processes)
             reward.failures = int(saved["reward_failures"])  # type: ignore[attr-defined]
 
@@ -454,17 +448,16 @@ def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
         else:
             try:
                 trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-            except RunStopped as err:  # a second signal
+            except RunStopped:  # a second signal: the lifecycle records it
                 if writer is not None:
                     writer.close()
-                raise stopped_run(err, None, trainer.state.global_step // lay.optimizer_steps,
-                                  run_dir, main) from None  # fmt: skip
+                raise
     steps = math.ceil(trainer.state.global_step / lay.optimizer_steps)
     if stopper.signame is not None:  # stopped on a signal, with a checkpoint of this step
         if writer is not None:
             writer.close()
         state.wait_for_everyone()
-        raise stopped_run(None, stopper.signame, steps, run_dir, main)
+        raise life.stopped(stopper.signame, steps, _newest(run_dir))
     failures = int(all_reduce(float(reward.failures), "sum"))  # type: ignore[attr-defined]
 
     summary: dict[str, Any] = {}
@@ -486,7 +479,7 @@ def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
         if drift is not None:
             console.print(fmt_drift(drift, drift_seconds))
         writer.close()
-        out = run_dir / "model"
+        out = run_dir / MODEL_DIR
         policy.save_pretrained(out)
         tokenizer.save_pretrained(out)
         params = [p for p in policy.parameters() if p.requires_grad]
@@ -503,10 +496,7 @@ def _train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None,
         summary["trl/world_size"] = state.num_processes  # processes that trained (accelerate)
         summary["drift"] = drift  # gbmpo.eval.drift.DRIFT_KEYS, or None
         summary["drift_seconds"] = drift_seconds if drift is not None else None
-        write_summary(run_dir, summary)
-        from gbmpo.train.run import write_status
-
-        write_status(run_dir, "finished", steps, engine="trl")
+        life.finished(summary)  # summary.json, then status.json "finished"
     state.wait_for_everyone()
     if main and not cfg.run.checkpoint_every:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
@@ -530,9 +520,9 @@ def _summary(cfg: Any, run_dir: Path, steps: int, progress: RLProgress,
         "trl/num_processes": cfg.run.num_processes,
         "trl/finished": _dt.datetime.now().isoformat(timespec="seconds"),
         "run_dir": str(run_dir),
-        "final_model": str(run_dir / "model"),
+        "final_model": str(run_dir / MODEL_DIR),
     }
-    key = next((k for k in ("accuracy", "pass@1") if before and k in before), None)
+    key = main_metric(before or {})
     if key and before and after:
         summary["gain"] = {key: after[key] - before[key]}
     return summary
@@ -552,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     from gbmpo.config import load_config
 
     run_dir = Path(ns.run_dir)
-    cfg = load_config(run_dir / "config.yaml")
+    cfg = load_config(run_dir / CONFIG_FILE)
     from gbmpo.registry import add_plugin_modules
 
     add_plugin_modules(list(cfg.run.plugins))
@@ -563,8 +553,6 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     resuming = ns.resume_from is not None
     start = Path(ns.resume_from) if ns.resume_from else None
-    from gbmpo.io import RunStopped
-
     try:
         train_in_process(cfg, run_dir, resume_from=start, resuming=resuming)
     except RunStopped:  # status.json says so; `gbmpo train` prints the line and the exit code

@@ -38,7 +38,7 @@ class VerlEngine(BaseEngine):
         from gbmpo.engines import verl_runner
 
         if not restart and not verl_runner.resume_dry_run(run_dir, overrides).info["resume_step"]:
-            from gbmpo.train.run import no_checkpoint_error
+            from gbmpo.lifecycle import no_checkpoint_error
 
             raise no_checkpoint_error(run_dir)
         return verl_runner.resume(run_dir, overrides)

@@ -59,7 +59,6 @@ from gbmpo.engines.checks import (
     EngineUnavailable,
     common_checks,
     memory_check,
-    write_summary,
 )
 from gbmpo.engines.verl_args import overrides, with_mirror_file, write_data
 from gbmpo.engines.verl_metrics import (
@@ -69,8 +68,15 @@ from gbmpo.engines.verl_metrics import (
     summarize_run,
 )
 from gbmpo.integrations.common import hydra_value as _value
-from gbmpo.io import RunStopped, resume_command
+from gbmpo.io import RunStopped, resume_command, write_atomic, write_json_atomic
 from gbmpo.io.stop import handling
+from gbmpo.lifecycle import (
+    CONFIG_FILE,
+    RunLifecycle,
+    default_run_dir,
+    refuse_nonempty,
+    resume_config,
+)
 
 __all__ = [
     "LAUNCH_FILE",
@@ -188,38 +194,36 @@ def run(cfg: Any) -> dict[str, Any]:
     """Write the run directory (config, data, overrides, :data:`LAUNCH_FILE`) and launch
     ``verl.trainer.main_ppo``; :class:`EngineUnavailable` (nothing written) where verl or GPUs
     are missing."""
-    from gbmpo.config import ConfigError, dump_yaml, validate
-    from gbmpo.io import is_nonempty, write_atomic, write_json_atomic
+    from gbmpo.config import dump_yaml, validate
     from gbmpo.models import resolve_model_path
-    from gbmpo.train.run import default_run_dir
     from gbmpo.train.setup import build_task, load_tokenizer
 
     validate(cfg)
     check_engine_support(cfg)  # a value verl cannot honour stops here, before anything else
     python = _gpu_python(cfg)
     run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
-    if is_nonempty(run_dir):
-        raise ConfigError(f"output directory {str(run_dir)!r} already exists and is not empty")
+    refuse_nonempty(run_dir)  # before the tokenizer and the task (again under the lock)
     cfg.run.output_dir = str(run_dir)
     model_path = resolve_model_path(cfg.model.path)
     tokenizer = load_tokenizer(cfg)
     task = build_task(cfg, tokenizer)
     overrides(cfg, run_dir, model_path=model_path)  # what verl cannot express, before writing
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(run_dir / "config.yaml", dump_yaml(cfg))
-    counts = write_data(cfg, task, run_dir / "data", tokenizer)
-    ov = overrides(
-        with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir, model_path=model_path,
-        max_prompt_length=counts.get("max_prompt_tokens"),
-    )  # fmt: skip
-    write_json_atomic(run_dir / LAUNCH_FILE, {
-        "verl_checkpoints": str(run_dir.resolve() / "checkpoints"),
-        "model_path": model_path,
-        "max_prompt_length": counts.get("max_prompt_tokens"),
-        "n_eval": counts["test"],
-        "kind": task.kind,
-    })  # fmt: skip
-    return _launch(cfg, run_dir, python, ov, kind=task.kind, n_eval=counts["test"])
+    # the lock (a second run on this directory is refused) and the empty-directory check
+    with RunLifecycle(run_dir, "verl") as life:
+        write_atomic(run_dir / CONFIG_FILE, dump_yaml(cfg))
+        counts = write_data(cfg, task, run_dir / "data", tokenizer)
+        ov = overrides(
+            with_mirror_file(cfg, run_dir / "mirror_init.json"), run_dir, model_path=model_path,
+            max_prompt_length=counts.get("max_prompt_tokens"),
+        )  # fmt: skip
+        write_json_atomic(run_dir / LAUNCH_FILE, {
+            "verl_checkpoints": str(run_dir.resolve() / "checkpoints"),
+            "model_path": model_path,
+            "max_prompt_length": counts.get("max_prompt_tokens"),
+            "n_eval": counts["test"],
+            "kind": task.kind,
+        })  # fmt: skip
+        return _launch(cfg, run_dir, python, ov, life, kind=task.kind, n_eval=counts["test"])
 
 
 def _gpu_python(cfg: Any) -> str:
@@ -262,12 +266,12 @@ def _gpu_python(cfg: Any) -> str:
     return python
 
 
-def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
-            n_eval: int | None) -> dict[str, Any]:  # fmt: skip
+def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], life: RunLifecycle, *,
+            kind: str, n_eval: int | None) -> dict[str, Any]:  # fmt: skip
     """Run ``verl.trainer.main_ppo`` with ``ov`` (also written to verl_overrides.txt), then
-    write metrics.jsonl and summary.json."""
-    from gbmpo.io import write_atomic
-
+    write metrics.jsonl and summary.json; ``status.json`` through the run's lifecycle
+    (``life``): ``running`` from verl's newest checkpoint, then ``finished``, ``failed`` (verl
+    exited non-zero: the lifecycle records the error) or the stop on a signal."""
     write_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
     env = {**_verl_env(list(cfg.run.plugins), cpu=cfg.model.device == "cpu"),
            "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / VERL_METRICS_FILE)}  # fmt: skip
@@ -275,25 +279,23 @@ def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
     # Hydra's own output folder (the composed config, the log) inside the run directory, not
     # ./outputs of the working directory
     hydra_dir = f"hydra.run.dir={_value(str(run_dir.resolve() / 'hydra'))}"
-    from gbmpo.train.run import write_status
-
-    write_status(run_dir, "running", _resume_point(run_dir)[2], engine="verl")
+    _, start, step = _resume_point(run_dir)
+    life.running(step, resumed_from=start)
     with _forwarding_signals() as (received, forward):
         proc = subprocess.Popen([python, "-m", "verl.trainer.main_ppo", *ov, hydra_dir],
                                 env=env, start_new_session=True)  # fmt: skip
         forward.append(proc)
+        if received:  # a signal between the start and the line above: passed on now
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.Signals[received[0]])
         code = proc.wait()
     wall = time.perf_counter() - t0
     if received:
-        raise _stopped(run_dir, received[0])
+        raise _stopped(life, received[0])
     if code != 0:
-        write_status(run_dir, "failed", _resume_point(run_dir)[2], engine="verl",
-                     error=f"verl.trainer.main_ppo exited with {code}")  # fmt: skip
         raise RuntimeError(f"verl.trainer.main_ppo failed (exit {code}); see above")
     summary = summarize_run(cfg, run_dir, kind=kind, wall_seconds=wall, n_eval=n_eval)
-    write_summary(run_dir, summary)
-    write_status(run_dir, "finished", int(summary.get("steps") or 0), engine="verl")
-    return summary
+    return life.finished(summary)  # summary.json, then status.json "finished"
 
 
 @contextlib.contextmanager
@@ -329,17 +331,11 @@ class VerlStopped(RunStopped):
                 f"{resume_command(self.run_dir or '')}")  # fmt: skip
 
 
-def _stopped(run_dir: Path, signame: str) -> VerlStopped:
-    """``status.json`` (preempted / interrupted, verl's newest checkpoint) and the stop to
-    raise."""
-    from gbmpo.train.run import write_status
-
-    _, folder, step = _resume_point(run_dir)
-    err = VerlStopped(signame, step=step, checkpoint=folder, run_dir=run_dir)
-    write_status(run_dir, err.state, step, engine="verl", signal=signame,
-                 checkpoint=None if folder is None else str(folder),
-                 resume=resume_command(run_dir))  # fmt: skip
-    return err
+def _stopped(life: RunLifecycle, signame: str) -> RunStopped:
+    """The stop to raise, recorded in ``status.json`` (preempted / interrupted, ``"stopped":
+    "at once"``: verl's step under way is lost; verl's newest checkpoint)."""
+    _, folder, step = _resume_point(life.run_dir)
+    return life.stopped(signame, step, folder, now=True, kind=VerlStopped)
 
 
 #: written at launch: where verl's checkpoints are (``verl_checkpoints``) and what a resume
@@ -390,7 +386,6 @@ def resume_overrides(cfg: Any, run_dir: str | Path) -> tuple[list[str], int]:
 
 def _resume_config(run_dir: str | Path, extra: list[tuple[str, Any]] | None) -> tuple[Any, Path]:
     from gbmpo.config import validate
-    from gbmpo.train.run import resume_config
 
     cfg, path = resume_config(run_dir, extra)
     validate(cfg)
@@ -417,21 +412,18 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     rows past that checkpoint are dropped (the rows up to it are kept in
     :data:`VERL_EARLIER_METRICS_FILE`), so that metrics.jsonl has each step once."""
     from gbmpo.config import dump_yaml
-    from gbmpo.io import RunLock, write_atomic
 
     cfg, path = _resume_config(run_dir, extra)
     python = _gpu_python(cfg)
     ov, step = resume_overrides(cfg, path)
     launch = json.loads((path / LAUNCH_FILE).read_text())
-    lock = RunLock(path).acquire()
-    try:
+    with RunLifecycle(path, "verl", resuming=True) as life:
         earlier = read_verl_log(path / VERL_EARLIER_METRICS_FILE)
         rows = [r for r in earlier + read_verl_log(path / VERL_METRICS_FILE)
                 if step > 0 and int(r["step"]) <= step]  # fmt: skip
         write_atomic(path / VERL_EARLIER_METRICS_FILE,
                      "".join(json.dumps(r) + "\n" for r in rows))  # fmt: skip
         (path / VERL_METRICS_FILE).unlink(missing_ok=True)
-        write_atomic(path / "config.yaml", dump_yaml(cfg))
-        return _launch(cfg, path, python, ov, kind=launch["kind"], n_eval=launch["n_eval"])
-    finally:
-        lock.release()
+        write_atomic(path / CONFIG_FILE, dump_yaml(cfg))
+        return _launch(cfg, path, python, ov, life, kind=launch["kind"],
+                       n_eval=launch["n_eval"])  # fmt: skip

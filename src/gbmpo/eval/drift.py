@@ -41,17 +41,28 @@ token rows at a time, so nothing grows with the number of prompts or with tokens
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from gbmpo.config import TrainConfig
+from gbmpo.models import load_model_and_tokenizer
 from gbmpo.objectives.full_vocab import bregman_rows, total_variation_rows
 from gbmpo.objectives.potentials import NegEntropy, Square
 from gbmpo.objectives.tensors import compute_dtype
 
-__all__ = ["DRIFT_KEYS", "FORWARD_ELEMENTS", "drift_rows", "measure_drift"]
+__all__ = [
+    "DRIFT_KEYS",
+    "FORWARD_ELEMENTS",
+    "INITIAL",
+    "drift_rows",
+    "final_drift",
+    "fmt_drift",
+    "measure_drift",
+]
 
 #: the keys of :func:`measure_drift`'s result, in order
 DRIFT_KEYS: tuple[str, ...] = (
@@ -229,3 +240,58 @@ def measure_drift(
     out["n_tokens"] = n_tokens
     return {k: out[k] for k in DRIFT_KEYS}
 
+
+
+#: ``final_drift``'s default reference: the initial weights (LoRA: the adapters disabled)
+INITIAL = "initial"
+
+
+def final_drift(
+    cfg: TrainConfig,
+    policy: Any,
+    tokenizer: Any,
+    task: Any,
+    split: str,
+    limit: int | None,
+    *,
+    reference: Any = INITIAL,
+) -> tuple[dict[str, Any] | None, float]:
+    """``(drift, seconds)`` of a run's final policy from the reference (``summary.json``
+    ``drift``, the keys of :data:`DRIFT_KEYS`), or ``(None, 0.0)`` unless ``eval.drift`` and
+    ``eval.after`` are set: :func:`measure_drift` on the prompts the final evaluation uses
+    (``split``, ``limit``), ``eval.max_new_tokens`` tokens, seed ``run.seed``.
+
+    ``reference``: a model, ``None`` (the policy with its LoRA adapters disabled) or
+    :data:`INITIAL`: with LoRA the adapters disabled, otherwise ``model.path`` loaded again on
+    the policy's device in the policy's dtype (and freed afterwards). Every engine that measures
+    drift calls this function.
+    """
+    if not (cfg.eval.drift and cfg.eval.after):
+        return None, 0.0
+    t = time.perf_counter()
+    if isinstance(reference, str) and reference == INITIAL:
+        if cfg.lora.enabled:
+            reference = None
+        else:
+            weight = next(policy.parameters())
+            reference, _ = load_model_and_tokenizer(
+                cfg.model.path, dtype=weight.dtype, device=str(weight.device),
+                trust_remote_code=cfg.model.trust_remote_code,
+            )  # fmt: skip
+    drift = measure_drift(
+        policy, reference, tokenizer, task, split=split, limit=limit,
+        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
+        seed=cfg.run.seed,
+        generator="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
+        lean=cfg.rollout.lean_forward,
+    )  # fmt: skip
+    return drift, time.perf_counter() - t
+
+
+def fmt_drift(drift: dict[str, Any], seconds: float) -> str:
+    """One console line for :func:`final_drift`'s result."""
+    return (
+        f"drift from the reference: KL {drift['kl']:.4g} (reverse {drift['kl_reverse']:.4g}), "
+        f"ProbL2 {drift['prob_l2']:.4g}, TV {drift['tv']:.4g} per token over "
+        f"{drift['n_tokens']} tokens of {drift['n_prompts']} prompts ({seconds:.1f} s)"
+    )

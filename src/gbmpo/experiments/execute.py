@@ -48,7 +48,7 @@ __all__ = [
 
 def _resumable_keys() -> tuple[str, ...]:
     """The keys the trainer lets a resumed run change (imported here: the trainer needs torch)."""
-    from gbmpo.train.run import RESUMABLE_OVERRIDES
+    from gbmpo.lifecycle import RESUMABLE_OVERRIDES
 
     return tuple(RESUMABLE_OVERRIDES)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.config import TrainConfig, validate
+from gbmpo.lifecycle import refuse_nonempty
 from gbmpo.tasks import DataUnavailable
 from gbmpo.train.device import (
     ONE_DEVICE_REFERENCE_BYTES,
@@ -15,7 +16,6 @@ from gbmpo.train.device import (
     estimate_memory,
 )
 from gbmpo.train.precision import check_train_dtype
-from gbmpo.train.run import refuse_nonempty
 from gbmpo.train.setup import build_task, eval_limit, load_splits, load_tokenizer
 
 __all__ = ["dry_run"]

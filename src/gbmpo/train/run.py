@@ -1,149 +1,59 @@
-"""The run directory and the run's lifecycle (:func:`run`).
+"""The own trainer's run (:func:`run`): its training loop, checkpoints, final model and summary.
 
-A run writes ``config.yaml``, ``status.json`` (running / failed / interrupted / finished),
-``metrics.jsonl``, ``checkpoints/``, the final ``model/`` and, last, ``summary.json`` (only for a
-finished run). One process per run directory (a lock, removed when the run ends); a resumed run
-continues from its last intact checkpoint with the metrics rows that checkpoint counted.
+The lifecycle around it (the lock, ``status.json``, SIGTERM / SIGINT, ``summary.json``) is every
+engine's :class:`gbmpo.lifecycle.RunLifecycle`. A resumed run continues from its last intact
+checkpoint with the metrics rows that checkpoint counted.
 
 SIGTERM / SIGINT (:mod:`gbmpo.io.stop`): the step under way finishes, a checkpoint is written,
 ``status.json`` says ``preempted`` / ``interrupted`` with the step and the checkpoint, and
 :class:`gbmpo.io.RunStopped` is raised (its message: the checkpoint and the resume command); a
 second signal stops at once (the last complete checkpoint is kept).
+
+The run-directory names and helpers that lived here (``CONFIG_FILE``, ``STATUS_FILE``,
+``SUMMARY_FILE``, ``MODEL_DIR``, ``RESUMABLE_OVERRIDES``, ``default_run_dir``,
+``refuse_nonempty``, ``resume_config``, ``no_checkpoint_error``, ``write_status``) are
+:mod:`gbmpo.lifecycle`'s, and ``final_drift`` / ``fmt_drift`` are
+:mod:`gbmpo.eval.drift`'s; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as _dt
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gbmpo.config import (
-    ConfigError,
-    TrainConfig,
-    apply_overrides,
-    config_from_dict,
-    config_to_dict,
-    dump_yaml,
-)
-from gbmpo.io import (
-    CheckpointError,
-    RunLock,
-    RunStopped,
-    StopSignals,
-    is_nonempty,
-    resume_command,
-    write_atomic,
-    write_json_atomic,
-)
+from gbmpo.config import config_to_dict, dump_yaml
+from gbmpo.eval.drift import INITIAL as INITIAL
+from gbmpo.eval.drift import final_drift as final_drift
+from gbmpo.eval.drift import fmt_drift as fmt_drift
+from gbmpo.io import write_atomic
+from gbmpo.lifecycle import CONFIG_FILE as CONFIG_FILE
+from gbmpo.lifecycle import MODEL_DIR as MODEL_DIR
+from gbmpo.lifecycle import RESUMABLE_OVERRIDES as RESUMABLE_OVERRIDES
+from gbmpo.lifecycle import STATUS_FILE as STATUS_FILE
+from gbmpo.lifecycle import SUMMARY_FILE as SUMMARY_FILE
+from gbmpo.lifecycle import RunLifecycle
+from gbmpo.lifecycle import default_run_dir as default_run_dir
+from gbmpo.lifecycle import no_checkpoint_error as no_checkpoint_error
+from gbmpo.lifecycle import refuse_nonempty as refuse_nonempty
+from gbmpo.lifecycle import resume_config as resume_config
+from gbmpo.lifecycle import write_status as write_status
+from gbmpo.lifecycle.console import Console, fmt_eval, main_metric
+from gbmpo.lifecycle.logging import MetricsWriter, Reporters
 from gbmpo.train.checkpoint import (
     latest_checkpoint,
     latest_valid_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from gbmpo.train.console import Console, fmt_eval, main_metric
 from gbmpo.train.device import device_memory_bytes, peak_memory_bytes
-from gbmpo.train.logging import MetricsWriter, Reporters
 from gbmpo.train.precision import MasterWeightOptimizer
 
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
 
-__all__ = [
-    "CONFIG_FILE",
-    "MODEL_DIR",
-    "RESUMABLE_OVERRIDES",
-    "STATUS_FILE",
-    "SUMMARY_FILE",
-    "default_run_dir",
-    "final_drift",
-    "fmt_drift",
-    "no_checkpoint_error",
-    "refuse_nonempty",
-    "resume_config",
-    "run",
-    "write_status",
-]
-
-CONFIG_FILE = "config.yaml"
-
-STATUS_FILE = "status.json"
-
-SUMMARY_FILE = "summary.json"
-
-MODEL_DIR = "model"
-
-RESUMABLE_OVERRIDES = (
-    "run.steps",
-    "run.time_budget_seconds",
-    "run.checkpoint_every",
-    "run.keep_checkpoints",
-    "run.report_to",
-    "run.num_threads",
-    "run.keep_freed_memory",
-    "run.progress",
-    "run.allow_unsandboxed_code",
-)
-
-
-
-def default_run_dir(cfg: TrainConfig, root: str | Path = "runs") -> Path:
-    """``runs/<YYYYmmdd-HHMMSS>-<regularizer>`` (suffixed if it already exists)."""
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"{stamp}-{cfg.objective.regularizer_label}"
-    path, k = base, 1
-    while path.exists():
-        path, k = Path(f"{base}-{k}"), k + 1
-    return path
-
-
-
-def refuse_nonempty(path: Path) -> None:
-    """:class:`ConfigError` when ``path`` holds anything (a new run needs an empty directory)."""
-    if is_nonempty(path):
-        raise ConfigError(
-            f"output directory {str(path)!r} already exists and is not empty; "
-            "resume it with `gbmpo train --resume DIR` or choose another --output-dir"
-        )
-
-
-def resume_config(
-    run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None
-) -> tuple[TrainConfig, Path]:
-    """The configuration of the unfinished run ``run_dir`` (its config.yaml; only the keys in
-    :data:`RESUMABLE_OVERRIDES` may be overridden) and its path."""
-    import yaml
-
-    from gbmpo.config import canonical_key
-
-    path = Path(run_dir)
-    if not (path / CONFIG_FILE).is_file():
-        raise ConfigError(f"cannot resume {str(run_dir)!r}: no {CONFIG_FILE} in it")
-    if (path / SUMMARY_FILE).is_file():
-        raise ConfigError(f"cannot resume {str(run_dir)!r}: the run already finished")
-    data = yaml.safe_load((path / CONFIG_FILE).read_text())
-    for key, _ in overrides or []:
-        if canonical_key(key) not in RESUMABLE_OVERRIDES:
-            raise ConfigError(
-                f"cannot change {canonical_key(key)!r} when resuming; only "
-                f"{', '.join(RESUMABLE_OVERRIDES)} may change"
-            )
-    apply_overrides(data, overrides or [])
-    cfg = config_from_dict(data)
-    cfg.run.output_dir = str(path)
-    return cfg, path
-
-
-def no_checkpoint_error(run_dir: str | Path) -> CheckpointError:
-    """What ``gbmpo train --resume DIR`` says (exit 1, nothing changed) about a run that has no
-    checkpoint to continue from."""
-    return CheckpointError(
-        f"cannot resume {str(run_dir)!r}: it has no checkpoint (it stopped before its first); "
-        f"start it over in the same directory with `{resume_command(run_dir)} --restart`"
-    )
+__all__ = ["checkpoint", "placement", "run"]
 
 
 def _gib(n: int | None) -> float | None:
@@ -151,30 +61,30 @@ def _gib(n: int | None) -> float | None:
 
 
 def run(tr: Trainer) -> dict[str, Any]:
-    """Run (or resume) the whole training; returns the summary written to summary.json."""
+    """Run (or resume) the whole training in the run's :class:`gbmpo.lifecycle.RunLifecycle`
+    (lock, status, signals); returns the summary written to summary.json."""
     cfg = tr.config
     tr._t0 = time.perf_counter()
     if tr.run_dir is None:
         tr.run_dir = default_run_dir(cfg)
         cfg.run.output_dir = str(tr.run_dir)
     run_dir = tr.run_dir
-    # one process per run directory; checked again under the lock, which the other process
-    # may have taken (and used) since __init__
-    lock = RunLock(run_dir).acquire()
-    try:
-        with StopSignals() as tr._stop:
-            return _train_locked(tr, run_dir)
-    finally:
-        tr._stop = None
-        lock.release()
+    # one process per run directory; the empty / finished checks again under the lock, which
+    # another process may have taken (and used) since __init__
+    life = RunLifecycle(
+        run_dir, "gbmpo", resuming=tr._resume_dir is not None, signals=True,
+        step=lambda: tr.step, checkpoint=lambda: latest_checkpoint(run_dir),
+    )  # fmt: skip
+    with life:
+        tr._life = life
+        try:
+            return _train_locked(tr, run_dir, life)
+        finally:
+            tr._life = None
 
 
-def _train_locked(tr: Trainer, run_dir: Path) -> dict[str, Any]:
+def _train_locked(tr: Trainer, run_dir: Path, life: RunLifecycle) -> dict[str, Any]:
     cfg = tr.config
-    if tr._resume_dir is None:
-        refuse_nonempty(run_dir)
-    if tr._resume_dir is not None and (run_dir / SUMMARY_FILE).is_file():
-        raise ConfigError(f"cannot resume {str(run_dir)!r}: the run already finished")
     resumed_from = latest_valid_checkpoint(run_dir) if tr._resume_dir else None
     if tr._resume_dir is not None and resumed_from is None and not tr._restart:
         raise no_checkpoint_error(run_dir)
@@ -186,8 +96,7 @@ def _train_locked(tr: Trainer, run_dir: Path) -> dict[str, Any]:
         print(f"gbmpo: restarting {str(run_dir)!r} from step 0 (--restart)", file=sys.stderr,
               flush=True)  # fmt: skip
     write_atomic(run_dir / CONFIG_FILE, dump_yaml(cfg))
-    tr._running = {"resumed_from": str(resumed_from) if resumed_from else None}
-    set_status(tr, "running", **tr._running)
+    life.running(tr.step, resumed_from=resumed_from)
     # on resume, drop what was logged after the checkpoint (everything if there is none):
     # the rows it counted, e.g. not the final evaluation's row logged after the last periodic
     # checkpoint at the same step (older checkpoints: the rows up to its step)
@@ -199,30 +108,15 @@ def _train_locked(tr: Trainer, run_dir: Path) -> dict[str, Any]:
         reporters = Reporters(
             cfg.run.report_to, run_dir, config_to_dict(cfg), run_name=run_dir.name
         )
-        summary = _loop(tr, writer, reporters)
-    except RunStopped as err:
-        if not err.now:  # stopped after a step: status and checkpoint written
-            raise
-        # a second signal: the newest complete checkpoint is what a resume continues from
-        found = latest_checkpoint(run_dir)
-        stopped = err.complete(step=tr.step, checkpoint=found, run_dir=run_dir)
-        with contextlib.suppress(OSError):
-            set_status(tr, stopped.state, signal=err.signame, stopped="at once",
-                       checkpoint=None if found is None else str(found))  # fmt: skip
-        raise stopped from None
-    except BaseException as err:
-        kind = "interrupted" if isinstance(err, KeyboardInterrupt) else "failed"
-        with contextlib.suppress(OSError):  # e.g. a full disk: report the original error
-            set_status(tr, kind, error=f"{type(err).__name__}: {err}")
-        raise
+        return _loop(tr, writer, reporters, life)
     finally:
         writer.close()
         if reporters is not None:
             reporters.close()
-    return summary
 
 
-def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str, Any]:
+def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters,
+          life: RunLifecycle) -> dict[str, Any]:  # fmt: skip
     cfg = tr.config
     assert tr.run_dir is not None
     budget = cfg.run.time_budget_seconds
@@ -243,7 +137,7 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
     stop_reason = "steps"
     with console.progress(cfg.run.steps, budget, tr.step, tr.rl_seconds) as bar:
         while tr.step < cfg.run.steps:
-            _stop_if_asked(tr)
+            _stop_if_asked(tr, life)
             if budget is not None and tr.rl_seconds >= budget:
                 stop_reason = "time_budget"
                 break
@@ -256,8 +150,8 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
             if checkpointed:
                 tr._checkpoint()  # via the trainer: subclasses extend it
             bar.update(tr.step, tr.rl_seconds, record, tr.last_eval)
-            _stop_if_asked(tr, checkpointed=checkpointed)
-            set_status(tr, "running", **tr._running)  # the step, for whoever watches the run
+            _stop_if_asked(tr, life, checkpointed=checkpointed)
+            life.running(tr.step)  # the step, for whoever watches the run
 
     eval_after = None
     if cfg.eval.after:
@@ -283,15 +177,13 @@ def _loop(tr: Trainer, writer: MetricsWriter, reporters: Reporters) -> dict[str,
     summary = _summary(tr, eval_after, stop_reason)
     summary["drift"] = drift
     summary["drift_seconds"] = drift_seconds if drift is not None else None
-    write_json_atomic(tr.run_dir / SUMMARY_FILE, summary)  # last: the run is finished
-    set_status(tr, "finished")
-    return summary
+    return life.finished(summary)  # summary.json last: the run is finished
 
 
-def _stop_if_asked(tr: Trainer, *, checkpointed: bool = False) -> None:
+def _stop_if_asked(tr: Trainer, life: RunLifecycle, *, checkpointed: bool = False) -> None:
     """After a step (or before the first): on a requested stop, checkpoint this step (unless
-    just done), write the stopped state to status.json and raise :class:`RunStopped`."""
-    stop = tr._stop
+    just done), record the stop (:meth:`RunLifecycle.stopped`) and raise it."""
+    stop = life.stop
     signame = stop.poll() if stop is not None else None
     if signame is None:
         return
@@ -299,70 +191,7 @@ def _stop_if_asked(tr: Trainer, *, checkpointed: bool = False) -> None:
     stop.immediate_second = True
     if not checkpointed:
         tr._checkpoint()
-    found = latest_checkpoint(tr.run_dir)
-    stopped = RunStopped(signame, step=tr.step, checkpoint=found, run_dir=tr.run_dir)
-    set_status(tr, stopped.state, signal=signame, checkpoint=str(found),
-               resume=resume_command(tr.run_dir))  # fmt: skip
-    raise stopped
-
-
-#: ``final_drift``'s default reference: the initial weights (LoRA: the adapters disabled)
-INITIAL = "initial"
-
-
-def final_drift(
-    cfg: TrainConfig,
-    policy: Any,
-    tokenizer: Any,
-    task: Any,
-    split: str,
-    limit: int | None,
-    *,
-    reference: Any = INITIAL,
-) -> tuple[dict[str, Any] | None, float]:
-    """``(drift, seconds)`` of the final policy from the reference (``summary.json`` ``drift``,
-    the keys of :data:`gbmpo.eval.drift.DRIFT_KEYS`), or ``(None, 0.0)`` unless ``eval.drift``
-    and ``eval.after`` are set: :func:`gbmpo.eval.drift.measure_drift` on the prompts the final
-    evaluation uses (``split``, ``limit``), ``eval.max_new_tokens`` tokens, seed ``run.seed``.
-
-    ``reference``: a model, ``None`` (the policy with its LoRA adapters disabled) or
-    :data:`INITIAL`: with LoRA the adapters disabled, otherwise ``model.path`` loaded again on
-    the policy's device in the policy's dtype (and freed afterwards). Every engine that measures
-    drift calls this function.
-    """
-    if not (cfg.eval.drift and cfg.eval.after):
-        return None, 0.0
-    from gbmpo.eval.drift import measure_drift
-
-    t = time.perf_counter()
-    if isinstance(reference, str) and reference == INITIAL:
-        if cfg.lora.enabled:
-            reference = None
-        else:
-            from gbmpo.models import load_model_and_tokenizer
-
-            weight = next(policy.parameters())
-            reference, _ = load_model_and_tokenizer(
-                cfg.model.path, dtype=weight.dtype, device=str(weight.device),
-                trust_remote_code=cfg.model.trust_remote_code,
-            )  # fmt: skip
-    drift = measure_drift(
-        policy, reference, tokenizer, task, split=split, limit=limit,
-        max_new_tokens=cfg.eval.max_new_tokens, batch_size=cfg.eval.batch_size,
-        seed=cfg.run.seed,
-        generator="gbmpo" if cfg.rollout.generator == "vllm" else cfg.rollout.generator,
-        lean=cfg.rollout.lean_forward,
-    )  # fmt: skip
-    return drift, time.perf_counter() - t
-
-
-def fmt_drift(drift: dict[str, Any], seconds: float) -> str:
-    """One console line for :func:`final_drift`'s result."""
-    return (
-        f"drift from the reference: KL {drift['kl']:.4g} (reverse {drift['kl_reverse']:.4g}), "
-        f"ProbL2 {drift['prob_l2']:.4g}, TV {drift['tv']:.4g} per token over "
-        f"{drift['n_tokens']} tokens of {drift['n_prompts']} prompts ({seconds:.1f} s)"
-    )
+    raise life.stopped(signame, tr.step, latest_checkpoint(tr.run_dir))
 
 
 def _drift_reference(tr: Trainer) -> Any:
@@ -411,26 +240,6 @@ def _restore(tr: Trainer, path: Path) -> None:
     tr.eval_before = state["eval_before"]
     tr.last_eval = tuple(state["last_eval"]) if state["last_eval"] else None  # type: ignore[assignment]
     tr._resume_rows = state.get("metrics_rows")
-
-
-def set_status(tr: Trainer, status: str, **extra: Any) -> None:
-    assert tr.run_dir is not None
-    write_status(tr.run_dir, status, tr.step, **extra)
-
-
-def write_status(run_dir: str | Path, status: str, step: int, **extra: Any) -> None:
-    """``status.json``: ``{"status", "step", "updated", **extra}`` (every engine), written
-    atomically. ``status``: running / finished / failed / interrupted (SIGINT) / preempted
-    (SIGTERM)."""
-    write_json_atomic(
-        Path(run_dir) / STATUS_FILE,
-        {
-            "status": status,
-            "step": step,
-            "updated": _dt.datetime.now().isoformat(timespec="seconds"),
-            **extra,
-        },
-    )
 
 
 def checkpoint(tr: Trainer) -> None:

@@ -4,10 +4,10 @@
   micro-batch loss and update, metrics);
 * :mod:`gbmpo.train.setup` — the objectives, task, policy (+ LoRA), frozen reference and
   optimizer a run is built from;
-* :mod:`gbmpo.train.run` — the run directory and lifecycle (lock, status, resume, checkpoints,
-  evaluation, summary);
-* :mod:`gbmpo.train.console` — prints and the progress bar; :mod:`gbmpo.train.dry_run` — the
-  checks of ``gbmpo train --dry-run``.
+* :mod:`gbmpo.train.run` — the training loop, resume, checkpoints, evaluation and summary,
+  inside every engine's run lifecycle (:class:`gbmpo.lifecycle.RunLifecycle`: lock, status,
+  signals);
+* :mod:`gbmpo.train.dry_run` — the checks of ``gbmpo train --dry-run``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Any
 from torch import Tensor
 
 from gbmpo.config import ConfigError, TrainConfig, validate
-from gbmpo.io import StopSignals
+from gbmpo.lifecycle import RunLifecycle, no_checkpoint_error, refuse_nonempty, resume_config
+from gbmpo.lifecycle.logging import MetricsWriter
 from gbmpo.rollout.logprobs import completion_logprobs
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train import run as _run
 from gbmpo.train import step as _step
 from gbmpo.train.batching import PromptSampler
 from gbmpo.train.device import check_device, check_single_process
-from gbmpo.train.logging import MetricsWriter
 from gbmpo.train.precision import check_train_dtype
 from gbmpo.train.setup import (
     build_objectives,
@@ -80,12 +80,12 @@ class Trainer:
             from gbmpo.train.checkpoint import latest_valid_checkpoint
 
             if latest_valid_checkpoint(self._resume_dir, log=lambda _: None) is None:
-                raise _run.no_checkpoint_error(self._resume_dir)
+                raise no_checkpoint_error(self._resume_dir)
         self.run_dir = self._resume_dir or (
             Path(cfg.run.output_dir) if cfg.run.output_dir else None
         )
         if self._resume_dir is None and self.run_dir is not None:
-            _run.refuse_nonempty(self.run_dir)
+            refuse_nonempty(self.run_dir)
         configure_process(cfg)
 
         # objectives, by name from the registries
@@ -127,8 +127,7 @@ class Trainer:
         self.last_eval: tuple[int, dict[str, Any]] | None = None
         self._writer: MetricsWriter | None = None
         self._resume_rows: int | None = None
-        self._stop: StopSignals | None = None  # while train() runs: SIGTERM / SIGINT
-        self._running: dict[str, Any] = {}  # status.json's extra keys while running
+        self._life: RunLifecycle | None = None  # while train() runs: lock, status, signals
         # the policy moves before the batch is used up -> keep pi_old's log-probs
         batch = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
         self.mini_batch = cfg.optim.mini_batch_size or batch
@@ -146,7 +145,7 @@ class Trainer:
         only the keys in :data:`RESUMABLE_OVERRIDES` may be overridden). Without an intact
         checkpoint: :class:`gbmpo.io.CheckpointError` before anything changes, unless
         ``restart`` (start over from step 0 in the same directory, its metrics dropped)."""
-        cfg, path = _run.resume_config(run_dir, overrides)
+        cfg, path = resume_config(run_dir, overrides)
         return cls(cfg, _resume_dir=path, _restart=restart, **kwargs)
 
     def train(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ __all__ = ["Console", "fmt_eval", "main_metric"]
 
 
 def main_metric(metrics: dict[str, Any]) -> str | None:
+    """The headline metric of an evaluation: ``accuracy`` (math) or ``pass@1`` (code)."""
     for key in ("accuracy", "pass@1"):
         if key in metrics:
             return key
@@ -17,6 +18,7 @@ def main_metric(metrics: dict[str, Any]) -> str | None:
 
 
 def fmt_eval(metrics: dict[str, Any] | None) -> str:
+    """An evaluation in a few words: its headline metric in percent and ``n``."""
     if not metrics:
         return "(no evaluation)"
     key = main_metric(metrics)
