@@ -96,8 +96,9 @@ def test_two_steps(
     ]
     reg = kwargs["regularizer"]
     if needs_ref:
-        # the optimised regularizer's D(pi_old || pi_ref) whenever the reference exists
-        expected += ["kl", f"reg/{reg}"]
+        # the optimised regularizer's D(pi_old || pi_ref) whenever the reference exists (under
+        # its name after use_bias_correction_kl's mapping: kl_k3 -> kl_k3_is)
+        expected += ["kl", f"reg/{args.regularizer}"]
     for h in logs:
         missing = [k for k in expected if k not in h]
         assert not missing, f"metrics not logged: {missing}"

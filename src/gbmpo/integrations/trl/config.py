@@ -23,7 +23,7 @@ from gbmpo.integrations.trl.objective import (
     rollout_correction_args,
     spec_from_trl_fields,
 )
-from gbmpo.objectives.regularizers import REGULARIZERS
+from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError, parse_coefficient
 from gbmpo.objectives.surrogates import SURROGATES
 
@@ -54,8 +54,6 @@ _RENAMED_FIELDS: dict[str, str] = {
 def _clampable(name: str) -> bool:
     """Whether the registered regularizer ``name`` takes a ``clamp`` (it declares it itself:
     ``Regularizer.clampable``)."""
-    from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
-
     if name not in REGULARIZERS:
         return False
     try:
@@ -65,8 +63,6 @@ def _clampable(name: str) -> bool:
 
 
 def _clampable_names() -> list[str]:
-    from gbmpo.objectives.regularizers import REGULARIZERS
-
     return [n for n in REGULARIZERS.names() if _clampable(n)]
 
 

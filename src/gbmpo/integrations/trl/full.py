@@ -24,7 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from torch import Tensor
+from trl.trainer.utils import use_adapter
 
 from gbmpo.objectives.advantages import group_advantages
 from gbmpo.objectives.estimators import full_divergence, full_potential
@@ -74,9 +76,6 @@ def reference_logits(
     if trainer.ref_model is not None:
         return completion_logits(trainer, trainer.ref_model, input_ids, attention_mask,
                                  logits_to_keep)[0]  # fmt: skip
-    from accelerate.utils import is_peft_model
-    from trl.trainer.utils import use_adapter
-
     model = trainer.accelerator.unwrap_model(trainer.model)
     if not is_peft_model(model):
         raise RuntimeError(

@@ -198,8 +198,10 @@ def build_objective(args: GBMPOConfig) -> BuiltObjective:
     ``args.objective`` if given, else the alias fields (:func:`spec_from_trl_fields`). The spec
     is built once, when ``args`` is checked; that build is returned as is unless a field changed
     since. GBMPOTrainer uses it as the own engine uses its own: the same object, no wrapper."""
-    spec = objective_spec(args)
     cached = getattr(args, "_built", None)
+    if cached is not None and args.objective is not None and cached[0] == args.objective:
+        return cached[1]  # the spec as checked (args.objective is its dict): no re-parse
+    spec = objective_spec(args)
     return cached[1] if cached is not None and cached[0] == spec.to_dict() else spec.build()
 
 
