@@ -7,7 +7,7 @@ runs it, with the regularizer ``kl_k3`` at coefficient 0.05 under the clip surro
   selective log-softmax); the reference's log-probs are precomputed (as the step does once per
   batch); k3 on the sampled tokens;
 * ``full``: the same forward, whose completion logits also feed the exact KL(pi || pi_ref) over
-  the vocabulary (:func:`gbmpo.train.exact.logprobs_and_exact`: one no-grad reference forward
+  the vocabulary (:func:`gbmpo.train.full.logprobs_and_full`: one no-grad reference forward
   of the micro-batch, :func:`gbmpo.objectives.full_vocab.full_vocab_bregman` in chunks).
 
 The model is a randomly initialised Qwen3-shaped causal LM with the Qwen3 vocabulary (151,936)
@@ -80,11 +80,11 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from gbmpo.objectives import compute_policy_loss, get_regularizer
-    from gbmpo.objectives.estimators import ExactValues
+    from gbmpo.objectives.estimators import FullValues
     from gbmpo.objectives.loss import LossTerm
     from gbmpo.objectives.spec import BuiltTerm
     from gbmpo.rollout.logprobs import completion_logprobs
-    from gbmpo.train.exact import logprobs_and_exact
+    from gbmpo.train.full import logprobs_and_full
 
     tr, batch, model, ref = _setup(a)
     ids = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
@@ -103,8 +103,9 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
                 logp, _ = completion_logprobs(model, *ids, share_prompts=False)
                 reg: Any = k3
             else:
-                logp, _, exact = logprobs_and_exact(tr, batch, mask, [term], with_entropy=False)
-                reg = ExactValues("kl_k3", exact["kl_k3"])
+                logp, _, full_values = logprobs_and_full(tr, batch, mask, [term],
+                                                         with_entropy=False)
+                reg = FullValues("kl_k3", full_values["kl_k3"])
             loss, metrics = compute_policy_loss(
                 logp=logp,
                 old_logp=None,

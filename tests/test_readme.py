@@ -188,7 +188,7 @@ def test_trl_quick_start_runs_verbatim(monkeypatch: pytest.MonkeyPatch, tmp_path
     reg = args.objective["regularizer"]  # the spec itself, not copied into alias fields
     assert (reg["name"], reg["coef"], args.loss_type) == ("prob_l2", 0.1, "dr_grpo")
     assert args.num_generations == 8 and args.use_cpu
-    logged = [h for h in trainer.state.log_history if "regularizer/prob_l2" in h]
+    logged = [h for h in trainer.state.log_history if "reg/prob_l2" in h]
     assert logged and all(v == v for v in logged[0].values() if isinstance(v, float))
 
 

@@ -44,7 +44,7 @@ def test_straight_through_kl_equals_verl(gbmpo_name: str, params: dict[str, Any]
     a = x["logp"].clone().requires_grad_(True)
     b = x["logp"].clone().requires_grad_(True)
     v_ref = core_algos.kl_penalty(a, x["ref"], verl_name)
-    v_gb = get_regularizer(gbmpo_name, **params)(logp=b, ref_logp=x["ref"])
+    v_gb = get_regularizer(gbmpo_name, **params)(logp=b, anchor_logp=x["ref"])
     g_ref, g_gb = _grad(v_ref, a), _grad(v_gb, b)
     assert float((v_gb - v_ref).detach().abs().max()) <= TOL
     assert float((g_gb - g_ref).abs().max()) <= TOL
@@ -125,7 +125,7 @@ def test_f_divergences_through_verls_kl_hook(name: str, params: dict[str, Any]) 
     a = x["logp"].clone().requires_grad_(True)
     v = core_algos.kl_penalty(a, x["ref"], gv.PREFIX + name)
     b = x["logp"].clone().requires_grad_(True)
-    want = get_regularizer(name, **params)(logp=b, ref_logp=x["ref"])
+    want = get_regularizer(name, **params)(logp=b, anchor_logp=x["ref"])
     torch.testing.assert_close(v.detach(), want.detach())
     torch.testing.assert_close(_grad(v, a), _grad(want, b))
     assert torch.isfinite(v).all() and float(v.detach().abs().max()) > 0

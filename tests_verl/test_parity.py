@@ -424,7 +424,7 @@ def test_straight_through_suffix_keeps_verl_semantics() -> None:
     lp = x["logp"].clone().requires_grad_(True)
     v = core_algos.kl_penalty(lp, x["ref"], "gbmpo_prob_l2+")
     (g,) = torch.autograd.grad(v.sum(), lp)
-    expected = get_regularizer("prob_l2")(logp=x["logp"], ref_logp=x["ref"])
+    expected = get_regularizer("prob_l2")(logp=x["logp"], anchor_logp=x["ref"])
     torch.testing.assert_close(v.detach(), expected)
     torch.testing.assert_close(g, x["logp"] - x["ref"])
 
@@ -435,7 +435,7 @@ def test_every_regularizer_through_kl_penalty(name: str) -> None:
     x = _tensors(seed=8)
     lp = x["logp"].clone().requires_grad_(True)
     v = core_algos.kl_penalty(lp, x["ref"], gv.PREFIX + name)
-    expected = get_regularizer(name)(logp=x["logp"], ref_logp=x["ref"])
+    expected = get_regularizer(name)(logp=x["logp"], anchor_logp=x["ref"])
     torch.testing.assert_close(v.detach(), expected)
 
 
@@ -450,7 +450,7 @@ def test_neural_mirror_from_file_and_required(tmp_path: Path) -> None:
     lp = x["logp"].clone().requires_grad_(True)
     v = core_algos.kl_penalty(lp, x["ref"], cfg.kl_loss_type)
     expected = get_regularizer("neural_mirror", mirror=NeuralMirrorMap.load(path))
-    torch.testing.assert_close(v.detach(), expected(logp=x["logp"], ref_logp=x["ref"]))
+    torch.testing.assert_close(v.detach(), expected(logp=x["logp"], anchor_logp=x["ref"]))
     (g,) = torch.autograd.grad(v.sum(), lp)
     assert torch.isfinite(g).all() and g.abs().max() > 0
     assert gv.describe(cfg)["regularizer"].name == "neural_mirror"
@@ -468,7 +468,7 @@ def test_old_log_probs_reach_the_kl_loss() -> None:
         l_pg, g_pg, _ = _run_ppo_loss(no_kl, x)
         lp = x["logp"].clone().requires_grad_(True)
         anchor_logp = x["old"] if anchor == "old" else x["ref"]
-        reg = get_regularizer(name)(logp=lp, old_logp=x["old"], ref_logp=anchor_logp)
+        reg = get_regularizer(name)(logp=lp, old_logp=x["old"], anchor_logp=anchor_logp)
         kl = core_algos.agg_loss(reg, x["mask"], "token-mean")
         (g_kl,) = torch.autograd.grad(kl, lp)
         assert float((l_all - l_pg - COEF * kl).abs()) <= TOL, name

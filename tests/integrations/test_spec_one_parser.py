@@ -113,7 +113,7 @@ def _alias_fields(o: dict[str, Any]) -> dict[str, Any]:
         "dual_clip_c": float(o["dual_clip_c"]) if o["dual_clip_c"] is not None else None,
         "loss_type": LOSS_TYPE[o["aggregation"]],
         "scale_rewards": SCALE[o["advantage"]],
-        "log_all_regularizers": o["monitor"],
+        "monitor_regularizers": o["monitor"],
     }
     if o["surrogate"] == "clip":
         kw.update(epsilon=float(o["eps_low"]), epsilon_high=float(o["eps_high"]))

@@ -45,7 +45,7 @@ def test_defaults_match_trl_defaults() -> None:
     assert c.beta == t.beta == 0.0 and not c.needs_reference_model
     assert (c.loss_type, c.epsilon, c.clip_mode) == (t.loss_type, t.epsilon, "ratio")
     obj = build_objective(c)
-    assert obj.surrogate_name == "clip" and obj.aggregation == "bnpo"
+    assert obj.spec.surrogate.name == "clip" and obj.aggregation == "bnpo"
     assert obj.terms[0].coef == 0.0
     assert c.use_bias_correction_kl is t.use_bias_correction_kl is True
     assert cfg(use_bias_correction_kl=False, beta=0.04).regularizer == "kl_k3"
@@ -132,18 +132,18 @@ def test_refusals(kwargs: dict[str, Any], error: type, match: str) -> None:
 def test_objective_mapping() -> None:
     o = build_objective(cfg(loss_type="dr_grpo", epsilon=0.1, epsilon_high=0.3, delta=1.5,
                             dual_clip_c=4.0, max_completion_length=64))
-    assert o.surrogate_name == "clip" and o.aggregation == "dr_grpo" and o.max_len == 64
+    assert o.spec.surrogate.name == "clip" and o.aggregation == "dr_grpo"
     assert (o.surrogate.eps_low, o.surrogate.eps_high) == (0.1, 0.3)
     assert (o.surrogate.ratio_cap, o.surrogate.dual_clip_c) == (1.5, 4.0)
     o = build_objective(cfg(importance_sampling_level="sequence", loss_type="grpo"))
-    assert o.surrogate_name == "gspo" and o.aggregation == "grpo"
+    assert o.spec.surrogate.name == "gspo" and o.aggregation == "grpo"
     o = build_objective(cfg(clip_mode="atr", atr_delta=0.02))
-    assert o.surrogate_name == "atr" and o.surrogate.bounds == atr_bounds(0.02)
+    assert o.spec.surrogate.name == "atr" and o.surrogate.bounds == atr_bounds(0.02)
     o = build_objective(cfg(clip_mode="rpg_dual"))
-    assert o.surrogate_name == "rpg_clip" and o.surrogate.c == 3.0
+    assert o.spec.surrogate.name == "rpg_clip" and o.surrogate.c == 3.0
     o = build_objective(cfg(clip_mode="divergence", clip_measure="k1", clip_delta=0.2,
                             clip_delta_high=0.3, dual_clip_c=3.0))
-    assert o.surrogate_name == "divergence_clip" and o.surrogate.measure == "k1"
+    assert o.spec.surrogate.name == "divergence_clip" and o.surrogate.measure == "k1"
     assert o.surrogate.bounds == (math.exp(-0.2), math.exp(0.3)) and o.surrogate.dual_clip_c == 3
     o = build_objective(cfg(clip_mode="divergence", clip_measure="k3", clip_delta=0.02))
     assert o.surrogate.bounds == atr_bounds(0.02)

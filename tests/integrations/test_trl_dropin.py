@@ -242,7 +242,7 @@ def test_loss_type_parity_with_trl(
     stock, ours = pair(kw)
     inputs = _inputs(stock, seed=len(loss_type))
     _compare(stock, ours, inputs)
-    assert ours.objective.surrogate_name == {"luspo": "gspo"}.get(loss_type, loss_type)
+    assert ours.objective.spec.surrogate.name == {"luspo": "gspo"}.get(loss_type, loss_type)
     if loss_type == "cispo":
         kw = {**cpu_args, **COMMON, **kw, "beta": 0.0, "regularizer": "prob_l2",
               "regularizer_coef": BETA}  # fmt: skip
@@ -252,7 +252,7 @@ def test_loss_type_parity_with_trl(
         assert [t.name for t in other.objective.terms] == ["prob_l2"]
         loss_o, _ = _step(other, inputs)
         loss_s, _ = _step(stock, inputs)
-        assert abs(loss_o - loss_s) > 1e-6 and "regularizer/prob_l2" in other._metrics["train"]
+        assert abs(loss_o - loss_s) > 1e-6 and "reg_value" in other._metrics["train"]
 
 
 def test_bias_corrected_kl_parity_with_trl(pair: Callable[..., tuple[Any, Any]]) -> None:
@@ -295,7 +295,7 @@ def test_training_logs_trl_metric_names_beside_gbmpo_names(
 ) -> None:
     """Two optimizer steps with TRL's bias-corrected KL, adaptive entropy and a static entropy
     bonus: log_history has TRL's names (policy_loss, kl, entropy, entropy_coef, clip_ratio/*)
-    beside gbmpo's (loss/surrogate, loss/regularizer, regularizer/<name>)."""
+    beside gbmpo's under the run directory's names (pg_loss, reg_loss, reg_value, reg/<name>)."""
     kw = {**cpu_args, "max_steps": 2, "logging_steps": 1, "max_completion_length": 6,
           "beta": BETA, "use_bias_correction_kl": True, "use_adaptive_entropy": True,
           "entropy_coef": 0.01, "entropy_target": 10.0}  # fmt: skip
@@ -308,7 +308,7 @@ def test_training_logs_trl_metric_names_beside_gbmpo_names(
     trl_names = {"policy_loss", "kl", "entropy", "entropy_coef", "clip_ratio/low_mean",
                  "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
                  "clip_ratio/high_max"}  # fmt: skip
-    gbmpo_names = {"loss/surrogate", "loss/regularizer", "regularizer/kl_k3_is"}
+    gbmpo_names = {"pg_loss", "reg_loss", "reg_value", "reg/kl_k3_is"}
     for row in rows:
         assert trl_names | gbmpo_names <= set(row), (trl_names | gbmpo_names) - set(row)
     assert rows[1]["entropy_coef"] == pytest.approx(0.02)  # 0.01 + delta 0.005 per step

@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
 from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer  # noqa: E402
-from gbmpo.integrations.trl.exact import (  # noqa: E402
+from gbmpo.integrations.trl.full import (  # noqa: E402
     TRL_STD_EPS,
     sequence_penalties,
     shaped_advantages,

@@ -1,7 +1,7 @@
-"""GBMPOTrainer's ``reference/<name>`` (the engine's ``reg/<name>``) is the own engine's
-quantity: D(pi_old || pi_ref), the masked token mean over the whole batch (not a mean of
-micro-batch means), for the optimised regularizer and, when monitoring, every registered one;
-and the reference model is loaded for it when the loss does not need one."""
+"""GBMPOTrainer's ``reg/<name>`` is the own engine's quantity: D(pi_old || pi_ref), the masked
+token mean over the whole batch (not a mean of micro-batch means), for the optimised regularizer
+and, when monitoring, every registered one; and the reference model is loaded for it when the
+loss does not need one."""
 
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ def _args(**objective: object) -> GBMPOConfig:
                        per_device_train_batch_size=4, objective=spec)  # fmt: skip
 
 
-def test_reference_monitors_are_the_own_engines_set() -> None:
+def test_monitors_are_the_own_engines_set() -> None:
     obj = build_objective(_args(regularizer={"name": "prob_l2", "coef": 0.1}))
-    assert set(obj.reference_monitors) == set(REGULARIZERS.names()) - {"none"}
+    assert set(obj.monitors) == set(REGULARIZERS.names()) - {"none"}
     obj = build_objective(_args(regularizer={"name": "kl_k3", "coef": 0.1},
                                 monitor_regularizers=False))  # fmt: skip
-    assert set(obj.reference_monitors) == {"kl_k3"}
+    assert set(obj.monitors) == {"kl_k3"}
 
 
 def test_the_token_mean_over_the_batch_of_d_old_ref() -> None:
@@ -38,37 +38,46 @@ def test_the_token_mean_over_the_batch_of_d_old_ref() -> None:
     mask[0, 2:] = 0  # micro-batches with different token counts
     mask[4, 1:] = 0
     regs = {"kl_k3": get_regularizer("kl_k3"), "prob_l2": get_regularizer("prob_l2")}
-    fake = SimpleNamespace(_gbmpo=SimpleNamespace(reference_monitors=regs))
+    fake = SimpleNamespace(_gbmpo=SimpleNamespace(monitors=regs))
     for rows in (slice(0, 2), slice(2, 6)):  # two micro-batches
-        GBMPOTrainer._add_reference_divergences(fake, old[rows], ref[rows], mask[rows])
+        GBMPOTrainer._add_monitored_divergences(fake, old[rows], ref[rows], mask[rows])
     for name, reg in regs.items():
         want = float(
-            (reg(logp=old, old_logp=old, ref_logp=ref, mask=mask) * mask).sum() / mask.sum()
+            (reg(logp=old, old_logp=old, anchor_logp=ref, mask=mask) * mask).sum() / mask.sum()
         )
-        got = fake._reference_sums[name] / fake._reference_tokens
+        got = fake._monitor_sums[name] / fake._monitor_tokens
         assert got == pytest.approx(want, rel=1e-6), name
     # D(pi_old || pi_ref), not D(pi_ref || pi_old): kl_k3 is not symmetric
-    swapped = float(
-        (regs["kl_k3"](logp=ref, old_logp=ref, ref_logp=old, mask=mask) * mask).sum() / mask.sum()
-    )
-    assert fake._reference_sums["kl_k3"] / fake._reference_tokens != pytest.approx(swapped)
+    k3 = regs["kl_k3"](logp=ref, old_logp=ref, anchor_logp=old, mask=mask)
+    swapped = float((k3 * mask).sum() / mask.sum())
+    assert fake._monitor_sums["kl_k3"] / fake._monitor_tokens != pytest.approx(swapped)
 
 
 def test_monitoring_loads_the_reference_when_the_loss_does_not() -> None:
-    """TRL computes reference log-probs exactly when beta != 0: with monitor_reference and a
-    coefficient of 0 (or anchor old) beta switches the reference on; the loss keeps coef 0."""
+    """TRL computes reference log-probs exactly when beta != 0: with monitor_regularizers and a
+    coefficient of 0 (or anchor old) beta switches the reference on; the loss keeps coef 0.
+    The objective section's setting is GBMPOConfig's (the same name, the same effect)."""
     spec = {"regularizer": {"name": "prob_l2", "coef": 0.0}}
-    assert _args(**spec).beta == 0.0
-    objective = {"advantage": "dr_grpo", "aggregation": "dr_grpo", **spec}
-    args = GBMPOConfig(output_dir="unused", use_cpu=True, num_generations=4,
-                       per_device_train_batch_size=4, monitor_reference=True,
-                       objective=objective)  # fmt: skip
-    assert args.beta != 0.0 and build_objective(args).terms[0].coef == 0.0
-    args = GBMPOConfig(output_dir="unused", use_cpu=True, num_generations=4,
-                       per_device_train_batch_size=4, monitor_reference=True,
-                       objective={"regularizer": {"name": "kl_k3", "coef": 0.3,
-                                                  "anchor": "old"}})  # fmt: skip
+    assert _args(monitor_regularizers=False, **spec).beta == 0.0
+    args = _args(**spec)  # the spec's default, as gbmpo train's: monitor every regularizer
+    assert args.monitor_regularizers and args.beta != 0.0
+    assert build_objective(args).terms[0].coef == 0.0
+    args = _args(regularizer={"name": "kl_k3", "coef": 0.3, "anchor": "old"})
     assert args.beta != 0.0 and build_objective(args).terms[0].anchor == "old"
+    # TRL's spelling: the field of the same name, off by default (no reference model unless
+    # the loss needs one, as TRL)
+    plain = dict(output_dir="unused", use_cpu=True, num_generations=4,
+                 per_device_train_batch_size=4, regularizer="prob_l2", regularizer_coef=0.0)
+    assert GBMPOConfig(**plain).beta == 0.0
+    monitored = GBMPOConfig(**plain, monitor_regularizers=True)
+    assert monitored.beta != 0.0
+    assert set(build_objective(monitored).monitors) == set(REGULARIZERS.names()) - {"none"}
+
+
+@pytest.mark.parametrize("old", ["monitor_reference", "log_all_regularizers"])
+def test_the_former_monitoring_fields_are_refused_naming_the_one_setting(old: str) -> None:
+    with pytest.raises(TypeError, match=f"'{old}' was renamed: use 'monitor_regularizers'"):
+        GBMPOConfig(output_dir="unused", use_cpu=True, **{old: True})
 
 
 def test_window_means_weight_micro_batches_by_their_tokens() -> None:

@@ -96,17 +96,17 @@ def test_the_loss_of_a_sum_is_the_sum_of_the_terms(
     reg_a, reg_b = losses["log_l2"] - losses["none"], losses["kl_k3"] - losses["none"]
     assert abs(reg_a) > 1e-6 and abs(reg_b) > 1e-6
     assert losses["sum"] == pytest.approx(losses["none"] + reg_a + reg_b, abs=1e-6)
-    assert metrics["loss/regularizer/log_l2"][-1] == pytest.approx(reg_a, abs=1e-6)
-    assert metrics["loss/regularizer/kl_k3"][-1] == pytest.approx(reg_b, abs=1e-6)
-    assert "regularizer/log_l2+kl_k3" in metrics and "regularizer/kl_k3" in metrics
+    assert metrics["reg_loss/log_l2"][-1] == pytest.approx(reg_a, abs=1e-6)
+    assert metrics["reg_loss/kl_k3"][-1] == pytest.approx(reg_b, abs=1e-6)
+    assert "reg_value" in metrics and "reg_value/kl_k3" in metrics and "reg_value/log_l2" in metrics
 
 
 def test_schema_names_of_a_sum() -> None:
     from gbmpo.engines.trl_callbacks import schema_record
 
-    logs = {"regularizer/log_l2+kl_k3": 1.0, "regularizer/log_l2": 0.25, "loss/regularizer": 0.5,
-            "loss/regularizer/kl_k3": 0.125, "regularizer/prob_l2": 3.0}  # fmt: skip
-    assert schema_record(logs, "log_l2+kl_k3") == {
+    logs = {"reg_value": 1.0, "reg_value/log_l2": 0.25, "reg_loss": 0.5,
+            "reg_loss/kl_k3": 0.125, "reg/prob_l2": 3.0, "kl": 0.5}  # fmt: skip
+    assert schema_record(logs) == {
         "reg_value": 1.0, "reg_value/log_l2": 0.25, "reg_loss": 0.5, "reg_loss/kl_k3": 0.125,
-        "trl/regularizer/prob_l2": 3.0,
+        "reg/prob_l2": 3.0, "trl/kl": 0.5,
     }  # fmt: skip

@@ -27,7 +27,7 @@ ATR = {
 def test_spec_and_aliases_build_the_same_objective(tmp_path: Path) -> None:
     aliases = GBMPOConfig(**BASE, clip_mode="atr", atr_delta=0.02, dual_clip_c=3.0,
                           regularizer="prob_l2", regularizer_coef=0.1, loss_type="dr_grpo",
-                          scale_rewards="group", log_all_regularizers=False)  # fmt: skip
+                          scale_rewards="group", monitor_regularizers=False)  # fmt: skip
     path = tmp_path / "objective.yaml"
     path.write_text(yaml.safe_dump({"objective": ATR}))
     for objective in (ATR, str(path)):
@@ -46,10 +46,13 @@ def test_spec_and_aliases_build_the_same_objective(tmp_path: Path) -> None:
 def test_spec_surrogates_without_an_alias() -> None:
     spec = {"advantage": "rpg", "aggregation": "bnpo",
             "surrogate": {"name": "rpg_reinforce", "params": {"variant": "ufkl", "beta": 1e-4}},
-            "regularizer": {"name": "none", "coef": 0.0}}  # fmt: skip
+            "regularizer": {"name": "none", "coef": 0.0},
+            "monitor_regularizers": False}  # fmt: skip
     c = GBMPOConfig(**BASE, objective=spec)
     obj = build_objective(c)
-    assert obj.surrogate.name == "rpg_reinforce" and c.beta == 0.0
+    assert obj.surrogate.name == "rpg_reinforce" and c.beta == 0.0  # no reference needed
+    # monitoring (the spec's default) needs the reference: beta switches it on
+    assert GBMPOConfig(**BASE, objective={**spec, "monitor_regularizers": True}).beta == 1.0
     assert (c.loss_type, c.scale_rewards) == ("bnpo", "none")
 
 

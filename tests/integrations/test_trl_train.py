@@ -90,16 +90,15 @@ def test_two_steps(
         "ratio/mean",
         "ratio/min",
         "ratio/max",
-        "loss/surrogate",
-        "loss/regularizer",
+        "pg_loss",
+        "reg_loss",
+        "reg_value",
     ]
     reg = kwargs["regularizer"]
-    if reg != "none":
-        expected.append(f"regularizer/{reg}")
-        # with log_all_regularizers every parameter-free regularizer is logged too
-        expected += [f"regularizer/{n}" for n in REGULARIZERS if n not in ("none", "neural_mirror")]
     if needs_ref:
-        expected.append("kl")
+        # the optimised regularizer's D(pi_old || pi_ref) whenever the reference exists (under
+        # its name after use_bias_correction_kl's mapping: kl_k3 -> kl_k3_is)
+        expected += ["kl", f"reg/{args.regularizer}"]
     for h in logs:
         missing = [k for k in expected if k not in h]
         assert not missing, f"metrics not logged: {missing}"
@@ -110,10 +109,36 @@ def test_two_steps(
     assert logs[1]["ratio/max"] != 1.0 or logs[1]["ratio/min"] != 1.0
     if reg != "none":
         # after one update the policy differs from its anchor, so the divergence is non-zero
-        assert logs[1][f"regularizer/{reg}"] != 0.0
+        assert logs[1]["reg_value"] != 0.0
         # the logged regularizer part of the loss is coef x the aggregated regularizer
-        assert logs[1]["loss/regularizer"] != 0.0
+        assert logs[1]["reg_loss"] != 0.0
     else:
-        assert logs[1]["loss/regularizer"] == 0.0
+        assert logs[1]["reg_loss"] == 0.0
     changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p, before[n])]
     assert changed, "no parameter changed"
+
+
+def test_monitored_divergences_are_logged_once_under_reg(
+    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any,
+    cpu_args: dict[str, Any],
+) -> None:
+    """``monitor_regularizers``: every registered regularizer's D(pi_old || pi_ref) is in each
+    log row once, as ``reg/<name>`` (the own engine's name), and under no other name (the former
+    ``regularizer/<name>`` and ``reference/<name>`` are gone)."""
+    args = GBMPOConfig(output_dir=str(tmp_path / "out"), **cpu_args, **TRAIN,
+                       regularizer="prob_l2", regularizer_coef=0.0,
+                       monitor_regularizers=True)  # fmt: skip
+    trainer = GBMPOTrainer(
+        model=tiny_model_dir, reward_funcs=reward_fn, args=args, train_dataset=tiny_dataset
+    )
+    assert trainer.ref_model is not None  # loaded for the monitors alone (coef 0)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
+    assert logs
+    names = set(REGULARIZERS.names()) - {"none"}
+    for h in logs:
+        assert {k for k in h if k.startswith("reg/")} == {f"reg/{n}" for n in names}
+        assert not [k for k in h if k.startswith(("regularizer/", "reference/"))]
+        for n in names:  # once: no other key names the same divergence
+            assert [k for k in h if k.rsplit("/", 1)[-1] == n] == [f"reg/{n}"], n
+            assert math.isfinite(h[f"reg/{n}"])

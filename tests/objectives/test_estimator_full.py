@@ -11,8 +11,8 @@ from gbmpo.objectives import LossTerm, compute_policy_loss, get_regularizer
 from gbmpo.objectives.aggregate import aggregate
 from gbmpo.objectives.estimators import (
     FULL_FORMS,
-    ExactValues,
-    exact_divergence,
+    FullValues,
+    full_divergence,
     full_potential,
 )
 from gbmpo.objectives.mirror import NeuralMirrorMap
@@ -51,7 +51,7 @@ def test_exact_value_and_gradient_equal_the_brute_force_sum(name: str) -> None:
     x, y, mask = _pair()
     pot = full_potential(name, get_regularizer(name))
     xg = x.clone().requires_grad_()
-    got = exact_divergence(xg, y, pot, mask)
+    got = full_divergence(xg, y, pot, mask)
     want = _brute(name, x, y) * mask
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13)
     w = torch.rand(B, T, generator=torch.Generator().manual_seed(1), dtype=F64)
@@ -66,7 +66,7 @@ def test_neural_mirror_full_form_is_the_maps_bregman_summed_over_the_vocabulary(
     mirror = NeuralMirrorMap.random(scale=0.5, seed=7)
     x, y, mask = _pair(2)
     pot = full_potential("neural_mirror", get_regularizer("neural_mirror", mirror=mirror))
-    got = exact_divergence(x, y, pot, mask)
+    got = full_divergence(x, y, pot, mask)
     p, q = torch.softmax(x, -1), torch.softmax(y, -1)
     want = mirror.bregman(p, q).sum(-1) * mask
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-6, atol=1e-8)
@@ -83,11 +83,11 @@ def test_exact_values_enter_the_loss_as_a_sampled_term_would() -> None:
     def loss_of(logits: torch.Tensor, exact: bool) -> tuple[torch.Tensor, dict[str, float]]:
         logp = torch.log_softmax(logits, -1).gather(-1, idx.unsqueeze(-1)).squeeze(-1)
         if exact:
-            values = exact_divergence(logits, y, full_potential("kl_k3", None), mask)
-            reg = ExactValues("kl_k3", values)
+            values = full_divergence(logits, y, full_potential("kl_k3", None), mask)
+            reg = FullValues("kl_k3", values)
         else:
             brute = _brute("kl_k3", logits, y) * mask
-            reg = ExactValues("kl_k3", brute)
+            reg = FullValues("kl_k3", brute)
         return compute_policy_loss(
             logp=logp,
             old_logp=None,

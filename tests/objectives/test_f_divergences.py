@@ -134,8 +134,8 @@ def test_alpha_limits_are_the_two_kls() -> None:
     # sampled form too: alpha -> 1 is k3
     logp = torch.log_softmax(x, -1)[..., 0]
     ref = torch.log_softmax(y, -1)[..., 0]
-    torch.testing.assert_close(get_regularizer("alpha", alpha=1.0)(logp=logp, ref_logp=ref),
-                               get_regularizer("kl_k3")(logp=logp, ref_logp=ref))
+    torch.testing.assert_close(get_regularizer("alpha", alpha=1.0)(logp=logp, anchor_logp=ref),
+                               get_regularizer("kl_k3")(logp=logp, anchor_logp=ref))
 
 
 def test_symmetry_where_it_holds() -> None:
@@ -180,7 +180,7 @@ def test_finite_at_plus_minus_1000_logits(name: str, params: dict[str, float], d
     ref = torch.tensor([[0.0, -2000.0, -0.2, -0.1]], dtype=dtype)
     old = torch.tensor([[0.0, -2000.0, -0.4, -60.0]], dtype=dtype)
     lp = logp.clone().requires_grad_()
-    v = get_regularizer(name, **params)(logp=lp, old_logp=old, ref_logp=ref)
+    v = get_regularizer(name, **params)(logp=lp, old_logp=old, anchor_logp=ref)
     (gs,) = torch.autograd.grad(v.sum(), lp)
     assert torch.isfinite(v).all() and torch.isfinite(gs).all(), (v, gs)
 
@@ -200,7 +200,7 @@ def test_sampled_estimator_is_unbiased_in_value_and_gradient(
 
     def estimate(xx: T_) -> T_:
         logp = torch.log_softmax(xx, -1)
-        vals = reg(logp=logp[None], old_logp=old[None], ref_logp=torch.log_softmax(y, -1)[None])
+        vals = reg(logp=logp[None], old_logp=old[None], anchor_logp=torch.log_softmax(y, -1)[None])
         return (old.exp() * vals[0]).sum()
 
     xg = x.clone().requires_grad_()
@@ -213,9 +213,9 @@ def test_sampled_estimator_is_unbiased_in_value_and_gradient(
     torch.testing.assert_close(g_est, g_exact, rtol=1e-9, atol=1e-12)
     # on-policy (old_logp None): each token's value is g >= 0, 0 where p = q
     logp = torch.log_softmax(x, -1)[None]
-    vals = reg(logp=logp, ref_logp=torch.log_softmax(y, -1)[None])
+    vals = reg(logp=logp, anchor_logp=torch.log_softmax(y, -1)[None])
     assert (vals >= -1e-15).all()
-    assert reg(logp=logp, ref_logp=logp).abs().max() < 1e-15
+    assert reg(logp=logp, anchor_logp=logp).abs().max() < 1e-15
 
 
 def test_params_are_checked_by_name() -> None:
@@ -295,7 +295,7 @@ def test_a_plugin_regularizer_declares_its_full_form_and_trains_with_it(tmp_path
 
 def test_a_regularizer_object_carries_its_full_form_into_the_estimator() -> None:
     from gbmpo.objectives import Regularizer
-    from gbmpo.objectives.estimators import exact_divergence, full_potential
+    from gbmpo.objectives.estimators import full_divergence, full_potential
 
     def rows(log_p: T_, log_q: T_) -> T_:
         return (log_p.exp() * (log_p - log_q).square()).sum(-1)
@@ -304,7 +304,7 @@ def test_a_regularizer_object_carries_its_full_form_into_the_estimator() -> None
                       full=RowDivergence("mine", rows, "sum_v p_v (log p_v - log q_v)^2"))
     check_estimator("mine", "full", "ref", {}, reg)
     x, y = _pair(seed=8)
-    got = exact_divergence(x, y, full_potential("mine", reg), torch.ones(B, T))
+    got = full_divergence(x, y, full_potential("mine", reg), torch.ones(B, T))
     lp, lq = torch.log_softmax(x, -1), torch.log_softmax(y, -1)
     torch.testing.assert_close(got, (lp.exp() * (lp - lq) ** 2).sum(-1))
     with pytest.raises(ValueError, match="declares no full-vocabulary form"):

@@ -126,7 +126,7 @@ def test_names_are_resolved_through_the_registries():
 
 def test_reference_requirements():
     logp, old, _, adv, mask = batch()
-    with pytest.raises(ValueError, match="ref_logp"):
+    with pytest.raises(ValueError, match="needs anchor log-probs"):
         compute_policy_loss(
             logp=logp,
             old_logp=old,
@@ -251,8 +251,8 @@ def test_local_callable_regularizer_and_on_policy_default():
     class Entropyish:
         needs_ref = False
 
-        def __call__(self, logp, ref_logp, old_logp, mask):
-            assert ref_logp is None and old_logp is not None
+        def __call__(self, logp, anchor_logp, old_logp, mask):
+            assert anchor_logp is None and old_logp is not None
             return -logp.to(torch.float64)
 
     loss, metrics = compute_policy_loss(

@@ -145,7 +145,7 @@ def test_regularizer_evaluation_key():
     for reg, dtype in ((get_regularizer("neural_mirror", mirror=exact), F64),
                        (reg_t, torch.float32)):  # fmt: skip
         lp = logp.to(dtype).clone().requires_grad_(True)
-        v = reg(logp=lp, ref_logp=ref.to(dtype), mask=mask)
+        v = reg(logp=lp, anchor_logp=ref.to(dtype), mask=mask)
         assert v.dtype == dtype
         v.sum().backward()
         out.append((v.detach().double(), lp.grad.double()))

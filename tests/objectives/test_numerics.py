@@ -42,7 +42,7 @@ def _reg(name: str, clamp: float | None = None):
 
 def _value_and_grad(name, clamp, logp, ref, old, mask=None):
     lp = logp.clone().requires_grad_()
-    v = _reg(name, clamp)(logp=lp, old_logp=old, ref_logp=ref, mask=mask)
+    v = _reg(name, clamp)(logp=lp, old_logp=old, anchor_logp=ref, mask=mask)
     if not v.requires_grad:  # "none"
         return v, torch.zeros_like(lp)
     (g,) = torch.autograd.grad(v.sum(), lp)

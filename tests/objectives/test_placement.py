@@ -120,7 +120,7 @@ def test_k3_in_the_loss_is_biased() -> None:
     # pg part: REINFORCE on the task reward; regularizer part: E_pi[sum_t beta * k3_t], the
     # tokens fixed (pi detached), gradient through k3 only -- what GRPO's loss term computes
     reg = (
-        p[:, None] * BETA * k3(logp=logp, old_logp=logp.detach(), ref_logp=ref_logp, mask=MASK)
+        p[:, None] * BETA * k3(logp=logp, old_logp=logp.detach(), anchor_logp=ref_logp, mask=MASK)
     ).sum()
     # its expected gradient per position is that of KL(pi_ref || pi) at that position's
     # context: beta * (pi - pi_ref) in the first step's logits
@@ -185,7 +185,7 @@ def test_sequence_penalty_equals_verl_token_level_rewards() -> None:
     k3 = get_regularizer("kl_k3")
     scores = torch.zeros(4, 5, dtype=torch.float64)
     scores[torch.arange(4), mask.sum(1).long() - 1] = rewards
-    kld = k3(logp=old, old_logp=old, ref_logp=ref, mask=mask) * mask
+    kld = k3(logp=old, old_logp=old, anchor_logp=ref, mask=mask) * mask
     verl = (scores - 0.7 * kld).sum(-1)
     seq = sequence_divergence(k3, rollout_logp=old, ref_logp=ref, mask=mask)
     ours = reward_penalty(rewards, [(0.7, seq)])
@@ -256,7 +256,7 @@ def test_placements_under_both_advantages(placement: str, advantage: str) -> Non
         scale = 1.0 / float((p * (shaped - (p * shaped).sum()) ** 2).sum().sqrt())
     else:
         old = logp.detach()
-        values = k1(logp=old, old_logp=old, ref_logp=ref_logp, mask=MASK)
+        values = k1(logp=old, old_logp=old, anchor_logp=ref_logp, mask=MASK)
         torch.testing.assert_close(future_sum(values, MASK)[:, 0], values.sum(1))
         base = _population_advantage(rewards, p, normalise)
         adv = advantage_penalty(base, [(BETA, values)], MASK)

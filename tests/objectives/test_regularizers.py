@@ -125,7 +125,7 @@ def test_value_and_analytic_gradient_float64(name: str) -> None:
     value_fn, grad_fn = CASES[name]
     logp, ref, old = _inputs(seed=1)
     lp = logp.clone().requires_grad_()
-    out = _build(name)(logp=lp, old_logp=old, ref_logp=ref)
+    out = _build(name)(logp=lp, old_logp=old, anchor_logp=ref)
     assert out.dtype == F64 and out.shape == logp.shape
     torch.testing.assert_close(out.detach(), value_fn(logp, ref, old), rtol=1e-10, atol=1e-12)
     coef = 0.37
@@ -140,7 +140,7 @@ def test_k3_is_without_old_logp_is_on_policy() -> None:
     # w = exp(l - SG(l)): value = k3, gradient = k3 + 1 - rho (exact reverse-KL score gradient)
     logp, ref, _ = _inputs(seed=2)
     lp = logp.clone().requires_grad_()
-    out = get_regularizer("kl_k3_is")(logp=lp, ref_logp=ref)
+    out = get_regularizer("kl_k3_is")(logp=lp, anchor_logp=ref)
     torch.testing.assert_close(out.detach(), _k3(logp, ref), rtol=1e-12, atol=0)
     (grad,) = torch.autograd.grad(out.sum(), lp)
     torch.testing.assert_close(grad, _k3(logp, ref) + 1 - torch.exp(ref - logp))
@@ -150,9 +150,11 @@ def test_mirror_special_cases_match_prob_l2_and_gkl() -> None:
     logp, ref, _ = _inputs(seed=3)
     nm = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(a=2.0))
     assert torch.equal(
-        nm(logp=logp, ref_logp=ref), get_regularizer("prob_l2")(logp=logp, ref_logp=ref)
+        nm(logp=logp, anchor_logp=ref), get_regularizer("prob_l2")(logp=logp, anchor_logp=ref)
     )
-    gkl = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(c=1.0))(logp=logp, ref_logp=ref)
+    gkl = get_regularizer("neural_mirror", mirror=NeuralMirrorMap(c=1.0))(
+        logp=logp, anchor_logp=ref
+    )
     p, q = logp.exp(), ref.exp()
     torch.testing.assert_close(gkl, p * (logp - ref) - p + q, rtol=1e-9, atol=1e-15)
 
@@ -160,28 +162,28 @@ def test_mirror_special_cases_match_prob_l2_and_gkl() -> None:
 def test_clamp_matches_verl_and_rpg_code() -> None:
     logp = torch.tensor([[-8.0, -0.1, -0.5]], dtype=F64, requires_grad=True)
     ref = torch.tensor([[-0.1, -8.0, -0.5]], dtype=F64)
-    k3 = get_regularizer("kl_k3", clamp=10.0)(logp=logp, ref_logp=ref)
+    k3 = get_regularizer("kl_k3", clamp=10.0)(logp=logp, anchor_logp=ref)
     assert k3[0, 0].item() == 10.0  # exp(7.9) - 7.9 - 1 > 10
     assert k3[0, 1].item() == pytest.approx(math.exp(-7.9) + 7.9 - 1)
     (g,) = torch.autograd.grad(k3.sum(), logp)
     assert g[0, 0].item() == 0.0 and g[0, 2].item() == 0.0
     for name in ("rpg_rkl", "rpg_ufkl", "rpg_urkl", "rpg_fkl"):
-        v = get_regularizer(name, clamp=2.0)(logp=logp.detach(), ref_logp=ref)
+        v = get_regularizer(name, clamp=2.0)(logp=logp.detach(), anchor_logp=ref)
         assert v.abs().max().item() <= 2.0
         assert torch.equal(v, CASES[name][0](logp.detach(), ref, ref).clamp(-2.0, 2.0))
     assert (
-        get_regularizer("kl_k3")(logp=logp.detach(), ref_logp=ref)[0, 0].item() > 2000
+        get_regularizer("kl_k3")(logp=logp.detach(), anchor_logp=ref)[0, 0].item() > 2000
     )  # TRL: no clamp
 
 
 def test_rpg_regularizers_have_no_anchor_of_their_own() -> None:
-    """The anchor is the caller's ref_logp (the objective's anchor); the deprecated RPG
+    """The anchor is the caller's anchor_logp (the objective's anchor); the deprecated RPG
     ``anchor`` parameter is refused here and lifted to the term's anchor by the spec."""
     logp, _, old = _inputs(seed=4)
     for name in ("rpg_fkl", "rpg_rkl", "rpg_ufkl", "rpg_urkl"):
         reg = get_regularizer(name)
         assert reg.needs_ref is True and reg.params == {"clamp": None}
-        with pytest.raises(ValueError, match="needs ref_logp"):
+        with pytest.raises(ValueError, match="needs anchor_logp"):
             reg(logp=logp, old_logp=old)
         with pytest.raises(TypeError, match=r"'anchor'.*valid parameters: clamp"):
             get_regularizer(name, anchor="old")
@@ -193,9 +195,9 @@ def test_needs_ref_and_names() -> None:
         assert reg.name == name
         assert reg.needs_ref is (name != "none")
     logp, _, _ = _inputs()
-    assert torch.equal(get_regularizer("none")(logp=logp, ref_logp=None), torch.zeros_like(logp))
-    with pytest.raises(ValueError, match="needs ref_logp"):
-        get_regularizer("kl_k3")(logp=logp, ref_logp=None)
+    assert torch.equal(get_regularizer("none")(logp=logp, anchor_logp=None), torch.zeros_like(logp))
+    with pytest.raises(ValueError, match="needs anchor_logp"):
+        get_regularizer("kl_k3")(logp=logp, anchor_logp=None)
 
 
 def test_mask_zeroes_values_and_gradients_even_with_garbage() -> None:
@@ -208,14 +210,15 @@ def test_mask_zeroes_values_and_gradients_even_with_garbage() -> None:
     ref[:, -1] = float("nan")
     for name in REGULARIZERS.names():
         lp = logp.clone().requires_grad_()
-        out = _build(name)(logp=lp, old_logp=old, ref_logp=ref, mask=mask)
+        out = _build(name)(logp=lp, old_logp=old, anchor_logp=ref, mask=mask)
         assert torch.isfinite(out).all(), name
         assert (out[:, -2:] == 0).all(), name
         if out.requires_grad:
             (g,) = torch.autograd.grad(out.sum(), lp)
             assert torch.isfinite(g).all() and (g[:, -2:] == 0).all(), name
         torch.testing.assert_close(
-            out[:, :-2], _build(name)(logp=logp[:, :-2], old_logp=old[:, :-2], ref_logp=ref[:, :-2])
+            out[:, :-2],
+            _build(name)(logp=logp[:, :-2], old_logp=old[:, :-2], anchor_logp=ref[:, :-2]),
         )
 
 
@@ -226,7 +229,7 @@ def test_low_precision_inputs_finite_float32(dtype: torch.dtype) -> None:
     old = logp.roll(3, -1)
     for name in REGULARIZERS.names():
         lp = logp.to(dtype).requires_grad_()
-        out = _build(name)(logp=lp, old_logp=old.to(dtype), ref_logp=ref.to(dtype))
+        out = _build(name)(logp=lp, old_logp=old.to(dtype), anchor_logp=ref.to(dtype))
         assert out.dtype == torch.float32 and torch.isfinite(out).all(), name
         if out.requires_grad:
             (g,) = torch.autograd.grad(out.sum(), lp)
@@ -246,18 +249,19 @@ def test_finite_everywhere_and_divergences_nonnegative(l: float, r: float, o: fl
         lt, rt, ot = (torch.tensor([[x]], dtype=dt) for x in (l, r, o))
         for name in REGULARIZERS.names():
             reg = _build(name)
-            val = reg(logp=lt, old_logp=ot, ref_logp=rt).item()
+            val = reg(logp=lt, old_logp=ot, anchor_logp=rt).item()
             assert math.isfinite(val), name
             if name in NONNEG:
                 assert val >= 0.0, name
-                assert reg(logp=lt, old_logp=lt, ref_logp=lt).item() == 0.0, name  # = 0 when p = q
+                # = 0 when p = q
+                assert reg(logp=lt, old_logp=lt, anchor_logp=lt).item() == 0.0, name
 
 
 @settings(max_examples=40, deadline=None)
 @given(l=LOGP, r=LOGP)
 def test_prob_l2_zero_iff_equal(l: float, r: float) -> None:
     lt, rt = torch.tensor([l], dtype=F64), torch.tensor([r], dtype=F64)
-    val = get_regularizer("prob_l2")(logp=lt, ref_logp=rt).item()
+    val = get_regularizer("prob_l2")(logp=lt, anchor_logp=rt).item()
     p, q = math.exp(l), math.exp(r)
     assert val == pytest.approx((p - q) ** 2, rel=1e-12, abs=0)
     assert (val == 0.0) == (p == q)
@@ -285,24 +289,24 @@ def test_unknown_or_bad_params_are_named() -> None:
 
 def test_shape_mismatch_is_reported() -> None:
     logp, ref, _ = _inputs()
-    with pytest.raises(ValueError, match="ref_logp has shape"):
-        get_regularizer("kl_k1")(logp=logp, ref_logp=ref[:, :-1])
+    with pytest.raises(ValueError, match="anchor_logp has shape"):
+        get_regularizer("kl_k1")(logp=logp, anchor_logp=ref[:, :-1])
     with pytest.raises(ValueError, match="mask has shape"):
-        get_regularizer("kl_k1")(logp=logp, old_logp=None, ref_logp=ref, mask=torch.ones(3))
+        get_regularizer("kl_k1")(logp=logp, old_logp=None, anchor_logp=ref, mask=torch.ones(3))
 
 
 def test_neural_mirror_from_path_and_default(tmp_path) -> None:
     logp, ref, _ = _inputs(seed=6)
     path = MIRROR.save(tmp_path / "m.json")
-    from_path = get_regularizer("neural_mirror", mirror=str(path))(logp=logp, ref_logp=ref)
+    from_path = get_regularizer("neural_mirror", mirror=str(path))(logp=logp, anchor_logp=ref)
     assert torch.equal(
-        from_path, get_regularizer("neural_mirror", mirror=MIRROR)(logp=logp, ref_logp=ref)
+        from_path, get_regularizer("neural_mirror", mirror=MIRROR)(logp=logp, anchor_logp=ref)
     )
     default = get_regularizer("neural_mirror")
     rand = NeuralMirrorMap.random(scale=0.01, seed=42)
     assert torch.equal(
-        default(logp=logp, ref_logp=ref),
-        get_regularizer("neural_mirror", mirror=rand)(logp=logp, ref_logp=ref),
+        default(logp=logp, anchor_logp=ref),
+        get_regularizer("neural_mirror", mirror=rand)(logp=logp, anchor_logp=ref),
     )
     with pytest.raises(FileNotFoundError, match="nope.json"):
         get_regularizer("neural_mirror", mirror=tmp_path / "nope.json")

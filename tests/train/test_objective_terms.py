@@ -1,7 +1,8 @@
 """One objective representation: a regularizer given as one mapping and the same term given as a
 list of one build the same terms, and give bit-for-bit the same loss and gradient on the own
 engine's loss path (``gbmpo.train.policy_loss``) and on the TRL objective path
-(``gbmpo.integrations.trl.objective.loss_terms``)."""
+(``GBMPOTrainer._loss_terms``): both build their loss terms with
+``gbmpo.objectives.loss.loss_terms``."""
 
 from __future__ import annotations
 
@@ -105,8 +106,7 @@ def test_own_engine_loss_is_bit_for_bit_the_same(term: dict[str, Any]) -> None:
 @pytest.mark.parametrize("term", TERMS, ids=[t["name"] for t in TERMS])
 def test_trl_objective_path_is_bit_for_bit_the_own_engines(term: dict[str, Any]) -> None:
     pytest.importorskip("trl")
-    from gbmpo.integrations.trl import GBMPOConfig, build_objective
-    from gbmpo.integrations.trl.objective import loss_terms
+    from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer, build_objective
 
     x = _batch()
     results = []
@@ -115,13 +115,15 @@ def test_trl_objective_path_is_bit_for_bit_the_own_engines(term: dict[str, Any])
                            max_completion_length=T,
                            objective={**BASE, "regularizer": regularizer})  # fmt: skip
         obj = build_objective(args)
-        assert obj.terms == obj.built.terms and len(obj.terms) == 1  # no special case for one
+        assert isinstance(obj, BuiltObjective) and len(obj.terms) == 1  # one is a list of one
         logp = x["logp"].clone().requires_grad_()
-        terms = loss_terms(obj, x["ref"], x["old"], {}, args.beta)
+        trainer = SimpleNamespace(_gbmpo=obj, beta=args.beta)
+        terms = GBMPOTrainer._loss_terms(trainer, x["ref"], x["old"], {})
         loss, m = compute_policy_loss(
             logp=logp, old_logp=x["old"], advantages=x["adv"], mask=x["mask"],
             surrogate=obj.surrogate, terms=terms, aggregation=obj.aggregation,
-            max_len=obj.max_len, num_sequences=B, num_tokens=float(x["mask"].sum()),
+            max_len=args.max_completion_length, num_sequences=B,
+            num_tokens=float(x["mask"].sum()),
         )  # fmt: skip
         (grad,) = torch.autograd.grad(loss, logp)
         results.append((loss.detach(), grad, m))
@@ -132,18 +134,24 @@ def test_trl_objective_path_is_bit_for_bit_the_own_engines(term: dict[str, Any])
     assert torch.equal(loss_a, own_loss) and torch.equal(grad_a, own_grad) and m_a == own_m
 
 
-def test_trl_leaves_out_an_unanchored_inactive_term_and_refuses_an_active_one() -> None:
+def test_an_unanchored_inactive_term_is_left_out_and_an_active_one_refused() -> None:
     pytest.importorskip("trl")
-    from gbmpo.integrations.trl import GBMPOConfig, build_objective
-    from gbmpo.integrations.trl.objective import loss_terms
+    from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer, build_objective
+    from gbmpo.objectives.loss import loss_terms
 
     x = _batch()
     idle = GBMPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to="none",
-                       objective={**BASE, "regularizer": {"name": "kl_k3", "coef": 0.0}})
+                       objective={**BASE, "regularizer": {"name": "kl_k3", "coef": 0.0},
+                                  "monitor_regularizers": False})  # fmt: skip
     assert idle.beta == 0.0  # TRL computes no reference log-probs
-    assert loss_terms(build_objective(idle), None, x["old"], {}, idle.beta) == []
+    built = build_objective(idle)
+    assert loss_terms(built.terms, {"ref": None, "old": x["old"]}) == []
+    trainer = SimpleNamespace(_gbmpo=built, beta=idle.beta)
+    assert GBMPOTrainer._loss_terms(trainer, None, x["old"], {}) == []
     active = build_objective(GBMPOConfig(output_dir="unused", use_cpu=True, bf16=False,
                                          report_to="none", objective={**BASE, "regularizer":
                                                                       TERMS[0]}))  # fmt: skip
     with pytest.raises(RuntimeError, match=r"\['kl_k3'\] are anchored on the reference"):
-        loss_terms(active, None, x["old"], {}, 0.0)
+        GBMPOTrainer._loss_terms(SimpleNamespace(_gbmpo=active, beta=0.0), None, x["old"], {})
+    with pytest.raises(ValueError, match="'kl_k3' is anchored on 'ref', whose log-probs"):
+        loss_terms(active.terms, {"ref": None, "old": x["old"]})

@@ -25,7 +25,7 @@ from gbmpo.config.convert import (
     renamed_key,
 )
 from gbmpo.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
-from gbmpo.objectives.spec import did_you_mean
+from gbmpo.objectives.spec import SpecError, did_you_mean, refuse_former_keys
 
 __all__ = ["annotation_at", "apply_overrides", "canonical_key", "leaf_keys", "load_config"]
 
@@ -35,6 +35,11 @@ def annotation_at(path: Sequence[str]) -> Any:
     key's old name, :data:`RENAMED_KEYS`, has the new key's)."""
     if ".".join(path) in RENAMED_KEYS:
         path = RENAMED_KEYS[".".join(path)].split(".")
+    if len(path) == 2 and path[0] == "objective":  # a former objective key: refused, naming it
+        try:
+            refuse_former_keys({path[1]: None}, "objective")
+        except SpecError as err:
+            raise ConfigError(str(err)) from None
     tp: Any = TrainConfig
     for i, part in enumerate(path):
         prefix = ".".join(path[:i])

@@ -305,7 +305,8 @@ TRL: dict[str, Support] = {
                                "each optimizer step over every process, as the own engine's "
                                "mini-batch", probe="grpo"),
     "objective.monitor_regularizers": H("reg/<name> = D(pi_old || pi_ref) for every registered "
-                                        "regularizer (GBMPOConfig monitor_reference)",
+                                        "regularizer (GBMPOConfig monitor_regularizers, the "
+                                        "same name; GBMPOTrainer logs reg/<name>)",
                                         probe=False),
     "objective.rollout_correction.mode": R(
         "TRL returns the sampler's log-probs only from vLLM: a mode other than 'none' needs "

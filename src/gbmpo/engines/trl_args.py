@@ -77,10 +77,9 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
     on_cpu = cfg.model.device == "cpu"
     kw: dict[str, Any] = {
         "output_dir": str(output_dir),
-        "objective": cfg.objective.to_dict(),
-        # the reference model's log-probs for reg/<name> = D(pi_old || pi_ref), as the own
-        # engine computes them whenever it monitors regularizers
-        "monitor_reference": bool(cfg.objective.monitor_regularizers),
+        # the spec itself (GBMPOConfig builds it once; its monitor_regularizers decides whether
+        # TRL loads the reference for reg/<name>, as on the own engine)
+        "objective": cfg.objective,
         # TRL loads its reference model itself, with this flag (the policy comes loaded)
         "trust_remote_code": bool(cfg.model.trust_remote_code),
         # generation

@@ -13,15 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.engines.trl_args import lr_at
+from gbmpo.io.metrics import MONITOR_PREFIX, host_name
 
 __all__ = ["RLProgress", "RunDirCallback", "all_reduce", "engine_trainer_class", "schema_record"]
 
 
-#: TRL / GBMPOTrainer metric names -> the schema's (gbmpo.io.metrics); the rest -> trl/<name>
+#: TRL's metric names -> the schema's (gbmpo.io.metrics); GBMPOTrainer logs gbmpo's own
+#: quantities under the schema's names already (:data:`_GBMPO_PREFIXES`); the rest -> trl/<name>
 _SCHEMA_NAMES = {
     "loss": "loss",
-    "loss/surrogate": "pg_loss",
-    "loss/regularizer": "reg_loss",
+    "pg_loss": "pg_loss",
+    "reg_loss": "reg_loss",
+    "reg_value": "reg_value",
     "clip_ratio/low_mean": "clip_frac_low",
     "clip_ratio/high_mean": "clip_frac_high",
     "clip_ratio/dual_mean": "clip_frac_dual",
@@ -42,32 +45,24 @@ _SCHEMA_NAMES = {
     "reward_penalty": "reward_penalty",
 }
 
+#: GBMPOTrainer's per-name metrics, logged under the schema's names: the monitored divergences
+#: (``reg/<name>``) and, for a sum of terms, each term's value and part of the loss
+_GBMPO_PREFIXES: tuple[str, ...] = (MONITOR_PREFIX, "reg_value/", "reg_loss/", "reward_penalty/")
 
-def schema_record(logs: dict[str, Any], regularizer: str) -> dict[str, Any]:
-    """One TRL log row under the schema's names (:mod:`gbmpo.io.metrics`): shared quantities
-    renamed (``regularizer/<active>`` -> ``reg_value``, ``reference/<name>`` ->
-    ``reg/<name>``; for a sum ``regularizer`` is ``a+b``, its terms' ``regularizer/<term>`` ->
-    ``reg_value/<term>`` and ``loss/regularizer/<term>`` -> ``reg_loss/<term>``), TRL's other
-    metrics kept as ``trl/<name>``."""
-    from gbmpo.io.metrics import host_name
 
+def schema_record(logs: dict[str, Any]) -> dict[str, Any]:
+    """One TRL log row under the schema's names (:mod:`gbmpo.io.metrics`): TRL's shared
+    quantities renamed (:data:`_SCHEMA_NAMES`), GBMPOTrainer's (``pg_loss``, ``reg_loss``,
+    ``reg_value``, ``reg/<name>``, ...) kept as they are, TRL's other metrics kept as
+    ``trl/<name>``."""
     record: dict[str, Any] = {}
     for key, value in logs.items():
         if key == "completions/max_length":  # a token count, an int as on the own engine
             record["response_length_max"] = int(round(value))
         elif key in _SCHEMA_NAMES:
             record[_SCHEMA_NAMES[key]] = value
-        elif key.startswith("reward_penalty/"):  # a term of a sum placed in the reward
+        elif key.startswith(_GBMPO_PREFIXES):
             record[key] = value
-        elif key == f"regularizer/{regularizer}":
-            record["reg_value"] = value
-        elif "+" in regularizer and key.split("/", 1)[-1] in regularizer.split("+") \
-                and key.startswith("regularizer/"):  # fmt: skip
-            record["reg_value/" + key.split("/", 1)[1]] = value  # a term of a sum
-        elif key.startswith("loss/regularizer/"):  # a sum of regularizers: each term's part
-            record["reg_loss/" + key.split("/", 2)[2]] = value
-        elif key.startswith("reference/"):
-            record["reg/" + key.split("/", 1)[1]] = value
         else:
             record[host_name("trl", key)] = value
     return record
@@ -182,7 +177,7 @@ class RunDirCallback:
     def write_row(self, step: int, logs: dict[str, Any]) -> None:
         p = self.p
         record: dict[str, Any] = {"step": step}
-        record.update(schema_record(logs, self.cfg.objective.regularizer_label))
+        record.update(schema_record(logs))
         record.pop("trl/learning_rate", None)  # the scheduler's base rate; "lr" is the used one
         record["lr"] = p.lr(step - 1)
         if p.grad_norms:  # the schema's mean over the step's optimizer steps (TRL: the last)

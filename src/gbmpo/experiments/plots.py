@@ -23,6 +23,7 @@ from typing import Any
 
 from gbmpo.experiments.runs import RunRecord
 from gbmpo.experiments.stats import moving_average, step_band
+from gbmpo.io.metrics import MONITOR_PREFIX
 
 __all__ = ["Panel", "curve", "panels_for", "plot_curves", "plot_frontier"]
 
@@ -52,7 +53,8 @@ def curve(run: RunRecord, key: str, *, window: int = 1) -> dict[int, float]:
         for r in run.metrics
         if "step" in r and (v := _number(r.get(key))) is not None
     ]
-    if not points and key.startswith("reg/") and run.regularizer == key[4:]:
+    if (not points and key.startswith(MONITOR_PREFIX)
+            and run.regularizer == key[len(MONITOR_PREFIX):]):  # fmt: skip
         points = [
             (int(r["step"]), v)
             for r in run.metrics
@@ -82,7 +84,7 @@ def panels_for(groups: Mapping[str, Sequence[RunRecord]], metric: str) -> list[P
             if run.regularizer not in ("none", *seen):
                 seen.append(run.regularizer)
     for name in seen:
-        panels.append(Panel(f"reg/{name}", f"{name} vs reference (per token)", True))
+        panels.append(Panel(MONITOR_PREFIX + name, f"{name} vs reference (per token)", True))
     return panels
 
 

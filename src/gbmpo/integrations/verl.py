@@ -321,7 +321,7 @@ class SumPenalty:
         out = torch.zeros_like(logp)
         for reg, coef, anchor in self.terms:
             values = reg(logp=logp, old_logp=old_logp,
-                         ref_logp=old_logp if anchor == "old" else ref_logp)  # fmt: skip
+                         anchor_logp=old_logp if anchor == "old" else ref_logp)  # fmt: skip
             out = out + coef * values.to(out.dtype)
         return out
 
@@ -507,7 +507,7 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
                 f"kl_loss_type={kl_penalty} with a term anchored at 'old' needs the rollout "
                 "log-probs, which only a gbmpo policy loss hands over"
             )
-        values = penalty(logp=logprob, ref_logp=ref_logprob, old_logp=old)
+        values = penalty(logp=logprob, anchor_logp=ref_logprob, old_logp=old)
         _dump("kl", log_prob=logprob, ref_log_prob=ref_logprob, values=values)
         return values
     reg = build_regularizer(kl_penalty)
@@ -528,7 +528,7 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
             stacklevel=2,
         )
     ref = old if anchor == "old" else ref_logprob
-    values = reg(logp=logprob, old_logp=old, ref_logp=ref)
+    values = reg(logp=logprob, old_logp=old, anchor_logp=ref)
     _dump("kl", log_prob=logprob, ref_log_prob=ref_logprob, values=values)
     return values
 

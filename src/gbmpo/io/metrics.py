@@ -13,7 +13,8 @@ completions and the ``mu`` passes over it):
   against the frozen reference, :math:`D(\\pi_{old}\\,\\|\\,\\pi_{ref})`, over the batch's
   completion tokens, for the optimised regularizer and (with
   ``objective.monitor_regularizers``) every registered one; always the sampled-token formula,
-  also for a term with ``estimator: full``;
+  also for a term with ``estimator: full``. The one name of a monitored divergence on every
+  engine (:data:`MONITOR_PREFIX`; GBMPOTrainer's own log uses it too, once per regularizer);
 * ``reg_value``: the masked mean of the *optimised* regularizer during the update,
   :math:`D(\\pi_\\theta\\,\\|\\,\\text{anchor})` (for a term with ``estimator: full`` the
   exact full-vocabulary divergence, else the sampled-token formula); ``reg_loss``: its
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 __all__ = [
     "HOST_PREFIXES",
+    "MONITOR_PREFIX",
     "OBJECTIVE_METRICS",
     "STEP_METRICS",
     "SUMMARY_KEYS",
@@ -101,6 +103,10 @@ SUMMARY_KEYS: tuple[str, ...] = (
     "device", "dtype", "run_dir", "final_model",
 )  # fmt: skip
 
+#: the one prefix of the monitored divergences, ``reg/<name>`` = D(pi_old || pi_ref), on every
+#: engine (the own trainer's metrics, GBMPOTrainer's log, the run directory's metrics.jsonl)
+MONITOR_PREFIX = "reg/"
+
 #: where host-only metrics go
 HOST_PREFIXES: dict[str, str] = {"trl": "trl/", "verl": "verl/"}
 
@@ -108,8 +114,8 @@ HOST_PREFIXES: dict[str, str] = {"trl": "trl/", "verl": "verl/"}
 def is_shared(name: str) -> bool:
     """Whether ``name`` is a schema name (``reg/<name>`` and ``eval/<metric>`` included)."""
     return name in STEP_METRICS or name in OBJECTIVE_METRICS or name.startswith(
-        ("reg/", "eval/", "reg_loss/", "reg_value/", "reward_penalty/", "advantage_penalty/",
-         "time/")
+        (MONITOR_PREFIX, "eval/", "reg_loss/", "reg_value/", "reward_penalty/",
+         "advantage_penalty/", "time/")
     )
 
 

@@ -43,9 +43,9 @@ from gbmpo.objectives.potentials import Potential
 
 __all__ = [
     "ESTIMATORS",
-    "ExactValues",
+    "FullValues",
     "check_estimator",
-    "exact_divergence",
+    "full_divergence",
     "full_chunk_rows",
     "full_forms",
     "full_potential",
@@ -130,7 +130,7 @@ def full_chunk_rows(vocab: int) -> int:
     return max(1, _CHUNK_ELEMENTS // max(vocab, 1))
 
 
-def exact_divergence(
+def full_divergence(
     policy_logits: Tensor, ref_logits: Tensor, potential: Potential | RowDivergence,
     mask: Tensor,
 ) -> Tensor:
@@ -178,7 +178,7 @@ def full_vocab_divergence(
         torch.ones(logits.shape[:-1], dtype=torch.bool, device=logits.device)
         if mask is None else mask
     )
-    return exact_divergence(logits, ref_logits, form, keep)
+    return full_divergence(logits, ref_logits, form, keep)
 
 
 def __getattr__(attr: str) -> Any:
@@ -189,9 +189,9 @@ def __getattr__(attr: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-class ExactValues:
-    """Per-token divergence values computed beforehand (by :func:`exact_divergence`), in the
-    regularizer call form ``(*, logp, old_logp, ref_logp, mask) -> [B, T]``, so that
+class FullValues:
+    """Per-token divergence values computed beforehand (by :func:`full_divergence`), in the
+    regularizer call form ``(*, logp, old_logp, anchor_logp, mask) -> [B, T]``, so that
     :func:`gbmpo.objectives.compute_policy_loss` adds, aggregates and logs them like a
     sampled-token term (``needs_ref`` False: the reference entered through its logits)."""
 
@@ -202,14 +202,14 @@ class ExactValues:
         self.values = values
 
     def __repr__(self) -> str:
-        return f"ExactValues({self.name!r})"
+        return f"FullValues({self.name!r})"
 
     def __call__(
         self,
         *,
         logp: Tensor,
         old_logp: Tensor | None = None,
-        ref_logp: Tensor | None = None,
+        anchor_logp: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
         if tuple(self.values.shape) != tuple(logp.shape):

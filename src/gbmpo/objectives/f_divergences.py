@@ -281,8 +281,8 @@ F_DIVERGENCES: tuple[str, ...] = ("fkl", "js", "chi2", "hellinger", "tv", "alpha
 
 
 def _regularizer(div: FDivergence, params: dict[str, float]) -> Regularizer:
-    def formula(logp: Tensor, ref_logp: Tensor, old_logp: Tensor | None) -> Tensor:
-        lp, rp = _compute(logp, ref_logp)
+    def formula(logp: Tensor, anchor_logp: Tensor, old_logp: Tensor | None) -> Tensor:
+        lp, rp = _compute(logp, anchor_logp)
         anchor = lp.detach() if old_logp is None else old_logp.to(lp.dtype)
         return _exp_of_log(lp - anchor) * sampled_value(div, lp - rp)
 

@@ -16,19 +16,29 @@ from :mod:`gbmpo.objectives.regularizers`, aggregation modes from :mod:`gbmpo.ob
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from gbmpo.objectives.aggregate import aggregate
+from gbmpo.objectives.estimators import FullValues
 from gbmpo.objectives.regularizers import Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import Surrogate, get_surrogate
 from gbmpo.objectives.tensors import compute_dtype, float_mask, masked_mean
 
-__all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
+if TYPE_CHECKING:
+    from gbmpo.objectives.spec import BuiltTerm
+
+__all__ = [
+    "LossTerm",
+    "compute_policy_loss",
+    "loss_terms",
+    "reward_penalty",
+    "sequence_divergence",
+]
 
 #: what a loss term evaluates: a :class:`~gbmpo.objectives.regularizers.Regularizer`, or any
 #: callable with its call signature (per-token values ``[B, T]``; attribute ``needs_ref``)
@@ -37,15 +47,52 @@ RegularizerLike = Regularizer | Callable[..., Tensor]
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One regularizer term of a sum: ``coef * regularizer(logp=, old_logp=,
-    ref_logp=anchor_logp, mask=)`` per token, with its own anchor log-probs (``None`` where the
-    regularizer needs none)."""
+    """One regularizer term of a sum: ``coef * regularizer(logp=, old_logp=, anchor_logp=,
+    mask=)`` per token, with its own anchor log-probs (``None`` where the regularizer needs
+    none). Engines build them from the built objective with :func:`loss_terms`."""
 
     name: str
     #: a regularizer object, any callable with its call signature, or a registered name
     regularizer: RegularizerLike | str
     coef: float
     anchor_logp: Tensor | None = None
+
+
+def loss_terms(
+    terms: Sequence[BuiltTerm],
+    anchors: Mapping[str, Tensor | None],
+    full_values: Mapping[str, Tensor] | None = None,
+) -> list[LossTerm]:
+    """The :class:`LossTerm` of each built term placed in the loss (``placement: loss``), as
+    built, with its anchor's log-probs: the one step from a built objective's terms
+    (:class:`~gbmpo.objectives.spec.BuiltTerm`, whose ``coef`` the spec parsed) to the
+    :func:`compute_policy_loss` that multiplies them, shared by every engine.
+
+    ``anchors``: the log-probs of each anchor (``ref``: the frozen reference, ``None`` where not
+    computed; ``old``: the rollout policy); ``full_values``: the per-token values of the terms
+    with ``estimator: full`` by name (:class:`~gbmpo.objectives.estimators.FullValues`, used
+    instead of the sampled-token formula). A switched-off term (coefficient 0) whose anchor
+    log-probs were not computed is left out; an active one is a ``ValueError`` naming it."""
+    full_values = full_values or {}
+    out: list[LossTerm] = []
+    for t in terms:
+        if t.placement != "loss":
+            continue
+        if t.name in full_values:
+            out.append(LossTerm(t.name, FullValues(t.name, full_values[t.name]), t.coef))
+            continue
+        if t.anchor not in anchors:
+            raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: no such anchor given")
+        anchor_logp = anchors[t.anchor]
+        if anchor_logp is None and t.needs_ref:
+            if t.active:
+                raise ValueError(
+                    f"term {t.name!r} is anchored on {t.anchor!r}, whose log-probs were not "
+                    "computed"
+                )
+            continue
+        out.append(LossTerm(t.name, t.regularizer, t.coef, anchor_logp))
+    return out
 
 
 def sequence_divergence(
@@ -64,7 +111,7 @@ def sequence_divergence(
     with torch.no_grad():
         old = rollout_logp.detach()
         ref = None if ref_logp is None else ref_logp.detach()
-        values = regularizer(logp=old, old_logp=old, ref_logp=ref, mask=mask)
+        values = regularizer(logp=old, old_logp=old, anchor_logp=ref, mask=mask)
         m = mask.to(torch.bool)
         zero = torch.zeros((), dtype=values.dtype, device=values.device)
         return torch.where(m, values, zero).sum(dim=-1)
@@ -163,9 +210,9 @@ def compute_policy_loss(
         surrogate: a callable from :func:`gbmpo.objectives.get_surrogate`, or a registered name
             (built with its default parameters).
         terms: the regularizer terms (:class:`LossTerm`: a name, a callable
-            ``(*, logp, old_logp, ref_logp, mask) -> [B, T]`` such as
+            ``(*, logp, old_logp, anchor_logp, mask) -> [B, T]`` such as
             :func:`gbmpo.objectives.get_regularizer`'s or a registered name, the coefficient
-            :math:`\lambda_k` and the anchor log-probs passed as ``ref_logp``, which may be
+            :math:`\lambda_k` and the anchor log-probs passed as ``anchor_logp``, which may be
             ``None`` when the regularizer's ``needs_ref`` is False). One regularizer is a list
             of one; none is ``()``. A term is added only when its coefficient is nonzero, but
             its masked mean is always reported.
@@ -191,7 +238,7 @@ def compute_policy_loss(
         ``reg_value/<name>``, and ``loss``.
 
     Raises:
-        ValueError: a term's coefficient not a finite number, a missing anchor (``ref_logp``)
+        ValueError: a term's coefficient not a finite number, a missing anchor (``anchor_logp``)
             for a regularizer that needs one, shape mismatches (``token_weights`` included), or
             invalid aggregation normalisers (see :func:`~gbmpo.objectives.aggregate`).
     """
@@ -225,10 +272,10 @@ def compute_policy_loss(
         needs_ref = bool(getattr(r, "needs_ref", True))
         if needs_ref and term.anchor_logp is None:
             raise ValueError(
-                f"term {term.name!r}: regularizer {r!r} needs anchor log-probs (ref_logp) but "
+                f"term {term.name!r}: regularizer {r!r} needs anchor log-probs but "
                 "anchor_logp is None"
             )
-        values = r(logp=logp, old_logp=old_logp, ref_logp=term.anchor_logp, mask=mask)
+        values = r(logp=logp, old_logp=old_logp, anchor_logp=term.anchor_logp, mask=mask)
         if tuple(values.shape) != tuple(pg.shape):
             raise ValueError(
                 f"regularizer returned shape {tuple(values.shape)}, expected {tuple(pg.shape)}"

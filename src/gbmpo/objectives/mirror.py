@@ -405,11 +405,11 @@ class NeuralMirrorMap:
             return out
         return self._bregman_value(p, q)
 
-    def bregman_log(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
-        """D_h(exp(logp), exp(ref_logp)): the regularizer's entry point (log-probabilities in).
+    def bregman_log(self, logp: Tensor, anchor_logp: Tensor) -> Tensor:
+        """D_h(exp(logp), exp(anchor_logp)): the regularizer's entry point (log-probabilities in).
         The exact map exponentiates and calls :meth:`bregman`; the tabulated map reads its
         table at the log-probabilities directly."""
-        return self.bregman(torch.exp(logp), torch.exp(ref_logp))
+        return self.bregman(torch.exp(logp), torch.exp(anchor_logp))
 
     def _bregman_value(self, p: Tensor, q: Tensor) -> Tensor:
         """D_h on floored, broadcast, same-dtype p and q (no autograd bookkeeping needed)."""

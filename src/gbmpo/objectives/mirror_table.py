@@ -367,32 +367,32 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         tq, delta = _log_pair(p64, q64)
         return self._apply(tq, delta, dtype)
 
-    def bregman_log(self, logp: Tensor, ref_logp: Tensor) -> Tensor:
-        """D_h(e^logp, e^ref_logp) from the log-probabilities directly (no exp and log):
-        delta = logp - ref_logp is exact in float64, so D keeps its relative precision for p
+    def bregman_log(self, logp: Tensor, anchor_logp: Tensor) -> Tensor:
+        """D_h(e^logp, e^anchor_logp) from the log-probabilities directly (no exp and log):
+        delta = logp - anchor_logp is exact in float64, so D keeps its relative precision for p
         next to q. Log-probabilities below log 1e-10 are floored (gradient 0 there)."""
-        dtype = compute_dtype(logp, ref_logp)
-        logp, ref_logp = torch.broadcast_tensors(logp, ref_logp)
-        if self._beyond(logp.detach(), ref_logp.detach()):
-            over = (logp > _TABLE_T1) | (ref_logp > _TABLE_T1)
-            inside = self.bregman_log(logp.clamp_max(_TABLE_T1), ref_logp.clamp_max(_TABLE_T1))
-            exact = self._exact.bregman(torch.exp(logp[over]), torch.exp(ref_logp[over]))
+        dtype = compute_dtype(logp, anchor_logp)
+        logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
+        if self._beyond(logp.detach(), anchor_logp.detach()):
+            over = (logp > _TABLE_T1) | (anchor_logp > _TABLE_T1)
+            inside = self.bregman_log(logp.clamp_max(_TABLE_T1), anchor_logp.clamp_max(_TABLE_T1))
+            exact = self._exact.bregman(torch.exp(logp[over]), torch.exp(anchor_logp[over]))
             return inside.masked_scatter(over, exact.to(inside.dtype))
-        if torch.is_grad_enabled() and (logp.requires_grad or ref_logp.requires_grad):
-            out: Tensor = _TableBregmanLog.apply(self, logp, ref_logp, dtype)
+        if torch.is_grad_enabled() and (logp.requires_grad or anchor_logp.requires_grad):
+            out: Tensor = _TableBregmanLog.apply(self, logp, anchor_logp, dtype)
             return out
-        return self._log_forward(logp, ref_logp, dtype, False, False)[0]
+        return self._log_forward(logp, anchor_logp, dtype, False, False)[0]
 
     def _log_forward(
-        self, logp: Tensor, ref_logp: Tensor, dtype: torch.dtype, want_p: bool, want_q: bool
+        self, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype, want_p: bool, want_q: bool
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """D and its derivatives in log p and log q (zero below the floor), in ``dtype``."""
         tp = logp.detach().to(torch.float64, copy=True).clamp_min_(_TABLE_T0)
-        tq = ref_logp.detach().to(torch.float64, copy=True).clamp_min_(_TABLE_T0)
+        tq = anchor_logp.detach().to(torch.float64, copy=True).clamp_min_(_TABLE_T0)
         value, gp, gq = self._bregman_t(tq, tp.sub_(tq), want_grad=want_p, want_grad_q=want_q)
         if gq is not None:
-            if float(ref_logp.detach().min()) < _TABLE_T0:
-                gq.mul_(ref_logp.detach() >= _TABLE_T0)
+            if float(anchor_logp.detach().min()) < _TABLE_T0:
+                gq.mul_(anchor_logp.detach() >= _TABLE_T0)
             gq = gq.to(dtype)
         if gp is not None:
             if float(logp.detach().min()) < _TABLE_T0:
@@ -445,10 +445,10 @@ class _TableBregmanLog(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, table: TabulatedMirrorMap, logp: Tensor, ref_logp: Tensor, dtype: torch.dtype
+        ctx: Any, table: TabulatedMirrorMap, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype
     ) -> Tensor:
         value, gp, gq = table._log_forward(
-            logp, ref_logp, dtype, ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+            logp, anchor_logp, dtype, ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         )
         ctx.save_for_backward(
             gp if gp is not None else torch.empty(0), gq if gq is not None else torch.empty(0)

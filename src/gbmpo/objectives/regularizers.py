@@ -3,11 +3,11 @@
 Every regularizer is built by name with :func:`get_regularizer` and is a callable taking keyword
 arguments only
 
-    reg(logp=, old_logp=None, ref_logp=None, mask=None) -> Tensor[B, T]
+    reg(logp=, old_logp=None, anchor_logp=None, mask=None) -> Tensor[B, T]
 
 returning per-token values (the caller multiplies by its coefficient and aggregates). Inputs are
 log-probabilities of the *sampled* token under the policy (``logp``, with grad), the anchor
-(``ref_logp``: the frozen reference, or, RPG-style, the rollout policy; the caller's choice) and
+(``anchor_logp``: the frozen reference, or, RPG-style, the rollout policy; the caller's choice) and
 optionally the rollout policy (``old_logp``). Math is float32 whatever the input dtype (float64
 stays float64). ``mask`` ({0,1} or bool, same shape) zeroes padded positions; their inputs are
 replaced by 0 before computing so that garbage there cannot produce NaN values or gradients.
@@ -22,7 +22,7 @@ float32: inf values without ``clamp``, NaN gradients (inf * 0) with it). ``clamp
 value with zero gradient where it binds, as verl and the RPG code do. Masked positions may hold
 anything (NaN, +-inf): they give 0 and exactly 0 gradient.
 
-Notation: l = logp, r = ref_logp, o = old_logp, p = exp(l), q = exp(r), rho = q / p,
+Notation: l = logp, r = anchor_logp, o = old_logp, p = exp(l), q = exp(r), rho = q / p,
 w = exp(l - r) (RPG, anchor r). "d/dl" is the derivative of the per-token value with respect to
 the policy log-prob (the gradient weight on grad log pi_theta).
 
@@ -129,22 +129,22 @@ def _tangent_beyond(
     return torch.where(t > bound, f_e + df_e * (t - bound), inside)
 
 
-def kl_k1(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def kl_k1(logp: Tensor, anchor_logp: Tensor) -> Tensor:
     """k1 = log p - log q (Schulman 2020, "Approximating KL divergence"; verl ``kl``).
 
     Unbiased estimator of KL(pi_theta || pi_ref) on samples of pi_theta, can be negative;
     d/dlogp = 1 (so as a loss term its expected gradient on-policy is 0; docs/methods.md, section
     "KL estimators").
     """
-    return logp - ref_logp
+    return logp - anchor_logp
 
 
-def kl_k2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def kl_k2(logp: Tensor, anchor_logp: Tensor) -> Tensor:
     """k2 = (log p - log q)^2 / 2 (Schulman 2020; verl ``mse``). d/dlogp = log p - log q."""
-    return 0.5 * (logp - ref_logp).square()
+    return 0.5 * (logp - anchor_logp).square()
 
 
-def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
+def kl_k3(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
     """k3 = rho - 1 - log rho with rho = q / p = exp(log q - log p) (Schulman 2020).
 
     TRL's GRPO ``per_token_kl`` and verl's ``low_var_kl`` (docs/methods.md, section "KL estimators";
@@ -161,8 +161,8 @@ def kl_k3(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
     in float32) the result is bit for bit the plain formula, so TRL parity is unchanged. Computed
     in float32 (float64 stays float64).
     """
-    logp, ref_logp = _compute(logp, ref_logp)
-    log_rho = ref_logp - logp
+    logp, anchor_logp = _compute(logp, anchor_logp)
+    log_rho = anchor_logp - logp
     return _clamp(_k3_of_log(log_rho), clamp)
 
 
@@ -179,7 +179,7 @@ def _exp_of_log(t: Tensor) -> Tensor:
 
 
 def kl_k3_is(
-    logp: Tensor, ref_logp: Tensor, old_logp: Tensor | None = None, clamp: float | None = None
+    logp: Tensor, anchor_logp: Tensor, old_logp: Tensor | None = None, clamp: float | None = None
 ) -> Tensor:
     """Importance-corrected k3: w_o * k3(l, r) with w_o = exp(logp - old_logp) (not detached).
 
@@ -193,12 +193,12 @@ def kl_k3_is(
     <= :func:`exp_bound` and continue on their tangent lines beyond, so value and gradient are
     finite for any finite log-probs (see :func:`kl_k3`).
     """
-    logp, ref_logp = _compute(logp, ref_logp)
+    logp, anchor_logp = _compute(logp, anchor_logp)
     anchor = logp.detach() if old_logp is None else old_logp.to(logp.dtype)
-    return _exp_of_log(logp - anchor) * kl_k3(logp, ref_logp, clamp)
+    return _exp_of_log(logp - anchor) * kl_k3(logp, anchor_logp, clamp)
 
 
-def kl_k1_st(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def kl_k1_st(logp: Tensor, anchor_logp: Tensor) -> Tensor:
     """Straight-through k1: the value of k1 = l - r with the gradient of k2 = (l - r)^2 / 2.
 
     ``k2 - SG(k2) + SG(k1)``, verl 0.9.1's ``kl_loss_type: k1+`` ("Rethinking KL
@@ -207,49 +207,49 @@ def kl_k1_st(logp: Tensor, ref_logp: Tensor) -> Tensor:
     d/dlogp = l - r, whose expectation on-policy is the exact reverse-KL gradient (k1's own
     gradient, 1, has expectation 0).
     """
-    logp, ref_logp = _compute(logp, ref_logp)
-    k2 = kl_k2(logp, ref_logp)
-    return k2 - k2.detach() + kl_k1(logp, ref_logp).detach()
+    logp, anchor_logp = _compute(logp, anchor_logp)
+    k2 = kl_k2(logp, anchor_logp)
+    return k2 - k2.detach() + kl_k1(logp, anchor_logp).detach()
 
 
-def kl_k3_st(logp: Tensor, ref_logp: Tensor, clamp: float | None = None) -> Tensor:
+def kl_k3_st(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
     """Straight-through k3: the value of k3 (:func:`kl_k3`, clipped to [-c, c] with ``clamp``)
     with the gradient of k2, d/dlogp = l - r (verl 0.9.1's ``k3+``, arXiv 2510.01555).
 
     verl's ``k3+`` takes its forward value from ``low_var_kl`` (always clipped to [-10, 10]);
     ``clamp=10`` is that. The clip acts on the value only: the k2 gradient is never cut.
     """
-    logp, ref_logp = _compute(logp, ref_logp)
-    k2 = kl_k2(logp, ref_logp)
-    return k2 - k2.detach() + kl_k3(logp, ref_logp, clamp).detach()
+    logp, anchor_logp = _compute(logp, anchor_logp)
+    k2 = kl_k2(logp, anchor_logp)
+    return k2 - k2.detach() + kl_k3(logp, anchor_logp, clamp).detach()
 
 
-def prob_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
-    """ProbL2: (p - q)^2 with p = exp(logp), q = exp(ref_logp) (GBMPO, arXiv 2602.04380).
+def prob_l2(logp: Tensor, anchor_logp: Tensor) -> Tensor:
+    """ProbL2: (p - q)^2 with p = exp(logp), q = exp(anchor_logp) (GBMPO, arXiv 2602.04380).
 
     The Bregman divergence of h(y) = y^2 on the sampled token (docs/methods.md, section "GBMPO
     regularizers"); d/dlogp = 2 (p - q) p. The authors' code floors p and q at 1e-10; that is only
     needed for logarithms, so no floor is applied here (the value changes by < 1e-20 and a floor
     would cut the gradient of tokens with p < 1e-10).
     """
-    return (torch.exp(logp) - torch.exp(ref_logp)).square()
+    return (torch.exp(logp) - torch.exp(anchor_logp)).square()
 
 
-def log_l2(logp: Tensor, ref_logp: Tensor) -> Tensor:
+def log_l2(logp: Tensor, anchor_logp: Tensor) -> Tensor:
     """(log p - log q)^2: GBMPO code's ``L2GRPOTrainer`` (superseded by ProbL2; = 2 k2).
 
     d/dlogp = 2 (log p - log q). (docs/methods.md, section "GBMPO regularizers".)
     """
-    return (logp - ref_logp).square()
+    return (logp - anchor_logp).square()
 
 
-def mirror_bregman(logp: Tensor, ref_logp: Tensor, mirror: NeuralMirrorMap) -> Tensor:
-    """D_h(p, q) for a neural mirror map h, p = exp(logp), q = exp(ref_logp) floored at 1e-10.
+def mirror_bregman(logp: Tensor, anchor_logp: Tensor, mirror: NeuralMirrorMap) -> Tensor:
+    """D_h(p, q) for a neural mirror map h, p = exp(logp), q = exp(anchor_logp) floored at 1e-10.
 
     GBMPO NM-GRPO (arXiv 2602.04380; docs/methods.md, section "Neural mirror map").
     d/dlogp = (h'(p) - h'(q)) p.
     """
-    return mirror.bregman_log(logp, ref_logp)
+    return mirror.bregman_log(logp, anchor_logp)
 
 
 def rpg_fkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
@@ -317,23 +317,23 @@ def _clamp_with_grad(value: Tensor, g: Tensor, clamp: float | None) -> tuple[Ten
     return value.clamp(-clamp, clamp), torch.where(value.abs() <= clamp, g, 0.0)
 
 
-def _k1_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+def _k1_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`kl_k1` and its derivative 1."""
-    return kl_k1(logp, ref_logp), torch.ones_like(logp)
+    return kl_k1(logp, anchor_logp), torch.ones_like(logp)
 
 
-def _k2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+def _k2_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`kl_k2` and its derivative l - r."""
-    d = logp - ref_logp
+    d = logp - anchor_logp
     return 0.5 * d.square(), d
 
 
-def _k3_vg(logp: Tensor, ref_logp: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
+def _k3_vg(logp: Tensor, anchor_logp: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
     """:func:`kl_k3` and its derivative 1 - rho (-(e^E - 1) on the tangent beyond
     E = :func:`exp_bound`), in one pass; the derivative is formed as autograd forms it from the
     value, -((expm1(log rho) + 1) - 1), so that it is bit for bit the same."""
-    logp, ref_logp = _compute(logp, ref_logp)
-    t = ref_logp - logp
+    logp, anchor_logp = _compute(logp, anchor_logp)
+    t = anchor_logp - logp
     e = exp_bound(t.dtype)
     if float(t.max()) <= e:  # the usual case: no token on the tangent (one reduction, no where)
         em = torch.expm1(t)
@@ -345,26 +345,26 @@ def _k3_vg(logp: Tensor, ref_logp: Tensor, clamp: float | None) -> tuple[Tensor,
     return _clamp_with_grad(value, -((em + 1.0) - 1.0), clamp)
 
 
-def _prob_l2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+def _prob_l2_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`prob_l2` and its derivative 2 (p - q) p."""
     p = torch.exp(logp)
-    d = p - torch.exp(ref_logp)
+    d = p - torch.exp(anchor_logp)
     return d.square(), (2.0 * d) * p
 
 
-def _log_l2_vg(logp: Tensor, ref_logp: Tensor) -> tuple[Tensor, Tensor]:
+def _log_l2_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
     """:func:`log_l2` and its derivative 2 (l - r)."""
-    d = logp - ref_logp
+    d = logp - anchor_logp
     return d.square(), 2.0 * d
 
 
 class Regularizer:
-    """A named per-token regularizer: ``reg(logp=, old_logp=None, ref_logp=None, mask=None)
+    """A named per-token regularizer: ``reg(logp=, old_logp=None, anchor_logp=None, mask=None)
     -> [B, T]`` (keyword arguments only).
 
-    ``ref_logp`` holds the log-probs of the anchor, which the caller picks (the objective's
+    ``anchor_logp`` holds the log-probs of the anchor, which the caller picks (the objective's
     ``anchor``: the frozen reference, or the rollout policy as in RPG); the regularizer has no
-    anchor of its own. Attributes: ``name``; ``needs_ref`` (the caller must pass ``ref_logp``;
+    anchor of its own. Attributes: ``name``; ``needs_ref`` (the caller must pass ``anchor_logp``;
     False for ``none``, so the trainer can skip the reference forward); ``params`` (the
     construction parameters).
 
@@ -412,16 +412,16 @@ class Regularizer:
         *,
         logp: Tensor,
         old_logp: Tensor | None = None,
-        ref_logp: Tensor | None = None,
+        anchor_logp: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
         dtype = compute_dtype(logp)
         if not self.needs_ref:  # ``none``: no anchor to compare with
             return torch.zeros(logp.shape, dtype=dtype, device=logp.device)
-        if ref_logp is None:
-            raise ValueError(f"regularizer {self.name!r} needs ref_logp (got None)")
-        anchor = ref_logp
-        tensors = {"ref_logp": anchor}
+        if anchor_logp is None:
+            raise ValueError(f"regularizer {self.name!r} needs anchor_logp (got None)")
+        anchor = anchor_logp
+        tensors = {"anchor_logp": anchor}
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if mask is not None:
@@ -585,7 +585,7 @@ def _rpg_factory(name: str, fn: Callable[..., Tensor]) -> Callable[..., Regulari
                            clampable=True)
 
     make.__doc__ = (
-        f"{name}: {fn.__doc__}\nThe anchor is ``ref_logp``: the objective's ``anchor: old`` "
+        f"{name}: {fn.__doc__}\nThe anchor is ``anchor_logp``: the objective's ``anchor: old`` "
         "passes the rollout log-probs there (RPG's iterative reference), ``anchor: ref`` the "
         "frozen reference's. ``clamp`` clips the value."
     )
@@ -607,7 +607,7 @@ def get_regularizer(name: str, **params: Any) -> Regularizer:
     Parameters: ``kl_k3``/``kl_k3_is``: ``clamp``; ``neural_mirror``: ``mirror`` (a
     NeuralMirrorMap, a path to a saved map, or None for ``NeuralMirrorMap.random(0.01, 42)``)
     and ``evaluation`` (``exact`` or ``table``: :meth:`NeuralMirrorMap.tabulated`);
-    ``rpg_*``: ``clamp`` (the anchor is the caller's ``ref_logp``). An unknown name raises
+    ``rpg_*``: ``clamp`` (the anchor is the caller's ``anchor_logp``). An unknown name raises
     UnknownNameError listing the valid names; an unknown parameter raises TypeError naming it. A
     plugin factory must return a :class:`Regularizer` (TypeError otherwise, naming the plugin).
     """

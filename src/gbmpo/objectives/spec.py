@@ -52,6 +52,7 @@ from typing import Any
 __all__ = [
     "ANCHORS",
     "PLACEMENTS",
+    "FORMER_KEYS",
     "BuiltObjective",
     "BuiltTerm",
     "ObjectiveSpec",
@@ -61,7 +62,15 @@ __all__ = [
     "SurrogateSpec",
     "parse_coefficient",
     "parse_number",
+    "refuse_former_keys",
 ]
+
+#: Former names of objective settings -> the one name that replaces each: refused (a
+#: :class:`SpecError` naming the replacement), not read as aliases.
+FORMER_KEYS: dict[str, str] = {
+    "monitor_reference": "monitor_regularizers",
+    "log_all_regularizers": "monitor_regularizers",
+}
 
 #: ``regularizer.anchor`` values.
 ANCHORS: tuple[str, ...] = ("ref", "old")
@@ -168,8 +177,10 @@ class ObjectiveSpec:
     regularizer: RegularizerSpec | list[RegularizerSpec] = field(default_factory=RegularizerSpec)
     #: aggregation mode from ``AGGREGATIONS`` (grpo | bnpo | dr_grpo | seq_mean_token_sum)
     aggregation: str = "dr_grpo"
-    #: log the value of every registered regularizer (vs the frozen reference) each step, even
-    #: when the optimised one needs no reference (then one extra no-grad forward per step)
+    #: log ``reg/<name>`` = D(pi_old || pi_ref) of every registered regularizer each step (the
+    #: optimised ones are always logged when the reference's log-probs exist), even when the
+    #: loss needs no reference (then one extra no-grad reference forward per step, on every
+    #: engine that honours it)
     monitor_regularizers: bool = True
     #: the sampler / trainer mismatch correction (off by default on every engine)
     rollout_correction: RolloutCorrectionSpec = field(default_factory=RolloutCorrectionSpec)
@@ -181,6 +192,7 @@ class ObjectiveSpec:
         """Build from a mapping (missing keys keep their defaults; unknown keys and wrong types
         raise :class:`SpecError` naming ``where.key``)."""
         d = _mapping(data, where)
+        refuse_former_keys(d, where)
         _known(d, where, ("advantage", "surrogate", "regularizer", "aggregation",
                           "monitor_regularizers", "rollout_correction"))  # fmt: skip
         spec = cls()
@@ -376,7 +388,7 @@ class BuiltTerm:
     (``"advantage"``)."""
 
     name: str
-    #: ``(logp, ref_logp, old_logp, mask) -> per-token divergence``
+    #: ``(*, logp, old_logp, anchor_logp, mask) -> per-token divergence``
     regularizer: Any
     coef: float
     #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
@@ -478,6 +490,12 @@ class BuiltObjective:
         """The active terms whose future penalty is subtracted from the normalised advantages
         (placement ``advantage``, nonzero coef)."""
         return tuple(t for t in self.terms if t.placement == "advantage" and t.active)
+
+    @property
+    def full_loss_terms(self) -> tuple[BuiltTerm, ...]:
+        """The terms placed in the loss with ``estimator: full`` (the exact divergence over the
+        vocabulary, from the policy's and the reference's logits of each micro-batch)."""
+        return tuple(t for t in self.loss_terms if t.estimator == "full")
 
     @property
     def needs_ref(self) -> bool:
@@ -611,6 +629,17 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise SpecError(f"{where!r} must be a mapping (section), got {type(value).__name__}")
     return value
+
+
+def refuse_former_keys(d: Mapping[str, Any], where: str) -> None:
+    """:class:`SpecError` for a former name of a setting (:data:`FORMER_KEYS`), naming the one
+    that replaces it: a setting is honoured or refused, never silently aliased."""
+    for key in d:
+        if key in FORMER_KEYS:
+            raise SpecError(
+                f"'{where}.{key}' was renamed: use '{where}.{FORMER_KEYS[key]}' (one setting "
+                "for the monitored divergences reg/<name> on every engine)"
+            )
 
 
 def _known(d: Mapping[str, Any], where: str, valid: tuple[str, ...]) -> None:

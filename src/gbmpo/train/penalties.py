@@ -4,7 +4,7 @@ per-sequence penalty :math:`\beta_k \sum_t D^{(k)}_t(\pi_{old}\,\|\,\pi_{ref})` 
 before the advantages; ``placement: advantage`` subtracts its future penalty
 :math:`\beta_k \sum_{s \ge t} D^{(k)}_s` from each token's advantage after the normalisation
 (FRPO). A term with ``estimator: full`` takes the exact divergence from the logits
-(:mod:`gbmpo.train.exact`).
+(:mod:`gbmpo.train.full`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gbmpo.rollout.sampling import Rollout
-from gbmpo.train.exact import full_terms, sequence_exact, token_exact
+from gbmpo.train.full import full_terms, sequence_full, token_full
 
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
@@ -30,16 +30,16 @@ def in_reward_penalties(
     """The rewards minus the penalties of the terms placed in the reward
     (:func:`gbmpo.objectives.loss.reward_penalty`) and each term's per-sequence penalty
     ``beta_k * sum_t D_k(pi_old || pi_ref)`` ([N], by name); a term with ``estimator: full``
-    takes the exact divergence from the logits of ``batch`` (:func:`gbmpo.train.exact.
-    sequence_exact`)."""
+    takes the exact divergence from the logits of ``batch`` (:func:`gbmpo.train.full.
+    sequence_full`)."""
     from gbmpo.objectives.loss import reward_penalty, sequence_divergence
 
     terms = tr.objective.reward_terms
     full = full_terms(terms)  # estimator full: the exact divergence from the logits
-    exact = sequence_exact(tr, batch, full, mask) if full else {}
+    full_values = sequence_full(tr, batch, full, mask) if full else {}
     penalties: dict[str, Tensor] = {}
     for term in terms:
-        seq = exact.get(term.name)
+        seq = full_values.get(term.name)
         if seq is None:
             seq = sequence_divergence(
                 term.regularizer, rollout_logp=rollout_logp, ref_logp=ref_logp, mask=mask
@@ -62,16 +62,16 @@ def in_advantage_penalties(
 
     terms = tr.objective.advantage_terms
     full = full_terms(terms)
-    exact = token_exact(tr, batch, full, mask) if full else {}
+    full_values = token_full(tr, batch, full, mask) if full else {}
     pairs: list[tuple[float, Tensor]] = []
     totals: dict[str, Tensor] = {}
     m = mask.to(torch.bool)
     for term in terms:
-        values = exact.get(term.name)
+        values = full_values.get(term.name)
         if values is None:
             with torch.no_grad():
                 old = rollout_logp.detach()
-                values = term.regularizer(logp=old, old_logp=old, ref_logp=ref_logp, mask=mask)
+                values = term.regularizer(logp=old, old_logp=old, anchor_logp=ref_logp, mask=mask)
         values = torch.where(m, values, torch.zeros((), dtype=values.dtype,
                                                     device=values.device))
         pairs.append((term.coef, values))

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from gbmpo.objectives.estimators import ExactValues
-from gbmpo.objectives.loss import LossTerm, compute_policy_loss
+from gbmpo.objectives.loss import compute_policy_loss, loss_terms
 
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
@@ -28,25 +27,19 @@ def policy_loss(
     num_sequences: int,
     num_tokens: float,
     *,
-    exact: dict[str, Tensor] | None = None,
+    full_values: dict[str, Tensor] | None = None,
     token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The configured objective (:func:`gbmpo.objectives.compute_policy_loss`) of one
-    micro-batch, normalised as its mini-batch: the surrogate plus the terms placed in the loss,
-    each with its anchor's log-probs (``anchors``: ``ref`` / ``old``); ``exact``: the per-token
-    values of the terms with ``estimator: full``, by name, used instead of their sampled-token
-    formulas; ``token_weights``: constants multiplying the surrogate per token, the rollout
-    correction."""
-    exact = exact or {}
+    micro-batch, normalised as its mini-batch: the surrogate plus the terms placed in the loss
+    (:func:`gbmpo.objectives.loss.loss_terms`), each with its anchor's log-probs (``anchors``:
+    ``ref`` / ``old``); ``full_values``: the per-token values of the terms with ``estimator:
+    full``, by name, used instead of their sampled-token formulas; ``token_weights``: constants
+    multiplying the surrogate per token, the rollout correction."""
     o = tr.objective
-    terms = []
-    for t in o.loss_terms:
-        if t.anchor not in anchors:
-            raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: no such anchor given")
-        reg = ExactValues(t.name, exact[t.name]) if t.name in exact else t.regularizer
-        terms.append(LossTerm(t.name, reg, t.coef, anchors[t.anchor]))
     return compute_policy_loss(
         logp=logp, old_logp=old, advantages=advantages, mask=mask, surrogate=o.surrogate,
-        terms=terms, aggregation=o.aggregation, max_len=tr.config.rollout.max_new_tokens,
-        num_sequences=num_sequences, num_tokens=num_tokens, token_weights=token_weights,
+        terms=loss_terms(o.terms, anchors, full_values), aggregation=o.aggregation,
+        max_len=tr.config.rollout.max_new_tokens, num_sequences=num_sequences,
+        num_tokens=num_tokens, token_weights=token_weights,
     )  # fmt: skip

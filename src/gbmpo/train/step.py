@@ -24,7 +24,7 @@ Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` 
    AdamW step after grad-norm clipping (:func:`optimise`, :func:`accumulate_gradients`,
    :func:`gbmpo.train.policy_loss.policy_loss`). A term with ``estimator: full`` uses the exact
    divergence over the vocabulary instead of its sampled-token formula, from the policy's and
-   the reference's logits of each micro-batch (:mod:`gbmpo.train.exact`);
+   the reference's logits of each micro-batch (:mod:`gbmpo.train.full`);
 7. metrics (:func:`gbmpo.train.step_metrics.step_record`).
 
 ``tr`` is the :class:`~gbmpo.train.Trainer` holding the model, optimizer and objectives; every
@@ -45,7 +45,7 @@ from gbmpo.rewards.scoring import score_completions
 from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
 from gbmpo.train.correction import micro_correction, sampler_weights
-from gbmpo.train.exact import full_terms, logprobs_and_exact
+from gbmpo.train.full import full_terms, logprobs_and_full
 from gbmpo.train.penalties import in_advantage_penalties, in_reward_penalties
 from gbmpo.train.policy_loss import policy_loss
 from gbmpo.train.precision import MasterWeightOptimizer
@@ -198,14 +198,14 @@ def accumulate_gradients(
     mask = batch.completion_mask.float()
     n_seq, n_tok = len(rows), float(mask[rows].sum())
     stats = _MiniBatchStats(logp=torch.zeros(len(rows), mask.shape[1], device=mask.device))
-    exact_terms = full_terms(tr.objective.loss_terms)
+    full_loss_terms = full_terms(tr.objective.loss_terms)
     offset = 0
     for micro in rows.split(tr.micro_batch):
         m = mask[micro]
-        exact: dict[str, Tensor] = {}  # estimator full: per-token exact divergences, by term
-        if exact_terms:
-            logp, entropy, exact = logprobs_and_exact(
-                tr, batch.select(micro), m, exact_terms, with_entropy=with_entropy
+        full_values: dict[str, Tensor] = {}  # estimator full: per-token divergences, by term
+        if full_loss_terms:
+            logp, entropy, full_values = logprobs_and_full(
+                tr, batch.select(micro), m, full_loss_terms, with_entropy=with_entropy
             )
         else:
             logp, entropy = tr.logprobs(tr.model, batch.select(micro), with_entropy=with_entropy)
@@ -221,7 +221,7 @@ def accumulate_gradients(
             logp, advantages[micro], m,
         )  # fmt: skip
         loss, metrics = policy_loss(
-            tr, logp, old, anchors, advantages[micro], m, n_seq, n_tok, exact=exact,
+            tr, logp, old, anchors, advantages[micro], m, n_seq, n_tok, full_values=full_values,
             token_weights=weights,
         )  # fmt: skip
         metrics.update(corrected)

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gbmpo.io.metrics import MONITOR_PREFIX
 from gbmpo.objectives.tensors import masked_mean
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train.batching import _Accumulator
@@ -112,8 +113,8 @@ def step_record(
         lp = update.rollout_logp
         with torch.no_grad():
             for name, reg in tr.objective.monitors.items():
-                values = reg(logp=lp, old_logp=lp, ref_logp=ref_logp, mask=mask)
-                record[f"reg/{name}"] = float(masked_mean(values, mask))
+                values = reg(logp=lp, old_logp=lp, anchor_logp=ref_logp, mask=mask)
+                record[MONITOR_PREFIX + name] = float(masked_mean(values, mask))
     record["step_seconds"] = step_seconds
     record["tokens_per_second"] = n_tokens / max(step_seconds, 1e-9)
     record["time/generate_seconds"] = times.generated - times.start

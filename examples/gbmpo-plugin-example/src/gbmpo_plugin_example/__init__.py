@@ -53,9 +53,9 @@ class CountdownTask(Task):
         return last_integer_reward(prompts, completions, columns["answer"])
 
 
-def log_huber(logp: torch.Tensor, ref_logp: torch.Tensor, delta: float) -> torch.Tensor:
+def log_huber(logp: torch.Tensor, anchor_logp: torch.Tensor, delta: float) -> torch.Tensor:
     """Huber(l - r): ½(l−r)² for |l−r| ≤ δ, δ(|l−r| − ½δ) beyond (a robust ``kl_k2``)."""
-    return torch.nn.functional.huber_loss(logp, ref_logp, reduction="none", delta=delta)
+    return torch.nn.functional.huber_loss(logp, anchor_logp, reduction="none", delta=delta)
 
 
 def make_log_huber(delta: float = 1.0) -> Regularizer:

@@ -32,10 +32,10 @@ Supported TRL: ``>=1.16,<1.17`` (the version whose internals this package hooks;
 
 The names above are this package's API; the code is in its modules, one per concern:
 :mod:`~gbmpo.integrations.trl.config` (``GBMPOConfig``, its checks and the ``beta`` rule),
-:mod:`~gbmpo.integrations.trl.objective` (TRL's fields -> the objective spec and its loss
-pieces), :mod:`~gbmpo.integrations.trl.trainer` (``GBMPOTrainer``: the loss and the metrics),
+:mod:`~gbmpo.integrations.trl.objective` (TRL's fields -> the objective spec and its
+build), :mod:`~gbmpo.integrations.trl.trainer` (``GBMPOTrainer``: the loss and the metrics),
 :mod:`~gbmpo.integrations.trl.formulas` (TRL's normalisers and entropy terms, reproduced),
-:mod:`~gbmpo.integrations.trl.exact` (``estimator: full`` from the logits, the in-reward
+:mod:`~gbmpo.integrations.trl.full` (``estimator: full`` from the logits, the in-reward
 penalty and the advantages of the shaped rewards),
 :mod:`~gbmpo.integrations.trl.fields` (every ``GRPOConfig`` field's answer) and
 :mod:`~gbmpo.integrations.trl.internals` (the TRL internals hooked and their check).
@@ -65,7 +65,6 @@ from gbmpo.integrations.trl.objective import (
     LOSS_TYPE_AGGREGATION,
     LOSS_TYPE_SURROGATES,
     REGULARIZER_ANCHORS,
-    TRLObjective,
     build_objective,
     loss_type_surrogate,
     objective_spec,
@@ -80,7 +79,6 @@ __all__ = [
     "SUPPORTED_TRL",
     "GBMPOConfig",
     "GBMPOTrainer",
-    "TRLObjective",
     "TRLInternalsError",
     "build_objective",
     "objective_spec",

@@ -5,6 +5,7 @@ an objective spec when it is built (see :mod:`gbmpo.integrations.trl` for the ``
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,7 @@ from gbmpo.integrations.trl.objective import (
     rollout_correction_args,
     spec_from_trl_fields,
 )
-from gbmpo.objectives.regularizers import REGULARIZERS
+from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError, parse_coefficient
 from gbmpo.objectives.surrogates import SURROGATES
 
@@ -41,13 +42,18 @@ _ALIAS_DEFAULTS: dict[str, Any] = {
     "dual_clip_c": None,
     "rpg_variant": "none",
     "rpg_beta": 0.0,
+    "monitor_regularizers": False,
+}
+
+#: Former GBMPOConfig fields -> the field that replaces each (refused, naming it).
+_RENAMED_FIELDS: dict[str, str] = {
+    "log_all_regularizers": "monitor_regularizers",
+    "monitor_reference": "monitor_regularizers",
 }
 
 def _clampable(name: str) -> bool:
     """Whether the registered regularizer ``name`` takes a ``clamp`` (it declares it itself:
     ``Regularizer.clampable``)."""
-    from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
-
     if name not in REGULARIZERS:
         return False
     try:
@@ -57,8 +63,6 @@ def _clampable(name: str) -> bool:
 
 
 def _clampable_names() -> list[str]:
-    from gbmpo.objectives.regularizers import REGULARIZERS
-
     return [n for n in REGULARIZERS.names() if _clampable(n)]
 
 
@@ -101,15 +105,14 @@ class GBMPOConfig(GRPOConfig):
         rpg_variant: with ``rpg_dual``, RPG's regularized advantage: ``none`` (plain A),
             ``urkl`` (:math:`A - \beta_{\text{rpg}}\log w`) or ``rkl``.
         rpg_beta: :math:`\beta_{\text{rpg}}` of ``rpg_variant`` (``urkl`` / ``rkl`` only).
-        log_all_regularizers: also log the value of every parameter-free registered
-            regularizer against the same anchor (``regularizer/<name>``), when the anchor's
-            log-probs exist; the active regularizer is always logged.
-        monitor_reference: compute the reference model's log-probs even when the loss does not
-            need them (``beta`` is then TRL's switch for the reference only: 1 when the
-            coefficient is 0 or the anchor is ``old``; the loss uses ``regularizer_coef``), so
-            that ``reference/<name>`` is logged for the active regularizer and, with
-            ``log_all_regularizers``, every registered one.
-
+        monitor_regularizers: log ``reg/<name>`` = :math:`D(\pi_{old}\,\|\,\pi_{ref})` for
+            every registered regularizer (the objective section's ``monitor_regularizers``, the
+            same setting on every engine); it needs the reference's log-probs, so ``beta``
+            becomes TRL's switch for the reference only (1 when the loss needs no reference; the
+            loss uses ``regularizer_coef``). Default ``False`` here (TRL loads no reference
+            model when the loss needs none); the optimised regularizers are logged as
+            ``reg/<name>`` whenever the reference's log-probs exist. With ``objective=`` the
+            spec's ``monitor_regularizers`` decides (default ``True``, as ``gbmpo train``).
     Every default is ``GRPOConfig``'s, ``use_bias_correction_kl=True`` included (a TRL config
     swapped in trains the same KL gradient): it maps ``regularizer="kl_k3"`` onto ``kl_k3_is``,
     TRL's corrected KL (k3 times the token importance ratio, identical at token level); set it
@@ -191,22 +194,19 @@ class GBMPOConfig(GRPOConfig):
         default=0.0,
         metadata={"help": "Coefficient of rpg_variant's regularized advantage."},
     )
-    log_all_regularizers: bool = field(
-        default=True,
-        metadata={"help": "Log every parameter-free regularizer's value against the anchor."},
-    )
-    monitor_reference: bool = field(
+    monitor_regularizers: bool = field(
         default=False,
         metadata={
-            "help": "Load the reference model even when the loss does not use it, to log "
-            "reference/<name> = D(pi_old || pi_ref) for every monitored regularizer."
+            "help": "Log reg/<name> = D(pi_old || pi_ref) for every registered regularizer (loads "
+            "the reference model even when the loss does not use it)."
         },
     )
     objective: dict[str, Any] | str | None = field(
         default=None,
         metadata={
-            "help": "gbmpo objective spec (the `objective:` section of a gbmpo config, as a dict "
-            "or a YAML file path); replaces the alias fields above, loss_type and scale_rewards."
+            "help": "gbmpo objective spec (the `objective:` section of a gbmpo config, as a dict, "
+            "a YAML file path or an ObjectiveSpec); replaces the alias fields above, loss_type "
+            "and scale_rewards."
         },
     )
 
@@ -376,15 +376,19 @@ class GBMPOConfig(GRPOConfig):
 
     def _apply_objective_spec(self) -> None:
         """``objective=`` given: parse the spec and build it once (kept for the trainer), refuse
-        alias fields set beside it, and set the two TRL fields it determines (``loss_type``,
-        ``scale_rewards``); ``beta`` follows in :meth:`_resolve_coefficient`. The spec is
-        stored back as a dict (``GRPOConfig`` fields stay plain data)."""
+        alias fields set beside it, and set the fields it determines (``loss_type``,
+        ``scale_rewards``, ``monitor_regularizers``); ``beta`` follows in
+        :meth:`_resolve_coefficient`. The spec is stored back as a dict (``GRPOConfig`` fields
+        stay plain data)."""
         spec = ObjectiveSpec.load(self.objective)
         built = spec.build()
+        # monitor_regularizers may also repeat the spec's value (it is set from it below)
         changed = [
             name
             for name, default in _ALIAS_DEFAULTS.items()
             if getattr(self, name) != default
+            and not (name == "monitor_regularizers"
+                     and getattr(self, name) == spec.monitor_regularizers)
         ]
         if changed:
             raise ValueError(
@@ -414,6 +418,7 @@ class GBMPOConfig(GRPOConfig):
         self._built = (spec.to_dict(), built)
         self.loss_type = TRL_LOSS_TYPES[spec.aggregation]
         self.scale_rewards = TRL_SCALE_REWARDS[spec.advantage]
+        self.monitor_regularizers = spec.monitor_regularizers
 
     def _apply_rollout_correction(self, spec: ObjectiveSpec) -> None:
         """The spec's ``rollout_correction`` decides TRL's vLLM importance sampling and the
@@ -469,17 +474,17 @@ class GBMPOConfig(GRPOConfig):
 
     def _set_beta(self, coef: float, needs_reference: bool) -> None:
         # TRL loads the reference model and computes its log-probs exactly when beta != 0; TRL's
-        # own use of beta (its KL term) is replaced by GBMPOTrainer's loss, so with
-        # monitor_reference beta = 1 only switches the reference on.
+        # own use of beta (its KL term) is replaced by GBMPOTrainer's loss, so when only the
+        # monitored divergences need the reference, beta = 1 just switches it on.
         if needs_reference:
             self.beta = coef
         else:
-            self.beta = 1.0 if self.monitor_reference else 0.0
+            self.beta = 1.0 if self.monitor_regularizers else 0.0
 
     def _check_sync_ref_model(self, regularizer: str, anchor: str, coef: str) -> None:
         """``regularizer``, ``anchor`` and ``coef``: the terms' names, anchors and coefficients
         joined by ``+`` (one term: its own), for the message."""
-        if self.sync_ref_model and not (self.needs_reference_model or self.monitor_reference):
+        if self.sync_ref_model and not (self.needs_reference_model or self.monitor_regularizers):
             raise ValueError(
                 "GBMPOConfig: sync_ref_model=True but no reference model is used "
                 f"(regularizer={regularizer!r}, anchor={anchor!r}, coefficient={coef})"
@@ -505,3 +510,22 @@ class GBMPOConfig(GRPOConfig):
             return bool(self._built[1].anchored_on_ref)
         coef = self.regularizer_coef if self.regularizer_coef is not None else self.beta
         return self.regularizer != "none" and self.regularizer_anchor == "ref" and coef != 0
+
+
+def _refuse_renamed_fields(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so that a former field name (:data:`_RENAMED_FIELDS`) is
+    refused with the name that replaces it (a setting is honoured or refused, never aliased)."""
+    @functools.wraps(init)
+    def __init__(self: GBMPOConfig, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+        for old, new in _RENAMED_FIELDS.items():
+            if old in kwargs:
+                raise TypeError(
+                    f"GBMPOConfig: {old!r} was renamed: use {new!r} (one setting for the "
+                    "monitored divergences reg/<name>, the objective section's name)"
+                )
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+GBMPOConfig.__init__ = _refuse_renamed_fields(GBMPOConfig.__init__)  # type: ignore[method-assign]

@@ -1,24 +1,17 @@
 r"""TRL's spelling of an objective -> gbmpo's objective spec (:func:`spec_from_trl_fields`,
-:func:`loss_type_surrogate`) and the loss pieces built from it (:func:`build_objective`,
-:class:`TRLObjective`), with the mappings of TRL's ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`,
-:data:`LOSS_TYPE_SURROGATES`).
+:func:`loss_type_surrogate`) and the built objective (:func:`build_objective`), with the
+mappings of TRL's ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`, :data:`LOSS_TYPE_SURROGATES`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gbmpo.integrations.common import clip_params
-from gbmpo.objectives.regularizers import Regularizer
-from gbmpo.objectives.spec import BuiltObjective, BuiltTerm, ObjectiveSpec
-from gbmpo.objectives.surrogates import Surrogate
+from gbmpo.objectives.spec import BuiltObjective, ObjectiveSpec
 
 if TYPE_CHECKING:
-    from torch import Tensor
-
     from gbmpo.integrations.trl.config import GBMPOConfig
-    from gbmpo.objectives.loss import LossTerm
 
 __all__ = [
     "TRL_CORRECTION_DEFAULTS",
@@ -27,9 +20,7 @@ __all__ = [
     "LOSS_TYPE_AGGREGATION",
     "LOSS_TYPE_SURROGATES",
     "REGULARIZER_ANCHORS",
-    "TRLObjective",
     "build_objective",
-    "loss_terms",
     "loss_type_surrogate",
     "objective_spec",
     "check_reward_placement",
@@ -59,60 +50,6 @@ LOSS_TYPE_AGGREGATION: dict[str, str] = {
 #: the same quantity (:func:`loss_type_surrogate` maps TRL's parameters onto it).
 LOSS_TYPE_SURROGATES: dict[str, str] = {"cispo": "cispo", "sapo": "sapo", "vespo": "vespo"}
 
-
-
-@dataclass(frozen=True)
-class TRLObjective:
-    """gbmpo's loss pieces resolved from a :class:`GBMPOConfig`: the built objective (the same
-    object the own engine uses: surrogate, terms, monitors; one regularizer is a tuple of one
-    term) with TRL's loss type and normalisers."""
-
-    built: BuiltObjective
-    loss_type: str
-    aggregation: str
-    max_len: int
-    #: regularizers logged as ``regularizer/<name>`` at the anchor of an objective with one
-    #: term in the loss: the monitored ones but the optimised
-    diagnostics: dict[str, Regularizer] = field(default_factory=dict)
-    #: regularizers logged as ``reference/<name>`` = D(pi_old || pi_ref): the active one and,
-    #: with ``log_all_regularizers``, every registered one (as the own trainer's ``reg/<name>``)
-    reference_monitors: dict[str, Regularizer] = field(default_factory=dict)
-
-    @property
-    def spec(self) -> ObjectiveSpec:
-        """The objective spec these pieces were built from."""
-        return self.built.spec
-
-    @property
-    def surrogate(self) -> Surrogate:
-        return self.built.surrogate  # type: ignore[no-any-return]
-
-    @property
-    def surrogate_name(self) -> str:
-        return self.built.spec.surrogate.name
-
-    @property
-    def terms(self) -> tuple[BuiltTerm, ...]:
-        """Every regularizer term, each with its own coefficient, anchor, placement and
-        estimator."""
-        return self.built.terms
-
-    @property
-    def loss_terms(self) -> tuple[BuiltTerm, ...]:
-        """The terms added to the loss per token (placement ``loss``)."""
-        return self.built.loss_terms
-
-    @property
-    def reward_terms(self) -> tuple[BuiltTerm, ...]:
-        """The active terms placed in the reward: their detached per-sequence penalty is
-        subtracted from the rewards before TRL's advantages."""
-        return self.built.reward_terms
-
-    @property
-    def full_loss_terms(self) -> tuple[BuiltTerm, ...]:
-        """The terms placed in the loss with ``estimator: full`` (the exact divergence over the
-        vocabulary from the policy's and the reference's logits of each micro-batch)."""
-        return tuple(t for t in self.loss_terms if t.estimator == "full")
 
 
 def check_reward_placement(spec: ObjectiveSpec, args: Any) -> None:
@@ -250,57 +187,22 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
                 "params": reg_params,
             },
             "aggregation": LOSS_TYPE_AGGREGATION.get(args.loss_type, "bnpo"),
-            "monitor_regularizers": bool(args.log_all_regularizers),
+            "monitor_regularizers": bool(args.monitor_regularizers),
         }
     )
 
 
-def loss_terms(
-    obj: TRLObjective, ref_logp: Tensor | None, old_logp: Tensor, exact: dict[str, Tensor],
-    beta: float,
-) -> list[LossTerm]:
-    """The :class:`~gbmpo.objectives.loss.LossTerm` of each of ``obj``'s terms placed in the
-    loss, with its anchor's log-probs (``ref``: the batch's reference log-probs; ``old``: the
-    rollout policy's) and, for ``estimator: full``, its exact per-token values from ``exact``.
-    TRL computes the reference log-probs only when ``beta != 0``: a term anchored on the
-    reference is left out when they are missing and its coefficient is 0, and is an error
-    (``RuntimeError``) when it is active."""
-    from gbmpo.objectives.estimators import ExactValues
-    from gbmpo.objectives.loss import LossTerm
-
-    missing = [t.name for t in obj.loss_terms if t.active and t.needs_ref and ref_logp is None]
-    if missing:
-        raise RuntimeError(
-            f"regularizers {missing} are anchored on the reference model but the batch has no "
-            f"'ref_per_token_logps'; TRL computes them when beta != 0 (beta={beta})"
-        )
-    anchors = {"ref": ref_logp, "old": old_logp}
-    return [
-        LossTerm(t.name, ExactValues(t.name, exact[t.name]) if t.name in exact
-                 else t.regularizer, t.coef, anchors[t.anchor])
-        for t in obj.loss_terms
-        if anchors[t.anchor] is not None
-    ]  # fmt: skip
-
-
-def build_objective(args: GBMPOConfig) -> TRLObjective:
-    """Resolve ``args`` to a surrogate, a regularizer and an aggregation mode, through the
-    objective spec (:func:`objective_spec`): ``args.objective`` if given, else the alias
-    fields (:func:`spec_from_trl_fields`). The spec is built once, when ``args`` is checked;
-    that build is used as is unless a field changed since."""
-    spec = objective_spec(args)
+def build_objective(args: GBMPOConfig) -> BuiltObjective:
+    """The built objective (:meth:`ObjectiveSpec.build`: surrogate, terms with their
+    coefficients, aggregation, monitors) that ``args`` names (:func:`objective_spec`):
+    ``args.objective`` if given, else the alias fields (:func:`spec_from_trl_fields`). The spec
+    is built once, when ``args`` is checked; that build is returned as is unless a field changed
+    since. GBMPOTrainer uses it as the own engine uses its own: the same object, no wrapper."""
     cached = getattr(args, "_built", None)
-    built = cached[1] if cached is not None and cached[0] == spec.to_dict() else spec.build()
-    return TRLObjective(
-        built=built,
-        loss_type=args.loss_type,
-        aggregation=LOSS_TYPE_AGGREGATION[args.loss_type],
-        max_len=int(args.max_completion_length),
-        # the monitored set is the own engine's (every registered regularizer but "none")
-        diagnostics={n: r for n, r in built.monitors.items()
-                     if n not in {t.name for t in built.terms}},  # fmt: skip
-        reference_monitors=dict(built.monitors),
-    )
+    if cached is not None and args.objective is not None and cached[0] == args.objective:
+        return cached[1]  # the spec as checked (args.objective is its dict): no re-parse
+    spec = objective_spec(args)
+    return cached[1] if cached is not None and cached[0] == spec.to_dict() else spec.build()
 
 
 #: TRL 1.16's defaults of the fields :func:`rollout_correction_args` sets

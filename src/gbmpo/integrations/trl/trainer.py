@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -15,17 +16,17 @@ from trl import GRPOTrainer
 
 from gbmpo.integrations.trl.config import GBMPOConfig
 from gbmpo.integrations.trl.correction import log_rollout_correction
-from gbmpo.integrations.trl.exact import (
-    TRL_STD_EPS,
-    logprobs_and_exact,
-    sequence_penalties,
-    shaped_advantages,
-)
 from gbmpo.integrations.trl.formulas import (
     adaptive_entropy_coef,
     dapo_normalizer,
     entropy_bonus,
     window_means,
+)
+from gbmpo.integrations.trl.full import (
+    TRL_STD_EPS,
+    logprobs_and_full,
+    sequence_penalties,
+    shaped_advantages,
 )
 from gbmpo.integrations.trl.internals import (
     _FORWARD_KEYS,
@@ -35,14 +36,11 @@ from gbmpo.integrations.trl.internals import (
     _quiet_host_warnings,
     check_trl_internals,
 )
-from gbmpo.integrations.trl.objective import (
-    LOSS_TYPE_SURROGATES,
-    TRLObjective,
-    build_objective,
-    loss_terms,
-)
-from gbmpo.objectives.loss import LossTerm, compute_policy_loss
+from gbmpo.integrations.trl.objective import LOSS_TYPE_SURROGATES, build_objective
+from gbmpo.io.metrics import MONITOR_PREFIX
+from gbmpo.objectives.loss import LossTerm, compute_policy_loss, loss_terms
 from gbmpo.objectives.regularizers import kl_k3
+from gbmpo.objectives.spec import BuiltObjective
 from gbmpo.objectives.tensors import masked_mean
 
 __all__ = ["GBMPOTrainer"]
@@ -50,6 +48,21 @@ __all__ = ["GBMPOTrainer"]
 #: Loss types whose TRL normaliser is the generation batch's token count (:func:`dapo_normalizer`).
 _GLOBAL_TOKEN_LOSS_TYPES: tuple[str, ...] = ("dapo", "cispo", "vespo")
 
+
+@dataclass(frozen=True)
+class _PolicyForward:
+    """One micro-batch's policy forward (:meth:`GBMPOTrainer._policy_forward`)."""
+
+    #: sampled-token log-probs ``[B, T]`` (with grad)
+    logp: Tensor
+    #: per-token entropies ``[B, T]``
+    entropies: Tensor
+    #: the MoE router's auxiliary loss (``None`` unless TRL's ``aux_loss_enabled``)
+    aux_loss: Tensor | None
+    #: the valid completion tokens ``[B, T]`` (TRL's tool mask applied)
+    mask: Tensor
+    #: per-token values of the terms with ``estimator: full``, by name (empty without)
+    full_values: dict[str, Tensor]
 
 
 def _valid_tokens(batch: dict[str, Any]) -> Tensor:
@@ -67,7 +80,7 @@ class GBMPOTrainer(GRPOTrainer):
     ``_compute_loss`` is gbmpo's loss; generation, rewards, reference log-probs (computed by
     TRL whenever the regularizer is anchored on the reference model), old log-probs, vLLM
     importance ratios and everything else stay TRL's, with three additions
-    (:mod:`gbmpo.integrations.trl.exact`): a term with ``estimator: full`` takes the exact
+    (:mod:`gbmpo.integrations.trl.full`): a term with ``estimator: full`` takes the exact
     divergence from the policy's logits of each micro-batch and a no-grad reference forward; a
     term with ``placement: reward`` has its detached per-sequence penalty subtracted from the
     rewards before TRL's advantages (``_generate_and_score_completions``, with the rewards kept
@@ -75,22 +88,23 @@ class GBMPOTrainer(GRPOTrainer):
     over every process (``_prepare_inputs`` adds ``mini_batch_tokens``), the own engine's
     mini-batch token mean.
 
-    Logged metrics (``self._metrics``, averaged over processes by token count): ``entropy``
-    (the first of the ``num_iterations`` passes over a generation batch, as the own engine),
+    Logged metrics (``self._metrics``, averaged over processes by token count), gbmpo's under
+    the run directory's names (:mod:`gbmpo.io.metrics`, the own engine's): ``entropy`` (the
+    first of the ``num_iterations`` passes over a generation batch, as the own engine),
     ``reward_penalty`` (and ``reward_penalty/<name>`` per term of a sum) with in-reward terms,
-    ``kl`` (k3 against the reference, when its log-probs exist; TRL's key),
-    ``regularizer/<name>`` (the active regularizer and, with ``log_all_regularizers``, every
-    parameter-free one, against the anchor), ``loss/surrogate`` and ``loss/regularizer`` (the
-    two parts of the loss, per optimizer step), ``clip_ratio/low_mean``,
+    ``reg_value`` (the optimised regularizer at the current policy against its anchor; per
+    term ``reg_value/<name>`` for a sum), ``pg_loss`` and ``reg_loss`` (the two parts of the
+    loss per optimizer step; per term ``reg_loss/<name>`` for a sum), ``reg/<name>``
+    (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the logging window, once
+    per monitored regularizer: the optimised ones and, with ``monitor_regularizers``, every
+    registered one; when the reference's log-probs exist), ``clip_ratio/low_mean``,
     ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``,
-    ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes),
-    ``reference/<name>`` (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the
-    window, for the active regularizer and, with ``log_all_regularizers``, every registered
-    one; when the reference log-probs exist, see ``monitor_reference``); plus TRL's own names
-    with TRL's definitions: ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (TRL's clip),
-    ``cispo_clip_ratio``, ``vespo/phi_seq_mean``, and with an entropy bonus ``policy_loss`` and
-    ``entropy_coef``; ``aux_loss`` as TRL. ``kl`` is multiplied by the token ratio with
-    ``use_bias_correction_kl``, as TRL's.
+    ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes); plus TRL's
+    own names with TRL's definitions: ``kl`` (k3 against the reference, when its log-probs
+    exist; multiplied by the token ratio with ``use_bias_correction_kl``, as TRL's),
+    ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (TRL's clip), ``cispo_clip_ratio``,
+    ``vespo/phi_seq_mean``, and with an entropy bonus ``policy_loss`` and ``entropy_coef``;
+    ``aux_loss`` as TRL.
 
     ``use_adaptive_entropy``: TRL's controller (:func:`adaptive_entropy_coef`) on TRL's state
     attributes (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves.
@@ -140,7 +154,7 @@ class GBMPOTrainer(GRPOTrainer):
         bnpo is the token mean of the optimizer step (the own engine's mini-batch) whatever the
         micro-batch size and the number of processes."""
         inputs = super()._prepare_inputs(generation_batch)
-        if self._gbmpo.loss_type != "bnpo" or not self.model.training:
+        if self.args.loss_type != "bnpo" or not self.model.training:
             return inputs
         buffers = self._buffered_inputs
         accum = self.args.gradient_accumulation_steps
@@ -190,16 +204,51 @@ class GBMPOTrainer(GRPOTrainer):
         return output
 
     @property
-    def objective(self) -> TRLObjective:
-        """The resolved gbmpo objective (the built objective: surrogate, terms, aggregation)."""
+    def objective(self) -> BuiltObjective:
+        """The built objective (surrogate, terms with their coefficients, aggregation,
+        monitors): the object the own engine's trainer uses, from the spec as is."""
         return self._gbmpo
 
+    # ---- the loss: named steps, read top to bottom --------------------------------------------
+
     def _compute_loss(self, model: Any, inputs: dict[str, Any]) -> Tensor:
+        """gbmpo's loss of one micro-batch in TRL's place: the policy forward, TRL's token
+        weights of the surrogate, the terms placed in the loss with their anchors' log-probs,
+        the objective with TRL's normalisers, TRL's entropy bonus and auxiliary loss, and the
+        metrics."""
         obj = self._gbmpo
         mode = "train" if self.model.training else "eval"
         accum = self.current_gradient_accumulation_steps if mode == "train" else 1
+        fwd = self._policy_forward(model, inputs)
+        old_in = inputs.get("old_per_token_logps")
+        old_logp = fwd.logp.detach() if old_in is None else old_in
+        ref_logp = inputs.get("ref_per_token_logps")
+        weights, entropy_mask = self._surrogate_weights(inputs, fwd, old_logp, mode)
+        terms = self._loss_terms(ref_logp, old_logp, fwd.full_values)
+        loss, m = compute_policy_loss(
+            logp=fwd.logp,
+            old_logp=old_logp,
+            advantages=inputs["advantages"],
+            mask=fwd.mask,
+            surrogate=obj.surrogate,
+            terms=terms,
+            aggregation=obj.aggregation,
+            max_len=int(self.args.max_completion_length) if obj.aggregation == "dr_grpo" else None,
+            token_weights=weights,
+            **self._normalisers(inputs, fwd, mode, accum),
+        )
+        loss = self._add_entropy_and_aux(loss, fwd, entropy_mask, accum, mode)
+        self._log_gbmpo_metrics(mode, fwd, terms, ref_logp, old_logp, m, accum)
+        self._log_trl_metrics(mode, fwd.logp.detach(), old_logp, inputs["advantages"], fwd.mask)
+        if mode == "train" and ref_logp is not None:
+            self._add_monitored_divergences(old_logp, ref_logp, fwd.mask)
+        return loss
 
-        # Policy log-probs and entropies: TRL's own helper (fused LM head, multimodal inputs).
+    def _policy_forward(self, model: Any, inputs: dict[str, Any]) -> _PolicyForward:
+        """The policy's sampled-token log-probs (with grad), entropies and MoE auxiliary loss:
+        TRL's own helper (fused LM head, multimodal inputs), or, with terms of ``estimator:
+        full`` in the loss, the completion logits (:func:`logprobs_and_full`), which also give
+        those terms' per-token values."""
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
         input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
@@ -208,19 +257,8 @@ class GBMPOTrainer(GRPOTrainer):
         mask = completion_mask
         if "tool_mask" in inputs:
             mask = completion_mask * inputs["tool_mask"]
-        exact: dict[str, Tensor] = {}  # estimator full: per-token exact divergences, by term
-        if obj.full_loss_terms:
-            extra = [k for k in _FORWARD_KEYS if inputs.get(k) is not None]
-            if extra:
-                raise ValueError(
-                    f"estimator 'full' takes the logits of a text-only forward; this batch has "
-                    f"{', '.join(extra)}: use estimator 'sample' with multimodal inputs"
-                )
-            logp, entropies, aux_loss, exact = logprobs_and_exact(
-                self, model, input_ids, attention_mask, logits_to_keep, completion_ids, mask,
-                obj.full_loss_terms, aux=self.aux_loss_enabled,
-            )  # fmt: skip
-        else:
+        full = self._gbmpo.full_loss_terms
+        if not full:
             logp, entropies, aux_loss = self._get_per_token_logps_and_entropies(
                 model,
                 input_ids,
@@ -230,106 +268,116 @@ class GBMPOTrainer(GRPOTrainer):
                 compute_aux_loss=self.aux_loss_enabled,
                 **{k: inputs.get(k) for k in _FORWARD_KEYS},
             )
-        advantages = inputs["advantages"]
-        old_in = inputs.get("old_per_token_logps")
-        old_logp = logp.detach() if old_in is None else old_in
-        ref_logp = inputs.get("ref_per_token_logps")
+            return _PolicyForward(logp, entropies, aux_loss, mask, {})
+        extra = [k for k in _FORWARD_KEYS if inputs.get(k) is not None]
+        if extra:
+            raise ValueError(
+                f"estimator 'full' takes the logits of a text-only forward; this batch has "
+                f"{', '.join(extra)}: use estimator 'sample' with multimodal inputs"
+            )
+        logp, entropies, aux_loss, full_values = logprobs_and_full(
+            self, model, input_ids, attention_mask, logits_to_keep, completion_ids, mask, full,
+            aux=self.aux_loss_enabled,
+        )  # fmt: skip
+        return _PolicyForward(logp, entropies, aux_loss, mask, full_values)
 
-        # TRL's token weights ([B, T] or [B, 1]): they multiply the surrogate only, before the
-        # regularizer is added (compute_policy_loss's token_weights).
+    def _surrogate_weights(
+        self, inputs: dict[str, Any], fwd: _PolicyForward, old_logp: Tensor, mode: str
+    ) -> tuple[Tensor | None, Tensor | None]:
+        """TRL's token weights ([B, T] or [B, 1]; ``None``: none) and its high-entropy mask:
+        the high-entropy mask, the off-policy mask and the vLLM importance-sampling ratio,
+        multiplied. They weight the surrogate only, before the regularizer is added
+        (:func:`compute_policy_loss`'s ``token_weights``); the rollout correction's metrics are
+        logged (``rollout_correction/*``, :mod:`gbmpo.io.metrics`)."""
         weights: Tensor | None = None
         entropy_mask = keep = ratio = None
         if self.top_entropy_quantile < 1.0:
             threshold = 1 - self.top_entropy_quantile
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, threshold)
-            weights = entropy_mask.to(logp.dtype)
+            entropy_mask = self.get_high_entropy_mask(fwd.entropies, fwd.mask, threshold)
+            weights = entropy_mask.to(fwd.logp.dtype)
         if self.off_policy_mask_threshold is not None:
+            advantages = inputs["advantages"]
             adv2 = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
             keep = self.get_off_policy_mask(
                 advantages=adv2,
-                per_token_logps=logp,
+                per_token_logps=fwd.logp,
                 sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_logp),
-                mask=mask,
+                mask=fwd.mask,
                 off_policy_threshold=self.off_policy_mask_threshold,
             )
             weights = keep if weights is None else weights * keep
         if self.use_vllm and self.vllm_importance_sampling_correction:
             ratio = inputs["importance_sampling_ratio"]
             weights = ratio if weights is None else weights * ratio
-        if ratio is not None or keep is not None:  # rollout_correction/* (gbmpo.io.metrics)
-            log_rollout_correction(self, mode, ratio, keep, mask)
+        if ratio is not None or keep is not None:
+            log_rollout_correction(self, mode, ratio, keep, fwd.mask)
+        return weights, entropy_mask
 
-        # The terms placed in the loss, each with its anchor's log-probs (the frozen reference,
-        # or the rollout policy); one regularizer is a list of one, as on the own engine.
-        terms = loss_terms(obj, ref_logp, old_logp, exact, self.beta)
+    def _loss_terms(
+        self, ref_logp: Tensor | None, old_logp: Tensor, full_values: dict[str, Tensor]
+    ) -> list[LossTerm]:
+        """The terms placed in the loss, each with its anchor's log-probs (the frozen
+        reference's, or the rollout policy's), built as on the own engine
+        (:func:`gbmpo.objectives.loss.loss_terms`). TRL computes the reference's log-probs only
+        when ``beta != 0``: an active term anchored on the reference without them is a
+        ``RuntimeError`` naming that switch."""
+        missing = [t.name for t in self._gbmpo.loss_terms
+                   if t.active and t.needs_ref and ref_logp is None]  # fmt: skip
+        if missing:
+            raise RuntimeError(
+                f"regularizers {missing} are anchored on the reference model but the batch has "
+                f"no 'ref_per_token_logps'; TRL computes them when beta != 0 (beta={self.beta})"
+            )
+        return loss_terms(self._gbmpo.terms, {"ref": ref_logp, "old": old_logp}, full_values)
 
-        # Aggregation with TRL's normalisers (full accumulation window -> no further division).
-        agg_kw: dict[str, Any] = {}
-        if obj.loss_type == "bnpo" and mode == "train":
-            # the optimizer step's valid tokens over every process (the own engine's mini-batch
-            # token mean): the data-parallel average of the processes' gradients divides by P
+    def _normalisers(
+        self, inputs: dict[str, Any], fwd: _PolicyForward, mode: str, accum: int
+    ) -> dict[str, Any]:
+        """The aggregation's normalisers as TRL's (the whole accumulation window, so no further
+        division): ``bnpo`` the optimizer step's valid tokens over every process (the own
+        engine's mini-batch token mean; the data-parallel average of the processes' gradients
+        divides by P), or this micro-batch's outside training; dapo / cispo / vespo TRL's global
+        token count; the others the window's sequences."""
+        loss_type = self.args.loss_type
+        if loss_type == "bnpo" and mode == "train":
             if "mini_batch_tokens" not in inputs:
                 raise KeyError(
                     "loss_type='bnpo' needs the batch's 'mini_batch_tokens' (the optimizer step's "
                     "valid tokens over all processes), which GBMPOTrainer._prepare_inputs adds"
                 )
-            agg_kw["num_tokens"] = max(float(inputs["mini_batch_tokens"]), 1.0) / (
-                self.accelerator.num_processes
-            )
-        elif obj.loss_type == "bnpo":
-            agg_kw["num_tokens"] = max(float(mask.sum()), 1.0)
-        elif obj.loss_type in _GLOBAL_TOKEN_LOSS_TYPES:
+            tokens = max(float(inputs["mini_batch_tokens"]), 1.0)
+            return {"num_tokens": tokens / self.accelerator.num_processes}
+        if loss_type == "bnpo":
+            return {"num_tokens": max(float(fwd.mask.sum()), 1.0)}
+        if loss_type in _GLOBAL_TOKEN_LOSS_TYPES:
             # TRL: token sum / Z with Z = global tokens / processes (scaled to the window); Z may
             # be below this process's token count, which aggregate accepts.
-            agg_kw["num_tokens"] = float(
-                dapo_normalizer(
-                    inputs["num_items_in_batch"],
-                    num_processes=self.accelerator.num_processes,
-                    accumulation_steps=accum,
-                    steps_per_generation=self.args.steps_per_generation,
-                    training=mode == "train",
-                )
-            )
-        else:
-            agg_kw["num_sequences"] = int(logp.size(0)) * accum
-        loss, m = compute_policy_loss(
-            logp=logp,
-            old_logp=old_logp,
-            advantages=advantages,
-            mask=mask,
-            surrogate=obj.surrogate,
-            terms=terms,
-            aggregation=obj.aggregation,
-            max_len=obj.max_len if obj.aggregation == "dr_grpo" else None,
-            token_weights=weights,
-            **agg_kw,
-        )
-        pg_part = m["pg_loss"]
+            return {"num_tokens": float(dapo_normalizer(
+                inputs["num_items_in_batch"],
+                num_processes=self.accelerator.num_processes,
+                accumulation_steps=accum,
+                steps_per_generation=self.args.steps_per_generation,
+                training=mode == "train",
+            ))}  # fmt: skip
+        return {"num_sequences": int(fwd.logp.size(0)) * accum}
 
+    def _add_entropy_and_aux(
+        self, loss: Tensor, fwd: _PolicyForward, entropy_mask: Tensor | None, accum: int,
+        mode: str,
+    ) -> Tensor:  # fmt: skip
+        """TRL's entropy bonus (logging TRL's ``policy_loss``, the loss before it, per
+        micro-batch: not divided by the accumulation steps except for the global-token loss
+        types, as TRL) and the MoE router's auxiliary loss (``aux_loss``)."""
         if self._entropy_bonus_enabled:
-            # TRL's policy_loss: the loss before the entropy term, per micro-batch (not divided by
-            # the accumulation steps, except for the global-token loss types, as TRL)
-            policy = loss.detach() * (1 if obj.loss_type in _GLOBAL_TOKEN_LOSS_TYPES else accum)
+            scale = 1 if self.args.loss_type in _GLOBAL_TOKEN_LOSS_TYPES else accum
+            policy = loss.detach() * scale
             self._metrics[mode]["policy_loss"].append(self._mean_over_processes(float(policy)))
-            eff_mask = mask if entropy_mask is None else mask * entropy_mask
-            loss = loss - self._entropy_term(entropies, eff_mask, accum, mode)
+            eff_mask = fwd.mask if entropy_mask is None else fwd.mask * entropy_mask
+            loss = loss - self._entropy_term(fwd.entropies, eff_mask, accum, mode)
         if self.aux_loss_enabled:
-            loss = loss + self.router_aux_loss_coef * aux_loss / accum
+            loss = loss + self.router_aux_loss_coef * fwd.aux_loss / accum
             self._metrics[mode]["aux_loss"].append(
-                self.accelerator.gather_for_metrics(aux_loss).mean().item()
-            )
-
-        self._log_gbmpo_metrics(mode, logp, entropies, mask, terms, ref_logp, old_logp, m)
-        self._log_trl_metrics(mode, logp.detach(), old_logp, advantages, mask)
-        if mode == "train" and ref_logp is not None:
-            self._add_reference_divergences(old_logp, ref_logp, mask)
-        self._metrics[mode]["loss/surrogate"].append(self._mean_over_processes(pg_part * accum))
-        self._metrics[mode]["loss/regularizer"].append(
-            self._mean_over_processes(m["reg_loss"] * accum)
-        )
-        for t in terms if len(obj.terms) > 1 else ():  # a sum: each term's part of the loss
-            self._metrics[mode][f"loss/regularizer/{t.name}"].append(
-                self._mean_over_processes(m[f"reg_loss/{t.name}"] * accum)
+                self.accelerator.gather_for_metrics(fwd.aux_loss).mean().item()
             )
         return loss
 
@@ -365,42 +413,43 @@ class GBMPOTrainer(GRPOTrainer):
     # ---- logging ------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def _add_reference_divergences(self, old_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
+    def _add_monitored_divergences(self, old_logp: Tensor, ref_logp: Tensor, mask: Tensor) -> None:
         r"""Add this micro-batch's token sums of :math:`D(\pi_{old}\,\|\,\pi_{ref})` for every
-        regularizer of ``objective.reference_monitors`` (the mean over the logging window's
-        tokens is logged as ``reference/<name>``; every pass over a batch adds the same values,
-        so ``num_iterations`` > 1 leaves the mean unchanged)."""
+        monitored regularizer (the built objective's ``monitors``: the optimised ones and, with
+        ``monitor_regularizers``, every registered one). :meth:`log` logs the mean over the
+        logging window's tokens as ``reg/<name>``, once per regularizer; every pass over a
+        batch adds the same values, so ``num_iterations`` > 1 leaves the mean unchanged."""
         mf = mask.to(torch.float32)
-        sums = getattr(self, "_reference_sums", None)
+        sums = getattr(self, "_monitor_sums", None)
         if sums is None:
-            sums = self._reference_sums = {}
-            self._reference_tokens = 0.0
+            sums = self._monitor_sums = {}
+            self._monitor_tokens = 0.0
         old, ref = old_logp.detach().float(), ref_logp.detach().float()
-        for name, reg in self._gbmpo.reference_monitors.items():
-            value = (reg(logp=old, old_logp=old, ref_logp=ref, mask=mask) * mf).sum()
+        for name, reg in self._gbmpo.monitors.items():
+            value = (reg(logp=old, old_logp=old, anchor_logp=ref, mask=mask) * mf).sum()
             sums[name] = sums.get(name, 0.0) + float(value)
-        self._reference_tokens += float(mf.sum())
+        self._monitor_tokens += float(mf.sum())
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        """TRL's log, with ``reference/<name>`` (token means over every process since the last
-        log), GBMPOTrainer's per-micro-batch means weighted by their valid tokens and
-        ``ratio/min`` / ``ratio/max`` as the window's extremes (TRL would average the
-        micro-batches' values plainly)."""
+        """TRL's log, with ``reg/<name>`` (token means over every process since the last log),
+        GBMPOTrainer's per-micro-batch means weighted by their valid tokens and ``ratio/min`` /
+        ``ratio/max`` as the window's extremes (TRL would average the micro-batches' values
+        plainly)."""
         mode = "train" if self.model.training else "eval"
         metrics = self._metrics[mode]
         # token-weighted means over the window's micro-batches (TRL averages them plainly), so
         # that e.g. the clip fraction is the fraction of the window's valid tokens
         window_means(metrics, getattr(self, "_token_weights", {}).get(mode, {}))
-        sums = getattr(self, "_reference_sums", None)
+        sums = getattr(self, "_monitor_sums", None)
         if mode == "train" and sums:
             names = sorted(sums)
-            local = torch.tensor([sums[n] for n in names] + [self._reference_tokens],
+            local = torch.tensor([sums[n] for n in names] + [self._monitor_tokens],
                                  dtype=torch.float64, device=self.accelerator.device)  # fmt: skip
             totals = self.accelerator.reduce(local, reduction="sum")
             tokens = float(totals[-1].clamp(min=1.0))
             for i, name in enumerate(names):
-                metrics[f"reference/{name}"] = [float(totals[i]) / tokens]
-            self._reference_sums = None
+                metrics[MONITOR_PREFIX + name] = [float(totals[i]) / tokens]
+            self._monitor_sums = None
         super().log(logs, start_time)
 
     @torch.no_grad()
@@ -416,8 +465,8 @@ class GBMPOTrainer(GRPOTrainer):
         adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
         mf = mask.to(torch.float32)
         log_ratio = (logp - old_logp).float()
-        name = obj.surrogate_name
-        if name in ("clip", "gspo") and obj.loss_type not in LOSS_TYPE_SURROGATES:
+        name, loss_type = obj.spec.surrogate.name, self.args.loss_type
+        if name in ("clip", "gspo") and loss_type not in LOSS_TYPE_SURROGATES:
             if name == "gspo":
                 seq = (log_ratio * mf).sum(-1) / mf.sum(-1).clamp(min=1.0)
                 ratio = torch.exp(seq).unsqueeze(-1).expand_as(log_ratio)
@@ -439,12 +488,12 @@ class GBMPOTrainer(GRPOTrainer):
             self._metrics[mode]["clip_ratio/high_max"].append(
                 float(high_seq.max()) if high_seq.numel() else nan
             )
-        elif obj.loss_type == "cispo":
+        elif loss_type == "cispo":
             cap = 1.0 + float(obj.surrogate.eps_high)  # TRL's epsilon_high (loss_type_surrogate)
             hit = ((torch.exp(log_ratio) > cap) & (adv > 0)).float()
             totals = self.accelerator.reduce(torch.stack([(hit * mf).sum(), mf.sum()]), "sum")
             self._metrics[mode]["cispo_clip_ratio"].append(float(totals[0] / totals[1].clamp(1.0)))
-        elif obj.loss_type == "vespo":
+        elif loss_type == "vespo":
             a = self.args
             phi = self.get_gamma_weights(
                 advantages=adv, log_ratio_per_token=log_ratio, mask=mf,
@@ -464,48 +513,46 @@ class GBMPOTrainer(GRPOTrainer):
     def _log_gbmpo_metrics(
         self,
         mode: str,
-        logp: Tensor,
-        entropies: Tensor,
-        mask: Tensor,
+        fwd: _PolicyForward,
         terms: list[LossTerm],
         ref_logp: Tensor | None,
         old_logp: Tensor,
         m: dict[str, float],
+        accum: int,
     ) -> None:
-        """Token-weighted means over all processes (one reduce), min / max over processes."""
+        """gbmpo's metrics of one micro-batch under the run directory's names
+        (:mod:`gbmpo.io.metrics`): token-weighted means over all processes (one reduce) of
+        ``entropy``, TRL's ``kl``, ``reg_value`` (and ``reg_value/<name>`` per term of a sum),
+        the clip fractions and the mean ratio; min / max over processes of the ratio; the two
+        parts of the loss per optimizer step, ``pg_loss`` and ``reg_loss`` (and
+        ``reg_loss/<name>`` per term of a sum)."""
         obj = self._gbmpo
+        mask = fwd.mask
         mf = mask.to(torch.float32)
         n_local = mf.sum()
         values: dict[str, Tensor] = {}
+        several = len(obj.terms) > 1
 
         def token_mean(x: Tensor) -> Tensor:
             return masked_mean(x, mf)
 
         if mode != "train" or self._first_pass():  # the rollout policy's entropy (own engine's)
-            values["entropy"] = token_mean(entropies)
+            values["entropy"] = token_mean(fwd.entropies)
         with torch.no_grad():
-            lp = logp.detach()
+            lp = fwd.logp.detach()
             if ref_logp is not None:
                 # TRL's kl: k3, times the token ratio with use_bias_correction_kl (kl_k3_is)
                 kl = kl_k3(lp.float(), ref_logp.float())
                 if self.args.use_bias_correction_kl:
                     kl = kl * torch.exp(lp.float() - old_logp.float())
                 values["kl"] = token_mean(kl)
-            # the summed value under the objective's label (0 with every term outside the
-            # loss; not logged when the loss's terms were left out for want of an anchor),
-            # then each term's
+            # the summed value (0 with every term outside the loss; not logged when the loss's
+            # terms were left out for want of an anchor), then each term's for a sum
             if terms or not obj.loss_terms:
-                label = obj.spec.regularizer_label
-                values[f"regularizer/{label}"] = torch.tensor(m["reg_value"], device=mf.device)
-                for t in terms:
-                    values[f"regularizer/{t.name}"] = torch.tensor(
+                values["reg_value"] = torch.tensor(m["reg_value"], device=mf.device)
+                for t in terms if several else ():
+                    values[f"reg_value/{t.name}"] = torch.tensor(
                         m[f"reg_value/{t.name}"], device=mf.device
-                    )
-            if len(obj.terms) == 1 and len(terms) == 1:  # the others at the term's anchor
-                anchor = terms[0].anchor_logp
-                for name, reg in obj.diagnostics.items():
-                    values[f"regularizer/{name}"] = token_mean(
-                        reg(logp=lp, old_logp=old_logp, ref_logp=anchor, mask=mask)
                     )
         values["clip_ratio/low_mean"] = torch.tensor(m["clip_frac_low"], device=mf.device)
         values["clip_ratio/high_mean"] = torch.tensor(m["clip_frac_high"], device=mf.device)
@@ -533,3 +580,10 @@ class GBMPOTrainer(GRPOTrainer):
         gathered = self.accelerator.gather(extremes.unsqueeze(0)).view(-1, 2).min(dim=0).values
         self._metrics[mode]["ratio/min"].append(float(gathered[0]))
         self._metrics[mode]["ratio/max"].append(float(-gathered[1]))
+        # the loss's two parts, scaled to the optimizer step (summed over its micro-batches)
+        self._metrics[mode]["pg_loss"].append(self._mean_over_processes(m["pg_loss"] * accum))
+        self._metrics[mode]["reg_loss"].append(self._mean_over_processes(m["reg_loss"] * accum))
+        for t in terms if several else ():
+            self._metrics[mode][f"reg_loss/{t.name}"].append(
+                self._mean_over_processes(m[f"reg_loss/{t.name}"] * accum)
+            )

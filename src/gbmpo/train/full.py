@@ -8,7 +8,7 @@ the reference at every completion position, not only the sampled tokens' log-pro
   ``[b, C, V]`` (the forward computes them anyway for the log-probs; the sampled-token path
   reduces them to ``logp`` at once); the log-probs are taken from them as usual, the reference's
   logits come from one no-grad forward of the same micro-batch, and
-  :func:`~gbmpo.objectives.estimators.exact_divergence` sums the divergence over the vocabulary
+  :func:`~gbmpo.objectives.estimators.full_divergence` sums the divergence over the vocabulary
   in chunks of token rows, storing its gradient for the policy logits during the forward (one
   buffer the size of the micro-batch's logits). The reference's logits are freed once the
   divergence is computed, so the peak per micro-batch is the sampled path's plus one
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.estimators import exact_divergence, full_potential
+from gbmpo.objectives.estimators import full_divergence, full_potential
 from gbmpo.rollout.logprobs import (
     completion_logits,
     selective_log_softmax,
@@ -40,7 +40,7 @@ from gbmpo.train.batching import _chunks
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
 
-__all__ = ["full_terms", "logprobs_and_exact", "no_grad_logits", "sequence_exact", "token_exact"]
+__all__ = ["full_terms", "logprobs_and_full", "no_grad_logits", "sequence_full", "token_full"]
 
 
 def full_terms(terms: Any) -> list[Any]:
@@ -74,7 +74,7 @@ def no_grad_logits(tr: Trainer, batch: Rollout, *, reference: bool) -> Tensor:
         tr.model.train(was_training)
 
 
-def logprobs_and_exact(
+def logprobs_and_full(
     tr: Trainer, batch: Rollout, mask: Tensor, terms: list[Any], *, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
     r"""For one micro-batch: the policy's sampled-token log-probs (with grad), its entropies
@@ -89,15 +89,15 @@ def logprobs_and_exact(
     else:
         logp = selective_log_softmax(logits, targets)
     ref_logits = no_grad_logits(tr, batch, reference=True)
-    exact = {
-        t.name: exact_divergence(logits, ref_logits, full_potential(t.name, t.regularizer), mask)
+    full_values = {
+        t.name: full_divergence(logits, ref_logits, full_potential(t.name, t.regularizer), mask)
         for t in terms
     }
-    return logp, entropy, exact
+    return logp, entropy, full_values
 
 
 @torch.no_grad()
-def token_exact(
+def token_full(
     tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor, *, where: str = "advantage"
 ) -> dict[str, Tensor]:
     r"""Per ``full`` term, the per-token exact divergence :math:`D^{\text{full}}_{i,t}(\pi_{old}
@@ -114,16 +114,16 @@ def token_exact(
         m = mask[rows]
         for t in terms:
             form = full_potential(t.name, t.regularizer)
-            parts[t.name].append(exact_divergence(old, ref, form, m))
+            parts[t.name].append(full_divergence(old, ref, form, m))
     return {name: torch.cat(p) for name, p in parts.items()}
 
 
 @torch.no_grad()
-def sequence_exact(
+def sequence_full(
     tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor
 ) -> dict[str, Tensor]:
     r"""Per ``full`` term, :math:`S_i = \sum_t m_{i,t} D^{\text{full}}_{i,t}(\pi_{old}\,\|\,
-    \pi_{ref})` ``[N]`` of the rollout ``batch`` (detached): :func:`token_exact` summed over
+    \pi_{ref})` ``[N]`` of the rollout ``batch`` (detached): :func:`token_full` summed over
     the tokens (the ``placement: reward`` penalty)."""
-    per_token = token_exact(tr, batch, terms, mask, where="reward")
+    per_token = token_full(tr, batch, terms, mask, where="reward")
     return {name: d.sum(dim=-1) for name, d in per_token.items()}

@@ -1,15 +1,15 @@
 r"""``estimator: full`` and ``placement: reward`` on TRL: the logits GBMPOTrainer needs beside
 TRL's sampled-token log-probs, and the in-reward penalty it subtracts before TRL's advantages.
 
-* **in the loss** (:func:`logprobs_and_exact`): per micro-batch, one policy forward returns the
+* **in the loss** (:func:`logprobs_and_full`): per micro-batch, one policy forward returns the
   completion logits ``[b, C, V]`` (with grad; the sampled tokens' log-probs and entropies come
   from them), one no-grad forward of the reference (TRL's reference model, or the policy with
   its LoRA adapter switched off, TRL's mechanism) returns its logits, and
-  :func:`gbmpo.objectives.estimators.exact_divergence` sums the divergence over the vocabulary
+  :func:`gbmpo.objectives.estimators.full_divergence` sums the divergence over the vocabulary
   in chunks of token rows, with its gradient into the policy logits (one buffer the size of the
   micro-batch's logits). The reference's logits are freed once the divergence is computed, so
   the extra memory is about one logits tensor per micro-batch, as on the own engine
-  (:mod:`gbmpo.train.exact`);
+  (:mod:`gbmpo.train.full`);
 * **in the reward** (:func:`sequence_penalties`, :func:`shaped_advantages`): each term's
   detached per-sequence penalty :math:`\beta_k \sum_t m_{i,t} D^{(k)}_{i,t}(\pi_{old}\,\|\,
   \pi_{ref})` (sampled-token formula on TRL's rollout and reference log-probs, or the exact
@@ -24,17 +24,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from accelerate.utils import is_peft_model
 from torch import Tensor
+from trl.trainer.utils import use_adapter
 
 from gbmpo.objectives.advantages import group_advantages
-from gbmpo.objectives.estimators import exact_divergence, full_potential
+from gbmpo.objectives.estimators import full_divergence, full_potential
 from gbmpo.objectives.loss import reward_penalty, sequence_divergence
 from gbmpo.rollout.logprobs import selective_log_softmax_and_entropy
 
 __all__ = [
     "TRL_STD_EPS",
     "completion_logits",
-    "logprobs_and_exact",
+    "logprobs_and_full",
     "reference_logits",
     "sequence_penalties",
     "shaped_advantages",
@@ -74,9 +76,6 @@ def reference_logits(
     if trainer.ref_model is not None:
         return completion_logits(trainer, trainer.ref_model, input_ids, attention_mask,
                                  logits_to_keep)[0]  # fmt: skip
-    from accelerate.utils import is_peft_model
-    from trl.trainer.utils import use_adapter
-
     model = trainer.accelerator.unwrap_model(trainer.model)
     if not is_peft_model(model):
         raise RuntimeError(
@@ -92,7 +91,7 @@ def _potential(term: Any) -> Any:
     return full_potential(term.name, term.regularizer)
 
 
-def logprobs_and_exact(
+def logprobs_and_full(
     trainer: Any, model: Any, input_ids: Tensor, attention_mask: Tensor, logits_to_keep: int,
     completion_ids: Tensor, mask: Tensor, terms: Any, *, aux: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor | None, dict[str, Tensor]]:  # fmt: skip
@@ -104,9 +103,9 @@ def logprobs_and_exact(
                                          logits_to_keep, aux=aux)  # fmt: skip
     logp, entropy = selective_log_softmax_and_entropy(logits, completion_ids)
     ref = reference_logits(trainer, input_ids, attention_mask, logits_to_keep)
-    exact = {t.name: exact_divergence(logits, ref, _potential(t), mask) for t in terms}
+    full_values = {t.name: full_divergence(logits, ref, _potential(t), mask) for t in terms}
     del ref
-    return logp, entropy, aux_loss, exact
+    return logp, entropy, aux_loss, full_values
 
 
 @torch.no_grad()
@@ -144,7 +143,7 @@ def sequence_penalties(trainer: Any, output: dict[str, Any], terms: Any) -> dict
             pol, _ = completion_logits(trainer, trainer.model, ids[rows], attn[rows], k)
             refl = reference_logits(trainer, ids[rows], attn[rows], k)
             for t in full:
-                parts[t.name].append(exact_divergence(pol, refl, _potential(t), mask[rows]).sum(-1))
+                parts[t.name].append(full_divergence(pol, refl, _potential(t), mask[rows]).sum(-1))
         seqs.update({name: torch.cat(p) for name, p in parts.items()})
     return {t.name: t.coef * seqs[t.name].float() for t in terms}
 
