@@ -3,11 +3,11 @@ r"""``gbmpo train --engine verl``: verl's ``main_ppo`` (Ray, FSDP, vLLM) from a 
 What the config becomes (:mod:`gbmpo.engines.verl_args`: ``overrides``, Hydra overrides of
 verl's ``ppo_trainer.yaml``):
 
-* ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the surrogate as
-  ``policy_loss.loss_mode=gbmpo_<name>`` with *every* parameter spelled out in
-  ``policy_loss.gbmpo_surrogate`` (so verl's own clip fields add nothing), the regularizer as
-  the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef and its
-  parameters in ``policy_loss.gbmpo_kl``, the aggregation as ``loss_agg_mode``
+* ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the spec as JSON in
+  ``policy_loss.gbmpo_objective``, built by the plugin once per process into the own engine's
+  ``BuiltObjective`` (so verl's own clip fields add nothing), the surrogate as
+  ``policy_loss.loss_mode=gbmpo_<name>``, the regularizer as the actor KL loss
+  ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef, the aggregation as ``loss_agg_mode``
   (:data:`gbmpo.integrations.common.VERL_LOSS_AGG_MODES`; ``dr_grpo`` with
   ``loss_scale_factor`` = the completion length), the advantage as ``algorithm.adv_estimator``
   / ``norm_adv_by_std_in_grpo``;
