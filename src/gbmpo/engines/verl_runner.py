@@ -48,12 +48,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gbmpo.config import ConfigError, dump_yaml, validate
+from gbmpo.config.support import check_support
 from gbmpo.engines.checks import (
     DryRunReport,
     EngineUnavailable,
@@ -68,9 +71,21 @@ from gbmpo.engines.verl_metrics import (
     read_verl_log,
     summarize_run,
 )
+from gbmpo.integrations import verl_cpu
 from gbmpo.integrations.common import hydra_value as _value
-from gbmpo.io import RunStopped, resume_command
+from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
+from gbmpo.io import (
+    RunLock,
+    RunStopped,
+    is_nonempty,
+    resume_command,
+    write_atomic,
+    write_json_atomic,
+)
 from gbmpo.io.stop import handling
+from gbmpo.models import resolve_model_path
+from gbmpo.train.run import default_run_dir, resume_config, write_status
+from gbmpo.train.setup import build_task, load_tokenizer
 
 __all__ = [
     "LAUNCH_FILE",
@@ -110,8 +125,6 @@ def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[st
     (after the run's ``run.plugins``, which may register surrogates and regularizers that the
     plugin then registers with verl); with ``cpu`` also the CPU platform and rollout
     (:mod:`gbmpo.integrations.verl_cpu`, never on a GPU run)."""
-    from gbmpo.integrations import verl_cpu
-
     src = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
     extra = [verl_cpu.PLUGIN] if cpu else []
@@ -127,16 +140,12 @@ def check_engine_support(cfg: Any) -> list[str]:
     """:func:`gbmpo.config.support.check_support` for engine verl: ``ConfigError`` (exit 2,
     nothing written) for a value verl cannot honour; returns the no-effect notices (``gbmpo
     train`` prints them once)."""
-    from gbmpo.config.support import check_support
-
     return check_support(cfg, "verl")
 
 
 def dry_run(cfg: Any) -> DryRunReport:
     """Engine-independent checks, the overrides, and verl's own validation of the composed
     ``ppo_trainer.yaml`` in verl's environment (:mod:`gbmpo.engines.verl_check`)."""
-    import tempfile
-
     report = DryRunReport("verl")
     notices = check_engine_support(cfg)
     if notices:
@@ -163,8 +172,6 @@ def dry_run(cfg: Any) -> DryRunReport:
                                         and ".target_modules=" not in o], Path(tmp),
                                plugins, cpu=cfg.model.device == "cpu")  # fmt: skip
     if proc.returncode != 0:
-        from gbmpo.config import ConfigError
-
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ConfigError(f"verl rejects the composed config: {tail}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -188,12 +195,6 @@ def run(cfg: Any) -> dict[str, Any]:
     """Write the run directory (config, data, overrides, :data:`LAUNCH_FILE`) and launch
     ``verl.trainer.main_ppo``; :class:`EngineUnavailable` (nothing written) where verl or GPUs
     are missing."""
-    from gbmpo.config import ConfigError, dump_yaml, validate
-    from gbmpo.io import is_nonempty, write_atomic, write_json_atomic
-    from gbmpo.models import resolve_model_path
-    from gbmpo.train.run import default_run_dir
-    from gbmpo.train.setup import build_task, load_tokenizer
-
     validate(cfg)
     check_engine_support(cfg)  # a value verl cannot honour stops here, before anything else
     python = _gpu_python(cfg)
@@ -236,8 +237,6 @@ def _gpu_python(cfg: Any) -> str:
             "python"
         )
     if cfg.model.device == "cpu":
-        from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
-
         probe = subprocess.run(
             [python, "-c", "import importlib.metadata as m; print(m.version('verl'))"],
             capture_output=True, text=True, timeout=300,
@@ -266,8 +265,6 @@ def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
             n_eval: int | None) -> dict[str, Any]:  # fmt: skip
     """Run ``verl.trainer.main_ppo`` with ``ov`` (also written to verl_overrides.txt), then
     write metrics.jsonl and summary.json."""
-    from gbmpo.io import write_atomic
-
     write_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
     env = {**_verl_env(list(cfg.run.plugins), cpu=cfg.model.device == "cpu"),
            "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / VERL_METRICS_FILE)}  # fmt: skip
@@ -275,7 +272,6 @@ def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], *, kind: str,
     # Hydra's own output folder (the composed config, the log) inside the run directory, not
     # ./outputs of the working directory
     hydra_dir = f"hydra.run.dir={_value(str(run_dir.resolve() / 'hydra'))}"
-    from gbmpo.train.run import write_status
 
     write_status(run_dir, "running", _resume_point(run_dir)[2], engine="verl")
     with _forwarding_signals() as (received, forward):
@@ -332,8 +328,6 @@ class VerlStopped(RunStopped):
 def _stopped(run_dir: Path, signame: str) -> VerlStopped:
     """``status.json`` (preempted / interrupted, verl's newest checkpoint) and the stop to
     raise."""
-    from gbmpo.train.run import write_status
-
     _, folder, step = _resume_point(run_dir)
     err = VerlStopped(signame, step=step, checkpoint=folder, run_dir=run_dir)
     write_status(run_dir, err.state, step, engine="verl", signal=signame,
@@ -351,8 +345,6 @@ LAUNCH_FILE = "verl_launch.json"
 def _resume_point(run_dir: Path) -> tuple[dict[str, Any], Path | None, int]:
     """The launch record, the checkpoint directory verl resumes from (``None``: none yet) and
     its step (0 without one)."""
-    from gbmpo.config import ConfigError
-
     try:
         launch = json.loads((run_dir / LAUNCH_FILE).read_text())
     except (OSError, ValueError) as err:
@@ -389,9 +381,6 @@ def resume_overrides(cfg: Any, run_dir: str | Path) -> tuple[list[str], int]:
 
 
 def _resume_config(run_dir: str | Path, extra: list[tuple[str, Any]] | None) -> tuple[Any, Path]:
-    from gbmpo.config import validate
-    from gbmpo.train.run import resume_config
-
     cfg, path = resume_config(run_dir, extra)
     validate(cfg)
     check_engine_support(cfg)
@@ -416,9 +405,6 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     :class:`EngineUnavailable` (nothing written) where verl or its GPUs are missing. verl's log
     rows past that checkpoint are dropped (the rows up to it are kept in
     :data:`VERL_EARLIER_METRICS_FILE`), so that metrics.jsonl has each step once."""
-    from gbmpo.config import dump_yaml
-    from gbmpo.io import RunLock, write_atomic
-
     cfg, path = _resume_config(run_dir, extra)
     python = _gpu_python(cfg)
     ov, step = resume_overrides(cfg, path)
