@@ -118,13 +118,16 @@ def test_plugin_prints_the_overrides_of_an_objective_file(tmp_path: Path) -> Non
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split()
     assert lines == gv.objective_overrides(spec, max_response_length=1024)
-    assert "+actor_rollout_ref.actor.policy_loss.gbmpo_surrogate.delta=0.02" in lines
+    key = "+actor_rollout_ref.actor.policy_loss.gbmpo_objective="
+    (line,) = [o for o in lines if o.startswith(key)]
+    assert json.loads(line.split("=", 1)[1][1:-1])["surrogate"] == spec["surrogate"]
     from verl.utils.config import omega_conf_to_dataclass
 
     composed = _compose([*lines, "actor_rollout_ref.actor.use_dynamic_bsz=true"])
     actor = composed.actor_rollout_ref.actor
     chosen = gv.describe(omega_conf_to_dataclass(actor))
     assert chosen["surrogate"] == get_surrogate("atr", delta=0.02)
+    assert chosen["surrogate"] is chosen["objective"].surrogate  # the one built objective
 
 
 def test_data_files_give_the_longest_prompt(tmp_path: Path) -> None:

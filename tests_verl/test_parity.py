@@ -626,34 +626,47 @@ SUM_SPEC = {
 }  # fmt: skip
 
 
+def _objective_config(mode: str, ov: dict[str, str], objective: str | None = None,
+                      **pl: Any) -> FSDPActorConfig:
+    """verl's actor config as the overrides ``ov`` (of :func:`verl_objective_overrides`) set it,
+    the objective spec in ``policy_loss.gbmpo_objective`` (``objective``: another JSON text)."""
+    a = "actor_rollout_ref.actor"
+    use_kl = ov[f"{a}.use_kl_loss"] == "true"
+    return FSDPActorConfig(
+        strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
+        clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode,
+        use_kl_loss=use_kl, kl_loss_coef=float(ov.get(f"{a}.kl_loss_coef", 0.001)),
+        kl_loss_type=ov.get(f"{a}.kl_loss_type", "low_var_kl"),
+        policy_loss=gv.GBMPOPolicyLossConfig(
+            loss_mode=ov[f"{a}.policy_loss.loss_mode"],
+            gbmpo_objective=objective or ov[f"{a}.policy_loss.gbmpo_objective"][1:-1], **pl),
+    )  # fmt: skip
+
+
+def _overrides(spec: dict[str, Any], t: int) -> dict[str, str]:
+    from gbmpo.integrations.common import verl_objective_overrides
+
+    return dict(o.lstrip("+").split("=", 1)
+                for o in verl_objective_overrides(spec, max_response_length=t))  # fmt: skip
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_sum_of_terms_equals_the_own_engines_sum(mode: str) -> None:
     """``objective.regularizer`` as a list: the overrides gbmpo composes (``kl_loss_type=
-    gbmpo_sum``, coefficient 1, the terms with their coefficients, anchors and parameters)
-    through verl's own ``ppo_loss`` equal the own engine's ``compute_policy_loss(terms=...)``
-    in loss and gradient; the terms' ``kl_loss`` is the own engine's ``reg_loss``."""
-    from gbmpo.integrations.common import verl_objective_overrides
-
+    gbmpo_sum``, coefficient 1, the spec in ``policy_loss.gbmpo_objective``, built by the plugin
+    into the own engine's ``BuiltObjective``) through verl's own ``ppo_loss`` equal the own
+    engine's ``compute_policy_loss(terms=...)`` in loss and gradient; the terms' ``kl_loss`` is
+    the own engine's ``reg_loss``."""
     x = _tensors(seed=211 + MODES.index(mode))
     t = x["mask"].shape[1]
-    ov = dict(o.lstrip("+").split("=", 1) for o in verl_objective_overrides(
-        {**SUM_SPEC, "aggregation": GBMPO_AGG[mode][0]}, max_response_length=t))  # fmt: skip
+    ov = _overrides({**SUM_SPEC, "aggregation": GBMPO_AGG[mode][0]}, t)
     a = "actor_rollout_ref.actor"
     assert ov[f"{a}.kl_loss_type"] == "gbmpo_sum" and ov[f"{a}.kl_loss_coef"] == "1.0"
-    terms = json.loads(ov[f"{a}.policy_loss.gbmpo_kl.terms"][1:-1])
-    assert [tm["name"] for tm in terms] == ["prob_l2", "kl_k3", "rpg_ufkl"]  # coef 0: dropped
+    cfg = _objective_config(mode, ov)
+    built = gv.describe(cfg)["objective"]
+    assert [tm.name for tm in gv.build_sum(built).terms] == ["prob_l2", "kl_k3", "rpg_ufkl"]
 
-    def config(terms: list[dict[str, Any]]) -> FSDPActorConfig:
-        return FSDPActorConfig(
-            strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=0.2,
-            clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, loss_agg_mode=mode,
-            use_kl_loss=True, kl_loss_coef=1.0, kl_loss_type="gbmpo_sum",
-            policy_loss=gv.GBMPOPolicyLossConfig(
-                loss_mode="gbmpo_clip", gbmpo_surrogate=SUM_SPEC["surrogate"]["params"],
-                gbmpo_kl={"terms": json.dumps(terms)}),
-        )  # fmt: skip
-
-    l_v, g_v, m_v = _run_ppo_loss(config(terms), x)
+    l_v, g_v, m_v = _run_ppo_loss(cfg, x)
 
     agg, kw = GBMPO_AGG[mode]
     if agg == "dr_grpo":
@@ -679,6 +692,79 @@ def test_sum_of_terms_equals_the_own_engines_sum(mode: str) -> None:
     assert dl <= TOL and dg <= TOL, (mode, dl, dg)
     assert _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], abs=1e-6)
     # sensitive: without the 'old' anchor the sum differs
-    terms[2]["anchor"] = "ref"
-    l_ref_anchor, _, _ = _run_ppo_loss(config(terms), x)
+    spec = json.loads(ov[f"{a}.policy_loss.gbmpo_objective"][1:-1])
+    spec["regularizer"][2]["anchor"] = "ref"
+    l_ref_anchor, _, _ = _run_ppo_loss(_objective_config(mode, ov, json.dumps(spec)), x)
     assert float((l_ref_anchor - l_v).abs()) > 1e-6
+
+
+# --------------------------------------------------------------------------------------------
+# One objective representation: the plugin builds the spec once into a BuiltObjective
+# --------------------------------------------------------------------------------------------
+
+ONE_TERM_SPEC = {
+    "surrogate": {"name": "atr", "params": {"delta": 0.02}},
+    "regularizer": {"name": "rpg_ufkl", "coef": 0.003, "anchor": "old", "params": {"clamp": 8.0}},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_objective_spec_loss_equals_the_own_engines_compute_policy_loss(mode: str) -> None:
+    """One term, ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef``: verl's ``ppo_loss`` with
+    the plugin's objective equals ``compute_policy_loss`` with that same ``BuiltObjective``'s
+    surrogate and terms (the objects themselves)."""
+    x = _tensors(seed=311 + MODES.index(mode))
+    t = x["mask"].shape[1]
+    agg, kw = GBMPO_AGG[mode]
+    ov = _overrides({**ONE_TERM_SPEC, "aggregation": agg}, t)
+    a = "actor_rollout_ref.actor"
+    assert ov[f"{a}.kl_loss_type"] == "gbmpo_rpg_ufkl" and float(ov[f"{a}.kl_loss_coef"]) == 0.003
+    cfg = _objective_config(mode, ov)
+    chosen = gv.describe(cfg)
+    built = chosen["objective"]
+    assert chosen["surrogate"] is built.surrogate and chosen["anchor"] == "old"
+    assert chosen["regularizer"] is built.terms[0].regularizer
+    l_v, g_v, m_v = _run_ppo_loss(cfg, x)
+    if agg == "dr_grpo":
+        kw = {"max_len": t}
+    lp = x["logp"].clone().requires_grad_(True)
+    anchors = {"ref": x["ref"], "old": x["old"]}
+    l_g, m_g = compute_policy_loss(
+        logp=lp, old_logp=x["old"], advantages=x["adv"], mask=x["mask"],
+        surrogate=built.surrogate, aggregation=agg,
+        terms=[LossTerm(tm.name, tm.regularizer, tm.coef, anchors[tm.anchor])
+               for tm in built.loss_terms], **kw)  # fmt: skip
+    (g_g,) = torch.autograd.grad(l_g, lp)
+    dl, dg = float((l_g.detach() - l_v).abs()), float((g_g - g_v).abs().max())
+    _record(f"objective_spec[{mode}]", dl, dg)
+    assert dl <= TOL and dg <= TOL, (mode, dl, dg)
+    assert 0.003 * _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], abs=1e-7)
+    # the surrogate is the spec's: another delta changes the loss
+    other = _overrides({**ONE_TERM_SPEC, "aggregation": agg,
+                        "surrogate": {"name": "atr", "params": {"delta": 0.2}}}, t)  # fmt: skip
+    assert float((_run_ppo_loss(_objective_config(mode, other), x)[0] - l_v).abs()) > 1e-6
+
+
+def test_objective_is_built_once_per_process_and_checked() -> None:
+    ov = _overrides(ONE_TERM_SPEC, 9)
+    a = "actor_rollout_ref.actor"
+    text = ov[f"{a}.policy_loss.gbmpo_objective"][1:-1]
+    first = gv.build_objective(text)
+    assert gv.build_objective(text) is first
+    assert _objective_config("token-mean", ov).policy_loss is not None
+    assert gv.current_objective() is first  # installed when verl builds the config
+    with pytest.raises(ValueError, match="loss_mode=gbmpo_atr"):
+        gv.GBMPOPolicyLossConfig(loss_mode="gbmpo_clip", gbmpo_objective=text)
+    with pytest.raises(ValueError, match="give one of the two"):
+        gv.GBMPOPolicyLossConfig(loss_mode="gbmpo_atr", gbmpo_objective=text,
+                                 gbmpo_surrogate={"delta": 0.1})  # fmt: skip
+    with pytest.raises(ValueError, match="objective.surrogate"):
+        gv.build_objective(json.dumps({"surrogate": {"name": "atr", "params": {"nope": 1}}}))
+    x = _tensors(seed=5)
+    wrong = _objective_config("token-mean", {**ov, f"{a}.kl_loss_type": "gbmpo_kl_k3"})
+    with pytest.raises(ValueError, match="not a term of the objective"):
+        _run_ppo_loss(wrong, x)
+    gv.configure_kl({})
+    assert gv.current_objective() is None
+    with pytest.raises(ValueError, match="gbmpo_objective"):
+        core_algos.kl_penalty(x["logp"], x["ref"], "gbmpo_sum")

@@ -63,12 +63,14 @@ def looks_like_hub_id(name: str) -> bool:
 _looks_like_hub_id = looks_like_hub_id  # the former private name
 
 def _offline() -> bool:
+    # deferred: huggingface_hub is heavy; `gbmpo --help` imports this module without it
     from huggingface_hub import constants
 
     return bool(constants.HF_HUB_OFFLINE)
 
 
 def _hub_cache_dir() -> str:
+    # deferred: huggingface_hub is heavy; `gbmpo --help` imports this module without it
     from huggingface_hub import constants
 
     return str(constants.HF_HUB_CACHE)
@@ -97,6 +99,7 @@ def _missing_model_files(directory: Path) -> list[str]:
 def _cached_snapshot(repo_id: str) -> tuple[Path | None, list[str]]:
     """``(snapshot directory, missing files)`` of ``repo_id`` (revision ``main``) in the local
     Hugging Face cache, without any network access; ``(None, [])`` if it is not cached."""
+    # deferred: huggingface_hub is heavy; `gbmpo --help` imports this module without it
     from huggingface_hub import try_to_load_from_cache
 
     config = try_to_load_from_cache(repo_id, "config.json")
@@ -134,6 +137,7 @@ def _probe_hub(repo_id: str) -> str | None:
     the reason as text if the Hub cannot be reached (offline mode, network error, no answer in
     time, a 5xx error); :class:`FileNotFoundError` if the Hub answers that the model does not
     exist, is gated, is not a transformers model or is otherwise refused (4xx)."""
+    # deferred: huggingface_hub is heavy; `gbmpo --help` imports this module without it
     from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import (
         EntryNotFoundError,
@@ -328,12 +332,14 @@ def _load_adapter(
 ) -> tuple[Any, Any]:
     """``(base model with the adapters of :func:`_adapter_stack` merged in, tokenizer)``."""
     try:
+        # deferred: peft is optional (the trl extra)
         from peft import PeftModel
     except ImportError as err:
         raise FileNotFoundError(
             f"model directory {str(directory)!r} is a peft adapter ({ADAPTER_CONFIG}); loading "
             "it needs the peft package: pip install peft"
         ) from err
+    # deferred: transformers is heavy; `gbmpo --help` imports this module without it
     from transformers import AutoTokenizer
 
     adapters, base = _adapter_stack(directory)
@@ -358,6 +364,7 @@ def _load_full(
 ) -> tuple[Any, Any]:
     """``(model, tokenizer)`` of a saved transformers model (no adapter), as ``from_pretrained``
     returns them; errors name the model."""
+    # deferred: transformers is heavy; `gbmpo --help` imports this module without it
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = resolve_model_path(path_or_id)

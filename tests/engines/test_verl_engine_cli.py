@@ -94,5 +94,8 @@ def test_default_mirror_map_is_written_for_verl(tmp_path: Path) -> None:
     default = get_regularizer("neural_mirror").params["mirror"].to_vector()
     assert NeuralMirrorMap.load(path).to_vector().tolist() == default.tolist()
     ov = overrides(used, tmp_path)
-    assert f"+actor_rollout_ref.actor.policy_loss.gbmpo_kl.mirror='{path.resolve()}'" in ov
+    key = "+actor_rollout_ref.actor.policy_loss.gbmpo_objective="
+    (line,) = [o for o in ov if o.startswith(key)]
+    spec = json.loads(line.split("=", 1)[1][1:-1])  # the objective the plugin builds
+    assert spec["regularizer"]["params"] == {"mirror": str(path.resolve())}
     assert with_mirror_file(used, tmp_path / "other.json") is used  # an existing file is kept

@@ -66,10 +66,14 @@ def test_a_list_of_loss_terms_is_one_sum_kl_loss(tmp_path: Path) -> None:
     for expected in (f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef=1.0",
                      f"{a}.kl_loss_type=gbmpo_sum", "algorithm.use_kl_in_reward=false"):
         assert expected in out, expected
-    (line,) = [o for o in out if o.startswith(f"+{a}.policy_loss.gbmpo_kl.terms=")]
-    assert json.loads(line.split("=", 1)[1][1:-1]) == [
-        {"name": "prob_l2", "coef": 0.05, "anchor": "ref", "params": {}},
-        {"name": "rpg_ufkl", "coef": 0.01, "anchor": "old", "params": {"clamp": 5.0}}]
+    assert not [o for o in out if ".gbmpo_kl." in o or ".gbmpo_surrogate." in o]
+    (line,) = [o for o in out if o.startswith(f"+{a}.policy_loss.gbmpo_objective=")]
+    # the whole spec, which the plugin builds into the own engine's BuiltObjective
+    spec = json.loads(line.split("=", 1)[1][1:-1])
+    assert spec == json.loads(json.dumps(cfg.objective.to_dict()))
+    assert [(t["name"], t["coef"], t["anchor"], t["params"]) for t in spec["regularizer"]] == [
+        ("prob_l2", 0.05, "ref", {}), ("rpg_ufkl", 0.01, "old", {"clamp": 5.0}),
+        ("kl_k3", 0.0, "ref", {})]
     bad = _cfg(("objective.regularizer", [{"name": "prob_l2", "coef": 0.05, "anchor": "old"},
                                           {"name": "kl_k3", "coef": 0.01}]))  # fmt: skip
     with pytest.raises(ConfigError, match=r"'objective.regularizer.anchor'=.*engine 'verl'"):

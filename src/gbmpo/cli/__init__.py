@@ -22,6 +22,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from gbmpo import __version__
 from gbmpo.cli.args import (
     UsageError,
     own_flags,
@@ -36,6 +37,7 @@ from gbmpo.cli.es import add_es_parser, run_es
 from gbmpo.cli.eval import add_eval_parser, run_eval
 from gbmpo.cli.report import add_report_parser, run_report
 from gbmpo.cli.train import add_train_parser, run_train
+from gbmpo.registry import add_plugin_modules
 
 __all__ = ["UsageError", "main", "parse_overrides", "positive_int", "split_imports"]
 
@@ -43,8 +45,6 @@ __all__ = ["UsageError", "main", "parse_overrides", "positive_int", "split_impor
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``gbmpo`` command line with ``argv`` (default ``sys.argv[1:]``); return the exit
     code."""
-    from gbmpo import __version__
-
     parser = argparse.ArgumentParser(
         prog="gbmpo",
         description="RL post-training of language models with the divergence geometry as a knob.",
@@ -73,7 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> int:
         nonlocal extra
         if plugins:  # imported now, and through $GBMPO_PLUGINS in every process started later
-            from gbmpo.registry import add_plugin_modules
 
             add_plugin_modules(plugins)
             if args.command in ("train", "compare") and not getattr(args, "resume", None):

@@ -17,6 +17,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from gbmpo.config import ConfigError, annotation_at, canonical_key
+from gbmpo.experiments.runs import RunDirError
+from gbmpo.io import CheckpointError, RunDirInUseError, RunStopped
+from gbmpo.objectives.spec import did_you_mean
+from gbmpo.registry import PluginError, UnknownNameError
+from gbmpo.rewards.scoring import RewardError
+from gbmpo.sandbox import SandboxUnavailableError
+from gbmpo.train import DataError
+
 __all__ = [
     "UsageError",
     "flag_hint",
@@ -53,8 +62,6 @@ def own_flags(parser: argparse.ArgumentParser) -> list[str]:
 
 def flag_hint(token: str, flags: Sequence[str]) -> str:
     """``"; did you mean '--dry-run'?"`` for the option in ``flags`` closest to ``token``."""
-    from gbmpo.objectives.spec import did_you_mean
-
     word = token.split("=", 1)[0].lstrip("-")
     return did_you_mean(word, {f.lstrip("-"): f for f in flags}) if word else ""
 
@@ -73,8 +80,6 @@ def parse_overrides(tokens: Sequence[str], flags: Sequence[str] = ()) -> list[tu
     here: an unknown one raises :class:`~gbmpo.config.ConfigError` with a "did you mean"
     among the config keys or, failing that, among the subcommand's own options ``flags``.
     """
-    from gbmpo.config import ConfigError, annotation_at, canonical_key
-
     out: list[tuple[str, Any]] = []
     i = 0
     while i < len(tokens):
@@ -131,13 +136,6 @@ def split_imports(tokens: list[str]) -> tuple[list[str], list[str]]:
 def input_errors(*extra: type[BaseException]) -> tuple[type[BaseException], ...]:
     """The exceptions that are bad input (exit code 2) for every subcommand, plus ``extra``
     (a subcommand's own, e.g. ``ValueError`` for ``es`` and ``report``)."""
-    from gbmpo.experiments.runs import RunDirError
-    from gbmpo.io import RunDirInUseError
-    from gbmpo.registry import PluginError, UnknownNameError
-    from gbmpo.rewards.scoring import RewardError
-    from gbmpo.sandbox import SandboxUnavailableError
-    from gbmpo.train import ConfigError, DataError
-
     return (UsageError, ConfigError, DataError, RewardError, UnknownNameError, FileNotFoundError,
             PluginError, SandboxUnavailableError, RunDirInUseError, RunDirError, *extra)
 
@@ -161,8 +159,6 @@ def report_errors(
     read or written (:class:`gbmpo.io.CheckpointError`) gives 1; a run stopped by SIGTERM /
     SIGINT (:class:`gbmpo.io.RunStopped`) prints its one line and gives 143 / 130, Ctrl-C
     elsewhere prints ``interrupted`` and gives 130."""
-    from gbmpo.io import CheckpointError, RunStopped
-
     try:
         return int(run())
     except RunStopped as err:  # SIGTERM / SIGINT: the checkpoint and the resume command

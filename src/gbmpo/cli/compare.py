@@ -37,6 +37,7 @@ from typing import Any
 
 from gbmpo.cli.args import parse_overrides, positive_int, report_errors
 from gbmpo.cli.report import add_report_options, print_table
+from gbmpo.config import canonical_key
 from gbmpo.experiments.execute import (
     plan_action,
     run_grid,
@@ -44,6 +45,7 @@ from gbmpo.experiments.execute import (
 from gbmpo.experiments.grid import (
     GridArm,
     GridError,
+    check_overrides,
     parse_arms,
     parse_coefs,
     parse_regularizers,
@@ -51,9 +53,12 @@ from gbmpo.experiments.grid import (
     plan_arms,
     plan_grid,
 )
+from gbmpo.experiments.report import write_report
 from gbmpo.experiments.runs import RunDirError, RunRecord, load_run
 from gbmpo.experiments.sweep import BASE_ARM, Sweep, parse_sweep, sweep_runs, swept_value
 from gbmpo.io import RunLock
+from gbmpo.meta.backends import BACKENDS
+from gbmpo.train import load_config
 
 #: the coefficient's key (a sweep of it replaces --coefs)
 _COEF = "objective.regularizer.coef"
@@ -242,11 +247,6 @@ def _coef_swept(sweep: Sweep | None, entries: Sequence[Any]) -> set[str]:
 
 def _plan(args: argparse.Namespace, tokens: list[str]) -> _Plan:
     """Every run of the grid, validated (nothing written)."""
-    from gbmpo.config import canonical_key
-    from gbmpo.experiments.grid import check_overrides
-    from gbmpo.meta.backends import BACKENDS
-    from gbmpo.train import load_config
-
     sweep_items = getattr(args, "sweep", None)
     sweep = parse_sweep(sweep_items) if sweep_items else None
     use_arms, base_sweep = _check_options(args, sweep)
@@ -334,8 +334,6 @@ def _print_failures(failures: dict[str, str]) -> None:
 def _report(args: argparse.Namespace, plan: _Plan, records: list[RunRecord],
             failures: dict[str, str], actions: Any) -> None:  # fmt: skip
     """Write results.json, report.md / report.html and the plots; print the table."""
-    from gbmpo.experiments.report import write_report
-
     runs, sweep = plan.runs, plan.sweep
     grid_spec: dict[str, Any] = {
         "regularizers": [

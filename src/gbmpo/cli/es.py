@@ -27,7 +27,13 @@ import numpy as np
 import yaml
 
 from gbmpo.cli.args import report_errors
+from gbmpo.meta.backends import get_backend
+from gbmpo.meta.checkpoint import load_state
 from gbmpo.meta.config import load_es_config
+from gbmpo.meta.es import ESConfig
+from gbmpo.meta.fitness import TrainingFitness
+from gbmpo.meta.runner import MIRROR_FILE, export_mirror_map, format_iteration, run_es_loop
+from gbmpo.objectives.mirror import NeuralMirrorMap
 
 __all__ = ["add_es_parser", "run_es"]
 
@@ -60,8 +66,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _make_backend(cfg: dict[str, Any]) -> Any:
-    from gbmpo.meta.backends import get_backend
-
     b = cfg["backend"]
     name = b["name"]
     if name == "local":
@@ -76,12 +80,6 @@ def _make_backend(cfg: dict[str, Any]) -> Any:
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from gbmpo.meta.checkpoint import load_state
-    from gbmpo.meta.es import ESConfig
-    from gbmpo.meta.fitness import TrainingFitness
-    from gbmpo.meta.runner import MIRROR_FILE, export_mirror_map, format_iteration, run_es_loop
-    from gbmpo.objectives.mirror import NeuralMirrorMap
-
     if args.resume:
         if args.config or args.population or args.steps:
             raise ValueError("--resume uses the configuration saved in the run; drop --config, "

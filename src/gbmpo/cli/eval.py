@@ -29,7 +29,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from gbmpo import models
 from gbmpo.cli.args import one_line, positive_int
+from gbmpo.config import ConfigError
+from gbmpo.eval import evaluation
+from gbmpo.eval.drift import measure_drift
+from gbmpo.rewards.scoring import RewardError
+from gbmpo.sandbox import SandboxUnavailableError
+from gbmpo.train.device import check_device
 
 __all__ = ["add_eval_parser", "parse_task_params", "run_eval", "summary_path"]
 
@@ -107,11 +116,8 @@ def summary_path(output: str | Path) -> Path:
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``gbmpo eval`` from parsed arguments; returns the exit code (0 on success, 2 on bad
     input, reported in one line on stderr)."""
-    import torch
+    # deferred: transformers is heavy; `gbmpo --help` imports this module without it
     from transformers.utils import logging as hf_logging
-
-    from gbmpo.eval.evaluation import evaluate, resolve_task
-    from gbmpo.models import load_model_and_tokenizer
 
     hf_logging.disable_progress_bar()  # stderr carries the progress and the error line only
 
@@ -132,8 +138,6 @@ def run_eval(args: argparse.Namespace) -> int:
             raise ValueError("--samples > 1 needs --temperature > 0 (greedy repeats itself)")
     except ValueError as err:
         return bad_input(err)
-    from gbmpo.config import ConfigError
-    from gbmpo.train.device import check_device
 
     try:  # an absent device stops before the model is loaded
         device = check_device(args.device, option="device")
@@ -141,7 +145,7 @@ def run_eval(args: argparse.Namespace) -> int:
         return bad_input(err)
     model_id = None if args.model in (None, "", "tiny") else args.model
     dtype = getattr(torch, args.dtype)
-    model, tokenizer = load_model_and_tokenizer(model_id, dtype=dtype, device=device)
+    model, tokenizer = models.load_model_and_tokenizer(model_id, dtype=dtype, device=device)
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(context, int) and args.max_new_tokens > context:
         return bad_input(ValueError(
@@ -152,11 +156,11 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"[eval] {done}/{total} problems", file=sys.stderr, flush=True)
 
     try:  # bad task names, parameters, splits or missing data files are input errors
-        task = resolve_task(args.task, tokenizer=tokenizer, template=args.template, **params)
+        task = evaluation.resolve_task(args.task, tokenizer=tokenizer, template=args.template,
+                                       **params)
         task.split(args.split or task.eval_split)
     except (ValueError, ImportError, FileNotFoundError, TypeError) as err:
         return bad_input(err)
-    from gbmpo.sandbox import SandboxUnavailableError
 
     try:  # a code task refuses before generating anything when isolation is missing
         task.prepare_reward(allow_unsandboxed_code=args.allow_unsandboxed_code)
@@ -165,10 +169,9 @@ def run_eval(args: argparse.Namespace) -> int:
     reference = getattr(args, "reference", None)
     drift = None
     if reference is not None:  # first, so that a reference it cannot compare with stops at once
-        from gbmpo.eval.drift import measure_drift
 
         ref_id = None if reference in ("", "tiny") else reference
-        ref_model, _ = load_model_and_tokenizer(ref_id, dtype=dtype, device=device)
+        ref_model, _ = models.load_model_and_tokenizer(ref_id, dtype=dtype, device=device)
         try:
             drift = measure_drift(
                 model, ref_model, tokenizer, task, split=args.split, limit=args.limit,
@@ -177,10 +180,9 @@ def run_eval(args: argparse.Namespace) -> int:
         except ValueError as err:  # e.g. another vocabulary
             return bad_input(err)
         del ref_model
-    from gbmpo.rewards.scoring import RewardError
 
     try:  # a reward function that fails for a whole batch is an input error too
-        result = evaluate(
+        result = evaluation.evaluate(
             model, tokenizer, task, split=args.split, limit=args.limit, samples=args.samples,
             temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
             batch_size=args.batch_size, seed=args.seed, progress=progress,

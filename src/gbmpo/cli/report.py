@@ -17,7 +17,9 @@ from typing import Any
 
 from gbmpo.cli.args import positive_int, report_errors
 from gbmpo.experiments.frontier import DRIFT_MEASURES
+from gbmpo.experiments.report import md_table, summary_table, write_report
 from gbmpo.experiments.runs import RunDirError, assign_labels, find_run_dirs, load_run
+from gbmpo.experiments.sweep import sweep_labels_from_dirs
 
 __all__ = ["add_report_options", "add_report_parser", "print_table", "run_report"]
 
@@ -68,8 +70,6 @@ def add_report_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def print_table(results: dict[str, Any]) -> None:
-    from gbmpo.experiments.report import md_table, summary_table
-
     for task in results["tasks"]:
         print(f"\n{task['task']} ({task['metric']}, mean ± sample std over seeds):")
         print(md_table(*summary_table(task)))
@@ -105,14 +105,11 @@ def run_report(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from gbmpo.experiments.report import write_report
-
     finished, unfinished = find_run_dirs(args.run_dirs)
     for d in unfinished:
         print(f"gbmpo report: skipping unfinished run {d}", file=sys.stderr)
     if not finished:
         raise RunDirError("no finished run directories to report")
-    from gbmpo.experiments.sweep import sweep_labels_from_dirs
 
     records = [load_run(d) for d in finished]
     assign_labels(records)

@@ -12,9 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from gbmpo.cli.args import UsageError, one_line, parse_overrides
+from gbmpo.config import ALIASES, dump_yaml
+from gbmpo.engines import EngineUnavailable, check_resumable, engine_for, get_engine
+from gbmpo.train import load_config
 
 if TYPE_CHECKING:
     from gbmpo.engines import DryRun
@@ -23,8 +27,6 @@ __all__ = ["add_train_parser", "run_train"]
 
 
 def add_train_parser(subparsers: Any) -> None:
-    from gbmpo.config import ALIASES
-
     aliases = "\n".join(f"  --{a:<18} = --{k}" for a, k in sorted(ALIASES.items()))
     p = subparsers.add_parser(
         "train",
@@ -66,8 +68,6 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
     """``gbmpo train``: the engine the config (or ``--resume DIR``'s run) names, from the
     registry :data:`gbmpo.engines.ENGINES`, through the same :class:`gbmpo.engines.Engine`
     methods for every engine; an engine that cannot run here exits 2 naming what is missing."""
-    from gbmpo.engines import EngineUnavailable
-
     try:
         return _run_train(args, extra)
     except EngineUnavailable as err:
@@ -76,10 +76,8 @@ def run_train(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _run_train(args: argparse.Namespace, extra: list[str]) -> int:
+    # deferred: transformers is heavy; `gbmpo --help` imports this module without it
     from transformers.utils import logging as hf_logging
-
-    from gbmpo.config import dump_yaml
-    from gbmpo.engines import check_resumable, engine_for, get_engine
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars; training has its own
     overrides = parse_overrides(extra, flags=getattr(args, "own_flags", ()))
@@ -133,10 +131,6 @@ def _print_lines(lines: list[str], *, err: bool = False) -> None:
 def load_config_noting_renames(path: str | None, overrides: list[tuple[str, Any]]) -> Any:
     """:func:`gbmpo.train.load_config`, printing each renamed key it read under its new name as
     a ``note:`` line on stderr (the library's ``DeprecationWarning``)."""
-    import warnings
-
-    from gbmpo.train import load_config
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DeprecationWarning)
         cfg = load_config(path, overrides)

@@ -457,11 +457,13 @@ VERL.update({
     "objective.advantage": R("verl's grpo estimator has no batch-std scaling: 'batch' is "
                              "refused", lambda v, c: v == "batch", probe="batch"),
     "objective.surrogate.name": H(f"{_A}.policy_loss.loss_mode=gbmpo_<name>", probe="gspo"),
-    "objective.surrogate.params": H(f"{_A}.policy_loss.gbmpo_surrogate.*",
+    "objective.surrogate.params": H(f"{_A}.policy_loss.gbmpo_objective (the spec, built "
+                                    "by the plugin into the own engine's objective)",
                                     probe={"eps_low": 0.1}),
     "objective.regularizer": R(
         f"a list of terms: one KL loss {_A}.kl_loss_type=gbmpo_sum (kl_loss_coef 1) summing "
-        "coef * D per term with its own anchor and params; with placement reward verl's driver "
+        "coef * D per term of the built objective with its own anchor and params; with "
+        "placement reward verl's driver "
         "computes its one in-reward KL and receives no gbmpo_kl parameters, so a term with "
         "params, or any in-reward term in a list, is refused",
         _verl_refuses_terms,
@@ -475,7 +477,7 @@ VERL.update({
         "verl's KL loss is anchored at the reference model; anchor 'old' is offered there for "
         "the rpg_* regularizers only",
         _verl_refuses_old_anchor, probe="old"),
-    "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_kl.*"),
+    "objective.regularizer.params": H(f"{_A}.policy_loss.gbmpo_objective (the spec)"),
     "objective.regularizer.placement": R(
         "reward: algorithm.use_kl_in_reward=true with algorithm.kl_penalty=gbmpo_<name> and a "
         f"fixed kl_ctrl ({_A}.use_kl_loss=false); 'advantage' is refused: verl's driver "

@@ -7,11 +7,16 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from typing import Any
 
+from gbmpo.config import ConfigError
 from gbmpo.integrations.common import hydra_value as _value
+from gbmpo.integrations.common import verl_objective_overrides
+from gbmpo.objectives.mirror import NeuralMirrorMap
+from gbmpo.train.setup import eval_limit, load_splits
 
 __all__ = [
     "PASSTHROUGH_TEMPLATE",
@@ -44,9 +49,6 @@ def overrides(
     anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes, ``eval.after:
     false`` where verl would validate at the last step: :func:`validation_freq`); the values
     :data:`gbmpo.config.support.VERL` refuses are checked by :func:`check_engine_support`."""
-    from gbmpo.config import ConfigError
-    from gbmpo.integrations.common import verl_objective_overrides
-
     run_dir = Path(run_dir).resolve()
     o, ro, opt, run = cfg.objective, cfg.rollout, cfg.optim, cfg.run
     G = ro.num_generations
@@ -201,8 +203,6 @@ def validation_freq(cfg: Any) -> int:
     (``test_freq = run.steps``), with ``eval.after: false`` as well none (``-1``).
     ``ConfigError`` for ``eval.after: false`` with an ``eval.every`` that does not divide
     ``run.steps``: verl would validate at the last step anyway."""
-    from gbmpo.config import ConfigError
-
     ev, steps = cfg.eval, cfg.run.steps
     if ev.every:
         if not ev.after and steps % ev.every:
@@ -238,8 +238,6 @@ def with_mirror_file(cfg: Any, path: Path) -> Any:
     existing map file; writes there the map gbmpo uses by default (``NeuralMirrorMap.random(
     0.01, 42)``, the NM-GRPO initialisation), unless a file is already there. verl's workers
     read the map from a file, so it must exist."""
-    import copy
-
     reg = cfg.objective.regularizer
     terms = reg if isinstance(reg, list) else [reg]
     missing = []
@@ -251,7 +249,6 @@ def with_mirror_file(cfg: Any, path: Path) -> Any:
             missing.append(i)
     if not missing:
         return cfg
-    from gbmpo.objectives.mirror import NeuralMirrorMap
 
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -275,9 +272,8 @@ def write_data(cfg: Any, task: Any, data_dir: Path, tokenizer: Any = None) -> di
     the test file holds the examples the own engine evaluates (``eval.limit``, else
     ``eval.auto_limit``: :func:`gbmpo.train.setup.eval_limit`). Returns the row counts and,
     with ``tokenizer``, ``max_prompt_tokens``."""
+    # deferred: pandas is optional (it comes with the verl and trl extras)
     import pandas as pd
-
-    from gbmpo.train.setup import eval_limit, load_splits
 
     train, _, (train_split, eval_split) = load_splits(cfg, task, count_eval=True)
     test = task.split(eval_split)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 def check(overrides: list[str]) -> dict[str, str]:
     """Compose and validate; returns what the actor's loss selects."""
+    # deferred: verl and hydra are optional (this runs in verl's environment)
     import verl
     from hydra import compose, initialize_config_dir
     from verl.trainer.ppo.utils import need_critic, need_reference_policy

@@ -21,11 +21,13 @@ class VerlEngine(BaseEngine):
     name = "verl"
 
     def dry_run(self, cfg: Any) -> DryRunReport:
+        # deferred: verl_runner imports torch (gbmpo.train); the engine registry imports without it
         from gbmpo.engines import verl_runner
 
         return verl_runner.dry_run(self.own(cfg))
 
     def train(self, cfg: Any, *, on_ready: Ready | None = None) -> dict[str, Any]:
+        # deferred: verl_runner imports torch (gbmpo.train); the engine registry imports without it
         from gbmpo.engines import verl_runner
 
         self.own(cfg)
@@ -35,9 +37,12 @@ class VerlEngine(BaseEngine):
 
     def resume(self, run_dir: str | Path, overrides: list[tuple[str, Any]], *,
                restart: bool = False) -> dict[str, Any]:  # fmt: skip
+        # deferred: verl_runner imports torch (gbmpo.train); the engine registry imports without it
         from gbmpo.engines import verl_runner
 
         if not restart and not verl_runner.resume_dry_run(run_dir, overrides).info["resume_step"]:
+            # deferred: gbmpo.lifecycle imports torch (through gbmpo.config); the engine registry
+            # imports without it
             from gbmpo.lifecycle import no_checkpoint_error
 
             raise no_checkpoint_error(run_dir)
@@ -45,6 +50,7 @@ class VerlEngine(BaseEngine):
 
     def resume_dry_run(self, run_dir: str | Path,
                        overrides: list[tuple[str, Any]]) -> DryRunReport:  # fmt: skip
+        # deferred: verl_runner imports torch (gbmpo.train); the engine registry imports without it
         from gbmpo.engines import verl_runner
 
         return verl_runner.resume_dry_run(run_dir, overrides)

@@ -11,6 +11,8 @@ from typing import Any
 
 from gbmpo.engines.checks import run_identity
 from gbmpo.engines.verl_args import data_source
+from gbmpo.io import write_atomic
+from gbmpo.io.metrics import host_name
 
 __all__ = [
     "SHARED_METRICS",
@@ -79,8 +81,6 @@ def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = N
     :data:`SHARED_METRICS` (``entropy`` from ``actor/entropy`` with the token-mean aggregation
     ``bnpo``, the only one where verl's aggregate is the per-token mean), ``eval/<metric>``
     (:func:`eval_metrics`), and every verl metric under ``verl/<name>``."""
-    from gbmpo.io.metrics import host_name
-
     data = row["data"]
     out: dict[str, Any] = {"step": int(row["step"])}
     for key, value in data.items():
@@ -157,8 +157,6 @@ def summarize_run(
     row of its training step. ``eval_before``: step 0's evaluation (with ``eval.before``);
     ``eval_after``: the evaluation in the row of the last training step (with ``eval.after``;
     :func:`validation_freq` makes verl validate there), ``None`` where there is none."""
-    from gbmpo.io import write_atomic
-
     # the parts before a resume (up to its checkpoint), then the last part
     rows = read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
     rows += read_verl_log(run_dir / VERL_METRICS_FILE)

@@ -20,9 +20,15 @@ the training rows ``acc`` is ``reward >= 1``.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from functools import lru_cache
 from typing import Any
+
+from gbmpo.eval.evaluation import score_samples
+from gbmpo.registry import add_plugin_modules
+from gbmpo.rewards.scoring import score_completions
+from gbmpo.sandbox import require_sandbox
 
 __all__ = ["compute_score"]
 
@@ -38,8 +44,8 @@ def _task(config_path: str) -> Any:
 
 @lru_cache(maxsize=4)
 def _build_task(config_path: str) -> Any:
+    # deferred: gbmpo.config, gbmpo.train import torch; verl loads this file without them
     from gbmpo.config import load_config
-    from gbmpo.registry import add_plugin_modules
     from gbmpo.train.setup import build_task
 
     cfg = load_config(config_path)
@@ -47,8 +53,6 @@ def _build_task(config_path: str) -> Any:
     cfg.task.template = "base"  # the reward does not depend on how prompts are rendered
     task = build_task(cfg, None)
     if task.kind == "code":
-        from gbmpo.sandbox import require_sandbox
-
         require_sandbox(cfg.run.allow_unsandboxed_code)
     return task
 
@@ -63,9 +67,6 @@ def compute_score(
 ) -> dict[str, float]:
     """``{"score": reward, "acc": correct}`` of ``solution_str`` under the gbmpo task of
     ``gbmpo_config`` (see the module doc); verl's custom reward-function signature."""
-    from gbmpo.eval.evaluation import score_samples
-    from gbmpo.rewards.scoring import score_completions
-
     if gbmpo_config is None:
         raise ValueError(
             "gbmpo's verl reward needs reward_kwargs.gbmpo_config (the run's config.yaml); "
@@ -88,6 +89,4 @@ def compute_score(
 
 
 def _finite(x: Any) -> bool:
-    import math
-
     return isinstance(x, (int, float)) and math.isfinite(float(x))

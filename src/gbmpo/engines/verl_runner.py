@@ -3,11 +3,11 @@ r"""``gbmpo train --engine verl``: verl's ``main_ppo`` (Ray, FSDP, vLLM) from a 
 What the config becomes (:mod:`gbmpo.engines.verl_args`: ``overrides``, Hydra overrides of
 verl's ``ppo_trainer.yaml``):
 
-* ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the surrogate as
-  ``policy_loss.loss_mode=gbmpo_<name>`` with *every* parameter spelled out in
-  ``policy_loss.gbmpo_surrogate`` (so verl's own clip fields add nothing), the regularizer as
-  the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef and its
-  parameters in ``policy_loss.gbmpo_kl``, the aggregation as ``loss_agg_mode``
+* ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the spec as JSON in
+  ``policy_loss.gbmpo_objective``, built by the plugin once per process into the own engine's
+  ``BuiltObjective`` (so verl's own clip fields add nothing), the surrogate as
+  ``policy_loss.loss_mode=gbmpo_<name>``, the regularizer as the actor KL loss
+  ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef, the aggregation as ``loss_agg_mode``
   (:data:`gbmpo.integrations.common.VERL_LOSS_AGG_MODES`; ``dr_grpo`` with
   ``loss_scale_factor`` = the completion length), the advantage as ``algorithm.adv_estimator``
   / ``norm_adv_by_std_in_grpo``;
@@ -48,12 +48,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from gbmpo.config import ConfigError, dump_yaml, validate
+from gbmpo.config.support import check_support
 from gbmpo.engines.checks import (
     DryRunReport,
     EngineUnavailable,
@@ -67,7 +70,9 @@ from gbmpo.engines.verl_metrics import (
     read_verl_log,
     summarize_run,
 )
+from gbmpo.integrations import verl_cpu
 from gbmpo.integrations.common import hydra_value as _value
+from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
 from gbmpo.io import RunStopped, resume_command, write_atomic, write_json_atomic
 from gbmpo.io.stop import handling
 from gbmpo.lifecycle import (
@@ -77,6 +82,8 @@ from gbmpo.lifecycle import (
     refuse_nonempty,
     resume_config,
 )
+from gbmpo.models import resolve_model_path
+from gbmpo.train.setup import build_task, load_tokenizer
 
 __all__ = [
     "LAUNCH_FILE",
@@ -116,8 +123,6 @@ def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[st
     (after the run's ``run.plugins``, which may register surrogates and regularizers that the
     plugin then registers with verl); with ``cpu`` also the CPU platform and rollout
     (:mod:`gbmpo.integrations.verl_cpu`, never on a GPU run)."""
-    from gbmpo.integrations import verl_cpu
-
     src = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
     extra = [verl_cpu.PLUGIN] if cpu else []
@@ -133,16 +138,12 @@ def check_engine_support(cfg: Any) -> list[str]:
     """:func:`gbmpo.config.support.check_support` for engine verl: ``ConfigError`` (exit 2,
     nothing written) for a value verl cannot honour; returns the no-effect notices (``gbmpo
     train`` prints them once)."""
-    from gbmpo.config.support import check_support
-
     return check_support(cfg, "verl")
 
 
 def dry_run(cfg: Any) -> DryRunReport:
     """Engine-independent checks, the overrides, and verl's own validation of the composed
     ``ppo_trainer.yaml`` in verl's environment (:mod:`gbmpo.engines.verl_check`)."""
-    import tempfile
-
     report = DryRunReport("verl")
     notices = check_engine_support(cfg)
     if notices:
@@ -169,8 +170,6 @@ def dry_run(cfg: Any) -> DryRunReport:
                                         and ".target_modules=" not in o], Path(tmp),
                                plugins, cpu=cfg.model.device == "cpu")  # fmt: skip
     if proc.returncode != 0:
-        from gbmpo.config import ConfigError
-
         tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         raise ConfigError(f"verl rejects the composed config: {tail}")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -194,10 +193,6 @@ def run(cfg: Any) -> dict[str, Any]:
     """Write the run directory (config, data, overrides, :data:`LAUNCH_FILE`) and launch
     ``verl.trainer.main_ppo``; :class:`EngineUnavailable` (nothing written) where verl or GPUs
     are missing."""
-    from gbmpo.config import dump_yaml, validate
-    from gbmpo.models import resolve_model_path
-    from gbmpo.train.setup import build_task, load_tokenizer
-
     validate(cfg)
     check_engine_support(cfg)  # a value verl cannot honour stops here, before anything else
     python = _gpu_python(cfg)
@@ -240,8 +235,6 @@ def _gpu_python(cfg: Any) -> str:
             "python"
         )
     if cfg.model.device == "cpu":
-        from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
-
         probe = subprocess.run(
             [python, "-c", "import importlib.metadata as m; print(m.version('verl'))"],
             capture_output=True, text=True, timeout=300,
@@ -347,8 +340,6 @@ LAUNCH_FILE = "verl_launch.json"
 def _resume_point(run_dir: Path) -> tuple[dict[str, Any], Path | None, int]:
     """The launch record, the checkpoint directory verl resumes from (``None``: none yet) and
     its step (0 without one)."""
-    from gbmpo.config import ConfigError
-
     try:
         launch = json.loads((run_dir / LAUNCH_FILE).read_text())
     except (OSError, ValueError) as err:
@@ -385,8 +376,6 @@ def resume_overrides(cfg: Any, run_dir: str | Path) -> tuple[list[str], int]:
 
 
 def _resume_config(run_dir: str | Path, extra: list[tuple[str, Any]] | None) -> tuple[Any, Path]:
-    from gbmpo.config import validate
-
     cfg, path = resume_config(run_dir, extra)
     validate(cfg)
     check_engine_support(cfg)
@@ -411,8 +400,6 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     :class:`EngineUnavailable` (nothing written) where verl or its GPUs are missing. verl's log
     rows past that checkpoint are dropped (the rows up to it are kept in
     :data:`VERL_EARLIER_METRICS_FILE`), so that metrics.jsonl has each step once."""
-    from gbmpo.config import dump_yaml
-
     cfg, path = _resume_config(run_dir, extra)
     python = _gpu_python(cfg)
     ov, step = resume_overrides(cfg, path)

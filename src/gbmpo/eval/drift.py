@@ -49,10 +49,13 @@ import torch
 from torch import Tensor
 
 from gbmpo.config import TrainConfig
+from gbmpo.eval.evaluation import held_out_examples
 from gbmpo.models import load_model_and_tokenizer
 from gbmpo.objectives.full_vocab import bregman_rows, total_variation_rows
 from gbmpo.objectives.potentials import NegEntropy, Square
 from gbmpo.objectives.tensors import compute_dtype
+from gbmpo.rollout import sampling
+from gbmpo.rollout.logprobs import logits_forward
 
 __all__ = [
     "DRIFT_KEYS",
@@ -127,8 +130,6 @@ def _eval_mode(*models: Any) -> Iterator[None]:
 def _logits(model: Any, rows: tuple[Tensor, Tensor, Tensor, Tensor], adapters_off: bool,
             lean: bool) -> Tensor:  # fmt: skip
     """[b, C, V] logits predicting each completion token (the forward of the log-probs)."""
-    from gbmpo.rollout.logprobs import logits_forward
-
     device = next(model.parameters()).device
     rows = tuple(t.to(device) for t in rows)  # type: ignore[assignment]
     ctx = model.disable_adapter() if adapters_off else contextlib.nullcontext()
@@ -177,9 +178,6 @@ def measure_drift(
         ``prob_l2``, ``tv``, ``entropy`` (float), ``response_length`` (mean completion tokens
         per prompt), ``n_prompts`` and ``n_tokens`` (int).
     """
-    from gbmpo.eval.evaluation import held_out_examples
-    from gbmpo.rollout.sampling import generate
-
     if batch_size < 1 or chunk_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size, chunk_size and max_new_tokens must be >= 1")
     if limit is not None and limit < 1:
@@ -205,7 +203,7 @@ def measure_drift(
     with _eval_mode(*models):
         for chunk_i, lo in enumerate(range(0, len(examples), batch_size)):
             prompts = [ex["prompt"] for ex in examples[lo : lo + batch_size]]
-            ro = generate(
+            ro = sampling.generate(
                 policy, tokenizer, prompts, num_return_sequences=1, max_new_tokens=max_new_tokens,
                 do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                 generator_seed=seed + chunk_i, generator=generator,

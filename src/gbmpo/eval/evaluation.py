@@ -34,6 +34,7 @@ from typing import Any
 
 from gbmpo.eval.metrics import default_ks, distinct_answers, mean_and_stderr, pass_at_k
 from gbmpo.tasks import TASKS, Task, get_task
+from gbmpo.tasks.reasoning_gym import list_datasets
 
 __all__ = ["evaluate", "resolve_task", "score_samples", "summarize"]
 
@@ -68,8 +69,6 @@ def resolve_task(
         return name_or_task
     name = str(name_or_task)
     if name not in TASKS:
-        from gbmpo.tasks.reasoning_gym import list_datasets
-
         try:
             gym_names = list_datasets()
         except ImportError:
@@ -162,6 +161,7 @@ def _sample_entropies(
     """Per sample, the mean over its tokens of the entropy (nats) of the sampling distribution
     (logits / ``temperature``), from no-grad forwards of ``rows`` samples at a time (memory:
     ``rows x C x V`` logits); None for an empty completion."""
+    # deferred: torch is heavy; gbmpo.eval imports without it (reward scoring, ES workers)
     import torch
 
     from gbmpo.rollout.logprobs import completion_logprobs
@@ -237,6 +237,7 @@ def evaluate(
     Returns:
         ``{"metrics", "records", "config"}``; see the module docstring.
     """
+    # deferred: gbmpo.rollout imports torch; gbmpo.eval imports without it
     from gbmpo.rollout.sampling import generate
 
     if samples < 1:

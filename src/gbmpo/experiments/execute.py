@@ -20,20 +20,28 @@ from types import FrameType
 from typing import Any
 
 import numpy as np
+import torch
 import yaml
 
+from gbmpo import engines, models
 from gbmpo.config import config_from_dict, config_to_dict, rename_old_keys
+from gbmpo.eval import evaluate
 from gbmpo.experiments.grid import GridError, GridRun
 from gbmpo.experiments.runs import (
     EVAL_FILE,
     IGNORED_CONFIG_KEYS,
     RunDirError,
     config_differences,
+    flatten,
     main_metric,
     run_status,
 )
 from gbmpo.io import EXIT_CODES, RunStopped, write_atomic
 from gbmpo.io.stop import STOP_FILE, handling
+from gbmpo.lifecycle import RESUMABLE_OVERRIDES
+from gbmpo.meta.backends import get_backend
+from gbmpo.train import Trainer
+from gbmpo.train.setup import build_task, eval_limit
 
 __all__ = [
     "GridMember",
@@ -48,8 +56,6 @@ __all__ = [
 
 def _resumable_keys() -> tuple[str, ...]:
     """The keys the trainer lets a resumed run change (imported here: the trainer needs torch)."""
-    from gbmpo.lifecycle import RESUMABLE_OVERRIDES
-
     return tuple(RESUMABLE_OVERRIDES)
 
 
@@ -101,8 +107,6 @@ def plan_action(run: GridRun) -> tuple[str, list[tuple[str, Any]]]:
 
 
 def _flat(config: dict[str, Any]) -> dict[str, Any]:
-    from gbmpo.experiments.runs import flatten
-
     return flatten(config)
 
 
@@ -130,14 +134,9 @@ def ensure_final_eval(run_dir: str | Path) -> dict[str, Any]:
             f"{p}: the final model is a LoRA adapter and the run has no eval_after; train with "
             "--eval.after true to evaluate LoRA runs"
         )
-    import torch
-
-    from gbmpo.eval import evaluate
-    from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.setup import build_task, eval_limit
 
     cfg = config_from_dict(yaml.safe_load((p / "config.yaml").read_text()))
-    model, tokenizer = load_model_and_tokenizer(
+    model, tokenizer = models.load_model_and_tokenizer(
         str(model_dir), dtype=getattr(torch, cfg.model.dtype), device=cfg.model.device
     )
     task = build_task(cfg, tokenizer)
@@ -169,8 +168,6 @@ def execute_run(job: Mapping[str, Any]) -> float:
     metrics; returns the wall seconds spent here. ``job`` is a plain dict (picklable for the
     process-pool and Ray backends): ``name``, ``action``, ``run_dir``, ``config`` (a config
     dict) and ``overrides`` (for resume)."""
-    from gbmpo.train import Trainer
-
     t0 = time.perf_counter()
     run_dir = Path(job["run_dir"])
     name = job["name"]
@@ -178,7 +175,6 @@ def execute_run(job: Mapping[str, Any]) -> float:
     if job["action"] == "fresh":
         if run_dir.exists():
             shutil.rmtree(run_dir)
-        from gbmpo import engines
 
         # an arm may name any engine (the own trainer, TRL's, verl's): same run directory
         engines.run(config_from_dict(job["config"]))
@@ -275,8 +271,6 @@ def run_grid(
 
     A failing run does not stop the others; its error is in ``GridOutcome.failures``.
     """
-    from gbmpo.meta.backends import get_backend
-
     actions: dict[str, str] = {}
     jobs: list[dict[str, Any]] = []
     for run in runs:

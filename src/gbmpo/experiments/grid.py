@@ -44,11 +44,13 @@ import yaml
 from gbmpo.config import (
     ConfigError,
     TrainConfig,
+    apply_overrides,
     canonical_key,
     config_from_dict,
     config_to_dict,
     validate,
 )
+from gbmpo.objectives.regularizers import REGULARIZERS
 
 __all__ = [
     "DEFAULT_COEFS",
@@ -281,8 +283,6 @@ def plan_grid(
     coefficients from a sweep of ``objective.regularizer.coef`` (:func:`sweep_runs`), so they
     need neither ``--coefs`` nor a default coefficient.
     """
-    from gbmpo.objectives.regularizers import REGULARIZERS
-
     coefs = dict(coefs or {})
     params = {k: dict(v) for k, v in (params or {}).items()}
     for entry in entries:
@@ -437,8 +437,6 @@ def _arm_config(base: TrainConfig, arm: GridArm) -> TrainConfig:
     """``base`` with ``arm``'s overrides. An arm that switches the surrogate or the regularizer
     to another name drops the base's parameters of that component (they belong to the other
     one); its own ``...params.X`` overrides then apply."""
-    from gbmpo.config import apply_overrides
-
     data = config_to_dict(base)
     keys = dict(arm.overrides)
     for comp in ("surrogate", "regularizer"):

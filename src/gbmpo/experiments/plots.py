@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gbmpo.experiments.frontier import DRIFT_LABELS
 from gbmpo.experiments.runs import RunRecord
 from gbmpo.experiments.stats import moving_average, step_band
 from gbmpo.io.metrics import MONITOR_PREFIX
@@ -97,9 +98,11 @@ def plot_curves(
     window: int = 10,
 ) -> Path:
     """Draw the learning curves of ``groups`` (``label -> runs``, one run per seed) to a PNG."""
+    # deferred: matplotlib is optional (the report extra)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # deferred: matplotlib is optional; pyplot only after the Agg backend is set
     import matplotlib.pyplot as plt
 
     panels = panels_for(groups, metric)
@@ -158,12 +161,12 @@ def plot_frontier(frontier: Mapping[str, Any], path: str | Path, *, title: str =
     held-out metric against drift, one curve per arm through its sweep points in sweep order,
     mean over seeds with ± 1 sample std error bars on both axes, each point labelled with its
     sweep value; the matched-drift range is shaded."""
+    # deferred: matplotlib is optional (the report extra)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # deferred: matplotlib is optional; pyplot only after the Agg backend is set
     import matplotlib.pyplot as plt
-
-    from gbmpo.experiments.frontier import DRIFT_LABELS
 
     measure, metric = frontier["measure"], frontier["metric"]
     fig, ax = plt.subplots(figsize=(7.5, 5.2))
@@ -212,9 +215,11 @@ def plot_pass_at_k(task: Mapping[str, Any], path: str | Path, *, title: str = ""
     """Draw a task's pass@k curves (``build_results``' groups with ``pass_at_k``) to a PNG:
     pass@k % against k (log2 axis), one line per group, mean over seeds with ± 1 sample std
     error bars."""
+    # deferred: matplotlib is optional (the report extra)
     import matplotlib
 
     matplotlib.use("Agg", force=True)
+    # deferred: matplotlib is optional; pyplot only after the Agg backend is set
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.0, 4.8))

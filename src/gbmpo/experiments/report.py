@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gbmpo.experiments.frontier import DRIFT_LABELS
+from gbmpo.experiments.plots import plot_curves, plot_frontier, plot_pass_at_k
 from gbmpo.experiments.results import (
     DYNAMICS,
     LAST_STEPS,
@@ -428,7 +430,6 @@ def _frontier_blocks(
         blocks.append(("p", f"No frontier: {fr['reason']} (the drift measurement of the final "
                             "policy on held-out prompts is missing)."))  # fmt: skip
         return blocks
-    from gbmpo.experiments.frontier import DRIFT_LABELS
 
     blocks.append(
         ("p", f"Held-out {fr['metric']} of the final policy against its drift from the "
@@ -604,8 +605,6 @@ def write_report(
     frontiers: dict[str, str] = {}
     passk_images: dict[str, str] = {}
     if plots:
-        from gbmpo.experiments.plots import plot_curves, plot_frontier
-
         for task, groups in group_runs(records).items():
             metric = next(t["metric"] for t in results["tasks"] if t["task"] == task)
             name = f"curves_{_slug(task)}.png"
@@ -615,8 +614,6 @@ def write_report(
             images[task] = name
             task_results = next(t for t in results["tasks"] if t["task"] == task)
             if passk_table(task_results) is not None:
-                from gbmpo.experiments.plots import plot_pass_at_k
-
                 name = f"passk_{_slug(task)}.png"
                 plot_pass_at_k(task_results, out / name, title=fig_title)
                 passk_images[task] = name

@@ -19,6 +19,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from gbmpo import __version__
+from gbmpo.experiments.frontier import build_frontier
 from gbmpo.experiments.runs import RunRecord, config_differences, flatten, main_metric
 from gbmpo.experiments.stats import (
     bootstrap_std_interval,
@@ -71,18 +75,8 @@ def machine_info() -> dict[str, Any]:
     }
     if hasattr(os, "getloadavg"):
         info["load_average_1_5_15min"] = [round(x, 2) for x in os.getloadavg()]
-    try:
-        import torch
-
-        info["torch"] = torch.__version__
-    except ImportError:  # pragma: no cover
-        pass
-    try:
-        from gbmpo import __version__
-
-        info["gbmpo"] = __version__
-    except ImportError:  # pragma: no cover
-        pass
+    info["torch"] = torch.__version__
+    info["gbmpo"] = __version__
     return info
 
 
@@ -117,8 +111,6 @@ def _passk_frontier(
 ) -> dict[str, Any] | None:
     """The accuracy-versus-drift frontier read with the largest pass@k every group reports
     (k > 1), or None (no such k, or no sweep)."""
-    from gbmpo.experiments.frontier import build_frontier
-
     keys = [set(g.get("pass_at_k") or {}) for g in rows]
     common = set.intersection(*keys) if keys else set()
     ks = sorted((int(k[5:]) for k in common), reverse=True)
@@ -257,8 +249,6 @@ def build_results(
     ``extra`` is stored as is (e.g. the grid specification and the failures). ``drift_measure``:
     the ``drift`` key the frontier of a sweep is drawn against.
     """
-    from gbmpo.experiments.frontier import build_frontier
-
     base = Path(output_dir) if output_dir is not None else None
     tasks: list[dict[str, Any]] = []
     for task, groups in group_runs(records).items():

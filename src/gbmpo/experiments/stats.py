@@ -14,6 +14,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 __all__ = [
     "Spread",
     "StepBand",
@@ -132,6 +134,7 @@ def paired_t_test(differences: Sequence[float]) -> tuple[float, float] | None:
     fewer than two differences or :math:`s_d = 0` (no spread: the test is undefined). With
     three seeds it detects only large effects; report it next to the differences themselves.
     """
+    # deferred: scipy.stats takes seconds to import; `gbmpo --help` imports this module
     from scipy.stats import t as student_t
 
     sp = spread(differences)
@@ -154,6 +157,7 @@ def std_interval(values: Sequence[float], level: float = 0.95) -> tuple[float, f
     ``None`` for fewer than two values. It assumes normal seed-to-seed variation; with 5 seeds
     the 95% interval spans about 0.6 s to 2.9 s.
     """
+    # deferred: scipy.stats takes seconds to import; `gbmpo --help` imports this module
     from scipy.stats import chi2
 
     sp = spread(values)
@@ -177,6 +181,7 @@ def variance_ratio_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, 
     variance in ``b`` (the ratio is undefined). Sensitive to non-normality; report it next to
     the standard deviations and their intervals, not alone.
     """
+    # deferred: scipy.stats takes seconds to import; `gbmpo --help` imports this module
     from scipy.stats import f as f_dist
 
     sa, sb = spread(a), spread(b)
@@ -196,8 +201,6 @@ def bootstrap_std_interval(
     return the :math:`\alpha/2` and :math:`1-\alpha/2` quantiles. Distribution-free, but with
     a handful of seeds it is narrow where the data are (it never exceeds the largest spread a
     resample of the observed values can show). ``None`` for fewer than two values."""
-    import numpy as np
-
     xs = np.asarray([float(v) for v in values], dtype=float)
     if xs.size < 2:
         return None

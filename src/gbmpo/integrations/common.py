@@ -25,12 +25,17 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+from gbmpo.objectives.spec import ObjectiveSpec
 
 __all__ = [
     "VERL_POLICY_LOSS_CONFIG",
     "hydra_value",
+    "verl_objective_json",
     "verl_objective_overrides",
     "TRL_LOSS_TYPES",
     "TRL_SCALE_REWARDS",
@@ -174,21 +179,19 @@ def verl_rollout_correction_overrides(rc: Any) -> list[str]:
 def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
     """The verl ``main_ppo`` overrides that select the objective ``spec`` (an
     :class:`~gbmpo.objectives.spec.ObjectiveSpec`, a dict or a YAML path) through the gbmpo verl
-    plugin: advantage -> ``algorithm.adv_estimator`` / ``norm_adv_by_std_in_grpo``; surrogate ->
-    ``policy_loss.loss_mode=gbmpo_<name>`` with every parameter of the built surrogate in
-    ``policy_loss.gbmpo_surrogate`` (so none comes from verl's clip fields); regularizer -> the
-    actor KL loss ``gbmpo_<name>`` with ``kl_loss_coef`` and ``policy_loss.gbmpo_kl`` (the
-    regularizer's parameters, and the spec's ``anchor: old``, for the ``rpg_*`` regularizers
-    only on verl), or with
+    plugin. The spec itself travels as JSON in ``policy_loss.gbmpo_objective``
+    (:func:`verl_objective_json`), which the plugin builds once per process into the same
+    :class:`~gbmpo.objectives.spec.BuiltObjective` the other engines use (its surrogate is the
+    policy loss, its terms the KL loss: no parameter comes from verl's clip fields); the rest
+    are verl's own switches: advantage -> ``algorithm.adv_estimator`` /
+    ``norm_adv_by_std_in_grpo``; surrogate -> ``policy_loss.loss_mode=gbmpo_<name>``;
+    regularizer -> the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` (the
+    spec's ``anchor: old`` for the ``rpg_*`` regularizers only on verl), or with
     ``placement: reward`` verl's in-reward KL (``algorithm.use_kl_in_reward``, ``kl_penalty=
     gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``); aggregation -> ``loss_agg_mode``
     (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``); a list of regularizer terms
     -> one KL loss ``gbmpo_sum`` (:func:`_verl_sum_overrides`). ``ValueError`` names what verl
     cannot express."""
-    from pathlib import Path
-
-    from gbmpo.objectives.spec import ObjectiveSpec
-
     o = ObjectiveSpec.load(spec)
     if o.advantage not in VERL_ADV_ESTIMATORS:
         raise ValueError(
@@ -207,14 +210,8 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
     if o.aggregation == "dr_grpo":
         out.append(f"{a}.loss_scale_factor={max_response_length}")
     out += verl_rollout_correction_overrides(o.rollout_correction)
-    surrogate = o.build().surrogate
-    if dataclasses.is_dataclass(surrogate):
-        params = {f.name: getattr(surrogate, f.name) for f in dataclasses.fields(surrogate)
-                  if f.init}  # fmt: skip
-    else:  # a plugin surrogate that is not a dataclass: the spec's own parameters
-        params = dict(o.surrogate.params)
-    for key, value in params.items():
-        out.append(f"+{a}.policy_loss.gbmpo_surrogate.{key}={hydra_value(value)}")
+    o.build()  # every name and parameter checked here, before verl starts
+    out.append(f"+{a}.policy_loss.gbmpo_objective={hydra_value(verl_objective_json(o))}")
     if len(o.terms) > 1:
         return out + _verl_sum_overrides(o.terms)
     reg = o.terms[0]
@@ -249,23 +246,32 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
             "algorithm.kl_ctrl.type=fixed",
             f"algorithm.kl_ctrl.kl_coef={reg.coef!r}",
         ]
+    if reg.anchor == "old" and not reg.name.startswith("rpg_"):
+        raise ValueError(
+            f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
+            "anchored at the reference model; the rollout policy as anchor is offered "
+            "there for the rpg_* regularizers only"
+        )
     out.append("algorithm.use_kl_in_reward=false")
     out += [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef={reg.coef!r}",
             f"{a}.kl_loss_type=gbmpo_{reg.name}"]  # fmt: skip
-    reg_params = dict(reg.params)
-    if reg.anchor == "old":
-        if not reg.name.startswith("rpg_"):
-            raise ValueError(
-                f"'objective.regularizer.anchor'=old with {reg.name!r}: verl's KL loss is "
-                "anchored at the reference model; the rollout policy as anchor is offered "
-                "there for the rpg_* regularizers only"
-            )
-        reg_params["anchor"] = "old"
-    for key, value in reg_params.items():
-        if key == "mirror" and value is not None:
-            value = str(Path(value).expanduser().resolve())
-        out.append(f"+{a}.policy_loss.gbmpo_kl.{key}={hydra_value(value)}")
     return out
+
+
+def verl_objective_json(spec: Any) -> str:
+    """The objective ``spec`` (an :class:`~gbmpo.objectives.spec.ObjectiveSpec`, a dict or a
+    YAML path) as the JSON text of ``policy_loss.gbmpo_objective``: :meth:`ObjectiveSpec.to_dict`
+    with each ``mirror`` parameter as an absolute path (verl's workers run in other
+    directories), keys sorted, no spaces. ``ValueError`` for a parameter JSON cannot hold."""
+    d = ObjectiveSpec.load(spec).to_dict()
+    reg = d["regularizer"]
+    for t in reg if isinstance(reg, list) else [reg]:
+        if t["params"].get("mirror") is not None:
+            t["params"]["mirror"] = str(Path(t["params"]["mirror"]).expanduser().resolve())
+    try:
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))  # one shell word
+    except TypeError as err:
+        raise ValueError(f"the objective spec cannot be passed to verl as JSON: {err}") from None
 
 
 #: the verl KL loss type of a sum of regularizer terms (``kl_loss_type=gbmpo_sum``, the terms in
@@ -275,16 +281,14 @@ VERL_SUM = "sum"
 
 def _verl_sum_overrides(terms: list[Any]) -> list[str]:
     """A list of regularizer terms as one verl KL loss, ``gbmpo_sum`` with ``kl_loss_coef`` 1:
-    per token :math:`\\sum_k \\lambda_k D_k(\\pi_\theta, \text{anchor}_k)`, the terms (name,
-    coef, anchor, params) as JSON in ``policy_loss.gbmpo_kl.terms``. ``ValueError`` for what
-    one term alone could not do on verl either (``estimator: full``, an ``old`` anchor on a
-    regularizer other than ``rpg_*``) and for ``placement: reward`` (verl's in-reward KL is one
-    built-in type without parameters)."""
-    import json
-    from pathlib import Path
-
+    per token :math:`\\sum_k \\lambda_k D_k(\\pi_\theta, \text{anchor}_k)`, the terms (with
+    their coefficients, anchors and parameters) those of the objective in
+    ``policy_loss.gbmpo_objective``. ``ValueError`` for what one term alone could not do on
+    verl either (``estimator: full``, an ``old`` anchor on a regularizer other than ``rpg_*``)
+    and for ``placement: reward`` (verl's in-reward KL is one built-in type without
+    parameters)."""
     a = "actor_rollout_ref.actor"
-    listed = []
+    active = 0
     for t in terms:
         if t.estimator == "full":
             raise ValueError(
@@ -304,15 +308,11 @@ def _verl_sum_overrides(terms: list[Any]) -> list[str]:
                 "at the reference model; the rollout policy as anchor is offered there for the "
                 "rpg_* regularizers only"
             )
-        params = {k: (str(Path(v).expanduser().resolve()) if k == "mirror" and v is not None
-                      else v) for k, v in t.params.items()}  # fmt: skip
-        listed.append({"name": t.name, "coef": float(t.coef), "anchor": t.anchor,
-                       "params": params})  # fmt: skip
-    if not listed:
+        active += 1
+    if not active:
         return [f"{a}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"]
     return ["algorithm.use_kl_in_reward=false", f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef=1.0",
-            f"{a}.kl_loss_type=gbmpo_{VERL_SUM}",
-            f"+{a}.policy_loss.gbmpo_kl.terms={hydra_value(json.dumps(listed))}"]  # fmt: skip
+            f"{a}.kl_loss_type=gbmpo_{VERL_SUM}"]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

@@ -51,6 +51,16 @@ parameters default to verl's own fields (:func:`surrogate_params`: ``clip_ratio_
 instead of verl's reference, RPG's iterative reference); the config installs them process-wide
 when it is built (verl's ``kl_penalty`` gets no config).
 
+The objective spec. ``gbmpo train --engine verl`` and ``python -m gbmpo.integrations.verl
+--objective FILE`` (:func:`objective_overrides`) pass the whole gbmpo objective spec instead, as
+JSON in ``policy_loss.gbmpo_objective``: each process builds it once
+(:func:`build_objective`, :meth:`gbmpo.objectives.spec.ObjectiveSpec.build`) into the
+``BuiltObjective`` the own engine and TRL's ``GBMPOTrainer`` use, and consumes that object: its
+surrogate is the ``gbmpo_<surrogate>`` policy loss, its terms serve ``kl_loss_type=gbmpo_<name>``
+(the term of that name: its regularizer object and anchor; verl multiplies by ``kl_loss_coef``)
+and ``gbmpo_sum`` (:class:`SumPenalty`: every loss term with its coefficient and anchor).
+``gbmpo_surrogate`` / ``gbmpo_kl`` are then refused beside it (the spec holds every parameter).
+
 The rollout log-probs (for ``kl_k3_is``, and as the anchor with ``anchor: old``) come from the
 gbmpo policy loss of the same micro-batch (verl calls the policy loss, then ``kl_penalty`` with
 the same ``log_prob`` tensor), so they need a ``gbmpo_*`` ``loss_mode`` (``kl_k3_is`` otherwise
@@ -64,37 +74,40 @@ hooked internals are listed in :mod:`gbmpo.integrations.verl_internals`.
 
 from __future__ import annotations
 
+import argparse
+import json
 import logging
+import os
+import shlex
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-try:
+try:  # the optional extra: without it, an ImportError naming the extra
     import verl
+    from omegaconf import DictConfig, OmegaConf  # ships with verl
     from verl.trainer.ppo import core_algos
     from verl.workers.config import PolicyLossConfig
 except ImportError as _err:  # pragma: no cover - exercised only without the extra
     if __name__ == "__main__":  # `python -m gbmpo.integrations.verl` without verl: one line, exit 2
-        import shlex as _shlex
-        import sys as _sys
-        from pathlib import Path as _Path
-
         # the verl environment of this checkout (or of the current directory), where built
-        _found = [p for p in (_Path(".venv-verl/bin/python"),
-                              _Path(__file__).resolve().parents[3] / ".venv-verl/bin/python")
+        _found = [p for p in (Path(".venv-verl/bin/python"),
+                              Path(__file__).resolve().parents[3] / ".venv-verl/bin/python")
                   if p.exists()]  # fmt: skip
-        _cmd = "-m gbmpo.integrations.verl " + _shlex.join(_sys.argv[1:])
+        _cmd = "-m gbmpo.integrations.verl " + shlex.join(sys.argv[1:])
         print(
-            f"python -m gbmpo.integrations.verl: verl is not installed in {_sys.executable}; "
+            f"python -m gbmpo.integrations.verl: verl is not installed in {sys.executable}; "
             + (f"run it in verl's environment: {_found[0]} {_cmd}".rstrip()
                if _found else "`make verl` builds verl's environment (.venv-verl; verl needs "
                f"transformers<5.11), then run .venv-verl/bin/python {_cmd}".rstrip()),
-            file=_sys.stderr,
+            file=sys.stderr,
         )  # fmt: skip
         raise SystemExit(2) from None
     raise ImportError(
@@ -113,6 +126,7 @@ from gbmpo.integrations.verl_internals import (
     check_verl_internals,
 )
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
+from gbmpo.objectives.spec import BuiltObjective, BuiltTerm, ObjectiveSpec
 from gbmpo.objectives.surrogates import SURROGATES, Surrogate, get_surrogate
 from gbmpo.objectives.tensors import masked_mean
 
@@ -122,10 +136,12 @@ __all__ = [
     "GBMPOPolicyLossConfig",
     "VerlInternalsError",
     "SumPenalty",
+    "build_objective",
     "build_regularizer",
     "build_sum",
     "build_surrogate",
     "check_verl_internals",
+    "current_objective",
     "describe",
     "configure_kl",
     "gbmpo_kl_penalty",
@@ -160,13 +176,8 @@ def _plain(d: Any) -> dict[str, Any]:
     """A DictConfig / Mapping / None as a plain dict (OmegaConf containers resolved)."""
     if d is None:
         return {}
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(d, DictConfig):
-            return dict(OmegaConf.to_container(d, resolve=True))  # type: ignore[arg-type]
-    except ImportError:  # pragma: no cover - omegaconf ships with verl
-        pass
+    if isinstance(d, DictConfig):
+        return dict(OmegaConf.to_container(d, resolve=True))  # type: ignore[arg-type]
     if not isinstance(d, Mapping):
         raise TypeError(f"expected a mapping of parameters, got {type(d).__name__}: {d!r}")
     return dict(d)
@@ -237,20 +248,73 @@ def build_surrogate(loss_mode: str, config: Any) -> Surrogate:
 _KL_PARAMS: dict[str, Any] = {}
 #: the objective's anchor installed by :func:`configure_kl` (``gbmpo_kl.anchor``: ref | old)
 _KL_ANCHOR: list[str] = ["ref"]
+#: the objective installed by :func:`configure_kl` (``policy_loss.gbmpo_objective``), or None
+_OBJECTIVE: list[BuiltObjective | None] = [None]
 _REGULARIZER_CACHE: dict[tuple[str, str], Regularizer] = {}
 # regularizers whose default parameters would silently pick something arbitrary
 _REQUIRED_KL_PARAMS: dict[str, str] = {"neural_mirror": "mirror"}
+#: every objective built in this process, by its spec's JSON text
+_OBJECTIVE_CACHE: dict[str, BuiltObjective] = {}
 
 
-def configure_kl(params: Mapping[str, Any] | None) -> None:
+def build_objective(spec: str | Mapping[str, Any]) -> BuiltObjective:
+    """The :class:`~gbmpo.objectives.spec.BuiltObjective` of ``policy_loss.gbmpo_objective``
+    (the objective spec as JSON text, as :func:`objective_overrides` writes it, or a mapping):
+    :meth:`ObjectiveSpec.build`, the one parse and build the own engine and ``GBMPOTrainer`` do,
+    done once per process and spec (cached by the JSON text). Errors name the key
+    (``objective.surrogate.params``, ...)."""
+    if isinstance(spec, str):
+        text = spec
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"policy_loss.gbmpo_objective is not the JSON of an objective spec: {err}"
+            ) from None
+    else:
+        data = _plain(spec)
+        text = json.dumps(data, sort_keys=True, default=str)
+    if text not in _OBJECTIVE_CACHE:
+        _OBJECTIVE_CACHE[text] = ObjectiveSpec.from_dict(data).build()
+    return _OBJECTIVE_CACHE[text]
+
+
+def _objective_of(policy_loss_cfg: Any) -> BuiltObjective | None:
+    """The built objective that a ``policy_loss`` config names (``gbmpo_objective``), or None;
+    ``ValueError`` when it also gives per-name parameters (``gbmpo_surrogate`` or
+    ``gbmpo_kl``: the spec holds every parameter, so two sources could disagree)."""
+    spec = _get(policy_loss_cfg, "gbmpo_objective")
+    if not spec:
+        return None
+    for key in ("gbmpo_surrogate", "gbmpo_kl"):
+        if _plain(_get(policy_loss_cfg, key)):
+            raise ValueError(
+                f"policy_loss.{key} beside policy_loss.gbmpo_objective: the objective spec holds "
+                f"every parameter; give one of the two ({key} only for a hand-written "
+                "loss_mode / kl_loss_type)"
+            )
+    return build_objective(spec)
+
+
+def current_objective() -> BuiltObjective | None:
+    """The objective installed in this process by :func:`configure_kl` (None: the per-name
+    ``gbmpo_kl`` parameters apply)."""
+    return _OBJECTIVE[0]
+
+
+def configure_kl(params: Mapping[str, Any] | None,
+                 objective: BuiltObjective | None = None) -> None:  # fmt: skip
     """Install the parameters of the ``gbmpo_*`` KL loss in this process (verl's ``kl_penalty``
-    receives no config). :class:`GBMPOPolicyLossConfig` calls it when verl builds the actor
-    config (driver and each worker) and every gbmpo policy loss on each call. ``anchor`` is the
-    objective's anchor (not a regularizer parameter)."""
+    receives no config): the per-name ``gbmpo_kl`` ``params`` (``anchor`` is the objective's
+    anchor, not a regularizer parameter) or the built ``objective`` of ``gbmpo_objective``, whose
+    terms then serve the KL loss (None: none; ``configure_kl({})`` resets both).
+    :class:`GBMPOPolicyLossConfig` calls it when verl builds the actor config (driver and each
+    worker) and every gbmpo policy loss on each call."""
     new, _KL_ANCHOR[0] = _split_anchor(params)
     if new != _KL_PARAMS:
         _KL_PARAMS.clear()
         _KL_PARAMS.update(new)
+    _OBJECTIVE[0] = objective
 
 
 def _split_anchor(params: Mapping[str, Any] | None) -> tuple[dict[str, Any], str]:
@@ -291,57 +355,62 @@ def build_regularizer(kl_loss_type: str, params: Mapping[str, Any] | None = None
     return _REGULARIZER_CACHE[key]
 
 
+def _objective_term(objective: BuiltObjective, kl_loss_type: str) -> BuiltTerm:
+    """The term of ``objective`` that ``kl_loss_type`` (``gbmpo_NAME``) names; ``ValueError``
+    listing the objective's terms when it has none of that name."""
+    name = _strip(kl_loss_type, "kl_loss_type")
+    for t in objective.terms:
+        if t.name == name:
+            return t
+    raise ValueError(
+        f"kl_loss_type={kl_loss_type} is not a term of the objective in "
+        f"policy_loss.gbmpo_objective (its terms: {', '.join(t.name for t in objective.terms)}; "
+        f"a list of terms is kl_loss_type={PREFIX}{VERL_SUM})"
+    )
+
+
 class SumPenalty:
-    r"""A sum of regularizer terms as one verl KL loss (``kl_loss_type=gbmpo_sum``,
-    ``kl_loss_coef=1``): per token
+    r"""The terms of a built objective placed in the loss as one verl KL loss
+    (``kl_loss_type=gbmpo_sum``, ``kl_loss_coef=1``): per token
 
     .. math:: \sum_k \lambda_k\, D_k(\log\pi_\theta, \log\pi_{\text{anchor}_k})
 
-    with each term's coefficient :math:`\lambda_k`, anchor (``ref``: verl's reference
-    log-probs; ``old``: the rollout log-probs handed over by the gbmpo policy loss) and
-    parameters: the per-token part of the own engine's
+    with each :class:`~gbmpo.objectives.spec.BuiltTerm`'s coefficient :math:`\lambda_k`,
+    anchor (``ref``: verl's reference log-probs; ``old``: the rollout log-probs handed over by
+    the gbmpo policy loss) and regularizer object: the per-token part of the own engine's
     :func:`gbmpo.objectives.compute_policy_loss` with ``terms`` (the aggregation is linear, so
-    verl's ``agg(sum)`` is the own ``sum`` of the aggregated terms)."""
+    verl's ``agg(sum)`` is the own ``sum`` of the aggregated terms). Inactive terms (``none``,
+    coefficient 0) add nothing and are left out."""
 
-    def __init__(self, terms: list[dict[str, Any]]) -> None:
-        if not terms:
-            raise ValueError("kl_loss_type=gbmpo_sum needs policy_loss.gbmpo_kl.terms")
-        self.terms = []
-        for t in terms:
-            anchor = t.get("anchor", "ref")
-            if anchor not in ("ref", "old"):
-                raise ValueError(f"gbmpo_sum term {t.get('name')!r}: anchor must be 'ref' or "
-                                 f"'old', got {anchor!r}")  # fmt: skip
-            reg = build_regularizer(PREFIX + str(t["name"]), dict(t.get("params") or {}))
-            self.terms.append((reg, float(t["coef"]), anchor))
-        self.name = "+".join(r.name for r, _, _ in self.terms)
-        self.needs_old = any(anchor == "old" for _, _, anchor in self.terms)
+    def __init__(self, terms: tuple[BuiltTerm, ...] | list[BuiltTerm]) -> None:
+        self.terms = [t for t in terms if t.active]
+        if not self.terms:
+            raise ValueError(f"kl_loss_type={PREFIX}{VERL_SUM}: the objective has no active "
+                             "term placed in the loss")  # fmt: skip
+        self.name = "+".join(t.name for t in self.terms)
+        self.needs_old = any(t.anchor == "old" for t in self.terms)
 
     def __call__(self, *, logp: Tensor, ref_logp: Tensor, old_logp: Tensor | None) -> Tensor:
         out = torch.zeros_like(logp)
-        for reg, coef, anchor in self.terms:
-            values = reg(logp=logp, old_logp=old_logp,
-                         anchor_logp=old_logp if anchor == "old" else ref_logp)  # fmt: skip
-            out = out + coef * values.to(out.dtype)
+        for t in self.terms:
+            anchor = old_logp if t.anchor == "old" else ref_logp
+            values = t.regularizer(logp=logp, old_logp=old_logp, anchor_logp=anchor)
+            out = out + t.coef * values.to(out.dtype)
         return out
 
 
-_SUM_CACHE: dict[str, SumPenalty] = {}
-
-
-def build_sum(params: Mapping[str, Any] | None = None) -> SumPenalty:
-    """The :class:`SumPenalty` of ``params["terms"]`` (a JSON string or a list of
-    ``{name, coef, anchor, params}``; default: those of :func:`configure_kl`); cached."""
-    import json
-
-    p = dict(_KL_PARAMS) if params is None else _split_anchor(params)[0]
-    terms = p.get("terms")
-    if isinstance(terms, str):
-        terms = json.loads(terms)
-    key = json.dumps(terms, sort_keys=True, default=str)
-    if key not in _SUM_CACHE:
-        _SUM_CACHE[key] = SumPenalty(list(terms or []))
-    return _SUM_CACHE[key]
+def build_sum(objective: BuiltObjective | None = None) -> SumPenalty:
+    """The :class:`SumPenalty` of the loss terms of ``objective`` (default: the one installed
+    by :func:`configure_kl`). ``ValueError`` without an objective: the
+    terms of ``gbmpo_sum`` come from ``policy_loss.gbmpo_objective`` only."""
+    obj = _OBJECTIVE[0] if objective is None else objective
+    if obj is None:
+        raise ValueError(
+            f"kl_loss_type={PREFIX}{VERL_SUM} needs the objective spec in "
+            "actor_rollout_ref.actor.policy_loss.gbmpo_objective (`python -m "
+            "gbmpo.integrations.verl --objective FILE` prints the overrides)"
+        )
+    return SumPenalty(obj.loss_terms)  # the built objects themselves: nothing to cache
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,8 +449,6 @@ _dumped: dict[str, int] = {}
 
 
 def _dump(kind: str, **tensors: Any) -> None:
-    import os
-
     where = os.environ.get(DUMP_ENV)
     if not where:
         return
@@ -413,6 +480,23 @@ def _check_sources_once() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _select(loss_mode: str, config: Any) -> tuple[Surrogate, BuiltObjective | None]:
+    """The surrogate of ``loss_mode`` under verl's actor ``config`` and the built objective it
+    comes from: with ``policy_loss.gbmpo_objective`` that objective's surrogate (the spec holds
+    every parameter; ``ValueError`` when ``loss_mode`` names another surrogate), else
+    :func:`build_surrogate` (verl's clip fields and ``gbmpo_surrogate``) and None."""
+    objective = _objective_of(_get(config, "policy_loss"))
+    if objective is None:
+        return build_surrogate(loss_mode, config), None
+    expected = PREFIX + objective.spec.surrogate.name
+    if loss_mode != expected:
+        raise ValueError(
+            f"policy_loss.loss_mode={loss_mode!r} but policy_loss.gbmpo_objective's surrogate "
+            f"is {objective.spec.surrogate.name!r}: set loss_mode={expected}"
+        )
+    return objective.surrogate, objective
+
+
 def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, Any]]]:
     def policy_loss(
         old_log_prob: Tensor,
@@ -426,8 +510,8 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
         if config is None:
             raise ValueError(f"verl policy loss {loss_mode!r} needs the actor config")
         _check_sources_once()
-        surrogate = build_surrogate(loss_mode, config)
-        configure_kl(_get(_get(config, "policy_loss"), "gbmpo_kl"))
+        surrogate, objective = _select(loss_mode, config)
+        configure_kl(_get(_get(config, "policy_loss"), "gbmpo_kl"), objective)
         _OLD.put(log_prob, old_log_prob)
         per_token, diag = surrogate(
             logp=log_prob, old_logp=old_log_prob, advantages=advantages, mask=response_mask
@@ -458,7 +542,8 @@ def _make_policy_loss(loss_mode: str) -> Callable[..., tuple[Tensor, dict[str, A
     policy_loss.__qualname__ = policy_loss.__name__
     policy_loss.__doc__ = (
         f"verl policy loss {loss_mode!r}: per-token loss of gbmpo's surrogate "
-        f"{loss_mode[len(PREFIX) :]!r} (parameters from verl's actor config, "
+        f"{loss_mode[len(PREFIX) :]!r} (the built objective's, from "
+        "policy_loss.gbmpo_objective; else parameters from verl's actor config, "
         "see gbmpo.integrations.verl.surrogate_params), times rollout_is_weights if given, "
         "aggregated by verl's agg_loss(loss_agg_mode, **config.global_batch_info)."
     )
@@ -493,10 +578,12 @@ def register_policy_losses() -> list[str]:
 def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> Tensor:
     """Per-token values of the gbmpo regularizer named by ``kl_penalty`` (``gbmpo_NAME``),
     :math:`D(\\log\\pi_\\theta, \\log\\pi_{\\text{anchor}})` of
-    :mod:`gbmpo.objectives.regularizers` with the parameters and anchor of :func:`configure_kl`
-    (``anchor: old``: the rollout log-probs instead of ``ref_logprob``); the rollout log-probs
-    come from the gbmpo policy loss called on the same ``logprob`` tensor (module doc). float32
-    (float64 stays float64)."""
+    :mod:`gbmpo.objectives.regularizers`: with an objective installed by :func:`configure_kl`
+    (``policy_loss.gbmpo_objective``) its term of that name (the built regularizer object and
+    its anchor) or, for ``gbmpo_sum``, the sum of its loss terms (:class:`SumPenalty`); else
+    the regularizer with the ``gbmpo_kl`` parameters and anchor (``anchor: old``: the rollout
+    log-probs instead of ``ref_logprob``). The rollout log-probs come from the gbmpo policy loss
+    called on the same ``logprob`` tensor (module doc). float32 (float64 stays float64)."""
     global _warned_on_policy
     _check_sources_once()
     if kl_penalty == PREFIX + VERL_SUM:
@@ -510,9 +597,13 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
         values = penalty(logp=logprob, anchor_logp=ref_logprob, old_logp=old)
         _dump("kl", log_prob=logprob, ref_log_prob=ref_logprob, values=values)
         return values
-    reg = build_regularizer(kl_penalty)
+    objective = _OBJECTIVE[0]
+    if objective is not None:
+        term = _objective_term(objective, kl_penalty)
+        reg, anchor = term.regularizer, term.anchor
+    else:
+        reg, anchor = build_regularizer(kl_penalty), _KL_ANCHOR[0]
     old = _OLD.take(logprob)
-    anchor = _KL_ANCHOR[0]
     if old is None and anchor == "old":
         raise ValueError(
             f"kl_loss_type={kl_penalty} with anchor 'old' needs the rollout log-probs, "
@@ -520,7 +611,7 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
             "actor_rollout_ref.actor.policy_loss.loss_mode to one of "
             f"{', '.join(policy_loss_names())}"
         )
-    if old is None and reg.name == "kl_k3_is" and not _warned_on_policy:
+    if old is None and getattr(reg, "name", None) == "kl_k3_is" and not _warned_on_policy:
         _warned_on_policy = True
         warnings.warn(
             f"kl_loss_type={kl_penalty} without a gbmpo policy loss: no rollout log-probs, so the "
@@ -573,38 +664,64 @@ class GBMPOPolicyLossConfig(PolicyLossConfig):
             ``{variant: urkl, beta: 1e-4}`` for ``gbmpo_rpg_clip``.
         gbmpo_kl: parameters of the ``gbmpo_*`` ``kl_loss_type``, e.g. ``{mirror: /path.json}``
             for ``gbmpo_neural_mirror``, ``{clamp: 10}``, and the objective's ``{anchor: old}``.
+        gbmpo_objective: the whole gbmpo objective spec as JSON (what
+            :func:`objective_overrides` and ``gbmpo train --engine verl`` write), instead of
+            the two above: built once per process (:func:`build_objective`, the
+            ``BuiltObjective`` the own engine and ``GBMPOTrainer`` use), its surrogate is the
+            policy loss and its terms the ``gbmpo_*`` KL loss.
 
     Built (by verl, in the driver and in each worker) it checks a ``gbmpo_*`` ``loss_mode``
-    against the registered surrogates and installs ``gbmpo_kl`` (:func:`configure_kl`).
+    against the registered surrogates (against the objective's surrogate with
+    ``gbmpo_objective``) and installs ``gbmpo_kl`` or the built objective
+    (:func:`configure_kl`).
     """
 
     gbmpo_surrogate: dict[str, Any] = field(default_factory=dict)
     gbmpo_kl: dict[str, Any] = field(default_factory=dict)
+    gbmpo_objective: str = ""
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
         if parent is not None:
             parent()
+        objective = None
         if isinstance(self.loss_mode, str) and self.loss_mode.startswith(PREFIX):
             _known_surrogate(self.loss_mode)  # unknown name: lists the valid ones
-        configure_kl(self.gbmpo_kl)
+            if self.gbmpo_objective:
+                objective = _select(self.loss_mode, {"policy_loss": self})[1]
+        elif self.gbmpo_objective:
+            raise ValueError(
+                f"policy_loss.gbmpo_objective with loss_mode={self.loss_mode!r}: the objective's "
+                f"surrogate is a gbmpo policy loss, loss_mode={PREFIX}<surrogate>"
+            )
+        configure_kl(self.gbmpo_kl, objective)
 
 
 def describe(config: Any) -> dict[str, Any]:
     """What an instantiated verl actor ``config`` selects from gbmpo, building (and so checking)
-    each object: ``{"surrogate": Surrogate | None, "regularizer": Regularizer | None, "anchor":
-    "ref" | "old"}`` (None where the config uses a verl built-in; the regularizer's anchor),
-    e.g. to check a composed config before a run (the dry-run test of examples/verl does)."""
+    each object: ``{"surrogate": Surrogate | None, "regularizer": Regularizer | SumPenalty |
+    None, "anchor": "ref" | "old", "objective": BuiltObjective | None}`` (None where the config
+    uses a verl built-in; the regularizer's anchor, for ``gbmpo_sum`` the terms' anchors joined
+    by ``+``; the built objective of ``policy_loss.gbmpo_objective``), e.g. to check a composed
+    config before a run (the dry-run test of examples/verl does)."""
     loss_mode = _get(_get(config, "policy_loss"), "loss_mode", "vanilla")
     kl_type = _get(config, "kl_loss_type", "")
-    surr = build_surrogate(loss_mode, config) if str(loss_mode).startswith(PREFIX) else None
-    reg = None
+    surr, objective = (_select(loss_mode, config) if str(loss_mode).startswith(PREFIX)
+                       else (None, None))  # fmt: skip
+    reg: Any = None
     kl_params = _get(_get(config, "policy_loss"), "gbmpo_kl")
+    anchor = _split_anchor(kl_params)[1]
     if _get(config, "use_kl_loss", False) and str(kl_type).startswith(PREFIX):
         base = kl_type[:-1] if kl_type.endswith("+") else kl_type
-        reg = (build_sum(kl_params) if base == PREFIX + VERL_SUM
-               else build_regularizer(base, kl_params))  # fmt: skip
-    return {"surrogate": surr, "regularizer": reg, "anchor": _split_anchor(kl_params)[1]}
+        if base == PREFIX + VERL_SUM:
+            reg = build_sum(objective)
+            anchor = "+".join(t.anchor for t in reg.terms)
+        elif objective is not None:
+            term = _objective_term(objective, base)
+            reg, anchor = term.regularizer, term.anchor
+        else:
+            reg = build_regularizer(base, kl_params)
+    return {"surrogate": surr, "regularizer": reg, "anchor": anchor, "objective": objective}
 
 
 # --------------------------------------------------------------------------------------------
@@ -647,9 +764,6 @@ def main(argv: list[str] | None = None) -> int:
     ``--objective FILE [--max-response-length N]``: print the overrides selecting that objective
     spec instead, one per line (to paste after ``python -m verl.trainer.main_ppo``); a missing or
     bad objective file: one line on stderr, exit status 2."""
-    import argparse
-    import sys
-
     ap = argparse.ArgumentParser(prog="python -m gbmpo.integrations.verl")
     ap.add_argument("--objective", help="gbmpo objective spec (YAML: the section or a config)")
     ap.add_argument("--max-response-length", type=int, default=1024)

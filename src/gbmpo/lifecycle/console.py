@@ -6,6 +6,9 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from rich.console import Console as RichConsole
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
 __all__ = ["Console", "fmt_eval", "main_metric"]
 
 
@@ -35,9 +38,7 @@ class Console:
         self.enabled = enabled
         self._console: Any = None
         if enabled:
-            from rich.console import Console
-
-            self._console = Console(stderr=True)
+            self._console = RichConsole(stderr=True)
 
     def print(self, text: str) -> None:
         if self._console is not None:
@@ -50,8 +51,6 @@ class Console:
         if self._console is None:
             yield _Bar(None, None, steps, budget)
             return
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
         prog = Progress(
             TextColumn("[bold]RL"),
             BarColumn(),

@@ -32,7 +32,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from gbmpo.config import ConfigError, TrainConfig, apply_overrides, config_from_dict
+import yaml
+
+from gbmpo.config import (
+    ConfigError,
+    TrainConfig,
+    apply_overrides,
+    canonical_key,
+    config_from_dict,
+)
 from gbmpo.io import (
     CheckpointError,
     RunLock,
@@ -121,10 +129,6 @@ def resume_config(
 ) -> tuple[TrainConfig, Path]:
     """The configuration of the unfinished run ``run_dir`` (its config.yaml; only the keys in
     :data:`RESUMABLE_OVERRIDES` may be overridden) and its path."""
-    import yaml
-
-    from gbmpo.config import canonical_key
-
     path = Path(run_dir)
     if not (path / CONFIG_FILE).is_file():
         raise ConfigError(f"cannot resume {str(run_dir)!r}: no {CONFIG_FILE} in it")

@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from gbmpo.io import write_atomic
+
 __all__ = [
     "METRICS_FILE",
     "TIMING_KEYS",
@@ -75,8 +77,6 @@ class MetricsWriter:
         self.path = Path(run_dir) / METRICS_FILE
         self.rows = 0  #: rows in the file (kept + written)
         if (keep_up_to_step is not None or keep_rows is not None) and self.path.exists():
-            from gbmpo.io import write_atomic
-
             # resume: drop what a killed run logged after its last checkpoint (atomically: a
             # kill during the rewrite must not lose the rows before it)
             kept = read_metrics(self.path, partial_last=True)
@@ -107,6 +107,7 @@ class Reporters:
         for name in names:
             if name == "tensorboard":
                 try:
+                    # deferred: tensorboard is an optional tracker
                     from torch.utils.tensorboard import SummaryWriter
                 except ImportError as err:
                     raise RuntimeError(
@@ -116,6 +117,7 @@ class Reporters:
                 self._backends.append((name, SummaryWriter(log_dir=str(Path(run_dir) / "tb"))))
             elif name == "trackio":
                 try:
+                    # deferred: trackio is an optional tracker
                     import trackio
                 except ImportError as err:
                     raise RuntimeError(
@@ -125,6 +127,7 @@ class Reporters:
                 self._backends.append((name, trackio))
             elif name == "wandb":
                 try:
+                    # deferred: wandb is an optional tracker
                     import wandb
                 except ImportError as err:
                     raise RuntimeError(

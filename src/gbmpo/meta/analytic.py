@@ -57,7 +57,8 @@ class BusyFitness:
             object.__setattr__(self, "repeats", self._calibrate())
 
     def _work(self, n: int) -> float:
-        import torch  # torch honours torch.set_num_threads, so the workers' pinning applies
+        # deferred: torch is heavy; ES's workers import gbmpo.meta without it (pin threads first)
+        import torch
 
         a = torch.full((self.size, self.size), 1.0 / self.size, dtype=torch.float64)
         x = torch.eye(self.size, dtype=torch.float64)
@@ -76,6 +77,7 @@ class BusyFitness:
     def _calibrate(self) -> int:
         """Repeats for ``seconds`` on one thread: the fastest of 3 timings (the least disturbed
         by other load), since workers run members on one thread each."""
+        # deferred: torch is heavy; ES's workers import gbmpo.meta without it
         import torch
 
         previous = torch.get_num_threads()

@@ -24,6 +24,7 @@ import concurrent.futures as cf
 import contextlib
 import multiprocessing as mp
 import os
+import signal as _signal
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -113,6 +114,7 @@ class SerialBackend(Backend):
     def evaluate(self, fn: FitnessFn, thetas: Sequence[np.ndarray]) -> list[Any]:
         previous = None
         if self.threads is not None:
+            # deferred: torch is heavy; ES's workers import gbmpo.meta without it
             import torch
 
             previous = torch.get_num_threads()
@@ -162,8 +164,6 @@ class LocalPoolBackend(Backend):
     def request_stop(self, signame: str) -> None:
         """Cancel the members not started yet and send ``signame`` to every worker process
         (a member that trains stops after its step, saving a checkpoint)."""
-        import signal as _signal
-
         for fut in self._futures:
             fut.cancel()
         pool = self._pool
@@ -237,6 +237,7 @@ class LocalPoolBackend(Backend):
 
 def _ray_member(fn: FitnessFn, theta: np.ndarray, threads: int) -> float:
     """Body of one Ray task: pin torch threads, then evaluate the member."""
+    # deferred: torch is heavy; ES's workers import gbmpo.meta without it
     import torch
 
     torch.set_num_threads(max(1, threads))
@@ -260,6 +261,7 @@ class RayBackend(Backend):
         if cpus_per_member < 1:
             raise ValueError(f"ray backend: cpus_per_member must be >= 1, got {cpus_per_member}")
         try:
+            # deferred: ray is optional (the ray extra)
             import ray
         except ImportError as e:
             raise ImportError(

@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from gbmpo.meta.fitness import default_inner_config
+
 __all__ = ["DEFAULT_ES_CONFIG", "load_es_config"]
 
 #: the embedded default of ``gbmpo es`` (completes in a few minutes on 2 CPU cores)
@@ -74,8 +76,6 @@ def _deep_merge(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 def load_es_config(path: str | Path | None = None) -> dict[str, Any]:
     """The embedded default, overridden by the YAML file ``path``; keys are checked."""
-    from gbmpo.meta.fitness import default_inner_config
-
     cfg = copy.deepcopy(DEFAULT_ES_CONFIG)
     cfg["train"] = default_inner_config()
     if path is not None:

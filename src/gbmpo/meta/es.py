@@ -192,7 +192,8 @@ def rank_estimator(
     m = fitness.shape[0]
     if m < 2:
         return np.zeros(eps.shape[1], dtype=np.float64)
-    from scipy.stats import rankdata  # lazy: keeps worker start-up light
+    # deferred: scipy.stats takes seconds to import; keeps worker start-up light
+    from scipy.stats import rankdata
 
     ranks = rankdata(fitness, method="average")
     shaped = (ranks - 1.0) / (m - 1) - 0.5

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from gbmpo.eval import evaluation
 from gbmpo.tasks.base import Example, Task
 
 __all__ = ["HeldOutSplitTask", "TrainingFitness", "default_inner_config"]
@@ -155,12 +156,14 @@ class TrainingFitness:
         if not isinstance(self.device, str):
             raise ValueError(f"fitness device must be a string, got {self.device!r}")
         cfg = self.resolved_config(None)
+        # deferred: gbmpo.config imports torch; ES's workers import gbmpo.meta without it
         from gbmpo.config import validate
 
         validate(cfg)  # a bad inner config fails here, before any worker starts
 
     def resolved_config(self, mirror: Any) -> Any:
         """The member's ``TrainConfig`` (``mirror``: its map, or None for a validation pass)."""
+        # deferred: gbmpo.config imports torch; ES's workers import gbmpo.meta without it
         from gbmpo.config import config_from_dict
 
         cfg = config_from_dict(copy.deepcopy(self.train_config))
@@ -184,6 +187,7 @@ class TrainingFitness:
         if self.device != "auto":
             cfg.model.device = self.device
         elif mirror is not None:
+            # deferred: torch is heavy; ES's workers import gbmpo.meta without it
             import torch
 
             if torch.cuda.is_available():
@@ -191,6 +195,7 @@ class TrainingFitness:
         return cfg
 
     def _base(self, cfg: Any) -> tuple[Any, Any]:
+        # deferred: torch and gbmpo.models are heavy; ES's workers import gbmpo.meta without them
         import torch
 
         from gbmpo.models import load_model_and_tokenizer
@@ -208,8 +213,8 @@ class TrainingFitness:
 
     def task(self, tokenizer: Any = None) -> HeldOutSplitTask:
         """The inner-training / validation task (cached per process)."""
+        # deferred: gbmpo.config imports torch; ES's workers import gbmpo.meta without it
         from gbmpo.config import config_from_dict
-        from gbmpo.eval import resolve_task
 
         cfg = config_from_dict(copy.deepcopy(self.train_config))
         key = (
@@ -222,7 +227,7 @@ class TrainingFitness:
             id(tokenizer),
         )
         if key not in _TASKS:
-            base = resolve_task(
+            base = evaluation.resolve_task(
                 cfg.task.name, tokenizer=tokenizer, template=cfg.task.template, **cfg.task.params
             )
             _TASKS[key] = HeldOutSplitTask(
@@ -231,6 +236,7 @@ class TrainingFitness:
         return _TASKS[key]
 
     def __call__(self, theta: np.ndarray) -> float:
+        # deferred: gbmpo.objectives, gbmpo.train import torch; ES workers import gbmpo.meta without
         from gbmpo.objectives.mirror import NeuralMirrorMap
         from gbmpo.train import Trainer
 

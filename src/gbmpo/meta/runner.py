@@ -40,6 +40,7 @@ def export_mirror_map(state: ESState, path: str | Path) -> Path:
     The current theta is the last accepted point ("restart from best"); the file loads with
     ``NeuralMirrorMap.load`` and is what ``gbmpo train --regularizer neural_mirror`` takes.
     """
+    # deferred: gbmpo.objectives imports torch; ES's workers import gbmpo.meta without it
     from gbmpo.objectives.mirror import NeuralMirrorMap
 
     # written aside and renamed: a kill never leaves a half-written map under the real name

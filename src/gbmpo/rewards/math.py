@@ -172,6 +172,7 @@ def _to_fraction_parts(num: str) -> tuple[str, bool]:
 
 
 def _sympy_number(num: str, den: str | None, negative: bool) -> Any:
+    # deferred: sympy is heavy; gbmpo.rewards imports without it
     import sympy
 
     n, n_dec = _to_fraction_parts(num)
@@ -237,6 +238,7 @@ def _verify_numbers(gold: Any, pred: Any) -> bool:
     if _mv_verify is None:
         with _mv_lock:
             if _mv_verify is None:
+                # deferred: math_verify is heavy; loaded only in the verification helper process
                 from math_verify import verify
 
                 for name in ("math_verify.grader", "math_verify.parser"):
@@ -286,6 +288,7 @@ class _Helper:
             text=True, bufsize=1, close_fds=True,
         )
         try:
+            # deferred: resource is POSIX-only (elsewhere the helper runs without the memory cap)
             import resource
 
             limit = 4 << 30

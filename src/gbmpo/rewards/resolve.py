@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gbmpo.registry import UnknownNameError
 from gbmpo.rewards.math import _completion_text
 
 __all__ = ["REWARD_ALIASES", "exact_match_reward", "final_answer_text", "resolve_reward",
@@ -113,7 +114,7 @@ def _from_import_path(spec: str) -> Callable[..., Any]:
 
 def resolve_reward(spec: str | Callable[..., Any]) -> Callable[..., Any]:
     """The reward function that ``spec`` names (see the module docstring)."""
-    from gbmpo.registry import UnknownNameError
+    # cycle: gbmpo.rewards (which defines REWARDS) imports this module
     from gbmpo.rewards import REWARDS
 
     if callable(spec):

@@ -134,6 +134,7 @@ _SCALAR_KINDS = frozenset(("bool", "num", "complex", "str", "bytes", "none"))
 
 def kind_table():
     """``{type: kind}`` of :data:`KIND_NAMES`, resolved now (before any program runs)."""
+    # local: bound here, before any program runs, so a program cannot patch it
     import importlib
 
     table = {}
@@ -155,6 +156,7 @@ def strict_helpers(kinds):
     Every global they use is bound here, before the program runs, so that patching builtins or
     modules cannot change them.
     """
+    # local: bound here, before any program runs, so a program cannot patch it
     import operator
 
     _type, _len, _zip, _all, _any, _bool = type, len, zip, all, any, bool

@@ -34,13 +34,17 @@ pre-forked child, supervision, clean-up, main loop).
 
 import contextlib
 import errno
+import fcntl
 import json
 import os
+import resource
 import select
 import shutil
 import signal
+import socket
 import struct
 import sys
+import threading
 import time
 
 try:  # in the sandbox: the module the launcher defined from strict_compare.py's text
@@ -86,6 +90,7 @@ def _load_optional_modules():
     if added:
         sys.path.append(extra)
     try:
+        # deferred: python3-seccomp is optional (a system package)
         import seccomp  # Debian's python3-seccomp (libseccomp bindings)
 
         _seccomp = seccomp
@@ -95,6 +100,7 @@ def _load_optional_modules():
         if added:
             sys.path.remove(extra)
     try:
+        # deferred: ctypes may be missing from a minimal system interpreter (then no prctl)
         import ctypes
 
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -156,8 +162,6 @@ def _recv():
 
 
 def _lim(which, value):
-    import resource
-
     try:
         resource.setrlimit(which, (value, value))
     except (ValueError, OSError):
@@ -169,8 +173,6 @@ def _lim(which, value):
 
 def _base_limits(cfg):
     """Limits that do not depend on the request (set before it arrives)."""
-    import resource
-
     _lim(resource.RLIMIT_NOFILE, 64)
     _lim(resource.RLIMIT_CORE, 0)
     if cfg.get("nproc"):
@@ -179,8 +181,6 @@ def _base_limits(cfg):
 
 def _set_limits(req):
     """Per-request limits: CPU time (timeout + 1 s, then SIGKILL), address space, file size."""
-    import resource
-
     cpu = int(req["timeout_s"]) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     _lim(resource.RLIMIT_AS, int(req["memory_mb"]) << 20)
@@ -205,6 +205,7 @@ def _harness(req):
     program that shadow a builtin (``def abs(x): return 0``) are removed unless listed in
     ``keep`` (a task whose entry point is named like a builtin).
     """
+    # local: bound here, before the program runs, so the program cannot patch them
     import builtins
     import types
 
@@ -332,7 +333,6 @@ def _child(cfg, run_dir, req_r, out_w, res_w):
     try:
         os.setsid()
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        import fcntl
 
         # Lift the pipe ends above the target numbers first, so no dup2 clobbers another.
         out_w, res_w, req_r = (fcntl.fcntl(fd, fcntl.F_DUPFD, 32) for fd in (out_w, res_w, req_r))
@@ -584,7 +584,6 @@ def _selftest():
                     report[name] = "allowed"
                 except OSError as exc:
                     report[name] = errno.errorcode.get(exc.errno, str(exc.errno))
-            import threading
 
             t = threading.Thread(target=lambda: None)
             t.start()
@@ -616,8 +615,6 @@ def _selftest():
 
 
 def _try_socket():
-    import socket
-
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.close()
     return 1

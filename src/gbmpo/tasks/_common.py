@@ -102,6 +102,7 @@ def hub_unreachable_reason(hub_id: str) -> str | None:
     One request, bounded by :data:`gbmpo.models.HUB_PROBE_TIMEOUT`; a 4xx answer (no such data
     set, gated) is reported as a reason too.
     """
+    # deferred: huggingface_hub and gbmpo.models (torch) are heavy; gbmpo.tasks imports without them
     from huggingface_hub import HfApi, constants
 
     from gbmpo.models import HUB_PROBE_TIMEOUT, bounded_hub_call
@@ -162,6 +163,7 @@ def load_json_or_jsonl(path: Path) -> list[dict[str, Any]]:
 def load_hub(hub_id: str, config: str | None, split: str) -> list[dict[str, Any]]:
     """Rows of a Hugging Face dataset split (needs ``datasets`` and network access)."""
     try:
+        # deferred: datasets is optional (the trl extra)
         import datasets
     except ImportError as exc:  # pragma: no cover - datasets is a declared extra
         raise ImportError("loading from the hub needs `pip install datasets`") from exc

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gbmpo.registry import Registry
+from gbmpo.sandbox import require_sandbox
 
 Example = dict[str, Any]
 
@@ -58,8 +59,6 @@ class Task(ABC):
         ``allow_unsandboxed_code``. Other tasks need nothing.
         """
         if self.requires_sandbox:
-            from gbmpo.sandbox import require_sandbox
-
             require_sandbox(allow_unsandboxed_code)
 
     def columns(self, examples: Sequence[Example]) -> dict[str, list[Any]]:

@@ -50,6 +50,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from gbmpo.rewards.resolve import resolve_reward, reward_spec_name
+from gbmpo.rewards.scoring import score_completions
 from gbmpo.tasks import _common as common
 from gbmpo.tasks.base import TASKS, Example, Task
 
@@ -113,6 +115,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     if suffix == ".parquet":
         if p.suffix.lower() == ".gz":
             raise ValueError(f"{p}: Parquet compresses itself; give the .parquet file")
+        # deferred: pyarrow is optional (it comes with datasets)
         import pyarrow.parquet as pq
 
         try:
@@ -180,8 +183,6 @@ class DatasetTask(common.TemplatedPrompts, Task):
         hub_test_split: str = "test",
         hub: bool | None = None,
     ) -> None:
-        from gbmpo.rewards.resolve import resolve_reward, reward_spec_name
-
         if not isinstance(path, str) or not path.strip():
             raise ValueError("task 'jsonl' needs path=FILE (a data file or a hub data set id)")
         self.path = path
@@ -338,8 +339,6 @@ class DatasetTask(common.TemplatedPrompts, Task):
         (a value that is None/NaN/inf/not a number or a per-sample exception scores 0 and is
         named in ``reward_failure``; a function that fails for every completion raises
         :class:`gbmpo.rewards.scoring.RewardError`)."""
-        from gbmpo.rewards.scoring import score_completions
-
         prompts = [ex["prompt"] for ex in examples]
         scored = score_completions(self.reward_fn, prompts, list(completions),
                                    self.columns(list(examples)))

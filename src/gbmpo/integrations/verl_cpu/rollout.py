@@ -31,6 +31,8 @@ from typing import Any
 
 import ray
 import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM, DynamicCache
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
@@ -54,8 +56,6 @@ class HFRolloutServer:
     :func:`sample` (a KV-cached decode loop); see the module doc."""
 
     def __init__(self, config: Any, model_config: Any, replica_rank: int = 0) -> None:
-        from transformers import AutoModelForCausalLM
-
         torch.set_num_threads(1)
         self.config = config
         path = _get(model_config, "local_path") or _get(model_config, "path")
@@ -123,8 +123,6 @@ def sample(model: Any, prompt_ids: list[int], *, max_tokens: int, temperature: f
     0); returns the token ids and, per token, :math:`\\log\\mathrm{softmax}(z_t / T)` at the
     sampled token, unfiltered (``T`` = 1 when greedy), the log-probability verl's actor
     recomputes."""
-    from transformers import DynamicCache
-
     eos = set(eos)
     ids = torch.tensor([prompt_ids], dtype=torch.long)
     cache = DynamicCache()
@@ -179,7 +177,6 @@ class HFServerAdapter(BaseRollout):
     def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any,
                  **kwargs: Any) -> None:  # fmt: skip
         super().__init__(config, model_config, device_mesh, *args, **kwargs)
-        import torch.distributed as dist
 
         size = (self.config.tensor_model_parallel_size * self.config.data_parallel_size
                 * self.config.pipeline_model_parallel_size)  # fmt: skip
