@@ -8,9 +8,9 @@ loop, tokenizer), rewards (``score``), the no-grad log-prob passes (``no_grad_lo
 reference, and the old policy when needed), advantages, the policy's log-prob forward with
 gradient (``Trainer.logprobs`` under grad), the loss (``policy_loss``), the backward
 (``Tensor.backward``), gradient clipping, the AdamW step and the metrics (``step_record``).
-The first ``--warmup`` steps are dropped; medians per step are printed, and the time between
-consecutive step ends (``step``), which also holds what the run loop does between steps
-(metrics line, status file).
+The first ``--warmup`` steps are dropped; medians per step are printed (and written to
+``--out``), and the time between consecutive step ends (``step``), which also holds what the run
+loop does between steps (metrics line, status file).
 
     python benchmarks/trainer_phases.py --size 0.2M --steps 14
     PYTHONPATH=/tmp/before/src python benchmarks/trainer_phases.py --size 10M --steps 6
@@ -59,6 +59,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default=None, help="also write the result to this JSON file")
     a = p.parse_args()
     if a.steps <= a.warmup:
         print("trainer_phases: --steps must be larger than --warmup", file=sys.stderr)
@@ -124,6 +125,10 @@ def main() -> None:
         per_step = len(values) // a.steps or 1
         result[f"{name}_cpu_ms"] = round(_median(values[a.warmup * per_step :]) * 1e3, 2)
     print(json.dumps(result))
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"trainer_phases: {a.size} step {result['step_cpu_ms']} CPU ms"
+          + (f" -> {a.out}" if a.out else ""))
 
 
 if __name__ == "__main__":
