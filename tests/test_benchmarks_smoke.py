@@ -66,6 +66,18 @@ def test_logprobs_benchmark_toy(tmp_path: Path) -> None:
         assert check["value_max_abs_diff"] < 1e-5 and check["grad_max_abs_diff"] < 1e-6
 
 
+def test_trainer_phases_toy(tmp_path: Path) -> None:
+    data, last = _run("trainer_phases.py", tmp_path / "ph.json", "--size", "toy", "--steps", "3",
+                      "--warmup", "1")
+    assert last.startswith("trainer_phases: toy step")
+    assert data["steps_kept"] == 2 and data["step_cpu_ms"] > 0
+    phases = ("sample_completions", "no_grad_logprobs", "policy_forward", "backward", "adamw")
+    for phase in phases:
+        assert data[f"{phase}_cpu_ms"] > 0, phase
+    # the timed phases are parts of the step
+    assert sum(data[f"{phase}_cpu_ms"] for phase in phases) < 1.5 * data["step_cpu_ms"]
+
+
 def test_trainer_vs_trl_benchmark_toy(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     data, last = _run(

@@ -115,6 +115,36 @@ def test_unpatched_model_matches_at_float32_rounding(kind, dtype):
         torch.testing.assert_close(our_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_packed_additive_mask_is_the_boolean_mask_bit_for_bit(dtype):
+    """The additive mask built once per pass gives ``scaled_dot_product_attention`` the same
+    attention and input gradients as the boolean mask it converts on every call."""
+    model = _model("qwen3", dtype)  # 4 query heads on 2 key/value heads: folded queries
+    forward = LeanForward.for_model(model)
+    assert forward is not None
+    real = torch.ones(3, 7, dtype=torch.bool)
+    real[0, :2] = False  # left padding: those positions attend to themselves
+    allowed = forward._self_masks(real)
+    # the query heads of a key/value head folded into the query sequence: [R, 1, 2*T, S]
+    boolean = allowed.unsqueeze(1).repeat(1, 1, 2, 1)
+    additive = forward._pack_mask(allowed, dtype)
+    assert additive.dtype == dtype and boolean.dtype == torch.bool
+    assert torch.equal(additive == 0, boolean) and bool((additive[~boolean] == -math.inf).all())
+    gen = torch.Generator().manual_seed(0)
+    shape = (3, 2, boolean.shape[2], 16)
+    q, k, v = (torch.randn(*shape[:2], s, 16, generator=gen).to(dtype).requires_grad_()
+               for s in (shape[2], 7, 7))
+    outs = []
+    for mask in (boolean, additive):
+        q.grad = k.grad = v.grad = None
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        out.backward(torch.linspace(-1, 1, out.numel()).view_as(out).to(dtype))
+        outs.append((out.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()))
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+    assert not torch.isnan(outs[0][0]).any()
+
+
 def test_no_grad_pass_and_single_prompt_group():
     """Under ``no_grad`` (old/reference passes) and with nothing to share (``G = 1``)."""
     model = _model("qwen3").eval()

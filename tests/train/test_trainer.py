@@ -91,6 +91,33 @@ def test_micro_batch_accumulation_equals_one_batch(micro_model_dir, aggregation)
     assert any(x.abs().sum() > 0 for x in one)
 
 
+def test_inference_mode_outputs_are_ordinary_tensors(micro_model_dir):
+    """The decode loop and the no-grad log-prob passes run in inference mode; the rollout and
+    the log-probs they hand on are ordinary tensors, which autograd may save for a backward
+    (an inference tensor saved for the backward raises)."""
+    cfg = micro_config(micro_model_dir, None, **{"objective.regularizer.coef": "0.5"})
+    trainer = Trainer(cfg, reward_fn=varied_reward)
+    assert trainer.ref_model is not None
+    batch = generate(trainer.model, trainer.tokenizer, ["Q: Anna has 3 eggs.\nA:"],
+                     num_return_sequences=2, max_new_tokens=4, generator_seed=1,
+                     return_logprobs=True)
+    old = no_grad_logprobs(trainer, batch, reference=False)
+    ref = no_grad_logprobs(trainer, batch, reference=True)
+    assert batch.sampling_logp is not None
+    tensors = {"old": old, "ref": ref, "sampling_logp": batch.sampling_logp,
+               "prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask,
+               "completion_ids": batch.completion_ids, "completion_mask": batch.completion_mask}
+    for name, tensor in tensors.items():
+        assert not tensor.is_inference(), name
+    # a product saves both factors for its backward, an embedding its indices
+    w = torch.ones((), requires_grad=True)
+    embed = trainer.model.get_input_embeddings().weight
+    loss = (w * old).sum() + (w * ref).sum() + (w * batch.sampling_logp).sum()
+    loss = loss + torch.nn.functional.embedding(batch.completion_ids, embed).sum()
+    loss.backward()
+    assert w.grad is not None and embed.grad is not None
+
+
 # ----------------------------------------------------------------------------- parameters move
 
 

@@ -18,10 +18,11 @@ transformers' ``sdpa`` path, in the same order, up to float rounding):
 
     x \leftarrow x + W_d\big(\mathrm{silu}(W_g h)\odot W_u h\big),\quad h=\mathrm{rms}_2(x)
 
-with the boolean mask :math:`M` built once per pass (causal and the padding mask) and reused by
-every layer, grouped-query attention done by folding the ``H/KV`` query heads of a key/value
-head into its query sequence (no key repetition), and the final :math:`\mathrm{rms}_f` and LM
-head applied only at the ``C`` positions that predict completion tokens.
+with the mask :math:`M` (causal and the padding mask, as an additive 0/-inf tensor) built
+once per pass and reused by every layer, grouped-query attention done by folding the ``H/KV``
+query heads of a key/value head into its query sequence (no key repetition), and the final
+:math:`\mathrm{rms}_f` and LM head applied only at the ``C`` positions that predict completion
+tokens.
 
 Prompt sharing (the layout :func:`gbmpo.rollout.logprobs.completion_logprobs` uses when the ``G``
 completions of a group share a prompt): the ``U`` distinct prompts run once, their per-layer
@@ -50,6 +51,7 @@ memory trade the caller asked for).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -129,12 +131,21 @@ class LeanForward(_LlamaWeights):
         empty = ~allowed.any(-1, keepdim=True)
         return allowed | (empty & torch.eye(width, dtype=torch.bool, device=real.device))
 
-    def _pack_mask(self, allowed: Tensor) -> Tensor:
-        """``[R, T, S]`` allowed-key mask -> ``[R, 1, groups*T, S]`` for the folded query heads
-        (see :meth:`_attend`)."""
+    def _pack_mask(self, allowed: Tensor, dtype: torch.dtype) -> Tensor:
+        """``[R, T, S]`` allowed-key mask -> additive ``[R, 1, groups*T, S]`` mask of ``dtype``
+        (0 where allowed, ``-inf`` elsewhere) for the folded query heads (see
+        :meth:`_attend`).
+
+        ``scaled_dot_product_attention`` turns a boolean mask into exactly this tensor (``where``
+        in the query's dtype) on every call; built once per pass, every layer reuses it, so
+        the conversion runs once instead of once per layer (the same values, so the same
+        attention and gradients, tested)."""
         groups = self.num_heads // self.num_kv_heads
         mask = allowed.unsqueeze(1)
-        return mask if groups == 1 else mask.repeat(1, 1, groups, 1)
+        mask = mask if groups == 1 else mask.repeat(1, 1, groups, 1)
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+            ~mask, -math.inf
+        )
 
     def _qkv(self, layer: _Layer, h: Tensor, cos: Tensor, sin: Tensor,
              queries: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -192,13 +203,13 @@ class LeanForward(_LlamaWeights):
         cos_t, sin_t = self._rope_table(x, width)
         cos, sin = cos_t[positions], sin_t[positions]
         allowed = self._self_masks(real)
-        att = self._pack_mask(allowed)
+        att = self._pack_mask(allowed, x.dtype)
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             h = _rms(x, layer.ln1, layer.ln1_eps)
             if i == last:  # only the kept positions' outputs are used after the last layer
                 q, k, v = self._qkv(layer, h, cos, sin, queries=keep)
-                att_keep = self._pack_mask(allowed[:, width - keep :])
+                att_keep = self._pack_mask(allowed[:, width - keep :], x.dtype)
                 return self._logits(self._attend(layer, x[:, width - keep :], q, k, v, att_keep))
             q, k, v = self._qkv(layer, h, cos, sin)
             x = self._attend(layer, x, q, k, v, att)
@@ -216,7 +227,7 @@ class LeanForward(_LlamaWeights):
         cos_t, sin_t = self._rope_table(x, width)
         cos, sin = cos_t[positions], sin_t[positions]
         allowed = self._self_masks(mask.bool())
-        att = self._pack_mask(allowed)
+        att = self._pack_mask(allowed, x.dtype)
         keys_values = []
         last = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
@@ -224,7 +235,8 @@ class LeanForward(_LlamaWeights):
             q, k, v = self._qkv(layer, h, cos, sin, queries=1 if i == last else None)
             keys_values.append((k, v))
             if i == last:  # only the last position's output is used
-                x = self._attend(layer, x[:, -1:], q, k, v, self._pack_mask(allowed[:, -1:]))
+                last_mask = self._pack_mask(allowed[:, -1:], x.dtype)
+                x = self._attend(layer, x[:, -1:], q, k, v, last_mask)
             else:
                 x = self._attend(layer, x, q, k, v, att)
         return self._logits(x[:, -1]), keys_values
@@ -252,7 +264,7 @@ class LeanForward(_LlamaWeights):
         x_u = F.embedding(ids_u, self.embed)
         cos_t, sin_t = self._rope_table(x_u, width + c)
         allowed_u = self._self_masks(real_u)
-        att_u = self._pack_mask(allowed_u)
+        att_u = self._pack_mask(allowed_u, x_u.dtype)
         cos_u, sin_u = cos_t[pos_u], sin_t[pos_u]
 
         t = c - 1  # completion tokens fed (the last one is never an input)
@@ -267,7 +279,7 @@ class LeanForward(_LlamaWeights):
                  causal_c & completion_mask[:, :-1].bool()[:, None, :]],
                 dim=-1,
             )
-            att_c = self._pack_mask(seen)
+            att_c = self._pack_mask(seen, x_c.dtype)
         last_layer = len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             # after the last layer only the last prompt position's output is used (the
@@ -282,7 +294,7 @@ class LeanForward(_LlamaWeights):
                 x_c = self._attend(layer, x_c, qc, keys, values, att_c)
             if only_last:
                 x_u = self._attend(layer, x_u[:, -1:], q, k, v,
-                                   self._pack_mask(allowed_u[:, -1:]))
+                                   self._pack_mask(allowed_u[:, -1:], x_u.dtype))
             else:
                 x_u = self._attend(layer, x_u, q, k, v, att_u)
         last = x_u[:, -1].index_select(0, inverse).unsqueeze(1)  # [B, 1, hidden]

@@ -451,12 +451,18 @@ def generate(
                     pieces.append(out[:, ids.shape[1] :].cpu())
                     continue
                 steps_logp: list[Tensor] | None = [] if return_logprobs else None
-                completion = _decode(
-                    model, ids, att, repeats=num_return_sequences,
-                    max_new_tokens=max_new_tokens, do_sample=do_sample,
-                    temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
-                    eos_ids=eos_ids, pad_id=int(pad_id), lean=lean_decoder, logprobs=steps_logp,
-                )
+                # inference mode: the same kernels and values as no_grad without autograd's
+                # per-op bookkeeping (version counters, view tracking), which at small sizes is
+                # a visible part of a decode step; what it returns is only read below, outside
+                # it, by ops that make ordinary tensors (stack, pad, cat)
+                with torch.inference_mode():
+                    completion = _decode(
+                        model, ids, att, repeats=num_return_sequences,
+                        max_new_tokens=max_new_tokens, do_sample=do_sample,
+                        temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
+                        eos_ids=eos_ids, pad_id=int(pad_id), lean=lean_decoder,
+                        logprobs=steps_logp,
+                    )
                 pieces.append(completion.cpu())
                 if steps_logp is not None:
                     logp_pieces.append(torch.stack(steps_logp, dim=1).cpu())
