@@ -594,7 +594,7 @@ def gbmpo_kl_penalty(logprob: Tensor, ref_logprob: Tensor, kl_penalty: str) -> T
                 f"kl_loss_type={kl_penalty} with a term anchored at 'old' needs the rollout "
                 "log-probs, which only a gbmpo policy loss hands over"
             )
-        values = penalty(logp=logprob, anchor_logp=ref_logprob, old_logp=old)
+        values = penalty(logp=logprob, ref_logp=ref_logprob, old_logp=old)
         _dump("kl", log_prob=logprob, ref_log_prob=ref_logprob, values=values)
         return values
     objective = _OBJECTIVE[0]
