@@ -376,7 +376,9 @@ class Regularizer:
       sum_v D_h(p_v, q_v)) or a :class:`~gbmpo.objectives.full_vocab.RowDivergence` (any
       function of the two log-softmax rows); ``None``: no exact form (``full`` is refused);
     * ``full_description``: that form as a formula (messages, docs);
-    * ``clampable``: whether it takes a ``clamp`` parameter (clipping its sampled value).
+    * ``clampable``: whether it takes a ``clamp`` parameter (clipping its sampled value);
+    * ``zero_at_zero``: ``value_and_grad(0, 0)`` is exactly ``(0, 0)``, so the masked positions
+      (whose inputs are set to 0) need no multiplication by the mask afterwards.
     """
 
     def __init__(
@@ -390,6 +392,7 @@ class Regularizer:
         full: Any = None,
         full_description: str | None = None,
         clampable: bool = False,
+        zero_at_zero: bool = False,
     ) -> None:
         self.name = name
         self._formula = formula
@@ -402,26 +405,19 @@ class Regularizer:
             else getattr(full, "description", None) if full is not None else None
         )
         self.clampable = clampable
+        self.zero_at_zero = zero_at_zero
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"Regularizer({self.name!r}{', ' if args else ''}{args})"
 
-    def __call__(
-        self,
-        *,
-        logp: Tensor,
-        old_logp: Tensor | None = None,
-        ref_logp: Tensor | None = None,
-        mask: Tensor | None = None,
-    ) -> Tensor:
-        dtype = compute_dtype(logp)
-        if not self.needs_ref:  # ``none``: no anchor to compare with
-            return torch.zeros(logp.shape, dtype=dtype, device=logp.device)
+    def _inputs(
+        self, logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(logp, anchor, old)`` in the compute dtype after the shape checks."""
         if ref_logp is None:
             raise ValueError(f"regularizer {self.name!r} needs ref_logp (got None)")
-        anchor = ref_logp
-        tensors = {"ref_logp": anchor}
+        tensors = {"ref_logp": ref_logp}
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if mask is not None:
@@ -432,37 +428,65 @@ class Regularizer:
                     f"regularizer {self.name!r}: {key} has shape {tuple(t.shape)} but logp has "
                     f"shape {tuple(logp.shape)}"
                 )
-        lp = logp.to(dtype)
-        an = anchor.to(dtype)
+        dtype = compute_dtype(logp)
         old = None if old_logp is None else old_logp.to(dtype)
-        fused = (
-            self._value_and_grad is not None
-            and not an.requires_grad
-            and (old is None or not old.requires_grad)
-        )
-        if not fused:
-            keep = None
-            if mask is not None:
-                keep = mask.to(torch.bool)
-                lp = torch.where(keep, lp, 0.0)
-                an = torch.where(keep, an, 0.0)
-                old = None if old is None else torch.where(keep, old, 0.0)
-            out = self._formula(lp, an, old)
-            return out if keep is None else torch.where(keep, out, 0.0)
-        assert self._value_and_grad is not None
+        return logp.to(dtype), ref_logp.to(dtype), old
+
+    def known_gradient(
+        self,
+        *,
+        logp: Tensor,
+        old_logp: Tensor | None = None,
+        ref_logp: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        """``(x, value, grad)``: the per-token values ``[B, T]`` computed without autograd (0
+        where masked) and their derivative in ``x`` (``logp`` in the compute dtype; 0 where
+        masked), when the regularizer has a closed-form derivative (``value_and_grad``) and the
+        anchor and old log-probs are constants; ``None`` otherwise (the values then need
+        autograd: call the regularizer)."""
+        if not self.needs_ref:  # ``none``: 0, with derivative 0
+            zeros = torch.zeros(logp.shape, dtype=compute_dtype(logp), device=logp.device)
+            return logp.to(zeros.dtype), zeros, zeros
+        if self._value_and_grad is None:
+            return None
+        lp, an, old = self._inputs(logp, old_logp, ref_logp, mask)
+        if an.requires_grad or (old is not None and old.requires_grad):
+            return None
         with torch.no_grad():
             # float-mask arithmetic (much faster than torch.where on CPU), then the formula's
-            # value with its derivative attached: one multiply in the backward
+            # value with its derivative
             x = lp.detach()
-            old = None  # the fused built-ins read only logp and the anchor
             if mask is not None:
-                mf = mask.to(dtype)
+                mf = mask.to(lp.dtype)
                 x, an = masked(x, mf), masked(an, mf)
-                old = None if old is None else masked(old, mf)
-            out, g = self._value_and_grad(x, an, old)
-            if mask is not None:
+            out, g = self._value_and_grad(x, an, None)  # the fused built-ins read l and r only
+            if mask is not None and not self.zero_at_zero:
                 out, g = masked(out, mf), g * mf
-        return attach(lp, out, g)
+        return lp, out, g
+
+    def __call__(
+        self,
+        *,
+        logp: Tensor,
+        old_logp: Tensor | None = None,
+        ref_logp: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        if not self.needs_ref:  # ``none``: no anchor to compare with
+            return torch.zeros(logp.shape, dtype=compute_dtype(logp), device=logp.device)
+        known = self.known_gradient(logp=logp, old_logp=old_logp, ref_logp=ref_logp, mask=mask)
+        if known is not None:  # the value with its derivative attached: one multiply backward
+            return attach(*known)
+        lp, an, old = self._inputs(logp, old_logp, ref_logp, mask)
+        keep = None
+        if mask is not None:
+            keep = mask.to(torch.bool)
+            lp = torch.where(keep, lp, 0.0)
+            an = torch.where(keep, an, 0.0)
+            old = None if old is None else torch.where(keep, old, 0.0)
+        out = self._formula(lp, an, old)
+        return out if keep is None else torch.where(keep, out, 0.0)
 
 
 #: built-ins plus plugins of the ``gbmpo.regularizers`` entry-point group (factories returning a
@@ -503,7 +527,7 @@ def _make_k1() -> Regularizer:
 def _make_k2() -> Regularizer:
     return Regularizer(
         "kl_k2", lambda l, r, o: kl_k2(l, r), value_and_grad=lambda l, r, o: _k2_vg(l, r),
-        full=NegEntropy(), full_description=_KL_FULL,
+        full=NegEntropy(), full_description=_KL_FULL, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -515,7 +539,7 @@ def _make_k3(clamp: float | None = None) -> Regularizer:
         lambda l, r, o: kl_k3(l, r, c),
         params={"clamp": c},
         value_and_grad=lambda l, r, o: _k3_vg(l, r, c),
-        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+        full=NegEntropy(), full_description=_KL_FULL, clampable=True, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -533,7 +557,7 @@ def _make_k1_st() -> Regularizer:
     return Regularizer(
         "kl_k1_st", lambda l, r, o: kl_k1_st(l, r),
         value_and_grad=lambda l, r, o: (kl_k1(l, r), l - r),
-        full=NegEntropy(), full_description=_KL_FULL,
+        full=NegEntropy(), full_description=_KL_FULL, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -543,7 +567,7 @@ def _make_k3_st(clamp: float | None = None) -> Regularizer:
     return Regularizer(
         "kl_k3_st", lambda l, r, o: kl_k3_st(l, r, c), params={"clamp": c},
         value_and_grad=lambda l, r, o: (kl_k3(l, r, c), l - r),
-        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+        full=NegEntropy(), full_description=_KL_FULL, clampable=True, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -551,14 +575,15 @@ def _make_k3_st(clamp: float | None = None) -> Regularizer:
 def _make_prob_l2() -> Regularizer:
     return Regularizer(
         "prob_l2", lambda l, r, o: prob_l2(l, r), value_and_grad=lambda l, r, o: _prob_l2_vg(l, r),
-        full=Square(), full_description="sum_v (p_v - q_v)^2",
+        full=Square(), full_description="sum_v (p_v - q_v)^2", zero_at_zero=True,
     )  # fmt: skip
 
 
 @REGULARIZERS.register("log_l2")
 def _make_log_l2() -> Regularizer:
     return Regularizer(
-        "log_l2", lambda l, r, o: log_l2(l, r), value_and_grad=lambda l, r, o: _log_l2_vg(l, r)
+        "log_l2", lambda l, r, o: log_l2(l, r), value_and_grad=lambda l, r, o: _log_l2_vg(l, r),
+        zero_at_zero=True,
     )
 
 

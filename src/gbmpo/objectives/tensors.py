@@ -10,6 +10,7 @@ derivative to a value (:func:`attach`, one multiplication in the backward).
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any
 
 import torch
@@ -47,9 +48,29 @@ def float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
     if mask.dtype == torch.bool:
         return mask.to(dtype)
     mf = mask.to(dtype)
-    if float((mf - mf * mf).abs().sum()) != 0.0:
-        raise ValueError("mask must contain only 0 and 1")
+    if not is_checked_mask(mf):
+        if float((mf - mf * mf).abs().sum()) != 0.0:
+            raise ValueError("mask must contain only 0 and 1")
+        _remember_checked(mf)
     return mf
+
+
+#: the float mask checked last, with its version counter: the policy loss checks its mask once and
+#: hands the same tensor to the surrogate, the regularizers and the aggregation, which then skip
+#: the four passes of the {0, 1} check (an in-place change of the mask bumps its version)
+_CHECKED: tuple[weakref.ref[Tensor], int] | None = None
+
+
+def _remember_checked(mf: Tensor) -> None:
+    global _CHECKED
+    _CHECKED = (weakref.ref(mf), mf._version)
+
+
+def is_checked_mask(m: Tensor) -> bool:
+    """Whether ``m`` is the float mask :func:`float_mask` checked last, unchanged since (same
+    object, same version counter): its {0, 1} check need not run again."""
+    c = _CHECKED
+    return c is not None and c[0]() is m and c[1] == m._version
 
 
 def masked(x: Tensor, mf: Tensor) -> Tensor:

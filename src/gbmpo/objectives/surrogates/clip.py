@@ -13,6 +13,8 @@ from torch import Tensor
 from gbmpo.objectives.surrogates.base import (
     _LOG_RATIO_CLAMP,
     SURROGATES,
+    KnownGradient,
+    KnownGradientSurrogate,
     _check_clip_params,
     _eps_bounds,
     _fused_clip_loss,
@@ -49,7 +51,7 @@ def _init_ratio_clip(s: ClipSurrogate | GSPOSurrogate, delta: float | None) -> N
 
 @SURROGATES.register("clip")
 @dataclass(frozen=True)
-class ClipSurrogate:
+class ClipSurrogate(KnownGradientSurrogate):
     r"""Token-level ratio clip (PPO / GRPO; DAPO clip-higher, arXiv 2503.14476), optional dual
     clip (Ye et al. 2020) and optional ratio cap (TRL's ``delta``; INTELLECT-2 two-sided clip).
 
@@ -81,10 +83,12 @@ class ClipSurrogate:
     def bounds(self) -> tuple[float, float]:
         return _eps_bounds(self.eps_low, self.eps_high)
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
+    ) -> KnownGradient:
+        x, _, log_ratio, adv, m, inside = _prepare_fused(
+            logp, old_logp, advantages, mask, need_lp=False
+        )
         low, high = self.bounds
         return _fused_clip_loss(
             x, log_ratio, adv, m, inside, low, high, self.dual_clip_c, self.ratio_cap
