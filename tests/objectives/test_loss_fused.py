@@ -2,12 +2,14 @@
 surrogate + regularizers + aggregation where every part has a known derivative, the metrics from
 values already computed) gives the same loss, gradient and metrics as the composition it
 replaced, bit for bit (``torch.equal``; metrics ``==``), over the whole registry: every surrogate
-(every ``divergence_clip`` measure) x every regularizer x every aggregation, float32 and float64.
+(every ``divergence_clip`` measure but the neural mirror's) x every regularizer x every
+aggregation, float32 and float64.
 
 The reference is gbmpo 17bd253's ``compute_policy_loss`` and ``aggregate``, kept verbatim below:
-each surrogate and regularizer called on its own (its own autograd node), then three separate
-aggregations. A further test compares with 17bd253's whole objectives package (its surrogates
-and regularizers too), read from git, where the repository has that commit.
+each surrogate and regularizer called on its own (its own autograd node; the regularizers that
+went through autograd then, on their plain formula), then three separate aggregations. A
+further test compares with 17bd253's whole objectives package (its surrogates and regularizers
+too), read from git, where the repository has that commit.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from gbmpo.objectives import LossTerm, compute_policy_loss, get_regularizer, get
 from gbmpo.objectives.aggregate import AGGREGATIONS
 from gbmpo.objectives.clip_measures import CLIP_MEASURES
 from gbmpo.objectives.loss import _resolve_regularizer, _resolve_surrogate, _valid_weights
-from gbmpo.objectives.regularizers import REGULARIZERS
+from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer
 from gbmpo.objectives.surrogates import SURROGATES
 from gbmpo.objectives.tensors import compute_dtype, float_mask, masked_mean
 
@@ -37,6 +39,30 @@ ROOT = Path(__file__).resolve().parents[2]
 BEFORE = "17bd253"
 
 # --- the reference: 17bd253's aggregate and compute_policy_loss, verbatim ----------------------
+
+
+#: the regularizers that attached a closed-form derivative at 17bd253 (the others: autograd)
+_KNOWN_BEFORE = {"kl_k1", "kl_k2", "kl_k3", "kl_k1_st", "kl_k3_st", "prob_l2", "log_l2"}
+
+
+def _as_before(r: Any) -> Any:
+    """The regularizer as 17bd253 evaluated it: the built-ins of :data:`_KNOWN_BEFORE` with their
+    attached derivative (unchanged), every other one through autograd on its plain formula, with
+    the ``where`` masking of inputs and output (17bd253's ``Regularizer.__call__``)."""
+    if not isinstance(r, Regularizer) or r.name in _KNOWN_BEFORE or not r.needs_ref:
+        return r
+
+    def plain(*, logp: Tensor, old_logp: Tensor | None = None, ref_logp: Tensor | None = None,
+              mask: Tensor | None = None) -> Tensor:  # fmt: skip
+        assert ref_logp is not None and mask is not None
+        dtype = compute_dtype(logp)
+        keep = mask.to(torch.bool)
+        lp = torch.where(keep, logp.to(dtype), 0.0)
+        an = torch.where(keep, ref_logp.to(dtype), 0.0)
+        old = None if old_logp is None else torch.where(keep, old_logp.to(dtype), 0.0)
+        return torch.where(keep, r._formula(lp, an, old), 0.0)
+
+    return plain
 
 
 def _reference_aggregate(
@@ -178,7 +204,7 @@ def _reference_policy_loss(
         if isinstance(term.coef, bool) or not isinstance(term.coef, (int, float)) \
                 or not math.isfinite(term.coef):  # fmt: skip
             raise ValueError(f"term {term.name!r}: coef must be a finite number, got {term.coef!r}")
-        r = _resolve_regularizer(term.regularizer)
+        r = _as_before(_resolve_regularizer(term.regularizer))
         needs_ref = bool(getattr(r, "needs_ref", True))
         if needs_ref and term.anchor_logp is None:
             raise ValueError(
@@ -250,7 +276,7 @@ REGULARIZER_NAMES = REGULARIZERS.names()
 AGGREGATION_NAMES = AGGREGATIONS.names()
 
 
-def _batch(dtype: torch.dtype, b: int = 6, t: int = 9, seed: int = 0) -> dict[str, Tensor]:
+def _batch(dtype: torch.dtype, b: int = 12, t: int = 40, seed: int = 0) -> dict[str, Tensor]:
     """Ragged batch: ratios on both sides of every clip, references near and far, one fully
     masked sequence, advantages of both signs."""
     g = torch.Generator().manual_seed(seed)
@@ -341,12 +367,12 @@ def test_fused_loss_with_several_terms_weights_and_normalisers(case, dtype):
     name, params = SURROGATE_CASES[case]
     surr = get_surrogate(name, **params)
     g = torch.Generator().manual_seed(11)
-    w_tok = 0.5 + torch.rand(6, 9, generator=g, dtype=dtype)
+    w_tok = 0.5 + torch.rand(12, 40, generator=g, dtype=dtype)
     options: list[dict[str, Any]] = [
         {},
         {"token_weights": w_tok},
         {"token_weights": w_tok[:, :1]},
-        {"num_sequences": 10, "num_tokens": 37.5, "max_len": 12},
+        {"num_sequences": 20, "num_tokens": 301.5, "max_len": 48},
     ]
     bad = []
     for aggregation in AGGREGATION_NAMES:

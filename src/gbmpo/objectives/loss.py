@@ -31,6 +31,9 @@ from gbmpo.objectives.tensors import attach, compute_dtype, float_mask, masked_m
 
 __all__ = ["LossTerm", "compute_policy_loss", "reward_penalty", "sequence_divergence"]
 
+#: a known derivative: per-token values, or a function of the incoming gradient forming it
+_Grad = Tensor | Callable[[Tensor], Tensor]
+
 #: what a loss term evaluates: a :class:`~gbmpo.objectives.regularizers.Regularizer`, or any
 #: callable with its call signature (per-token values ``[B, T]``; attribute ``needs_ref``)
 RegularizerLike = Regularizer | Callable[..., Tensor]
@@ -227,7 +230,7 @@ def compute_policy_loss(
                      num_tokens=num_tokens)  # fmt: skip
 
     # the terms with a known derivative: (value, derivative) without autograd
-    known_terms: list[tuple[Tensor, Tensor] | None] = []
+    known_terms: list[tuple[Tensor, _Grad] | None] = []
     for term, r in resolved:
         kr = None
         if isinstance(r, Regularizer) and kg is not None:
@@ -244,7 +247,7 @@ def compute_policy_loss(
             pg = pg * w
     # every term's values, the autograd ones built in term order after the surrogate's (the
     # order of the nodes fixes the order in which autograd sums their gradients)
-    evaluated: list[tuple[LossTerm, Tensor, Tensor | None]] = []
+    evaluated: list[tuple[LossTerm, Tensor, _Grad | None]] = []
     for (term, r), kt in zip(resolved, known_terms, strict=True):
         if kt is not None:
             values, grad = kt
@@ -331,7 +334,7 @@ class _FusedLoss(torch.autograd.Function):
         u = plan.nz.token_grad(grad)
         total: Tensor | None = None
         for coef, g in reversed(plan.terms):
-            part = (u * coef) * g
+            part = g(u * coef) if callable(g) else (u * coef) * g
             total = part if total is None else total + part
         pg = (u if plan.weights is None else u * plan.weights) * plan.grad
         return (pg if total is None else total + pg), None, None
@@ -345,13 +348,13 @@ class _Plan:
     nz: Normalisers
     grad: Tensor
     weights: Tensor | None
-    terms: list[tuple[float, Tensor]]
+    terms: list[tuple[float, _Grad]]
 
 
 def _fused_loss(
     kg: KnownGradient,
     w: Tensor | None,
-    evaluated: list[tuple[LossTerm, Tensor, Tensor | None]],
+    evaluated: list[tuple[LossTerm, Tensor, _Grad | None]],
     nz: Normalisers,
 ) -> tuple[Tensor, Tensor, list[Tensor | None]] | None:
     """``(loss, pg_loss, reg_loss parts)`` in one pass when every part has a known derivative
@@ -361,7 +364,7 @@ def _fused_loss(
         pg = kg.value if w is None else kg.value * w
         per_token = pg
         parts: list[Tensor | None] = []
-        terms: list[tuple[float, Tensor]] = []
+        terms: list[tuple[float, _Grad]] = []
         for term, values, grad in evaluated:
             if term.coef == 0:
                 parts.append(None)
@@ -385,7 +388,7 @@ def _fused_loss(
 def _metrics(
     diag: dict[str, Tensor],
     pg_loss: Tensor,
-    evaluated: list[tuple[LossTerm, Tensor, Tensor | None]],
+    evaluated: list[tuple[LossTerm, Tensor, _Grad | None]],
     reg_parts: list[Tensor | None],
     mask: Tensor,
     loss: Tensor,

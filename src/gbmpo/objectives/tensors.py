@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -108,10 +109,26 @@ class _KnownGradient(torch.autograd.Function):
         return grad * g, None, None
 
 
-def attach(x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+class _KnownBackward(torch.autograd.Function):
+    """``value`` as a function of ``x`` whose backward is ``backward(grad)``, a function that
+    forms autograd's products for the plain formula from the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, value: Tensor, backward: Any) -> Tensor:
+        ctx.backward_fn = backward
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return ctx.backward_fn(grad), None, None
+
+
+def attach(x: Tensor, value: Tensor, g: Tensor | Callable[[Tensor], Tensor]) -> Tensor:
     """``value`` with derivative ``g`` with respect to ``x`` (plain ``value`` when no gradient
-    is being recorded)."""
+    is being recorded); ``g`` may be a function of the incoming gradient instead
+    (the backward is then ``g(grad)``)."""
     if torch.is_grad_enabled() and x.requires_grad:
-        out: Tensor = _KnownGradient.apply(x, value, g)
+        fn = _KnownBackward if callable(g) else _KnownGradient
+        out: Tensor = fn.apply(x, value, g)
         return out
     return value
