@@ -34,7 +34,7 @@ def check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
     if mask.dtype != torch.bool:
-        if not ((mask == 0) | (mask == 1)).all():
+        if not is_checked_mask(mask) and not ((mask == 0) | (mask == 1)).all():
             raise ValueError("mask must contain only 0 and 1")
         mask = mask != 0
     return mask
