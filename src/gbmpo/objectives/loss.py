@@ -336,7 +336,8 @@ class _FusedLoss(torch.autograd.Function):
         for coef, g in reversed(plan.terms):
             part = g(u * coef) if callable(g) else (u * coef) * g
             total = part if total is None else total + part
-        pg = (u if plan.weights is None else u * plan.weights) * plan.grad
+        up = u if plan.weights is None else u * plan.weights
+        pg = plan.grad(up) if callable(plan.grad) else up * plan.grad
         return (pg if total is None else total + pg), None, None
 
 
@@ -346,7 +347,7 @@ class _Plan:
     token weights, and each loss term's coefficient and derivative."""
 
     nz: Normalisers
-    grad: Tensor
+    grad: _Grad
     weights: Tensor | None
     terms: list[tuple[float, _Grad]]
 

@@ -217,7 +217,7 @@ class SAPOSurrogate(KnownGradientSurrogate):
 
 @SURROGATES.register("gmpo")
 @dataclass(frozen=True)
-class GMPOSurrogate:
+class GMPOSurrogate(KnownGradientSurrogate):
     r"""GMPO: geometric-mean policy optimization (arXiv 2507.20673; verl
     ``geo_mean``; docs/methods.md, section "Baseline surrogates"). The sequence ratio is the
     geometric mean of the token ratios clipped in log space on the side each token's advantage
@@ -252,9 +252,50 @@ class GMPOSurrogate:
             if _finite_number(self.name, key, getattr(self, key)) <= 0:
                 raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
 
-    def __call__(
+    def known_gradient(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> KnownGradient:
+        r"""The loss and diagnostics of :meth:`reference`, without autograd, with a backward
+        that forms autograd's products for it from the incoming gradient :math:`U`: the
+        sequence sum :math:`S_i = \sum_t (-(U_{i,t} m_{i,t}))\,\bar A_i` (as the expand's
+        backward sums it), then :math:`S_i s_i / |o_i|` on every token whose clipped log-ratio
+        passes the gradient (the side its advantage pushes, within the clip and the +-20
+        clamp), 0 elsewhere."""
+        x, _, log_ratio, adv, m, inside = _prepare_fused(
+            logp, old_logp, advantages, mask, need_lp=False
+        )
+        with torch.no_grad():
+            pos_side = _fcmp(torch.gt, adv, 0.0)
+            neg_side = _fcmp(torch.lt, adv, 0.0)
+            clipped = log_ratio.clamp(max=self.eps_high) * pos_side + log_ratio.clamp(
+                min=-self.eps_low
+            ) * neg_side  # gmpo_clipped_log_ratio, by float masks
+            length = m.sum(-1, keepdim=True).clamp_min(1.0)
+            seq = (clipped * m).sum(-1, keepdim=True) / length
+            ratio = torch.exp(seq)
+            adv_seq = (adv * m).sum(-1, keepdim=True) / length
+            loss = -(adv_seq * ratio) * m
+            passes = (
+                pos_side * _fcmp(torch.le, log_ratio, self.eps_high)
+                + neg_side * _fcmp(torch.ge, log_ratio, -self.eps_low)
+            ) * inside
+            hit = _fcmp(torch.gt, log_ratio, self.eps_high) + _fcmp(
+                torch.lt, log_ratio, -self.eps_low
+            )
+            w_tok = ratio.expand_as(log_ratio)
+            diag = _fdiag(w_tok, m, hit * neg_side, hit * pos_side, None)
+
+        def backward(u: Tensor) -> Tensor:
+            total = ((-(u * m)) * adv_seq).sum(-1, keepdim=True)
+            return ((total * ratio) / length) * passes
+
+        return KnownGradient(x, loss, backward, diag)  # type: ignore[arg-type]
+
+    def reference(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
+        """GMPO through autograd on its plain formula (the reference form of
+        :meth:`known_gradient`)."""
         _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         clipped = gmpo_clipped_log_ratio(log_ratio, adv, self.eps_low, self.eps_high)
         seq = sequence_log_ratio(clipped, m)
