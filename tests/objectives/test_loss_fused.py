@@ -260,6 +260,9 @@ def _surrogate_cases() -> dict[str, tuple[str, dict[str, Any]]]:
                     measure, 0.02
                 )
                 cases[f"dc:{measure}"] = (name, {"measure": measure, "delta": delta})
+        elif name == "gspo":
+            cases[name] = (name, {})
+            cases["gspo+dual+cap"] = (name, {"dual_clip_c": 3.0, "ratio_cap": 2.0})
         elif name == "rpg_reinforce":
             cases[name] = (name, {"variant": "urkl"})
         elif name == "atr":

@@ -44,7 +44,7 @@ class KnownGradient(NamedTuple):
 
     x: Tensor
     value: Tensor
-    grad: Tensor
+    grad: Tensor | Callable[[Tensor], Tensor]
     diag: dict[str, Tensor]
 
 
@@ -55,13 +55,22 @@ class KnownGradientSurrogate:
 
     def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
+    ) -> KnownGradient | None:
+        """The loss with its derivative (``grad``: per-token values, or a function of the
+        incoming gradient that forms autograd's products), or ``None`` where the surrogate
+        goes through autograd for these parameters (its ``reference`` form)."""
         raise NotImplementedError
 
     def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
         k = self.known_gradient(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+        if k is None:
+            ref = self.reference  # type: ignore[attr-defined]
+            out: tuple[Tensor, dict[str, Tensor]] = ref(
+                logp=logp, old_logp=old_logp, advantages=advantages, mask=mask
+            )
+            return out
         return attach(k.x, k.value, k.grad), k.diag
 
 

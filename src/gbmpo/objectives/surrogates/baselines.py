@@ -289,7 +289,7 @@ class GMPOSurrogate(KnownGradientSurrogate):
             total = ((-(u * m)) * adv_seq).sum(-1, keepdim=True)
             return ((total * ratio) / length) * passes
 
-        return KnownGradient(x, loss, backward, diag)  # type: ignore[arg-type]
+        return KnownGradient(x, loss, backward, diag)
 
     def reference(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
