@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.tensors import compute_dtype
+from gbmpo.objectives.tensors import compute_dtype, is_checked_mask
 from gbmpo.registry import Registry
 
-__all__ = ["AGGREGATIONS", "AggregationFn", "aggregate"]
+__all__ = ["AGGREGATIONS", "AggregationFn", "Normalisers", "aggregate", "normalisers"]
 
 #: ``fn(per_token, mask, *, max_len, num_sequences, num_tokens) -> scalar``; inputs validated.
 AggregationFn = Callable[..., Tensor]
@@ -127,6 +128,102 @@ def aggregate(
             that is ``<= 0``, NaN or infinite, or ``max_len`` below a completion's length.
         TypeError: ``num_sequences`` not an int, ``num_tokens`` not a real number.
     """
+    nz = normalisers(per_token, mask, mode, max_len, num_sequences=num_sequences,
+                     num_tokens=num_tokens)
+    return nz.apply(per_token)
+
+
+@dataclass(frozen=True)
+class Normalisers:
+    r"""An aggregation mode with its checked mask and normalisers for one ``[B, T]`` batch
+    (:func:`normalisers`), so that one policy loss aggregates several per-token tensors (the
+    loss, ``pg_loss``, each term's ``reg_loss``) with one check of the mask and one count of its
+    lengths."""
+
+    mode: str
+    fn: AggregationFn
+    #: the mask as {0, 1} floats of the compute dtype
+    m: Tensor
+    #: valid tokens per sequence, ``m.sum(-1)``
+    lengths: Tensor
+    num_sequences: int
+    num_tokens: float
+    max_len: int
+
+    def apply(self, per_token: Tensor) -> Tensor:
+        """:func:`aggregate` of ``per_token`` (any values where masked, NaN included)."""
+        dt = self.m.dtype
+        x = per_token.to(dt) * self.m
+        if not math.isfinite(float(x.detach().sum())):  # a non-finite value somewhere: where
+            zero = torch.zeros((), dtype=dt, device=self.m.device)
+            x = torch.where(self.m != 0, per_token.to(dt), zero)
+        return self.fn(x, self.m, max_len=self.max_len, num_sequences=self.num_sequences,
+                       num_tokens=self.num_tokens)  # fmt: skip
+
+    @property
+    def linear(self) -> bool:
+        """Whether :meth:`reduce` and :meth:`token_grad` know this mode (the built-ins)."""
+        return self.mode in _REDUCE
+
+    def reduce(self, x: Tensor) -> Tensor:
+        r""":meth:`apply` of a per-token tensor ``x`` that is already 0 where masked, without
+        multiplying by the mask again (:math:`x\,m = x` there): the mode's formula on ``x``
+        with the lengths counted once. Bit for bit :meth:`apply` when ``x`` is finite (the same
+        sums of the same values); a non-finite result means some valid ``x`` is not finite."""
+        return _REDUCE[self.mode](x, self)
+
+    def token_grad(self, grad: Tensor) -> Tensor:
+        r""":math:`\partial\mathcal L/\partial\ell_{i,t}` at the valid tokens, as autograd forms it
+        for :meth:`apply` from the loss's incoming gradient ``grad`` (0-dim): ``grad / B`` then
+        divided by the length for ``grpo`` (shape ``[B, 1]``), ``grad / Z`` for ``bnpo``,
+        ``grad / (B L_max)`` for ``dr_grpo``, ``grad / B`` for ``seq_mean_token_sum`` (0-dim).
+        The mask factor is left out: multiplied by a per-token derivative that is 0 where
+        masked it gives the same bits."""
+        return _TOKEN_GRAD[self.mode](grad, self)
+
+
+def _reduce_grpo(x: Tensor, nz: Normalisers) -> Tensor:
+    return (x.sum(-1) / nz.lengths.clamp_min(1.0)).sum() / nz.num_sequences
+
+
+def _reduce_bnpo(x: Tensor, nz: Normalisers) -> Tensor:
+    return x.sum() / nz.num_tokens
+
+
+def _reduce_dr_grpo(x: Tensor, nz: Normalisers) -> Tensor:
+    return x.sum() / (nz.num_sequences * nz.max_len)
+
+
+def _reduce_seq_mean_token_sum(x: Tensor, nz: Normalisers) -> Tensor:
+    return x.sum() / nz.num_sequences
+
+
+_REDUCE: dict[str, Callable[[Tensor, Normalisers], Tensor]] = {
+    "grpo": _reduce_grpo,
+    "bnpo": _reduce_bnpo,
+    "dr_grpo": _reduce_dr_grpo,
+    "seq_mean_token_sum": _reduce_seq_mean_token_sum,
+}
+
+_TOKEN_GRAD: dict[str, Callable[[Tensor, Normalisers], Tensor]] = {
+    "grpo": lambda g, nz: ((g / nz.num_sequences) / nz.lengths.clamp_min(1.0)).unsqueeze(-1),
+    "bnpo": lambda g, nz: g / nz.num_tokens,
+    "dr_grpo": lambda g, nz: g / (nz.num_sequences * nz.max_len),
+    "seq_mean_token_sum": lambda g, nz: g / nz.num_sequences,
+}
+
+
+def normalisers(
+    per_token: Tensor,
+    mask: Tensor,
+    mode: str,
+    max_len: int | None = None,
+    *,
+    num_sequences: int | None = None,
+    num_tokens: float | None = None,
+) -> Normalisers:
+    """The checks and normalisers of :func:`aggregate` (same arguments, same errors) for
+    ``per_token``'s shape and dtype, as a :class:`Normalisers` to aggregate with."""
     fn = AGGREGATIONS.get(mode)
     if per_token.dim() != 2:
         raise ValueError(f"per_token must be [B, T], got shape {tuple(per_token.shape)}")
@@ -138,11 +235,9 @@ def aggregate(
     m = mask.to(dt)
     # m - m * m is 0 only for 0 and 1 (NaN fails); float arithmetic, not a bool where, is the
     # cheap form on CPU
-    if mask.dtype != torch.bool and float((m - m * m).abs().sum()) != 0.0:
+    if mask.dtype != torch.bool and not is_checked_mask(m) \
+            and float((m - m * m).abs().sum()) != 0.0:  # fmt: skip
         raise ValueError("mask must contain only 0 and 1")
-    x = per_token.to(dt) * m
-    if not math.isfinite(float(x.detach().sum())):  # a non-finite value somewhere: where
-        x = torch.where(m != 0, per_token.to(dt), torch.zeros((), dtype=dt, device=m.device))
     b, t = per_token.shape
     if b == 0:
         raise ValueError("per_token has no sequences (B == 0)")
@@ -191,4 +286,4 @@ def aggregate(
             )
         l_max = max_len
 
-    return fn(x, m, max_len=l_max, num_sequences=n_seq, num_tokens=n_tok)
+    return Normalisers(mode, fn, m, lengths, n_seq, n_tok, l_max)

@@ -358,6 +358,102 @@ def _log_l2_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
     return d.square(), 2.0 * d
 
 
+
+#: ``(l, r, o, mf) -> (value, backward) | None``: the value (0 where masked) and a function of the
+#: incoming per-token gradient ``U`` giving d loss / d l (0 where masked) as autograd forms it for
+#: the plain formula; ``None`` where the closed form does not apply (autograd is used instead)
+ValueAndBackward = Callable[
+    [Tensor, Tensor, "Tensor | None", Tensor],
+    "tuple[Tensor, Callable[[Tensor], Tensor]] | None",
+]
+
+
+def _clamp_keep(value: Tensor, mf: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
+    """``(clamped value, keep)``: ``keep`` = the mask times the tokens where the clamp passes the
+    gradient (``-c <= value <= c``, autograd's rule), as {0, 1} floats."""
+    if clamp is None:
+        return value, mf
+    inside = torch.le(value.abs(), clamp, out=torch.empty_like(value))
+    return value.clamp(-clamp, clamp), mf * inside
+
+
+def _within_exp_bound(t: Tensor) -> bool:
+    """No log-ratio beyond :func:`exp_bound` (the tangent continuation is not reached)."""
+    return t.numel() == 0 or float(t.max()) <= exp_bound(t.dtype)
+
+
+def _rpg_rkl_vb(
+    logp: Tensor, anchor: Tensor, mf: Tensor, clamp: float | None
+) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
+    r""":func:`rpg_rkl` :math:`w\log w` (:math:`t = \log w`) and its backward as autograd forms it
+    for :math:`e^t\cdot t`: :math:`U e^t + (U t) e^t` (the product's two factors)."""
+    t = logp - anchor
+    if not _within_exp_bound(t):
+        return None
+    e = torch.exp(t)
+    value, keep = _clamp_keep(e * t, mf, clamp)
+    e_k = e * keep
+    return value, lambda u: (u * e_k) + ((u * t) * e_k)
+
+
+def _rpg_urkl_vb(
+    logp: Tensor, anchor: Tensor, mf: Tensor, clamp: float | None
+) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
+    r""":func:`rpg_urkl` :math:`e^t (t - 1) + 1` and its backward as autograd forms it:
+    :math:`U e^t + (U (t - 1)) e^t`."""
+    t = logp - anchor
+    if not _within_exp_bound(t):
+        return None
+    e = torch.exp(t)
+    tm1 = t - 1.0
+    value, keep = _clamp_keep(e * tm1 + 1.0, mf, clamp)
+    e_k = e * keep
+    return value, lambda u: (u * e_k) + ((u * tm1) * e_k)
+
+
+def _rpg_ufkl_vb(
+    logp: Tensor, anchor: Tensor, mf: Tensor, clamp: float | None
+) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
+    r""":func:`rpg_ufkl` :math:`\mathrm{expm1}(t) - t` and its backward as autograd forms it:
+    :math:`U (\mathrm{expm1}(t) + 1) - U`."""
+    t = logp - anchor
+    if not _within_exp_bound(t):
+        return None
+    em = torch.expm1(t)
+    value, keep = _clamp_keep(em - t, mf, clamp)
+    em1_k = (em + 1.0) * keep
+    return value, lambda u: (u * em1_k) - (u * keep)
+
+
+def _rpg_fkl_vg(logp: Tensor, anchor: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
+    """:func:`rpg_fkl` and its derivative -1 (0 where the clamp binds)."""
+    return _clamp_with_grad(anchor - logp, torch.full_like(logp, -1.0), clamp)
+
+
+def _k3_is_vb(
+    logp: Tensor, anchor_logp: Tensor, old_logp: Tensor | None, mf: Tensor, clamp: float | None
+) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
+    r""":func:`kl_k3_is` :math:`W K` (:math:`W = e^s`, :math:`s = l - o`; :math:`K` = k3 of
+    :math:`t = r - l`) and its backward as autograd forms it for the product:
+    :math:`(U K) W - \big((U W) (\mathrm{expm1}(t) + 1) + (-(U W))\big)`."""
+    s = logp - (logp if old_logp is None else old_logp)
+    t = anchor_logp - logp
+    if not (_within_exp_bound(s) and _within_exp_bound(t)):
+        return None
+    w = torch.exp(s)
+    em = torch.expm1(t)
+    k, keep = _clamp_keep(em - t, mf, clamp)
+    w_m = w * mf
+    w_k = w * keep
+    em1 = em + 1.0
+
+    def backward(u: Tensor) -> Tensor:
+        v = u * w_k
+        return ((u * k) * w_m) + (-((v * em1) + (-v)))
+
+    return w * k, backward
+
+
 class Regularizer:
     """A named per-token regularizer: ``reg(logp=, old_logp=None, anchor_logp=None, mask=None)
     -> [B, T]`` (keyword arguments only).
@@ -376,7 +472,13 @@ class Regularizer:
       sum_v D_h(p_v, q_v)) or a :class:`~gbmpo.objectives.full_vocab.RowDivergence` (any
       function of the two log-softmax rows); ``None``: no exact form (``full`` is refused);
     * ``full_description``: that form as a formula (messages, docs);
-    * ``clampable``: whether it takes a ``clamp`` parameter (clipping its sampled value).
+    * ``clampable``: whether it takes a ``clamp`` parameter (clipping its sampled value);
+    * ``zero_at_zero``: ``value_and_grad(0, 0)`` is exactly ``(0, 0)``, so the masked positions
+      (whose inputs are set to 0) need no multiplication by the mask afterwards;
+    * ``value_and_backward``: for a formula whose derivative autograd forms from the incoming
+      gradient in several products (so that one precomputed derivative would round
+      differently): ``(l, r, o, mf) -> (value, backward)`` with ``backward(U)`` forming
+      autograd's products, or ``None`` where it does not apply.
     """
 
     def __init__(
@@ -390,6 +492,8 @@ class Regularizer:
         full: Any = None,
         full_description: str | None = None,
         clampable: bool = False,
+        zero_at_zero: bool = False,
+        value_and_backward: ValueAndBackward | None = None,
     ) -> None:
         self.name = name
         self._formula = formula
@@ -402,26 +506,20 @@ class Regularizer:
             else getattr(full, "description", None) if full is not None else None
         )
         self.clampable = clampable
+        self.zero_at_zero = zero_at_zero
+        self._value_and_backward = value_and_backward
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"Regularizer({self.name!r}{', ' if args else ''}{args})"
 
-    def __call__(
-        self,
-        *,
-        logp: Tensor,
-        old_logp: Tensor | None = None,
-        anchor_logp: Tensor | None = None,
-        mask: Tensor | None = None,
-    ) -> Tensor:
-        dtype = compute_dtype(logp)
-        if not self.needs_ref:  # ``none``: no anchor to compare with
-            return torch.zeros(logp.shape, dtype=dtype, device=logp.device)
+    def _inputs(
+        self, logp: Tensor, old_logp: Tensor | None, anchor_logp: Tensor | None, mask: Tensor | None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """``(logp, anchor, old)`` in the compute dtype after the shape checks."""
         if anchor_logp is None:
             raise ValueError(f"regularizer {self.name!r} needs anchor_logp (got None)")
-        anchor = anchor_logp
-        tensors = {"anchor_logp": anchor}
+        tensors = {"anchor_logp": anchor_logp}
         if old_logp is not None:
             tensors["old_logp"] = old_logp
         if mask is not None:
@@ -432,37 +530,75 @@ class Regularizer:
                     f"regularizer {self.name!r}: {key} has shape {tuple(t.shape)} but logp has "
                     f"shape {tuple(logp.shape)}"
                 )
-        lp = logp.to(dtype)
-        an = anchor.to(dtype)
+        dtype = compute_dtype(logp)
         old = None if old_logp is None else old_logp.to(dtype)
-        fused = (
-            self._value_and_grad is not None
-            and not an.requires_grad
-            and (old is None or not old.requires_grad)
-        )
-        if not fused:
-            keep = None
-            if mask is not None:
-                keep = mask.to(torch.bool)
-                lp = torch.where(keep, lp, 0.0)
-                an = torch.where(keep, an, 0.0)
-                old = None if old is None else torch.where(keep, old, 0.0)
-            out = self._formula(lp, an, old)
-            return out if keep is None else torch.where(keep, out, 0.0)
-        assert self._value_and_grad is not None
+        return logp.to(dtype), anchor_logp.to(dtype), old
+
+    def known_gradient(
+        self,
+        *,
+        logp: Tensor,
+        old_logp: Tensor | None = None,
+        anchor_logp: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor, Tensor | Callable[[Tensor], Tensor]] | None:
+        """``(x, value, grad)``: the per-token values ``[B, T]`` computed without autograd (0
+        where masked) and their derivative in ``x`` (``logp`` in the compute dtype; 0 where
+        masked), when the regularizer has a closed-form derivative (``value_and_grad``) and the
+        anchor and old log-probs are constants; ``None`` otherwise (the values then need
+        autograd: call the regularizer). With ``value_and_backward``, ``grad`` is the function
+        of the incoming gradient that forms the derivative (see the class doc)."""
+        if not self.needs_ref:  # ``none``: 0, with derivative 0
+            zeros = torch.zeros(logp.shape, dtype=compute_dtype(logp), device=logp.device)
+            return logp.to(zeros.dtype), zeros, zeros
+        if self._value_and_grad is None and self._value_and_backward is None:
+            return None
+        lp, an, old = self._inputs(logp, old_logp, anchor_logp, mask)
+        if an.requires_grad or (old is not None and old.requires_grad):
+            return None
+        if self._value_and_grad is None:
+            assert self._value_and_backward is not None
+            with torch.no_grad():
+                mf = (torch.ones_like(lp) if mask is None else mask.to(lp.dtype)).detach()
+                x, an = masked(lp.detach(), mf), masked(an, mf)
+                old = None if old is None else masked(old, mf)
+                vb = self._value_and_backward(x, an, old, mf)
+            return None if vb is None else (lp, vb[0], vb[1])
         with torch.no_grad():
             # float-mask arithmetic (much faster than torch.where on CPU), then the formula's
-            # value with its derivative attached: one multiply in the backward
+            # value with its derivative
             x = lp.detach()
-            old = None  # the fused built-ins read only logp and the anchor
             if mask is not None:
-                mf = mask.to(dtype)
+                mf = mask.to(lp.dtype)
                 x, an = masked(x, mf), masked(an, mf)
-                old = None if old is None else masked(old, mf)
-            out, g = self._value_and_grad(x, an, old)
-            if mask is not None:
+            out, g = self._value_and_grad(x, an, None)  # the fused built-ins read l and r only
+            if mask is not None and not self.zero_at_zero:
                 out, g = masked(out, mf), g * mf
-        return attach(lp, out, g)
+        return lp, out, g
+
+    def __call__(
+        self,
+        *,
+        logp: Tensor,
+        old_logp: Tensor | None = None,
+        anchor_logp: Tensor | None = None,
+        mask: Tensor | None = None,
+    ) -> Tensor:
+        if not self.needs_ref:  # ``none``: no anchor to compare with
+            return torch.zeros(logp.shape, dtype=compute_dtype(logp), device=logp.device)
+        known = self.known_gradient(logp=logp, old_logp=old_logp, anchor_logp=anchor_logp,
+                                    mask=mask)  # fmt: skip
+        if known is not None:  # the value with its derivative attached: one multiply backward
+            return attach(*known)  # type: ignore[arg-type]
+        lp, an, old = self._inputs(logp, old_logp, anchor_logp, mask)
+        keep = None
+        if mask is not None:
+            keep = mask.to(torch.bool)
+            lp = torch.where(keep, lp, 0.0)
+            an = torch.where(keep, an, 0.0)
+            old = None if old is None else torch.where(keep, old, 0.0)
+        out = self._formula(lp, an, old)
+        return out if keep is None else torch.where(keep, out, 0.0)
 
 
 #: built-ins plus plugins of the ``gbmpo.regularizers`` entry-point group (factories returning a
@@ -503,7 +639,7 @@ def _make_k1() -> Regularizer:
 def _make_k2() -> Regularizer:
     return Regularizer(
         "kl_k2", lambda l, r, o: kl_k2(l, r), value_and_grad=lambda l, r, o: _k2_vg(l, r),
-        full=NegEntropy(), full_description=_KL_FULL,
+        full=NegEntropy(), full_description=_KL_FULL, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -515,7 +651,7 @@ def _make_k3(clamp: float | None = None) -> Regularizer:
         lambda l, r, o: kl_k3(l, r, c),
         params={"clamp": c},
         value_and_grad=lambda l, r, o: _k3_vg(l, r, c),
-        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+        full=NegEntropy(), full_description=_KL_FULL, clampable=True, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -525,6 +661,7 @@ def _make_k3_is(clamp: float | None = None) -> Regularizer:
     return Regularizer(
         "kl_k3_is", lambda l, r, o: kl_k3_is(l, r, o, c), params={"clamp": c},
         full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+        value_and_backward=lambda l, r, o, mf: _k3_is_vb(l, r, o, mf, c),
     )  # fmt: skip
 
 
@@ -533,7 +670,7 @@ def _make_k1_st() -> Regularizer:
     return Regularizer(
         "kl_k1_st", lambda l, r, o: kl_k1_st(l, r),
         value_and_grad=lambda l, r, o: (kl_k1(l, r), l - r),
-        full=NegEntropy(), full_description=_KL_FULL,
+        full=NegEntropy(), full_description=_KL_FULL, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -543,7 +680,7 @@ def _make_k3_st(clamp: float | None = None) -> Regularizer:
     return Regularizer(
         "kl_k3_st", lambda l, r, o: kl_k3_st(l, r, c), params={"clamp": c},
         value_and_grad=lambda l, r, o: (kl_k3(l, r, c), l - r),
-        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
+        full=NegEntropy(), full_description=_KL_FULL, clampable=True, zero_at_zero=True,
     )  # fmt: skip
 
 
@@ -551,14 +688,15 @@ def _make_k3_st(clamp: float | None = None) -> Regularizer:
 def _make_prob_l2() -> Regularizer:
     return Regularizer(
         "prob_l2", lambda l, r, o: prob_l2(l, r), value_and_grad=lambda l, r, o: _prob_l2_vg(l, r),
-        full=Square(), full_description="sum_v (p_v - q_v)^2",
+        full=Square(), full_description="sum_v (p_v - q_v)^2", zero_at_zero=True,
     )  # fmt: skip
 
 
 @REGULARIZERS.register("log_l2")
 def _make_log_l2() -> Regularizer:
     return Regularizer(
-        "log_l2", lambda l, r, o: log_l2(l, r), value_and_grad=lambda l, r, o: _log_l2_vg(l, r)
+        "log_l2", lambda l, r, o: log_l2(l, r), value_and_grad=lambda l, r, o: _log_l2_vg(l, r),
+        zero_at_zero=True,
     )
 
 
@@ -578,11 +716,27 @@ def _make_neural_mirror(
     )  # fmt: skip
 
 
+#: the RPG forms' value with their derivative (``rpg_fkl``) or autograd's backward (the others)
+_RPG_FUSED: dict[str, dict[str, Callable[..., Any]]] = {
+    "rpg_fkl": {"value_and_grad": _rpg_fkl_vg},
+    "rpg_rkl": {"value_and_backward": _rpg_rkl_vb},
+    "rpg_ufkl": {"value_and_backward": _rpg_ufkl_vb},
+    "rpg_urkl": {"value_and_backward": _rpg_urkl_vb},
+}
+
+
 def _rpg_factory(name: str, fn: Callable[..., Tensor]) -> Callable[..., Regularizer]:
     def make(clamp: float | None = None) -> Regularizer:
         c = _check_clamp(name, clamp)
+        fused: dict[str, Any] = {}
+        if "value_and_grad" in _RPG_FUSED[name]:
+            vg = _RPG_FUSED[name]["value_and_grad"]
+            fused["value_and_grad"] = lambda l, r, o: vg(l, r, c)
+        else:
+            vb = _RPG_FUSED[name]["value_and_backward"]
+            fused["value_and_backward"] = lambda l, r, o, mf: vb(l, r, mf, c)
         return Regularizer(name, lambda l, r, o: fn(l, r, c), params={"clamp": c},
-                           clampable=True)
+                           clampable=True, **fused)  # fmt: skip
 
     make.__doc__ = (
         f"{name}: {fn.__doc__}\nThe anchor is ``anchor_logp``: the objective's ``anchor: old`` "

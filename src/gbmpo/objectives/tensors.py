@@ -10,6 +10,8 @@ derivative to a value (:func:`attach`, one multiplication in the backward).
 from __future__ import annotations
 
 import math
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -32,7 +34,7 @@ def check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
     if mask.dtype != torch.bool:
-        if not ((mask == 0) | (mask == 1)).all():
+        if not is_checked_mask(mask) and not ((mask == 0) | (mask == 1)).all():
             raise ValueError("mask must contain only 0 and 1")
         mask = mask != 0
     return mask
@@ -47,9 +49,29 @@ def float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
     if mask.dtype == torch.bool:
         return mask.to(dtype)
     mf = mask.to(dtype)
-    if float((mf - mf * mf).abs().sum()) != 0.0:
-        raise ValueError("mask must contain only 0 and 1")
+    if not is_checked_mask(mf):
+        if float((mf - mf * mf).abs().sum()) != 0.0:
+            raise ValueError("mask must contain only 0 and 1")
+        _remember_checked(mf)
     return mf
+
+
+#: the float mask checked last, with its version counter: the policy loss checks its mask once and
+#: hands the same tensor to the surrogate, the regularizers and the aggregation, which then skip
+#: the four passes of the {0, 1} check (an in-place change of the mask bumps its version)
+_CHECKED: tuple[weakref.ref[Tensor], int] | None = None
+
+
+def _remember_checked(mf: Tensor) -> None:
+    global _CHECKED
+    _CHECKED = (weakref.ref(mf), mf._version)
+
+
+def is_checked_mask(m: Tensor) -> bool:
+    """Whether ``m`` is the float mask :func:`float_mask` checked last, unchanged since (same
+    object, same version counter): its {0, 1} check need not run again."""
+    c = _CHECKED
+    return c is not None and c[0]() is m and c[1] == m._version
 
 
 def masked(x: Tensor, mf: Tensor) -> Tensor:
@@ -87,10 +109,26 @@ class _KnownGradient(torch.autograd.Function):
         return grad * g, None, None
 
 
-def attach(x: Tensor, value: Tensor, g: Tensor) -> Tensor:
+class _KnownBackward(torch.autograd.Function):
+    """``value`` as a function of ``x`` whose backward is ``backward(grad)``, a function that
+    forms autograd's products for the plain formula from the incoming gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, value: Tensor, backward: Any) -> Tensor:
+        ctx.backward_fn = backward
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        return ctx.backward_fn(grad), None, None
+
+
+def attach(x: Tensor, value: Tensor, g: Tensor | Callable[[Tensor], Tensor]) -> Tensor:
     """``value`` with derivative ``g`` with respect to ``x`` (plain ``value`` when no gradient
-    is being recorded)."""
+    is being recorded); ``g`` may be a function of the incoming gradient instead
+    (the backward is then ``g(grad)``)."""
     if torch.is_grad_enabled() and x.requires_grad:
-        out: Tensor = _KnownGradient.apply(x, value, g)
+        fn = _KnownBackward if callable(g) else _KnownGradient
+        out: Tensor = fn.apply(x, value, g)
         return out
     return value

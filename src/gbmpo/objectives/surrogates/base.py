@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -15,7 +15,14 @@ from torch import Tensor
 from gbmpo.objectives.tensors import attach, check_mask, compute_dtype, float_mask, masked
 from gbmpo.registry import Registry
 
-__all__ = ["SURROGATES", "Surrogate", "ppo_clip_loss", "sequence_log_ratio"]
+__all__ = [
+    "SURROGATES",
+    "KnownGradient",
+    "KnownGradientSurrogate",
+    "Surrogate",
+    "ppo_clip_loss",
+    "sequence_log_ratio",
+]
 
 
 class Surrogate(Protocol):
@@ -25,6 +32,46 @@ class Surrogate(Protocol):
     def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
+
+
+class KnownGradient(NamedTuple):
+    r"""A per-token loss computed without autograd, with its elementwise derivative:
+    ``value`` ``[B, T]`` (0 where masked) is a function of ``x`` (the policy log-probs in the
+    compute dtype, the tensor the gradient flows to) with
+    :math:`\partial\,\mathrm{value}_{i,t} / \partial x_{i,t} = \mathrm{grad}_{i,t}` (0 where
+    masked), and the surrogate's diagnostics. :func:`gbmpo.objectives.compute_policy_loss`
+    folds it with the regularizers' and the aggregation's derivatives into one backward node."""
+
+    x: Tensor
+    value: Tensor
+    grad: Tensor | Callable[[Tensor], Tensor]
+    diag: dict[str, Tensor]
+
+
+class KnownGradientSurrogate:
+    """Base of the surrogates whose per-token derivative in :math:`\\log\\pi_\theta` is known in
+    closed form: they implement :meth:`known_gradient`; calling them attaches that derivative
+    to the value (one multiplication in the backward, :func:`gbmpo.objectives.tensors.attach`)."""
+
+    def known_gradient(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> KnownGradient | None:
+        """The loss with its derivative (``grad``: per-token values, or a function of the
+        incoming gradient that forms autograd's products), or ``None`` where the surrogate
+        goes through autograd for these parameters (its ``reference`` form)."""
+        raise NotImplementedError
+
+    def __call__(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        k = self.known_gradient(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+        if k is None:
+            ref = self.reference  # type: ignore[attr-defined]
+            out: tuple[Tensor, dict[str, Tensor]] = ref(
+                logp=logp, old_logp=old_logp, advantages=advantages, mask=mask
+            )
+            return out
+        return attach(k.x, k.value, k.grad), k.diag
 
 
 #: Registry of surrogate classes; instantiate through :func:`get_surrogate`.
@@ -119,14 +166,15 @@ def _prepare(
 
 
 def _prepare_fused(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, need_lp: bool = True
+) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor, Tensor]:
     """:func:`_prepare` without autograd, for surrogates with an analytic per-token derivative:
     ``(x, lp, log_ratio, adv, mf, inside)`` with ``x`` = ``logp`` in the compute dtype (the
     tensor the gradient flows to), ``lp`` / ``log_ratio`` / ``adv`` detached, finite and 0 where
     masked, ``mf`` the mask as {0, 1} floats and ``inside`` (float) the tokens whose log-ratio
     is within the +-20 clamp (elsewhere the clamp passes no gradient, as in :func:`_prepare`).
-    Masked garbage (NaN, inf) never reaches a value or a gradient (:func:`_masked`)."""
+    Masked garbage (NaN, inf) never reaches a value or a gradient (:func:`_masked`). With
+    ``need_lp=False`` ``lp`` is not formed (``None``; the log-ratio is the same bits)."""
     if logp.dim() != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
     if tuple(old_logp.shape) != tuple(logp.shape):
@@ -145,10 +193,12 @@ def _prepare_fused(
             f"advantages must be [B]={b} or [B, T]=[{b}, {t}], got shape {tuple(adv.shape)}"
         )
     with torch.no_grad():
-        lp = masked(x.detach(), mf)
-        raw = masked(lp - old_logp.detach().to(dt), mf)
+        lp = masked(x.detach(), mf) if need_lp else None
+        # at a valid token lp is x itself, so lp - old and x - old are the same bits
+        raw = masked((x.detach() if lp is None else lp) - old_logp.detach().to(dt), mf)
         log_ratio = raw.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        inside = _fcmp(torch.le, raw.abs(), _LOG_RATIO_CLAMP)
+        # |raw| <= 20 exactly where the clamp leaves raw unchanged (NaN: neither)
+        inside = _fcmp(torch.eq, log_ratio, raw)
         adv = masked(adv, mf)
     return x, lp, log_ratio, adv, mf, inside
 
@@ -168,7 +218,7 @@ def _fdiag(
         return zero if hit is None else hit.to(torch.float32).sum() / denom
 
     wm = w * mf
-    rmin = (wm + (1.0 - mf) * 3e38).amin()
+    rmin = torch.add(wm, 1.0 - mf, alpha=3e38).amin()  # wm where valid, 3e38 where masked
     return {
         "clip_frac_low": frac(low),
         "clip_frac_high": frac(high),
@@ -247,10 +297,11 @@ def _fused_clip_loss(
     high: float | Tensor,
     dual_clip_c: float | None,
     ratio_cap: float | None = None,
-) -> tuple[Tensor, dict[str, Tensor]]:
+) -> KnownGradient:
     r""":func:`_masked_clip_loss` with its derivative in :math:`\log\pi_\theta` computed in the
-    same elementwise pass, float arithmetic only (inputs from :func:`_prepare_fused`), attached
-    to ``x`` by one multiplication in the backward instead of a graph of a dozen nodes.
+    same elementwise pass, float arithmetic only (inputs from :func:`_prepare_fused`), returned
+    as a :class:`KnownGradient` (attached to ``x`` by one multiplication in the backward instead
+    of a graph of a dozen nodes).
 
     Same value, and the gradient as autograd takes it, ties included (the clip passes the
     gradient on its closed interval, ``minimum`` splits it at a tie): with
@@ -283,8 +334,9 @@ def _fused_clip_loss(
             loss = torch.minimum(loss, cap)
             unc = w if ratio_cap is None else w.clamp(max=ratio_cap)
             dual = _fcmp(torch.lt, adv, 0.0) * _fcmp(torch.gt, unc, dual_clip_c)
-        loss = loss * mf
-        g = -(a_w * factor) * inside * mf
+        # adv and the log-ratio are 0 where masked, so loss and g are 0 there already (signed
+        # zeros aside): no multiplication by the mask
+        g = -(a_w * factor) * inside
         diag = _fdiag(
             w,
             mf,
@@ -292,7 +344,7 @@ def _fused_clip_loss(
             _fcmp(torch.gt, w, high) * _fcmp(torch.gt, adv, 0.0),
             dual,
         )
-    return attach(x, loss, g), diag
+    return KnownGradient(x, loss, g, diag)
 
 
 def _eps_bounds(eps_low: float, eps_high: float | None) -> tuple[float, float]:

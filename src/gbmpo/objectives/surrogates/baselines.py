@@ -14,6 +14,8 @@ from torch import Tensor
 
 from gbmpo.objectives.surrogates.base import (
     SURROGATES,
+    KnownGradient,
+    KnownGradientSurrogate,
     _check_eps,
     _diagnostics,
     _eps_bounds,
@@ -24,7 +26,6 @@ from gbmpo.objectives.surrogates.base import (
     _prepare_fused,
     sequence_log_ratio,
 )
-from gbmpo.objectives.tensors import attach
 
 __all__ = [
     "CISPOSurrogate",
@@ -124,7 +125,7 @@ def _zero_diag(ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
 
 @SURROGATES.register("cispo")
 @dataclass(frozen=True)
-class CISPOSurrogate:
+class CISPOSurrogate(KnownGradientSurrogate):
     r"""CISPO: clipped importance-sampling-weight policy optimization (MiniMax-M1,
     arXiv 2506.13585; docs/methods.md, section "Baseline surrogates"):
     :math:`\ell = -\mathrm{SG}(\mathrm{clip}(w, 1-\varepsilon_{\text{low}},
@@ -153,9 +154,9 @@ class CISPOSurrogate:
     def bounds(self) -> tuple[float, float]:
         return _eps_bounds(self.eps_low, self.eps_high)
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> KnownGradient:
         x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         low, high = self.bounds
         with torch.no_grad():
@@ -165,12 +166,12 @@ class CISPOSurrogate:
             diag = _fdiag(
                 ratio, m, _fcmp(torch.lt, ratio, low) * m, _fcmp(torch.gt, ratio, high) * m, None
             )
-        return attach(x, loss, g), diag
+        return KnownGradient(x, loss, g, diag)
 
 
 @SURROGATES.register("sapo")
 @dataclass(frozen=True)
-class SAPOSurrogate:
+class SAPOSurrogate(KnownGradientSurrogate):
     r"""SAPO: soft adaptive policy optimization (arXiv 2511.20347; docs/methods.md,
     section "Baseline surrogates"): :math:`\ell = -f_\tau(w)\,A` with the sigmoid gate
     :math:`f_\tau(w) = \frac4\tau\sigma(\tau(w-1))` of :func:`sapo_gate`, token level, and
@@ -197,10 +198,12 @@ class SAPOSurrogate:
             if _finite_number(self.name, key, getattr(self, key)) <= 0:
                 raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
+    ) -> KnownGradient:
+        x, _, log_ratio, adv, m, inside = _prepare_fused(
+            logp, old_logp, advantages, mask, need_lp=False
+        )
         with torch.no_grad():
             ratio = torch.exp(log_ratio)
             tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(ratio.dtype)
@@ -209,12 +212,12 @@ class SAPOSurrogate:
             # d f_tau(w) / d log pi = 4 sigma (1 - sigma) w
             g = -(4.0 * sig * (1.0 - sig) * ratio) * adv * inside
             diag = _fdiag(ratio, m, None, None, None)
-        return attach(x, loss, g), diag
+        return KnownGradient(x, loss, g, diag)
 
 
 @SURROGATES.register("gmpo")
 @dataclass(frozen=True)
-class GMPOSurrogate:
+class GMPOSurrogate(KnownGradientSurrogate):
     r"""GMPO: geometric-mean policy optimization (arXiv 2507.20673; verl
     ``geo_mean``; docs/methods.md, section "Baseline surrogates"). The sequence ratio is the
     geometric mean of the token ratios clipped in log space on the side each token's advantage
@@ -249,9 +252,50 @@ class GMPOSurrogate:
             if _finite_number(self.name, key, getattr(self, key)) <= 0:
                 raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
 
-    def __call__(
+    def known_gradient(
+        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
+    ) -> KnownGradient:
+        r"""The loss and diagnostics of :meth:`reference`, without autograd, with a backward
+        that forms autograd's products for it from the incoming gradient :math:`U`: the
+        sequence sum :math:`S_i = \sum_t (-(U_{i,t} m_{i,t}))\,\bar A_i` (as the expand's
+        backward sums it), then :math:`S_i s_i / |o_i|` on every token whose clipped log-ratio
+        passes the gradient (the side its advantage pushes, within the clip and the +-20
+        clamp), 0 elsewhere."""
+        x, _, log_ratio, adv, m, inside = _prepare_fused(
+            logp, old_logp, advantages, mask, need_lp=False
+        )
+        with torch.no_grad():
+            pos_side = _fcmp(torch.gt, adv, 0.0)
+            neg_side = _fcmp(torch.lt, adv, 0.0)
+            clipped = log_ratio.clamp(max=self.eps_high) * pos_side + log_ratio.clamp(
+                min=-self.eps_low
+            ) * neg_side  # gmpo_clipped_log_ratio, by float masks
+            length = m.sum(-1, keepdim=True).clamp_min(1.0)
+            seq = (clipped * m).sum(-1, keepdim=True) / length
+            ratio = torch.exp(seq)
+            adv_seq = (adv * m).sum(-1, keepdim=True) / length
+            loss = -(adv_seq * ratio) * m
+            passes = (
+                pos_side * _fcmp(torch.le, log_ratio, self.eps_high)
+                + neg_side * _fcmp(torch.ge, log_ratio, -self.eps_low)
+            ) * inside
+            hit = _fcmp(torch.gt, log_ratio, self.eps_high) + _fcmp(
+                torch.lt, log_ratio, -self.eps_low
+            )
+            w_tok = ratio.expand_as(log_ratio)
+            diag = _fdiag(w_tok, m, hit * neg_side, hit * pos_side, None)
+
+        def backward(u: Tensor) -> Tensor:
+            total = ((-(u * m)) * adv_seq).sum(-1, keepdim=True)
+            return ((total * ratio) / length) * passes
+
+        return KnownGradient(x, loss, backward, diag)
+
+    def reference(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
+        """GMPO through autograd on its plain formula (the reference form of
+        :meth:`known_gradient`)."""
         _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
         clipped = gmpo_clipped_log_ratio(log_ratio, adv, self.eps_low, self.eps_high)
         seq = sequence_log_ratio(clipped, m)
@@ -268,7 +312,7 @@ class GMPOSurrogate:
 
 @SURROGATES.register("vespo")
 @dataclass(frozen=True)
-class VESPOSurrogate:
+class VESPOSurrogate(KnownGradientSurrogate):
     r"""VESPO: a smooth gamma weight of the sequence ratio instead of a clip (arXiv 2602.10693;
     TRL ``vespo``; docs/methods.md, section "Baseline surrogates"):
     :math:`\ell_{i,t} = -\mathrm{SG}(\phi(W_i))\,A\log\pi_\theta(o_{i,t})` with
@@ -298,9 +342,9 @@ class VESPOSurrogate:
             if _finite_number(self.name, key, getattr(self, key)) < 0:
                 raise ValueError(f"{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> KnownGradient:
         x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         with torch.no_grad():
             seq = log_ratio.sum(-1, keepdim=True)  # masked log-ratios are 0
@@ -309,12 +353,12 @@ class VESPOSurrogate:
             loss = g * lp
             w_seq = torch.exp(seq.clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
             diag = _fdiag(w_seq, m, None, None, None)
-        return attach(x, loss, g), diag
+        return KnownGradient(x, loss, g, diag)
 
 
 @SURROGATES.register("gpg")
 @dataclass(frozen=True)
-class GPGSurrogate:
+class GPGSurrogate(KnownGradientSurrogate):
     r"""GPG: group policy gradient, the plain REINFORCE surrogate without a ratio or a clip
     ("GPG: A Simple and Strong Reinforcement Learning Baseline", arXiv 2504.02546; verl 0.9.1
     ``policy_loss.loss_mode: gpg``; docs/methods.md, section "Baseline surrogates"):
@@ -333,20 +377,20 @@ class GPGSurrogate:
 
     name: ClassVar[str] = "gpg"
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> KnownGradient:
         x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         with torch.no_grad():
             g = -adv  # 0 where masked (adv = 0)
             loss = g * lp
             diag = _fdiag(torch.exp(log_ratio), m, None, None, None)
-        return attach(x, loss, g), diag
+        return KnownGradient(x, loss, g, diag)
 
 
 @SURROGATES.register("dro")
 @dataclass(frozen=True)
-class DROSurrogate:
+class DROSurrogate(KnownGradientSurrogate):
     r"""DRO: direct reward optimisation with a quadratic log-ratio penalty (Richemond et al.,
     "Offline Regularised Reinforcement Learning for Large Language Models Alignment", arXiv
     2405.19107; verl 0.9.1 ``policy_loss.loss_mode: dro`` with ``dro_beta``; docs/methods.md,
@@ -375,9 +419,9 @@ class DROSurrogate:
         if _finite_number(self.name, "beta", self.beta) <= 0:
             raise ValueError(f"{self.name}: beta must be > 0, got {self.beta!r}")
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> KnownGradient:
         x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         with torch.no_grad():
             old = torch.where(m > 0, old_logp.detach().to(lp.dtype), 0.0)
@@ -385,4 +429,4 @@ class DROSurrogate:
             loss = -(lp * adv - (0.5 * self.beta) * raw.square())
             g = -adv + self.beta * raw
             diag = _fdiag(torch.exp(log_ratio), m, None, None, None)
-        return attach(x, loss, g), diag
+        return KnownGradient(x, loss, g, diag)

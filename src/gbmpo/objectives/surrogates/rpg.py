@@ -11,6 +11,8 @@ from torch import Tensor
 
 from gbmpo.objectives.surrogates.base import (
     SURROGATES,
+    KnownGradient,
+    KnownGradientSurrogate,
     _check_beta,
     _check_dual,
     _check_eps,
@@ -135,7 +137,7 @@ def rpg_reinforce_loss(
 
 @SURROGATES.register("rpg_clip")
 @dataclass(frozen=True)
-class RPGClipSurrogate:
+class RPGClipSurrogate(KnownGradientSurrogate):
     r"""RPG-Style Clip (arXiv 2505.17508 §3.3; docs/methods.md, section "RPG"
     :math:`L^{\text{RPG-Clip}}`):
 
@@ -178,10 +180,12 @@ class RPGClipSurrogate:
         _check_eps("rpg_clip", self.eps_low, self.eps_high)
         _check_dual("rpg_clip", "c", self.c)
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
+    ) -> KnownGradient:
+        x, _, log_ratio, adv, m, inside = _prepare_fused(
+            logp, old_logp, advantages, mask, need_lp=False
+        )
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
         a_hat = a_hat * m
         low, high = _eps_bounds(self.eps_low, self.eps_high)

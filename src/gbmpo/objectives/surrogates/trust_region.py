@@ -19,6 +19,8 @@ from gbmpo.objectives.clip_measures import (
 from gbmpo.objectives.mirror import as_mirror_map
 from gbmpo.objectives.surrogates.base import (
     SURROGATES,
+    KnownGradient,
+    KnownGradientSurrogate,
     _check_dual,
     _fcmp,
     _fdiag,
@@ -26,7 +28,7 @@ from gbmpo.objectives.surrogates.base import (
     _fused_clip_loss,
     _prepare_fused,
 )
-from gbmpo.objectives.tensors import attach, masked
+from gbmpo.objectives.tensors import masked
 
 __all__ = ["ATRSurrogate", "DivergenceClipSurrogate", "dppo_loss"]
 
@@ -59,7 +61,7 @@ def dppo_loss(
 
 @SURROGATES.register("atr")
 @dataclass(frozen=True)
-class ATRSurrogate:
+class ATRSurrogate(KnownGradientSurrogate):
     r"""ATR-GRPO: the token clip with the KL3 trust-region bounds of :func:`atr_bounds`
     (UCF, arXiv 2602.05494; docs/methods.md, section "ATR-GRPO"), the alias of
     ``divergence_clip(measure="k3", delta=delta)`` (:class:`DivergenceClipSurrogate`, same bits):
@@ -84,17 +86,19 @@ class ATRSurrogate:
     def bounds(self) -> tuple[float, float]:
         return atr_bounds(self.delta)
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
+    ) -> KnownGradient:
+        x, _, log_ratio, adv, m, inside = _prepare_fused(
+            logp, old_logp, advantages, mask, need_lp=False
+        )
         low, high = self.bounds
         return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
 
 
 @SURROGATES.register("divergence_clip")
 @dataclass(frozen=True)
-class DivergenceClipSurrogate:
+class DivergenceClipSurrogate(KnownGradientSurrogate):
     r"""Clip by any policy divergence: ATR-GRPO's unified clipping framework (arXiv 2602.05494)
     with GBMPO's Bregman divergences (arXiv 2602.04380) as further measures.
 
@@ -225,9 +229,9 @@ class DivergenceClipSurrogate:
         low, high = self.bounds
         return torch.full_like(p_old, low), torch.full_like(p_old, high)
 
-    def __call__(
+    def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> KnownGradient:
         x, lp, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
         if not self.per_token:
             low, high = self.bounds
@@ -250,7 +254,7 @@ class DivergenceClipSurrogate:
         adv: Tensor,
         m: Tensor,
         inside: Tensor,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    ) -> KnownGradient:
         """DPPO's loss (:func:`dppo_loss`, its derivative in ``log pi`` attached directly) and
         diagnostics; ``old``: the old log-probs, 0 where masked."""
         lo, hi = self.radii
@@ -268,4 +272,4 @@ class DivergenceClipSurrogate:
             low = dropped * _fcmp(torch.lt, adv, 0.0)
             high = dropped * _fcmp(torch.gt, adv, 0.0)
             diag = _fdiag(ratio, m, low, high, capped)
-        return attach(x, loss, g), diag
+        return KnownGradient(x, loss, g, diag)
