@@ -41,7 +41,7 @@ RAY_UNIT = "<ray tests>"
 #: times an idle machine's. Only the order they give matters: a wrong number moves a unit, it
 #: cannot fail or skip a test. tests/test_xdist_schedule.py checks that each entry names a test.
 KNOWN_SECONDS: dict[str, float] = {
-    "tests/engines/test_verl_cpu_train.py": 400,
+    "tests/engines/test_verl_cpu_train.py": 350,
     "tests/test_readme.py::test_cli_quick_start_runs_verbatim": 280,
     "tests/engines/test_verl_env.py::test_verl_tests_pass_in_venv_verl": 225,
     "tests/test_readme.py::test_engines_block_runs_verbatim": 190,

@@ -1,9 +1,11 @@
 """``gbmpo train --engine verl`` trains on the CPU: verl 0.9.1's own trainer (``main_ppo``, Ray,
 FSDP2) with gbmpo's CPU platform and transformers rollout (``gbmpo.integrations.verl_cpu``), the
-embedded tiny model. One run of 3 steps, stopped with SIGTERM after its first step (a
-scheduler's preemption notice), then ``gbmpo train --resume`` to its end: two verl launches for
-the stop, the resume and the trained run directory (each launch starts Ray and verl's processes,
-about a minute of the test's time).
+embedded tiny model. One run, stopped with SIGTERM once verl logged its first step (a
+scheduler's preemption notice), then ``gbmpo train --resume DIR --steps K+1`` from its newest
+checkpoint K: one more step, then the run's end: two verl launches for the stop, the resume and
+the trained run directory (each launch starts Ray and verl's processes, about a minute of the
+test's time). K is 1 unless verl's processes take a while to end (under load they were seen to
+finish 2 more steps after the signal).
 
 What the stop must show: exit 143, verl's whole process group ended (no ``main_ppo`` left
 behind), one line naming verl's newest checkpoint and the resume command, ``status.json``
@@ -54,7 +56,7 @@ def digits(prompts, completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 '''
 MAX_NEW = 16
-STEPS = 3  # the signal comes once step 1 is logged: at least one step is left for the resume
+STEPS = 50  # the first part's: still running when the signal comes
 
 
 def _argv(tmp: Path, out: Path) -> list[str]:
@@ -84,6 +86,7 @@ class StoppedAndResumed:
     status: dict[str, Any]
     verl_rows: list[dict[str, Any]]
     processes_left: list[str]
+    steps: int  # the resume's --steps: one more than the newest checkpoint at the stop
     resumed: int | None  # the resume's exit code (None: not tried, the stop failed)
 
     def finished(self) -> Path:
@@ -108,7 +111,7 @@ def _main_ppo_of(run: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def verl_run(tmp_path_factory: pytest.TempPathFactory) -> StoppedAndResumed:
     """SIGTERM to ``gbmpo train`` alone once verl logged step 1 (the plugin's tensors under
-    ``dump/``), then ``gbmpo train --resume`` of the same directory."""
+    ``dump/``), then ``gbmpo train --resume`` of the same directory for one more step."""
     tmp = tmp_path_factory.mktemp("verl_cpu")
     out = tmp / "run"
     argv = _argv(tmp, out)
@@ -126,14 +129,15 @@ def verl_run(tmp_path_factory: pytest.TempPathFactory) -> StoppedAndResumed:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
     time.sleep(2)
-    status = out / "status.json"
+    status_file = out / "status.json"
+    status = json.loads(status_file.read_text()) if status_file.is_file() else {}
     stopped = StoppedAndResumed(
-        run=out, returncode=proc.returncode, stderr=err,
-        status=json.loads(status.read_text()) if status.is_file() else {},
+        run=out, returncode=proc.returncode, stderr=err, status=status,
         verl_rows=[json.loads(line) for line in log.read_text().splitlines() if line.strip()],
-        processes_left=_main_ppo_of(out), resumed=None)  # fmt: skip
-    if proc.returncode == 143 and not (out / "summary.json").exists():
-        stopped.resumed = main(["train", "--resume", str(out)])
+        processes_left=_main_ppo_of(out), steps=int(status.get("step") or 0) + 1,
+        resumed=None)  # fmt: skip
+    if proc.returncode == 143 and stopped.steps >= 2 and not (out / "summary.json").exists():
+        stopped.resumed = main(["train", "--resume", str(out), "--steps", str(stopped.steps)])
     return stopped
 
 
@@ -142,15 +146,15 @@ def _rows(run: Path) -> list[dict[str, Any]]:
 
 
 def test_cpu_run_writes_the_shared_run_directory(verl_run: StoppedAndResumed) -> None:
-    run = verl_run.finished()
+    run, steps = verl_run.finished(), verl_run.steps
     summary = json.loads((run / "summary.json").read_text())
     assert set(SUMMARY_KEYS) <= set(summary), set(SUMMARY_KEYS) - set(summary)
     assert summary["engine"] == "verl" and summary["device"] == "cpu"
-    assert summary["status"] == "finished" and summary["steps"] == STEPS
+    assert summary["status"] == "finished" and summary["steps"] == steps
     assert summary["eval_before"] is not None and summary["eval_after"] is not None
     rows = _rows(run)
     train = [r for r in rows if "grad_norm" in r]
-    assert [r["step"] for r in train] == list(range(1, STEPS + 1))  # each step once
+    assert [r["step"] for r in train] == list(range(1, steps + 1))  # each step once
     for row in rows:
         assert all(is_shared(k) or k == "step" or k.startswith("verl/") for k in row), row
     for row in train:
@@ -159,7 +163,7 @@ def test_cpu_run_writes_the_shared_run_directory(verl_run: StoppedAndResumed) ->
         assert row["grad_norm"] > 0, row  # it trains
         # the rollout's log-probs against the FSDP actor's, per token: the same weights
         assert row["verl/training/rollout_probs_diff_mean"] < 1e-4, row
-    assert (run / "checkpoints" / f"global_step_{STEPS}" / "actor").is_dir()
+    assert (run / "checkpoints" / f"global_step_{steps}" / "actor").is_dir()
 
 
 def test_first_step_loss_equals_the_own_engines_on_verls_batch(
@@ -217,17 +221,16 @@ def test_sigterm_stops_verl_and_says_where_it_goes_on(verl_run: StoppedAndResume
 
 
 def test_resume_after_the_signal_continues(verl_run: StoppedAndResumed) -> None:
-    """``--resume`` continues from verl's newest checkpoint to the last step: the steps up to
-    that checkpoint are the first part's rows, each later step is trained once."""
-    run = verl_run.finished()
+    """``--resume --steps K+1`` continues from verl's newest checkpoint K for one step: the
+    steps up to K are the first part's rows, step K+1 is trained once, and the run ends."""
+    run, steps = verl_run.finished(), verl_run.steps
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == STEPS and summary["status"] == "finished"
+    assert summary["steps"] == steps and summary["status"] == "finished"
     first = {r["step"]: r["data"] for r in verl_run.verl_rows if "actor/grad_norm" in r["data"]}
-    resumed_from = verl_run.status["step"]
-    assert 1 <= resumed_from < STEPS and set(range(1, resumed_from + 1)) <= set(first)
+    assert set(range(1, steps)) <= set(first)  # the checkpoint's step was logged
     train = {r["step"]: r for r in _rows(run) if "grad_norm" in r}
-    assert sorted(train) == list(range(1, STEPS + 1))
-    for step in range(1, resumed_from + 1):  # the first part's rows, kept
+    assert sorted(train) == list(range(1, steps + 1))
+    for step in range(1, steps):  # the first part's rows, kept
         assert train[step]["grad_norm"] == first[step]["actor/grad_norm"]
-    for step in range(resumed_from + 1, STEPS + 1):  # the resume's
-        assert train[step]["grad_norm"] > 0
+    assert train[steps]["grad_norm"] > 0  # the resume's step
+    assert (run / "checkpoints" / f"global_step_{steps}" / "actor").is_dir()
