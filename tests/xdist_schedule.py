@@ -37,7 +37,8 @@ RAY_UNIT = "<ray tests>"
 #: Seconds of the slowest tests (a file: all its tests, which run as one unit; a test id without
 #: ``[...]``: each of its parameter sets), from ``--durations=120`` of a whole-suite run on 2
 #: workers of the 2-core machine under load 5-13 (benchmarks/RESULTS.md section 20; the verl CPU
-#: file and the HumanEval grader measured again after their changes), rounded: so about 2-3
+#: file, the HumanEval grader and TRL's fixed-batch update measured again after their changes),
+#: rounded: so about 2-3
 #: times an idle machine's. Only the order they give matters: a wrong number moves a unit, it
 #: cannot fail or skip a test. tests/test_xdist_schedule.py checks that each entry names a test.
 KNOWN_SECONDS: dict[str, float] = {
@@ -50,7 +51,7 @@ KNOWN_SECONDS: dict[str, float] = {
     "tests/engines/test_trl_signals.py": 210,
     "tests/test_benchmarks_smoke.py::test_trainer_vs_trl_benchmark_toy": 110,
     "tests/engines/test_trl_engine.py::"
-    "test_first_update_on_a_fixed_batch_is_the_same_on_two_processes": 88,
+    "test_first_update_on_a_fixed_batch_is_the_same_on_two_processes": 110,
     "tests/test_readme.py::test_verl_quick_start_prints_the_overrides_shown_and_they_compose": 74,
     "tests/engines/test_trl_engine.py::test_two_processes_train_two_steps": 61,
     "tests/test_benchmarks_smoke.py::test_estimator_cost_benchmark_toy": 57,
