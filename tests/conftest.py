@@ -10,20 +10,20 @@ GSM8K/MBPP packed into the package at install, where the install found them) and
 own clone has them (``hidden``: no package data, no ``GBMPO_DATA_DIR``, no hub), so CI, which
 has the data, still proves what a user without it gets.
 
-Parallel runs (``make test`` runs ``pytest -n 2``, pytest-xdist): tests go one by one to the
-free worker, except that the tests of a file with a module- or class-scoped fixture (one training
-run its tests only read) run on one worker, which builds that fixture once
-(``pytest_xdist_make_scheduler``); a test marked ``ray`` waits until no other worker runs one
-(one local Ray instance at a time); a test marked ``exclusive`` runs while no other worker runs
-any test (a timing window or a whole-machine measurement). Without ``-n`` none of this applies.
+Parallel runs (``make test`` runs ``pytest -n 2``, pytest-xdist): ``pytest_xdist_make_scheduler``
+hands the tests out in the units and order of ``tests/xdist_schedule.py``: the tests of a file
+with a module- or class-scoped fixture (one training run its tests only read) go to one worker,
+which builds that fixture once; all tests marked ``ray`` go to one worker (one local Ray
+instance at a time); the longest units start first; the tests marked ``exclusive`` come last.
+Locks keep the rules whatever the order: a test marked ``ray`` waits until no other worker runs
+one; a test marked ``exclusive`` runs while no other worker runs any test (a timing window or a
+whole-machine measurement). Without ``-n`` none of this applies.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,34 +34,59 @@ if TYPE_CHECKING:
     from gbmpo.sandbox import Sandbox
 
 
-#: a test file whose tests share a fixture built once per module, class or package
-_SHARED_FIXTURE = re.compile(r"""scope\s*=\s*["'](?:module|class|package)["']""")
-
-
-@functools.cache
-def _shares_a_fixture(path: Path) -> bool:
-    """Whether the test file ``path`` defines a module-, class- or package-scoped fixture."""
-    try:
-        return _SHARED_FIXTURE.search(path.read_text(encoding="utf-8")) is not None
-    except OSError:
-        return False
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """``-n N`` (``--dist load``): tests go one by one to the worker that is free, except that
-    the tests of a file that defines a module/class/package fixture go together, so the one
-    worker that runs them builds that fixture (e.g. a training run its tests read) once."""
+    """``-n N`` (``--dist load``): the units and their order of ``xdist_schedule`` (a file with
+    a shared fixture on one worker, all ``ray`` tests on one worker, the longest units first,
+    the ``exclusive`` tests last); a worker is handed the next unit when it is nearly out of
+    work."""
     if config.getvalue("dist") != "load":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class FileWhereSharedScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            return path if _shares_a_fixture(config.rootpath / path) else nodeid
+    import xdist_schedule
 
-    return FileWhereSharedScheduling(config, log)
+    def read(path: str) -> str | None:
+        try:
+            return (config.rootpath / path).read_text(encoding="utf-8")
+        except OSError:
+            return None
+
+    class UnitScheduling(LoadScopeScheduling):
+        """LoadScopeScheduling (pytest-xdist 3.8) with ``xdist_schedule``'s units and order:
+        ``schedule`` is the base class's with the work queue built from those."""
+
+        def schedule(self) -> None:
+            assert self.collection_is_completed
+            if self.collection is not None:  # the initial distribution happened
+                for node in self.nodes:
+                    self._reschedule(node)
+                return
+            if not self._check_nodes_have_same_collection():
+                self.log("**Different tests collected, aborting run**")
+                return
+            self.collection = list(next(iter(self.registered_collections.values())))
+            if not self.collection:
+                return
+            units = xdist_schedule.group(self.collection, read)
+            self._unit = {nodeid: unit for unit, ids in units.items() for nodeid in ids}
+            for unit in xdist_schedule.order_units(units):
+                self.workqueue[unit] = {nodeid: False for nodeid in units[unit]}
+            for _ in range(len(self.nodes) - len(self.workqueue)):  # more workers than units
+                unused, _work = self.assigned_work.popitem()
+                unused.shutdown()
+            for node in self.nodes:
+                self._assign_work_unit(node)
+            for node in self.nodes:
+                self._reschedule(node)
+            if not self.workqueue:
+                for node in self.nodes:
+                    node.shutdown()
+
+        def _split_scope(self, nodeid: str) -> str:
+            return self._unit[nodeid]
+
+    return UnitScheduling(config, log)
 
 
 @contextlib.contextmanager

@@ -4,7 +4,10 @@ Run on one process (``python this.py OUT [AGGREGATION [MICRO]]``) or several (``
 launch --multi_gpu --num_processes 2 this.py OUT ...``): each process takes its equal share of the
 same 16 rows, so the saved updates must agree whatever the process count and the micro-batch
 size (the loss normalisers and the data-parallel gradient average are exact; bnpo divides by the
-optimizer step's tokens over every process). Used by test_trl_engine.py.
+optimizer step's tokens over every process). AGGREGATION may name several, separated by commas:
+each is trained in turn in the same processes (from the same seed, model and batch; one launch
+instead of one per aggregation), and OUT holds ``{aggregation: {"delta", "world"}}``. Used by
+test_trl_engine.py.
 """
 
 from __future__ import annotations
@@ -61,7 +64,9 @@ class FixedBatchTrainer(GBMPOTrainer):
         return out
 
 
-def main(out: str, aggregation: str = "dr_grpo", micro: int | None = None) -> None:
+def update(aggregation: str, micro: int | None) -> dict[str, Any] | None:
+    """``{"delta": the parameter update, "world": the process count}`` of one SGD step on the
+    fixed batch, on the main process (``None`` on the others)."""
     torch.manual_seed(0)
     cfg = load_config(None, [("objective.aggregation", aggregation),
                              ("optim.micro_batch_size", micro),
@@ -90,8 +95,16 @@ def main(out: str, aggregation: str = "dr_grpo", micro: int | None = None) -> No
         trainer.train()
         policy = trainer.accelerator.unwrap_model(trainer.model)
         after = torch.cat([p.detach().flatten() for p in policy.parameters()])
-        if trainer.accelerator.is_main_process:
-            torch.save({"delta": after - before, "world": world}, Path(out))
+        if not trainer.accelerator.is_main_process:
+            return None
+        return {"delta": after - before, "world": world}
+
+
+def main(out: str, aggregation: str = "dr_grpo", micro: int | None = None) -> None:
+    names = aggregation.split(",")
+    results = {name: update(name, micro) for name in names}
+    if results[names[0]] is not None:  # the main process
+        torch.save(results[names[0]] if len(names) == 1 else results, Path(out))
 
 
 if __name__ == "__main__":

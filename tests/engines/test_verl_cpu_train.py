@@ -1,27 +1,37 @@
 """``gbmpo train --engine verl`` trains on the CPU: verl 0.9.1's own trainer (``main_ppo``, Ray,
 FSDP2) with gbmpo's CPU platform and transformers rollout (``gbmpo.integrations.verl_cpu``), the
-embedded tiny model, 2 steps, then ``--resume`` of the same run stopped after its first
-checkpoint.
+embedded tiny model. One run, stopped with SIGTERM once verl logged its first step (a
+scheduler's preemption notice), then ``gbmpo train --resume DIR --steps K+1`` from its newest
+checkpoint K: one more step, then the run's end: two verl launches for the stop, the resume and
+the trained run directory (each launch starts Ray and verl's processes, about a minute of the
+test's time). K is 1 unless verl's processes take a while to end (under load they were seen to
+finish 2 more steps after the signal).
 
-What a run must show: exit 0; the run directory every engine writes (``summary.json`` with the
-shared keys, ``metrics.jsonl`` with the shared names, verl's own under ``verl/``); a gradient
-(``grad_norm > 0``, the task's reward varies within the groups); the rollout's log-probs equal
-to the FSDP actor's (``training/rollout_probs_diff_mean``: the weights handed to the rollout
-after each step are the trained ones); and the first step's loss equal to the own engine's
-``compute_policy_loss`` on the very tensors verl trained on (its log-probs, reference log-probs,
-advantages and mask, saved by the gbmpo verl plugin under ``GBMPO_VERL_DUMP_DIR``), to 1e-6. The
-own engine cannot sample the same completions (another sampler and RNG), so the loss is compared
-on verl's batch; that the log-probs themselves are the model's is what the rollout/actor
-agreement shows (the rollout is a plain ``transformers`` forward of the same weights).
-
-Minutes: Ray and verl's processes start in about a minute, a step takes seconds.
+What the stop must show: exit 143, verl's whole process group ended (no ``main_ppo`` left
+behind), one line naming verl's newest checkpoint and the resume command, ``status.json``
+preempted. What the resumed run must show: exit 0; each step logged once, the steps before the
+checkpoint it continued from as the first part logged them; the run directory every engine
+writes (``summary.json`` with the shared keys, ``metrics.jsonl`` with the shared names, verl's
+own under ``verl/``); a gradient (``grad_norm > 0``, the task's reward varies within the
+groups); the rollout's log-probs equal to the FSDP actor's (``training/rollout_probs_diff_mean``:
+the weights handed to the rollout after each step are the trained ones); and the first step's
+loss equal to the own engine's ``compute_policy_loss`` on the very tensors verl trained on (its
+log-probs, reference log-probs, advantages and mask, saved by the gbmpo verl plugin under
+``GBMPO_VERL_DUMP_DIR``), to 1e-6. The own engine cannot sample the same completions (another
+sampler and RNG), so the loss is compared on verl's batch; that the log-probs themselves are the
+model's is what the rollout/actor agreement shows (the rollout is a plain ``transformers``
+forward of the same weights).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +56,7 @@ def digits(prompts, completions, **kwargs):
     return [sum(ch.isdigit() for ch in c) / max(1, len(c)) for c in completions]
 '''
 MAX_NEW = 16
+STEPS = 50  # the first part's: still running when the signal comes
 
 
 def _argv(tmp: Path, out: Path) -> list[str]:
@@ -54,7 +65,7 @@ def _argv(tmp: Path, out: Path) -> list[str]:
         for i in range(40):
             f.write(json.dumps({"prompt": f"{i} + {i + 1} =", "answer": str(2 * i + 1)}) + "\n")
     params = {"path": str(tmp / "data.jsonl"), "reward": f"{tmp / 'digits_share.py'}:digits"}
-    return ["train", "--engine", "verl", "--model.device", "cpu", "--steps", "2",
+    return ["train", "--engine", "verl", "--model.device", "cpu", "--steps", str(STEPS),
             "--task.name", "jsonl", "--task.params", json.dumps(params),
             "--rollout.prompts_per_step", "2", "--rollout.num_generations", "4",
             "--optim.mini_batch_size", "8", "--optim.micro_batch_size", "8",
@@ -65,36 +76,85 @@ def _argv(tmp: Path, out: Path) -> list[str]:
             "--output-dir", str(out)]  # fmt: skip
 
 
+@dataclass
+class StoppedAndResumed:
+    """The run directory after the resume, and what the stopped first part left behind."""
+
+    run: Path
+    returncode: int
+    stderr: str
+    status: dict[str, Any]
+    verl_rows: list[dict[str, Any]]
+    processes_left: list[str]
+    steps: int  # the resume's --steps: one more than the newest checkpoint at the stop
+    resumed: int | None  # the resume's exit code (None: not tried, the stop failed)
+
+    def finished(self) -> Path:
+        """The run directory, once the resume finished."""
+        assert self.resumed == 0, (self.returncode, self.resumed, self.stderr[-3000:])
+        return self.run
+
+
+def _main_ppo_of(run: Path) -> list[str]:
+    """The command lines of verl ``main_ppo`` processes of this run still alive."""
+    left = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "verl.trainer.main_ppo" in text and str(run) in text:
+            left.append(text[:200])
+    return left
+
+
 @pytest.fixture(scope="module")
-def verl_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One 2-step CPU verl run (its directory; the plugin's tensors under ``dump/``)."""
+def verl_run(tmp_path_factory: pytest.TempPathFactory) -> StoppedAndResumed:
+    """SIGTERM to ``gbmpo train`` alone once verl logged step 1 (the plugin's tensors under
+    ``dump/``), then ``gbmpo train --resume`` of the same directory for one more step."""
     tmp = tmp_path_factory.mktemp("verl_cpu")
     out = tmp / "run"
-    before = os.environ.get("GBMPO_VERL_DUMP_DIR")
-    os.environ["GBMPO_VERL_DUMP_DIR"] = str(tmp / "dump")
-    try:
-        assert main(_argv(tmp, out)) == 0
-    finally:
-        if before is None:
-            os.environ.pop("GBMPO_VERL_DUMP_DIR")
-        else:
-            os.environ["GBMPO_VERL_DUMP_DIR"] = before
-    return out
+    argv = _argv(tmp, out)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "GBMPO_VERL_DUMP_DIR": str(tmp / "dump")}
+    cli = "import sys; from gbmpo.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", cli, *argv], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    log, deadline = out / "verl_metrics.jsonl", time.monotonic() + 600
+    while proc.poll() is None and time.monotonic() < deadline:
+        if log.is_file() and any('"grad_norm"' in ln or "actor/" in ln
+                                 for ln in log.read_text().splitlines()):  # fmt: skip
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    time.sleep(2)
+    status_file = out / "status.json"
+    status = json.loads(status_file.read_text()) if status_file.is_file() else {}
+    stopped = StoppedAndResumed(
+        run=out, returncode=proc.returncode, stderr=err, status=status,
+        verl_rows=[json.loads(line) for line in log.read_text().splitlines() if line.strip()],
+        processes_left=_main_ppo_of(out), steps=int(status.get("step") or 0) + 1,
+        resumed=None)  # fmt: skip
+    if proc.returncode == 143 and stopped.steps >= 2 and not (out / "summary.json").exists():
+        stopped.resumed = main(["train", "--resume", str(out), "--steps", str(stopped.steps)])
+    return stopped
 
 
 def _rows(run: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_cpu_run_writes_the_shared_run_directory(verl_run: Path) -> None:
-    summary = json.loads((verl_run / "summary.json").read_text())
+def test_cpu_run_writes_the_shared_run_directory(verl_run: StoppedAndResumed) -> None:
+    run, steps = verl_run.finished(), verl_run.steps
+    summary = json.loads((run / "summary.json").read_text())
     assert set(SUMMARY_KEYS) <= set(summary), set(SUMMARY_KEYS) - set(summary)
     assert summary["engine"] == "verl" and summary["device"] == "cpu"
-    assert summary["status"] == "finished" and summary["steps"] == 2
+    assert summary["status"] == "finished" and summary["steps"] == steps
     assert summary["eval_before"] is not None and summary["eval_after"] is not None
-    rows = _rows(verl_run)
+    rows = _rows(run)
     train = [r for r in rows if "grad_norm" in r]
-    assert [r["step"] for r in train] == [1, 2]
+    assert [r["step"] for r in train] == list(range(1, steps + 1))  # each step once
     for row in rows:
         assert all(is_shared(k) or k == "step" or k.startswith("verl/") for k in row), row
     for row in train:
@@ -103,17 +163,19 @@ def test_cpu_run_writes_the_shared_run_directory(verl_run: Path) -> None:
         assert row["grad_norm"] > 0, row  # it trains
         # the rollout's log-probs against the FSDP actor's, per token: the same weights
         assert row["verl/training/rollout_probs_diff_mean"] < 1e-4, row
-    assert (verl_run / "checkpoints" / "global_step_2" / "actor").is_dir()
+    assert (run / "checkpoints" / f"global_step_{steps}" / "actor").is_dir()
 
 
-def test_first_step_loss_equals_the_own_engines_on_verls_batch(verl_run: Path) -> None:
+def test_first_step_loss_equals_the_own_engines_on_verls_batch(
+        verl_run: StoppedAndResumed) -> None:
     import torch
 
     from gbmpo.config import load_config
     from gbmpo.objectives import LossTerm, compute_policy_loss, get_regularizer, get_surrogate
 
-    cfg = load_config(verl_run / "config.yaml")
-    dump = verl_run.parent / "dump"
+    run = verl_run.finished()
+    cfg = load_config(run / "config.yaml")
+    dump = run.parent / "dump"  # the first part's (the resume dumps nothing)
     # one micro-batch per step (micro = mini = the step's 8 rows): call 1 is step 1
     pl = torch.load(sorted(dump.glob("policy_loss_*_0001.pt"))[0])
     kl = torch.load(sorted(dump.glob("kl_*_0001.pt"))[0])
@@ -131,7 +193,7 @@ def test_first_step_loss_equals_the_own_engines_on_verls_batch(verl_run: Path) -
         aggregation=o.aggregation,
         max_len=MAX_NEW,
     )  # fmt: skip
-    step1 = next(r for r in _rows(verl_run) if r["step"] == 1)
+    step1 = next(r for r in _rows(run) if r["step"] == 1)
     assert own["pg_loss"] == pytest.approx(step1["verl/actor/pg_loss"], abs=1e-6)
     assert own["reg_loss"] == pytest.approx(reg.coef * step1["verl/actor/kl_loss"], abs=1e-6)
     assert float(own_loss) == pytest.approx(step1["verl/actor/loss"], abs=1e-6)
@@ -141,71 +203,34 @@ def test_first_step_loss_equals_the_own_engines_on_verls_batch(verl_run: Path) -
     assert abs(float(adv.sum())) < 1e-5 and float(adv.abs().max()) > 0
 
 
-def test_resume_after_a_checkpoint_continues(verl_run: Path, tmp_path: Path) -> None:
-    """The run as if stopped after step 1's checkpoint (step 2's checkpoint, log rows and
-    summary gone); ``--resume`` runs step 2 from there."""
-    run = tmp_path / "run"
-    shutil.copytree(verl_run, run)
-    launch = json.loads((run / "verl_launch.json").read_text())
-    launch["verl_checkpoints"] = str(run.resolve() / "checkpoints")
-    (run / "verl_launch.json").write_text(json.dumps(launch))
-    shutil.rmtree(run / "checkpoints" / "global_step_2")
-    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("1")
-    (run / "summary.json").unlink()
-    log = run / "verl_metrics.jsonl"
-    log.write_text("".join(line + "\n" for line in log.read_text().splitlines()
-                           if json.loads(line)["step"] <= 1))  # fmt: skip
-    assert main(["train", "--resume", str(run)]) == 0
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["status"] == "finished"
-    train = [r for r in _rows(run) if "grad_norm" in r]
-    assert [r["step"] for r in train] == [1, 2]  # each step once
-    first = {k: v for k, v in _rows(verl_run)[1].items() if k == "grad_norm"}
-    assert train[0]["grad_norm"] == first["grad_norm"]  # step 1 is the first part's row
-    assert train[1]["grad_norm"] > 0
-    assert (run / "checkpoints" / "global_step_2" / "actor").is_dir()
-
-
-def test_sigterm_stops_verl_and_says_where_it_goes_on(tmp_path: Path) -> None:
+def test_sigterm_stops_verl_and_says_where_it_goes_on(verl_run: StoppedAndResumed) -> None:
     """SIGTERM to ``gbmpo train`` alone (a scheduler's notice) ends verl's whole process group
     (no ``main_ppo`` left behind), one line names verl's newest checkpoint and the resume
     command, status.json says preempted, the exit code is 143."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    out = tmp_path / "run"
-    argv = _argv(tmp_path, out)
-    argv[argv.index("--steps") + 1] = "50"  # still running when the signal comes
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    cli = "import sys; from gbmpo.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.Popen([sys.executable, "-c", cli, *argv], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    log, deadline = out / "verl_metrics.jsonl", time.monotonic() + 600
-    while proc.poll() is None and time.monotonic() < deadline:
-        if log.is_file() and any('"grad_norm"' in ln or "actor/" in ln
-                                 for ln in log.read_text().splitlines()):  # fmt: skip
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, "the run ended before the signal"
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 143, err[-3000:]
+    out, err = verl_run.run, verl_run.stderr
+    assert verl_run.returncode == 143, err[-3000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("gbmpo train: stopped (preempted, SIGTERM); verl writes no "
                            "checkpoint on a signal"), last
     assert f"resume with: gbmpo train --resume {out}" in last
-    status = json.loads((out / "status.json").read_text())
+    status = verl_run.status
+    assert f"its newest is step {status['step']} (" in last  # a checkpoint every step
     assert status["status"] == "preempted" and status["signal"] == "SIGTERM"
-    assert status["engine"] == "verl" and not (out / "summary.json").exists()
-    time.sleep(2)
-    left = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "verl.trainer.main_ppo" in text and str(out) in text:
-            left.append(text[:200])
-    assert not left, left
+    assert status["engine"] == "verl"
+    assert not verl_run.processes_left, verl_run.processes_left
+
+
+def test_resume_after_the_signal_continues(verl_run: StoppedAndResumed) -> None:
+    """``--resume --steps K+1`` continues from verl's newest checkpoint K for one step: the
+    steps up to K are the first part's rows, step K+1 is trained once, and the run ends."""
+    run, steps = verl_run.finished(), verl_run.steps
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == steps and summary["status"] == "finished"
+    first = {r["step"]: r["data"] for r in verl_run.verl_rows if "actor/grad_norm" in r["data"]}
+    assert set(range(1, steps)) <= set(first)  # the checkpoint's step was logged
+    train = {r["step"]: r for r in _rows(run) if "grad_norm" in r}
+    assert sorted(train) == list(range(1, steps + 1))
+    for step in range(1, steps):  # the first part's rows, kept
+        assert train[step]["grad_norm"] == first[step]["actor/grad_norm"]
+    assert train[steps]["grad_norm"] > 0  # the resume's step
+    assert (run / "checkpoints" / f"global_step_{steps}" / "actor").is_dir()

