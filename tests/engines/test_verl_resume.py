@@ -139,3 +139,32 @@ def test_resume_without_a_checkpoint_exits_1_and_writes_nothing(
     assert len(err) == 1 and "has no checkpoint" in err[0] and "--restart" in err[0]
     after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in run.rglob("*") if p.is_file()}
     assert after == before
+
+
+def test_resume_at_the_last_checkpointed_step_launches_nothing_and_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after verl's checkpoint of the last step but before the summary: verl's loop
+    would train one step more (it advances before it checks for the end), so the resume launches
+    nothing (not even on a machine without verl's GPUs) and writes the summary from the rows up
+    to that checkpoint, then ``finished``."""
+    run = _verl_run(tmp_path, 4)
+    cfg = load_config(run / "config.yaml")
+    cfg.run.steps = 4
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    rows = "".join(json.dumps({"step": s, "data": {"actor/pg_loss": s / 10,
+                                                   "training/global_step": s}}) + "\n"
+                   for s in (1, 2, 3, 4))  # fmt: skip
+    (run / verl_metrics.VERL_METRICS_FILE).write_text(rows)
+
+    def no_launch(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("verl was launched")
+
+    monkeypatch.setattr(verl_runner, "_launch", no_launch)
+    summary = verl_runner.resume(run)
+    assert summary["steps"] == 4
+    status = json.loads((run / "status.json").read_text())
+    assert status["status"] == "finished" and status["engine"] == "verl"
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    got = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert got == [1, 2, 3, 4]
