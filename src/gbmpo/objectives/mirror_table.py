@@ -286,10 +286,27 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         float64 ``delta`` = log p - log q. Each step is one pass over both points at once: the
         cell coordinates (u = (t - t0) / Delta straight from the inputs, index by truncation,
         s = frac(u)), six gathers, one Horner recurrence for P and P' (synthetic division),
-        the far form everywhere, then the near form on the elements with |delta| <= Delta / 2
-        only (from q's coefficients and P'(s_q), already at hand), which it overwrites."""
-        inv = 1.0 / self._dt
+        the far form everywhere, then the near form on the elements with 0 < |delta| <
+        Delta / 2 only (from q's coefficients and P'(s_q), already at hand), which it
+        overwrites."""
         n = delta.numel()
+        moving = int(torch.count_nonzero(delta))
+        if moving < n - n // 16:
+            # p = q (delta = 0: padding, a policy still at its reference) gives D = 0 and
+            # zero derivatives exactly: only the other elements are evaluated
+            out = []
+            idx = delta.nonzero().view(-1) if moving else None
+            sub = (
+                self._kernel(*(x.index_select(0, idx) for x in (tq, tp, delta)), want_p, want_q)
+                if idx is not None else (None, None, None)
+            )
+            for o, wanted in zip(sub, (True, want_p, want_q), strict=True):
+                full = torch.zeros(n, dtype=torch.float64, device=delta.device) if wanted else None
+                if full is not None and o is not None and idx is not None:
+                    full.index_copy_(0, idx, o)
+                out.append(full)
+            return out[0], out[1], out[2]  # type: ignore[return-value]
+        inv = 1.0 / self._dt
         u = torch.empty((2, n), dtype=torch.float64, device=delta.device)
         origin = torch.full((1,), -_TABLE_T0 * inv, dtype=torch.float64, device=delta.device)
         torch.add(origin, tq, alpha=inv, out=u[0])  # float64 arithmetic for float32 inputs too
@@ -299,7 +316,10 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         rows = self._table(delta.device)
         flat = ix.view(-1)
         c = tuple(rows[k].index_select(0, flat).view(2, n) for k in range(6))
-        near = (delta.abs() <= _NEAR * self._dt).nonzero().view(-1)
+        # 0 < |delta| < Delta / 2: delta = 0 (padding, p = q) is exactly 0 in the far form
+        # (the same cell and s at both points; e^0 = 1), so it stays there
+        half = 0.5 * _NEAR * self._dt
+        near = delta.abs().sub_(half).abs_().lt_(half).nonzero().view(-1)
         q_near: tuple[Tensor, ...] = ()
         if near.numel():  # q's cell coordinate and c2..c5 there, before Horner overwrites them
             q_near = tuple(x[0].index_select(0, near) for x in (s, *c[2:]))
