@@ -41,7 +41,7 @@ Tabulated evaluation (the regularizer's ``evaluation: table``, its default; ``ex
 units): :meth:`NeuralMirrorMap.tabulated` returns a
 :class:`~gbmpo.objectives.mirror_table.TabulatedMirrorMap` (:mod:`gbmpo.objectives.mirror_table`),
 the same map with D_h read from a float64 quintic Hermite table in log y, to a relative error of
-at most 1e-6 of D_h and of its gradient (measured at build, p = q included), ~50x cheaper as a
+at most 1e-6 of D_h and of its gradient (measured at build, p = q included), ~30x cheaper as a
 regularizer.
 """
 
@@ -211,7 +211,7 @@ class NeuralMirrorMap:
 
     def tabulated(self, cells: int = TABLE_CELLS) -> TabulatedMirrorMap:
         """This map with D_h read from a float64 table of ``cells`` quintic cells in log y over
-        [1e-10, e] (:class:`TabulatedMirrorMap`): ~50x cheaper, relative error <= 1e-6 of D_h
+        [1e-10, e] (:class:`TabulatedMirrorMap`): ~30x cheaper, relative error <= 1e-6 of D_h
         and its gradient, measured at build in ``table_error`` (a table that misses it raises
         ValueError). Built once per map and ``cells`` (~1.5 s on one CPU thread). The
         ``neural_mirror`` regularizer's default evaluation (``evaluation: exact`` keeps this
