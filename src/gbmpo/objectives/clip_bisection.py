@@ -250,6 +250,7 @@ class _MirrorEndTable:
             below[0] = first
             above[0] = math.inf
         self._padded_cpu = torch.cat([below, coef, above], dim=1).contiguous()
+        self._t_star = float(torch.log(torch.tensor(self.p_star, dtype=torch.float64)))
 
     def _graded(self, t_star: float, length: float, tol: float) -> float:
         """A table of the lower end over (t*, t* + length] in r = log((t - t*) / length), r in
@@ -343,9 +344,9 @@ class _MirrorEndTable:
     def evaluate(self, p: Tensor, t: Tensor | None = None) -> Tensor:
         """The end for float64 ``p`` in [1e-10, 1] (any shape); ``t``: log p when the caller
         has it. The constant cells on both sides of the grid give the 0 / inf ends: cell
-        j = floor(u) + 1 of u = (log p - t0) / width, clamped to [0, cells + 1], so the
-        tokens past the threshold read 0 (``low``, u < 0) or inf (``high``, u >= cells)
-        without a mask."""
+        j = floor(u) + 1 of u = (log p - t0) / width (``low``: j = ceil(u), u from log p*),
+        clamped to [0, cells + 1], so the tokens past the threshold read 0 (``low``,
+        p <= p*) or inf (``high``, u >= cells) without a mask."""
         if t is None:
             t = torch.log(p)
         if self.cells == 0:
@@ -359,17 +360,27 @@ class _MirrorEndTable:
         rows = self._tables[dev]
         # in-place arithmetic on few buffers (fresh [64 x 1024] float64 temporaries cost more
         # in allocation than in arithmetic)
-        u = torch.sub(t, self.t0).mul_(1.0 / self.width)
-        fl = u.floor()
-        s = u.sub_(fl)
-        ix = fl.add_(1.0).clamp_(0.0, self.cells + 1).to(torch.int32).view(-1)
+        if self.side == "low":
+            # measured from log p* as torch rounds it, and cell j = ceil(u): p <= p* (u <= 0)
+            # reads the constant cell 0 exactly as the threshold test p <= p* decides
+            u = torch.sub(t, self._t_star).mul_(1.0 / self.width)
+            cj = u.ceil()
+            s = u.sub_(cj).add_(1.0)
+        else:
+            u = torch.sub(t, self.t0).mul_(1.0 / self.width)
+            cj = u.floor()
+            s = u.sub_(cj)
+            cj.add_(1.0)
+        ix = cj.clamp_(0.0, self.cells + 1).to(torch.int32).view(-1)
         a0, a1, a2, a3 = (rows[k].index_select(0, ix).view(p.shape) for k in range(4))
         w = a0.addcmul_(s, a1.addcmul_(s, a2.addcmul_(s, a3)))
         if self.graded_length:  # the first cells above the lower end's threshold
             half = 0.5 * self.graded_length
-            near = (t - (self.t0 + half)).abs_().lt_(half).view(-1).nonzero().view(-1)
+            # 0 < log p - log p* < length (the difference first: its sign is exact)
+            near = torch.sub(t, self._t_star).sub_(half).abs_().lt_(half).view(-1)
+            near = near.nonzero().view(-1)
             if near.numel():
-                gap = t.reshape(-1).index_select(0, near) - self.t0
+                gap = t.reshape(-1).index_select(0, near) - self._t_star
                 r = torch.log(gap / self.graded_length).clamp(_GRADED_R0, 0.0)
                 ug = (r - _GRADED_R0) * (self.graded_cells / -_GRADED_R0)
                 ig = ug.floor().clamp_(0, self.graded_cells - 1)
