@@ -13,9 +13,10 @@ before its interval tables: a 2 x 60-step bisection over the map per token) is t
 one call; otherwise the first call is an untimed warm-up (it builds the neural-mirror interval
 tables, cached per map and radius). ``neural_mirror_table`` and ``dc:neural_mirror_table`` use
 the default map's tabulated evaluation (``NeuralMirrorMap.tabulated()``, the regularizer's
-``evaluation: table``), in ``--before`` too where that revision has it. ``--ref-noise`` sets
-how far the reference log-probs lie from the policy's (the tabulated map's cost depends on the
-share of tokens next to p = q).
+``evaluation: table``, its default since the table met its bound), in ``--before`` too where
+that revision has it; ``neural_mirror_exact`` the 126 units per token (``evaluation: exact``).
+``--ref-noise`` sets how far the reference log-probs lie from the policy's (the tabulated map's
+cost depends on the share of tokens next to p = q).
 ``dc:neural_mirror*`` is timed with no regularizer only unless named in ``--regularizers``.
 
 ``--before REV`` also times the objectives package of git revision ``REV`` in the same run (its
@@ -73,7 +74,8 @@ SURROGATE_CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "vespo": ("vespo", {}),
 }
 REGULARIZER_CASES = ["none", "kl_k1", "kl_k3", "kl_k3_is", "prob_l2", "log_l2", "neural_mirror",
-                     "neural_mirror_table", "rpg_rkl", "rpg_urkl"]  # fmt: skip
+                     "neural_mirror_table", "neural_mirror_exact", "rpg_rkl",
+                     "rpg_urkl"]  # fmt: skip
 #: cases that need ``NeuralMirrorMap.tabulated`` (a revision without it shows "-")
 TABLE_CASES = {"dc:neural_mirror_table", "neural_mirror_table"}
 
@@ -141,6 +143,10 @@ def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], reg
         reg = None
     elif regularizer == "neural_mirror_table":
         reg = objectives.get_regularizer("neural_mirror", mirror=_tabulated_map(objectives))
+    elif regularizer == "neural_mirror_exact":  # the 126 units per token, whatever the default
+        mirror = objectives.NeuralMirrorMap.random(scale=0.01, seed=42)
+        reg = objectives.get_regularizer("neural_mirror", mirror=mirror, **(
+            {"evaluation": "exact"} if hasattr(mirror, "tabulated") else {}))  # fmt: skip
     else:
         reg = objectives.get_regularizer(regularizer)
     coef = 0.0 if reg is None else BETA

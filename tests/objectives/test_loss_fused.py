@@ -466,7 +466,12 @@ def _objectives_at(rev: str) -> ModuleType:
 def test_fused_loss_equals_the_previous_package(dtype):
     """Against 17bd253's whole objectives package (its own surrogates and regularizers, before
     the surrogates stopped multiplying values already 0 by the mask): every surrogate x every
-    regularizer, ``grpo`` and ``dr_grpo``, the same loss, gradient and metrics."""
+    regularizer, ``grpo`` and ``dr_grpo``, the same loss, gradient and metrics.
+
+    ``neural_mirror`` is left out here: its evaluation changed on purpose after 17bd253 (the
+    tabulated map is the default, its value and gradient computed in closed form), equal to the
+    exact map's within the table's 1e-6 relative bound (``test_mirror_table.py``), not bit for
+    bit; its loss path is every term's, compared bit for bit with the reference above."""
     before = _objectives_at(BEFORE)
     x = _batch(dtype, seed=2)
     bad = []
@@ -476,6 +481,8 @@ def test_fused_loss_equals_the_previous_package(dtype):
         new_s, old_s = get_surrogate(name, **params), before.get_surrogate(name, **params)
         for aggregation in ("grpo", "dr_grpo"):  # every mode: the test against the reference
             for reg in [None, *REGULARIZER_NAMES]:
+                if reg == "neural_mirror":
+                    continue
                 regs = [] if reg is None else [(reg, 0.04)]
                 new = _run(compute_policy_loss, x, new_s, regs, aggregation)
                 lp = x["logp"].clone().requires_grad_(True)

@@ -1,8 +1,8 @@
 """The tabulated evaluation of a neural mirror map (``NeuralMirrorMap.tabulated``, the
 ``neural_mirror`` regularizer's ``evaluation: table``): D_h and its gradients against the exact
 float64 map to a relative error of 1e-6 everywhere, p = q included, the Hermite pieces, autograd
-consistency, the refusal of a table that misses the bound, and that the exact map stays the
-default."""
+consistency, the refusal of a table that misses the bound, and that the table is the
+regularizer's default (the exact map where a table misses its bound)."""
 
 from __future__ import annotations
 
@@ -131,29 +131,54 @@ def test_table_gradcheck():
 
 
 def test_regularizer_evaluation_key():
-    """``evaluation: table`` builds the tabulated map (float32 in, float32 out, close to the
-    exact float64 map); ``exact`` is the default; anything else is refused by name."""
+    """``evaluation: table`` (the default) builds the tabulated map (float32 in, float32 out,
+    close to the exact float64 map); ``exact`` keeps the map; anything else is refused by
+    name. The fused value-and-gradient path (float mask) agrees with autograd through
+    ``bregman_log``."""
     exact = NeuralMirrorMap.random(scale=0.01, seed=42)
     g = torch.Generator().manual_seed(5)
     logp = -torch.empty(64, 256).exponential_(2.0, generator=g)
     ref = logp + 0.2 * torch.randn(64, 256, generator=g)  # some ref "probabilities" above 1
     mask = torch.ones(64, 256)
+    mask[3, 100:] = 0.0
     reg_t = get_regularizer("neural_mirror", mirror=exact, evaluation="table")
     assert isinstance(reg_t.params["mirror"], TabulatedMirrorMap)
-    assert type(get_regularizer("neural_mirror").params["mirror"]) is NeuralMirrorMap
+    assert get_regularizer("neural_mirror", mirror=exact).params["mirror"] is exact.tabulated()
+    assert isinstance(get_regularizer("neural_mirror").params["mirror"], TabulatedMirrorMap)
+    reg_e = get_regularizer("neural_mirror", mirror=exact, evaluation="exact")
+    assert type(reg_e.params["mirror"]) is NeuralMirrorMap
     out = []
-    for reg, dtype in ((get_regularizer("neural_mirror", mirror=exact), F64),
-                       (reg_t, torch.float32)):  # fmt: skip
+    for reg, dtype in ((reg_e, F64), (reg_t, torch.float32)):
         lp = logp.to(dtype).clone().requires_grad_(True)
         v = reg(logp=lp, anchor_logp=ref.to(dtype), mask=mask)
         assert v.dtype == dtype
         v.sum().backward()
         out.append((v.detach().double(), lp.grad.double()))
+        # autograd through the map's bregman_log gives the same value and gradient
+        lp2 = logp.to(dtype).clone().requires_grad_(True)
+        m = reg.params["mirror"]
+        v2 = m.bregman_log(lp2, ref.to(dtype)) * mask.to(dtype)
+        v2.sum().backward()
+        torch.testing.assert_close(v2.detach(), v.detach(), rtol=1e-6, atol=0)
+        torch.testing.assert_close(lp2.grad, lp.grad, rtol=1e-6, atol=0)
     (v64, g64), (vt, gt) = out
+    assert bool((vt[3, 100:] == 0).all()) and bool((gt[3, 100:] == 0).all())
     torch.testing.assert_close(vt, v64, rtol=2e-6, atol=1e-7 * float(v64.abs().max()))
     torch.testing.assert_close(gt, g64, rtol=2e-6, atol=1e-7 * float(g64.abs().max()))
     with pytest.raises(ValueError, match="evaluation must be 'exact' or 'table'"):
         get_regularizer("neural_mirror", evaluation="fast")
+
+
+def test_default_falls_back_to_the_exact_map_where_the_table_misses(monkeypatch):
+    """A map whose table misses the bound: the default evaluation warns and keeps the exact
+    map; ``evaluation: table`` raises."""
+    m = NeuralMirrorMap.random(scale=0.5, seed=3)
+    monkeypatch.setattr(NeuralMirrorMap.tabulated, "__defaults__", (64,))
+    with pytest.warns(UserWarning, match="misses its error bound"):
+        reg = get_regularizer("neural_mirror", mirror=m)
+    assert reg.params["mirror"] is m
+    with pytest.raises(ValueError, match="misses its error bound"):
+        get_regularizer("neural_mirror", mirror=m, evaluation="table")
 
 
 def test_beyond_the_grid_is_exact_and_nan_propagates():
@@ -197,7 +222,7 @@ def test_a_table_that_misses_the_bound_is_refused():
         NeuralMirrorMap.random().tabulated(cells=4)
 
 
-def test_the_exact_map_stays_the_default_and_tables_are_cached():
+def test_the_default_map_is_one_object_and_tables_are_cached():
     assert type(as_mirror_map(None)) is NeuralMirrorMap
     # one default map per process: its tables (here and the clip measure's) are built once
     assert as_mirror_map(None) is as_mirror_map(None)

@@ -130,8 +130,9 @@ def mirror_interval(
     dh = _radius("delta_high", delta_high)
     tol = MIRROR_TABLE_TOL if tol is None else _radius("tol", tol)
     p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
-    low = _mirror_end_table(mirror, "low", dl, tol).evaluate(p)
-    high = _mirror_end_table(mirror, "high", dh, tol).evaluate(p)
+    t = torch.log(p)  # read by both ends
+    low = _mirror_end_table(mirror, "low", dl, tol).evaluate(p, t)
+    high = _mirror_end_table(mirror, "high", dh, tol).evaluate(p, t)
     return low, high
 
 
@@ -237,6 +238,19 @@ class _MirrorEndTable:
         self.bad_cells = int(bad.sum())
         self.error = float(cell_error[~bad].max()) if self.bad_cells < cells else 0.0
         self._bad_cpu = bad
+        # one constant cell on each side of the grid, so that the 0 / inf ends need no mask:
+        # low: 0 below t* (and the value at log p = 0 above it, unreachable); high: the
+        # value at the floor below (unreachable) and inf above t* (exp(inf) = inf)
+        first, last = coef[0, 0], coef[:, -1].sum()  # the end at t0 and at the grid's top
+        below = torch.zeros(4, 1, dtype=torch.float64)
+        above = torch.zeros(4, 1, dtype=torch.float64)
+        if side == "low":
+            above[0] = last
+        else:
+            below[0] = first
+            above[0] = math.inf
+        self._padded_cpu = torch.cat([below, coef, above], dim=1).contiguous()
+        self._t_star = float(torch.log(torch.tensor(self.p_star, dtype=torch.float64)))
 
     def _graded(self, t_star: float, length: float, tol: float) -> float:
         """A table of the lower end over (t*, t* + length] in r = log((t - t*) / length), r in
@@ -327,45 +341,62 @@ class _MirrorEndTable:
         dydp = m.second_derivative(p) * (y - p) / (m.derivative(y) - m.derivative(p))
         return dydp - x if self.side == "low" else p / y * dydp - 1.0
 
-    def evaluate(self, p: Tensor) -> Tensor:
-        """The end for float64 ``p`` in [1e-10, 1] (any shape)."""
-        if self.side == "low":
-            out_value, outside = 0.0, p <= self.p_star
-        else:
-            out_value, outside = math.inf, p >= self.p_star
+    def evaluate(self, p: Tensor, t: Tensor | None = None) -> Tensor:
+        """The end for float64 ``p`` in [1e-10, 1] (any shape); ``t``: log p when the caller
+        has it. The constant cells on both sides of the grid give the 0 / inf ends: cell
+        j = floor(u) + 1 of u = (log p - t0) / width (``low``: j = ceil(u), u from log p*),
+        clamped to [0, cells + 1], so the tokens past the threshold read 0 (``low``,
+        p <= p*) or inf (``high``, u >= cells) without a mask."""
+        if t is None:
+            t = torch.log(p)
         if self.cells == 0:
-            return torch.full_like(p, out_value)
-        if p.device not in self._tables:
-            self._tables[p.device] = self._coef_cpu.to(p.device)
-            self._tables_bad[p.device] = self._bad_cpu.to(p.device)
+            return torch.full_like(p, 0.0 if self.side == "low" else math.inf)
+        dev = p.device
+        if dev not in self._tables:
+            self._tables[dev] = self._padded_cpu.to(dev)
+            self._tables_bad[dev] = self._bad_cpu.to(dev)
             if self.graded_length:
-                self._graded_tables[p.device] = self._graded_cpu.to(p.device)
+                self._graded_tables[dev] = self._graded_cpu.to(dev)
+        rows = self._tables[dev]
         # in-place arithmetic on few buffers (fresh [64 x 1024] float64 temporaries cost more
         # in allocation than in arithmetic)
-        t = torch.log(p)
-        u = torch.sub(t, self.t0).mul_(1.0 / self.width)
-        idx = u.floor().clamp_(0, self.cells - 1)
-        s = u.sub_(idx)
-        ix = idx.reshape(1, -1).long().expand(4, -1)
-        a0, a1, a2, a3 = torch.gather(self._tables[p.device], 1, ix).view(4, *p.shape).unbind(0)
+        if self.side == "low":
+            # measured from log p* as torch rounds it, and cell j = ceil(u): p <= p* (u <= 0)
+            # reads the constant cell 0 exactly as the threshold test p <= p* decides
+            u = torch.sub(t, self._t_star).mul_(1.0 / self.width)
+            cj = u.ceil()
+            s = u.sub_(cj).add_(1.0)
+        else:
+            u = torch.sub(t, self.t0).mul_(1.0 / self.width)
+            cj = u.floor()
+            s = u.sub_(cj)
+            cj.add_(1.0)
+        ix = cj.clamp_(0.0, self.cells + 1).to(torch.int32).view(-1)
+        a0, a1, a2, a3 = (rows[k].index_select(0, ix).view(p.shape) for k in range(4))
         w = a0.addcmul_(s, a1.addcmul_(s, a2.addcmul_(s, a3)))
-        if self.graded_length:
-            near = (t < self.t0 + self.graded_length) & ~outside
-            if bool(near.any()):
-                gap = t[near] - self.t0
+        if self.graded_length:  # the first cells above the lower end's threshold
+            half = 0.5 * self.graded_length
+            # 0 < log p - log p* < length (the difference first: its sign is exact)
+            near = torch.sub(t, self._t_star).sub_(half).abs_().lt_(half).view(-1)
+            near = near.nonzero().view(-1)
+            if near.numel():
+                gap = t.reshape(-1).index_select(0, near) - self._t_star
                 r = torch.log(gap / self.graded_length).clamp(_GRADED_R0, 0.0)
                 ug = (r - _GRADED_R0) * (self.graded_cells / -_GRADED_R0)
                 ig = ug.floor().clamp_(0, self.graded_cells - 1)
                 sg = ug - ig
-                g0, g1, g2, g3 = self._graded_tables[p.device][:, ig.long()].unbind(0)
-                w = w.masked_scatter(near, g0 + sg * (g1 + sg * (g2 + sg * g3)))
+                g0, g1, g2, g3 = self._graded_tables[dev][:, ig.long()].unbind(0)
+                w.view(-1).index_copy_(0, near, g0 + sg * (g1 + sg * (g2 + sg * g3)))
         if self.bad_cells:
-            solve = self._tables_bad[p.device][idx.long()] & ~outside
-            if bool(solve.any()):
-                w = w.masked_scatter(solve, self._roots(torch.log(p[solve])))
+            cell = (ix.long() - 1).clamp_(0, self.cells - 1)
+            inside = (ix > 0) & (ix <= self.cells)
+            solve = (self._tables_bad[dev][cell] & inside).nonzero().view(-1)
+            if solve.numel():
+                roots = self._roots(t.reshape(-1).index_select(0, solve))
+                w.view(-1).index_copy_(0, solve, roots)
         if self.side == "high":
             w = w.exp_()
-        return w.masked_fill_(outside, out_value)
+        return w
 
 
 #: the smallest ratio the ``dppo_kl`` interval's bisection looks at (:func:`dppo_kl_interval`)

@@ -1,5 +1,5 @@
-"""Tabulated evaluation of a neural mirror map (GBMPO NM-GRPO, arXiv 2602.04380), selected by
-the ``neural_mirror`` regularizer's ``evaluation: table`` (the exact map is the default).
+"""Tabulated evaluation of a neural mirror map (GBMPO NM-GRPO, arXiv 2602.04380): the
+``neural_mirror`` regularizer's ``evaluation: table``, its default (``exact`` sums the units).
 
 :class:`TabulatedMirrorMap` (built by :meth:`gbmpo.objectives.mirror.NeuralMirrorMap.tabulated`)
 reads the map's Bregman divergence from its potential's float64 quintic Hermite table in log y
@@ -23,7 +23,7 @@ from gbmpo.objectives.mirror import (
     TABLE_CELLS,
     NeuralMirrorMap,
 )
-from gbmpo.objectives.mirror_kernels import _PHI_COEFFS, _horner
+from gbmpo.objectives.mirror_kernels import _PHI_COEFFS
 from gbmpo.objectives.tensors import compute_dtype
 
 __all__ = ["TABLE_RTOL", "TabulatedMirrorMap", "quintic_hermite_coeffs"]
@@ -38,8 +38,8 @@ _TABLE_CHECKS = 7  # interior check points per cell for the measured error
 #: |log p - log q| <= _NEAR * Delta uses the factorised near-p = q form (q's cell polynomial)
 _NEAR = 0.5
 #: terms of the series of phi(d) = (e^d - 1 - d) / d^2 in the near form: |d| <= Delta / 2 < 0.006
-#: and 0.006^7 / 9! < 1e-21
-_N_PHI = 8
+#: and the first term left out, 0.006^6 / 8!, is below 1e-17 of phi >= 1/2
+_N_PHI = 6
 
 
 def quintic_hermite_coeffs(
@@ -67,7 +67,7 @@ def quintic_hermite_coeffs(
 class TabulatedMirrorMap(NeuralMirrorMap):
     """A :class:`NeuralMirrorMap` whose D_h is read from a float64 table in t = log y, to a
     relative error of at most 1e-6 of D_h (measured at build, :attr:`table_error`), p = q
-    included: ``objective.regularizer.params.evaluation: table`` selects it.
+    included: ``objective.regularizer.params.evaluation: table`` (the default) selects it.
 
     What is tabulated. G(t) = D_h(e^t, y0), the map's own Bregman divergence from the floor
     y0 = 1e-10, evaluated exactly (factorised form, :meth:`NeuralMirrorMap.bregman`) with
@@ -100,6 +100,13 @@ class TabulatedMirrorMap(NeuralMirrorMap):
     (1 + delta phi) P'(s_q) / Delta] with Q the divided difference of P'), and in log q,
     -q h''(q)(p - q) = -(G''(t_q) - G'(t_q)) expm1(delta). Arguments beyond y = e (no
     probabilities) use the exact map. Math is float64; the result has the exact map's dtype.
+
+    Cost (:meth:`_kernel`): log q and log p go through each step together (one [2, n] buffer),
+    the cell coordinates straight from the (float32) inputs in float64, the six coefficients
+    by one gather each, P and P' by one Horner recurrence (nine fused multiply-adds), the far
+    form on every element and the near form on the few with |delta| <= Delta / 2 only, from
+    q's coefficients already gathered; the regularizer takes value and gradient in log p from
+    :meth:`bregman_log_and_grad` (no autograd graph, float-mask arithmetic).
     """
 
     def __init__(self, mirror: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
@@ -123,7 +130,9 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         coef = quintic_hermite_coeffs(
             g[:-1], g[1:], dt * gt[:-1], dt * gt[1:], dt * dt * gtt[:-1], dt * dt * gtt[1:]
         )
-        self._table_cpu = coef.t().contiguous()  # [6, cells]: c_k of every cell in row k
+        # [6, cells + 1]: c_k of every cell in row k, and one cell past t1 (the last cell's
+        # polynomial re-expanded about s = 1) so that t = t1 exactly needs no index clamp
+        self._table_cpu = torch.cat([coef, _shift_by_one(coef[-1])[None]]).t().contiguous()
         self._tables: dict[torch.device, Tensor] = {}
         y0 = torch.tensor([PROB_FLOOR], dtype=torch.float64)
         self._h0 = float(self._exact.potential(y0)[0])
@@ -252,70 +261,89 @@ class TabulatedMirrorMap(NeuralMirrorMap):
 
     def _bregman_t(
         self, tq: Tensor, delta: Tensor, want_grad: bool, want_grad_q: bool = False
-    ) -> tuple[Tensor, ...]:
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """D, d D / d log p (with ``want_grad``, else None) and, with ``want_grad_q``,
-        d D / d log q, at float64 log q and delta = log p - log q, both log-probabilities in
-        [t0, t1] (class docstring). The far form is evaluated for every element, the near
-        form for the elements with |delta| <= Delta / 2 only, which it then overwrites."""
+        d D / d log q, float64, at float64 log q and delta = log p - log q, both
+        log-probabilities in [t0, t1] or NaN (NaN propagates)."""
+        shape = tq.shape
+        tq, delta = tq.reshape(-1), delta.reshape(-1).contiguous()
+        bad = None
+        if not math.isfinite(float(tq.sum() + delta.sum())):  # evaluated at 0, then NaN
+            bad = tq.isnan() | delta.isnan()
+            tq, delta = tq.nan_to_num(nan=0.0), delta.nan_to_num(nan=0.0)
+        out = self._kernel(tq, tq + delta, delta, want_grad, want_grad_q)
+        if bad is not None:
+            for o in out:
+                if o is not None:
+                    o.masked_fill_(bad, math.nan)
+        return tuple(None if o is None else o.view(shape) for o in out)  # type: ignore[return-value]
+
+    def _kernel(
+        self, tq: Tensor, tp: Tensor, delta: Tensor, want_p: bool, want_q: bool
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """The divergence (class docstring) and its derivatives in log p and log q, flat
+        float64, from flat log q, log p (float32 or float64, finite, inside [t0, t1]) and
+        float64 ``delta`` = log p - log q. Each step is one pass over both points at once: the
+        cell coordinates (u = (t - t0) / Delta straight from the inputs, index by truncation,
+        s = frac(u)), six gathers, one Horner recurrence for P and P' (synthetic division),
+        the far form everywhere, then the near form on the elements with 0 < |delta| <
+        Delta / 2 only (from q's coefficients and P'(s_q), already at hand), which it
+        overwrites."""
+        n = delta.numel()
+        moving = int(torch.count_nonzero(delta))
+        if moving < n - n // 16:
+            # p = q (delta = 0: padding, a policy still at its reference) gives D = 0 and
+            # zero derivatives exactly: only the other elements are evaluated
+            out = []
+            idx = delta.nonzero().view(-1) if moving else None
+            sub = (
+                self._kernel(*(x.index_select(0, idx) for x in (tq, tp, delta)), want_p, want_q)
+                if idx is not None else (None, None, None)
+            )
+            for o, wanted in zip(sub, (True, want_p, want_q), strict=True):
+                full = torch.zeros(n, dtype=torch.float64, device=delta.device) if wanted else None
+                if full is not None and o is not None and idx is not None:
+                    full.index_copy_(0, idx, o)
+                out.append(full)
+            return out[0], out[1], out[2]  # type: ignore[return-value]
         inv = 1.0 / self._dt
-        tq, delta = tq.contiguous(), delta.contiguous()
-        # in place on the gathered coefficients throughout: fresh [64 x 1024] float64
-        # temporaries cost the allocator and page faults more than their arithmetic here
-        sq, cq = self._cell(tq)
-        d2q = self._d2p(sq, cq) if want_grad_q else None
-        gq, dpq = _p_and_dp_(sq, cq)  # G(t_q), Delta G'(t_q)
-        sp, cp = self._cell(tq + delta)
-        gp, dpp = _p_and_dp_(sp, cp)
+        u = torch.empty((2, n), dtype=torch.float64, device=delta.device)
+        origin = torch.full((1,), -_TABLE_T0 * inv, dtype=torch.float64, device=delta.device)
+        torch.add(origin, tq, alpha=inv, out=u[0])  # float64 arithmetic for float32 inputs too
+        torch.add(origin, tp, alpha=inv, out=u[1])
+        ix = u.to(torch.int32)  # u >= 0: truncation is the floor; u = cells reads the padding
+        s = u.frac_()
+        rows = self._table(delta.device)
+        flat = ix.view(-1)
+        c = tuple(rows[k].index_select(0, flat).view(2, n) for k in range(6))
+        # 0 < |delta| < Delta / 2: delta = 0 (padding, p = q) is exactly 0 in the far form
+        # (the same cell and s at both points; e^0 = 1), so it stays there
+        half = 0.5 * _NEAR * self._dt
+        near = delta.abs().sub_(half).abs_().lt_(half).nonzero().view(-1)
+        q_near: tuple[Tensor, ...] = ()
+        if near.numel():  # q's cell coordinate and c2..c5 there, before Horner overwrites them
+            q_near = tuple(x[0].index_select(0, near) for x in (s, *c[2:]))
+        d2q = _d2p_rows(s[0], c[2][0], c[3][0], c[4][0], c[5][0]) if want_q else None
+        g, dg = _p_and_dp_(s, c)  # G and Delta G' at log q (row 0) and log p (row 1)
         e = torch.exp(delta)
-        em1 = e - 1.0  # no cancellation where the far form is used (|delta| > Delta / 2)
+        em1 = e - 1.0  # no cancellation where the far form is kept (|delta| > Delta / 2)
         grad = grad_q = None
         if d2q is not None:
-            grad_q = d2q.mul_(inv * inv).sub_(dpq, alpha=inv).mul_(em1).neg_()
-        value = gp.sub_(gq).sub_(em1.mul_(dpq), alpha=inv)
-        if want_grad:
-            grad = dpp.sub_(e.mul_(dpq)).mul_(inv)
-        near = (delta.abs() <= _NEAR * self._dt).view(-1).nonzero().view(-1)
+            grad_q = d2q.mul_(inv * inv).sub_(dg[0], alpha=inv).mul_(em1).neg_()
+        value = g[1].sub_(g[0]).addcmul_(em1, dg[0], value=-inv)
+        if want_p:
+            grad = dg[1].addcmul_(e, dg[0], value=-1.0).mul_(inv)
         if near.numel():
-            nv, ng, ngq = self._near(tq.view(-1)[near], delta.view(-1)[near], want_grad)
-            value.view(-1).index_copy_(0, near, nv)
-            if grad is not None and ng is not None:
-                grad.view(-1).index_copy_(0, near, ng)
-            if grad_q is not None:
-                grad_q.view(-1).index_copy_(0, near, ngq)
-        return value.clamp_min_(0.0), grad, grad_q
-
-    def _near(
-        self, tq: Tensor, delta: Tensor, want_grad: bool
-    ) -> tuple[Tensor, Tensor | None, Tensor]:
-        """The near-p = q forms (class docstring) on q's cell polynomial: D, d D / d log p and
-        d D / d log q, for |delta| <= Delta / 2."""
-        inv = 1.0 / self._dt
-        sq, c = self._cell(tq)
-        _, _, c2, c3, c4, c5 = c
-        x = sq + delta * inv
-        dpq = self._dp(sq, c)
-        phi = _horner(delta, _PHI_COEFFS[:_N_PHI])
-        xx, xy, yy = x * x, x * sq, sq * sq
-        r = (
-            c2
-            + c3 * (x + 2.0 * sq)
-            + c4 * (xx + 2.0 * xy + 3.0 * yy)
-            + c5 * (x * xx + 2.0 * xx * sq + 3.0 * x * yy + 4.0 * sq * yy)
-        )
-        d2 = delta * delta
-        value = d2 * (r * inv**2 - dpq * phi * inv)
-        grad = None
-        if want_grad:
-            qd = (
-                2.0 * c2
-                + 3.0 * c3 * (x + sq)
-                + 4.0 * c4 * (xx + xy + yy)
-                + 5.0 * c5 * ((x + sq) * (xx + yy))
+            nv, ng, ngq = _near_form(
+                delta.index_select(0, near), dg[0].index_select(0, near), *q_near, inv,
+                want_p, want_q,
             )
-            grad = delta * (qd * inv**2 - (1.0 + delta * phi) * dpq * inv)
-        em1 = delta * (1.0 + delta * phi)
-        grad_q = -(self._d2p(sq, c) * inv**2 - dpq * inv) * em1
-        return value, grad, grad_q
+            value.index_copy_(0, near, nv)
+            if grad is not None and ng is not None:
+                grad.index_copy_(0, near, ng)
+            if grad_q is not None and ngq is not None:
+                grad_q.index_copy_(0, near, ngq)
+        return value.clamp_min_(0.0), grad, grad_q
 
     def _beyond(self, *ts: Tensor) -> bool:
         return any(t.numel() > 0 and float(t.max()) > _TABLE_T1 for t in ts)
@@ -370,35 +398,90 @@ class TabulatedMirrorMap(NeuralMirrorMap):
     def bregman_log(self, logp: Tensor, anchor_logp: Tensor) -> Tensor:
         """D_h(e^logp, e^anchor_logp) from the log-probabilities directly (no exp and log):
         delta = logp - anchor_logp is exact in float64, so D keeps its relative precision for p
-        next to q. Log-probabilities below log 1e-10 are floored (gradient 0 there)."""
+        next to q. Log-probabilities below log 1e-10 are floored (gradient 0 there); beyond
+        log y = 1 (no probabilities) the exact map is used."""
         dtype = compute_dtype(logp, anchor_logp)
         logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
-        if self._beyond(logp.detach(), anchor_logp.detach()):
-            over = (logp > _TABLE_T1) | (anchor_logp > _TABLE_T1)
-            inside = self.bregman_log(logp.clamp_max(_TABLE_T1), anchor_logp.clamp_max(_TABLE_T1))
-            exact = self._exact.bregman(torch.exp(logp[over]), torch.exp(anchor_logp[over]))
-            return inside.masked_scatter(over, exact.to(inside.dtype))
         if torch.is_grad_enabled() and (logp.requires_grad or anchor_logp.requires_grad):
             out: Tensor = _TableBregmanLog.apply(self, logp, anchor_logp, dtype)
             return out
         return self._log_forward(logp, anchor_logp, dtype, False, False)[0]
 
+    def bregman_log_and_grad(self, logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`bregman_log` and its derivative in ``logp``, p (h'(p) - h'(q)) (0 below the
+        floor), without autograd: the regularizer's fused value and gradient."""
+        dtype = compute_dtype(logp, anchor_logp)
+        logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
+        value, gp, _ = self._log_forward(logp, anchor_logp, dtype, True, False)
+        assert gp is not None
+        return value, gp
+
     def _log_forward(
         self, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype, want_p: bool, want_q: bool
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """D and its derivatives in log p and log q (zero below the floor), in ``dtype``."""
-        tp = logp.detach().to(torch.float64, copy=True).clamp_min_(_TABLE_T0)
-        tq = anchor_logp.detach().to(torch.float64, copy=True).clamp_min_(_TABLE_T0)
-        value, gp, gq = self._bregman_t(tq, tp.sub_(tq), want_grad=want_p, want_grad_q=want_q)
+        """D and its derivatives in log p and log q (zero below the floor), in ``dtype``:
+        (log q, log p) converted to float64 once into one [2, n] buffer for :meth:`_kernel`;
+        NaN propagates, and elements beyond log y = 1 (no probabilities) take the exact map."""
+        shape = logp.shape
+        lp, lq = logp.detach().reshape(-1), anchor_logp.detach().reshape(-1)
+        f64 = torch.float64
+        if lp.numel() == 0:
+            empty = lp.to(dtype).view(shape)
+            return empty, (empty if want_p else None), (empty if want_q else None)
+        ends = [float(x) for a in (lp, lq) for x in torch.aminmax(a)]  # NaN shows here
+        bad = over = below = None
+        if all(_TABLE_T0 <= x <= _TABLE_T1 for x in ends):  # the common case
+            tq = lq.to(f64)
+            tp = lp
+            delta = torch.sub(lp, tq)  # float64 (tq is): exact for float32 inputs
+        else:  # NaN or inf (evaluated at 0, then NaN), beyond the grid, below the floor
+            tq, tp = lq.to(f64, copy=True), lp.to(f64, copy=True)
+            bad = ~(torch.isfinite(tq) & torch.isfinite(tp))
+            if bool(bad.any()):
+                tq.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                tp.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+            else:
+                bad = None
+            over = (tq > _TABLE_T1) | (tp > _TABLE_T1)  # the exact map there (below)
+            if want_p or want_q:  # gradient 0 below the floor
+                below = (tq >= _TABLE_T0, tp >= _TABLE_T0)
+            tq.clamp_(_TABLE_T0, _TABLE_T1)
+            tp.clamp_(_TABLE_T0, _TABLE_T1)
+            delta = tp - tq
+        value, gp, gq = self._kernel(tq, tp, delta, want_p, want_q)
+        if below is not None:
+            if gp is not None:
+                gp.mul_(below[1])
+            if gq is not None:
+                gq.mul_(below[0])
+        if over is not None and bool(over.any()):
+            self._exact_at(over, lp, lq, value, gp, gq)
+        if bad is not None:
+            for o in (value, gp, gq):
+                if o is not None:
+                    o.masked_fill_(bad, math.nan)
+        return tuple(  # type: ignore[return-value]
+            None if o is None else o.to(dtype).view(shape) for o in (value, gp, gq)
+        )
+
+    def _exact_at(
+        self, where: Tensor, lp: Tensor, lq: Tensor, value: Tensor, gp: Tensor | None,
+        gq: Tensor | None,
+    ) -> None:
+        """Overwrite D and its log-derivatives p (h'(p) - h'(q)), -q h''(q)(p - q) at the
+        flat positions ``where`` with the exact map's (beyond the grid)."""
+        idx = where.nonzero().view(-1)
+        p = lp.index_select(0, idx).to(torch.float64).exp()
+        q = lq.index_select(0, idx).to(torch.float64).exp()
+        d, dh = self._exact._bregman_and_grad(
+            p.clamp_min(PROB_FLOOR), q.clamp_min(PROB_FLOOR), want_grad=gp is not None
+        )
+        value.index_copy_(0, idx, d)
+        if gp is not None and dh is not None:
+            gp.index_copy_(0, idx, p * dh * (p >= PROB_FLOOR))
         if gq is not None:
-            if float(anchor_logp.detach().min()) < _TABLE_T0:
-                gq.mul_(anchor_logp.detach() >= _TABLE_T0)
-            gq = gq.to(dtype)
-        if gp is not None:
-            if float(logp.detach().min()) < _TABLE_T0:
-                gp.mul_(logp.detach() >= _TABLE_T0)
-            gp = gp.to(dtype)
-        return value.to(dtype), gp, gq
+            h2 = self._exact.second_derivative(q.clamp_min(PROB_FLOOR))
+            gq.index_copy_(0, idx, -q * h2 * (p.clamp_min(PROB_FLOOR) - q) * (q >= PROB_FLOOR))
 
     def _apply(self, tq: Tensor, delta: Tensor, dtype: torch.dtype) -> Tensor:
         if torch.is_grad_enabled() and (tq.requires_grad or delta.requires_grad):
@@ -414,18 +497,77 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         return f"Tabulated{super().__repr__()[:-1]}, cells={self.cells})"
 
 
+def _shift_by_one(c: Tensor) -> Tensor:
+    """Coefficients of Q(s) = P(1 + s) from those of P(s) = sum_k c_k s^k (last dim):
+    q_j = sum_{k >= j} binom(k, j) c_k (binomial expansion)."""
+    n = c.shape[-1]
+    return torch.stack(
+        [sum(math.comb(k, j) * c[..., k] for k in range(j, n)) for j in range(n)], dim=-1
+    )
+
+
 def _p_and_dp_(s: Tensor, c: tuple[Tensor, ...]) -> tuple[Tensor, Tensor]:
     """P(s) and P'(s) of P(s) = sum_k c_k s^k by Horner with the partial sums reused
-    (synthetic division: b4 = c4 + s c5, ..., b1 = c1 + s b2, P = c0 + s b1, P' = b1 +
-    s (b2 + s (b3 + s (b4 + s c5)))), overwriting the coefficient tensors c."""
+    (synthetic division: b4 = c4 + s c5, ..., b1 = c1 + s b2, P = c0 + s b1, and P' = a1 with
+    a4 = b4 + s c5, a3 = b3 + s a4, a2 = b2 + s a3, a1 = b1 + s a2): nine fused multiply-adds,
+    overwriting the coefficient tensors c."""
     c0, c1, c2, c3, c4, c5 = c
     b4 = c4.addcmul_(s, c5)
     b3 = c3.addcmul_(s, b4)
     b2 = c2.addcmul_(s, b3)
     b1 = c1.addcmul_(s, b2)
     value = c0.addcmul_(s, b1)
-    slope = c5.mul_(s).add_(b4).mul_(s).add_(b3).mul_(s).add_(b2).mul_(s).add_(b1)
-    return value, slope
+    a = c5
+    for b in (b4, b3, b2, b1):  # four passes, unrolled by the interpreter
+        torch.addcmul(b, s, a, out=a)
+    return value, a
+
+
+def _d2p_rows(s: Tensor, c2: Tensor, c3: Tensor, c4: Tensor, c5: Tensor) -> Tensor:
+    """P''(s) = 2 (c2 + 3 s (c3 + 2 s (c4 + (5/3) s c5))) (Horner; new tensor)."""
+    o = torch.addcmul(c4, s, c5, value=5.0 / 3.0)
+    o = torch.addcmul(c3, s, o, value=2.0)
+    return torch.addcmul(c2, s, o, value=3.0).mul_(2.0)
+
+
+def _near_form(
+    delta: Tensor, dpq: Tensor, s: Tensor, c2: Tensor, c3: Tensor, c4: Tensor, c5: Tensor,
+    inv: float, want_p: bool, want_q: bool,
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """The near-p = q forms of :class:`TabulatedMirrorMap` (class docstring) on q's cell
+    polynomial P, from delta = log p - log q, P'(s_q) = Delta G'(t_q), s_q and c2..c5: with
+    h = delta / Delta and the Taylor coefficients a_j = P^(j)(s_q) / j! (a2 = c2 + s (3 c3 +
+    s (6 c4 + 10 s c5)), a3 = c3 + s (4 c4 + 10 s c5), a4 = c4 + 5 s c5, a5 = c5),
+
+        R = (P(s + h) - P(s) - P'(s) h) / h^2 = a2 + h (a3 + h (a4 + h a5)),
+        Q = (P'(s + h) - P'(s)) / h = 2 a2 + h (3 a3 + h (4 a4 + 5 h a5)),
+        D = delta^2 (R / Delta^2 - P'(s) phi(delta) / Delta),
+        d D / d log p = delta (Q / Delta^2 - (1 + delta phi) P'(s) / Delta),
+        d D / d log q = -(2 a2 / Delta^2 - P'(s) / Delta) delta (1 + delta phi),
+
+    phi(delta) = (e^delta - 1 - delta) / delta^2 by its Taylor series (|delta| <= Delta / 2 <
+    0.006: the terms beyond delta^5 / 7! are below 1e-17)."""
+    h = delta * inv
+    sc5 = s * c5
+    a4 = torch.add(c4, sc5, alpha=5.0)
+    a3 = torch.add(c4, sc5, alpha=2.5).mul_(s).mul_(4.0).add_(c3)
+    a2 = torch.add(c4, sc5, alpha=10.0 / 6.0).mul_(s).mul_(2.0).add_(c3).mul_(s).mul_(3.0).add_(c2)
+    r = torch.addcmul(a4, h, c5).mul_(h).add_(a3).mul_(h).add_(a2)
+    phi = torch.full_like(delta, _PHI_COEFFS[_N_PHI - 1])
+    for cf in reversed(_PHI_COEFFS[: _N_PHI - 1]):
+        phi.mul_(delta).add_(cf)
+    d2 = delta * delta
+    value = torch.mul(r, inv * inv).sub_(dpq * phi, alpha=inv).mul_(d2)
+    one_p = torch.mul(delta, phi).add_(1.0)  # (e^delta - 1) / delta
+    grad = grad_q = None
+    if want_p:
+        qd = torch.mul(h, c5).mul_(5.0).add_(a4, alpha=4.0).mul_(h)
+        qd = qd.add_(a3, alpha=3.0).mul_(h).add_(a2, alpha=2.0)
+        grad = qd.mul_(inv * inv).sub_(one_p * dpq, alpha=inv).mul_(delta)
+    if want_q:
+        grad_q = torch.mul(a2, 2.0 * inv * inv).sub_(dpq, alpha=inv).mul_(one_p).mul_(delta)
+        grad_q.neg_()
+    return value, grad, grad_q
 
 
 def _log_pair(p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
