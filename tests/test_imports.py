@@ -46,7 +46,6 @@ NOT_YET_CLEANED: tuple[str, ...] = (
     "engines/trl_runner.py",
     "engines/trl_stop.py",
     "integrations/trl",
-    "io",
     "objectives",
     "rollout",
     "train",
