@@ -46,7 +46,6 @@ NOT_YET_CLEANED: tuple[str, ...] = (
     "engines/trl_stop.py",
     "integrations/trl",
     "objectives",
-    "train",
 )
 
 
