@@ -34,7 +34,8 @@ TAGS = ("# deferred:", "# cycle:", "# local:")
 #: package paths (relative to src/gbmpo, a folder or a file) not cleaned yet: their indented
 #: imports are not checked; everything else is
 NOT_YET_CLEANED: tuple[str, ...] = (
-    "objectives",
+    "objectives/clip_measures.py",
+    "objectives/mirror.py",
 )
 
 
