@@ -9,7 +9,12 @@ import importlib.util
 import math
 
 from gbmpo.config.schema import REPORTERS, TRAIN_ENGINES, ConfigError, TrainConfig
+from gbmpo.config.support import check_support
 from gbmpo.objectives.spec import SpecError
+from gbmpo.registry import PluginError, UnknownNameError, add_plugin_modules
+from gbmpo.rollout.sampling import GENERATORS
+from gbmpo.tasks import TASKS
+from gbmpo.tasks.reasoning_gym import list_datasets
 
 __all__ = ["validate"]
 
@@ -38,8 +43,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     matrix, :func:`gbmpo.config.support.check_support`). Does not touch the filesystem or load a
     model. The sections are checked in this order (the first bad value is the one reported).
     """
-    from gbmpo.config.support import check_support
-
     _check_plugins(cfg)  # first: plugins may register the names checked below
     _check_engine_and_model(cfg)
     _check_rollout(cfg)
@@ -55,8 +58,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
 
 def _check_plugins(cfg: TrainConfig) -> None:
-    from gbmpo.registry import PluginError, add_plugin_modules
-
     try:
         add_plugin_modules(list(cfg.run.plugins))
     except PluginError as err:
@@ -79,8 +80,6 @@ def _check_engine_and_model(cfg: TrainConfig) -> None:
 
 
 def _check_rollout(cfg: TrainConfig) -> None:
-    from gbmpo.rollout.sampling import GENERATORS
-
     r = cfg.rollout
     _positive_int(r.prompts_per_step, "rollout.prompts_per_step")
     _positive_int(r.num_generations, "rollout.num_generations")
@@ -106,13 +105,8 @@ def _check_rollout(cfg: TrainConfig) -> None:
 
 
 def _check_task(cfg: TrainConfig) -> None:
-    from gbmpo.registry import UnknownNameError
-    from gbmpo.tasks import TASKS
-
     if cfg.task.name not in TASKS:
         try:
-            from gbmpo.tasks.reasoning_gym import list_datasets
-
             gym = list_datasets()
         except ImportError:
             gym = []

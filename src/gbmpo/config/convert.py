@@ -15,7 +15,7 @@ from typing import Any, Union
 
 import yaml
 
-from gbmpo.config.schema import RENAMED_KEYS, ConfigError, TrainConfig
+from gbmpo.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError, did_you_mean
 
 __all__ = ["config_from_dict", "config_to_dict", "dump_yaml", "rename_old_keys", "renamed_key"]
@@ -147,8 +147,8 @@ def top_level_hint(key: str) -> str:
     """The "did you mean" of an unknown top-level key of a config file: a command-line alias
     (``regularizer``) or a bare field name (``lr``) points to its nested key, as
     ``--regularizer`` and ``--lr`` do on the command line."""
+    # cycle: gbmpo.config.overrides imports this module
     from gbmpo.config.overrides import leaf_keys
-    from gbmpo.config.schema import ALIASES
 
     table = dict(ALIASES)
     for full in leaf_keys():

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from gbmpo.config.schema import TRAIN_ENGINES
+from gbmpo.config.schema import TRAIN_ENGINES, ConfigError, TrainConfig
 
 __all__ = [
     "ENGINES",
@@ -607,8 +607,6 @@ REQUIRED: dict[str, dict[str, Any]] = {"gbmpo": {}, "trl": {}, "verl": VERL_REQU
 def config_keys() -> list[str]:
     """Every dotted key of :class:`gbmpo.config.TrainConfig` (free ``params`` dicts are
     one key each)."""
-    from gbmpo.config import TrainConfig
-
     def walk(cls: type, prefix: str) -> Iterator[str]:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
@@ -644,16 +642,12 @@ def _listed(value: Any, cfg: Any) -> bool:
 
 
 def _default_of(key: str) -> Any:
-    from gbmpo.config import TrainConfig
-
     return _value_at(TrainConfig(), key)
 
 
 def check_support(cfg: Any, engine: str | None = None) -> list[str]:
     """Refuse (``ConfigError``, exit 2) a value ``engine`` (default ``cfg.engine``) cannot honour;
     return one notice per no-effect key set to a non-default value."""
-    from gbmpo.config import ConfigError
-
     engine = engine or cfg.engine
     table = SUPPORT[engine]
     notices = []

@@ -22,6 +22,7 @@ this package imports none of TRL, verl, transformers or torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gbmpo.engines.base import DryRun, Engine
@@ -63,6 +64,7 @@ def engine_for(config: Any) -> Engine:
     (:func:`gbmpo.config.validate`: its plugins, then ``'engine'`` with the valid
     names), as a config checked without an engine reports it."""
     if config.engine not in ENGINES:
+        # deferred: gbmpo.config imports torch; the engine registry imports without it
         from gbmpo.config import validate
 
         validate(config)
@@ -89,8 +91,7 @@ def check_resumable(run_dir: str) -> str:
     """The engine that trained ``run_dir`` (``gbmpo train --resume DIR`` continues it with that
     engine's :meth:`Engine.resume`); ``gbmpo`` where ``DIR/config.yaml`` is missing (the own
     trainer's resume reports it). ``ConfigError`` (exit 2) for a finished run."""
-    from pathlib import Path
-
+    # deferred: gbmpo.config imports torch; the engine registry imports without it
     from gbmpo.config import ConfigError, load_config
 
     path = Path(run_dir) / "config.yaml"

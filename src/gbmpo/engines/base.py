@@ -24,6 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from gbmpo.engines.checks import (
+    ASSUMED_PROMPT_TOKENS,
+    model_config_for,
+    plan_memory,
+    without_missing_mirror,
+)
+
 __all__ = ["BaseEngine", "DryRun", "Engine", "PlainDryRun", "Ready"]
 
 #: called by :meth:`Engine.train` once the run has passed its checks, before it trains
@@ -114,17 +121,15 @@ class BaseEngine:
     name: str = ""
 
     def check(self, cfg: Any, *, dry: bool = False) -> list[str]:
+        # deferred: gbmpo.config imports torch; the engine registry imports without it
         from gbmpo.config import validate
         from gbmpo.config.support import check_support
-        from gbmpo.engines.checks import without_missing_mirror
 
         self.own(cfg)
         validate(without_missing_mirror(cfg) if dry else cfg)
         return check_support(cfg, self.name)
 
     def plan(self, cfg: Any, prompt_tokens: int | None = None) -> dict[str, Any]:
-        from gbmpo.engines.checks import ASSUMED_PROMPT_TOKENS, model_config_for, plan_memory
-
         if cfg.engine != self.name:
             cfg = dataclasses.replace(cfg, engine=self.name)
         return plan_memory(cfg, model_config_for(cfg), prompt_tokens or ASSUMED_PROMPT_TOKENS)

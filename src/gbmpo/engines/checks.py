@@ -106,6 +106,8 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     """The engine-independent checks of ``cfg`` into ``report``; returns ``(tokenizer, task)``
     (``None`` where skipped). Bad input raises (``ConfigError``, ``UnknownNameError``,
     ``DataError``, ``FileNotFoundError``), as the own trainer's dry run does."""
+    # deferred: torch and what imports it (gbmpo.config, .models, .train), with gbmpo.tasks (0.1 s);
+    # the engine registry imports without them
     import torch
 
     from gbmpo.config import validate
@@ -138,6 +140,7 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
         why = str(err).split(". To use it")[0]
         report.skip("model", f"{cfg.model.path} is not available here: {why}")
     else:
+        # deferred: transformers is heavy; the engine registry imports without it
         from transformers import AutoConfig
 
         model_cfg = AutoConfig.from_pretrained(
@@ -181,6 +184,7 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     if cfg.run.output_dir and Path(cfg.run.output_dir).exists():
         out = Path(cfg.run.output_dir)
         if out.is_dir() and any(out.iterdir()):
+            # deferred: gbmpo.config imports torch; the engine registry imports without it
             from gbmpo.config import ConfigError
 
             raise ConfigError(f"output directory {str(out)!r} already exists and is not empty")
@@ -195,11 +199,13 @@ def model_config_for(cfg: Any) -> Any:
     """The model's shape for a memory plan: the known shape of a model the paper configs name
     (:func:`gbmpo.train.memory.model_shape`), else its config.json where the model is here;
     ``OSError`` / ``ValueError`` where neither is."""
+    # deferred: gbmpo.models and gbmpo.train import torch; the engine registry imports without it
     from gbmpo.models import resolve_model_path
     from gbmpo.train.memory import model_shape
 
     model_cfg = model_shape(cfg.model.path)
     if model_cfg is None:
+        # deferred: transformers is heavy; the engine registry imports without it
         from transformers import AutoConfig
 
         model_cfg = AutoConfig.from_pretrained(
@@ -213,6 +219,8 @@ def plan_memory(cfg: Any, model_cfg: Any, prompt_tokens: int) -> dict[str, Any]:
     for the model shape ``model_cfg`` and prompts of ``prompt_tokens`` tokens, against the
     configured device's memory; a reference model is counted where a term anchored at it needs
     one or a regularizer is monitored."""
+    # deferred: gbmpo.objectives and gbmpo.train import torch; the engine registry imports without
+    # them
     from gbmpo.objectives.regularizers import get_regularizer
     from gbmpo.train.device import device_memory_bytes
     from gbmpo.train.memory import memory_plan
@@ -229,6 +237,7 @@ def memory_check(cfg: Any, report: DryRunReport) -> None:
     ``memory``: the model's shape (:func:`model_config_for`); the longest prompt found by
     :func:`common_checks`, else :data:`ASSUMED_PROMPT_TOKENS`. A plan that does not fit is
     reported, not refused."""
+    # deferred: gbmpo.train imports torch; the engine registry imports without it
     from gbmpo.train.memory import plan_line
 
     try:

@@ -18,12 +18,14 @@ class OwnEngine(BaseEngine):
     name = "gbmpo"
 
     def dry_run(self, cfg: Any) -> PlainDryRun:
+        # deferred: gbmpo.train imports torch; the engine registry imports without it
         from gbmpo.train import dry_run
 
         info = dry_run(self.own(cfg))
         return PlainDryRun(info, notes=list(info["notes"]), warnings=list(info["warnings"]))
 
     def train(self, cfg: Any, *, on_ready: Ready | None = None) -> dict[str, Any]:
+        # deferred: gbmpo.train imports torch; the engine registry imports without it
         from gbmpo.train import Trainer
 
         trainer = Trainer(self.own(cfg))
@@ -33,12 +35,15 @@ class OwnEngine(BaseEngine):
 
     def resume(self, run_dir: str | Path, overrides: list[tuple[str, Any]], *,
                restart: bool = False) -> dict[str, Any]:  # fmt: skip
+        # deferred: gbmpo.train imports torch; the engine registry imports without it
         from gbmpo.train import Trainer
 
         return Trainer.resume(run_dir, overrides, restart=restart).train()
 
     def resume_dry_run(self, run_dir: str | Path,
                        overrides: list[tuple[str, Any]]) -> PlainDryRun:  # fmt: skip
+        # deferred: gbmpo.lifecycle and gbmpo.train import torch; the engine registry imports
+        # without them
         from gbmpo.lifecycle import resume_config
         from gbmpo.train.checkpoint import latest_valid_checkpoint
 

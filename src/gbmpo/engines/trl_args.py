@@ -7,11 +7,19 @@ rate of every RL step (:func:`lr_at`), the PEFT config, the dataset and reward f
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+from gbmpo.config import ConfigError
+from gbmpo.config.support import check_support
+from gbmpo.rewards.scoring import score_completions
+from gbmpo.train.setup import eval_limit
+from gbmpo.train.trainer import Trainer
 
 __all__ = ["BatchLayout", "batch_layout", "check_engine", "eval_limit_of", "grpo_args",
            "host_settings", "launch_command", "lora_config", "lr_at", "reward_function",
@@ -40,8 +48,6 @@ def batch_layout(cfg: Any, world: int) -> BatchLayout:
     of :math:`m` per optimizer step, TRL generates :math:`N` completions every
     :math:`N/(Wm)` micro-steps, and an RL step has :math:`\mu N/M` optimizer steps.
     ``ConfigError`` names the setting when :math:`M` is not a multiple of :math:`W m`."""
-    from gbmpo.config import ConfigError
-
     n = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
     mini = cfg.optim.mini_batch_size or n
     if mini % world:
@@ -69,6 +75,7 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
 
     The learning rate of each RL step is set by :class:`_Schedule` (gbmpo's own schedule, per
     RL step, decaying over what actually runs), so TRL's scheduler is ``constant`` here."""
+    # deferred: trl is optional (the trl extra)
     from gbmpo.integrations.trl import GBMPOConfig
 
     ro, opt, run = cfg.rollout, cfg.optim, cfg.run
@@ -130,8 +137,6 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
     try:
         return GBMPOConfig(**kw)
     except ValueError as err:  # TRL's own checks (batch divisibility, vLLM, precision, ...)
-        from gbmpo.config import ConfigError
-
         raise ConfigError(f"TRL's GRPOConfig rejects this configuration: {err}") from err
 
 
@@ -140,10 +145,6 @@ def lr_at(cfg: Any, rl_step: int, rl_seconds: float) -> float:
     engine's schedule itself (:meth:`gbmpo.train.Trainer.lr_at`: warm-up, then constant or
     cosine decay whose progress is the larger of the step and time-budget fractions), so a run
     stopped by ``run.time_budget_seconds`` decays to ``min_lr_ratio * lr`` on both engines."""
-    from types import SimpleNamespace
-
-    from gbmpo.train.trainer import Trainer
-
     return Trainer.lr_at(SimpleNamespace(config=cfg, step=rl_step, rl_seconds=rl_seconds))  # type: ignore[arg-type]
 
 
@@ -151,6 +152,7 @@ def lora_config(cfg: Any) -> Any:
     """The PEFT ``LoraConfig`` of ``cfg.lora`` (``None`` when LoRA is off)."""
     if not cfg.lora.enabled:
         return None
+    # deferred: peft is optional (the trl extra)
     from peft import LoraConfig
 
     return LoraConfig(
@@ -200,15 +202,11 @@ def host_settings(cfg: Any, output_dir: str | Path = "unused") -> dict[str, Any]
 
 def eval_limit_of(cfg: Any, n_eval: int) -> int | None:
     """Examples per evaluation: the own engine's rule (:func:`gbmpo.train.setup.eval_limit`)."""
-    from gbmpo.train.setup import eval_limit
-
     return eval_limit(cfg, n_eval)
 
 
 def check_vllm(cfg: Any) -> None:
     """``ConfigError`` for a bad vLLM setting (values TRL would take and fail on later)."""
-    from gbmpo.config import ConfigError
-
     ro = cfg.rollout
     if ro.vllm_mode not in ("colocate", "server"):
         raise ConfigError(f"'rollout.vllm_mode' must be colocate or server, got {ro.vllm_mode!r}")
@@ -229,8 +227,6 @@ def check_vllm(cfg: Any) -> None:
 
 def vllm_missing(cfg: Any) -> str | None:
     """Why ``rollout.generator: vllm`` cannot run here (``None`` when it can, or is not asked)."""
-    import importlib.util
-
     if cfg.rollout.generator != "vllm" or importlib.util.find_spec("vllm") is not None:
         return None
     return ("rollout.generator 'vllm' on engine 'trl' needs the vllm package, which is not "
@@ -241,8 +237,6 @@ def check_engine(cfg: Any) -> list[str]:
     """Everything refused before a TRL run writes anything: the support matrix
     (:func:`gbmpo.config.support.check_support`), the vLLM settings and the batch layout;
     returns the support matrix's no-effect notices."""
-    from gbmpo.config.support import check_support
-
     notices = check_support(cfg, "trl")
     check_vllm(cfg)
     batch_layout(cfg, cfg.run.num_processes)
@@ -251,6 +245,7 @@ def check_engine(cfg: Any) -> list[str]:
 
 def train_dataset(examples: Sequence[dict[str, Any]]) -> Any:
     """The task's examples as a ``datasets.Dataset`` (``prompt`` plus the reward's columns)."""
+    # deferred: datasets is optional (the trl extra)
     from datasets import Dataset
 
     return Dataset.from_list([dict(ex) for ex in examples])
@@ -261,8 +256,6 @@ def reward_function(task: Any, columns: Sequence[str]) -> Callable[..., list[flo
     ``columns``; per-sample failures (``None``, NaN, an exception) score 0 as in the own
     trainer (:func:`gbmpo.rewards.scoring.score_completions`); the function's ``failures``
     attribute counts them (this process's)."""
-    from gbmpo.rewards.scoring import score_completions
-
     def gbmpo_reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float]:
         cols = {c: list(kwargs[c]) for c in columns if c in kwargs}
         scored = score_completions(task.reward, list(prompts), list(completions), cols)

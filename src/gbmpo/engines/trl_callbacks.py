@@ -7,10 +7,14 @@ with the engine's additions (:func:`engine_trainer_class`).
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
+import torch.distributed as dist
 
 from gbmpo.engines.trl_args import lr_at
 from gbmpo.io.metrics import MONITOR_PREFIX, host_name
@@ -96,9 +100,6 @@ class RLProgress:
 def all_reduce(value: float, op: str = "max") -> float:
     """``value``'s maximum (``op="max"``) or sum (``"sum"``) over the processes (itself with
     one process)."""
-    import torch
-    import torch.distributed as dist
-
     if not (dist.is_available() and dist.is_initialized()):
         return value
     on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
@@ -119,6 +120,7 @@ class RunDirCallback:
         self.evaluate, self.bar = evaluate, bar
 
     def as_trainer_callback(self) -> Any:
+        # deferred: transformers is heavy; loaded only when TRL trains
         from transformers import TrainerCallback
 
         outer = self
@@ -160,6 +162,7 @@ class RunDirCallback:
 
     def evaluate_now(self, step: int, model: Any) -> None:
         """gbmpo's evaluation on the main process (the others wait), outside the RL time."""
+        # deferred: accelerate is optional (the trl extra)
         from accelerate import PartialState
 
         state = PartialState()
@@ -201,6 +204,7 @@ def engine_trainer_class() -> type:
     reward metrics (``accuracy`` = fraction of rewards >= 1, the population ``reward_std``),
     weight decay on every parameter (the own engine's AdamW; transformers exempts biases and
     norms) and the gradient norm of every optimizer step."""
+    # deferred: trl is optional (the trl extra)
     from gbmpo.integrations.trl import GBMPOTrainer
 
     class EngineTrainer(GBMPOTrainer):
@@ -226,8 +230,6 @@ def engine_trainer_class() -> type:
             if self.model.training:
                 rewards = [r for values in self._logs["rewards"].values() for r in values]
                 if rewards:
-                    import statistics
-
                     self._metrics["train"]["gbmpo/accuracy"].append(
                         sum(r >= 1.0 for r in rewards) / len(rewards)
                     )

@@ -6,12 +6,15 @@ and the size and sha256 of every file), found, verified and rotated here for
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from gbmpo.io import file_sha256, newest_intact, write_json_atomic
 
 __all__ = ["STATE_FILE", "checkpoints", "complete_checkpoint", "latest_valid_checkpoint",
            "prepare_resume", "verify_checkpoint"]  # fmt: skip
@@ -40,8 +43,6 @@ def checkpoints(run_dir: str | Path, *, complete: bool = True) -> list[tuple[int
 def _files(directory: Path) -> dict[str, dict[str, Any]]:
     """Size and sha256 of every file under ``directory`` but :data:`STATE_FILE`, by relative
     path."""
-    from gbmpo.io import file_sha256
-
     return {
         str(p.relative_to(directory)): {"size": p.stat().st_size, "sha256": file_sha256(p)}
         for p in sorted(directory.rglob("*"))
@@ -52,10 +53,6 @@ def _files(directory: Path) -> dict[str, dict[str, Any]]:
 def verify_checkpoint(path: str | Path) -> str | None:
     """``None`` when the TRL checkpoint ``path`` is complete and its files match the sizes and
     sha256 in its :data:`STATE_FILE`, else what is wrong."""
-    import json
-
-    from gbmpo.io import file_sha256
-
     p = Path(path)
     try:
         files = json.loads((p / STATE_FILE).read_text())["files"]
@@ -79,8 +76,6 @@ def latest_valid_checkpoint(run_dir: str | Path,
     """The newest intact TRL checkpoint of the run (``None`` when it completed none): damaged
     ones are skipped with a message to ``log`` (default stderr); ``CheckpointError`` names them
     when every completed checkpoint is damaged (starting over would silently redo the run)."""
-    from gbmpo.io import newest_intact
-
     return newest_intact(checkpoints(run_dir), verify_checkpoint,
                          Path(run_dir) / "checkpoints", log)  # fmt: skip
 
@@ -90,8 +85,6 @@ def complete_checkpoint(path: Path, state: dict[str, Any], keep: int) -> None:
     completed checkpoints: an older one goes only once a newer one is complete, its state file
     first (a kill while deleting leaves an incomplete checkpoint, never a complete-looking
     damaged one)."""
-    from gbmpo.io import write_json_atomic
-
     write_json_atomic(path / STATE_FILE, {**state, "files": _files(path)})
     for _, old in checkpoints(path.parent.parent)[:-keep] if keep > 0 else []:
         (old / STATE_FILE).unlink(missing_ok=True)

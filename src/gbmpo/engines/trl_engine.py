@@ -19,11 +19,13 @@ class TrlEngine(BaseEngine):
     name = "trl"
 
     def dry_run(self, cfg: Any) -> DryRunReport:
+        # deferred: trl_runner imports torch; the engine registry imports without it
         from gbmpo.engines import trl_runner
 
         return trl_runner.dry_run(self.own(cfg))
 
     def train(self, cfg: Any, *, on_ready: Ready | None = None) -> dict[str, Any]:
+        # deferred: trl_runner and gbmpo.train import torch; the registry imports without it
         from gbmpo.engines import trl_runner
         from gbmpo.train.device import check_device
 
@@ -35,12 +37,14 @@ class TrlEngine(BaseEngine):
 
     def resume(self, run_dir: str | Path, overrides: list[tuple[str, Any]], *,
                restart: bool = False) -> dict[str, Any]:  # fmt: skip
+        # deferred: trl_runner imports torch; the engine registry imports without it
         from gbmpo.engines import trl_runner
 
         return trl_runner.resume(run_dir, overrides, restart=restart)
 
     def resume_dry_run(self, run_dir: str | Path,
                        overrides: list[tuple[str, Any]]) -> PlainDryRun:  # fmt: skip
+        # deferred: trl_runner imports torch; the engine registry imports without it
         from gbmpo.engines import trl_runner
 
         return PlainDryRun(trl_runner.resume(run_dir, overrides, dry=True))

@@ -33,17 +33,26 @@ continues the run from its newest intact checkpoint with TRL's ``resume_from_che
 from __future__ import annotations
 
 import argparse
+import copy
+import ctypes
 import datetime as _dt
+import importlib.util
+import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from gbmpo.config import dump_yaml, load_config, validate
 from gbmpo.engines.checks import (
     DryRunReport,
     EngineUnavailable,
@@ -76,7 +85,10 @@ from gbmpo.engines.trl_checkpoints import (
     prepare_resume,
 )
 from gbmpo.engines.trl_stop import StopCallback
+from gbmpo.eval import evaluate
+from gbmpo.eval.drift import final_drift, fmt_drift
 from gbmpo.io import RunStopped, write_atomic
+from gbmpo.io.stop import forwarding, stop_file
 from gbmpo.lifecycle import (
     CONFIG_FILE,
     MODEL_DIR,
@@ -88,6 +100,11 @@ from gbmpo.lifecycle import (
 )
 from gbmpo.lifecycle.console import Console, fmt_eval, main_metric
 from gbmpo.lifecycle.logging import MetricsWriter
+from gbmpo.models import load_model_and_tokenizer
+from gbmpo.registry import add_plugin_modules
+from gbmpo.sandbox import require_sandbox
+from gbmpo.train.device import peak_memory_bytes
+from gbmpo.train.setup import build_task, load_splits, load_tokenizer
 
 __all__ = ["dry_run", "main", "resume", "run", "train_in_process"]
 
@@ -99,9 +116,6 @@ def dry_run(cfg: Any) -> DryRunReport:
     """Engine-independent checks plus the ``GRPOConfig`` this config becomes (and vLLM when
     ``rollout.generator: vllm``); GPU-only parts are reported as skipped. A value the engine
     refuses (support matrix) raises ``ConfigError`` as the real run would."""
-    import importlib.util
-    import tempfile
-
     report = DryRunReport("trl")
     notices = check_engine(cfg)
     for line in notices:  # one check per no-effect key set
@@ -114,11 +128,7 @@ def dry_run(cfg: Any) -> DryRunReport:
     lay = batch_layout(cfg, world)
     probe = without_missing_mirror(cfg)
     on_gpu = cfg.model.device.startswith("cuda")
-    import torch
-
     if on_gpu and not torch.cuda.is_available():
-        import copy
-
         probe = copy.deepcopy(probe)
         probe.model.device = "cpu"  # the GRPOConfig itself, without the GPU-only settings
         report.skip("GRPOConfig on cuda", "bf16 / CUDA settings need a GPU here")
@@ -160,11 +170,6 @@ def run(cfg: Any) -> dict[str, Any]:
     ``GRPOConfig`` checks) stops the run before anything is written. One process: in this
     process. Several: ``accelerate launch`` of :func:`main` on the run directory's
     ``config.yaml`` (this process waits and reads back the summary)."""
-    import importlib.util
-    import tempfile
-
-    from gbmpo.config import dump_yaml, validate
-
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
     validate(cfg)
@@ -190,16 +195,9 @@ def _newest(run_dir: Path) -> Path | None:
 def _train(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
            resuming: bool = False) -> dict[str, Any]:  # fmt: skip
     """Train in this process (one process) or through ``accelerate launch`` (several)."""
-    from gbmpo.io.stop import stop_file
-
     stop_file(run_dir).unlink(missing_ok=True)  # a stop request left by a killed run
     if cfg.run.num_processes == 1:
         return train_in_process(cfg, run_dir, resume_from=resume_from, resuming=resuming)
-    import json
-    import signal
-
-    from gbmpo.io.stop import forwarding
-
     env = {**os.environ, "ACCELERATE_USE_CPU": "true"} if cfg.model.device == "cpu" else None
     cmd = launch_command(cfg, run_dir, resume_from=resume_from, resuming=resuming)
     # a session of its own: SIGTERM / SIGINT reach the workers through the stop file only
@@ -226,9 +224,6 @@ def _die_with_parent() -> Callable[[], None] | None:
     training, and writing the run directory, next to the resume."""
     if not sys.platform.startswith("linux"):
         return None
-    import ctypes
-    import signal
-
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up here, not in the forked child
 
     def preexec() -> None:
@@ -250,10 +245,6 @@ def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
     intact checkpoint :class:`gbmpo.io.CheckpointError` (nothing changed) unless ``restart``:
     the run starts over in the same directory. ``dry``: only the plan
     (``{"resume_from": ...}``), nothing written. Returns the summary."""
-    import importlib.util
-
-    from gbmpo.config import dump_yaml, validate
-
     cfg, path = resume_config(run_dir, overrides)
     if importlib.util.find_spec("trl") is None:
         raise EngineUnavailable("engine trl needs TRL: pip install 'gbmpo[trl]'")
@@ -277,8 +268,6 @@ def resume(run_dir: str | Path, overrides: list[tuple[str, Any]] | None = None,
 
 def _evaluate(cfg: Any, model: Any, tokenizer: Any, task: Any, split: str,
               limit: int | None) -> dict[str, Any]:  # fmt: skip
-    from gbmpo.eval import evaluate
-
     ev = cfg.eval
     result = evaluate(
         model, tokenizer, task, split=split, limit=limit, samples=ev.samples,
@@ -313,16 +302,11 @@ def train_in_process(cfg: Any, run_dir: Path, *, resume_from: Path | None = None
 
 def _train_in_process(cfg: Any, run_dir: Path, life: RunLifecycle, *,
                       resume_from: Path | None, resuming: bool) -> dict[str, Any]:  # fmt: skip
-    # deferred: torch (and what imports it) and accelerate, loaded only when TRL trains
-    import torch
+    # deferred: accelerate is optional (the trl extra)
     from accelerate import PartialState
 
-    from gbmpo.eval.drift import final_drift, fmt_drift
-    from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.device import peak_memory_bytes
-    from gbmpo.train.setup import build_task, load_splits, load_tokenizer
-
     t0 = time.perf_counter()
+    # deferred: transformers is heavy; loaded only when TRL trains
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # weight loading/saving bars (the CLI's, in workers too)
@@ -333,8 +317,6 @@ def _train_in_process(cfg: Any, run_dir: Path, life: RunLifecycle, *,
     console = Console(cfg.run.progress and main)
     task = build_task(cfg, load_tokenizer(cfg))
     if task.kind == "code":
-        from gbmpo.sandbox import require_sandbox
-
         require_sandbox(cfg.run.allow_unsandboxed_code)
     train, n_eval, (_, eval_split) = load_splits(cfg, task)
     limit = eval_limit_of(cfg, n_eval)
@@ -353,8 +335,6 @@ def _train_in_process(cfg: Any, run_dir: Path, life: RunLifecycle, *,
 
     def evaluate(policy: Any) -> dict[str, Any]:
         return _evaluate(cfg, policy, tokenizer, task, eval_split, limit)
-
-    import json
 
     saved: dict[str, Any] | None = None
     if resume_from is not None:
@@ -424,6 +404,7 @@ def _train_in_process(cfg: Any, run_dir: Path, life: RunLifecycle, *,
             state.wait_for_everyone()
 
         trainer.on_checkpoint = on_checkpoint
+        # deferred: transformers is heavy; loaded only when TRL trains
         from transformers import PrinterCallback
 
         trainer.remove_callback(PrinterCallback)  # TRL's log dicts; gbmpo's bar shows RL steps
@@ -539,12 +520,8 @@ def main(argv: list[str] | None = None) -> int:
         help="continue from this checkpoint ('': resume from the start)",
     )
     ns = parser.parse_args(argv)
-    from gbmpo.config import load_config
-
     run_dir = Path(ns.run_dir)
     cfg = load_config(run_dir / CONFIG_FILE)
-    from gbmpo.registry import add_plugin_modules
-
     add_plugin_modules(list(cfg.run.plugins))
     on_exit = _die_with_parent()  # the launcher killed: this worker too
     if on_exit is not None:

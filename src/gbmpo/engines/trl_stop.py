@@ -36,6 +36,7 @@ class StopCallback:
         self.signame: str | None = None  # the agreed stop
 
     def as_trainer_callback(self) -> Any:
+        # deferred: transformers is heavy; loaded only when TRL trains
         from transformers import TrainerCallback
 
         outer = self

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import secrets
@@ -117,8 +118,6 @@ def newest_intact(
 
 def file_sha256(path: str | Path) -> str:
     """The sha256 hex digest of a file, read in 1 MiB blocks (checkpoint manifests)."""
-    import hashlib
-
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -15,6 +15,7 @@ States written to ``status.json``: ``preempted`` (SIGTERM) and ``interrupted`` (
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import threading
 import time
@@ -56,8 +57,6 @@ def stop_file(run_dir: str | Path) -> Path:
 
 def resume_command(run_dir: str | Path) -> str:
     """The command that continues ``run_dir``."""
-    import shlex
-
     return f"gbmpo train --resume {shlex.quote(str(run_dir))}"
 
 

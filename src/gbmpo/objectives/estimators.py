@@ -40,6 +40,7 @@ from torch import Tensor
 
 from gbmpo.objectives.full_vocab import RowDivergence, full_vocab_bregman
 from gbmpo.objectives.potentials import Potential
+from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
 
 __all__ = [
     "ESTIMATORS",
@@ -59,8 +60,6 @@ def full_forms() -> dict[str, str]:
     """Registered regularizer name -> the exact full-vocabulary divergence its ``full``
     estimator computes, for every regularizer that declares one (built with its default
     parameters; plugins included)."""
-    from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
-
     out: dict[str, str] = {}
     for name in REGULARIZERS.names():
         try:
@@ -88,8 +87,6 @@ def check_estimator(
     if estimator == "sample":
         return
     if regularizer is None:
-        from gbmpo.objectives.regularizers import get_regularizer
-
         regularizer = get_regularizer(name, **params)
     if getattr(regularizer, "full", None) is None:
         raise ValueError(
@@ -113,8 +110,6 @@ def full_potential(name: str, regularizer: Any) -> Potential | RowDivergence:
     declares (``regularizer.full``; ``regularizer`` None: ``name`` built with its defaults);
     ``ValueError`` naming the regularizers with one if it declares none."""
     if regularizer is None:
-        from gbmpo.objectives.regularizers import get_regularizer
-
         regularizer = get_regularizer(name)
     form = getattr(regularizer, "full", None)
     if form is None:
@@ -165,8 +160,6 @@ def full_vocab_divergence(
     positions (value and gradient). Chunked as the ``full`` estimator (about 4M logits per chunk;
     gradient into ``logits`` only, stored during the forward). Float32 math (float64 stays).
     ``ValueError`` for a regularizer without a full-vocabulary form (listing those with one)."""
-    from gbmpo.objectives.regularizers import get_regularizer
-
     reg = get_regularizer(name, **params)
     form = full_potential(name, reg)
     if logits.shape != ref_logits.shape or logits.dim() < 2:

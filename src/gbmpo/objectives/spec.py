@@ -35,12 +35,13 @@ itself or a whole config holding an ``objective:`` key) or a spec; :meth:`Object
 checks every name against its registry (unknown names list the valid ones) and builds the
 surrogate and regularizer once, so a bad parameter is reported before anything runs.
 
-This module is pure: it imports the registries only inside :meth:`ObjectiveSpec.check` and
-:meth:`ObjectiveSpec.build`, and nothing above ``gbmpo.objectives``.
+This module imports the registries of ``gbmpo.objectives`` (and ``gbmpo.registry``), nothing
+above them.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import warnings
@@ -48,6 +49,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from gbmpo.objectives.advantages import ADVANTAGES
+from gbmpo.objectives.aggregate import AGGREGATIONS
+from gbmpo.objectives.estimators import check_estimator
+from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
+from gbmpo.objectives.rollout_correction import check_correction
+from gbmpo.objectives.surrogates import get_surrogate
+from gbmpo.registry import UnknownNameError
 
 __all__ = [
     "ANCHORS",
@@ -154,9 +165,6 @@ class RolloutCorrectionSpec:
 
     def check(self, where: str = "objective.rollout_correction") -> None:
         """:class:`SpecError` (``UnknownNameError`` for the mode) naming a bad value."""
-        from gbmpo.objectives.rollout_correction import check_correction
-        from gbmpo.registry import UnknownNameError
-
         try:
             check_correction(self.mode, self.level, self.low, self.high,
                              self.off_policy_mask_threshold, where)  # fmt: skip
@@ -231,8 +239,6 @@ class ObjectiveSpec:
     def from_yaml(cls, path: str | Path) -> ObjectiveSpec:
         """Read a YAML file holding either the objective section itself or a whole gbmpo config
         with an ``objective:`` key (whose other sections are ignored)."""
-        import yaml
-
         p = Path(path)
         if not p.is_file():
             raise SpecError(f"objective file {str(path)!r} does not exist")
@@ -318,12 +324,6 @@ class ObjectiveSpec:
 
     def build(self, where: str = "objective") -> BuiltObjective:
         """The objects this spec names (see :class:`BuiltObjective`); errors as :meth:`check`."""
-        from gbmpo.objectives.advantages import ADVANTAGES
-        from gbmpo.objectives.aggregate import AGGREGATIONS
-        from gbmpo.objectives.regularizers import get_regularizer
-        from gbmpo.objectives.surrogates import get_surrogate
-        from gbmpo.registry import UnknownNameError
-
         for key, registry, name in (
             ("advantage", ADVANTAGES, self.advantage),
             ("aggregation", AGGREGATIONS, self.aggregation),
@@ -360,8 +360,6 @@ class ObjectiveSpec:
                 )
         if listed and "none" in names:
             raise SpecError(f"'{where}.regularizer' lists 'none' beside other terms; leave it out")
-        from gbmpo.objectives.regularizers import REGULARIZERS
-
         # reg/<name>: the optimised regularizers always, every registered one when monitoring
         built = {t.name: t.regularizer for t in terms}
         monitors: dict[str, Any] = {}
@@ -413,9 +411,6 @@ class BuiltTerm:
 
 def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     """Build one :class:`RegularizerSpec` (errors name ``at``, the term's dotted key)."""
-    from gbmpo.objectives.regularizers import get_regularizer
-    from gbmpo.registry import UnknownNameError
-
     _lift_anchor(r, at)
     try:
         regularizer = get_regularizer(r.name, **r.params)
@@ -430,8 +425,6 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
         raise SpecError(
             f"'{at}.placement' must be one of {', '.join(PLACEMENTS)}, got {r.placement!r}"
         )
-    from gbmpo.objectives.estimators import check_estimator
-
     try:
         check_estimator(r.name, r.estimator, r.anchor, r.params, regularizer)
     except ValueError as err:
@@ -660,8 +653,6 @@ def did_you_mean(word: str, candidates: Mapping[str, str] | Sequence[str], *,
     ``candidates``: names, or a mapping of names to what to suggest for each (an alias to
     itself, a field name to its dotted key); ``prefix`` is put before a suggested plain name.
     """
-    import difflib
-
     table = dict(candidates) if isinstance(candidates, Mapping) else {
         c: f"{prefix}{c}" for c in candidates}
     norm: dict[str, str] = {}

@@ -362,6 +362,7 @@ def _shareable(cache: Any) -> bool:
     """True for a plain dynamic cache (every layer a ``DynamicLayer``): its rows can be
     gathered with gradients and later tokens attend to all of it. Sliding-window, static,
     quantized or custom caches go through the single forward instead."""
+    # deferred: transformers is heavy; gbmpo.rollout imports without it
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
     layers = getattr(cache, "layers", None)

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors.torch import load_file, save_file
 
 # the run directory's plumbing lives in gbmpo.io; these names stay importable from here
 from gbmpo.io import (
@@ -185,8 +186,6 @@ def save_checkpoint(
     :class:`CheckpointError` and leaves the older checkpoints untouched. Leftover temporary
     directories of killed writers are removed first (the caller owns the run directory).
     """
-    from safetensors.torch import save_file
-
     root = Path(run_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.iterdir():
@@ -235,8 +234,6 @@ def load_checkpoint(
     """Restore weights, optimizer and RNG states from ``path``; return state.json.
 
     A checkpoint whose files do not match its manifest raises :class:`CheckpointError`."""
-    from safetensors.torch import load_file
-
     p = Path(path)
     problem = verify_checkpoint(p)
     if problem is not None:

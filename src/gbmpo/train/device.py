@@ -115,6 +115,7 @@ def peak_memory_bytes(device: torch.device) -> int | None:
 def _count_parameters(model_config: Any, lora: Any) -> tuple[int, int]:
     """``(all parameters, LoRA adapter parameters)`` of the architecture ``model_config``,
     counted on the meta device (no memory, no weights)."""
+    # deferred: transformers is heavy; gbmpo.train imports without it
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):

@@ -8,6 +8,9 @@ from typing import Any
 
 from gbmpo.config import TrainConfig, validate
 from gbmpo.lifecycle import refuse_nonempty
+from gbmpo.models import resolve_model_path
+from gbmpo.objectives import get_surrogate
+from gbmpo.objectives.regularizers import get_regularizer
 from gbmpo.tasks import DataUnavailable
 from gbmpo.train.device import (
     ONE_DEVICE_REFERENCE_BYTES,
@@ -15,6 +18,7 @@ from gbmpo.train.device import (
     device_memory_bytes,
     estimate_memory,
 )
+from gbmpo.train.memory import memory_plan, plan_line
 from gbmpo.train.precision import check_train_dtype
 from gbmpo.train.setup import build_task, eval_limit, load_splits, load_tokenizer
 
@@ -30,10 +34,6 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     the memory estimate in words. A model or a data set that cannot be found is an error
     (``FileNotFoundError``) when the configured device is present; for a config meant for
     another machine each is a warning and the rest is still checked."""
-    from gbmpo.models import resolve_model_path
-    from gbmpo.objectives import get_surrogate
-    from gbmpo.objectives.regularizers import get_regularizer
-
     cfg = validate(config)
     check_train_dtype(cfg.model.dtype, cfg.lora.enabled)
     o = cfg.objective
@@ -84,8 +84,6 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
         fits, line = _memory_verdict(memory, cfg.model.device)
         memory["fits_one_device"] = fits
         notes.append(line)
-        from gbmpo.train.memory import memory_plan, plan_line
-
         plan = memory_plan(cfg, model_cfg, longest, needs_ref=needs_ref,
                            device_bytes=memory["device_bytes"])  # fmt: skip
         memory["plan"] = {k: v for k, v in plan.items() if k != "notes"}
@@ -120,6 +118,7 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
 def _model_config(source: str, trust_remote_code: bool) -> Any:
     """The model's config (config.json) from ``source`` without network access: a local
     directory or the local Hugging Face cache; FileNotFoundError when neither has it."""
+    # deferred: transformers is heavy; gbmpo.train imports without it
     from transformers import AutoConfig
 
     try:

@@ -24,7 +24,12 @@ from __future__ import annotations
 from typing import Any
 
 from gbmpo.config import TrainConfig
-from gbmpo.train.device import ONE_DEVICE_REFERENCE_BYTES, _kv_cache_bytes, estimate_memory
+from gbmpo.train.device import (
+    _BYTES,
+    ONE_DEVICE_REFERENCE_BYTES,
+    _kv_cache_bytes,
+    estimate_memory,
+)
 
 __all__ = ["KNOWN_SHAPES", "activation_bytes", "memory_plan", "model_shape", "plan_line"]
 
@@ -49,6 +54,7 @@ KNOWN_SHAPES: dict[str, dict[str, Any]] = {
 def model_shape(name: str) -> Any:
     """A ``Qwen3Config`` of the known model ``name`` (:data:`KNOWN_SHAPES`; ``Qwen/`` may be
     left out), or ``None``."""
+    # deferred: transformers is heavy; gbmpo.train imports without it
     from transformers import Qwen3Config
 
     shape = KNOWN_SHAPES.get(name) or KNOWN_SHAPES.get(f"Qwen/{name}")
@@ -92,8 +98,6 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
                 device_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Peak bytes per GPU of ``cfg`` on its engine (``cfg.engine``), by part (see the module
     docstring); ``fits`` against ``device_bytes`` (default: one 80 GiB GPU)."""
-    from gbmpo.train.device import _BYTES
-
     ro, opt, run = cfg.rollout, cfg.optim, cfg.run
     engine = cfg.engine
     world = max(1, run.num_processes) * (max(1, run.num_nodes) if engine == "verl" else 1)

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.loss import reward_penalty, sequence_divergence
+from gbmpo.objectives.placement import advantage_penalty
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train.full import full_terms, sequence_full, token_full
 
@@ -32,8 +34,6 @@ def in_reward_penalties(
     ``beta_k * sum_t D_k(pi_old || pi_ref)`` ([N], by name); a term with ``estimator: full``
     takes the exact divergence from the logits of ``batch`` (:func:`gbmpo.train.full.
     sequence_full`)."""
-    from gbmpo.objectives.loss import reward_penalty, sequence_divergence
-
     terms = tr.objective.reward_terms
     full = full_terms(terms)  # estimator full: the exact divergence from the logits
     full_values = sequence_full(tr, batch, full, mask) if full else {}
@@ -58,8 +58,6 @@ def in_advantage_penalties(
     advantage_penalty`, after the normalisation), and each term's per-sequence penalty
     ``beta_k * sum_t D_k,t`` ([N], by name); a term with ``estimator: full`` takes the exact
     per-token divergence from the logits of ``batch``."""
-    from gbmpo.objectives.placement import advantage_penalty
-
     terms = tr.objective.advantage_terms
     full = full_terms(terms)
     full_values = token_full(tr, batch, full, mask) if full else {}

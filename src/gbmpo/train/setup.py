@@ -13,7 +13,10 @@ import torch
 from torch import Tensor
 
 from gbmpo.config import ConfigError, TrainConfig
+from gbmpo.eval import resolve_task
+from gbmpo.models import load_model_and_tokenizer, resolve_model_path
 from gbmpo.objectives.spec import BuiltObjective
+from gbmpo.registry import UnknownNameError
 from gbmpo.train.allocator import keep_freed_memory
 from gbmpo.train.batching import DataError
 from gbmpo.train.precision import MasterWeightOptimizer, needs_master_weights
@@ -52,9 +55,8 @@ def build_objectives(cfg: TrainConfig) -> BuiltObjective:
 def load_tokenizer(cfg: TrainConfig) -> Any:
     """The tokenizer of ``cfg.model.path`` alone (cheap; used to build chat-templated tasks
     before the weights are loaded). A missing path raises FileNotFoundError naming it."""
+    # deferred: transformers is heavy; gbmpo.train imports without it
     from transformers import AutoTokenizer
-
-    from gbmpo.models import resolve_model_path
 
     source = resolve_model_path(cfg.model.path)
     return AutoTokenizer.from_pretrained(source, trust_remote_code=cfg.model.trust_remote_code)
@@ -63,9 +65,6 @@ def load_tokenizer(cfg: TrainConfig) -> Any:
 def build_task(cfg: TrainConfig, tokenizer: Any = None) -> Any:
     """The task of ``cfg.task`` (as :func:`gbmpo.eval.resolve_task` builds it, so training and
     ``gbmpo eval`` see the same prompts); bad parameters raise :class:`ConfigError`."""
-    from gbmpo.eval import resolve_task
-    from gbmpo.registry import UnknownNameError
-
     try:
         return resolve_task(
             cfg.task.name, tokenizer=tokenizer, template=cfg.task.template, **cfg.task.params
@@ -123,8 +122,6 @@ def load_policy(cfg: TrainConfig, model: Any = None, tokenizer: Any = None) -> t
     """``(model, tokenizer)``: ``cfg.model`` loaded on its device unless a model is given, with
     LoRA adapters when ``lora.enabled``."""
     if model is None:
-        from gbmpo.models import load_model_and_tokenizer
-
         model, tokenizer = load_model_and_tokenizer(
             cfg.model.path,
             dtype=_DTYPES[cfg.model.dtype],
@@ -134,6 +131,7 @@ def load_policy(cfg: TrainConfig, model: Any = None, tokenizer: Any = None) -> t
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the model")
     if cfg.lora.enabled:
+        # deferred: peft is optional (the trl extra)
         from peft import LoraConfig, get_peft_model
 
         lora_cfg = LoraConfig(

@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor
 
 from gbmpo.config import ConfigError, TrainConfig, validate
+from gbmpo.eval import evaluate
 from gbmpo.lifecycle import RunLifecycle, no_checkpoint_error, refuse_nonempty, resume_config
 from gbmpo.lifecycle.logging import MetricsWriter
 from gbmpo.rollout.logprobs import completion_logprobs
@@ -27,6 +28,7 @@ from gbmpo.rollout.sampling import Rollout
 from gbmpo.train import run as _run
 from gbmpo.train import step as _step
 from gbmpo.train.batching import PromptSampler
+from gbmpo.train.checkpoint import latest_valid_checkpoint
 from gbmpo.train.device import check_device, check_single_process
 from gbmpo.train.precision import check_train_dtype
 from gbmpo.train.setup import (
@@ -76,11 +78,12 @@ class Trainer:
             check_train_dtype(cfg.model.dtype, cfg.lora.enabled)
         self._resume_dir = Path(_resume_dir) if _resume_dir is not None else None
         self._restart = _restart
-        if self._resume_dir is not None and not _restart:  # before anything is loaded
-            from gbmpo.train.checkpoint import latest_valid_checkpoint
-
-            if latest_valid_checkpoint(self._resume_dir, log=lambda _: None) is None:
-                raise no_checkpoint_error(self._resume_dir)
+        if (  # before anything is loaded
+            self._resume_dir is not None
+            and not _restart
+            and latest_valid_checkpoint(self._resume_dir, log=lambda _: None) is None
+        ):
+            raise no_checkpoint_error(self._resume_dir)
         self.run_dir = self._resume_dir or (
             Path(cfg.run.output_dir) if cfg.run.output_dir else None
         )
@@ -199,8 +202,6 @@ class Trainer:
 
     def evaluate(self) -> dict[str, Any]:
         """Greedy held-out metrics (``accuracy`` for math tasks) via :func:`gbmpo.eval.evaluate`."""
-        from gbmpo.eval import evaluate
-
         ev = self.config.eval
         result = evaluate(
             self.model,

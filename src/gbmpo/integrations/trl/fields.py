@@ -5,7 +5,10 @@ honoured, mapped onto the gbmpo objective that is the same quantity, or refused
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import trl
+from transformers import TrainingArguments
 
 from gbmpo.integrations.trl.internals import SUPPORTED_TRL
 
@@ -128,10 +131,6 @@ def trl_field_status(name: str) -> tuple[str, str]:
     Raises ``KeyError`` for a field without an answer (a newer TRL's new field)."""
     if name in TRL_FIELDS:
         return TRL_FIELDS[name]
-    from dataclasses import fields
-
-    from transformers import TrainingArguments
-
     if name in {f.name for f in fields(TrainingArguments)}:
         return _TRAINING_ARGUMENT
     raise KeyError(
