@@ -92,8 +92,8 @@ def test_micro_batch_accumulation_equals_one_batch(micro_model_dir, aggregation)
 
 
 def test_inference_mode_outputs_are_ordinary_tensors(micro_model_dir):
-    """The decode loop and the no-grad log-prob passes run in inference mode; the rollout and
-    the log-probs they hand on are ordinary tensors, which autograd may save for a backward
+    """The decode loop runs in inference mode; the rollout it hands on and the no-grad
+    log-probs are ordinary tensors, which autograd may save for a backward
     (an inference tensor saved for the backward raises)."""
     cfg = micro_config(micro_model_dir, None, **{"objective.regularizer.coef": "0.5"})
     trainer = Trainer(cfg, reward_fn=varied_reward)
