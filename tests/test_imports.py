@@ -15,10 +15,6 @@ before an untrusted program runs, so that the program cannot patch it through mo
 Not function-local, so not checked: ``if TYPE_CHECKING:`` blocks, and a module-level ``try:``
 whose ``except`` catches ``ImportError`` (an optional dependency guarded at import, and its
 fallback).
-
-:data:`NOT_YET_CLEANED` lists the parts of the package where the rule is not applied yet, by
-path; :func:`test_not_yet_cleaned_is_current` fails once one of them follows the rule, so that
-the list only shrinks.
 """
 
 from __future__ import annotations
@@ -31,12 +27,6 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "gbmpo"
 TAGS = ("# deferred:", "# cycle:", "# local:")
 
-#: package paths (relative to src/gbmpo, a folder or a file) not cleaned yet: their indented
-#: imports are not checked; everything else is
-NOT_YET_CLEANED: tuple[str, ...] = (
-    "objectives/clip_measures.py",
-    "objectives/mirror.py",
-)
 
 
 def _catches_import_error(handler: ast.ExceptHandler) -> bool:
@@ -96,10 +86,6 @@ def untagged(source: str) -> list[int]:
     return sorted(out)
 
 
-def _in_remainder(rel: str) -> bool:
-    return any(rel == p or rel.startswith(p.rstrip("/") + "/") for p in NOT_YET_CLEANED)
-
-
 def _files() -> list[Path]:
     return sorted(PACKAGE.rglob("*.py"))
 
@@ -108,8 +94,6 @@ def test_every_indented_import_says_why() -> None:
     bad = []
     for path in _files():
         rel = path.relative_to(PACKAGE).as_posix()
-        if _in_remainder(rel):
-            continue
         lines = path.read_text().splitlines()
         for ln in untagged(path.read_text()):
             bad.append(f"src/gbmpo/{rel}:{ln}: {lines[ln - 1].strip()}")
@@ -118,19 +102,6 @@ def test_every_indented_import_says_why() -> None:
         "'# cycle: ...' (an import cycle): move them to the module top, or say why:\n"
         + "\n".join(bad)
     )
-
-
-def test_not_yet_cleaned_is_current() -> None:
-    """Every entry of NOT_YET_CLEANED exists and still has an untagged import (a cleaned one
-    must leave the list)."""
-    stale = []
-    for entry in NOT_YET_CLEANED:
-        target = PACKAGE / entry
-        assert target.exists(), f"NOT_YET_CLEANED lists {entry!r}, which does not exist"
-        files = [target] if target.is_file() else sorted(target.rglob("*.py"))
-        if not any(untagged(f.read_text()) for f in files):
-            stale.append(entry)
-    assert not stale, f"these follow the rule now; remove them from NOT_YET_CLEANED: {stale}"
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,7 @@ from gbmpo.objectives.mirror_kernels import (
 from gbmpo.objectives.tensors import compute_dtype
 
 if TYPE_CHECKING:
+    # cycle: mirror_table imports this module (the map it tabulates)
     from gbmpo.objectives.mirror_table import TabulatedMirrorMap
 
 __all__ = [
@@ -216,6 +217,7 @@ class NeuralMirrorMap:
         ValueError). Built once per map and ``cells`` (~1.5 s on one CPU thread). The
         ``neural_mirror`` regularizer's default evaluation (``evaluation: exact`` keeps this
         map)."""
+        # cycle: mirror_table imports this module (the map it tabulates)
         from gbmpo.objectives.mirror_table import TabulatedMirrorMap
 
         cache: dict[int, TabulatedMirrorMap] = self.__dict__.setdefault("_tabulated", {})
