@@ -214,7 +214,8 @@ actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
 pl = actor.policy_loss
 get_policy_loss_fn(pl.loss_mode)
 print(json.dumps({"policy_loss": type(pl).__module__ + "." + type(pl).__name__,
-                  "loss_mode": pl.loss_mode, "surrogate": dict(pl.gbmpo_surrogate),
+                  "loss_mode": pl.loss_mode,
+                  "surrogate": json.loads(pl.gbmpo_objective)["surrogate"]["params"],
                   "kl_loss_type": actor.kl_loss_type, "kl_types": list(gv.kl_loss_types()),
                   "use_kl_loss": actor.use_kl_loss, "kl_loss_coef": actor.kl_loss_coef}))
 """
