@@ -265,6 +265,12 @@ def _surrogate_cases() -> dict[str, tuple[str, dict[str, Any]]]:
             cases["gspo+dual+cap"] = (name, {"dual_clip_c": 3.0, "ratio_cap": 2.0})
         elif name == "rpg_reinforce":
             cases[name] = (name, {"variant": "urkl"})
+            # every variant, a large beta (C_KL flips the sign of w A), a dual clip that binds
+            # (c = 1.5) and none
+            cases["rpg_reinforce:rkl+dual"] = (name, {"variant": "rkl", "beta": 0.5, "c": 1.5})
+            cases["rpg_reinforce:fkl+dual"] = (name, {"variant": "fkl", "beta": 0.3, "c": 1.5})
+            cases["rpg_reinforce:ufkl-dual"] = (name, {"variant": "ufkl", "beta": 0.5, "c": None})
+            cases["rpg_reinforce:urkl+dual"] = (name, {"variant": "urkl", "beta": 0.5, "c": 1.5})
         elif name == "atr":
             cases[name] = (name, {"delta": 0.02})
         elif name == "clip":
