@@ -260,6 +260,10 @@ def _surrogate_cases() -> dict[str, tuple[str, dict[str, Any]]]:
                     measure, 0.02
                 )
                 cases[f"dc:{measure}"] = (name, {"measure": measure, "delta": delta})
+            # unequal radii (prob_l2's bounds form sqrt(delta) / p once per radius)
+            cases["dc:prob_l2+asym"] = (
+                name, {"measure": "prob_l2", "delta_low": 0.01, "delta_high": 0.03},
+            )  # fmt: skip
         elif name == "gspo":
             cases[name] = (name, {})
             cases["gspo+dual+cap"] = (name, {"dual_clip_c": 3.0, "ratio_cap": 2.0})
@@ -496,3 +500,21 @@ def test_fused_loss_equals_the_previous_package(dtype):
                 if why:
                     bad.append(f"{case} / {aggregation} / {reg}: {why}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("radii", [(0.02, 0.02), (0.01, 0.03)], ids=["equal", "unequal"])
+def test_prob_l2_bounds_are_the_interval_bits(dtype, radii):
+    """``divergence_clip(prob_l2)``'s fused bounds are :func:`prob_l2_interval`'s float64 values
+    cast to the compute dtype, bit for bit, on many old log-probs (a loss batch reaches few
+    clipped tokens whose bound a regrouping, e.g. exp(-x) for 1 / exp(x), changes)."""
+    from gbmpo.objectives.clip_measures import prob_l2_interval
+    from gbmpo.objectives.surrogates.trust_region import _prob_l2_bounds
+
+    g = torch.Generator().manual_seed(3)
+    old = -8.0 * torch.rand(200_000, generator=g, dtype=torch.float64)
+    old = torch.cat([old, torch.tensor([0.0, -1e-12, -30.0, -math.inf])], 0)
+    lo, hi = _prob_l2_bounds(old, *radii, dtype)
+    ref_lo, ref_hi = prob_l2_interval(torch.exp(old), *radii)
+    assert lo.dtype == hi.dtype == dtype
+    assert torch.equal(lo, ref_lo.to(dtype)) and torch.equal(hi, ref_hi.to(dtype))

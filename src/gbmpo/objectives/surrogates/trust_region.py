@@ -4,6 +4,7 @@ measures drop tokens instead), with the measures of :mod:`gbmpo.objectives.clip_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -94,6 +95,23 @@ class ATRSurrogate(KnownGradientSurrogate):
         )
         low, high = self.bounds
         return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
+
+
+def _prob_l2_bounds(
+    old_logp: Tensor, delta_low: float, delta_high: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    r""":func:`~gbmpo.objectives.clip_measures.prob_l2_interval` of :math:`p = e^{\log p}`
+    (``old_logp`` float64), :math:`[\max(0, 1 - \sqrt{\delta_{\text{low}}}/p),\ 1 +
+    \sqrt{\delta_{\text{high}}}/p]`, cast to ``dtype``: the same bits with fewer float64
+    passes. Python's ``s / p`` is ``p.reciprocal() * s`` (``Tensor.__rtruediv__``), so
+    :math:`1/p` is formed once for both bounds (and :math:`\sqrt\delta/p` once when the two
+    radii are equal), and the clamp at 0 is taken after the cast (rounding to ``dtype`` is
+    monotone and keeps the sign, so it commutes with :math:`\max(0, \cdot)`)."""
+    inv_p = torch.exp(old_logp).reciprocal()
+    s_lo, s_hi = math.sqrt(delta_low), math.sqrt(delta_high)
+    q_lo = inv_p * s_lo
+    q_hi = q_lo if s_hi == s_lo else inv_p * s_hi
+    return (1.0 - q_lo).to(dtype).clamp_min(0.0), (1.0 + q_hi).to(dtype)
 
 
 @SURROGATES.register("divergence_clip")
@@ -239,11 +257,19 @@ class DivergenceClipSurrogate(KnownGradientSurrogate):
         if self._spec.dppo:  # type: ignore[attr-defined]
             old = masked(old_logp.detach().to(lp.dtype), m)
             return self._dppo(x, lp, old, log_ratio, adv, m, inside)
-        old = masked(old_logp.detach().to(torch.float64), m.to(torch.float64))
-        lo_t, hi_t = self.interval(old)
-        return _fused_clip_loss(
-            x, log_ratio, adv, m, inside, lo_t.to(x.dtype), hi_t.to(x.dtype), self.dual_clip_c
-        )
+        old_d = old_logp.detach()
+        if old_d.dtype != torch.float64 and x.dtype.itemsize >= old_d.dtype.itemsize:
+            # masking in x's dtype first is the same bits (the cast to x's dtype and then to
+            # float64 is exact; x * 1 = x), at half the width
+            old = masked(old_d.to(x.dtype), m).to(torch.float64)
+        else:
+            old = masked(old_d.to(torch.float64), m.to(torch.float64))
+        if self.measure == "prob_l2":
+            lo_c, hi_c = _prob_l2_bounds(old, *self.radii, x.dtype)  # type: ignore[misc]
+        else:
+            lo_t, hi_t = self.interval(old)
+            lo_c, hi_c = lo_t.to(x.dtype), hi_t.to(x.dtype)
+        return _fused_clip_loss(x, log_ratio, adv, m, inside, lo_c, hi_c, self.dual_clip_c)
 
     def _dppo(
         self,
