@@ -264,6 +264,9 @@ def _surrogate_cases() -> dict[str, tuple[str, dict[str, Any]]]:
             cases["dc:prob_l2+asym"] = (
                 name, {"measure": "prob_l2", "delta_low": 0.01, "delta_high": 0.03},
             )  # fmt: skip
+            cases["dc:dppo_kl+asym"] = (
+                name, {"measure": "dppo_kl", "delta_low": 0.02, "delta_high": 0.08},
+            )  # fmt: skip
         elif name == "gspo":
             cases[name] = (name, {})
             cases["gspo+dual+cap"] = (name, {"dual_clip_c": 3.0, "ratio_cap": 2.0})
@@ -518,3 +521,23 @@ def test_prob_l2_bounds_are_the_interval_bits(dtype, radii):
     ref_lo, ref_hi = prob_l2_interval(torch.exp(old), *radii)
     assert lo.dtype == hi.dtype == dtype
     assert torch.equal(lo, ref_lo.to(dtype)) and torch.equal(hi, ref_hi.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("measure", ["dppo_tv", "dppo_kl"])
+@pytest.mark.parametrize("radii", [(0.05, 0.05), (0.02, 0.08)], ids=["equal", "unequal"])
+def test_dppo_float_mask_is_the_bool_mask(dtype, measure, radii):
+    """The fused DPPO mask ({0, 1} floats) is :func:`dppo_valid_mask` exactly, on many tokens
+    on both sides of both radii, advantages of both signs and 0."""
+    from gbmpo.objectives.clip_measures import dppo_valid_mask
+    from gbmpo.objectives.surrogates.trust_region import _dppo_valid
+
+    g = torch.Generator().manual_seed(4)
+    n = 100_000
+    old = -4.0 * torch.rand(n, generator=g, dtype=dtype)
+    lp = (old + 0.5 * torch.randn(n, generator=g, dtype=dtype)).clamp(max=0.0)
+    adv = torch.randint(-1, 2, (n,), generator=g).to(dtype)
+    got = _dppo_valid(measure, lp, old, adv, *radii)
+    want = dppo_valid_mask(measure, lp, old, adv, *radii)
+    assert got.dtype == dtype and 0 < int(want.sum()) < n
+    assert torch.equal(got, want.to(dtype))

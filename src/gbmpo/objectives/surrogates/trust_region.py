@@ -15,7 +15,7 @@ from gbmpo.objectives.clip_measures import (
     CLIP_MEASURE_REGISTRY,
     ClipMeasure,
     atr_bounds,
-    dppo_valid_mask,
+    binary_kl,
 )
 from gbmpo.objectives.mirror import as_mirror_map
 from gbmpo.objectives.surrogates.base import (
@@ -95,6 +95,36 @@ class ATRSurrogate(KnownGradientSurrogate):
         )
         low, high = self.bounds
         return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
+
+
+def _dppo_valid(
+    measure: str, lp: Tensor, old: Tensor, adv: Tensor, delta_low: float, delta_high: float
+) -> Tensor:
+    r""":func:`~gbmpo.objectives.clip_measures.dppo_valid_mask` as {0, 1} floats of ``lp``'s
+    dtype (DPPO, arXiv 2602.04879):
+
+    .. math::
+        M = [A > 0]\,M_+ + (1 - [A > 0])\,M_-,\qquad
+        M_\pm = \max\big([D(p, p') \le \delta_{\pm}],\ [\pm(p - p') \ge 0]\big)
+
+    (``dppo_tv``: :math:`M_+ = [p' - p \le \delta_{\text{high}}]`, :math:`M_- = [p' - p
+    \ge -\delta_{\text{low}}]`), with the same divergence values as the bool form (same
+    operations), its ``or`` as a maximum of {0, 1} and its ``where`` as a sum of exact
+    products; the comparisons write floats directly (:func:`_fcmp`, no bool tensors)."""
+    p_new, p_old = torch.exp(lp), torch.exp(old)
+    if measure == "dppo_tv":
+        diff = p_new - p_old
+        pos, neg = _fcmp(torch.le, diff, delta_high), _fcmp(torch.ge, diff, -delta_low)
+    elif measure == "dppo_kl":
+        kl = binary_kl(p_old, old, p_new, lp)
+        in_hi = _fcmp(torch.le, kl, delta_high)
+        in_lo = in_hi if delta_low == delta_high else _fcmp(torch.le, kl, delta_low)
+        pos = torch.maximum(in_hi, _fcmp(torch.le, p_new, p_old))
+        neg = torch.maximum(in_lo, _fcmp(torch.ge, p_new, p_old))
+    else:
+        raise ValueError(f"not a DPPO measure: {measure!r}")
+    up = _fcmp(torch.gt, adv, 0.0)
+    return neg + up * (pos - neg)
 
 
 def _prob_l2_bounds(
@@ -287,7 +317,7 @@ class DivergenceClipSurrogate(KnownGradientSurrogate):
         assert lo is not None and hi is not None
         with torch.no_grad():
             ratio = torch.exp(log_ratio)
-            valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi).to(lp.dtype)
+            valid = _dppo_valid(self.measure, lp, old, adv, lo, hi)
             w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
             g = -(adv * w * valid)  # d loss / d log pi; 0 where masked (adv = 0)
             loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
