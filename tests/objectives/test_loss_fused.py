@@ -278,6 +278,11 @@ def _surrogate_cases() -> dict[str, tuple[str, dict[str, Any]]]:
             cases["rpg_reinforce:fkl+dual"] = (name, {"variant": "fkl", "beta": 0.3, "c": 1.5})
             cases["rpg_reinforce:ufkl-dual"] = (name, {"variant": "ufkl", "beta": 0.5, "c": None})
             cases["rpg_reinforce:urkl+dual"] = (name, {"variant": "urkl", "beta": 0.5, "c": 1.5})
+        elif name == "rpg_clip":
+            cases[name] = (name, {})
+            # the regularized advantages (rkl's is -beta where masked) with a binding dual clip
+            cases["rpg_clip:urkl"] = (name, {"variant": "urkl", "beta": 0.5, "c": 1.5})
+            cases["rpg_clip:rkl"] = (name, {"variant": "rkl", "beta": 0.5, "c": 1.5})
         elif name == "atr":
             cases[name] = (name, {"delta": 0.02})
         elif name == "clip":

@@ -328,19 +328,20 @@ def _fused_clip_loss(
             factor = lt * u_pass + gt * c_pass + (1.0 - lt - gt) * 0.5 * (u_pass + c_pass)
         loss = -torch.minimum(ua, ca)
         dual = None
+        adv_neg = _fcmp(torch.lt, adv, 0.0)  # shared by the dual clip's and the low clip's count
         if dual_clip_c is not None:
             cap = adv.clamp(max=0.0) * -dual_clip_c
             factor = factor * (0.5 * (_fcmp(torch.le, loss, cap) + _fcmp(torch.lt, loss, cap)))
             loss = torch.minimum(loss, cap)
             unc = w if ratio_cap is None else w.clamp(max=ratio_cap)
-            dual = _fcmp(torch.lt, adv, 0.0) * _fcmp(torch.gt, unc, dual_clip_c)
+            dual = adv_neg * _fcmp(torch.gt, unc, dual_clip_c)
         # adv and the log-ratio are 0 where masked, so loss and g are 0 there already (signed
         # zeros aside): no multiplication by the mask
         g = -(a_w * factor) * inside
         diag = _fdiag(
             w,
             mf,
-            _fcmp(torch.lt, w, low) * _fcmp(torch.lt, adv, 0.0),
+            _fcmp(torch.lt, w, low) * adv_neg,
             _fcmp(torch.gt, w, high) * _fcmp(torch.gt, adv, 0.0),
             dual,
         )

@@ -189,7 +189,8 @@ class RPGClipSurrogate(KnownGradientSurrogate):
             logp, old_logp, advantages, mask, need_lp=False
         )
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
-        a_hat = a_hat * m
+        if self.variant == "rkl":  # -beta where masked; the others are +-0 there already
+            a_hat = a_hat * m
         low, high = _eps_bounds(self.eps_low, self.eps_high)
         return _fused_clip_loss(x, log_ratio, a_hat, m, inside, low, high, self.c)
 
