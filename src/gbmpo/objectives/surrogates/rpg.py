@@ -252,25 +252,26 @@ class RPGReinforceSurrogate(KnownGradientSurrogate):
         x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
         assert lp is not None
         low, high = _eps_bounds(self.eps_low, self.eps_high)
+        # the intermediates are fresh tensors of this call: updated in place (fewer buffers)
         with torch.no_grad():
-            w = torch.exp(log_ratio)
+            w = log_ratio.exp_()
             c_kl = rpg_kl_component(w.clamp(low, high), self.variant, self.beta)
             if self.variant in ("fkl", "rkl"):  # nonzero at w = 1, i.e. where masked
-                c_kl = c_kl * m
-            ell = -lp
-            weight = w * adv + c_kl  # 0 where masked (w = 1, A_R = 0, C_KL = +-0)
+                c_kl = c_kl.mul_(m)
+            ell = lp.neg_()
+            weight = (w * adv).add_(c_kl)  # 0 where masked (w = 1, A_R = 0, C_KL = +-0)
             pos = _fcmp(torch.ge, weight, 0.0)
             neg = 1.0 - pos
             top = torch.finfo(w.dtype).max if self.c is None else self.c
-            b_hi = pos * high + neg * top  # where(pos, h, c), exactly
-            b_lo = neg * low
-            w_eff = torch.clamp(w, b_lo, b_hi)
-            loss = (w_eff * adv + c_kl) * ell  # 0 where masked: ell = 0
+            b_hi = torch.add(pos * high, neg, alpha=top)  # where(pos, h, c), exactly
+            b_lo = neg.mul_(low)
+            # (w~ A_R + C_KL) ell, 0 where masked: ell = 0
+            loss = torch.clamp(w, b_lo, b_hi).mul_(adv).add_(c_kl).mul_(ell)
             at_hi = _fcmp(torch.ge, w, b_hi)  # branch 2 where pos, 5 elsewhere
             at_lo = _fcmp(torch.le, w, b_lo)  # branch 3 (0 where pos: w > 0)
-            g = (at_hi + at_lo - 1.0) * weight  # -weight on branches 1 and 4, else 0
-            hit_high = pos * at_hi
-            hit_dual = None if self.c is None else at_hi - hit_high
+            g = torch.add(at_hi, at_lo).sub_(1.0).mul_(weight)  # -weight on 1 and 4, else 0
+            hit_high = pos.mul_(at_hi)
+            hit_dual = None if self.c is None else at_hi.sub_(hit_high)
             diag = _fdiag(w, m, at_lo, hit_high, hit_dual)
         return KnownGradient(x, loss, g, diag)
 
