@@ -124,7 +124,7 @@ def _dppo_valid(
     else:
         raise ValueError(f"not a DPPO measure: {measure!r}")
     up = _fcmp(torch.gt, adv, 0.0)
-    return neg + up * (pos - neg)
+    return pos.sub_(neg).mul_(up).add_(neg)  # neg + up (pos - neg), in place
 
 
 def _prob_l2_bounds(
@@ -319,9 +319,9 @@ class DivergenceClipSurrogate(KnownGradientSurrogate):
             ratio = torch.exp(log_ratio)
             valid = _dppo_valid(self.measure, lp, old, adv, lo, hi)
             w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
-            g = -(adv * w * valid)  # d loss / d log pi; 0 where masked (adv = 0)
+            g = (adv * w).mul_(valid).neg_()  # d loss / d log pi; 0 where masked (adv = 0)
             loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
-            dropped = (1.0 - valid) * m
+            dropped = (1.0 - valid).mul_(m)
             capped = None
             if self.is_cap is not None:
                 capped = valid * _fcmp(torch.gt, ratio, self.is_cap) * m
