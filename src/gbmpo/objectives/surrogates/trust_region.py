@@ -137,11 +137,16 @@ def _prob_l2_bounds(
     :math:`1/p` is formed once for both bounds (and :math:`\sqrt\delta/p` once when the two
     radii are equal), and the clamp at 0 is taken after the cast (rounding to ``dtype`` is
     monotone and keeps the sign, so it commutes with :math:`\max(0, \cdot)`)."""
-    inv_p = torch.exp(old_logp).reciprocal()
+    # fresh buffers updated in place; 1 - q is -q + 1 in IEEE arithmetic, the same bits
+    inv_p = torch.exp(old_logp).reciprocal_()
     s_lo, s_hi = math.sqrt(delta_low), math.sqrt(delta_high)
-    q_lo = inv_p * s_lo
-    q_hi = q_lo if s_hi == s_lo else inv_p * s_hi
-    return (1.0 - q_lo).to(dtype).clamp_min(0.0), (1.0 + q_hi).to(dtype)
+    if s_hi == s_lo:
+        q_lo = inv_p.mul_(s_lo)
+        hi = (q_lo + 1.0).to(dtype)
+    else:
+        q_lo = inv_p * s_lo
+        hi = inv_p.mul_(s_hi).add_(1.0).to(dtype)
+    return q_lo.neg_().add_(1.0).to(dtype).clamp_min_(0.0), hi
 
 
 @SURROGATES.register("divergence_clip")
