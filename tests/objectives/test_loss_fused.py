@@ -260,11 +260,29 @@ def _surrogate_cases() -> dict[str, tuple[str, dict[str, Any]]]:
                     measure, 0.02
                 )
                 cases[f"dc:{measure}"] = (name, {"measure": measure, "delta": delta})
+            # unequal radii (prob_l2's bounds form sqrt(delta) / p once per radius)
+            cases["dc:prob_l2+asym"] = (
+                name, {"measure": "prob_l2", "delta_low": 0.01, "delta_high": 0.03},
+            )  # fmt: skip
+            cases["dc:dppo_kl+asym"] = (
+                name, {"measure": "dppo_kl", "delta_low": 0.02, "delta_high": 0.08},
+            )  # fmt: skip
         elif name == "gspo":
             cases[name] = (name, {})
             cases["gspo+dual+cap"] = (name, {"dual_clip_c": 3.0, "ratio_cap": 2.0})
         elif name == "rpg_reinforce":
             cases[name] = (name, {"variant": "urkl"})
+            # every variant, a large beta (C_KL flips the sign of w A), a dual clip that binds
+            # (c = 1.5) and none
+            cases["rpg_reinforce:rkl+dual"] = (name, {"variant": "rkl", "beta": 0.5, "c": 1.5})
+            cases["rpg_reinforce:fkl+dual"] = (name, {"variant": "fkl", "beta": 0.3, "c": 1.5})
+            cases["rpg_reinforce:ufkl-dual"] = (name, {"variant": "ufkl", "beta": 0.5, "c": None})
+            cases["rpg_reinforce:urkl+dual"] = (name, {"variant": "urkl", "beta": 0.5, "c": 1.5})
+        elif name == "rpg_clip":
+            cases[name] = (name, {})
+            # the regularized advantages (rkl's is -beta where masked) with a binding dual clip
+            cases["rpg_clip:urkl"] = (name, {"variant": "urkl", "beta": 0.5, "c": 1.5})
+            cases["rpg_clip:rkl"] = (name, {"variant": "rkl", "beta": 0.5, "c": 1.5})
         elif name == "atr":
             cases[name] = (name, {"delta": 0.02})
         elif name == "clip":
@@ -497,3 +515,41 @@ def test_fused_loss_equals_the_previous_package(dtype):
                 if why:
                     bad.append(f"{case} / {aggregation} / {reg}: {why}")
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("radii", [(0.02, 0.02), (0.01, 0.03)], ids=["equal", "unequal"])
+def test_prob_l2_bounds_are_the_interval_bits(dtype, radii):
+    """``divergence_clip(prob_l2)``'s fused bounds are :func:`prob_l2_interval`'s float64 values
+    cast to the compute dtype, bit for bit, on many old log-probs (a loss batch reaches few
+    clipped tokens whose bound a regrouping, e.g. exp(-x) for 1 / exp(x), changes)."""
+    from gbmpo.objectives.clip_measures import prob_l2_interval
+    from gbmpo.objectives.surrogates.trust_region import _prob_l2_bounds
+
+    g = torch.Generator().manual_seed(3)
+    old = -8.0 * torch.rand(200_000, generator=g, dtype=torch.float64)
+    old = torch.cat([old, torch.tensor([0.0, -1e-12, -30.0, -math.inf])], 0)
+    lo, hi = _prob_l2_bounds(old, *radii, dtype)
+    ref_lo, ref_hi = prob_l2_interval(torch.exp(old), *radii)
+    assert lo.dtype == hi.dtype == dtype
+    assert torch.equal(lo, ref_lo.to(dtype)) and torch.equal(hi, ref_hi.to(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
+@pytest.mark.parametrize("measure", ["dppo_tv", "dppo_kl"])
+@pytest.mark.parametrize("radii", [(0.05, 0.05), (0.02, 0.08)], ids=["equal", "unequal"])
+def test_dppo_float_mask_is_the_bool_mask(dtype, measure, radii):
+    """The fused DPPO mask ({0, 1} floats) is :func:`dppo_valid_mask` exactly, on many tokens
+    on both sides of both radii, advantages of both signs and 0."""
+    from gbmpo.objectives.clip_measures import dppo_valid_mask
+    from gbmpo.objectives.surrogates.trust_region import _dppo_valid
+
+    g = torch.Generator().manual_seed(4)
+    n = 100_000
+    old = -4.0 * torch.rand(n, generator=g, dtype=dtype)
+    lp = (old + 0.5 * torch.randn(n, generator=g, dtype=dtype)).clamp(max=0.0)
+    adv = torch.randint(-1, 2, (n,), generator=g).to(dtype)
+    got = _dppo_valid(measure, lp, old, adv, *radii)
+    want = dppo_valid_mask(measure, lp, old, adv, *radii)
+    assert got.dtype == dtype and 0 < int(want.sum()) < n
+    assert torch.equal(got, want.to(dtype))

@@ -446,11 +446,13 @@ def _k3_is_vb(
     k, keep = _clamp_keep(em - t, mf, clamp)
     w_m = w * mf
     w_k = w * keep
-    em1 = em + 1.0
+    em1 = em.add_(1.0)  # em is not read again (k is a new tensor)
 
     def backward(u: Tensor) -> Tensor:
+        # a + (-b) is a - b in IEEE arithmetic (signed zeros included), so the same bits
+        # with the fresh products updated in place
         v = u * w_k
-        return ((u * k) * w_m) + (-((v * em1) + (-v)))
+        return (u * k).mul_(w_m).sub_((v * em1).sub_(v))
 
     return w * k, backward
 

@@ -311,11 +311,12 @@ def _fused_clip_loss(
     :math:`[l, h]`, both halves pass). The dual clip :math:`\min(\ell, -cA)` for :math:`A < 0`
     is :math:`\min(\ell, -c\min(A, 0))` (for :math:`A \ge 0`, :math:`\ell \le 0`); the TRL
     cap :math:`\min(w, \rho_{\text{cap}})` takes the general tie rule."""
+    # the intermediates are fresh tensors of this call: updated in place where the operation
+    # is the same (a new buffer per operation costs more than the operation on CPU)
     with torch.no_grad():
         w = torch.exp(log_ratio)
         a_w = adv * w  # d(w A) / d log pi
-        clipped = w.clamp(low, high)
-        ca = clipped * adv
+        ca = w.clamp(low, high).mul_(adv)
         if ratio_cap is None:
             ua = a_w
             factor = _fcmp(torch.le, ua, ca)
@@ -326,22 +327,24 @@ def _fused_clip_loss(
             c_pass = _fcmp(torch.ge, w, low) * _fcmp(torch.le, w, high)
             lt, gt = _fcmp(torch.lt, ua, ca), _fcmp(torch.gt, ua, ca)
             factor = lt * u_pass + gt * c_pass + (1.0 - lt - gt) * 0.5 * (u_pass + c_pass)
-        loss = -torch.minimum(ua, ca)
+        loss = torch.minimum(ua, ca).neg_()
         dual = None
+        adv_neg = _fcmp(torch.lt, adv, 0.0)  # shared by the dual clip's and the low clip's count
         if dual_clip_c is not None:
-            cap = adv.clamp(max=0.0) * -dual_clip_c
-            factor = factor * (0.5 * (_fcmp(torch.le, loss, cap) + _fcmp(torch.lt, loss, cap)))
-            loss = torch.minimum(loss, cap)
+            cap = adv.clamp(max=0.0).mul_(-dual_clip_c)
+            half = _fcmp(torch.le, loss, cap).add_(_fcmp(torch.lt, loss, cap)).mul_(0.5)
+            factor = factor.mul_(half)
+            loss = torch.minimum(loss, cap, out=loss)
             unc = w if ratio_cap is None else w.clamp(max=ratio_cap)
-            dual = _fcmp(torch.lt, adv, 0.0) * _fcmp(torch.gt, unc, dual_clip_c)
+            dual = _fcmp(torch.gt, unc, dual_clip_c).mul_(adv_neg)
         # adv and the log-ratio are 0 where masked, so loss and g are 0 there already (signed
-        # zeros aside): no multiplication by the mask
-        g = -(a_w * factor) * inside
+        # zeros aside): no multiplication by the mask; a_w (= ua) is not read again
+        g = a_w.mul_(factor).neg_().mul_(inside)
         diag = _fdiag(
             w,
             mf,
-            _fcmp(torch.lt, w, low) * _fcmp(torch.lt, adv, 0.0),
-            _fcmp(torch.gt, w, high) * _fcmp(torch.gt, adv, 0.0),
+            _fcmp(torch.lt, w, low).mul_(adv_neg),
+            _fcmp(torch.gt, w, high).mul_(_fcmp(torch.gt, adv, 0.0)),
             dual,
         )
     return KnownGradient(x, loss, g, diag)

@@ -267,26 +267,29 @@ class GMPOSurrogate(KnownGradientSurrogate):
         with torch.no_grad():
             pos_side = _fcmp(torch.gt, adv, 0.0)
             neg_side = _fcmp(torch.lt, adv, 0.0)
-            clipped = log_ratio.clamp(max=self.eps_high) * pos_side + log_ratio.clamp(
-                min=-self.eps_low
-            ) * neg_side  # gmpo_clipped_log_ratio, by float masks
+            # gmpo_clipped_log_ratio, by float masks (fresh buffers updated in place)
+            clipped = log_ratio.clamp(max=self.eps_high).mul_(pos_side).add_(
+                log_ratio.clamp(min=-self.eps_low).mul_(neg_side)
+            )
             length = m.sum(-1, keepdim=True).clamp_min(1.0)
-            seq = (clipped * m).sum(-1, keepdim=True) / length
+            seq = clipped.mul_(m).sum(-1, keepdim=True) / length
             ratio = torch.exp(seq)
             adv_seq = (adv * m).sum(-1, keepdim=True) / length
             loss = -(adv_seq * ratio) * m
             passes = (
-                pos_side * _fcmp(torch.le, log_ratio, self.eps_high)
-                + neg_side * _fcmp(torch.ge, log_ratio, -self.eps_low)
-            ) * inside
-            hit = _fcmp(torch.gt, log_ratio, self.eps_high) + _fcmp(
-                torch.lt, log_ratio, -self.eps_low
+                _fcmp(torch.le, log_ratio, self.eps_high).mul_(pos_side)
+                .add_(_fcmp(torch.ge, log_ratio, -self.eps_low).mul_(neg_side))
+                .mul_(inside)
+            )  # fmt: skip
+            hit = _fcmp(torch.gt, log_ratio, self.eps_high).add_(
+                _fcmp(torch.lt, log_ratio, -self.eps_low)
             )
             w_tok = ratio.expand_as(log_ratio)
-            diag = _fdiag(w_tok, m, hit * neg_side, hit * pos_side, None)
+            low_hits = hit * neg_side
+            diag = _fdiag(w_tok, m, low_hits, hit.mul_(pos_side), None)
 
         def backward(u: Tensor) -> Tensor:
-            total = ((-(u * m)) * adv_seq).sum(-1, keepdim=True)
+            total = (u * m).neg_().mul_(adv_seq).sum(-1, keepdim=True)
             return ((total * ratio) / length) * passes
 
         return KnownGradient(x, loss, backward, diag)

@@ -153,25 +153,25 @@ class GSPOSurrogate(KnownGradientSurrogate):
             seq_in = _fcmp(torch.eq, seq, raw_seq)  # the sequence clamp passes the gradient
             ratio = torch.exp(seq)
             w = ratio.expand_as(log_ratio)
+            # fresh buffers of this call updated in place: the same operations
             a = w * adv
-            clipped = w.clamp(low, high)
-            b = clipped * adv
-            loss = -torch.minimum(a, b) * m
-            tie = 0.5 * _fcmp(torch.eq, a, b)
-            fa = _fcmp(torch.lt, a, b) + tie
-            clip_passes = _fcmp(torch.ge, w, low) * _fcmp(torch.le, w, high)
-            fb = (_fcmp(torch.gt, a, b) + tie) * clip_passes
+            b = w.clamp(low, high).mul_(adv)
+            loss = torch.minimum(a, b).neg_().mul_(m)
+            tie = _fcmp(torch.eq, a, b).mul_(0.5)
+            fa = _fcmp(torch.lt, a, b).add_(tie)
+            clip_passes = _fcmp(torch.ge, w, low).mul_(_fcmp(torch.le, w, high))
+            fb = _fcmp(torch.gt, a, b).add_(tie).mul_(clip_passes)
             pass_tok = m * inside
             diag = _fdiag(
                 w, m,
-                _fcmp(torch.lt, w, low) * _fcmp(torch.lt, adv, 0.0),
-                _fcmp(torch.gt, w, high) * _fcmp(torch.gt, adv, 0.0),
+                _fcmp(torch.lt, w, low).mul_(_fcmp(torch.lt, adv, 0.0)),
+                _fcmp(torch.gt, w, high).mul_(_fcmp(torch.gt, adv, 0.0)),
                 None,
             )  # fmt: skip
 
         def backward(u: Tensor) -> Tensor:
-            g = -(u * m)
-            total = ((g * fa) * adv + ((g * fb) * adv)).sum(-1, keepdim=True)
+            g = (u * m).neg_()
+            total = (g * fa).mul_(adv).add_((g * fb).mul_(adv)).sum(-1, keepdim=True)
             return (((total * ratio) * seq_in) / length) * pass_tok
 
         return KnownGradient(x, loss, backward, diag)

@@ -4,6 +4,7 @@ measures drop tokens instead), with the measures of :mod:`gbmpo.objectives.clip_
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -14,7 +15,7 @@ from gbmpo.objectives.clip_measures import (
     CLIP_MEASURE_REGISTRY,
     ClipMeasure,
     atr_bounds,
-    dppo_valid_mask,
+    binary_kl,
 )
 from gbmpo.objectives.mirror import as_mirror_map
 from gbmpo.objectives.surrogates.base import (
@@ -94,6 +95,58 @@ class ATRSurrogate(KnownGradientSurrogate):
         )
         low, high = self.bounds
         return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
+
+
+def _dppo_valid(
+    measure: str, lp: Tensor, old: Tensor, adv: Tensor, delta_low: float, delta_high: float
+) -> Tensor:
+    r""":func:`~gbmpo.objectives.clip_measures.dppo_valid_mask` as {0, 1} floats of ``lp``'s
+    dtype (DPPO, arXiv 2602.04879):
+
+    .. math::
+        M = [A > 0]\,M_+ + (1 - [A > 0])\,M_-,\qquad
+        M_\pm = \max\big([D(p, p') \le \delta_{\pm}],\ [\pm(p - p') \ge 0]\big)
+
+    (``dppo_tv``: :math:`M_+ = [p' - p \le \delta_{\text{high}}]`, :math:`M_- = [p' - p
+    \ge -\delta_{\text{low}}]`), with the same divergence values as the bool form (same
+    operations), its ``or`` as a maximum of {0, 1} and its ``where`` as a sum of exact
+    products; the comparisons write floats directly (:func:`_fcmp`, no bool tensors)."""
+    p_new, p_old = torch.exp(lp), torch.exp(old)
+    if measure == "dppo_tv":
+        diff = p_new - p_old
+        pos, neg = _fcmp(torch.le, diff, delta_high), _fcmp(torch.ge, diff, -delta_low)
+    elif measure == "dppo_kl":
+        kl = binary_kl(p_old, old, p_new, lp)
+        in_hi = _fcmp(torch.le, kl, delta_high)
+        in_lo = in_hi if delta_low == delta_high else _fcmp(torch.le, kl, delta_low)
+        pos = torch.maximum(in_hi, _fcmp(torch.le, p_new, p_old))
+        neg = torch.maximum(in_lo, _fcmp(torch.ge, p_new, p_old))
+    else:
+        raise ValueError(f"not a DPPO measure: {measure!r}")
+    up = _fcmp(torch.gt, adv, 0.0)
+    return pos.sub_(neg).mul_(up).add_(neg)  # neg + up (pos - neg), in place
+
+
+def _prob_l2_bounds(
+    old_logp: Tensor, delta_low: float, delta_high: float, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    r""":func:`~gbmpo.objectives.clip_measures.prob_l2_interval` of :math:`p = e^{\log p}`
+    (``old_logp`` float64), :math:`[\max(0, 1 - \sqrt{\delta_{\text{low}}}/p),\ 1 +
+    \sqrt{\delta_{\text{high}}}/p]`, cast to ``dtype``: the same bits with fewer float64
+    passes. Python's ``s / p`` is ``p.reciprocal() * s`` (``Tensor.__rtruediv__``), so
+    :math:`1/p` is formed once for both bounds (and :math:`\sqrt\delta/p` once when the two
+    radii are equal), and the clamp at 0 is taken after the cast (rounding to ``dtype`` is
+    monotone and keeps the sign, so it commutes with :math:`\max(0, \cdot)`)."""
+    # fresh buffers updated in place; 1 - q is -q + 1 in IEEE arithmetic, the same bits
+    inv_p = torch.exp(old_logp).reciprocal_()
+    s_lo, s_hi = math.sqrt(delta_low), math.sqrt(delta_high)
+    if s_hi == s_lo:
+        q_lo = inv_p.mul_(s_lo)
+        hi = (q_lo + 1.0).to(dtype)
+    else:
+        q_lo = inv_p * s_lo
+        hi = inv_p.mul_(s_hi).add_(1.0).to(dtype)
+    return q_lo.neg_().add_(1.0).to(dtype).clamp_min_(0.0), hi
 
 
 @SURROGATES.register("divergence_clip")
@@ -239,11 +292,19 @@ class DivergenceClipSurrogate(KnownGradientSurrogate):
         if self._spec.dppo:  # type: ignore[attr-defined]
             old = masked(old_logp.detach().to(lp.dtype), m)
             return self._dppo(x, lp, old, log_ratio, adv, m, inside)
-        old = masked(old_logp.detach().to(torch.float64), m.to(torch.float64))
-        lo_t, hi_t = self.interval(old)
-        return _fused_clip_loss(
-            x, log_ratio, adv, m, inside, lo_t.to(x.dtype), hi_t.to(x.dtype), self.dual_clip_c
-        )
+        old_d = old_logp.detach()
+        if old_d.dtype != torch.float64 and x.dtype.itemsize >= old_d.dtype.itemsize:
+            # masking in x's dtype first is the same bits (the cast to x's dtype and then to
+            # float64 is exact; x * 1 = x), at half the width
+            old = masked(old_d.to(x.dtype), m).to(torch.float64)
+        else:
+            old = masked(old_d.to(torch.float64), m.to(torch.float64))
+        if self.measure == "prob_l2":
+            lo_c, hi_c = _prob_l2_bounds(old, *self.radii, x.dtype)  # type: ignore[misc]
+        else:
+            lo_t, hi_t = self.interval(old)
+            lo_c, hi_c = lo_t.to(x.dtype), hi_t.to(x.dtype)
+        return _fused_clip_loss(x, log_ratio, adv, m, inside, lo_c, hi_c, self.dual_clip_c)
 
     def _dppo(
         self,
@@ -261,11 +322,11 @@ class DivergenceClipSurrogate(KnownGradientSurrogate):
         assert lo is not None and hi is not None
         with torch.no_grad():
             ratio = torch.exp(log_ratio)
-            valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi).to(lp.dtype)
+            valid = _dppo_valid(self.measure, lp, old, adv, lo, hi)
             w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
-            g = -(adv * w * valid)  # d loss / d log pi; 0 where masked (adv = 0)
+            g = (adv * w).mul_(valid).neg_()  # d loss / d log pi; 0 where masked (adv = 0)
             loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
-            dropped = (1.0 - valid) * m
+            dropped = (1.0 - valid).mul_(m)
             capped = None
             if self.is_cap is not None:
                 capped = valid * _fcmp(torch.gt, ratio, self.is_cap) * m
