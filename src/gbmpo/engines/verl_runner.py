@@ -404,7 +404,8 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     ov, step = resume_overrides(cfg, path)
     # a checkpoint of the last step: verl's loop would train one step more (it advances the
     # step before it checks for the end), so nothing is launched and the run is summarised
-    python = None if step >= cfg.run.steps else _gpu_python(cfg)
+    trained = step >= cfg.run.steps
+    python = "" if trained else _gpu_python(cfg)
     launch = json.loads((path / LAUNCH_FILE).read_text())
     with RunLifecycle(path, "verl", resuming=True) as life:
         earlier = read_verl_log(path / VERL_EARLIER_METRICS_FILE)
@@ -414,7 +415,7 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
                      "".join(json.dumps(r) + "\n" for r in rows))  # fmt: skip
         (path / VERL_METRICS_FILE).unlink(missing_ok=True)
         write_atomic(path / CONFIG_FILE, dump_yaml(cfg))
-        if python is None:
+        if trained:
             life.running(step, resumed_from=_resume_point(path)[1])
             summary = summarize_run(cfg, path, kind=launch["kind"], wall_seconds=0.0,
                                     n_eval=launch["n_eval"])  # fmt: skip
