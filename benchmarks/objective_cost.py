@@ -28,6 +28,12 @@ Goals: every sampled-token objective <= 1.5x the TRL-style loss; the neural mirr
 regularizer or a clip measure) <= 3x.
 
     PYTHONPATH=src python benchmarks/objective_cost.py --before 45b681b --out results.json
+
+``--compile`` times :func:`gbmpo.objectives.compiled_policy_loss` (a fresh compile per pair)
+against the TRL-style loss under ``torch.compile`` and against it eager; on a GPU
+(``--device cuda``) each timing is the mean of 20 calls between two synchronizes.
+
+    python benchmarks/objective_cost.py --device cuda --compile --surrogates clip
 """
 
 from __future__ import annotations
@@ -134,7 +140,7 @@ def load_objectives(rev: str) -> ModuleType:
 
 
 def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], regularizer: str,
-              x: dict[str, torch.Tensor]):  # noqa: ANN201  # fmt: skip
+              x: dict[str, torch.Tensor], compile_: bool = False):  # noqa: ANN201  # fmt: skip
     params = dict(surrogate[1])
     if params.get("mirror") == "table":
         params["mirror"] = _tabulated_map(objectives)
@@ -159,9 +165,14 @@ def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], reg
         reg_kw = {"terms": [] if reg is None else
                   [objectives.LossTerm(reg.name, reg, coef, x["ref"])]}  # fmt: skip
 
+    if compile_:  # a fresh compile cache per pair (one objective per run, as in training)
+        torch._dynamo.reset()
+    policy_loss = (objectives.compiled_policy_loss() if compile_
+                   else objectives.compute_policy_loss)  # fmt: skip
+
     def step() -> None:
         lp = x["logp"].clone().requires_grad_(True)
-        loss, _ = objectives.compute_policy_loss(
+        loss, _ = policy_loss(
             logp=lp, old_logp=x["old"], advantages=adv, mask=x["mask"], surrogate=surr,
             aggregation="grpo", **reg_kw,
         )  # fmt: skip
@@ -170,37 +181,53 @@ def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], reg
     return step
 
 
-def baseline_step(x: dict[str, torch.Tensor]):  # noqa: ANN201
+def baseline_step(x: dict[str, torch.Tensor], compile_: bool = False):  # noqa: ANN201
+    loss_fn = torch.compile(trl_style_loss) if compile_ else trl_style_loss
+
     def step() -> None:
         lp = x["logp"].clone().requires_grad_(True)
-        trl_style_loss(lp, x["old"], x["ref"], x["adv"], x["mask"]).backward()
+        loss_fn(lp, x["old"], x["ref"], x["adv"], x["mask"]).backward()
 
     return step
 
 
-#: set by ``--device``: on a GPU every timed call ends with a synchronize and the ratio is of
-#: wall time (the CPU time of the launching thread says nothing about the kernels)
+#: set by ``--device``: on a GPU a timing is of ``CUDA_CALLS`` calls between two synchronizes
+#: (per call), and the ratio is of wall time (the CPU time of the launching thread says nothing
+#: about the kernels)
 ON_CUDA = False
+CUDA_CALLS = 20
 
 
 def _time(fn) -> tuple[float, float]:  # noqa: ANN001
-    """(CPU seconds, wall seconds) of one call."""
+    """(CPU seconds, wall seconds) of one call (on a GPU: the mean of ``CUDA_CALLS`` calls)."""
+    calls = CUDA_CALLS if ON_CUDA else 1
     if ON_CUDA:
         torch.cuda.synchronize()
     c0, t0 = time.process_time(), time.perf_counter()
-    fn()
+    for _ in range(calls):
+        fn()
     if ON_CUDA:
         torch.cuda.synchronize()
-    return time.process_time() - c0, time.perf_counter() - t0
+    return (time.process_time() - c0) / calls, (time.perf_counter() - t0) / calls
 
 
 SLOW_S = 5.0
 
 
-def time_pair(fn, base, reps: int) -> dict[str, float]:  # noqa: ANN001
+def time_pair(fn, base, reps: int, compiled: bool = False) -> dict[str, float]:  # noqa: ANN001
     """Median CPU and wall seconds of ``fn`` and of ``base``, interleaved, after one warm-up
-    call each (a first call of ``fn`` over ``SLOW_S`` is the measurement itself)."""
-    first = _time(fn)
+    call each (a first call of ``fn`` over ``SLOW_S`` is the measurement itself, unless
+    ``compiled``: then the first call is the compile, recorded as ``first_s``, and a second
+    warm-up call follows)."""
+    t0 = time.perf_counter()
+    fn()
+    if ON_CUDA:
+        torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    first = (first_s, first_s)
+    if compiled:
+        fn()
+        first = (0.0, 0.0)
     base()
     runs = [first] if first[1] > SLOW_S else []
     bases = []
@@ -209,6 +236,7 @@ def time_pair(fn, base, reps: int) -> dict[str, float]:  # noqa: ANN001
         if first[1] <= SLOW_S:
             runs.append(_time(fn))
     return {
+        "first_s": first_s,
         "cpu": median([r[0] for r in runs]),
         "wall": median([r[1] for r in runs]),
         "base_cpu": median([b[0] for b in bases]),
@@ -232,7 +260,13 @@ def main() -> None:
     ap.add_argument("--device", default="cpu",
                     help="cpu (CPU-time ratios, one thread) or cuda (wall-time ratios, "
                          "synchronized)")
+    ap.add_argument("--compile", action="store_true",
+                    help="time gbmpo.objectives.compiled_policy_loss against the TRL-style loss "
+                         "under torch.compile too (the eager TRL-style loss is timed once at "
+                         "the start, for a second ratio); not with --before")
     a = ap.parse_args()
+    if a.compile and a.before:
+        ap.error("--compile times this revision's compiled_policy_loss; leave out --before")
     global ON_CUDA
     ON_CUDA = a.device.startswith("cuda")
     try:
@@ -260,14 +294,28 @@ def main() -> None:
     result = start_result("objective_cost")
     result.update({"shape": [b, t], "tokens": int(x["mask"].sum()), "threads": 1,
                    "ref_noise": a.ref_noise,
-                   "device": a.device,
+                   "device": a.device, "compile": a.compile,
+                   "device_name": torch.cuda.get_device_name() if ON_CUDA else None,
+                   "torch": torch.__version__,
                    "before": a.before, "rows": []})  # fmt: skip
     base()
     clock = 1 if ON_CUDA else 0  # index into _time's (CPU, wall)
     unit = "wall" if ON_CUDA else "CPU"
     base_t = median([_time(base)[clock] for _ in range(max(3, a.reps))])
+    where = torch.cuda.get_device_name() if ON_CUDA else a.device
     print(f"TRL-style clip + k3 loss, fwd+bwd, {b}x{t} ({int(x['mask'].sum())} valid tokens), "
-          f"{a.device}, 1 thread: {base_t * 1e3:.2f} ms {unit}; load {load_average()}")  # fmt: skip
+          f"{where}, torch {torch.__version__}, 1 thread: {base_t * 1e3:.3f} ms {unit}; "
+          f"load {load_average()}")  # fmt: skip
+    result["eager_baseline_ms"] = base_t * 1e3
+    if a.compile:
+        base = baseline_step(x, compile_=True)
+        base()
+        base()
+        cbase_t = median([_time(base)[clock] for _ in range(max(3, a.reps))])
+        result["compiled_baseline_ms"] = cbase_t * 1e3
+        print(f"the same loss under torch.compile: {cbase_t * 1e3:.3f} ms {unit}; the pairs "
+              "below are compiled_policy_loss; 'x' is against the compiled TRL-style loss, "
+              "'x eager' against the eager one")  # fmt: skip
     print(f"ratios: {unit} time of the pair / {unit} time of the TRL-style loss, interleaved")
     cols = list(versions)
     print(f"{'surrogate':18s} {'regularizer':14s} " + " ".join(f"{c + ' ms':>10s} {c + ' x':>8s}"
@@ -284,20 +332,25 @@ def main() -> None:
                     cells.append(f"{'-':>10s} {'-':>8s}")
                     continue
                 try:
-                    fn = make_step(mod, SURROGATE_CASES[sn], rn, x)
+                    fn = make_step(mod, SURROGATE_CASES[sn], rn, x, compile_=a.compile)
                 except Exception:  # noqa: BLE001 - a name or parameter this revision lacks
                     if c != "before":
                         raise
                     cells.append(f"{'-':>10s} {'-':>8s}")
                     continue
-                t = time_pair(fn, base, a.reps)
+                t = time_pair(fn, base, a.reps, compiled=a.compile)
                 ratio = t["wall"] / t["base_wall"] if ON_CUDA else t["cpu"] / t["base_cpu"]
                 row[c] = {"cpu_ms": t["cpu"] * 1e3, "wall_ms": t["wall"] * 1e3,
                           "baseline_cpu_ms": t["base_cpu"] * 1e3,
                           "baseline_wall_ms": t["base_wall"] * 1e3, "ratio_cpu": ratio,
-                          "ratio_wall": t["wall"] / t["base_wall"]}  # fmt: skip
+                          "ratio_wall": t["wall"] / t["base_wall"],
+                          "first_call_s": t["first_s"]}  # fmt: skip
                 ms = (t["wall"] if ON_CUDA else t["cpu"]) * 1e3
-                cells.append(f"{ms:10.2f} {ratio:8.2f}")
+                cells.append(f"{ms:10.3f} {ratio:8.2f}")
+                if a.compile:
+                    row[c]["ratio_vs_eager_baseline"] = ms / (base_t * 1e3)
+                    cells.append(f"{ms / (base_t * 1e3):8.2f} eager, compile "
+                                 f"{t['first_s']:.1f} s")  # fmt: skip
             result["rows"].append(row)
             print(f"{sn:18s} {rn:14s} " + " ".join(cells), flush=True)
     path = finish_result(result, a.out)

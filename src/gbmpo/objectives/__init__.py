@@ -25,7 +25,7 @@ from gbmpo.objectives.advantages import ADVANTAGE_SCALES, ADVANTAGES, group_adva
 from gbmpo.objectives.aggregate import AGGREGATIONS, aggregate
 from gbmpo.objectives.estimators import full_vocab_divergence
 from gbmpo.objectives.full_vocab import full_vocab_bregman, full_vocab_bregman_from_hidden
-from gbmpo.objectives.loss import LossTerm, compute_policy_loss
+from gbmpo.objectives.loss import LossTerm, compiled_policy_loss, compute_policy_loss
 from gbmpo.objectives.mirror import NeuralMirrorMap
 from gbmpo.objectives.potentials import POTENTIALS, get_potential
 from gbmpo.objectives.regularizers import REGULARIZERS, Regularizer, get_regularizer
@@ -46,6 +46,7 @@ __all__ = [
     "Surrogate",
     "aggregate",
     "atr_bounds",
+    "compiled_policy_loss",
     "compute_policy_loss",
     "correction_weights",
     "full_vocab_bregman",

@@ -50,10 +50,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.tensors import compute_dtype, is_checked_mask
+from gbmpo.objectives.tensors import compute_dtype, is_checked_mask, sync_free
 from gbmpo.registry import Registry
 
-__all__ = ["AGGREGATIONS", "AggregationFn", "Normalisers", "aggregate", "normalisers"]
+__all__ = [
+    "AGGREGATIONS",
+    "AggregationFn",
+    "Normalisers",
+    "aggregate",
+    "check_max_len",
+    "normalisers",
+]
 
 #: ``fn(per_token, mask, *, max_len, num_sequences, num_tokens) -> scalar``; inputs validated.
 AggregationFn = Callable[..., Tensor]
@@ -147,14 +154,16 @@ class Normalisers:
     #: valid tokens per sequence, ``m.sum(-1)``
     lengths: Tensor
     num_sequences: int
-    num_tokens: float
+    #: a python float, or a 0-dim tensor off the CPU (:func:`~gbmpo.objectives.tensors.sync_free`)
+    num_tokens: float | Tensor
     max_len: int
 
     def apply(self, per_token: Tensor) -> Tensor:
         """:func:`aggregate` of ``per_token`` (any values where masked, NaN included)."""
         dt = self.m.dtype
         x = per_token.to(dt) * self.m
-        if not math.isfinite(float(x.detach().sum())):  # a non-finite value somewhere: where
+        # a non-finite value somewhere (or no finite check off the CPU): where
+        if sync_free(x) or not math.isfinite(float(x.detach().sum())):
             zero = torch.zeros((), dtype=dt, device=self.m.device)
             x = torch.where(self.m != 0, per_token.to(dt), zero)
         return self.fn(x, self.m, max_len=self.max_len, num_sequences=self.num_sequences,
@@ -235,8 +244,8 @@ def normalisers(
     m = mask.to(dt)
     # m - m * m is 0 only for 0 and 1 (NaN fails); float arithmetic, not a bool where, is the
     # cheap form on CPU
-    if mask.dtype != torch.bool and not is_checked_mask(m) \
-            and float((m - m * m).abs().sum()) != 0.0:  # fmt: skip
+    if mask.dtype != torch.bool and not torch.compiler.is_compiling() \
+            and not is_checked_mask(m) and float((m - m * m).abs().sum()) != 0.0:  # fmt: skip
         raise ValueError("mask must contain only 0 and 1")
     b, t = per_token.shape
     if b == 0:
@@ -256,7 +265,10 @@ def normalisers(
         n_seq = num_sequences
 
     if num_tokens is None:
-        n_tok = max(1.0, float(lengths.sum()))
+        # a 0-dim tensor where reading it back would synchronise (the same value: an exact
+        # integer count, divided by as a float either way)
+        n_tok = (lengths.sum().clamp_min(1.0) if sync_free(lengths)
+                 else max(1.0, float(lengths.sum())))  # fmt: skip
     else:
         if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, float)):
             raise TypeError(f"num_tokens must be a real number, got {num_tokens!r}")
@@ -279,11 +291,18 @@ def normalisers(
     else:
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
             raise ValueError(f"max_len must be a positive int, got {max_len!r}")
-        longest = int(lengths.max())
-        if longest > max_len:
-            raise ValueError(
-                f"max_len={max_len} is shorter than a completion with {longest} valid tokens"
-            )
+        if not torch.compiler.is_compiling():  # checked outside the graph there
+            check_max_len(lengths, max_len)
         l_max = max_len
 
     return Normalisers(mode, fn, m, lengths, n_seq, n_tok, l_max)
+
+
+def check_max_len(lengths: Tensor, max_len: int) -> None:
+    """Raise ValueError if a completion (``lengths``: valid tokens per sequence) is longer than
+    ``max_len``."""
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if longest > max_len:
+        raise ValueError(
+            f"max_len={max_len} is shorter than a completion with {longest} valid tokens"
+        )

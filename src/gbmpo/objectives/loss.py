@@ -23,18 +23,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.aggregate import Normalisers, normalisers
+from gbmpo.objectives.aggregate import Normalisers, check_max_len, normalisers
 from gbmpo.objectives.estimators import FullValues
 from gbmpo.objectives.regularizers import Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import Surrogate, get_surrogate
 from gbmpo.objectives.surrogates.base import KnownGradient
-from gbmpo.objectives.tensors import attach, compute_dtype, float_mask, masked_mean
+from gbmpo.objectives.tensors import attach, compute_dtype, float_mask, masked_mean, sync_free
 
 if TYPE_CHECKING:
     from gbmpo.objectives.spec import BuiltTerm
 
 __all__ = [
     "LossTerm",
+    "compiled_policy_loss",
     "compute_policy_loss",
     "loss_terms",
     "reward_penalty",
@@ -246,6 +247,92 @@ def compute_policy_loss(
             for a regularizer that needs one, shape mismatches (``token_weights`` included), or
             invalid aggregation normalisers (see :func:`~gbmpo.objectives.aggregate`).
     """
+    loss, packed, layout = _policy_loss(
+        logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, surrogate=surrogate,
+        terms=terms, aggregation=aggregation, max_len=max_len, num_sequences=num_sequences,
+        num_tokens=num_tokens, token_weights=token_weights,
+    )  # fmt: skip
+    return loss, _metric_dict(packed.tolist(), layout)
+
+
+#: signature of :func:`compute_policy_loss` (keyword arguments)
+PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
+
+
+def compiled_policy_loss(**compile_options: Any) -> PolicyLossFn:
+    """:func:`compute_policy_loss`, the same arguments and results, with its tensor work
+    compiled by ``torch.compile(**compile_options)`` into one graph (forward and backward):
+    every surrogate, term and aggregation of the eager function, the fused ones included.
+
+    The input checks that read tensor values (the {0, 1} mask, ``max_len`` against the
+    longest completion) run eagerly before the graph, and the metrics are read back after it
+    in one transfer, so nothing inside the graph waits on the host. Inside it the
+    data-dependent shortcuts of the CPU path take their general forms
+    (:func:`~gbmpo.objectives.tensors.sync_free`): the same loss and gradient up to
+    the compiler's float rounding (a fused kernel may reorder a sum), with one difference when
+    a valid per-token value is not finite: the loss is not finite either way, and the gradient
+    is the fused one rather than the eager fallback's.
+
+    Each call with a new surrogate, new terms or a new shape may compile again (``dynamic``
+    shapes after the first change of ``T``, as ``torch.compile`` decides); the first call of
+    each pays the compile (seconds). Build it once and reuse it::
+
+        policy_loss = compiled_policy_loss()
+        loss, metrics = policy_loss(logp=..., old_logp=..., advantages=..., mask=...,
+                                    surrogate=surr, terms=terms, aggregation="grpo")
+    """
+    core = torch.compile(_policy_loss, **compile_options)
+
+    def policy_loss(
+        *,
+        logp: Tensor,
+        old_logp: Tensor | None,
+        advantages: Tensor,
+        mask: Tensor,
+        surrogate: str | Surrogate,
+        terms: Sequence[LossTerm] = (),
+        aggregation: str = "dr_grpo",
+        max_len: int | None = None,
+        num_sequences: int | None = None,
+        num_tokens: float | None = None,
+        token_weights: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:
+        if logp.dim() == 2:  # the checks that read values, before the graph
+            mask = float_mask(mask, logp.shape, compute_dtype(logp))
+            if isinstance(max_len, int) and not isinstance(max_len, bool):
+                check_max_len(mask.sum(-1), max_len)
+        loss, packed, layout = core(
+            logp=logp, old_logp=old_logp, advantages=advantages, mask=mask,
+            surrogate=surrogate, terms=terms, aggregation=aggregation, max_len=max_len,
+            num_sequences=num_sequences, num_tokens=num_tokens, token_weights=token_weights,
+        )  # fmt: skip
+        return loss, _metric_dict(packed.tolist(), layout)
+
+    policy_loss.__doc__ = compiled_policy_loss.__doc__
+    return policy_loss
+
+
+#: the metrics' layout: the surrogate's diagnostic names, the term names, which terms are in the
+#: loss (a nonzero coefficient)
+_Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[bool, ...]]
+
+
+def _policy_loss(
+    *,
+    logp: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    surrogate: str | Surrogate,
+    terms: Sequence[LossTerm],
+    aggregation: str,
+    max_len: int | None,
+    num_sequences: int | None,
+    num_tokens: float | None,
+    token_weights: Tensor | None,
+) -> tuple[Tensor, Tensor, _Layout]:
+    """:func:`compute_policy_loss` up to its metrics, kept as one float64 tensor (their
+    :func:`_metric_dict` layout alongside): the part :func:`compiled_policy_loss` compiles."""
     surr = _resolve_surrogate(surrogate)
     if isinstance(terms, LossTerm) or not all(isinstance(t, LossTerm) for t in terms):
         raise TypeError(f"terms must be a sequence of LossTerm, got {terms!r}")
@@ -336,7 +423,7 @@ def compute_policy_loss(
             pg_loss = nz.apply(pg.detach())
     else:
         loss, pg_loss, reg_parts = out
-    return loss, _metrics(diag, pg_loss, evaluated, reg_parts, mask, loss, nz)
+    return loss, *_metrics(diag, pg_loss, evaluated, reg_parts, mask, loss, nz)
 
 
 def _check_term(term: LossTerm) -> RegularizerLike:
@@ -423,7 +510,9 @@ def _fused_loss(
             parts.append(scaled)
             terms.append((term.coef, grad))
         loss = nz.reduce(per_token)
-        if not math.isfinite(float(loss)):
+        # off the CPU and under torch.compile the check would synchronise: a non-finite valid
+        # value then gives the same non-finite loss, with the fused (not the where) gradient
+        if not sync_free(loss) and not math.isfinite(float(loss)):
             return None
         pg_loss = nz.reduce(pg)
         reg_parts: list[Tensor | None] = [None if p is None else nz.reduce(p) for p in parts]
@@ -441,8 +530,9 @@ def _metrics(
     mask: Tensor,
     loss: Tensor,
     nz: Normalisers,
-) -> dict[str, float]:
-    """The metrics of :func:`compute_policy_loss`, converted to python floats in one go."""
+) -> tuple[Tensor, _Layout]:
+    """The metrics of :func:`compute_policy_loss` as one float64 tensor, read back in one go
+    by :func:`_metric_dict`, and their layout."""
     with torch.no_grad():
         scalars = [*diag.values(), pg_loss]
         count = None
@@ -458,17 +548,25 @@ def _metrics(
             scalars.append(values.detach().to(torch.float32).sum() / count)
         scalars += [p for p in reg_parts if p is not None]
         scalars.append(loss.detach())
-        floats = torch.stack([t.to(torch.float64) for t in scalars]).tolist()
+        packed = torch.stack([t.to(torch.float64) for t in scalars])
+    layout = (tuple(diag), tuple(term.name for term, _, _ in evaluated),
+              tuple(p is not None for p in reg_parts))  # fmt: skip
+    return packed, layout
+
+
+def _metric_dict(floats: list[float], layout: _Layout) -> dict[str, float]:
+    """The metrics dict of :func:`compute_policy_loss` from :func:`_metrics`' values."""
+    diag_keys, names, in_loss = layout
     it = iter(floats)
-    metrics = {k: next(it) for k in diag}
+    metrics = {k: next(it) for k in diag_keys}
     metrics["pg_loss"] = next(it)
-    values_ = [next(it) for _ in evaluated]
-    losses = [0.0 if p is None else next(it) for p in reg_parts]
+    values_ = [next(it) for _ in names]
+    losses = [next(it) if part else 0.0 for part in in_loss]
     metrics["reg_loss"] = _psum(losses)
     metrics["reg_value"] = _psum(values_)
-    for (term, _, _), value, term_loss in zip(evaluated, values_, losses, strict=True):
-        metrics[f"reg_loss/{term.name}"] = term_loss
-        metrics[f"reg_value/{term.name}"] = value
+    for name, value, term_loss in zip(names, values_, losses, strict=True):
+        metrics[f"reg_loss/{name}"] = term_loss
+        metrics[f"reg_value/{name}"] = value
     metrics["loss"] = next(it)
     return metrics
 

@@ -63,7 +63,7 @@ from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
 from gbmpo.objectives.potentials import NegEntropy, Square
-from gbmpo.objectives.tensors import attach, compute_dtype, masked
+from gbmpo.objectives.tensors import attach, compute_dtype, masked, sync_free
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -336,7 +336,9 @@ def _k3_vg(logp: Tensor, anchor_logp: Tensor, clamp: float | None) -> tuple[Tens
     logp, anchor_logp = _compute(logp, anchor_logp)
     t = anchor_logp - logp
     e = exp_bound(t.dtype)
-    if float(t.max()) <= e:  # the usual case: no token on the tangent (one reduction, no where)
+    # the usual case: no token on the tangent (one reduction, no where); off the CPU and under
+    # torch.compile the where form, the same values, without reading t.max() back
+    if not sync_free(t) and float(t.max()) <= e:
         em = torch.expm1(t)
         value = em - t
     else:
@@ -379,7 +381,10 @@ def _clamp_keep(value: Tensor, mf: Tensor, clamp: float | None) -> tuple[Tensor,
 
 
 def _within_exp_bound(t: Tensor) -> bool:
-    """No log-ratio beyond :func:`exp_bound` (the tangent continuation is not reached)."""
+    """No log-ratio beyond :func:`exp_bound` (the tangent continuation is not reached). Under
+    ``torch.compile`` not read (False: the traced autograd form, right either way)."""
+    if torch.compiler.is_compiling():
+        return False
     return t.numel() == 0 or float(t.max()) <= exp_bound(t.dtype)
 
 

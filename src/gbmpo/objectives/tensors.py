@@ -17,7 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["attach", "check_mask", "compute_dtype", "float_mask", "masked", "masked_mean"]
+__all__ = [
+    "attach",
+    "check_mask",
+    "compute_dtype",
+    "float_mask",
+    "masked",
+    "masked_mean",
+    "sync_free",
+]
 
 
 def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
@@ -30,11 +38,21 @@ def compute_dtype(*tensors: Tensor | None) -> torch.dtype:
                                 for t in tensors) else torch.float32  # fmt: skip
 
 
+def sync_free(x: Tensor) -> bool:
+    """Whether the objectives avoid reading a value of ``x`` back to the host: when ``x`` is
+    off the CPU (each read stalls the device's queue until every launched kernel has run) or
+    inside ``torch.compile`` (a data-dependent branch breaks the graph). Their CPU-tuned forms,
+    a multiply checked by one finite sum instead of a ``where``, then take the ``where`` form
+    directly: the same values (a masked entry may be +0 instead of -0)."""
+    return x.device.type != "cpu" or torch.compiler.is_compiling()
+
+
 def check_mask(mask: Tensor, shape: torch.Size) -> Tensor:
     if tuple(mask.shape) != tuple(shape):
         raise ValueError(f"mask shape {tuple(mask.shape)} != logp shape {tuple(shape)}")
     if mask.dtype != torch.bool:
-        if not is_checked_mask(mask) and not ((mask == 0) | (mask == 1)).all():
+        if not torch.compiler.is_compiling() and not is_checked_mask(mask) \
+                and not ((mask == 0) | (mask == 1)).all():  # fmt: skip
             raise ValueError("mask must contain only 0 and 1")
         mask = mask != 0
     return mask
@@ -49,6 +67,8 @@ def float_mask(mask: Tensor, shape: torch.Size, dtype: torch.dtype) -> Tensor:
     if mask.dtype == torch.bool:
         return mask.to(dtype)
     mf = mask.to(dtype)
+    if torch.compiler.is_compiling():  # checked outside the graph (compiled_policy_loss)
+        return mf
     if not is_checked_mask(mf):
         if float((mf - mf * mf).abs().sum()) != 0.0:
             raise ValueError("mask must contain only 0 and 1")
@@ -79,6 +99,8 @@ def masked(x: Tensor, mf: Tensor) -> Tensor:
     value is not hidden), 0 where masked whatever ``x`` holds there. Computed as ``x * mf``
     (a multiply instead of a ``where``, ~10x cheaper on CPU) when that is finite, which it is
     unless some entry of ``x`` is NaN or infinite."""
+    if sync_free(x):
+        return torch.where(mf != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
     y = x * mf
     if math.isfinite(float(y.detach().sum())):  # a finite sum has only finite terms
         return y

@@ -5,7 +5,7 @@ measures drop tokens instead), with the measures of :mod:`gbmpo.objectives.clip_
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -78,14 +78,17 @@ class ATRSurrogate(KnownGradientSurrogate):
     delta: float
     dual_clip_c: float | None = None
     name: ClassVar[str] = "atr"
+    #: :func:`atr_bounds` of ``delta``, solved once (not per call: scipy's Lambert W is not
+    #: traced by ``torch.compile``)
+    _bounds: tuple[float, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        atr_bounds(self.delta)
+        object.__setattr__(self, "_bounds", atr_bounds(self.delta))
         _check_dual("atr", "dual_clip_c", self.dual_clip_c)
 
     @property
     def bounds(self) -> tuple[float, float]:
-        return atr_bounds(self.delta)
+        return self._bounds
 
     def known_gradient(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
@@ -260,15 +263,20 @@ class DivergenceClipSurrogate(KnownGradientSurrogate):
     @property
     def bounds(self) -> tuple[float, float]:
         """``(l, u)`` of a measure whose interval is the same for every token."""
-        lo, hi = self.radii
-        assert lo is not None and hi is not None
         fn = self._spec.bounds  # type: ignore[attr-defined]
         if fn is None:
             raise ValueError(
                 f"{self.name}: measure {self.measure!r} has per-token bounds; use "
                 "interval(old_logp)"
             )
-        return fn(lo, hi)
+        # solved once (k3's Lambert W is scipy's, which torch.compile does not trace)
+        cached: tuple[float, float] | None = getattr(self, "_bounds", None)
+        if cached is None:
+            lo, hi = self.radii
+            assert lo is not None and hi is not None
+            cached = fn(lo, hi)
+            object.__setattr__(self, "_bounds", cached)
+        return cached
 
     def interval(self, old_logp: Tensor) -> tuple[Tensor, Tensor]:
         """Per-token ``(l, u)`` (float64, the shape of ``old_logp``) for the tokens whose old
