@@ -273,6 +273,12 @@ def test_p_equal_q_elements_are_skipped_exactly(pattern):
     tab.bregman_log(a, r).sum().backward()
     assert torch.equal(a.grad, grad)
     assert bool((r.grad[same] == 0).all())
+    # mixed input dtypes: computed as float64, the same as float64 inputs
+    mixed, both = tab.bregman_log_and_grad(lp, lq.double()), tab.bregman_log_and_grad(
+        lp.double(), lq.double()
+    )
+    assert mixed[0].dtype == torch.float64
+    assert torch.equal(mixed[0], both[0]) and torch.equal(mixed[1], both[1])
     ve, ge = exact.bregman_log_and_grad(lp.double(), lq.double())
     assert _rel(value.double(), ve, ve > 0) <= TABLE_RTOL + 1e-7  # + float32 rounding
     assert _rel(grad.double(), ge, (ge != 0) & ((lp - lq).abs() >= 1e-6)) <= TABLE_RTOL + 1e-7

@@ -305,6 +305,9 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         and zero derivatives exactly, in the far form) and read back for them."""
         n = tq.numel()
         dev = tq.device
+        if tq.dtype != tp.dtype:  # one dtype for the [2, n] buffers
+            common = torch.promote_types(tq.dtype, tp.dtype)
+            tq, tp = tq.to(common), tp.to(common)
         moving_mask = (tp - tq if delta is None else delta).bool()  # x - y = 0 iff x = y
         slot = torch.cumsum(moving_mask, 0)
         moving = int(slot[-1]) if n else 0
@@ -462,7 +465,8 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         """:meth:`bregman_log` and its derivative in ``logp``, p (h'(p) - h'(q)) (0 below the
         floor), without autograd: the regularizer's fused value and gradient."""
         dtype = compute_dtype(logp, anchor_logp)
-        logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
+        if logp.shape != anchor_logp.shape:
+            logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
         value, gp, _ = self._log_forward(logp, anchor_logp, dtype, True, False)
         assert gp is not None
         return value, gp
@@ -480,7 +484,7 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         if lp.numel() == 0:
             empty = lp.to(dtype).view(shape)
             return empty, (empty if want_p else None), (empty if want_q else None)
-        ends = [float(x) for a in (lp, lq) for x in torch.aminmax(a)]  # NaN shows here
+        ends = torch.stack((*torch.aminmax(lp), *torch.aminmax(lq))).tolist()  # NaN shows
         if all(_TABLE_T0 <= x <= _TABLE_T1 for x in ends):  # the common case
             out = self._kernel(lq, lp, None, want_p, want_q, dtype)
             return tuple(None if o is None else o.view(shape) for o in out)  # type: ignore[return-value]
