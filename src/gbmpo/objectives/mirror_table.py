@@ -114,7 +114,7 @@ class TabulatedMirrorMap(NeuralMirrorMap):
     log p of the others go through each step together (one float64 [2, n] buffer, converted
     once), the six coefficients by one gather each, P and P' by one Horner recurrence (nine
     fused multiply-adds), the far form on every element and the near form on the few with
-    |delta| < Delta / 2 only, from q's coefficients already gathered (about 25 small ops); the
+    |delta| < Delta / 2 only, from q's coefficients already gathered (about 27 small ops); the
     regularizer takes value and gradient in log p from :meth:`bregman_log_and_grad` (no
     autograd graph, float-mask arithmetic).
     """
