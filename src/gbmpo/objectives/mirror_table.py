@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -64,6 +64,14 @@ def quintic_hermite_coeffs(
     )
 
 
+class _DeviceConsts(NamedTuple):
+    """Per-device constants of a table's kernel (:meth:`TabulatedMirrorMap._consts`)."""
+
+    rows: tuple[Tensor, ...]
+    origin: Tensor
+    phi: tuple[Tensor, ...]
+
+
 class TabulatedMirrorMap(NeuralMirrorMap):
     """A :class:`NeuralMirrorMap` whose D_h is read from a float64 table in t = log y, to a
     relative error of at most 1e-6 of D_h (measured at build, :attr:`table_error`), p = q
@@ -101,12 +109,14 @@ class TabulatedMirrorMap(NeuralMirrorMap):
     -q h''(q)(p - q) = -(G''(t_q) - G'(t_q)) expm1(delta). Arguments beyond y = e (no
     probabilities) use the exact map. Math is float64; the result has the exact map's dtype.
 
-    Cost (:meth:`_kernel`): log q and log p go through each step together (one [2, n] buffer),
-    the cell coordinates straight from the (float32) inputs in float64, the six coefficients
-    by one gather each, P and P' by one Horner recurrence (nine fused multiply-adds), the far
-    form on every element and the near form on the few with |delta| <= Delta / 2 only, from
-    q's coefficients already gathered; the regularizer takes value and gradient in log p from
-    :meth:`bregman_log_and_grad` (no autograd graph, float-mask arithmetic).
+    Cost (:meth:`_kernel`): the elements with p = q (padding, a policy at its reference: D = 0
+    exactly) are skipped by a branch-free compaction when they are more than 1/16; log q and
+    log p of the others go through each step together (one float64 [2, n] buffer, converted
+    once), the six coefficients by one gather each, P and P' by one Horner recurrence (nine
+    fused multiply-adds), the far form on every element and the near form on the few with
+    |delta| < Delta / 2 only, from q's coefficients already gathered (about 27 small ops); the
+    regularizer takes value and gradient in log p from :meth:`bregman_log_and_grad` (no
+    autograd graph, float-mask arithmetic).
     """
 
     def __init__(self, mirror: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
@@ -134,6 +144,7 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         # polynomial re-expanded about s = 1) so that t = t1 exactly needs no index clamp
         self._table_cpu = torch.cat([coef, _shift_by_one(coef[-1])[None]]).t().contiguous()
         self._tables: dict[torch.device, Tensor] = {}
+        self._dev: dict[torch.device, _DeviceConsts] = {}
         y0 = torch.tensor([PROB_FLOOR], dtype=torch.float64)
         self._h0 = float(self._exact.potential(y0)[0])
         self._g0 = float(self._exact.derivative(y0)[0])
@@ -279,64 +290,97 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         return tuple(None if o is None else o.view(shape) for o in out)  # type: ignore[return-value]
 
     def _kernel(
-        self, tq: Tensor, tp: Tensor, delta: Tensor, want_p: bool, want_q: bool
+        self, tq: Tensor, tp: Tensor, delta: Tensor | None, want_p: bool, want_q: bool,
+        dtype: torch.dtype = torch.float64,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """The divergence (class docstring) and its derivatives in log p and log q, flat
-        float64, from flat log q, log p (float32 or float64, finite, inside [t0, t1]) and
-        float64 ``delta`` = log p - log q. Each step is one pass over both points at once: the
-        cell coordinates (u = (t - t0) / Delta straight from the inputs, index by truncation,
-        s = frac(u)), six gathers, one Horner recurrence for P and P' (synthetic division),
-        the far form everywhere, then the near form on the elements with 0 < |delta| <
-        Delta / 2 only (from q's coefficients and P'(s_q), already at hand), which it
-        overwrites."""
-        n = delta.numel()
-        moving = int(torch.count_nonzero(delta))
-        if moving < n - n // 16:
-            # p = q (delta = 0: padding, a policy still at its reference) gives D = 0 and
-            # zero derivatives exactly: only the other elements are evaluated
-            out = []
-            idx = delta.nonzero().view(-1) if moving else None
-            sub = (
-                self._kernel(*(x.index_select(0, idx) for x in (tq, tp, delta)), want_p, want_q)
-                if idx is not None else (None, None, None)
-            )
-            for o, wanted in zip(sub, (True, want_p, want_q), strict=True):
-                full = torch.zeros(n, dtype=torch.float64, device=delta.device) if wanted else None
-                if full is not None and o is not None and idx is not None:
-                    full.index_copy_(0, idx, o)
-                out.append(full)
-            return out[0], out[1], out[2]  # type: ignore[return-value]
+        """The divergence (class docstring) and its derivatives in log p and log q, flat, in
+        ``dtype``, from flat log q, log p (float32 or float64, finite, inside [t0, t1]) and
+        float64 ``delta`` = log p - log q (None: formed here, exactly, from log p and log q).
+
+        p = q (delta = 0: padding, a policy still at its reference) gives D = 0 and zero
+        derivatives exactly; when more than 1/16 of the elements have it, only the others go
+        through :meth:`_kernel_dense`. The compaction is branch-free, so it costs the same
+        whatever the pattern of the padding: a running count of the moving elements is each
+        one's slot, the p = q elements all go to slot 0, which is then set to p = q = 1 (D = 0
+        and zero derivatives exactly, in the far form) and read back for them."""
+        n = tq.numel()
+        dev = tq.device
+        if tq.dtype != tp.dtype:  # one dtype for the [2, n] buffers
+            common = torch.promote_types(tq.dtype, tp.dtype)
+            tq, tp = tq.to(common), tp.to(common)
+        moving_mask = (tp - tq if delta is None else delta).bool()  # x - y = 0 iff x = y
+        slot = torch.cumsum(moving_mask, 0)
+        moving = int(slot[-1]) if n else 0
+        if moving >= n - n // 16:  # (almost) nothing to skip
+            tqp = torch.stack((tq, tp))
+            out = self._kernel_dense(tqp, delta, want_p, want_q, moving == n)
+            return tuple(None if o is None else o.to(dtype) for o in out)  # type: ignore[return-value]
+        slot = torch.where(moving_mask, slot, 0)
+        tqp = torch.empty((2, moving + 1), dtype=tq.dtype, device=dev)
+        tqp[0].scatter_(0, slot, tq)
+        tqp[1].scatter_(0, slot, tp)
+        tqp[:, 0].zero_()
+        if delta is not None:
+            delta = torch.empty(moving + 1, dtype=delta.dtype, device=dev).scatter_(0, slot, delta)
+            delta[0] = 0.0
+        out = self._kernel_dense(tqp, delta, want_p, want_q, None)
+        return tuple(  # type: ignore[return-value]
+            None if o is None else o.to(dtype).index_select(0, slot) for o in out
+        )
+
+    def _kernel_dense(
+        self, tqp: Tensor, delta: Tensor | None, want_p: bool, want_q: bool,
+        moving: bool | None,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """:meth:`_kernel` on every element of ``tqp`` = [log q; log p] ([2, n]), float64 out.
+        The near form is taken where 0 < |delta| < Delta / 2; ``moving``: True where no delta
+        is 0 (one test fewer), None where only element 0 is (a compacted batch's slot 0, left
+        to the far form). Each step is one pass over both points at once: the cell coordinates
+        (u = (t - t0) / Delta, index by truncation, s = frac(u)), six gathers, one Horner
+        recurrence for P and P' (synthetic division), the far form everywhere, then the near
+        form on the few elements with 0 < |delta| < Delta / 2 only (from q's coefficients and
+        P'(s_q), already at hand), which it overwrites."""
+        n = tqp.shape[1]
+        consts = self._consts(tqp.device)
         inv = 1.0 / self._dt
-        u = torch.empty((2, n), dtype=torch.float64, device=delta.device)
-        origin = torch.full((1,), -_TABLE_T0 * inv, dtype=torch.float64, device=delta.device)
-        torch.add(origin, tq, alpha=inv, out=u[0])  # float64 arithmetic for float32 inputs too
-        torch.add(origin, tp, alpha=inv, out=u[1])
+        # float64 first, then float64-only arithmetic (mixed-dtype arithmetic runs at about
+        # half the speed per element on CPU)
+        t = tqp.to(torch.float64)
+        if delta is None:  # exact for float32 inputs
+            t_q, t_p = t.unbind()
+            delta = t_p - t_q
+        u = torch.add(consts.origin, t, alpha=inv).view(-1)  # q's elements first, then p's
         ix = u.to(torch.int32)  # u >= 0: truncation is the floor; u = cells reads the padding
         s = u.frac_()
-        rows = self._table(delta.device)
-        flat = ix.view(-1)
-        c = tuple(rows[k].index_select(0, flat).view(2, n) for k in range(6))
-        # 0 < |delta| < Delta / 2: delta = 0 (padding, p = q) is exactly 0 in the far form
-        # (the same cell and s at both points; e^0 = 1), so it stays there
-        half = 0.5 * _NEAR * self._dt
-        near = delta.abs().sub_(half).abs_().lt_(half).nonzero().view(-1)
-        q_near: tuple[Tensor, ...] = ()
-        if near.numel():  # q's cell coordinate and c2..c5 there, before Horner overwrites them
-            q_near = tuple(x[0].index_select(0, near) for x in (s, *c[2:]))
-        d2q = _d2p_rows(s[0], c[2][0], c[3][0], c[4][0], c[5][0]) if want_q else None
-        g, dg = _p_and_dp_(s, c)  # G and Delta G' at log q (row 0) and log p (row 1)
+        c = tuple(row.index_select(0, ix) for row in consts.rows)
+        # 0 < |delta| < Delta / 2: delta = 0 (p = q) is exactly 0 in the far form (the same
+        # cell and s at both points; e^0 = 1), so it stays there
+        half = 0.5 * self._dt
+        if moving is False:
+            near = delta.abs().sub_(0.5 * half).abs_().lt_(0.5 * half).nonzero().view(-1)
+        else:
+            near = delta.abs().lt_(half).nonzero().view(-1)
+            if moving is None:  # element 0 (delta = 0) is the first index found
+                near = near[1:]
+        # q's cell coordinate and c2..c5 there (the first n flat elements are q's), before
+        # Horner overwrites them
+        q_near = tuple(x.index_select(0, near) for x in (s, *c[2:])) if near.numel() else ()
+        d2q = _d2p_rows(*(x[:n] for x in (s, *c[2:]))) if want_q else None
+        g, dg = _p_and_dp_(s, c)  # G and Delta G' at log q (first half) and log p
+        g0, g1 = g.view(2, n).unbind()
+        dg0, dg1 = dg.view(2, n).unbind()
         e = torch.exp(delta)
-        em1 = e - 1.0  # no cancellation where the far form is kept (|delta| > Delta / 2)
         grad = grad_q = None
-        if d2q is not None:
-            grad_q = d2q.mul_(inv * inv).sub_(dg[0], alpha=inv).mul_(em1).neg_()
-        value = g[1].sub_(g[0]).addcmul_(em1, dg[0], value=-inv)
         if want_p:
-            grad = dg[1].addcmul_(e, dg[0], value=-1.0).mul_(inv)
+            grad = dg1.addcmul_(e, dg0, value=-1.0).mul_(inv)
+        em1 = e.sub_(1.0)  # no cancellation where the far form is kept (|delta| > Delta / 2)
+        if d2q is not None:
+            grad_q = d2q.mul_(inv * inv).sub_(dg0, alpha=inv).mul_(em1).neg_()
+        value = g1.sub_(g0).addcmul_(em1, dg0, value=-inv)
         if near.numel():
             nv, ng, ngq = _near_form(
-                delta.index_select(0, near), dg[0].index_select(0, near), *q_near, inv,
-                want_p, want_q,
+                delta.index_select(0, near), dg0.index_select(0, near), *q_near, self._dt,
+                want_p, want_q, consts.phi,
             )
             value.index_copy_(0, near, nv)
             if grad is not None and ng is not None:
@@ -344,6 +388,17 @@ class TabulatedMirrorMap(NeuralMirrorMap):
             if grad_q is not None and ngq is not None:
                 grad_q.index_copy_(0, near, ngq)
         return value.clamp_min_(0.0), grad, grad_q
+
+    def _consts(self, device: torch.device) -> _DeviceConsts:
+        """The table's rows c_k, the origin -t0 / Delta and the first :data:`_N_PHI` Taylor
+        coefficients of phi (0-dim, one fused multiply-add per Horner step in
+        :func:`_near_form`), float64 on ``device``, cached."""
+        if device not in self._dev:
+            rows = self._table(device)
+            phi = torch.tensor(_PHI_COEFFS[:_N_PHI], dtype=torch.float64, device=device)
+            origin = torch.full((1, 1), -_TABLE_T0 / self._dt, dtype=torch.float64, device=device)
+            self._dev[device] = _DeviceConsts(tuple(rows.unbind()), origin, tuple(phi.unbind()))
+        return self._dev[device]
 
     def _beyond(self, *ts: Tensor) -> bool:
         return any(t.numel() > 0 and float(t.max()) > _TABLE_T1 for t in ts)
@@ -411,7 +466,8 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         """:meth:`bregman_log` and its derivative in ``logp``, p (h'(p) - h'(q)) (0 below the
         floor), without autograd: the regularizer's fused value and gradient."""
         dtype = compute_dtype(logp, anchor_logp)
-        logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
+        if logp.shape != anchor_logp.shape:
+            logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
         value, gp, _ = self._log_forward(logp, anchor_logp, dtype, True, False)
         assert gp is not None
         return value, gp
@@ -420,48 +476,48 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         self, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype, want_p: bool, want_q: bool
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """D and its derivatives in log p and log q (zero below the floor), in ``dtype``:
-        (log q, log p) converted to float64 once into one [2, n] buffer for :meth:`_kernel`;
-        NaN propagates, and elements beyond log y = 1 (no probabilities) take the exact map."""
+        inputs inside the grid (the common case, checked by one ``aminmax`` each) go to
+        :meth:`_kernel` as they are; otherwise they are converted to float64 and clamped, NaN
+        propagates, and elements beyond log y = 1 (no probabilities) take the exact map."""
         shape = logp.shape
         lp, lq = logp.detach().reshape(-1), anchor_logp.detach().reshape(-1)
         f64 = torch.float64
         if lp.numel() == 0:
             empty = lp.to(dtype).view(shape)
             return empty, (empty if want_p else None), (empty if want_q else None)
-        ends = [float(x) for a in (lp, lq) for x in torch.aminmax(a)]  # NaN shows here
-        bad = over = below = None
+        ends = torch.stack((*torch.aminmax(lp), *torch.aminmax(lq))).tolist()  # NaN shows
         if all(_TABLE_T0 <= x <= _TABLE_T1 for x in ends):  # the common case
-            tq = lq.to(f64)
-            tp = lp
-            delta = torch.sub(lp, tq)  # float64 (tq is): exact for float32 inputs
-        else:  # NaN or inf (evaluated at 0, then NaN), beyond the grid, below the floor
-            tq, tp = lq.to(f64, copy=True), lp.to(f64, copy=True)
-            bad = ~(torch.isfinite(tq) & torch.isfinite(tp))
-            if bool(bad.any()):
-                tq.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-                tp.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-            else:
-                bad = None
-            over = (tq > _TABLE_T1) | (tp > _TABLE_T1)  # the exact map there (below)
-            if want_p or want_q:  # gradient 0 below the floor
-                below = (tq >= _TABLE_T0, tp >= _TABLE_T0)
-            tq.clamp_(_TABLE_T0, _TABLE_T1)
-            tp.clamp_(_TABLE_T0, _TABLE_T1)
-            delta = tp - tq
-        value, gp, gq = self._kernel(tq, tp, delta, want_p, want_q)
+            out = self._kernel(lq, lp, None, want_p, want_q, dtype)
+            return tuple(None if o is None else o.view(shape) for o in out)  # type: ignore[return-value]
+        # NaN or inf (evaluated at 0, then NaN), beyond the grid, below the floor
+        tq, tp = lq.to(f64, copy=True), lp.to(f64, copy=True)
+        bad: Tensor | None = ~(torch.isfinite(tq) & torch.isfinite(tp))
+        if bool(bad.any()):
+            tq.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+            tp.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        else:
+            bad = None
+        over = (tq > _TABLE_T1) | (tp > _TABLE_T1)  # the exact map there (below)
+        below = None
+        if want_p or want_q:  # gradient 0 below the floor
+            below = (tq >= _TABLE_T0, tp >= _TABLE_T0)
+        tq.clamp_(_TABLE_T0, _TABLE_T1)
+        tp.clamp_(_TABLE_T0, _TABLE_T1)
+        delta = tp - tq
+        value, gp, gq = self._kernel(tq, tp, delta, want_p, want_q, dtype)
         if below is not None:
             if gp is not None:
                 gp.mul_(below[1])
             if gq is not None:
                 gq.mul_(below[0])
-        if over is not None and bool(over.any()):
+        if bool(over.any()):
             self._exact_at(over, lp, lq, value, gp, gq)
         if bad is not None:
             for o in (value, gp, gq):
                 if o is not None:
                     o.masked_fill_(bad, math.nan)
         return tuple(  # type: ignore[return-value]
-            None if o is None else o.to(dtype).view(shape) for o in (value, gp, gq)
+            None if o is None else o.view(shape) for o in (value, gp, gq)
         )
 
     def _exact_at(
@@ -476,12 +532,14 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         d, dh = self._exact._bregman_and_grad(
             p.clamp_min(PROB_FLOOR), q.clamp_min(PROB_FLOOR), want_grad=gp is not None
         )
-        value.index_copy_(0, idx, d)
+        value.index_copy_(0, idx, d.to(value.dtype))
         if gp is not None and dh is not None:
-            gp.index_copy_(0, idx, p * dh * (p >= PROB_FLOOR))
+            gp.index_copy_(0, idx, (p * dh * (p >= PROB_FLOOR)).to(gp.dtype))
         if gq is not None:
             h2 = self._exact.second_derivative(q.clamp_min(PROB_FLOOR))
-            gq.index_copy_(0, idx, -q * h2 * (p.clamp_min(PROB_FLOOR) - q) * (q >= PROB_FLOOR))
+            gq.index_copy_(
+                0, idx, (-q * h2 * (p.clamp_min(PROB_FLOOR) - q) * (q >= PROB_FLOOR)).to(gq.dtype)
+            )
 
     def _apply(self, tq: Tensor, delta: Tensor, dtype: torch.dtype) -> Tensor:
         if torch.is_grad_enabled() and (tq.requires_grad or delta.requires_grad):
@@ -532,41 +590,49 @@ def _d2p_rows(s: Tensor, c2: Tensor, c3: Tensor, c4: Tensor, c5: Tensor) -> Tens
 
 def _near_form(
     delta: Tensor, dpq: Tensor, s: Tensor, c2: Tensor, c3: Tensor, c4: Tensor, c5: Tensor,
-    inv: float, want_p: bool, want_q: bool,
+    dt: float, want_p: bool, want_q: bool, phi_coeffs: Sequence[Tensor],
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """The near-p = q forms of :class:`TabulatedMirrorMap` (class docstring) on q's cell
     polynomial P, from delta = log p - log q, P'(s_q) = Delta G'(t_q), s_q and c2..c5: with
-    h = delta / Delta and the Taylor coefficients a_j = P^(j)(s_q) / j! (a2 = c2 + s (3 c3 +
-    s (6 c4 + 10 s c5)), a3 = c3 + s (4 c4 + 10 s c5), a4 = c4 + 5 s c5, a5 = c5),
+    h = delta / Delta and the Taylor coefficients a_j = P^(j)(s_q) / j! (a2 = c2 + 3 s (c3 +
+    2 s (c4 + (5/3) s c5)), a3 = c3 + 4 s (c4 + 2.5 s c5), a4 = c4 + 5 s c5, a5 = c5),
 
         R = (P(s + h) - P(s) - P'(s) h) / h^2 = a2 + h (a3 + h (a4 + h a5)),
-        Q = (P'(s + h) - P'(s)) / h = 2 a2 + h (3 a3 + h (4 a4 + 5 h a5)),
-        D = delta^2 (R / Delta^2 - P'(s) phi(delta) / Delta),
-        d D / d log p = delta (Q / Delta^2 - (1 + delta phi) P'(s) / Delta),
+        Q / 2 = (P'(s + h) - P'(s)) / (2 h) = a2 + 1.5 h (a3 + (4/3) h (a4 + 1.25 h a5)),
+        D = delta^2 (R / Delta^2 - P'(s) phi(delta) / Delta) = h^2 (R - Delta P'(s) phi),
+        d D / d log p = delta (Q / Delta^2 - (1 + delta phi) P'(s) / Delta)
+                      = 2 h / Delta (Q / 2 - (Delta / 2) (P'(s) + delta P'(s) phi)),
         d D / d log q = -(2 a2 / Delta^2 - P'(s) / Delta) delta (1 + delta phi),
 
-    phi(delta) = (e^delta - 1 - delta) / delta^2 by its Taylor series (|delta| <= Delta / 2 <
-    0.006: the terms beyond delta^5 / 7! are below 1e-17)."""
+    phi(delta) = (e^delta - 1 - delta) / delta^2 by its Taylor series (``phi_coeffs``, 0-dim
+    tensors; |delta| <= Delta / 2 < 0.006: the terms beyond delta^5 / 7! are below 1e-17),
+    each Horner step one fused multiply-add on the few near elements."""
+    inv = 1.0 / dt
     h = delta * inv
-    sc5 = s * c5
-    a4 = torch.add(c4, sc5, alpha=5.0)
-    a3 = torch.add(c4, sc5, alpha=2.5).mul_(s).mul_(4.0).add_(c3)
-    a2 = torch.add(c4, sc5, alpha=10.0 / 6.0).mul_(s).mul_(2.0).add_(c3).mul_(s).mul_(3.0).add_(c2)
-    r = torch.addcmul(a4, h, c5).mul_(h).add_(a3).mul_(h).add_(a2)
-    phi = torch.full_like(delta, _PHI_COEFFS[_N_PHI - 1])
-    for cf in reversed(_PHI_COEFFS[: _N_PHI - 1]):
-        phi.mul_(delta).add_(cf)
-    d2 = delta * delta
-    value = torch.mul(r, inv * inv).sub_(dpq * phi, alpha=inv).mul_(d2)
-    one_p = torch.mul(delta, phi).add_(1.0)  # (e^delta - 1) / delta
+    a4 = torch.addcmul(c4, s, c5, value=5.0)
+    a3 = torch.addcmul(c4, s, c5, value=2.5)
+    a3 = torch.addcmul(c3, s, a3, value=4.0, out=a3)
+    a2 = torch.addcmul(c4, s, c5, value=5.0 / 3.0)
+    a2 = torch.addcmul(c3, s, a2, value=2.0, out=a2)
+    a2 = torch.addcmul(c2, s, a2, value=3.0, out=a2)
+    r = torch.addcmul(a4, h, c5)
+    r = torch.addcmul(a3, h, r, out=r)
+    r = torch.addcmul(a2, h, r, out=r)
+    phi = torch.mul(delta, phi_coeffs[-1]).add_(phi_coeffs[-2])
+    for cf in reversed(phi_coeffs[:-2]):
+        phi = torch.addcmul(cf, delta, phi, out=phi)
+    w = dpq * phi  # P'(s) phi
+    value = r.sub_(w, alpha=dt).mul_(h).mul_(h)
     grad = grad_q = None
     if want_p:
-        qd = torch.mul(h, c5).mul_(5.0).add_(a4, alpha=4.0).mul_(h)
-        qd = qd.add_(a3, alpha=3.0).mul_(h).add_(a2, alpha=2.0)
-        grad = qd.mul_(inv * inv).sub_(one_p * dpq, alpha=inv).mul_(delta)
-    if want_q:
-        grad_q = torch.mul(a2, 2.0 * inv * inv).sub_(dpq, alpha=inv).mul_(one_p).mul_(delta)
-        grad_q.neg_()
+        qh = torch.addcmul(a4, h, c5, value=1.25)
+        qh = torch.addcmul(a3, h, qh, value=4.0 / 3.0, out=qh)
+        qh = torch.addcmul(a2, h, qh, value=1.5, out=qh)  # Q / 2
+        grad = qh.sub_(dpq, alpha=0.5 * dt).addcmul_(delta, w, value=-0.5 * dt)
+        grad = grad.mul_(h).mul_(2.0 * inv)
+    if want_q:  # -(2 a2 / Delta^2 - P'(s) / Delta) (delta + delta^2 phi)
+        grad_q = torch.mul(a2, -2.0 * inv * inv).add_(dpq, alpha=inv).mul_(delta)
+        grad_q = grad_q.addcmul_(grad_q, delta * phi)
     return value, grad, grad_q
 
 
