@@ -140,7 +140,8 @@ def load_objectives(rev: str) -> ModuleType:
 
 
 def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], regularizer: str,
-              x: dict[str, torch.Tensor], compile_: bool = False):  # noqa: ANN201  # fmt: skip
+              x: dict[str, torch.Tensor], compile_: bool = False,
+              read_metrics: bool = True):  # noqa: ANN201  # fmt: skip
     params = dict(surrogate[1])
     if params.get("mirror") == "table":
         params["mirror"] = _tabulated_map(objectives)
@@ -169,6 +170,17 @@ def make_step(objectives: ModuleType, surrogate: tuple[str, dict[str, Any]], reg
         torch._dynamo.reset()
     policy_loss = (objectives.compiled_policy_loss() if compile_
                    else objectives.compute_policy_loss)  # fmt: skip
+    if compile_ and not read_metrics:
+        # the compiled graph alone: the metrics stay on the device (the attribution of their
+        # one host read; not a public mode)
+        core = torch.compile(importlib.import_module(objectives.__name__ + ".loss")._policy_loss)
+
+        def policy_loss(**kw: Any) -> tuple[torch.Tensor, None]:
+            kw.setdefault("max_len", None)
+            kw.setdefault("num_sequences", None)
+            kw.setdefault("num_tokens", None)
+            kw.setdefault("token_weights", None)
+            return core(**kw)[0], None
 
     def step() -> None:
         lp = x["logp"].clone().requires_grad_(True)
@@ -264,7 +276,12 @@ def main() -> None:
                     help="time gbmpo.objectives.compiled_policy_loss against the TRL-style loss "
                          "under torch.compile too (the eager TRL-style loss is timed once at "
                          "the start, for a second ratio); not with --before")
+    ap.add_argument("--no-metrics-read", action="store_true",
+                    help="with --compile: leave the metrics on the device (no host read per "
+                         "call), to attribute that read's cost")
     a = ap.parse_args()
+    if a.no_metrics_read and not a.compile:
+        ap.error("--no-metrics-read needs --compile")
     if a.compile and a.before:
         ap.error("--compile times this revision's compiled_policy_loss; leave out --before")
     global ON_CUDA
@@ -295,6 +312,7 @@ def main() -> None:
     result.update({"shape": [b, t], "tokens": int(x["mask"].sum()), "threads": 1,
                    "ref_noise": a.ref_noise,
                    "device": a.device, "compile": a.compile,
+                   "metrics_read": not a.no_metrics_read,
                    "device_name": torch.cuda.get_device_name() if ON_CUDA else None,
                    "torch": torch.__version__,
                    "before": a.before, "rows": []})  # fmt: skip
@@ -332,7 +350,8 @@ def main() -> None:
                     cells.append(f"{'-':>10s} {'-':>8s}")
                     continue
                 try:
-                    fn = make_step(mod, SURROGATE_CASES[sn], rn, x, compile_=a.compile)
+                    fn = make_step(mod, SURROGATE_CASES[sn], rn, x, compile_=a.compile,
+                                   read_metrics=not a.no_metrics_read)
                 except Exception:  # noqa: BLE001 - a name or parameter this revision lacks
                     if c != "before":
                         raise
