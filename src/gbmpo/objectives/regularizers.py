@@ -450,7 +450,7 @@ def _k3_is_vb(
     em = torch.expm1(t)
     k, keep = _clamp_keep(em - t, mf, clamp)
     w_m = w * mf
-    w_k = w * keep
+    w_k = w_m if keep is mf else w * keep  # no clamp: keep is the mask itself, the same bits
     em1 = em.add_(1.0)  # em is not read again (k is a new tensor)
 
     def backward(u: Tensor) -> Tensor:
