@@ -53,7 +53,6 @@ KNOWN_SECONDS: dict[str, float] = {
     "tests/engines/test_trl_engine.py::"
     "test_first_update_on_a_fixed_batch_is_the_same_on_two_processes": 63,
     "tests/test_readme.py::test_verl_quick_start_prints_the_overrides_shown_and_they_compose": 74,
-    "tests/engines/test_trl_engine.py::test_two_processes_train_two_steps": 61,
     "tests/test_benchmarks_smoke.py::test_estimator_cost_benchmark_toy": 57,
     "tests/cli/test_user_data_cli.py::test_own_data_page_commands_run_verbatim": 52,
     "tests/test_packaging.py::test_wheel_in_a_fresh_venv_runs_the_dry_run": 48,
