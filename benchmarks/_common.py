@@ -65,13 +65,24 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def machine() -> dict[str, Any]:
-    import torch
+def _torch_version() -> str:
+    """The installed torch's version, from its package metadata: a driver that only starts
+    children (which measure) does not import torch for it (a second and more per benchmark)."""
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
+        return version("torch")
+    except PackageNotFoundError:  # a torch without metadata (e.g. on the path from a build)
+        import torch
+
+        return str(torch.__version__)
+
+
+def machine() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
-        "torch": torch.__version__,
+        "torch": _torch_version(),
         "loadavg_start": load_average(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

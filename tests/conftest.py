@@ -3,7 +3,8 @@
 ``micro_model_dir`` / ``micro_model``: a micro Qwen3 (random weights, ~0.1M parameters) with a
 small byte-level BPE tokenizer trained on arithmetic problems, saved like a real checkpoint
 (trainer, rollout and CLI tests). ``sandbox``: one fully protected code sandbox per test session
-(sandbox and code-reward tests).
+(sandbox and code-reward tests). ``verl_check_memo``: verl's validation of a composed config
+(``gbmpo train --engine verl --dry-run``) run once per distinct input in a worker.
 
 ``data_mode`` runs a test twice: with the data sets as this checkout has them (``packed``:
 GSM8K/MBPP packed into the package at install, where the install found them) and as a user's
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -221,3 +223,34 @@ def sandbox() -> Iterator[Sandbox]:
         pytest.skip(f"sandbox cannot start here: {exc}")
     yield box
     box.close()
+
+
+#: verl's validations of composed configs in this worker, by their input (``verl_check_memo``)
+_VERL_CHECKS: dict[tuple[object, ...], subprocess.CompletedProcess[str]] = {}
+
+
+@pytest.fixture(scope="module")
+def verl_check_memo() -> Iterator[dict[tuple[object, ...], subprocess.CompletedProcess[str]]]:
+    """For a module's tests, ``gbmpo train --engine verl --dry-run`` runs verl's validation (the
+    subprocess in verl's environment that composes ``ppo_trainer.yaml`` with the overrides:
+    several seconds, most of them importing verl) once per distinct input in this worker: a dry
+    run whose interpreter, overrides, plugins and platform an earlier one had gets that one's
+    result (exit status and output; the validation is a function of these and reads no data set,
+    so ``data_mode`` does not change it). Everything on gbmpo's side of the dry run still runs
+    each time. Yields the memo (input -> result). A test file that uses it
+    through a module-scoped fixture of its own stays on one xdist worker (``xdist_schedule``),
+    so its dry runs share the memo."""
+    from gbmpo.engines import verl_runner
+
+    real = verl_runner._verl_check
+
+    def once(python: str, ov: list[str], tmp: Path, plugins: list[str] | None = None, *,
+             cpu: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        key = (python, tuple(ov), tuple(plugins or ()), cpu)
+        if key not in _VERL_CHECKS:
+            _VERL_CHECKS[key] = real(python, ov, tmp, plugins, cpu=cpu)
+        return _VERL_CHECKS[key]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verl_runner, "_verl_check", once)
+        yield _VERL_CHECKS

@@ -16,6 +16,14 @@ PLACEHOLDERS = ("...", "my.yaml", "my_config")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "engines.md"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _verl_validates_each_config_once(verl_check_memo: dict) -> dict:
+    """verl's validation of a composed config runs once per distinct config in this file (the
+    ``packed`` and ``hidden`` dry runs of a config compose the same one: tests/conftest.py);
+    module-scoped, so this file's tests stay on one xdist worker and share it."""
+    return verl_check_memo
+
+
 def _commands() -> list[str]:
     blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
     seen: dict[str, None] = {}

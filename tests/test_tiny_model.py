@@ -214,8 +214,11 @@ def test_build_keeps_every_eval_as_a_loadable_candidate(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
+    # 4 new tokens per held-out answer: the evaluations' numbers are only compared with what
+    # each saved candidate recorded (40 tokens, the build's, cost most of the test)
     cfg = builder.BuildConfig(batch_size=8, max_steps=2, eval_every=1, warmup_steps=1,
-                              target_acc=2.0, tokenizer_corpus=500, eval_batch_size=200)
+                              target_acc=2.0, tokenizer_corpus=500, eval_batch_size=200,
+                              max_new_tokens=4)  # fmt: skip
     info = builder.build(cfg, tmp_path / "final", require_target=False,
                          log=lambda *_: None, keep_evals=tmp_path / "evals")
     assert sorted(p.name for p in (tmp_path / "evals").iterdir()) == ["step1", "step2"]

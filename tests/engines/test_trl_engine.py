@@ -27,9 +27,6 @@ SMALL = ["--rollout.prompts_per_step", "2", "--num-generations", "4", "--max-new
          "--run.progress", "false", "--run.checkpoint_every", "0"]  # fmt: skip
 
 
-CLI = "import sys; from gbmpo.cli import main; sys.exit(main(sys.argv[1:]))"
-
-
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TOKENIZERS_PARALLELISM": "false"}
 
@@ -212,19 +209,9 @@ def test_own_engine_refuses_vllm(capsys: pytest.CaptureFixture) -> None:
         capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_two_processes_train_two_steps(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "-c", CLI, "train", "--engine", "trl", "--num-processes", "2",
-         "--steps", "2", "--output-dir", str(out), *SMALL],
-        env=_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["steps"] == 2 and summary["trl/world_size"] == 2
-    assert (out / "model" / "config.json").is_file()
-    assert "finished 2 steps (trl)" in proc.stdout
+# A 2-process run from the command line to its end (summary line, summary.json with
+# trl/world_size 2, the saved model): test_trl_signals.py's stop-and-resume test, whose launch
+# covers it.
 
 
 def test_bnpo_update_does_not_depend_on_the_micro_batch_size(tmp_path: Path) -> None:
@@ -250,20 +237,27 @@ def test_bnpo_update_does_not_depend_on_the_micro_batch_size(tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_first_update_on_a_fixed_batch_is_the_same_on_two_processes(tmp_path: Path) -> None:
-    """dr_grpo and bnpo, each trained in turn in the same launch (one launch of 1 process and
-    one of 2, instead of one of each per aggregation)."""
+    """dr_grpo and bnpo, each trained in turn in the same launch (one launch of 2 processes
+    instead of one per aggregation); the 1-process update in this process (as in
+    test_bnpo_update_does_not_depend_on_the_micro_batch_size), not in a fresh one that would
+    import torch, transformers and TRL again."""
+    import importlib.util
+
     import torch
 
-    script = str(Path(__file__).with_name("_trl_fixed_batch_update.py"))
+    script = Path(__file__).with_name("_trl_fixed_batch_update.py")
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
               "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
               "--dynamo_backend", "no"]  # fmt: skip
     aggregations = ["dr_grpo", "bnpo"]
-    for cmd, name in (([sys.executable], "one.pt"), (launch, "two.pt")):
-        proc = subprocess.run([*cmd, script, str(tmp_path / name), ",".join(aggregations)],
-                              env=_env(), capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = subprocess.run([*launch, str(script), str(tmp_path / "two.pt"),
+                           ",".join(aggregations)], env=_env(), capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    spec = importlib.util.spec_from_file_location("_trl_fixed_batch_update", script)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    module.main(str(tmp_path / "one.pt"), ",".join(aggregations))
     ones, twos = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     assert sorted(ones) == sorted(twos) == sorted(aggregations)
     for aggregation in aggregations:

@@ -100,17 +100,25 @@ def test_one_process_stops_with_a_checkpoint_and_resumes_identically(
     assert not (run / LOCK_FILE).exists()
 
 
-def test_two_processes_stop_together_and_resume(tmp_path: Path) -> None:
+def test_two_processes_stop_together_and_resume(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:  # fmt: skip
     """Two processes (gloo on CPU): SIGTERM to ``gbmpo train`` reaches the workers through the
     stop file; both stop after the same RL step; the resume (also on two processes) finishes
-    with each step once."""
+    with each step once, and ends as a 2-process run does: the summary line, ``summary.json``
+    with both processes, the saved model (the one 2-process training launch of the suite's TRL
+    tests: test_trl_engine.py relies on it)."""
     run = tmp_path / "run"
     args = [*TINY, "--run.num_processes", "2"]
     rc, err = _signal_after_a_step(args, run, signal.SIGTERM)
     step = _check_stopped(run, rc, err, signal.SIGTERM, 143)
+    capsys.readouterr()
     assert main(["train", "--resume", str(run)]) == 0
     rows = read_metrics(run)
     assert [r["step"] for r in rows if "loss" in r] == [1, 2, 3, 4] and step < 4
+    assert "finished 4 steps (trl)" in capsys.readouterr().out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4 and summary["trl/world_size"] == 2
+    assert (run / "model" / "config.json").is_file()
 
 
 def test_resume_without_a_checkpoint_exits_1_and_changes_nothing(

@@ -19,6 +19,14 @@ PAPER = sorted((CONFIGS / "paper").glob("*.yaml"))
 MACHINE_PATH = re.compile(r"(?<![\w.])(/work/|/home/|/root/|/Users/|/tmp/|/mnt/|[A-Z]:\\\\)")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _verl_validates_each_config_once(verl_check_memo: dict) -> dict:
+    """verl's validation of a composed config runs once per distinct config in this file (the
+    ``packed`` and ``hidden`` dry runs of a config compose the same one: tests/conftest.py);
+    module-scoped, so this file's tests stay on one xdist worker and share it."""
+    return verl_check_memo
+
+
 def test_paper_configs_exist() -> None:
     assert len(PAPER) >= 10
 
