@@ -6,6 +6,7 @@ resume without GPUs exits 2 writing nothing, and metrics.jsonl joins the parts."
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -168,3 +169,34 @@ def test_resume_at_the_last_checkpointed_step_launches_nothing_and_finishes(
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
     got = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert got == [1, 2, 3, 4]
+
+
+def test_a_checkpoint_whose_step_was_not_logged_is_not_resumed_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """verl saves a step's checkpoint before it logs the step's row: stopped in between (seen
+    under load, verl finishing steps after the signal), the newest checkpoint (4) has no row.
+    The resume continues from the newest checkpoint whose step was logged (3), so step 4 is
+    trained and logged again; with ``--steps 4`` it is launched, not taken as finished."""
+    run = _verl_run(tmp_path, 4)
+    (run / "checkpoints" / "global_step_3" / "actor").mkdir(parents=True)
+    cfg = load_config(run / "config.yaml")
+    cfg.run.steps = 4
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    rows = "".join(json.dumps({"step": s, "data": {"actor/pg_loss": s / 10,
+                                                   "training/global_step": s}}) + "\n"
+                   for s in (1, 2, 3))  # fmt: skip
+    (run / verl_metrics.VERL_METRICS_FILE).write_text(rows)
+    ov, step = verl_runner.resume_overrides(cfg, run)
+    ckpts = run.resolve() / "checkpoints"
+    assert step == 3
+    assert f"trainer.resume_from_path={hydra_value(str(ckpts / 'global_step_3'))}" in ov
+    launched: list[int] = []
+    monkeypatch.setattr(verl_runner, "_gpu_python", lambda cfg: sys.executable)
+    monkeypatch.setattr(verl_runner, "_launch", lambda *a, **k: launched.append(1) or {})
+    verl_runner.resume(run)
+    assert launched == [1]
+    # without the checkpoint of a logged step, the newest one (the row of 4 stays missing)
+    (run / "checkpoints" / "global_step_3" / "actor").rmdir()
+    (run / "checkpoints" / "global_step_3").rmdir()
+    assert verl_runner.resume_overrides(cfg, run)[1] == 4

@@ -337,9 +337,21 @@ LAUNCH_FILE = "verl_launch.json"
 
 
 
+def _logged_step(run_dir: Path) -> int:
+    """The last training step whose row verl's log holds, the earlier parts' included (0:
+    none)."""
+    rows = (read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
+            + read_verl_log(run_dir / VERL_METRICS_FILE))  # fmt: skip
+    return max((int(r["step"]) for r in rows if "training/global_step" in r.get("data", {})),
+               default=0)  # fmt: skip
+
+
 def _resume_point(run_dir: Path) -> tuple[dict[str, Any], Path | None, int]:
     """The launch record, the checkpoint directory verl resumes from (``None``: none yet) and
-    its step (0 without one)."""
+    its step (0 without one): verl's newest checkpoint, or, when verl saved a step's checkpoint
+    but was stopped before it logged that step's row (it saves before it logs), the newest
+    checkpoint whose step was logged, so that the unlogged step is trained and logged again
+    (where no such checkpoint is kept, the newest one, and the row stays missing)."""
     try:
         launch = json.loads((run_dir / LAUNCH_FILE).read_text())
     except (OSError, ValueError) as err:
@@ -352,6 +364,10 @@ def _resume_point(run_dir: Path) -> tuple[dict[str, Any], Path | None, int]:
         step = int((ckpts / "latest_checkpointed_iteration.txt").read_text().strip())
     except (OSError, ValueError):
         return launch, None, 0
+    logged = _logged_step(run_dir)
+    if 0 < logged < step:
+        kept = [j for j in range(logged, 0, -1) if (ckpts / f"global_step_{j}").is_dir()]
+        step = kept[0] if kept else step
     folder = ckpts / f"global_step_{step}"
     return (launch, folder, step) if folder.is_dir() else (launch, None, 0)
 
