@@ -372,6 +372,27 @@ def main() -> None:
                                  f"{t['first_s']:.1f} s")  # fmt: skip
             result["rows"].append(row)
             print(f"{sn:18s} {rn:14s} " + " ".join(cells), flush=True)
+    # the summary of the sampled-token pairs (the neural mirror's have a goal of their own), also
+    # against the run's median baseline: the baseline's own time moves between pairs (1.4-3.3 ms
+    # CPU in one idle run), and so does a pair's ratio to its interleaved baseline
+    for c in cols:
+        timed = [r for r in result["rows"] if c in r]
+        if not timed:
+            continue
+        key = "wall_ms" if ON_CUDA else "cpu_ms"
+        run_base = median([r[c]["baseline_" + key] for r in timed])
+        for r in timed:
+            r[c]["ratio_run_median"] = r[c][key] / run_base
+        result[f"{c}_run_median_baseline_ms"] = run_base
+        sampled = [r[c] for r in timed
+                   if "neural_mirror" not in r["surrogate"] + r["regularizer"]]  # fmt: skip
+        if not sampled:
+            continue
+        for label, name in (("interleaved", "ratio_cpu"), ("run-median", "ratio_run_median")):
+            xs = sorted(v[name] for v in sampled)
+            print(f"{c}, {len(xs)} sampled-token pairs, {label} baseline: median "
+                  f"{median(xs):.2f}x, worst {xs[-1]:.2f}x, {sum(x <= 1.5 for x in xs)} within "
+                  f"1.5x")  # fmt: skip
     path = finish_result(result, a.out)
     print(f"load at end {load_average()}; written {path}")
 
