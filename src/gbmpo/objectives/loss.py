@@ -275,7 +275,9 @@ def compiled_policy_loss(**compile_options: Any) -> PolicyLossFn:
 
     Each call with a new surrogate, new terms or a new shape may compile again (``dynamic``
     shapes after the first change of ``T``, as ``torch.compile`` decides); the first call of
-    each pays the compile (seconds). Build it once and reuse it::
+    each pays the compile (seconds). The graphs of every such function share one cache per
+    process, of ``torch._dynamo.config.recompile_limit`` entries; past it torch warns and runs
+    the function eagerly. Build it once and reuse it::
 
         policy_loss = compiled_policy_loss()
         loss, metrics = policy_loss(logp=..., old_logp=..., advantages=..., mask=...,
