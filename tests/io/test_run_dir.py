@@ -117,3 +117,18 @@ def test_a_lock_taken_on_a_removed_file_is_retaken(tmp_path: Path) -> None:
     with RunLock(run) as lock:  # a lock on the path's file, not on the removed one
         assert lock.path.read_text() == f"{os.getpid()}\n"
     stale.close()
+
+
+def test_check_free_refuses_a_held_directory_and_creates_nothing(tmp_path: Path) -> None:
+    """The probe before slow checks: free (absent or released) passes without creating
+    anything; held by another open lock, it raises the error ``acquire`` raises."""
+    run = tmp_path / "run"
+    RunLock(run).check_free()  # absent: nothing created
+    assert not run.exists()
+    held = RunLock(run).acquire()
+    msg = f"in use by another gbmpo process \\(pid {os.getpid()}\\)"
+    with pytest.raises(RunDirInUseError, match=msg):
+        RunLock(run).check_free()
+    held.release()
+    RunLock(run).check_free()
+    assert not (run / LOCK_FILE).exists()

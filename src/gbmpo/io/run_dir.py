@@ -188,11 +188,31 @@ class RunLock:
             f.seek(0)
             owner = f.read().strip() or "unknown"
             f.close()
-            raise RunDirInUseError(
-                f"{self.what} directory {str(self.directory)!r} is in use by another gbmpo "
-                f"process (pid {owner}); wait for it to finish or choose another output directory"
-            ) from None
+            raise self._in_use(owner) from None
         return f
+
+    def _in_use(self, owner: str) -> RunDirInUseError:
+        return RunDirInUseError(
+            f"{self.what} directory {str(self.directory)!r} is in use by another gbmpo "
+            f"process (pid {owner}); wait for it to finish or choose another output directory"
+        )
+
+    def check_free(self) -> None:
+        """Raise :class:`RunDirInUseError` (as :meth:`acquire` would) if another process holds
+        the lock now; creates nothing. A probe before slow checks, so that a second run on a
+        directory in use is refused at once; :meth:`acquire` still decides."""
+        try:
+            f = open(self.path)  # noqa: SIM115 - closed below
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        with f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError as err:
+                if err.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                    raise
+                raise self._in_use(f.read().strip() or "unknown") from None
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     def release(self) -> None:
         """Remove the lock file (while still holding the lock) and release the lock."""
