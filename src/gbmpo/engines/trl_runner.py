@@ -87,12 +87,13 @@ from gbmpo.engines.trl_checkpoints import (
 from gbmpo.engines.trl_stop import StopCallback
 from gbmpo.eval import evaluate
 from gbmpo.eval.drift import final_drift, fmt_drift
-from gbmpo.io import RunLock, RunStopped, write_atomic
+from gbmpo.io import RunStopped, write_atomic
 from gbmpo.io.stop import forwarding, stop_file
 from gbmpo.lifecycle import (
     CONFIG_FILE,
     MODEL_DIR,
     RunLifecycle,
+    check_not_in_use,
     default_run_dir,
     no_checkpoint_error,
     read_status,
@@ -178,7 +179,7 @@ def run(cfg: Any) -> dict[str, Any]:
     if missing is not None:
         raise EngineUnavailable(missing)
     run_dir = Path(cfg.run.output_dir) if cfg.run.output_dir else default_run_dir(cfg)
-    RunLock(run_dir).check_free()  # a directory in use: refused before TRL is imported
+    check_not_in_use(run_dir)  # a directory in use: refused before TRL is imported
     with tempfile.TemporaryDirectory() as tmp:  # TRL's own checks, before anything is written
         grpo_args(without_missing_mirror(cfg), tmp, world=1)
     cfg.run.output_dir = str(run_dir)

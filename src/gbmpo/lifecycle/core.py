@@ -105,6 +105,14 @@ STATUS_KEYS = ("status", "step", "updated", "engine", "resumed_from", "error", "
                "stopped", "checkpoint", "resume")  # fmt: skip
 
 
+def check_not_in_use(run_dir: str | Path) -> None:
+    """Refuse (:class:`~gbmpo.io.RunDirInUseError`, as :class:`RunLifecycle` would) a run
+    directory another process holds now, creating nothing: a probe for engines whose own checks
+    come before the lifecycle and take seconds (TRL's import). The lifecycle's lock still
+    decides."""
+    RunLock(run_dir).check_free()
+
+
 def default_run_dir(cfg: TrainConfig, root: str | Path = "runs") -> Path:
     """``runs/<YYYYmmdd-HHMMSS>-<regularizer>`` (suffixed if it already exists)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
