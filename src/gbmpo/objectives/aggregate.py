@@ -161,9 +161,10 @@ class Normalisers:
     def apply(self, per_token: Tensor) -> Tensor:
         """:func:`aggregate` of ``per_token`` (any values where masked, NaN included)."""
         dt = self.m.dtype
-        x = per_token.to(dt) * self.m
-        # a non-finite value somewhere (or no finite check off the CPU): where
-        if sync_free(x) or not math.isfinite(float(x.detach().sum())):
+        # the multiply, checked by one finite sum, on the CPU; else (or on a non-finite value)
+        # the where, formed once
+        x = None if sync_free(per_token) else per_token.to(dt) * self.m
+        if x is None or not math.isfinite(float(x.detach().sum())):
             zero = torch.zeros((), dtype=dt, device=self.m.device)
             x = torch.where(self.m != 0, per_token.to(dt), zero)
         return self.fn(x, self.m, max_len=self.max_len, num_sequences=self.num_sequences,
