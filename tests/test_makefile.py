@@ -138,3 +138,21 @@ def test_a_failed_install_leaves_no_stamp(tree, script):
     assert not (tree / FAKES[script] / ".gbmpo-installed").exists()
     target = "install" if FAKES[script] == ".venv" else "verl"
     assert _make(tree, "-q", target).returncode == 1  # the next call tries again
+
+
+def test_portable_runs_the_numerics_and_parity_tests_with_plain_kernels(tree):
+    """``make test-portable`` runs the named numerics and parity paths (which exist) under
+    ATEN_CPU_CAPABILITY=default, and CI runs it after ``make test``."""
+    proc = _make(tree, "test-portable", "ARGS=-x")
+    assert proc.returncode == 0, proc.stderr
+    assert "ATEN_CPU_CAPABILITY=default .venv/bin/python -m pytest" in proc.stdout
+    # what the (stand-in) python was asked to run
+    line = next(x for x in proc.stdout.splitlines() if x.startswith(".venv/bin/python -m pytest"))
+    assert line.startswith(".venv/bin/python -m pytest -n 2 ")
+    paths = line.split("-n 2 ", 1)[1].split()
+    assert paths[-1] == "-x"
+    for required in ("tests/objectives", "tests/integrations", "tests/engines"):
+        assert required in paths
+    assert all((REPO / p).exists() for p in paths[:-1]), paths
+    ci = (REPO / ".ci" / "run").read_text().split()
+    assert ci.index("test-portable") > ci.index("test")
