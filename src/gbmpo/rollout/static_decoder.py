@@ -24,8 +24,8 @@ the same order); only the attention runs over the masked full width, so the logi
 the lean decoder's up to float rounding of sums of different length (tested: 1e-12 in float64).
 
 LoRA (peft ``LoraModel`` of one active plain adapter): ``lora="merge"`` (default) decodes with
-a copy of each adapted weight, :math:`W + sBA` (formed in float32 at least, rounded once to the weight's
-dtype, refreshed in place at each :meth:`StaticDecoder.run`, so a captured graph stays valid);
+a copy of each adapted weight, :math:`W + sBA` (formed in float32 at least, rounded once to the
+weight's dtype, refreshed in place at each :meth:`StaticDecoder.run`: a graph stays valid);
 ``lora="inline"`` applies the two small products in the step as peft's forward does
 (:math:`Wx + s\,B(Ax)`, in the adapters' dtype), reading no copy. Merged weights round
 :math:`W+sBA` once more than the trainer's unmerged forward, which widens the sampler-vs-trainer
@@ -462,13 +462,13 @@ class StaticDecoder(_LlamaWeights):
         Returns the tokens ``[rows, C]`` (``pad_id`` after a row's EOS; ``C`` up to the step
         where every row had emitted an EOS, at most ``max_new_tokens``) and, with
         ``do_sample``, the sampler's log-probs ``[rows, C]`` (0 after a row's EOS)."""
-        if len(keys_values) != len(self.layers):
-            raise ValueError(f"{len(keys_values)} layers of keys/values for a model with "
-                             f"{len(self.layers)} layers")  # fmt: skip
         n_u, width = prompt_mask.shape
         rows, steps = n_u * repeats, int(max_new_tokens)
         if do_sample and (uniforms is None or tuple(uniforms.shape) != (steps, rows)):
             raise ValueError(f"sampling needs uniforms of shape {(steps, rows)}")
+        if len(keys_values) != len(self.layers):
+            raise ValueError(f"{len(keys_values)} layers of keys/values for a model with "
+                             f"{len(self.layers)} layers")  # fmt: skip
         settings = _Settings(bool(do_sample), float(temperature), int(top_k), float(top_p),
                              tuple(int(e) for e in eos_ids), int(pad_id))  # fmt: skip
         with torch.inference_mode():
