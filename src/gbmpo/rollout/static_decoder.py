@@ -290,14 +290,19 @@ class StaticDecoder(_LlamaWeights):
     @classmethod
     def for_model(cls, model: Any, **options: Any) -> StaticDecoder | None:
         """The decoder of ``model`` (built once and kept while the model lives; rebuilt when a
-        weight tensor, an adapter's state or ``options`` changed), or ``None`` when
+        weight tensor or an adapter's state changed, or when ``options`` (of
+        :class:`StaticDecoder`) are given and differ from the kept one's; without options the
+        kept one is taken whatever it was built with), or ``None`` when
         :func:`static_decoder_unsupported_reason` refuses it."""
         if static_decoder_unsupported_reason(model) is not None:
             return None
         key = tuple(sorted(options.items()))
         cached = _DECODERS.get(model)
-        if cached is not None and cached[0] == key and cached[1].signature == _signature(model):
+        if (cached is not None and (not options or cached[0] == key)
+                and cached[1].signature == _signature(model)):  # fmt: skip
             return cached[1]
+        key = key if options or cached is None else cached[0]  # a rebuild keeps the options
+        options = dict(key)
         with torch.inference_mode():
             decoder = cls(model, **options)
         _DECODERS[model] = (key, decoder)
