@@ -18,7 +18,9 @@ is the forward and backward. The two share only the model.
   (:func:`_decode`, sampling with :func:`filter_logits` and :func:`sample_from_logits`) whose
   forwards, for Llama-shaped models (Qwen3, Qwen2, Llama), run through
   :class:`~gbmpo.rollout.decoder.LeanDecoder` (prefill through
-  :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`); ``"hf"`` calls transformers'
+  :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`) or through the static-shape step
+  of :class:`~gbmpo.rollout.static_decoder.StaticDecoder` (``decode_step``; a CUDA graph on a
+  GPU, LoRA adapters merged; :func:`static_by_default` picks); ``"hf"`` calls transformers'
   ``generate``. Greedy decoding takes the same tokens with both.
 
 Reproducibility: with ``generator_seed`` the sampling runs under :func:`torch.random.fork_rng`
