@@ -140,6 +140,11 @@ def run_case(model: Any, tok: Any, rows: int, args: argparse.Namespace, steps: l
         case["steps"][s] = {"seconds_median": sec, "seconds_first": first[s][0],
                             "tokens_per_second": tokens / sec,
                             "ms_per_token": 1e3 * sec / args.new_tokens}  # fmt: skip
+    if "static" in runnable:
+        from gbmpo.rollout import StaticDecoder
+
+        decoder = StaticDecoder.for_model(model)
+        case["static_cuda_graphs"] = None if decoder is None else decoder.graphs
     base = "model" if lora else "lean"
     if "static" in runnable and base in runnable:
         case["static_speedup"] = (case["steps"][base]["seconds_median"]

@@ -217,6 +217,24 @@ def test_slots_are_reused_and_the_oldest_dropped(monkeypatch):
     assert [key[2] for key in decoder._slots] == [8, 6]  # least recently used first
 
 
+def test_a_failed_graph_capture_falls_back_to_the_eager_step(monkeypatch):
+    """Should an op of the step not be capturable on some torch/CUDA, the decode runs eagerly
+    with a warning instead of failing (simulated on the CPU)."""
+    model = _model("qwen3")
+    want, _ = _run(model, "lean")
+    decoder = StaticDecoder(model)
+    decoder.graphs = True
+
+    def fail(slot):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(decoder, "_capture", fail)
+    _use(monkeypatch, decoder)
+    with pytest.warns(RuntimeWarning, match="capture failed.*without graphs"):
+        got, _ = _run(model, "static")
+    assert torch.equal(got, want) and decoder.graphs is False
+
+
 def test_width_buckets_and_bad_arguments():
     assert [width_bucket(w) for w in (1, 64, 65, 128, 129, 700)] == [64, 64, 128, 128, 256,
                                                                      1024]  # fmt: skip

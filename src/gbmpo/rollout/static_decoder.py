@@ -27,14 +27,16 @@ LoRA (peft ``LoraModel`` of one active plain adapter): ``lora="merge"`` (default
 a copy of each adapted weight, :math:`W + sBA` (formed in float32 at least, rounded once to the
 weight's dtype, refreshed in place at each :meth:`StaticDecoder.run`: a graph stays valid);
 ``lora="inline"`` applies the two small products in the step as peft's forward does
-(:math:`Wx + s\,B(Ax)`, in the adapters' dtype), reading no copy. Merged weights round
-:math:`W+sBA` once more than the trainer's unmerged forward, which widens the sampler-vs-trainer
-gap in bfloat16 (measured by ``benchmarks/rollout_mismatch.py``).
+(:math:`Wx + s\,B(Ax)`, in the adapters' dtype), reading no copy. In bfloat16 either mode's
+log-probs are as far from the trainer's (peft's unmerged forward) as the lean decoder's are for
+a plain model, several times farther than peft's own decode; merging adds little to that
+(``benchmarks/rollout_mismatch.py``; ``benchmarks/RESULTS.md`` section 23).
 
 On CUDA (``graphs=True``, the default there) the step is captured as a ``torch.cuda.CUDAGraph``
 once per :class:`_Slot` (rows, prompt bucket, completion length and sampling settings) and
-replayed; slots are kept per decoder (:data:`MAX_SLOTS`, least recently used dropped), decoders
-per model (:meth:`StaticDecoder.for_model`). Weights updated in place (the optimizer's step, the
+replayed (should a capture fail, the step runs eagerly, with a warning); slots are kept per
+decoder (:data:`MAX_SLOTS`, least recently used dropped), decoders per model
+(:meth:`StaticDecoder.for_model`). Weights updated in place (the optimizer's step, the
 merge refresh) keep a graph valid; when a weight tensor is replaced (another storage), the
 decoder is rebuilt. Inference only: everything runs under ``torch.inference_mode``.
 """
@@ -42,6 +44,7 @@ decoder is rebuilt. Inference only: everything runs under ``torch.inference_mode
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -402,7 +405,14 @@ class StaticDecoder(_LlamaWeights):
             eos=torch.tensor(settings.eos, dtype=torch.long, device=dev),
         )  # fmt: skip
         if self.graphs:
-            self._capture(slot)
+            try:
+                self._capture(slot)
+            except RuntimeError as err:  # an op this torch/CUDA cannot capture: run eagerly
+                warnings.warn(f"StaticDecoder: CUDA graph capture failed ({err}); the static "
+                              "step runs without graphs (slower)", RuntimeWarning,
+                              stacklevel=2)  # fmt: skip
+                self.graphs = False
+                slot.graph = None
         self._slots[key] = slot
         return slot
 
