@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's GPU checks in one call, for a lent one-GPU machine with no network: the cost of
 # the objective on the GPU (eager, and compiled with torch.compile) against the TRL-style loss,
-# and the scale rehearsal at Qwen3-1.7B's shape on the own engine and on TRL. Each step has its
+# the own sampler's decode steps (the static step as a CUDA graph against the lean decoder, with
+# and without LoRA) and the scale rehearsal at Qwen3-1.7B's shape on the own engine and on TRL. Each step has its
 # own time limit, so that one failing step does not lose the others; every result goes to $OUT
 # (default ./gpu_out): log.txt and one JSON per step.
 #
@@ -37,14 +38,18 @@ step() {
   timeout "$limit" "$PY" "$@" >"$OUT/$name.out" 2>&1
   local rc=$?
   grep -v -E '^(W|V|I)[0-9]{4} ' "$OUT/$name.out" >>"$LOG"
-  grep -E '^(TRL-style|the same|clip |scale_rehearsal|Traceback|[A-Za-z]*Error)|eager, compile' \
+  grep -E '^(TRL-style|the same|clip |scale_rehearsal|decode_step|\| [0-9]|Traceback|[A-Za-z]*Error)|eager, compile' \
     "$OUT/$name.out" | head -n 30
   rm -f "$OUT/$name.out"
   echo "== $name rc=$rc in $((SECONDS - t0)) s" | tee -a "$LOG"
 }
 
 DEV=cuda SIZE=full SHAPE=64,1024 LARGE=256,4096
-if [ -n "${SMOKE:-}" ]; then DEV=cpu SIZE=tiny SHAPE=8,64 LARGE=16,128; fi
+DECODE="--shape qwen3-1.7b --rows 8,64 --new-tokens 256 --lora 0,64 --reps 2"
+if [ -n "${SMOKE:-}" ]; then
+  DEV=cpu SIZE=tiny SHAPE=8,64 LARGE=16,128
+  DECODE="--shape tiny --rows 8 --new-tokens 8 --lora 0,8 --reps 1"
+fi
 SUBSET_S=clip,gspo,cispo,dc:k1,rpg_reinforce,vespo
 SUBSET_R=none,kl_k3,kl_k3_is,prob_l2,rpg_rkl,neural_mirror
 # 1. every pair, eager, at the CPU benchmark's shape (64 x 1,024 tokens: launch-bound on a GPU)
@@ -56,6 +61,11 @@ step objective_cost_cuda_compile 170 benchmarks/objective_cost.py --device $DEV 
 # 3. the scale rehearsal, own engine
 step scale_rehearsal_gbmpo 150 benchmarks/scale_rehearsal.py --engines gbmpo --size $SIZE --device $DEV \
   --out "$OUT/scale_rehearsal_gbmpo.json"
+# 3b. the decode steps at Qwen3-1.7B's shape (bf16): the static step (a CUDA graph) and the lean
+# decoder at 8 and 64 rows x 256 tokens, and the static step with LoRA r 64 (merged), against
+# the weights-only bound (measured copy bandwidth)
+step decode_step 150 benchmarks/decode_step.py --device $DEV $DECODE --steps static,lean \
+  --out "$OUT/decode_step.json"
 # 4. more compiled pairs: each surrogate with k3
 step objective_cost_cuda_compile2 110 benchmarks/objective_cost.py --device $DEV --compile \
   --shape $SHAPE --reps 11 --surrogates gspo,cispo,dc:k1,rpg_reinforce,vespo --regularizers kl_k3 \

@@ -10,6 +10,14 @@ the statistics of the weights of three corrections (``gbmpo.objectives.rollout_c
 token ``tis`` with high 2, sequence ``tis`` with high 2, token ``icepop`` with [0.5, 5] (its
 masked fraction).
 
+The own sampler's decode step is a column too (``decode``): ``lean`` (the lean decoder, the
+CPU's default for a plain model), ``static`` (the static-shape step, CUDA's default), and with
+LoRA (``lora`` > 0: rank-8 adapters on every projection, random ``B``, ``--lora-seed``): ``peft``
+(peft's unmerged forward per token: what a LoRA run sampled with before the static step),
+``merge`` (the static step on merged weights :math:`W+sBA`, LoRA's default now) and ``inline``
+(the static step with the adapters' two products in the step). The trainer's log-probs of a
+LoRA model always come from peft's unmerged forward.
+
     python benchmarks/rollout_mismatch.py [--out results/rollout_mismatch.json]
 """
 
@@ -26,14 +34,18 @@ import torch
 
 
 def measure(generator: str, dtype: torch.dtype, top_p: float, top_k: int, args: Any,
-            model: Any, tok: Any, prompts: list[str]) -> dict[str, Any]:  # fmt: skip
+            model: Any, tok: Any, prompts: list[str], decode: str = "lean",
+            lora: int = 0) -> dict[str, Any]:  # fmt: skip
     from gbmpo.objectives.rollout_correction import correction_weights, weight_stats
-    from gbmpo.rollout import generate
+    from gbmpo.rollout import StaticDecoder, generate
     from gbmpo.rollout.logprobs import completion_logprobs
 
+    if decode in ("merge", "inline"):
+        StaticDecoder.for_model(model, lora=decode)  # kept for the model: generate takes it
     batch = generate(model, tok, prompts, num_return_sequences=args.generations,
                      max_new_tokens=args.max_new_tokens, temperature=1.0, top_p=top_p,
                      top_k=top_k, generator_seed=args.seed, generator=generator,
+                     decode_step="lean" if decode in ("lean", "peft") else "static",
                      return_logprobs=True)  # fmt: skip
     with torch.no_grad():
         trainer, _ = completion_logprobs(model, batch.prompt_ids, batch.prompt_mask,
@@ -42,7 +54,8 @@ def measure(generator: str, dtype: torch.dtype, top_p: float, top_k: int, args: 
     assert batch.sampling_logp is not None
     diff = (trainer.float() - batch.sampling_logp)[mask.bool()]
     row: dict[str, Any] = {
-        "generator": generator, "dtype": str(dtype).removeprefix("torch."), "top_p": top_p,
+        "generator": generator, "decode": decode if generator == "gbmpo" else "-", "lora": lora,
+        "dtype": str(dtype).removeprefix("torch."), "top_p": top_p,
         "top_k": top_k, "tokens": int(mask.sum()),
         "abs_log_ratio_mean": float(diff.abs().mean()),
         "abs_log_ratio_max": float(diff.abs().max()),
@@ -58,12 +71,33 @@ def measure(generator: str, dtype: torch.dtype, top_p: float, top_k: int, args: 
     return row
 
 
+def with_lora(model: Any, rank: int, seed: int) -> Any:
+    """``model`` with peft LoRA adapters of ``rank`` on every projection, ``B`` drawn from
+    N(0, 0.02^2) (peft starts it at 0, where the adapters change nothing), in eval mode."""
+    import warnings
+
+    import peft
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=rank, lora_alpha=rank, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                     "gate_proj", "up_proj", "down_proj"]))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+    return model.eval()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--generations", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lora-seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -80,13 +114,21 @@ def main(argv: list[str] | None = None) -> int:
         for generator in ("gbmpo", "hf"):
             for top_p, top_k in ((1.0, 0), (0.9, 0), (0.7, 0), (1.0, 20)):
                 rows.append(measure(generator, dtype, top_p, top_k, args, model, tok, prompts))
+        for top_p in (1.0, 0.95):
+            rows.append(measure("gbmpo", dtype, top_p, 0, args, model, tok, prompts, "static"))
+        model = with_lora(model, 8, args.lora_seed)
+        for top_p in (1.0, 0.95):
+            for decode in ("peft", "merge", "inline"):
+                rows.append(measure("gbmpo", dtype, top_p, 0, args, model, tok, prompts, decode,
+                                    lora=8))  # fmt: skip
     result = {"rows": rows, "seconds": time.time() - start, "argv": sys.argv[1:],
               "torch": torch.__version__}  # fmt: skip
     text = json.dumps(result, indent=1)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
-    cols = ("generator", "dtype", "top_p", "top_k", "abs_log_ratio_mean", "abs_log_ratio_max",
+    cols = ("generator", "decode", "lora", "dtype", "top_p", "top_k", "abs_log_ratio_mean",
+            "abs_log_ratio_max",
             "tis_token_weight_mean", "tis_sequence_weight_min", "icepop_masked_frac")
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

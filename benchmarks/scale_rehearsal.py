@@ -78,11 +78,17 @@ def build_model(directory: Path, size: str, device: str = "cpu") -> Any:
     return config, n
 
 
-def engine_config(model_dir: Path, out: Path, engine: str, size: str, device: str) -> Any:
+#: ``--decoder``: the own engine's sampler (config overrides); ``auto``: the config's default
+DECODERS = {"auto": [], "static": [("rollout.decode_step", "static")],
+            "lean": [("rollout.decode_step", "lean")], "hf": [("rollout.generator", "hf")]}
+
+
+def engine_config(model_dir: Path, out: Path, engine: str, size: str, device: str,
+                  decoder: str = "auto") -> Any:  # fmt: skip
     from gbmpo.config import load_config
 
     s = SETTINGS[size]
-    return load_config(overrides=[
+    return load_config(overrides=DECODERS[decoder] + [
         ("engine", engine), ("model.path", str(model_dir)), ("model.device", device),
         ("model.dtype", s["dtype"]), ("task.name", "arithmetic"),
         ("rollout.prompts_per_step", str(s["prompts"])),
@@ -167,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", choices=["full", "tiny"], default="full")
     ap.add_argument("--device", default=None, help="default: cuda for full, cpu for tiny")
     ap.add_argument("--engines", default="gbmpo,trl")
+    ap.add_argument("--decoder", choices=sorted(DECODERS), default="auto",
+                    help="the own engine's decode step (auto: static on CUDA, lean on CPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     device = args.device or ("cuda" if args.size == "full" else "cpu")
@@ -181,13 +189,15 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.disable_progress_bar()
     result = start_result("scale_rehearsal")
-    result.update(size=args.size, device=device, setting=SETTINGS[args.size], engines={})
+    result.update(size=args.size, device=device, setting=SETTINGS[args.size], engines={},
+                  decoder=args.decoder)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         model_config, n = build_model(model_dir, args.size, device)
         result["parameters"] = n
         for engine in args.engines.split(","):
-            cfg = engine_config(model_dir, Path(tmp) / engine, engine, args.size, device)
+            cfg = engine_config(model_dir, Path(tmp) / engine, engine, args.size, device,
+                                args.decoder)  # fmt: skip
             result["engines"][engine] = run_engine(engine, cfg, n, model_config)
     path = finish_result(result, args.out)
     parts = []

@@ -144,3 +144,17 @@ def test_scale_rehearsal_tiny(tmp_path: Path) -> None:
         assert r["plan_peak_gib"] > 0 and r["mfu"] is None and r["peak_memory_gib"] is None
     assert data["engines"]["gbmpo"]["generation_tokens_per_second"] > 0
     assert data["engines"]["trl"]["generation_tokens_per_second"] is None
+
+
+def test_decode_step_benchmark_toy(tmp_path: Path) -> None:
+    """The decode steps side by side (the static step, the lean decoder, the model's forward),
+    plain and with LoRA: every step decodes, the static step's tokens equal the others'."""
+    data, last = _run("decode_step.py", tmp_path / "ds.json", "--rows", "8", "--new-tokens",
+                      "6", "--lora", "0,4", "--reps", "1")  # fmt: skip
+    assert last.startswith("decode_step (tiny, cpu)") and str(tmp_path / "ds.json") in last
+    plain, lora = data["cases"]
+    assert set(plain["steps"]) == {"static", "lean", "model"} and plain["lora"] == 0
+    assert set(lora["steps"]) == {"static", "model"} and lora["lora"] == 4
+    assert plain["static_vs_lean_tokens_differing"] == 0
+    assert lora["static_vs_model_tokens_differing"] == 0
+    assert all(r["tokens_per_second"] > 0 for c in data["cases"] for r in c["steps"].values())

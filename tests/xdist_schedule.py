@@ -86,6 +86,9 @@ KNOWN_SECONDS: dict[str, float] = {
     "tests/meta/test_es_fitness.py::test_es_command_runs_resumes_and_exports_a_trainable_map": 14,
     "tests/test_packaging.py::test_runtime_dependencies_are_ranges": 15,
     "tests/experiments/test_sweep.py": 25,
+    # measured alone (-n 0, load 14-18), not in a whole-suite run
+    "tests/test_benchmarks_smoke.py::test_decode_step_benchmark_toy": 22,
+    "tests/train/test_trainer.py::test_lean_decoder_switch_gives_the_same_run": 24,
 }
 #: the estimate of a test not in KNOWN_SECONDS (most tests take well under a second)
 DEFAULT_SECONDS = 0.5

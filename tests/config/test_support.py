@@ -71,6 +71,19 @@ def test_no_effect_key_at_a_non_default_value_gives_one_notice() -> None:
     assert SUPPORT["gbmpo"]["rollout.lean_decoder"].status == NO_EFFECT
 
 
+def test_decode_step_is_checked_and_changes_no_result_on_any_engine() -> None:
+    """``rollout.decode_step`` (the own sampler's decode step): an unknown value is refused
+    with the valid ones; every engine lists it as a speed key (a notice when set)."""
+    from gbmpo.config import validate
+
+    with pytest.raises(ConfigError, match="'rollout.decode_step': unknown decode step 'graph'; "
+                                          "valid: auto, static, lean"):  # fmt: skip
+        validate(load_config(overrides=[("rollout.decode_step", "graph")]))
+    assert all(SUPPORT[e]["rollout.decode_step"].status == NO_EFFECT for e in ENGINES)
+    notices = check_support(load_config(overrides=[("rollout.decode_step", "static")]), "gbmpo")
+    assert len(notices) == 1 and "rollout.decode_step" in notices[0]
+
+
 def test_own_engine_refuses_several_processes() -> None:
     cfg = load_config(overrides=[("run.num_processes", "2")])
     with pytest.raises(ConfigError, match=r"run.num_processes.*engine 'gbmpo'"):

@@ -225,16 +225,19 @@ def test_kill_and_resume_reproduces_metrics(micro_model_dir, tmp_path, mu):
 
 
 def test_lean_decoder_switch_gives_the_same_run(micro_model_dir, tmp_path):
-    """``rollout.lean_decoder`` changes how the decode forwards run, not what they compute: the
-    same seed gives the same metrics (rewards, lengths, losses) with it on and off."""
+    """``rollout.lean_decoder`` and ``rollout.decode_step`` change how the decode forwards run,
+    not what they compute: the same seed gives the same metrics (rewards, lengths, losses) with
+    the lean decoder, the model's own forward and the static step."""
     runs = {}
-    for lean in ("true", "false"):
-        out = tmp_path / lean
-        Trainer(micro_config(micro_model_dir, out, **{"rollout.lean_decoder": lean}),
+    for name, key, value in (("lean", "rollout.lean_decoder", "true"),
+                             ("model", "rollout.lean_decoder", "false"),
+                             ("static", "rollout.decode_step", "static")):  # fmt: skip
+        out = tmp_path / name
+        Trainer(micro_config(micro_model_dir, out, **{key: value}),
                 reward_fn=varied_reward).train()
-        runs[lean] = [without_timing(r) for r in read_metrics(out)]
-    assert runs["true"] == runs["false"]
-    assert len(runs["true"]) == 3
+        runs[name] = [without_timing(r) for r in read_metrics(out)]
+    assert runs["lean"] == runs["model"] == runs["static"]
+    assert len(runs["lean"]) == 3
 
 
 # ----------------------------------------------------------------------------- rewards

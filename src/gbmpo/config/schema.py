@@ -83,6 +83,13 @@ class RolloutConfig:
     #: ``gbmpo.rollout.LeanDecoder`` (same logits, no per-call transformers overhead); false: the
     #: model's own forward (other models always use it)
     lean_decoder: bool = True
+    #: with generator "gbmpo" and lean_decoder: the decode step of the rollouts. "static": a
+    #: static-shape step (``gbmpo.rollout.StaticDecoder``: buffers for the whole completion,
+    #: sampling inside the step, a CUDA graph on a GPU; LoRA adapters merged into a decode copy
+    #: of the weights); "lean": ``gbmpo.rollout.LeanDecoder`` (refuses adapters: the model's
+    #: own forward then); "auto": static on CUDA, and on the CPU for LoRA models, lean otherwise
+    #: (the faster there). The same tokens for the same seed up to float rounding
+    decode_step: str = "auto"
     #: log-prob forwards (policy, old, reference) run each distinct prompt once and the G
     #: completions on its KV cache; exact up to float rounding (false: one forward per row)
     share_prompts: bool = True

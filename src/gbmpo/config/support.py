@@ -136,6 +136,7 @@ GBMPO: dict[str, Support] = {
                            "generate (gbmpo | hf); vllm is engines trl's and verl's",
                            lambda v, c: v == "vllm", probe="vllm"),
     "rollout.lean_decoder": N(_SPEED),
+    "rollout.decode_step": N(_SPEED),
     "rollout.share_prompts": N(_SPEED),
     "rollout.lean_forward": N(_SPEED),
     **{key: R("the own trainer has no vLLM (engine trl maps it to TRL's vLLM generation)",
@@ -274,6 +275,7 @@ TRL: dict[str, Support] = {
     "rollout.generator": H("gbmpo | hf -> TRL's transformers generation; vllm -> use_vllm",
                            probe="vllm"),
     "rollout.lean_decoder": N("the own engine's decoder; TRL generates with transformers"),
+    "rollout.decode_step": N("the own engine's decoder; TRL generates with transformers"),
     "rollout.share_prompts": N("the own engine's forward; TRL runs its own"),
     "rollout.lean_forward": N("the own engine's forward; TRL runs its own"),
     "rollout.vllm_mode": H("vllm_mode (with rollout.generator vllm)", probe="server"),
@@ -452,6 +454,7 @@ VERL.update({
                             "completion at a time)"),
     "rollout.generator": N(_VERL_SAMPLER),
     "rollout.lean_decoder": N("the own engine's decoder; " + _VERL_SAMPLER),
+    "rollout.decode_step": N("the own engine's decoder; " + _VERL_SAMPLER),
     "rollout.share_prompts": N("the own engine's log-prob forwards; verl has its own"),
     "rollout.lean_forward": N("the own engine's log-prob forwards; verl has its own"),
     "objective.advantage": R("verl's grpo estimator has no batch-std scaling: 'batch' is "

@@ -125,8 +125,17 @@ def _is_rms_norm(module: Any) -> bool:
     )
 
 
-def lean_decoder_unsupported_reason(model: Any) -> str | None:
-    """Why :class:`LeanDecoder` cannot run ``model`` exactly, or ``None`` when it can."""
+def _is_plain_linear(module: Any) -> bool:
+    return type(module) is nn.Linear
+
+
+def lean_decoder_unsupported_reason(
+    model: Any, *, linear_ok: Callable[[Any], bool] = _is_plain_linear
+) -> str | None:
+    """Why :class:`LeanDecoder` cannot run ``model`` exactly, or ``None`` when it can.
+
+    ``linear_ok``: which modules may stand in a layer's projections (default: a plain
+    ``nn.Linear``; :mod:`gbmpo.rollout.static_decoder` also takes peft LoRA layers)."""
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type not in LEAN_MODEL_TYPES:
@@ -148,7 +157,7 @@ def lean_decoder_unsupported_reason(model: Any) -> str | None:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
         linears = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         linears += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
-        if any(type(m) is not nn.Linear for m in linears):
+        if not all(linear_ok(m) for m in linears):
             return f"layer {i}: a projection is not a plain nn.Linear (adapter or quantised?)"
         norms = [getattr(layer, "input_layernorm", None),
                  getattr(layer, "post_attention_layernorm", None)]
@@ -159,6 +168,16 @@ def lean_decoder_unsupported_reason(model: Any) -> str | None:
             if norm is not None and not _is_rms_norm(norm):
                 return f"layer {i}: {name} is not an RMSNorm"
     return None
+
+
+def _joint_qk_norm(layer: _Layer, n_q: int, n_kv: int, d: int) -> tuple[Tensor, float] | None:
+    """The ``[H+KV, d]`` weight of the per-head query and key norms applied as one norm to the
+    joint ``[rows, H+KV, d]`` query/key tensor (a copy of the current weights), or ``None``
+    when the layer lacks one of them or their epsilons differ."""
+    qn, kn = layer.q_norm, layer.k_norm
+    if qn is None or kn is None or qn[1] != kn[1]:
+        return None
+    return torch.cat([qn[0].detach().expand(n_q, d), kn[0].detach().expand(n_kv, d)]), qn[1]
 
 
 @dataclass
@@ -318,15 +337,8 @@ class LeanDecoder(_LlamaWeights):
         self._cos, self._sin = cos[0], _signed_sin(sin[0])
         self._column = width
         # from the current weights (they change between generate calls during training)
-        n_q, n_kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        self._qk_norms = []
-        for layer in self.layers:
-            qn, kn = layer.q_norm, layer.k_norm
-            joint = qn is not None and kn is not None and qn[1] == kn[1]
-            self._qk_norms.append(
-                (torch.cat([qn[0].detach().expand(n_q, d), kn[0].detach().expand(n_kv, d)]),
-                 qn[1]) if joint and qn is not None and kn is not None else None
-            )
+        self._qk_norms = [_joint_qk_norm(layer, self.num_heads, self.num_kv_heads,
+                                         self.head_dim) for layer in self.layers]  # fmt: skip
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Feed ``tokens`` ``[rows]`` at rotary ``positions`` ``[rows]``; return the next-token

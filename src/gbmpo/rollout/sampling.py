@@ -18,7 +18,9 @@ is the forward and backward. The two share only the model.
   (:func:`_decode`, sampling with :func:`filter_logits` and :func:`sample_from_logits`) whose
   forwards, for Llama-shaped models (Qwen3, Qwen2, Llama), run through
   :class:`~gbmpo.rollout.decoder.LeanDecoder` (prefill through
-  :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`); ``"hf"`` calls transformers'
+  :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`) or through the static-shape step
+  of :class:`~gbmpo.rollout.static_decoder.StaticDecoder` (``decode_step``; a CUDA graph on a
+  GPU, LoRA adapters merged; :func:`static_by_default` picks); ``"hf"`` calls transformers'
   ``generate``. Greedy decoding takes the same tokens with both.
 
 Reproducibility: with ``generator_seed`` the sampling runs under :func:`torch.random.fork_rng`
@@ -36,11 +38,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gbmpo.rollout.decoder import LeanDecoder
+from gbmpo.rollout.decoder import LeanDecoder, lean_decoder_unsupported_reason
+from gbmpo.rollout.draw import filter_logits, sample_from_logits, sampled_logprobs
 from gbmpo.rollout.lean_forward import LeanForward
 from gbmpo.rollout.logprobs import _accepts_logits_to_keep
+from gbmpo.rollout.static_decoder import StaticDecoder
 
 __all__ = [
+    "DECODE_STEPS",
     "GENERATORS",
     "Rollout",
     "completion_mask_from_ids",
@@ -169,49 +174,20 @@ def _check_sampling(
 #: the rollout generators (samplers) of :func:`generate`: ``rollout.generator``'s values on
 #: the own engine
 GENERATORS = ("gbmpo", "hf")
+#: the decode steps of the ``"gbmpo"`` generator (``rollout.decode_step``): ``static``
+#: (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`, a CUDA graph on a GPU), ``lean``
+#: (:class:`~gbmpo.rollout.decoder.LeanDecoder`), ``auto`` (:func:`static_by_default`)
+DECODE_STEPS = ("auto", "static", "lean")
 
 
-def filter_logits(logits: Tensor, *, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0) -> Tensor:
-    r"""The logits of the sampling distribution, in float32: temperature, then top-k, then top-p.
-
-    :math:`z \leftarrow z / T`; top-k keeps the ``k`` largest logits (ties at the k-th value
-    kept; 0 = off); top-p (nucleus, 1 = off) removes the tokens whose cumulative probability,
-    summed from the least likely upwards, is at most :math:`1-p`, so the kept set is the
-    smallest most-likely set with mass :math:`\ge p` (the most likely token is always kept).
-    Removed tokens get :math:`-\infty`. This is the order and the semantics of Hugging Face's
-    ``TemperatureLogitsWarper``, ``TopKLogitsWarper`` and ``TopPLogitsWarper`` (Holtzman et al.
-    2020 for nucleus sampling).
-    """
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    vocab = z.shape[-1]
-    if 0 < top_k < vocab:
-        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
-        z = z.masked_fill(z < kth, -math.inf)
-    if top_p < 1.0:
-        sorted_z, order = torch.sort(z, dim=-1, descending=False)
-        cum = sorted_z.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cum <= 1 - top_p
-        remove_sorted[..., -1:] = False
-        remove = remove_sorted.scatter(-1, order, remove_sorted)
-        z = z.masked_fill(remove, -math.inf)
-    return z
-
-
-def sample_from_logits(z: Tensor, uniform: Tensor) -> Tensor:
-    r"""Inverse-CDF sampling: token :math:`i` with :math:`F_{i-1} \le u\,F_V < F_i`, where
-    :math:`F_i=\sum_{v\le i}\operatorname{softmax}(z)_v` (accumulated in float64) and ``uniform``
-    holds one :math:`u\sim U[0,1)` per row, so :math:`P(i)=\operatorname{softmax}(z)_i` and a
-    token of probability 0 (logit :math:`-\infty`) is never drawn. ``z`` ``[N, V]``, returns
-    ``[N]`` long."""
-    cdf = torch.softmax(z.float(), dim=-1).double().cumsum_(dim=-1)
-    total = cdf[:, -1:]
-    # u * F < F, also after rounding, so the draw lands on a token of positive probability
-    u = torch.minimum(uniform.to(cdf.dtype).reshape(-1, 1) * total,
-                      torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max(z.shape[-1] - 1)
+def static_by_default(model: Any) -> bool:
+    """Whether ``decode_step: auto`` takes the static step for ``model``: on CUDA (the step is
+    replayed as a CUDA graph, no host work per token), and on the CPU for a model the lean
+    decoder does not run (LoRA adapters: the static step merges them, which beats the
+    model's own peft forward there); on the CPU the lean decoder is faster for plain models
+    (``benchmarks/decode_step.py`` runs both; ``benchmarks/RESULTS.md``)."""
+    device = next(model.parameters()).device
+    return device.type == "cuda" or lean_decoder_unsupported_reason(model) is not None
 
 
 def _prefill(model: Any, ids: Tensor, mask: Tensor, repeats: int) -> tuple[Any, Tensor]:
@@ -257,6 +233,7 @@ def _decode(
     eos_ids: Sequence[int],
     pad_id: int,
     lean: bool = True,
+    decode_step: str = "auto",
     logprobs: list[Tensor] | None = None,
 ) -> Tensor:
     """The 'gbmpo' generator: prefill each prompt once, expand its KV cache to its ``repeats``
@@ -270,7 +247,25 @@ def _decode(
     too (when :class:`~gbmpo.rollout.lean_forward.LeanForward` supports the model in its
     current mode), whose keys and values are copied straight into the decoder's buffers.
     ``logprobs``: a list that receives, per step, the ``[rows]`` log-prob of the drawn token
-    under the sampling distribution (:func:`sampled_logprobs`; 0 for finished rows)."""
+    under the sampling distribution (:func:`sampled_logprobs`; 0 for finished rows).
+
+    The uniform numbers of the draws, one per step and row, are drawn up front (``[steps,
+    rows]``; on the CPU the same numbers as one draw per step), so that ``decode_step``
+    ``static`` (:func:`_decode_static`, with ``lean``) and ``lean`` draw the same tokens."""
+    rows = ids.shape[0] * repeats
+    uniforms = (torch.rand(max_new_tokens, rows, dtype=torch.float64, device=ids.device)
+                if do_sample else None)  # fmt: skip
+    static = None
+    if lean and max_new_tokens > 1 and (
+        decode_step == "static" or (decode_step == "auto" and static_by_default(model))
+    ):
+        static = StaticDecoder.for_model(model)
+    if static is not None:
+        return _decode_static(static, model, ids, mask, repeats=repeats,
+                              max_new_tokens=max_new_tokens, do_sample=do_sample,
+                              temperature=temperature, top_p=top_p, top_k=top_k,
+                              eos_ids=eos_ids, pad_id=pad_id, uniforms=uniforms,
+                              logprobs=logprobs)  # fmt: skip
     decoder = LeanDecoder.for_model(model) if lean and max_new_tokens > 1 else None
     prefill = LeanForward.for_model(model) if decoder is not None else None
     att = mask.repeat_interleave(repeats, dim=0)
@@ -292,8 +287,8 @@ def _decode(
     for t in range(max_new_tokens):
         if do_sample:
             z = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-            u = torch.rand(z.shape[0], dtype=torch.float64, device=z.device)
-            tok = sample_from_logits(z, u)
+            assert uniforms is not None
+            tok = sample_from_logits(z, uniforms[t])
             if logprobs is not None:
                 logprobs.append(sampled_logprobs(z, tok).masked_fill(done, 0.0))
         else:
@@ -321,14 +316,31 @@ def _decode(
     return torch.stack(tokens, dim=1)
 
 
-def sampled_logprobs(z: Tensor, tokens: Tensor) -> Tensor:
-    r""":math:`\log\mu(o) = z'_o - \operatorname{logsumexp}_v z'_v` in float32: the log-prob of
-    each drawn token under the distribution it was drawn from, ``z`` ``[N, V]`` the filtered
-    logits (:func:`filter_logits`: temperature, top-k, top-p; removed tokens at
-    :math:`-\infty`), ``tokens`` ``[N]``. These are the sampler's log-probs that
-    :mod:`gbmpo.objectives.rollout_correction` compares with the trainer's."""
-    z = z.float()
-    return z.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+def _decode_static(static: StaticDecoder, model: Any, ids: Tensor, mask: Tensor, *,
+                   repeats: int, max_new_tokens: int, do_sample: bool, temperature: float,
+                   top_p: float, top_k: int, eos_ids: Sequence[int], pad_id: int,
+                   uniforms: Tensor | None, logprobs: list[Tensor] | None) -> Tensor:  # fmt: skip
+    """:func:`_decode` with the static-shape step: the prompts prefilled once each (through
+    :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache` where it runs the model, else
+    the model's own forward, e.g. peft's with LoRA), then
+    :meth:`~gbmpo.rollout.static_decoder.StaticDecoder.run`."""
+    prefill = LeanForward.for_model(model)
+    if prefill is not None:
+        logits, keys_values = prefill.prompt_cache(ids, mask)
+    else:
+        cache, logits = _prefill(model, ids, mask, 1)
+        layers = getattr(cache, "layers", None)
+        if layers is None:
+            raise RuntimeError("the prefill cache has no per-layer keys/values for the static "
+                               "decode step (set rollout.decode_step: lean)")  # fmt: skip
+        keys_values = [(layer.keys, layer.values) for layer in layers]
+    tokens, logp = static.run(keys_values, mask, logits, repeats=repeats,
+                              max_new_tokens=max_new_tokens, do_sample=do_sample,
+                              temperature=temperature, top_k=top_k, top_p=top_p,
+                              eos_ids=eos_ids, pad_id=pad_id, uniforms=uniforms)  # fmt: skip
+    if logprobs is not None and logp is not None:
+        logprobs.extend(logp.unbind(1))
+    return tokens
 
 
 @torch.no_grad()
@@ -348,6 +360,7 @@ def generate(
     generator: str = "gbmpo",
     lean_decoder: bool = True,
     return_logprobs: bool = False,
+    decode_step: str = "auto",
 ) -> Rollout:
     """Sample (or, with ``do_sample=False``, greedily decode) completions of ``prompts``.
 
@@ -373,6 +386,12 @@ def generate(
             :class:`~gbmpo.rollout.decoder.LeanDecoder` supports through it (the same logits,
             without transformers' per-call overhead); ``False``: the model's own forward.
             Other models always use their own forward.
+        decode_step: with the ``"gbmpo"`` generator and ``lean_decoder``, the decode step
+            (:data:`DECODE_STEPS`): ``"static"``: the static-shape step
+            (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`; a CUDA graph on a GPU;
+            LoRA adapters merged), ``"lean"``: :class:`~gbmpo.rollout.decoder.LeanDecoder`,
+            ``"auto"``: :func:`static_by_default`. Both draw the same tokens from the same
+            seed (up to float rounding of the logits).
         return_logprobs: also return the sampler's log-prob of every completion token
             (:attr:`Rollout.sampling_logp`, :func:`sampled_logprobs`; with ``"hf"`` from
             ``generate``'s processed scores); needs ``do_sample``.
@@ -388,6 +407,10 @@ def generate(
     _check_sampling(num_return_sequences, max_new_tokens, temperature, top_p, top_k)
     if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
         raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+    if decode_step not in DECODE_STEPS:
+        raise ValueError(
+            f"unknown decode step {decode_step!r}; valid decode steps: {', '.join(DECODE_STEPS)}"
+        )
     if generator not in GENERATORS:
         raise ValueError(
             f"unknown rollout generator {generator!r}; valid generators: {', '.join(GENERATORS)}"
@@ -461,7 +484,7 @@ def generate(
                         max_new_tokens=max_new_tokens, do_sample=do_sample,
                         temperature=float(temperature), top_p=float(top_p), top_k=int(top_k),
                         eos_ids=eos_ids, pad_id=int(pad_id), lean=lean_decoder,
-                        logprobs=steps_logp,
+                        decode_step=decode_step, logprobs=steps_logp,
                     )
                 pieces.append(completion.cpu())
                 if steps_logp is not None:

@@ -91,6 +91,7 @@ def sample_completions(tr: Trainer, prompts: list[Any]) -> Rollout:
         do_sample=True, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
         generator_seed=derive_seed(cfg.run.seed, "rollout", tr.step),
         batch_size=ro.batch_size, generator=ro.generator, lean_decoder=ro.lean_decoder,
+        decode_step=ro.decode_step,
         return_logprobs=cfg.objective.rollout_correction.active,  # the sampler's log mu
     ).to(tr.device)  # fmt: skip
 
