@@ -690,11 +690,13 @@ def placement_notes(cfg: Any) -> list[str]:
 
 
 def _cell_text(text: str) -> str:
-    """Table-cell Markdown: ``|`` escaped, and ``<``/``>`` outside code spans written as entities
-    (so that ``reg/<name>`` is not read as an HTML tag)."""
+    """Table-cell Markdown: ``|`` escaped; outside code spans ``<``/``>`` written as entities
+    (so that ``reg/<name>`` is not read as an HTML tag) and ``_``/``*`` escaped (so that
+    ``CUDA_VISIBLE_DEVICES`` is not read as emphasis)."""
     parts = text.split("`")
     for i in range(0, len(parts), 2):  # even parts lie outside code spans
-        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
+        parts[i] = (parts[i].replace("<", "&lt;").replace(">", "&gt;")
+                    .replace("_", "\\_").replace("*", "\\*"))
     return "`".join(parts).replace("|", "\\|")
 
 
@@ -708,7 +710,7 @@ def _label(e: Support) -> str:
         head = "**only the default**"
     else:
         head = "honoured, **some values refused**"
-    return head + (f": {e.how}" if e.how else "")
+    return head + (f": {_cell_text(e.how)}" if e.how else "")
 
 
 def render_markdown() -> str:
@@ -726,10 +728,10 @@ def render_markdown() -> str:
             entries = [SUPPORT[engine][key] for engine in ENGINES]
             shown = f"`{key}`"
             if all((e.status, e.how) == (entries[0].status, entries[0].how) for e in entries):
-                out.append(f"| {shown} | all engines | {_cell_text(_label(entries[0]))} |")
+                out.append(f"| {shown} | all engines | {_label(entries[0])} |")
                 continue
             for engine, e in zip(ENGINES, entries, strict=True):
-                out.append(f"| {shown} | {engine} | {_cell_text(_label(e))} |")
+                out.append(f"| {shown} | {engine} | {_label(e)} |")
                 shown = ""
         out.append("")
     return "\n".join(out)
