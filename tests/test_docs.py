@@ -52,7 +52,12 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     # the results page is results.md (docs/results/README.md would be built to the same place)
     results = (site / "results" / "index.html").read_text()
     assert 'id="embedded-default"' in results
-    assert 'src="arithmetic-150-seed5/curves_arithmetic.png"' in results
+    # inline: the accuracy panel, read at the page's width; a click opens every panel
+    assert 'src="arithmetic-150-seed5/accuracy_arithmetic.png"' in results
+    assert 'href="arithmetic-150-seed5/curves_arithmetic.png"' in results
+    # formulas go to MathJax, which the site serves itself
+    assert (site / "javascripts" / "mathjax" / "tex-svg.js").is_file()
+    assert 'class="arithmatex"' in (site / "api" / "objectives" / "index.html").read_text()
     # docstrings' Sphinx roles and math blocks are rendered, not printed as written
     for api_page in (site / "api").glob("*/index.html"):
         text = api_page.read_text()
