@@ -330,15 +330,17 @@ def paper_plans() -> str:
                                                ("run.num_processes", "1")])  # fmt: skip
             plan = plan_memory(cfg, model_shape(cfg.model.path), 256)
             cells.append(f"{plan['peak'] / 2**30:.1f} GiB")
-        cfg = load_config(path, overrides=extra)
-        ro = cfg.rollout
-        shape = (f"{ro.prompts_per_step} × {ro.num_generations} × {ro.max_new_tokens}"
-                 + (f", LoRA r {cfg.lora.r}" if cfg.lora.enabled else ", full")
-                 + f", micro-batch {cfg.optim.micro_batch_size}")  # fmt: skip
-        shown = f"`{name}`" + "".join(f" `--{k} {v}`" for k, v in extra)
-        rows.append([shown, cfg.engine, shape, *cells])
-    return table(["config", "its engine", "prompts × completions × tokens", "own engine",
-                  "`--engine trl`", "`--engine verl`"], rows)  # fmt: skip
+        def shape(c: Any) -> list[str]:
+            ro = c.rollout
+            return [f"{ro.prompts_per_step}×{ro.num_generations}×{ro.max_new_tokens}",
+                    f"LoRA {c.lora.r}" if c.lora.enabled else "full",
+                    f"micro {c.optim.micro_batch_size}"]  # fmt: skip
+
+        base = shape(load_config(path))
+        parts = shape(load_config(path, overrides=extra))
+        shown = ", ".join(f"**{s}**" if s != b else s for s, b in zip(parts, base, strict=True))
+        rows.append([f"`{name.replace('-qwen3', '')}`", shown, *cells])
+    return table(["config", "step shape", "own", "trl", "verl"], rows)
 
 
 def paper_times() -> str:

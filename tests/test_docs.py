@@ -66,3 +66,18 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     api = (site / "api" / "objectives" / "index.html").read_text()
     assert "gbmpo.objectives.loss.compute_policy_loss" in api
     assert "gbmpo.objectives.regularizers.kl_k3" in api
+
+
+def test_docstring_markup_becomes_markdown_with_math() -> None:
+    """The API reference's griffe extension: cross-reference roles become code, ``:math:`` roles
+    and ``.. math::`` blocks become arithmatex math, shared Google entries are split."""
+    import runpy
+
+    mod = runpy.run_path(str(REPO / "scripts" / "griffe_sphinx_roles.py"))
+    render = mod["render_sphinx_markup"]
+    assert render(r"see :func:`~gbmpo.a.b` with :math:`\varepsilon_{\text{high}}`") == (
+        r"see `b` with $\varepsilon_{\text{high}}$")
+    block = render("Intro.\n\n.. math::\n\n    a = \\frac{1}{2}\n\nAfter.\n")
+    assert "$$\na = \\frac{1}{2}\n$$" in block and ".. math::" not in block
+    split = render("Do.\n\nArgs:\n    lo, hi: the bounds\n        (inclusive).\n    x: one\n")
+    assert "    lo: the bounds\n        (inclusive).\n    hi: the bounds\n        (inclusive).\n" in split
