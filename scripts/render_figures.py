@@ -27,7 +27,8 @@ CURVES = ["arithmetic-150-seed5", "arithmetic-150-seed3", "arithmetic-150", "ari
 #: the frontier figures redrawn, with their titles
 FRONTIERS = {
     "frontier": "Accuracy against drift from the reference, tiny model (60 steps, 3 seeds)",
-    "frontier-50m-gpu": "Accuracy against drift, 55M-parameter Qwen3 on one H100 (60 steps, 2 seeds)",
+    "frontier-50m-gpu": ("Accuracy against drift, 55M-parameter Qwen3 on one H100 "
+                         "(60 steps, 2 seeds)"),
 }
 
 

@@ -26,7 +26,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 BENCH = ROOT / "benchmarks" / "results"
-PAGES = [ROOT / "README.md", ROOT / "docs" / "results.md", ROOT / "docs" / "paper-setting-one-gpu.md"]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "results.md",
+         ROOT / "docs" / "paper-setting-one-gpu.md"]  # fmt: skip
 MARK = re.compile(r"<!-- table:([\w-]+) -->\n.*?<!-- /table:\1 -->", re.S)
 
 
@@ -239,7 +240,8 @@ def trl_reliability() -> tuple[int, int]:
 
 
 def readme() -> str:
-    reg = {g["label"]: pct(g["final"]["mean"]) for g in comparison("arithmetic-150-seed5")["groups"]}
+    reg = {g["label"]: pct(g["final"]["mean"])
+           for g in comparison("arithmetic-150-seed5")["groups"]}  # fmt: skip
     knob = comparison("divergence-knob")
     knob_acc = [g["final"]["mean"] for g in knob["groups"]]
     knob_p = min(paired("divergence-knob", g["label"], knob["baseline"])[2] or 1

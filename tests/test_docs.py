@@ -80,4 +80,5 @@ def test_docstring_markup_becomes_markdown_with_math() -> None:
     block = render("Intro.\n\n.. math::\n\n    a = \\frac{1}{2}\n\nAfter.\n")
     assert "$$\na = \\frac{1}{2}\n$$" in block and ".. math::" not in block
     split = render("Do.\n\nArgs:\n    lo, hi: the bounds\n        (inclusive).\n    x: one\n")
-    assert "    lo: the bounds\n        (inclusive).\n    hi: the bounds\n        (inclusive).\n" in split
+    entry = "the bounds\n        (inclusive).\n"
+    assert f"    lo: {entry}    hi: {entry}" in split
