@@ -139,6 +139,19 @@ def arms(name: str, labels: dict[str, str], wall: bool = False) -> str:
     return table(header + (["wall s / run"] if wall else []), rows)
 
 
+def trl_knob() -> str:
+    rows = []
+    for setting in ("full", "reward"):
+        name = f"trl-knob/{setting}"
+        for g in comparison(name)["groups"]:
+            r = g["train_reward_last"]
+            rows.append([f"`{setting}`", g["label"], acc(g), delta(name, g["label"], "own"),
+                         f"{r['mean']:.3f} ± {r['std']:.3f}",
+                         f"{g['wall_seconds']['mean']:.0f} ± {g['wall_seconds']['std']:.0f}"])
+    return table(["setting", "arm", "accuracy (mean ± std)", "Δ vs own, paired (p)",
+                  "train reward, last 10 steps", "wall s / run"], rows)  # fmt: skip
+
+
 def es_variance() -> str:
     name = "es-variance"
     labels = {"nm_random": "random (default)", "nm_es": "ES-learned"}
@@ -234,6 +247,45 @@ def trl_reliability() -> tuple[int, int]:
             if name.startswith("kill"):
                 tried, survived = tried + v["tried"], survived + v["survived"]
     return survived, tried
+
+
+def _sum_categories(pattern: str) -> dict[str, list[int]]:
+    """tried / survived / lost per category, summed over the result files ``pattern`` matches."""
+    out: dict[str, list[int]] = {}
+    for path in sorted(BENCH.glob(pattern)):
+        for name, v in json.loads(path.read_text())["categories"].items():
+            row = out.setdefault(name, [0, 0, 0])
+            for i, key in enumerate(("tried", "survived", "lost")):
+                row[i] += v[key]
+    return out
+
+
+def reliability_trl() -> str:
+    c = _sum_categories("reliability_trl*.json")
+    shown = {"control": "control (the uninterrupted run twice)",
+             "kill -9 + resume: trl": "kill -9 + resume, 1 process",
+             "kill -9 + resume: trl (2 processes)": "kill -9 + resume, 2 processes"}  # fmt: skip
+    rows = [[label, *map(str, c[k])] for k, label in shown.items() if k in c]
+    rows += [[k, *map(str, v)] for k, v in c.items() if k not in shown]
+    return table(["category", "tried", "survived", "lost"], rows)
+
+
+def reliability_signals() -> str:
+    c = _sum_categories("reliability_signals_*.json")
+    shown = {"signal + resume: train": "SIGTERM / SIGINT + resume, own engine",
+             "signal + resume: trl": "SIGTERM / SIGINT + resume, TRL, 1 process",
+             "signal + resume: trl (2 processes)": "SIGTERM / SIGINT + resume, TRL, 2 processes"}
+    rows = [[label, *map(str, c[k])] for k, label in shown.items()]
+    return table(["category", "tried", "survived", "lost"], rows)
+
+
+def es_scaling() -> str:
+    rows = []
+    for i, r in enumerate(bench("es_scaling")["repeats"], 1):
+        eff = f"{100 * r['efficiency']:.0f}%"
+        rows.append([str(i), f"{r['serial_seconds']:.1f} s", f"{r['parallel_seconds']:.1f} s",
+                     f"{r['speedup']:.2f}×", f"**{eff}**" if i == 1 else eff])  # fmt: skip
+    return table(["repeat", "serial", "2 workers", "speed-up", "parallel efficiency"], rows)
 
 
 # ----------------------------------------------------------------------------- README
@@ -384,11 +436,15 @@ TABLES: dict[str, Callable[[], str]] = {
     "frontier": lambda: frontier("frontier"),
     "frontier-gpu": lambda: frontier("frontier-50m-gpu", spread=True),
     "es-variance": es_variance,
+    "trl-knob": trl_knob,
     "engines": lambda: arms("engines", {}, wall=True),
     "engines-verl": lambda: arms("engines-verl", {}, wall=True),
     "scale-rehearsal": scale_rehearsal,
     "sandbox": sandbox,
     "reliability": reliability,
+    "reliability-trl": reliability_trl,
+    "reliability-signals": reliability_signals,
+    "es-scaling": es_scaling,
     "paper-plans": paper_plans,
     "paper-times": paper_times,
 }
