@@ -726,7 +726,8 @@ def render_markdown() -> str:
                 "| key | engine | what happens |", "|---|---|---|"]  # fmt: skip
         for key in keys:
             entries = [SUPPORT[engine][key] for engine in ENGINES]
-            shown = f"`{key}`"
+            # a key breaks only after a dot (docs/stylesheets/extra.css: .config-key)
+            shown = f'<code class="config-key">{key.replace(".", ".<wbr>")}</code>'
             if all((e.status, e.how) == (entries[0].status, entries[0].how) for e in entries):
                 out.append(f"| {shown} | all engines | {_label(entries[0])} |")
                 continue
