@@ -82,3 +82,23 @@ def test_docstring_markup_becomes_markdown_with_math() -> None:
     split = render("Do.\n\nArgs:\n    lo, hi: the bounds\n        (inclusive).\n    x: one\n")
     entry = "the bounds\n        (inclusive).\n"
     assert f"    lo: {entry}    hi: {entry}" in split
+
+
+def test_links_to_repository_files_work_on_the_site(tmp_path: Path) -> None:
+    """A page's relative link to a repository file (``../configs/...``, right in a clone) is
+    pointed at the copy the site serves under ``_repo/``; a link to a missing file fails."""
+    import runpy
+
+    pytest.importorskip("mkdocs")
+    mod = runpy.run_path(str(REPO / "scripts" / "mkdocs_hooks.py"))
+    docs = REPO / "docs"
+    text = "[RESULTS](../benchmarks/RESULTS.md#x), [a](../configs/tiny-atr.yaml), [p](index.md)"
+    out, linked = mod["repo_links"](text, "results.md", docs)
+    assert linked == ["benchmarks/RESULTS.md", "configs/tiny-atr.yaml"]
+    assert "](_repo/benchmarks/RESULTS.md.txt#x)" in out
+    assert "](_repo/configs/tiny-atr.yaml)" in out
+    assert "](index.md)" in out
+    deep, _ = mod["repo_links"]("[c](../../../configs/tiny-atr.yaml)", "results/a/README.md", docs)
+    assert "](../../_repo/configs/tiny-atr.yaml)" in deep
+    with pytest.raises(Exception, match="missing repository file"):
+        mod["repo_links"]("[m](../configs/none.yaml)", "results.md", docs)
