@@ -52,7 +52,12 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     # the results page is results.md (docs/results/README.md would be built to the same place)
     results = (site / "results" / "index.html").read_text()
     assert 'id="embedded-default"' in results
-    assert 'src="arithmetic-150-seed5/curves_arithmetic.png"' in results
+    # inline: the accuracy panel, read at the page's width; a click opens every panel
+    assert 'src="arithmetic-150-seed5/accuracy_arithmetic.png"' in results
+    assert 'href="arithmetic-150-seed5/curves_arithmetic.png"' in results
+    # formulas go to MathJax, which the site serves itself
+    assert (site / "javascripts" / "mathjax" / "tex-svg.js").is_file()
+    assert 'class="arithmatex"' in (site / "api" / "objectives" / "index.html").read_text()
     # docstrings' Sphinx roles and math blocks are rendered, not printed as written
     for api_page in (site / "api").glob("*/index.html"):
         text = api_page.read_text()
@@ -61,3 +66,39 @@ def test_mkdocs_build_strict(tmp_path: Path) -> None:
     api = (site / "api" / "objectives" / "index.html").read_text()
     assert "gbmpo.objectives.loss.compute_policy_loss" in api
     assert "gbmpo.objectives.regularizers.kl_k3" in api
+
+
+def test_docstring_markup_becomes_markdown_with_math() -> None:
+    """The API reference's griffe extension: cross-reference roles become code, ``:math:`` roles
+    and ``.. math::`` blocks become arithmatex math, shared Google entries are split."""
+    import runpy
+
+    mod = runpy.run_path(str(REPO / "scripts" / "griffe_sphinx_roles.py"))
+    render = mod["render_sphinx_markup"]
+    assert render(r"see :func:`~gbmpo.a.b` with :math:`\varepsilon_{\text{high}}`") == (
+        r"see `b` with $\varepsilon_{\text{high}}$")
+    block = render("Intro.\n\n.. math::\n\n    a = \\frac{1}{2}\n\nAfter.\n")
+    assert "$$\na = \\frac{1}{2}\n$$" in block and ".. math::" not in block
+    split = render("Do.\n\nArgs:\n    lo, hi: the bounds\n        (inclusive).\n    x: one\n")
+    entry = "the bounds\n        (inclusive).\n"
+    assert f"    lo: {entry}    hi: {entry}" in split
+
+
+def test_links_to_repository_files_work_on_the_site(tmp_path: Path) -> None:
+    """A page's relative link to a repository file (``../configs/...``, right in a clone) is
+    pointed at the copy the site serves under ``_repo/``; a link to a missing file fails."""
+    import runpy
+
+    pytest.importorskip("mkdocs")
+    mod = runpy.run_path(str(REPO / "scripts" / "mkdocs_hooks.py"))
+    docs = REPO / "docs"
+    text = "[RESULTS](../benchmarks/RESULTS.md#x), [a](../configs/tiny-atr.yaml), [p](index.md)"
+    out, linked = mod["repo_links"](text, "results.md", docs)
+    assert linked == ["benchmarks/RESULTS.md", "configs/tiny-atr.yaml"]
+    assert "](_repo/benchmarks/RESULTS.md.txt#x)" in out
+    assert "](_repo/configs/tiny-atr.yaml)" in out
+    assert "](index.md)" in out
+    deep, _ = mod["repo_links"]("[c](../../../configs/tiny-atr.yaml)", "results/a/README.md", docs)
+    assert "](../../_repo/configs/tiny-atr.yaml)" in deep
+    with pytest.raises(Exception, match="missing repository file"):
+        mod["repo_links"]("[m](../configs/none.yaml)", "results.md", docs)

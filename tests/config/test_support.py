@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gbmpo.config import ConfigError, TrainConfig, load_config
@@ -90,9 +92,16 @@ def test_own_engine_refuses_several_processes() -> None:
         check_support(cfg, "gbmpo")
 
 
-def test_markdown_has_one_row_per_key() -> None:
-    table = render_markdown()
-    assert len(table.strip().splitlines()) == 2 + len(config_keys())
+def test_markdown_has_one_table_per_section_and_every_key_once() -> None:
+    text = render_markdown()
+    keys = config_keys()
+    sections = {k.split(".", 1)[0] for k in keys}
+    assert text.count("| key | engine | what happens |") == len(sections)
+    shown = re.findall(r'^\| <code class="config-key">([^<]*(?:<wbr>[^<]*)*)</code> \|', text, re.M)
+    assert [k.replace("<wbr>", "") for k in shown] == keys
+    # placeholders outside code spans are escaped, not read as HTML tags
+    assert "reg/<name>" not in text.replace("`reg/<name>`", "")
+    assert "model.<wbr>dtype</code> | gbmpo | honoured, **some values refused**: float16" in text
 
 
 def test_validate_refuses_for_the_configured_engine() -> None:

@@ -692,15 +692,50 @@ def placement_notes(cfg: Any) -> list[str]:
     ]
 
 
+def _cell_text(text: str) -> str:
+    """Table-cell Markdown: ``|`` escaped; outside code spans ``<``/``>`` written as entities
+    (so that ``reg/<name>`` is not read as an HTML tag) and ``_``/``*`` escaped (so that
+    ``CUDA_VISIBLE_DEVICES`` is not read as emphasis)."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # even parts lie outside code spans
+        parts[i] = (parts[i].replace("<", "&lt;").replace(">", "&gt;")
+                    .replace("_", "\\_").replace("*", "\\*"))
+    return "`".join(parts).replace("|", "\\|")
+
+
+def _label(e: Support) -> str:
+    """What happens, in words: a refusal with a ``refuse`` test refuses only some values."""
+    if e.status == HONOURED:
+        head = "honoured"
+    elif e.status == NO_EFFECT:
+        head = "no effect"
+    elif e.refuse is None:
+        head = "**only the default**"
+    else:
+        head = "honoured, **some values refused**"
+    return head + (f": {_cell_text(e.how)}" if e.how else "")
+
+
 def render_markdown() -> str:
-    """The matrix as a Markdown table (one row per key, one column per engine)."""
-    label = {HONOURED: "honoured", REFUSED: "refused", NO_EFFECT: "no effect"}
-    lines = ["| key | " + " | ".join(ENGINES) + " |", "|---|" + "---|" * len(ENGINES)]
+    """The matrix as Markdown: one table per top-level section of the config (its heading
+    anchored ``support-SECTION``), one row per key and engine, a key whose three entries are
+    alike on one row ("all engines")."""
+    sections: dict[str, list[str]] = {}
     for key in config_keys():
-        cells = []
-        for engine in ENGINES:
-            e = SUPPORT[engine][key]
-            cell = label[e.status] + (f": {e.how}" if e.how else "")
-            cells.append(cell.replace("|", "\\|"))
-        lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        sections.setdefault(key.split(".", 1)[0], []).append(key)
+    out: list[str] = []
+    for section, keys in sections.items():
+        out += [f"### `{section}` {{#support-{section}}}", "",
+                "| key | engine | what happens |", "|---|---|---|"]  # fmt: skip
+        for key in keys:
+            entries = [SUPPORT[engine][key] for engine in ENGINES]
+            # a key breaks only after a dot (docs/stylesheets/extra.css: .config-key)
+            shown = f'<code class="config-key">{key.replace(".", ".<wbr>")}</code>'
+            if all((e.status, e.how) == (entries[0].status, entries[0].how) for e in entries):
+                out.append(f"| {shown} | all engines | {_label(entries[0])} |")
+                continue
+            for engine, e in zip(ENGINES, entries, strict=True):
+                out.append(f"| {shown} | {engine} | {_label(e)} |")
+                shown = ""
+        out.append("")
+    return "\n".join(out)

@@ -4,10 +4,10 @@ For every group, each seed's ``metrics.jsonl`` gives a curve ``{step: value}``; 
 are smoothed per seed with a trailing moving average, then the seeds are aligned by step and
 summarised as mean +- sample std (:func:`gbmpo.experiments.stats.step_band`; only the steps every
 seed of the group reached are drawn). Panels: sampled training reward, held-out accuracy (or
-pass@1), training response length, policy entropy, the fractions of tokens clipped below and
-above (the surrogate's ``clip_frac_low`` / ``clip_frac_high``), and the value of each
-regularizer of the grid measured
-against the frozen reference (the trainer's ``reg/<name>`` monitors; without monitoring, the
+pass@1; in %, a dot at each evaluation), training response length, policy entropy, the
+fractions of tokens clipped below and above (the surrogate's ``clip_frac_low`` /
+``clip_frac_high``), and the value of each regularizer of the grid measured against the frozen
+reference (the trainer's ``reg/<name>`` monitors; without monitoring, the
 optimised regularizer's own ``reg_value``).
 
 matplotlib is imported lazily with the ``Agg`` backend (``pip install 'gbmpo[report]'``).
@@ -73,7 +73,7 @@ def panels_for(groups: Mapping[str, Sequence[RunRecord]], metric: str) -> list[P
     groups."""
     panels = [
         Panel("reward_mean", "training reward (sampled)", True),
-        Panel(f"eval/{metric}", f"held-out {metric} (greedy)", False),
+        Panel(f"eval/{metric}", f"held-out {metric} % (greedy)", False),
         Panel("response_length_mean", "training response length (tokens)", True),
         Panel("entropy", "policy entropy (sampled tokens, nats)", True),
         Panel("clip_frac_low", "clipped low (A<0, w<l), token fraction", True),
@@ -118,6 +118,8 @@ def plot_curves(
             series = [c for run in runs if (c := curve(run, panel.key, window=w))]
             if not series or len(series) < len(runs):
                 continue  # some seed lacks this metric: no honest band
+            if panel.key.startswith("eval/"):  # held-out accuracy and pass@k in %, as tables
+                series = [{s: 100 * v for s, v in c.items()} for c in series]
             band = step_band(series)
             if not band.steps:
                 continue

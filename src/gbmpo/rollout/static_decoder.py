@@ -30,7 +30,7 @@ weight's dtype, refreshed in place at each :meth:`StaticDecoder.run`: a graph st
 (:math:`Wx + s\,B(Ax)`, in the adapters' dtype), reading no copy. In bfloat16 either mode's
 log-probs are as far from the trainer's (peft's unmerged forward) as the lean decoder's are for
 a plain model, several times farther than peft's own decode; merging adds little to that
-(``benchmarks/rollout_mismatch.py``; ``benchmarks/RESULTS.md`` section 23).
+(``benchmarks/rollout_mismatch.py``; ``benchmarks/RESULTS.md`` section 25).
 
 On CUDA (``graphs=True``, the default there) the step is captured as a ``torch.cuda.CUDAGraph``
 once per :class:`_Slot` (rows, prompt bucket, completion length and sampling settings) and

@@ -115,10 +115,11 @@ class GSPOSurrogate(KnownGradientSurrogate):
     sequence by its length. Diagnostics are over tokens (the broadcast ratio).
 
     Args:
-        eps_low, eps_high: clip ranges; defaults 3e-4 / 4e-4 as reported for GSPO (docs/methods.md,
-        section "GSPO"); ``eps_high=None`` means equal to ``eps_low``. dual_clip_c: dual clip
-        on the sequence ratio (``None``: off). ratio_cap: cap on the unclipped sequence ratio
-        (TRL's ``delta``). delta: deprecated name of ``ratio_cap`` (DeprecationWarning).
+        eps_low, eps_high: clip ranges; defaults 3e-4 / 4e-4 as reported for GSPO
+            (docs/methods.md, section "GSPO"); ``eps_high=None`` means equal to ``eps_low``.
+        dual_clip_c: dual clip on the sequence ratio (``None``: off).
+        ratio_cap: cap on the unclipped sequence ratio (TRL's ``delta``).
+        delta: deprecated name of ``ratio_cap`` (DeprecationWarning).
     """
 
     eps_low: float = 3e-4

@@ -1,0 +1,90 @@
+"""One source for every number: the measured tables of the README, docs/results.md and the
+one-GPU guide are the ones ``scripts/render_results.py`` renders from the committed result
+files, a planted mismatch is caught, and no page says "no GPU run" while GPU results are
+committed."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "render_results.py"
+
+
+@pytest.fixture(scope="module")
+def mod() -> dict[str, Any]:
+    return runpy.run_path(str(SCRIPT))
+
+
+def test_pages_hold_the_tables_rendered_from_their_sources(mod: dict[str, Any]) -> None:
+    for page in mod["PAGES"]:
+        text = page.read_text()
+        assert "<!-- table:" in text, page
+        assert mod["rendered"](text) == text, f"{page.name}: run python scripts/render_results.py"
+
+
+def test_every_marked_table_has_a_renderer_and_every_renderer_is_used(mod: dict[str, Any]) -> None:
+    used = set()
+    for page in mod["PAGES"]:
+        used |= set(re.findall(r"<!-- table:([\w-]+) -->", page.read_text()))
+    assert used == set(mod["TABLES"])
+
+
+def test_a_planted_mismatch_is_caught(mod: dict[str, Any]) -> None:
+    text = (ROOT / "docs" / "results.md").read_text()
+    # the regularizer comparison's KL row, as its results.json gives it
+    row = "| kl_k3 | 0.04 | 78.5 ± 1.8 | – |"
+    assert row in text
+    planted = text.replace(row, "| kl_k3 | 0.04 | 79.5 ± 1.8 | – |")
+    assert mod["rendered"](planted) != planted
+    assert mod["rendered"](planted) == text
+    readme = (ROOT / "README.md").read_text()
+    planted = readme.replace("25 of 25 `--engine trl` kills", "30 of 30 `--engine trl` kills")
+    assert planted != readme and mod["rendered"](planted) == readme
+
+
+def test_a_changed_source_changes_the_page(mod: dict[str, Any], tmp_path: Path) -> None:
+    """The numbers come from the file: the table rendered from an edited copy of
+    ``sandbox.json`` shows the edited figure."""
+    data = json.loads((ROOT / "benchmarks" / "results" / "sandbox.json").read_text())
+    data["settings"]["one_stream"]["ratio"] = 1.23
+    (tmp_path / "sandbox.json").write_text(json.dumps(data))
+    namespace = mod["sandbox"].__globals__  # the script's module namespace
+    mod["bench"].cache_clear()
+    namespace["BENCH"] = tmp_path
+    try:
+        assert "**1.23×**" in mod["sandbox"]()
+    finally:
+        namespace["BENCH"] = ROOT / "benchmarks" / "results"
+        mod["bench"].cache_clear()
+
+
+#: claims that results committed on a GPU contradict
+NO_GPU = re.compile(r"no GPU run|all on (?:a )?CPU|are all on CPU|never (?:been )?run on a GPU",
+                    re.IGNORECASE)  # fmt: skip
+
+
+def _gpu_results() -> list[str]:
+    found = [p.name for p in (ROOT / "benchmarks" / "results").glob("*.json")
+             if json.loads(p.read_text()).get("device") in ("cuda", "NVIDIA H200")]
+    found += [p.name for p in (ROOT / "docs" / "results").glob("*gpu*")]
+    return found
+
+
+def test_no_page_denies_the_committed_gpu_runs() -> None:
+    assert _gpu_results(), "the GPU results this test guards are committed"
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    hits = [f"{p.relative_to(ROOT)}:{n}: {line.strip()}" for p in pages
+            for n, line in enumerate(p.read_text().splitlines(), 1) if NO_GPU.search(line)]
+    assert not hits, "\n".join(hits)
+
+
+def test_the_no_gpu_check_can_fail() -> None:
+    assert NO_GPU.search("The engines end to end. No GPU run has been made.")
+    assert NO_GPU.search("The measurements in Results are all on CPU.")
