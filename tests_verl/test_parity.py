@@ -48,7 +48,16 @@ GBMPO_AGG: dict[str, tuple[str, dict[str, Any]]] = {
     "seq-mean-token-mean": ("grpo", {}),
     "seq-mean-token-sum-norm": ("dr_grpo", {}),  # max_len = T below (verl's default horizon)
 }
+# float32 values of the same math summed in another order (verl's kernels, the vector width the
+# processor gives torch): 1e-6 is ~8 float32 roundings (eps 1.19e-7) of a value of size 1, and a
+# value above 1 (token-sum losses reach ~10) gets the same relative bound (_bound)
 TOL = 1e-6
+
+
+def _bound(ref: object) -> float:
+    """TOL relative to ``ref``'s size when that is above 1, else TOL."""
+    return TOL * max(1.0, abs(float(ref)))  # type: ignore[arg-type]
+
 COEF = 0.05
 DIFFS_FILE = os.environ.get("GBMPO_VERL_PARITY_JSON")
 
@@ -193,10 +202,10 @@ def test_plugin_clip_k3_equals_vanilla_low_var_kl_in_ppo_loss(
     dl = float((l_gb - l_ref).abs())
     dg = float((g_gb - g_ref).abs().max())
     _record(f"ppo_loss[{mode}, dp={dp_size}, is_weights={with_isw}]", dl, dg)
-    assert dl <= TOL, (mode, float(l_gb), float(l_ref))
+    assert dl <= _bound(l_ref), (mode, float(l_gb), float(l_ref))
     assert dg <= TOL, (mode, dg)
     for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "kl_loss"):
-        assert _metric(m_gb[k]) == pytest.approx(_metric(m_ref[k]), abs=1e-6), k
+        assert _metric(m_gb[k]) == pytest.approx(_metric(m_ref[k]), rel=TOL, abs=TOL), k
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -233,7 +242,7 @@ def test_gbmpo_compute_policy_loss_equals_verl(mode: str) -> None:
     dl = float((l_gb - l_ref).detach().abs())
     dg = float((g_gb - g_ref).abs().max())
     _record(f"compute_policy_loss[{mode}]", dl, dg)
-    assert dl <= TOL and dg <= TOL, (mode, dl, dg)
+    assert dl <= _bound(l_ref) and dg <= TOL, (mode, dl, dg)
 
 
 def test_parity_is_sensitive() -> None:
@@ -689,8 +698,8 @@ def test_sum_of_terms_equals_the_own_engines_sum(mode: str) -> None:
     (g_g,) = torch.autograd.grad(l_g, lp)
     dl, dg = float((l_g.detach() - l_v).abs()), float((g_g - g_v).abs().max())
     _record(f"sum_of_terms[{mode}]", dl, dg)
-    assert dl <= TOL and dg <= TOL, (mode, dl, dg)
-    assert _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], abs=1e-6)
+    assert dl <= _bound(l_v) and dg <= TOL, (mode, dl, dg)
+    assert _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], rel=TOL, abs=TOL)
     # sensitive: without the 'old' anchor the sum differs
     spec = json.loads(ov[f"{a}.policy_loss.gbmpo_objective"][1:-1])
     spec["regularizer"][2]["anchor"] = "ref"
@@ -737,7 +746,7 @@ def test_objective_spec_loss_equals_the_own_engines_compute_policy_loss(mode: st
     (g_g,) = torch.autograd.grad(l_g, lp)
     dl, dg = float((l_g.detach() - l_v).abs()), float((g_g - g_v).abs().max())
     _record(f"objective_spec[{mode}]", dl, dg)
-    assert dl <= TOL and dg <= TOL, (mode, dl, dg)
+    assert dl <= _bound(l_v) and dg <= TOL, (mode, dl, dg)
     assert 0.003 * _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], abs=1e-7)
     # the surrogate is the spec's: another delta changes the loss
     other = _overrides({**ONE_TERM_SPEC, "aggregation": agg,
