@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gbmpo.io.metrics import MONITOR_PREFIX
+from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX
 
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
 
-__all__ = ["COEF_PREFIX", "MEASURE_PREFIX", "control_drift", "drift_state", "restore_drift"]
-
-#: the metrics of a controlled term: the coefficient the step used, the measure it read
-COEF_PREFIX = "drift_coef/"
-MEASURE_PREFIX = "drift_measure/"
+__all__ = ["control_drift", "drift_state", "restore_drift"]
 
 
 def control_drift(tr: Trainer, record: dict[str, Any]) -> None:
@@ -36,8 +32,8 @@ def control_drift(tr: Trainer, record: dict[str, Any]) -> None:
                 "this step did not log (no reference log-probs?)"
             )
         measure = float(record[key])
-        record[COEF_PREFIX + t.name] = t.coef
-        record[MEASURE_PREFIX + t.name] = measure
+        record[DRIFT_COEF_PREFIX + t.name] = t.coef
+        record[DRIFT_MEASURE_PREFIX + t.name] = measure
         new[t.name] = t.control.step(t.coef, measure)
     if new:
         tr.objective = tr.objective.with_coefs(new)

@@ -38,7 +38,7 @@ from gbmpo.integrations.trl.internals import (
     check_trl_internals,
 )
 from gbmpo.integrations.trl.objective import LOSS_TYPE_SURROGATES, build_objective
-from gbmpo.io.metrics import MONITOR_PREFIX
+from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX
 from gbmpo.objectives.loss import LossTerm, compute_policy_loss, loss_terms
 from gbmpo.objectives.regularizers import kl_k3
 from gbmpo.objectives.spec import BuiltObjective
@@ -470,8 +470,8 @@ class GBMPOTrainer(GRPOTrainer):
         for t in self._gbmpo.controlled:
             assert t.control is not None
             measure = totals[t.control.monitor(t.name)] / tokens
-            metrics[f"drift_coef/{t.name}"].append(t.coef)
-            metrics[f"drift_measure/{t.name}"].append(measure)
+            metrics[DRIFT_COEF_PREFIX + t.name].append(t.coef)
+            metrics[DRIFT_MEASURE_PREFIX + t.name].append(measure)
             new[t.name] = t.control.step(t.coef, measure)
         self._gbmpo = self._gbmpo.with_coefs(new)
         self._drift_sums = None
