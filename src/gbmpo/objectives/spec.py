@@ -368,6 +368,15 @@ class ObjectiveSpec:
                 )
         if listed and "none" in names:
             raise SpecError(f"'{where}.regularizer' lists 'none' beside other terms; leave it out")
+        reads = [t.control.monitor(t.name) for t in terms if t.control is not None]
+        for read in reads:
+            if reads.count(read) > 1:
+                raise SpecError(
+                    f"'{where}.regularizer': {reads.count(read)} terms' controls track reg/{read}; "
+                    "two controllers of one measure have no single answer (any split of the "
+                    "drift between the terms holds it): give one of them control, or measure: "
+                    "term to each"
+                )
         # reg/<name>: the optimised regularizers always, every registered one when monitoring
         built = {t.name: t.regularizer for t in terms}
         monitors: dict[str, Any] = {}
