@@ -116,3 +116,38 @@ def test_resume_continues_the_coefficient_bit_for_bit(micro_model_dir, tmp_path)
     b = [without_timing(r) for r in read_metrics(part)]
     assert [r["drift_coef/kl_k3"] for r in a] == [r["drift_coef/kl_k3"] for r in b]
     assert a == b
+
+
+def test_a_tensor_coefficient_gives_the_float_coefficients_loss_and_gradient():
+    """The controlled coefficient reaches the loss as a 0-dim float64 tensor (loss_terms): the
+    loss and the gradient are the same bits as with the Python float."""
+    import torch
+
+    from gbmpo.objectives.loss import compute_policy_loss, loss_terms
+
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(3, 5, generator=g, dtype=torch.float32) * 2
+    ref = old - 0.1 * torch.randn(3, 5, generator=g)
+    adv = torch.randn(3, generator=g)
+    mask = torch.ones(3, 5)
+    out = {}
+    for control in (None, {"target": 0.02}):
+        obj = ObjectiveSpec.from_dict({"regularizer": {"name": "kl_k3", "coef": 0.37,
+                                                        "control": control}}).build()  # fmt: skip
+        terms = loss_terms(obj.terms, {"ref": ref, "old": old})
+        assert isinstance(terms[0].coef, torch.Tensor) == (control is not None)
+        logp = (old + 0.05).clone().requires_grad_(True)
+        loss, _ = compute_policy_loss(logp=logp, old_logp=old, advantages=adv, mask=mask,
+                                      surrogate=obj.surrogate, terms=terms)  # fmt: skip
+        loss.backward()
+        out[control is None] = (loss.detach(), logp.grad)
+    assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
+
+
+def test_verl_refuses_a_controlled_coefficient():
+    from gbmpo.integrations.common import verl_objective_overrides
+
+    spec = {"regularizer": {"name": "kl_k3", "coef": 0.1, "placement": "reward",
+                            "control": {"target": 0.02}}}  # fmt: skip
+    with pytest.raises(ValueError, match="control' is not supported by engine verl"):
+        verl_objective_overrides(spec, max_response_length=16)
