@@ -151,3 +151,24 @@ def test_verl_refuses_a_controlled_coefficient():
                             "control": {"target": 0.02}}}  # fmt: skip
     with pytest.raises(ValueError, match="control' is not supported by engine verl"):
         verl_objective_overrides(spec, max_response_length=16)
+
+
+def test_a_sum_has_one_controller_per_term(micro_model_dir, tmp_path):
+    """Each term of a sum with its own control moves its own coefficient from its own measure;
+    two controls of one measure are refused."""
+    terms = ("[{name: prob_l2, coef: 0.1, control: {target: 0.001, measure: term}},"
+             " {name: kl_k3, coef: 0.2, control: {target: 0.01}}]")  # fmt: skip
+    out = tmp_path / "run"
+    # the list replaces the single term _config sets up (overrides apply in order)
+    cfg = _config(micro_model_dir, out, "null", **{"run.steps": "3",
+                                                   "objective.regularizer": terms})
+    Trainer(cfg, reward_fn=varied_reward).train()
+    rows = read_metrics(out)
+    for name, monitor, first in (("prob_l2", "reg/prob_l2", 0.1), ("kl_k3", "reg/kl_k3", 0.2)):
+        assert [r[f"drift_measure/{name}"] for r in rows] == [r[monitor] for r in rows]
+        coefs = [r[f"drift_coef/{name}"] for r in rows]
+        assert coefs[0] == first and len(set(coefs)) == 3
+    with pytest.raises(SpecError, match="2 terms' controls track reg/kl_k3"):
+        ObjectiveSpec.from_dict({"regularizer": [
+            {"name": "kl_k3", "control": {"target": 1}},
+            {"name": "prob_l2", "control": {"target": 1}}]}).build()

@@ -368,11 +368,12 @@ class ObjectiveSpec:
                 )
         if listed and "none" in names:
             raise SpecError(f"'{where}.regularizer' lists 'none' beside other terms; leave it out")
-        reads = [t.control.monitor(t.name) for t in terms if t.control is not None]
-        for read in reads:
-            if reads.count(read) > 1:
+        measures = [t.control.monitor(t.name) for t in terms if t.control is not None]
+        for read in measures:
+            if measures.count(read) > 1:
                 raise SpecError(
-                    f"'{where}.regularizer': {reads.count(read)} terms' controls track reg/{read}; "
+                    f"'{where}.regularizer': {measures.count(read)} terms' controls track "
+                    f"reg/{read}; "
                     "two controllers of one measure have no single answer (any split of the "
                     "drift between the terms holds it): give one of them control, or measure: "
                     "term to each"
@@ -450,6 +451,8 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
         check_estimator(r.name, r.estimator, r.anchor, r.params, regularizer)
     except ValueError as err:
         raise SpecError(f"'{at}.estimator' ({r.name!r}): {err}") from None
+    if r.control is not None:  # a spec built by hand may hold the mapping
+        r.control = _control(r.control, f"{at}.control")
     term = BuiltTerm(r.name, regularizer, coef, r.anchor, r.placement, r.estimator, r.control)
     if r.control is not None:
         try:
@@ -525,14 +528,14 @@ class BuiltObjective:
 
     @property
     def needs_ref(self) -> bool:
-        """Whether the reference policy's log-probs are needed: a term is anchored on it, or
-        every regularizer is monitored against it."""
+        """Whether the reference policy's log-probs are needed: a term is anchored on it, a
+        controller reads a divergence from it, or every regularizer is monitored against it."""
         return (any(t.needs_ref or t.control is not None for t in self.terms)
                 or self.spec.monitor_regularizers)
 
     @property
     def controlled(self) -> tuple[BuiltTerm, ...]:
-        """The terms whose coefficient is controlled (``coef:`` given as a mapping)."""
+        """The terms whose coefficient is controlled (``control`` set)."""
         return tuple(t for t in self.terms if t.control is not None)
 
     def with_coefs(self, coefs: Mapping[str, float]) -> BuiltObjective:
