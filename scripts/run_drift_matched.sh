@@ -6,8 +6,8 @@
 # embedded task, greedy accuracy and pass@k (eval.samples 8): 15 runs. The first coefficients are
 # those that land near 0.025 on the frontier (KL 0.1, ProbL2 0.6, mirror map 16, forward KL 0.12,
 # JS 0.64); the controller moves each by at most 4% a step (horizon 5).
-# Runtime: not measured; on 2 loaded shared cores (load 12-18) the embedded model took about 12 s
-# a step, so 15 runs of 60 steps plus their evaluations take hours there. Usage:
+# Runtime: one such run (prob_l2, 60 steps, no evaluation) took 621 s on 2 shared cores at load
+# 12-18, so the 15 runs with their evaluations take hours there. Usage:
 # scripts/run_drift_matched.sh DIR
 set -euo pipefail
 out=${1:?usage: $0 OUTPUT_DIR}
