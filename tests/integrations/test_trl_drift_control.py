@@ -49,3 +49,20 @@ def test_the_coefficient_moves_is_saved_and_resumes(
     again = [h["drift_coef/prob_l2"] for h in resumed.state.log_history
              if "drift_coef/prob_l2" in h]  # fmt: skip
     assert again[-2] == coefs[2]  # step 3 continues from the saved coefficient, bit for bit
+
+
+def test_the_coefficient_moves_once_per_generation_batch(
+    tmp_path: Path, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any,
+    cpu_args: dict[str, Any],
+) -> None:  # fmt: skip
+    """Two optimizer steps per generation batch: the coefficient moves after the second (the
+    own engine's RL step), from the batch's measure, so it is logged once per batch."""
+    trainer = _trainer(tmp_path / "out", tiny_model_dir, tiny_dataset, reward_fn, cpu_args,
+                       steps_per_generation=2)  # fmt: skip
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
+    assert [("drift_coef/prob_l2" in h) for h in logs] == [False, True, False, True]
+    first, second = (h for h in logs if "drift_coef/prob_l2" in h)
+    assert first["drift_coef/prob_l2"] == 0.1
+    assert second["drift_coef/prob_l2"] == proportional_coef(
+        0.1, first["drift_measure/prob_l2"], target=1e-4, horizon=2.0)

@@ -295,9 +295,9 @@ TRL: dict[str, Support] = {
     "objective.regularizer.name": H("GBMPOConfig objective", probe="kl_k3"),
     "objective.regularizer.coef": H("GBMPOConfig objective (TRL beta)", probe=0.2),
     "objective.regularizer.control": H(
-        "GBMPOConfig objective: GBMPOTrainer moves coef at each optimizer step (TRL's step, "
-        "the horizon's unit) from the accumulation window's measure over every process; saved "
-        "in each checkpoint (gbmpo_drift_state.json)", probe={"target": 0.02}),
+        "GBMPOConfig objective: GBMPOTrainer moves coef after each generation batch (the RL "
+        "step) from the batch's measure over every process; saved in each checkpoint "
+        "(gbmpo_drift_state.json)", probe={"target": 0.02}),
     "objective.regularizer.anchor": H("GBMPOConfig objective", probe="old"),
     "objective.regularizer.params": H("GBMPOConfig objective", probe={"clamp": 10.0}),
     "objective.regularizer.placement": R(

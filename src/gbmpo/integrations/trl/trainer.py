@@ -114,11 +114,12 @@ class GBMPOTrainer(GRPOTrainer):
     attributes (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves.
 
     A term with ``control`` (a controlled coefficient, :mod:`gbmpo.objectives.drift_control`):
-    at each optimizer step its measure (the accumulation window's token mean of
-    :math:`D(\pi_{old}\,\|\,\pi_{ref})` over every process) moves its coefficient for the next
-    step (:meth:`_control_drift`); ``drift_coef/<term>`` and ``drift_measure/<term>`` are logged,
-    and the coefficients are saved in each checkpoint (:data:`DRIFT_STATE_FILE`) and restored on
-    resume, as TRL does for its entropy controller.
+    after the last micro-step on a generation batch (the own engine's RL step: the horizon's
+    unit) its measure, the token mean of :math:`D(\pi_{old}\,\|\,\pi_{ref})` over the batch on
+    every process, moves its coefficient for the next batch (:meth:`_control_drift`);
+    ``drift_coef/<term>`` and ``drift_measure/<term>`` are logged, and the coefficients are
+    saved in each checkpoint (:data:`DRIFT_STATE_FILE`) and restored on resume, as TRL does for
+    its entropy controller.
     """
 
     _tag_names = ["trl", "grpo", "gbmpo"]
@@ -151,6 +152,12 @@ class GBMPOTrainer(GRPOTrainer):
                 )
         if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
             raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
+
+    def _last_of_generation(self) -> bool:
+        """Whether this micro-step is the last one on its generation batch (the last of
+        ``steps_per_generation * num_iterations``; TRL advances ``_step`` after it): the end of
+        the own engine's RL step, where a controlled coefficient moves."""
+        return (self._step + 1) % (self.args.steps_per_generation * self.num_iterations) == 0
 
     def _first_pass(self) -> bool:
         """Whether this micro-step is in the first of the ``num_iterations`` passes over its
@@ -253,7 +260,7 @@ class GBMPOTrainer(GRPOTrainer):
         self._log_trl_metrics(mode, fwd.logp.detach(), old_logp, inputs["advantages"], fwd.mask)
         if mode == "train" and ref_logp is not None:
             self._add_monitored_divergences(old_logp, ref_logp, fwd.mask)
-        if mode == "train" and obj.controlled and self.accelerator.sync_gradients:
+        if mode == "train" and obj.controlled and self._last_of_generation():
             self._control_drift()
         return loss
 
@@ -452,10 +459,11 @@ class GBMPOTrainer(GRPOTrainer):
             window[""] += float(mf.sum())
 
     def _control_drift(self) -> None:
-        """At an optimizer step: each controlled term's measure (the accumulation window's token
-        mean of its monitored divergence over every process), logged with the coefficient this
-        step used (``drift_coef/<term>``, ``drift_measure/<term>``), moves its coefficient for
-        the next step (:meth:`DriftControl.step`, the own engine's update)."""
+        """At the end of a generation batch: each controlled term's measure (the batch's token
+        mean of its monitored divergence over every process; each of the ``num_iterations``
+        passes adds the same values, so the mean is the batch's), logged with the coefficient
+        the batch used (``drift_coef/<term>``, ``drift_measure/<term>``), moves its coefficient
+        for the next batch (:meth:`DriftControl.step`, the own engine's update)."""
         window = getattr(self, "_drift_sums", None)
         if window is None:
             raise RuntimeError("a controlled coefficient reads D(pi_old || pi_ref), but this step "
