@@ -12,6 +12,7 @@ import pytest
 
 from gbmpo.cli import main
 from gbmpo.config import TrainConfig, dump_yaml
+from gbmpo.objectives.drift_control import DriftControl
 
 
 def cli(argv: Sequence[str]) -> int:
@@ -35,14 +36,17 @@ def fake_run(
     wall: float = 100.0,
     drift: dict[str, Any] | None = None,
     eval_extra: dict[str, Any] | None = None,
+    control: DriftControl | None = None,
 ) -> Path:
     """A run directory as the trainer writes it, with made-up numbers (``drift``: the summary's
     ``drift`` record, absent when ``None``; ``eval_extra``: more final-evaluation metrics,
-    e.g. a pass@k curve)."""
+    e.g. a pass@k curve; ``control``: a controlled coefficient, whose ``drift_coef/<name>`` is
+    ``coef * (1 + step / 100)`` and whose ``drift_measure/<name>`` is the step's ``reg/kl_k3``)."""
     cfg = TrainConfig()
     cfg.task.name = task
     cfg.objective.regularizer.name = regularizer
     cfg.objective.regularizer.coef = coef
+    cfg.objective.regularizer.control = control
     cfg.run.seed = seed
     cfg.run.steps = steps
     cfg.optim.lr = lr
@@ -58,6 +62,9 @@ def fake_run(
             "reg/kl_k3": 1e-3 * s,
             "reg/prob_l2": 2e-4 * s,
         }
+        if control is not None:
+            rec[f"drift_coef/{regularizer}"] = coef * (1 + s / 100)
+            rec[f"drift_measure/{regularizer}"] = rec["reg/kl_k3"]
         if s % 10 == 0:
             rec["eval/accuracy"] = before + (final - before) * s / steps
         records.append(rec)

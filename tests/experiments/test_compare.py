@@ -184,3 +184,28 @@ def test_main_gbmpo_cli_has_compare_and_report(tmp_path, capsys):
                            "--output-dir", str(tmp_path / "o"), "--steps", "3"])
     assert code == 0
     assert "arithmetic/kl_k3/seed0: fresh" in capsys.readouterr().out
+
+
+def test_match_drift_controls_every_regularizer_but_none(gbmpo_cli, tmp_path):
+    """``--match-drift``: each arm's regularizer gets the control (its coefficient the first
+    step's), the arm without one stays so; a sweep of the coefficient is refused."""
+    from gbmpo.experiments.grid import match_drift, parse_regularizers, plan_grid
+    from gbmpo.objectives.drift_control import DriftControl
+    from gbmpo.train import load_config
+
+    out = tmp_path / "grid"
+    argv = ["compare", "--regularizers", "kl_k3,prob_l2,none", "--seeds", "0",
+            "--match-drift", "0.02", "--match-horizon", "5", "--output-dir", str(out),
+            "--dry-run", *SMALL]  # fmt: skip
+    code, stdout, _ = _call(gbmpo_cli, argv)
+    assert code == 0
+    assert "kl_k3: regularizer kl_k3, coef 0.04 (controlled: kl -> 0.02)" in stdout
+    assert "none: regularizer none, coef 0 (from default)" in stdout
+    want = DriftControl(target=0.02, horizon=5.0)
+    runs = plan_grid(load_config(None), parse_regularizers("kl_k3,prob_l2,none"), [0], out)
+    controls = {r.label: r.config.objective.regularizer.control
+                for r in match_drift(runs, want)}  # fmt: skip
+    assert all(r.config.objective.regularizer.control is None for r in runs)  # copies
+    assert controls == {"kl_k3": want, "prob_l2": want, "none": None}
+    code, _, stderr = _call(gbmpo_cli, [*argv, "--sweep", "coef=0.1,0.2"])
+    assert code == 2 and "--match-drift sets every coefficient" in stderr

@@ -219,3 +219,32 @@ def test_report_draws_the_largest_pass_at_k_frontier(tmp_path, make_run, gbmpo_c
     assert (out / "frontier_passk_arithmetic.png").stat().st_size > 1000
     md = (out / "report.md").read_text()
     assert "### pass@4 versus drift" in md and "frontier_passk_arithmetic.png" in md
+
+
+def test_report_shows_the_drift_of_controlled_and_uncontrolled_arms(tmp_path, make_run,
+                                                                     gbmpo_cli):  # fmt: skip
+    """Runs of ``compare --match-drift``: the drift table holds the target, the controlled
+    measure and coefficient over the last steps, every arm's rollout k3 and the held-out KL."""
+    from gbmpo.objectives.drift_control import DriftControl
+
+    root = tmp_path / "runs"
+    control = DriftControl(target=0.02)
+    for seed in (0, 1):
+        make_run(root / f"kl{seed}", regularizer="kl_k3", seed=seed, final=0.6, coef=0.04,
+                 control=control, drift={"kl": 0.01 * (seed + 1)})  # fmt: skip
+        make_run(root / f"none{seed}", regularizer="none", seed=seed, final=0.5, coef=0.0,
+                 drift={"kl": 0.05})  # fmt: skip
+    out = tmp_path / "report"
+    assert gbmpo_cli(["report", str(root), "--output-dir", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    kl, none = _group(results, "kl_k3"), _group(results, "none")
+    # 20 steps: reg/kl_k3 = 1e-3 * s, so the last 10 steps' mean is 1e-3 * 15.5
+    assert kl["drift_target"]["mean"] == 0.02
+    assert kl["drift_measure_last"]["mean"] == pytest.approx(0.0155)
+    assert kl["drift_coef_last"]["mean"] == pytest.approx(0.04 * (1 + 15.5 / 100))
+    assert kl["drift_kl_final"]["mean"] == pytest.approx(0.015)
+    assert none["drift_target"] is None
+    assert none["train_kl_k3_last"]["mean"] == pytest.approx(0.0155)
+    md = (out / "report.md").read_text()
+    assert "| kl_k3 | 0.02 | 0.0155 ± 0.0000 | 0.0462 ± 0.0000 |" in md
+    assert "| none | n/a | n/a | n/a | 0.0155 ± 0.0000 | 0.0500 ± 0.0000 |" in md

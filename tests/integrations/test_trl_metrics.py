@@ -38,7 +38,7 @@ def test_the_token_mean_over_the_batch_of_d_old_ref() -> None:
     mask[0, 2:] = 0  # micro-batches with different token counts
     mask[4, 1:] = 0
     regs = {"kl_k3": get_regularizer("kl_k3"), "prob_l2": get_regularizer("prob_l2")}
-    fake = SimpleNamespace(_gbmpo=SimpleNamespace(monitors=regs))
+    fake = SimpleNamespace(_gbmpo=SimpleNamespace(monitors=regs, controlled=()))
     for rows in (slice(0, 2), slice(2, 6)):  # two micro-batches
         GBMPOTrainer._add_monitored_divergences(fake, old[rows], ref[rows], mask[rows])
     for name, reg in regs.items():

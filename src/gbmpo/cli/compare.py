@@ -9,12 +9,17 @@
     gbmpo compare --regularizers kl_k3,prob_l2,neural_mirror,none [--coefs LABEL=V,...]
                   [--regularizer-params JSON] ...
     gbmpo compare [--arms ...|--regularizers ...] --sweep [ARM:]KEY=V1,V2,... ...
+    gbmpo compare [--arms ...|--regularizers ...] --match-drift TARGET [--match-measure kl|term]
+                  [--match-horizon H] ...
 
 An arm is a label plus configuration overrides (any ``gbmpo train`` key); ``--regularizers`` is
 the shorthand for arms that differ only in the regularizer. At most one of the two; without
 either, ``--sweep`` sweeps the base configuration. ``--sweep`` runs each arm once per value of
 one key (:mod:`gbmpo.experiments.sweep`: labels ``ARM@key=value``) and the report draws the
-accuracy-versus-drift frontier (:mod:`gbmpo.experiments.frontier`).
+accuracy-versus-drift frontier (:mod:`gbmpo.experiments.frontier`). ``--match-drift TARGET``
+gives every arm's regularizer a controlled coefficient (``objective.regularizer.control``:
+target TARGET, the arm's coefficient as the first step's) so that the arms run at equal drift
+(:func:`gbmpo.experiments.grid.match_drift`); an arm without a regularizer stays so.
 
 Train overrides are the ``gbmpo train`` ones (``--optim.lr 1e-4``, ``--steps 200``,
 ``--time-budget 120``...); the keys the grid sets itself (regularizer name and coefficient,
@@ -46,6 +51,7 @@ from gbmpo.experiments.grid import (
     GridArm,
     GridError,
     check_overrides,
+    match_drift,
     parse_arms,
     parse_coefs,
     parse_regularizers,
@@ -58,6 +64,7 @@ from gbmpo.experiments.runs import RunDirError, RunRecord, load_run
 from gbmpo.experiments.sweep import BASE_ARM, Sweep, parse_sweep, sweep_runs, swept_value
 from gbmpo.io import RunLock
 from gbmpo.meta.backends import BACKENDS
+from gbmpo.objectives.drift_control import MEASURES, DriftControl
 from gbmpo.train import load_config
 
 #: the coefficient's key (a sweep of it replaces --coefs)
@@ -105,6 +112,21 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "arm its own values (repeat the option; one KEY per grid); rows are labelled "
         "ARM@key=value and the report draws held-out accuracy against drift",
     )
+    p.add_argument(
+        "--match-drift",
+        type=float,
+        default=None,
+        metavar="TARGET",
+        help="compare at equal drift: every arm's regularizer gets a controlled coefficient "
+        "(objective.regularizer.control) holding its measure at TARGET, the arm's coefficient "
+        "as the first step's (arms without a regularizer stay so)",
+    )
+    p.add_argument("--match-measure", default="kl", choices=MEASURES,
+                   help="with --match-drift: kl (the rollout's k3 against the reference, "
+                   "reg/kl_k3, the same for every arm; default) or term (each arm's own "
+                   "divergence)")  # fmt: skip
+    p.add_argument("--match-horizon", type=float, default=10.0, metavar="H",
+                   help="with --match-drift: the controller's horizon in steps (default 10)")
     p.add_argument("--seeds", default="0,1,2", help="seeds, e.g. 0,1,2 or 0-4 (default 0,1,2)")
     p.add_argument("--task", default=None, help="task name(s), comma-separated (default: config)")
     p.add_argument("--config", metavar="FILE", help="base YAML training configuration")
@@ -276,11 +298,32 @@ def _plan(args: argparse.Namespace, tokens: list[str]) -> _Plan:
                          coef_swept=_coef_swept(sweep, entries))  # fmt: skip
     if sweep is not None:
         runs = sweep_runs(runs, sweep, args.output_dir, progress=progress)
+    control = _match_control(args, sweep)
+    if control is not None:
+        runs = match_drift(runs, control)
     return _Plan(runs, base, entries, arms, seeds, overrides, use_arms, sweep)
 
 
+def _match_control(args: argparse.Namespace, sweep: Sweep | None) -> DriftControl | None:
+    """The control ``--match-drift`` sets on every arm (``None`` without it)."""
+    target = getattr(args, "match_drift", None)
+    if target is None:
+        return None
+    if sweep is not None and sweep.key == _COEF:
+        raise GridError("--match-drift sets every coefficient by its controller; a sweep of "
+                        "objective.regularizer.coef would change the first step's only")
+    try:
+        return DriftControl.from_dict(
+            {"target": target, "measure": getattr(args, "match_measure", "kl"),
+             "horizon": getattr(args, "match_horizon", 10.0)}, lambda v, k: float(v))
+    except ValueError as err:
+        raise GridError(f"--match-drift: {err}") from None
+
+
 def _term_text(t: Any, sep: str) -> str:
+    c = t.control
     return (f"{t.name}{sep}coef {t.coef:g}"
+            + (f" (controlled: {c.measure} -> {c.target:g})" if c is not None else "")
             + (f", in the {t.placement}" if t.placement != "loss" else "")
             + (f", params {t.params}" if t.params else ""))  # fmt: skip
 
@@ -355,6 +398,9 @@ def _report(args: argparse.Namespace, plan: _Plan, records: list[RunRecord],
         "backend": args.backend,
         "actions": actions,
     }
+    control = _match_control(args, sweep)
+    if control is not None:
+        grid_spec["match_drift"] = control.to_dict()
     if plan.use_arms:
         grid_spec["arms"] = [_arm_spec(arm, runs) for arm in plan.arms]
     if sweep is not None:

@@ -16,6 +16,7 @@ from typing import Any, Union
 import yaml
 
 from gbmpo.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
+from gbmpo.objectives.drift_control import DriftControl
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError, did_you_mean
 
 __all__ = ["config_from_dict", "config_to_dict", "dump_yaml", "rename_old_keys", "renamed_key"]
@@ -228,6 +229,8 @@ def config_to_dict(cfg: Any) -> dict[str, Any]:
     def plain(x: Any) -> Any:
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
             return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+        if isinstance(x, DriftControl):  # a named tuple written as its mapping
+            return x.to_dict()
         if isinstance(x, (list, tuple)):
             return [plain(v) for v in x]
         if isinstance(x, dict):

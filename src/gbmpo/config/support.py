@@ -152,6 +152,11 @@ GBMPO: dict[str, Support] = {
     "objective.regularizer": H("one term, or a list of terms whose divergences add up"),
     "objective.regularizer.name": H(),
     "objective.regularizer.coef": H(),
+    "objective.regularizer.control": H(
+        "coef moves after each step: coef *= 1 + clip(m / target - 1, -0.2, 0.2) / horizon, "
+        "within [min, max] (Ziegler et al. 2019), m the step's reg/kl_k3 (measure kl) or "
+        "reg/<name> (measure term) of the rollout; logged as drift_coef/<name> and "
+        "drift_measure/<name>, saved in checkpoints"),
     "objective.regularizer.anchor": H(),
     "objective.regularizer.params": H(),
     "objective.regularizer.placement": H("reward: coef * sum_t D(pi_old || pi_ref) off each "
@@ -291,6 +296,10 @@ TRL: dict[str, Support] = {
                                "GBMPOTrainer's loss", probe=_SUM_PROBE),
     "objective.regularizer.name": H("GBMPOConfig objective", probe="kl_k3"),
     "objective.regularizer.coef": H("GBMPOConfig objective (TRL beta)", probe=0.2),
+    "objective.regularizer.control": H(
+        "GBMPOConfig objective: GBMPOTrainer moves coef after each generation batch (the RL "
+        "step) from the batch's measure over every process; saved in each checkpoint "
+        "(gbmpo_drift_state.json)", probe={"target": 0.02}),
     "objective.regularizer.anchor": H("GBMPOConfig objective", probe="old"),
     "objective.regularizer.params": H("GBMPOConfig objective", probe={"clamp": 10.0}),
     "objective.regularizer.placement": R(
@@ -476,6 +485,13 @@ VERL.update({
                                     "algorithm.kl_penalty=gbmpo_<name>)", probe="kl_k3"),
     "objective.regularizer.coef": H(f"{_A}.kl_loss_coef (placement reward: "
                                     "algorithm.kl_ctrl.kl_coef, kl_ctrl.type fixed)", probe=0.5),
+    "objective.regularizer.control": R(
+        "verl's own controller (algorithm.kl_ctrl.type=adaptive) serves its in-reward KL only, "
+        "tracks a mean of per-sequence token means, has no bounds, and verl's checkpoints do not "
+        "save its value (a resumed run would restart it); verl's KL loss coefficient "
+        "(kl_loss_coef) is fixed: use engine gbmpo or trl",
+        lambda v, c: any(x is not None for x in (v if isinstance(v, list) else [v])),
+        probe={"target": 0.02}),
     "objective.regularizer.anchor": R(
         "verl's KL loss is anchored at the reference model; anchor 'old' is offered there for "
         "the rpg_* regularizers only",

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from gbmpo.engines.trl_args import lr_at
-from gbmpo.io.metrics import MONITOR_PREFIX, host_name
+from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX, host_name
 
 __all__ = ["RLProgress", "RunDirCallback", "all_reduce", "engine_trainer_class", "schema_record"]
 
@@ -50,8 +50,10 @@ _SCHEMA_NAMES = {
 }
 
 #: GBMPOTrainer's per-name metrics, logged under the schema's names: the monitored divergences
-#: (``reg/<name>``) and, for a sum of terms, each term's value and part of the loss
-_GBMPO_PREFIXES: tuple[str, ...] = (MONITOR_PREFIX, "reg_value/", "reg_loss/", "reward_penalty/")
+#: (``reg/<name>``) and, for a sum of terms, each term's value and part of the loss; the controlled
+#: coefficients and their measures (``drift_coef/<name>``, ``drift_measure/<name>``)
+_GBMPO_PREFIXES: tuple[str, ...] = (MONITOR_PREFIX, "reg_value/", "reg_loss/", "reward_penalty/",
+                                    DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX)
 
 
 def schema_record(logs: dict[str, Any]) -> dict[str, Any]:

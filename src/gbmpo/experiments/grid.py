@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from gbmpo.config import (
     config_to_dict,
     validate,
 )
+from gbmpo.objectives.drift_control import DriftControl
 from gbmpo.objectives.regularizers import REGULARIZERS
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "GridEntry",
     "GridError",
     "GridRun",
+    "match_drift",
     "parse_arms",
     "parse_coefs",
     "parse_regularizers",
@@ -474,3 +476,27 @@ def plan_arms(
                 cfg = copy.deepcopy(arm_cfg)
                 runs.append(_grid_run(cfg, task, arm.label, seed, out, progress, "arm"))
     return runs
+
+
+def match_drift(runs: Sequence[GridRun], control: DriftControl) -> list[GridRun]:
+    """``gbmpo compare --match-drift``: every run with ``control`` on each active term of its
+    regularizer (a name other than ``none`` with a nonzero coefficient, which becomes the first
+    step's), so the arms are compared at equal drift by construction; a run without an active
+    term stays as it is (its drift is reported beside the others). A run whose terms already
+    have a control, or a sum of active terms sharing the measure ``kl``, is a
+    :class:`GridError` naming it (validated here, before anything runs)."""
+    out = []
+    for run in runs:
+        cfg = copy.deepcopy(run.config)
+        active = [t for t in cfg.objective.terms if t.name != "none" and t.coef != 0]
+        if any(t.control is not None for t in cfg.objective.terms):
+            raise GridError(f"{run.name}: its regularizer has a control already; --match-drift "
+                            "sets one on every arm")
+        for t in active:
+            t.control = control
+        try:
+            validate(cfg)
+        except ValueError as err:
+            raise GridError(f"{run.name} with --match-drift: {err}") from err
+        out.append(replace(run, config=cfg))
+    return out

@@ -175,6 +175,29 @@ def _dynamics_table(task: Mapping[str, Any]) -> tuple[list[str], list[list[str]]
     return header, rows
 
 
+def _drift_table(task: Mapping[str, Any], row: str) -> tuple[list[str], list[list[str]]] | None:
+    """The drift per group: the controlled coefficient's target, its measure and coefficient
+    over the last steps, the rollouts' k3 and the end-of-run held-out KL (None when no group
+    has any of them)."""
+    keys = ("drift_target", "drift_measure_last", "train_kl_k3_last", "drift_kl_final")
+    if not any(g.get(k) for g in task["groups"] for k in keys):
+        return None
+    header = [row, "target", f"controlled measure, last {LAST_STEPS} steps",
+              f"coefficient, last {LAST_STEPS} steps", f"reg/kl_k3, last {LAST_STEPS} steps",
+              "held-out KL(π‖π_ref), end"]  # fmt: skip
+    rows = [[g["label"], f"{g['drift_target']['mean']:g}" if g.get("drift_target") else "n/a",
+             _num(g.get("drift_measure_last"), 4),
+             _num(g.get("drift_coef_last"), 4), _num(g.get("train_kl_k3_last"), 4),
+             _num(g.get("drift_kl_final"), 4)] for g in task["groups"]]  # fmt: skip
+    return header, rows
+
+
+_DRIFT_NOTE = (
+    "Drift (mean ± sample std over seeds): a controlled coefficient's target, the measure its "
+    "controller read (reg/kl_k3 or the term's reg/<name> of the rollouts) and the coefficient, "
+    "beside every arm's rollout k3 and the exact KL of the final policy on held-out prompts"
+)
+
 _DYNAMICS_NOTE = (
     "Training dynamics (mean ± sample std over seeds; entropy of the sampled tokens in nats; "
     "clipped % = share of valid tokens whose gradient the clip removed, over a step's updates, "
@@ -326,6 +349,9 @@ def render_markdown(
         dyn = _dynamics_table(task)
         if dyn is not None:
             out += ["", _DYNAMICS_NOTE + ":", "", md_table(*dyn)]
+        drift = _drift_table(task, row)
+        if drift is not None:
+            out += ["", _DRIFT_NOTE + ":", "", md_table(*drift)]
         spread_table = _spread_table(task)
         if spread_table is not None:
             out += ["", _SPREAD_NOTE + ":", "", md_table(*spread_table)]
@@ -551,6 +577,10 @@ def render_html(
         if dyn is not None:
             parts.append(f"<p>{esc(_DYNAMICS_NOTE)}:</p>")
             parts.append(_html_table(*dyn))
+        drift = _drift_table(task, row)
+        if drift is not None:
+            parts.append(f"<p>{esc(_DRIFT_NOTE)}:</p>")
+            parts.append(_html_table(*drift))
         pk = passk_table(task, row)
         if pk is not None:
             parts.append(f"<p>{esc(_PASSK_NOTE)}:</p>")

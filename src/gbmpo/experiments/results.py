@@ -171,6 +171,30 @@ def _dynamics(run: RunRecord) -> dict[str, float | None]:
     return {k: reduce[how](run, key) for k, (key, how) in DYNAMICS.items()}
 
 
+#: the drift columns of a run row (:func:`_drift`), each also spread over seeds per group
+DRIFT_KEYS: tuple[str, ...] = ("drift_target", "drift_measure_last", "drift_coef_last",
+                               "train_kl_k3_last", "drift_kl_final")
+
+
+def _drift(run: RunRecord) -> dict[str, Any]:
+    """The run's drift: with one controlled coefficient its target, the mean over the last
+    steps of the measure it read and of the coefficient (``drift_measure/<term>``,
+    ``drift_coef/<term>``); for every run the last steps' ``reg/kl_k3`` of the rollouts and the
+    end-of-run exact KL on held-out prompts (``summary.json``'s ``drift.kl``, the frontier's)."""
+    controlled = [t for t in run.terms if t.get("control")]
+    one = controlled[0] if len(controlled) == 1 else None
+    drift = run.summary.get("drift")
+    final = drift.get("kl") if isinstance(drift, dict) else None
+    return {
+        "drift_target": None if one is None else float(one["control"]["target"]),
+        "drift_measure_last": None if one is None
+        else _mean_last(run, f"drift_measure/{one['name']}"),
+        "drift_coef_last": None if one is None else _mean_last(run, f"drift_coef/{one['name']}"),
+        "train_kl_k3_last": _mean_last(run, "reg/kl_k3"),
+        "drift_kl_final": float(final) if isinstance(final, (int, float)) else None,
+    }  # fmt: skip
+
+
 def _run_row(run: RunRecord, metric: str, base: Path | None) -> dict[str, Any]:
     final = run.final_eval or {}
     before = run.eval_before or {}
@@ -194,6 +218,7 @@ def _run_row(run: RunRecord, metric: str, base: Path | None) -> dict[str, Any]:
         "train_reward_last": _mean_last(run, "reward_mean"),
         "train_response_length_last": _mean_last(run, "response_length_mean"),
         **_dynamics(run),
+        **_drift(run),
         "steps": run.summary.get("steps"),
         "stop_reason": run.summary.get("stop_reason"),
         "wall_seconds": run.summary.get("wall_seconds"),
@@ -327,6 +352,7 @@ def build_results(
                     "response_tokens": _spread_or_none(_values(rows, "response_tokens")),
                     "train_reward_last": _spread_or_none(_values(rows, "train_reward_last")),
                     **{k: _spread_or_none(_values(rows, k)) for k in DYNAMICS},
+                    **{k: _spread_or_none(_values(rows, k)) for k in DRIFT_KEYS},
                     "steps": _spread_or_none(_values(rows, "steps")),
                     "wall_seconds": _spread_or_none(_values(rows, "wall_seconds")),
                     "rl_seconds": _spread_or_none(_values(rows, "rl_seconds")),

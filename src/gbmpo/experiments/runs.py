@@ -157,6 +157,11 @@ class RunRecord:
         return coefs[0] if len(coefs) == 1 else coefs
 
     @property
+    def terms(self) -> list[dict[str, Any]]:
+        """The regularizer terms of the configuration (a list of one for one regularizer)."""
+        return _terms(self.config)
+
+    @property
     def regularizer_params(self) -> dict[str, Any]:
         terms = _terms(self.config)
         if len(terms) == 1:

@@ -211,6 +211,12 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
         out.append(f"{a}.loss_scale_factor={max_response_length}")
     out += verl_rollout_correction_overrides(o.rollout_correction)
     o.build()  # every name and parameter checked here, before verl starts
+    if any(t.control is not None for t in o.terms):
+        raise ValueError(
+            "'objective.regularizer.control' is not supported by engine verl: its own adaptive "
+            "controller serves the in-reward KL only, without bounds, and its value is not saved "
+            "in verl's checkpoints; its KL loss coefficient is fixed. Use engine gbmpo or trl"
+        )
     out.append(f"+{a}.policy_loss.gbmpo_objective={hydra_value(verl_objective_json(o))}")
     if len(o.terms) > 1:
         return out + _verl_sum_overrides(o.terms)

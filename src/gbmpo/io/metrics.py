@@ -33,12 +33,18 @@ completions and the ``mu`` passes over it):
 * ``rollout_correction/weight_mean|weight_min|weight_max|masked_frac``: the sampler / trainer
   mismatch correction (``objective.rollout_correction``), the same definition on every engine
   (TRL's ``sampling/importance_sampling_ratio/*`` and verl's ``rollout_corr/rollout_is_*`` stay
-  under ``trl/`` and ``verl/`` with their own definitions).
+  under ``trl/`` and ``verl/`` with their own definitions);
+* ``drift_coef/<name>`` / ``drift_measure/<name>``: a controlled coefficient
+  (``objective.regularizer.control``): the coefficient term ``<name>`` had in this step and the
+  measure its controller read (``reg/kl_k3`` or ``reg/<name>`` of this step's rollout), from
+  which the next step's coefficient follows (:mod:`gbmpo.objectives.drift_control`).
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "DRIFT_COEF_PREFIX",
+    "DRIFT_MEASURE_PREFIX",
     "HOST_PREFIXES",
     "MONITOR_PREFIX",
     "OBJECTIVE_METRICS",
@@ -106,6 +112,9 @@ SUMMARY_KEYS: tuple[str, ...] = (
 #: the one prefix of the monitored divergences, ``reg/<name>`` = D(pi_old || pi_ref), on every
 #: engine (the own trainer's metrics, GBMPOTrainer's log, the run directory's metrics.jsonl)
 MONITOR_PREFIX = "reg/"
+#: a controlled coefficient's value in the step and the measure its controller read, per term
+DRIFT_COEF_PREFIX = "drift_coef/"
+DRIFT_MEASURE_PREFIX = "drift_measure/"
 
 #: where host-only metrics go
 HOST_PREFIXES: dict[str, str] = {"trl": "trl/", "verl": "verl/"}
@@ -115,7 +124,7 @@ def is_shared(name: str) -> bool:
     """Whether ``name`` is a schema name (``reg/<name>`` and ``eval/<metric>`` included)."""
     return name in STEP_METRICS or name in OBJECTIVE_METRICS or name.startswith(
         (MONITOR_PREFIX, "eval/", "reg_loss/", "reg_value/", "reward_penalty/",
-         "advantage_penalty/", "time/")
+         "advantage_penalty/", "time/", DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX)
     )
 
 

@@ -59,7 +59,9 @@ class LossTerm:
     name: str
     #: a regularizer object, any callable with its call signature, or a registered name
     regularizer: RegularizerLike | str
-    coef: float
+    #: a number, or a 0-dim floating tensor (a controlled coefficient: a compiled loss reads
+    #: it as an input, so it does not compile again when the value moves)
+    coef: float | Tensor
     anchor_logp: Tensor | None = None
 
 
@@ -77,14 +79,16 @@ def loss_terms(
     computed; ``old``: the rollout policy); ``full_values``: the per-token values of the terms
     with ``estimator: full`` by name (:class:`~gbmpo.objectives.estimators.FullValues`, used
     instead of the sampled-token formula). A switched-off term (coefficient 0) whose anchor
-    log-probs were not computed is left out; an active one is a ``ValueError`` naming it."""
+    log-probs were not computed is left out; an active one is a ``ValueError`` naming it. A
+    controlled coefficient (``t.control``) is passed as a 0-dim float64 tensor."""
     full_values = full_values or {}
     out: list[LossTerm] = []
     for t in terms:
         if t.placement != "loss":
             continue
+        coef = t.coef if t.control is None else torch.tensor(t.coef, dtype=torch.float64)
         if t.name in full_values:
-            out.append(LossTerm(t.name, FullValues(t.name, full_values[t.name]), t.coef))
+            out.append(LossTerm(t.name, FullValues(t.name, full_values[t.name]), coef))
             continue
         if t.anchor not in anchors:
             raise ValueError(f"term {t.name!r} is anchored on {t.anchor!r}: no such anchor given")
@@ -96,7 +100,7 @@ def loss_terms(
                     "computed"
                 )
             continue
-        out.append(LossTerm(t.name, t.regularizer, t.coef, anchor_logp))
+        out.append(LossTerm(t.name, t.regularizer, coef, anchor_logp))
     return out
 
 
@@ -430,7 +434,11 @@ def _policy_loss(
 
 def _check_term(term: LossTerm) -> RegularizerLike:
     """The term's regularizer, resolved, after checking its coefficient and anchor."""
-    if isinstance(term.coef, bool) or not isinstance(term.coef, (int, float)) \
+    if isinstance(term.coef, Tensor):
+        if term.coef.dim() != 0 or not term.coef.is_floating_point():
+            raise ValueError(f"term {term.name!r}: a tensor coef must be a 0-dim float, got "
+                             f"{term.coef.dtype} of shape {tuple(term.coef.shape)}")
+    elif isinstance(term.coef, bool) or not isinstance(term.coef, (int, float)) \
             or not math.isfinite(term.coef):  # fmt: skip
         raise ValueError(f"term {term.name!r}: coef must be a finite number, got {term.coef!r}")
     r = _resolve_regularizer(term.regularizer)

@@ -15,6 +15,8 @@ An objective is advantages -> per-token surrogate + coef * regularizer -> aggreg
                                      # | advantage (future penalty after normalisation)
         estimator: sample            # sample (sampled token) | full (exact, whole vocabulary)
         params: {}
+        control: null                # {target: 0.02, measure: kl, horizon: 10}: coef (then the
+                                     # first step's) moves so that the drift tracks the target
       aggregation: dr_grpo           # AGGREGATIONS: grpo | bnpo | dr_grpo | seq_mean_token_sum
       rollout_correction:            # sampler vs trainer log-probs (off by default everywhere)
         mode: none                   # ROLLOUT_CORRECTIONS: none | tis | mis | icepop
@@ -46,7 +48,7 @@ import math
 import re
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +56,7 @@ import yaml
 
 from gbmpo.objectives.advantages import ADVANTAGES
 from gbmpo.objectives.aggregate import AGGREGATIONS
+from gbmpo.objectives.drift_control import DriftControl
 from gbmpo.objectives.estimators import check_estimator
 from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
 from gbmpo.objectives.rollout_correction import check_correction
@@ -129,6 +132,10 @@ class RegularizerSpec:
     #: over the whole vocabulary at each position (KL family: KL(pi || pi_ref); prob_l2:
     #: sum_v (p_v - q_v)^2; neural_mirror: sum_v D_h(p_v, q_v); gbmpo.objectives.estimators)
     estimator: str = "sample"
+    #: a controlled coefficient: ``coef`` (the first step's) moves each step so that a drift
+    #: measure tracks a target (``{target, measure, horizon, min, max}``;
+    #: gbmpo.objectives.drift_control); ``None``: the coefficient is fixed
+    control: DriftControl | None = None
 
     def __post_init__(self) -> None:
         _lift_anchor(self, "objective.regularizer")
@@ -300,6 +307,7 @@ class ObjectiveSpec:
                 "placement": t.placement,
                 "estimator": t.estimator,
                 "params": dict(t.params),
+                "control": None if t.control is None else t.control.to_dict(),
             }
 
         r = self.regularizer
@@ -360,14 +368,25 @@ class ObjectiveSpec:
                 )
         if listed and "none" in names:
             raise SpecError(f"'{where}.regularizer' lists 'none' beside other terms; leave it out")
+        measures = [t.control.monitor(t.name) for t in terms if t.control is not None]
+        for read in measures:
+            if measures.count(read) > 1:
+                raise SpecError(
+                    f"'{where}.regularizer': {measures.count(read)} terms' controls track "
+                    f"reg/{read}; "
+                    "two controllers of one measure have no single answer (any split of the "
+                    "drift between the terms holds it): give one of them control, or measure: "
+                    "term to each"
+                )
         # reg/<name>: the optimised regularizers always, every registered one when monitoring
         built = {t.name: t.regularizer for t in terms}
         monitors: dict[str, Any] = {}
+        reads = {t.control.monitor(t.name) for t in terms if t.control is not None}
         for name in REGULARIZERS.names():
             if name in built and name != "none":
                 monitors[name] = built[name]
-            elif name != "none" and self.monitor_regularizers:
-                monitors[name] = get_regularizer(name)
+            elif name != "none" and (self.monitor_regularizers or name in reads):
+                monitors[name] = get_regularizer(name)  # a controller's measure is always logged
         return BuiltObjective(
             spec=self,
             advantage=ADVANTAGES.get(self.advantage),
@@ -396,6 +415,9 @@ class BuiltTerm:
     #: ``sample`` (the formula on the sampled token) or ``full`` (the exact divergence over the
     #: vocabulary, :mod:`gbmpo.objectives.estimators`)
     estimator: str = "sample"
+    #: the controller of a controlled coefficient (``coef`` is then the current value, set by
+    #: the engine with :meth:`BuiltObjective.with_coefs`), else ``None``
+    control: DriftControl | None = None
 
     @property
     def active(self) -> bool:
@@ -429,7 +451,21 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
         check_estimator(r.name, r.estimator, r.anchor, r.params, regularizer)
     except ValueError as err:
         raise SpecError(f"'{at}.estimator' ({r.name!r}): {err}") from None
-    term = BuiltTerm(r.name, regularizer, coef, r.anchor, r.placement, r.estimator)
+    if r.control is not None:  # a spec built by hand may hold the mapping
+        r.control = _control(r.control, f"{at}.control")
+    term = BuiltTerm(r.name, regularizer, coef, r.anchor, r.placement, r.estimator, r.control)
+    if r.control is not None:
+        try:
+            r.control.check(coef)
+        except ValueError as err:
+            raise SpecError(f"'{at}.control': {err}") from None
+    if r.control is not None and (r.name == "none" or (
+            r.control.measure == "term" and not term.needs_ref)):
+        raise SpecError(
+            f"'{at}.control' is set with measure {r.control.measure!r} on {r.name!r} (anchor "
+            f"{r.anchor!r}): the measure is the term's divergence from the frozen reference; "
+            "use measure: kl, or a regularizer anchored on the reference"
+        )
     if r.placement in ("reward", "advantage") and term.active and not term.needs_ref:
         raise SpecError(
             f"'{at}.placement'={r.placement} with {r.name!r} (anchor {r.anchor!r}"
@@ -492,9 +528,22 @@ class BuiltObjective:
 
     @property
     def needs_ref(self) -> bool:
-        """Whether the reference policy's log-probs are needed: a term is anchored on it, or
-        every regularizer is monitored against it."""
-        return any(t.needs_ref for t in self.terms) or self.spec.monitor_regularizers
+        """Whether the reference policy's log-probs are needed: a term is anchored on it, a
+        controller reads a divergence from it, or every regularizer is monitored against it."""
+        return (any(t.needs_ref or t.control is not None for t in self.terms)
+                or self.spec.monitor_regularizers)
+
+    @property
+    def controlled(self) -> tuple[BuiltTerm, ...]:
+        """The terms whose coefficient is controlled (``control`` set)."""
+        return tuple(t for t in self.terms if t.control is not None)
+
+    def with_coefs(self, coefs: Mapping[str, float]) -> BuiltObjective:
+        """This objective with the coefficients of the terms named in ``coefs`` replaced (the
+        engines' step from a controller's state to the objective of the next step)."""
+        terms = tuple(replace(t, coef=float(coefs[t.name])) if t.name in coefs else t
+                      for t in self.terms)  # fmt: skip
+        return replace(self, terms=terms)
 
     @property
     def anchored_on_ref(self) -> bool:
@@ -511,10 +560,12 @@ def _term(value: Any, where: str) -> RegularizerSpec:
     if isinstance(value, RegularizerSpec):
         return value
     r = _mapping(value, where)
-    _known(r, where, ("name", "coef", "anchor", "placement", "estimator", "params"))
+    _known(r, where, ("name", "coef", "anchor", "placement", "estimator", "params", "control"))
     term = RegularizerSpec()
     if "name" in r:
         term.name = _text(r["name"], f"{where}.name")
+    if r.get("control") is not None:
+        term.control = _control(r["control"], f"{where}.control")
     if "coef" in r:
         term.coef = parse_coefficient(r["coef"], f"{where}.coef")
     if "anchor" in r:
@@ -527,6 +578,19 @@ def _term(value: Any, where: str) -> RegularizerSpec:
         term.params = _params(r["params"], f"{where}.params")
     _lift_anchor(term, where)
     return term
+
+
+def _control(value: Any, where: str) -> DriftControl:
+    """A controlled coefficient from its ``control:`` mapping (errors name ``where``)."""
+    if isinstance(value, DriftControl):
+        return value
+    try:
+        return DriftControl.from_dict(_mapping(value, where),
+                                      lambda v, k: parse_number(v, f"{where}.{k}"))
+    except KeyError as err:
+        raise SpecError(f"'{where}': {err.args[0]}") from None
+    except ValueError as err:  # a SpecError from parse_number names its key already
+        raise err if isinstance(err, SpecError) else SpecError(f"'{where}': {err}") from None
 
 
 def _correction(value: Any, where: str) -> RolloutCorrectionSpec:

@@ -48,6 +48,7 @@ from gbmpo.train.checkpoint import (
     save_checkpoint,
 )
 from gbmpo.train.device import device_memory_bytes, peak_memory_bytes
+from gbmpo.train.drift import drift_state, restore_drift
 from gbmpo.train.precision import MasterWeightOptimizer
 
 if TYPE_CHECKING:
@@ -227,6 +228,7 @@ def _state(tr: Trainer) -> dict[str, Any]:
         "last_eval": list(tr.last_eval) if tr.last_eval else None,
         # metrics.jsonl rows written so far: a resume keeps exactly these
         "metrics_rows": tr._writer.rows if tr._writer is not None else None,
+        "drift_coefs": drift_state(tr),  # the controlled coefficients of the next step
     }
 
 
@@ -240,6 +242,7 @@ def _restore(tr: Trainer, path: Path) -> None:
     tr.eval_before = state["eval_before"]
     tr.last_eval = tuple(state["last_eval"]) if state["last_eval"] else None  # type: ignore[assignment]
     tr._resume_rows = state.get("metrics_rows")
+    restore_drift(tr, state.get("drift_coefs"))
 
 
 def checkpoint(tr: Trainer) -> None:
@@ -288,6 +291,11 @@ def _summary(tr: Trainer, eval_after: dict[str, Any] | None, stop_reason: str) -
         "run_dir": str(tr.run_dir),
         "final_model": str(tr.run_dir / MODEL_DIR) if tr.run_dir else None,
     }
+    if tr.objective.controlled:  # each controlled coefficient: its setting and final value
+        summary["drift_control"] = {
+            t.name: {**t.control.to_dict(), "final_coef": t.coef}
+            for t in tr.objective.controlled if t.control is not None
+        }
     key = main_metric(tr.eval_before or eval_after or {})
     if key and tr.eval_before and eval_after:
         summary["gain"] = {key: eval_after[key] - tr.eval_before[key]}

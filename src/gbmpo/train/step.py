@@ -25,7 +25,8 @@ Per step, with :math:`P` prompts and :math:`G` completions each (:math:`N = PG` 
    :func:`gbmpo.train.policy_loss.policy_loss`). A term with ``estimator: full`` uses the exact
    divergence over the vocabulary instead of its sampled-token formula, from the policy's and
    the reference's logits of each micro-batch (:mod:`gbmpo.train.full`);
-7. metrics (:func:`gbmpo.train.step_metrics.step_record`).
+7. metrics (:func:`gbmpo.train.step_metrics.step_record`); then each controlled coefficient
+   moves from the drift this step measured (:mod:`gbmpo.train.drift`).
 
 ``tr`` is the :class:`~gbmpo.train.Trainer` holding the model, optimizer and objectives; every
 tensor of the step lives on its device (``tr.device``).
@@ -45,6 +46,7 @@ from gbmpo.rewards.scoring import score_completions
 from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
 from gbmpo.train.correction import micro_correction, sampler_weights
+from gbmpo.train.drift import control_drift
 from gbmpo.train.full import full_terms, logprobs_and_full
 from gbmpo.train.penalties import in_advantage_penalties, in_reward_penalties
 from gbmpo.train.policy_loss import policy_loss
@@ -76,8 +78,10 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     update = optimise(tr, batch, advantages, old_logp, ref_logp, correction)  # 6
     tr.step += 1
     times = StepTimes(t_start, t_generated, t_scored, time.perf_counter())
-    return step_record(tr, batch, rewards, failures, advantages, penalties, adv_penalties,  # 7
-                       ref_logp, update, times)  # fmt: skip
+    record = step_record(tr, batch, rewards, failures, advantages, penalties,  # 7
+                         adv_penalties, ref_logp, update, times)  # fmt: skip
+    control_drift(tr, record)  # the controlled coefficients of the next step
+    return record
 
 
 def sample_completions(tr: Trainer, prompts: list[Any]) -> Rollout:

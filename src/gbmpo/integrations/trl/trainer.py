@@ -4,6 +4,7 @@ r"""``GBMPOTrainer``: TRL's ``GRPOTrainer`` whose per-micro-batch loss is gbmpo'
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -37,13 +38,16 @@ from gbmpo.integrations.trl.internals import (
     check_trl_internals,
 )
 from gbmpo.integrations.trl.objective import LOSS_TYPE_SURROGATES, build_objective
-from gbmpo.io.metrics import MONITOR_PREFIX
+from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX
 from gbmpo.objectives.loss import LossTerm, compute_policy_loss, loss_terms
 from gbmpo.objectives.regularizers import kl_k3
 from gbmpo.objectives.spec import BuiltObjective
 from gbmpo.objectives.tensors import masked_mean
 
-__all__ = ["GBMPOTrainer"]
+__all__ = ["DRIFT_STATE_FILE", "GBMPOTrainer"]
+
+#: the controlled coefficients in a checkpoint directory, by term (JSON)
+DRIFT_STATE_FILE = "gbmpo_drift_state.json"
 
 #: Loss types whose TRL normaliser is the generation batch's token count (:func:`dapo_normalizer`).
 _GLOBAL_TOKEN_LOSS_TYPES: tuple[str, ...] = ("dapo", "cispo", "vespo")
@@ -108,6 +112,14 @@ class GBMPOTrainer(GRPOTrainer):
 
     ``use_adaptive_entropy``: TRL's controller (:func:`adaptive_entropy_coef`) on TRL's state
     attributes (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves.
+
+    A term with ``control`` (a controlled coefficient, :mod:`gbmpo.objectives.drift_control`):
+    after the last micro-step on a generation batch (the own engine's RL step: the horizon's
+    unit) its measure, the token mean of :math:`D(\pi_{old}\,\|\,\pi_{ref})` over the batch on
+    every process, moves its coefficient for the next batch (:meth:`_control_drift`);
+    ``drift_coef/<term>`` and ``drift_measure/<term>`` are logged, and the coefficients are
+    saved in each checkpoint (:data:`DRIFT_STATE_FILE`) and restored on resume, as TRL does for
+    its entropy controller.
     """
 
     _tag_names = ["trl", "grpo", "gbmpo"]
@@ -140,6 +152,12 @@ class GBMPOTrainer(GRPOTrainer):
                 )
         if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
             raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
+
+    def _last_of_generation(self) -> bool:
+        """Whether this micro-step is the last one on its generation batch (the last of
+        ``steps_per_generation * num_iterations``; TRL advances ``_step`` after it): the end of
+        the own engine's RL step, where a controlled coefficient moves."""
+        return (self._step + 1) % (self.args.steps_per_generation * self.num_iterations) == 0
 
     def _first_pass(self) -> bool:
         """Whether this micro-step is in the first of the ``num_iterations`` passes over its
@@ -242,6 +260,8 @@ class GBMPOTrainer(GRPOTrainer):
         self._log_trl_metrics(mode, fwd.logp.detach(), old_logp, inputs["advantages"], fwd.mask)
         if mode == "train" and ref_logp is not None:
             self._add_monitored_divergences(old_logp, ref_logp, fwd.mask)
+        if mode == "train" and obj.controlled and self._last_of_generation():
+            self._control_drift()
         return loss
 
     def _policy_forward(self, model: Any, inputs: dict[str, Any]) -> _PolicyForward:
@@ -425,11 +445,68 @@ class GBMPOTrainer(GRPOTrainer):
             sums = self._monitor_sums = {}
             self._monitor_tokens = 0.0
         old, ref = old_logp.detach().float(), ref_logp.detach().float()
+        reads = {t.control.monitor(t.name) for t in self._gbmpo.controlled if t.control}
+        window = getattr(self, "_drift_sums", None)
+        if reads and window is None:
+            window = self._drift_sums = dict.fromkeys(reads, 0.0) | {"": 0.0}
         for name, reg in self._gbmpo.monitors.items():
-            value = (reg(logp=old, old_logp=old, anchor_logp=ref, mask=mask) * mf).sum()
-            sums[name] = sums.get(name, 0.0) + float(value)
+            value = float((reg(logp=old, old_logp=old, anchor_logp=ref, mask=mask) * mf).sum())
+            sums[name] = sums.get(name, 0.0) + value
+            if name in reads and window is not None:
+                window[name] += value
         self._monitor_tokens += float(mf.sum())
+        if window is not None:
+            window[""] += float(mf.sum())
 
+    def _control_drift(self) -> None:
+        """At the end of a generation batch: each controlled term's measure (the batch's token
+        mean of its monitored divergence over every process; each of the ``num_iterations``
+        passes adds the same values, so the mean is the batch's), logged with the coefficient
+        the batch used (``drift_coef/<term>``, ``drift_measure/<term>``), moves its coefficient
+        for the next batch (:meth:`DriftControl.step`, the own engine's update)."""
+        window = getattr(self, "_drift_sums", None)
+        if window is None:
+            raise RuntimeError("a controlled coefficient reads D(pi_old || pi_ref), but this step "
+                               "had no reference log-probs (TRL computes them when beta != 0)")
+        names = sorted(window)
+        local = torch.tensor([window[n] for n in names], dtype=torch.float64,
+                             device=self.accelerator.device)  # fmt: skip
+        totals = dict(zip(names, self.accelerator.reduce(local, reduction="sum").tolist(),
+                          strict=True))  # fmt: skip
+        tokens = max(totals[""], 1.0)
+        metrics, new = self._metrics["train"], {}
+        for t in self._gbmpo.controlled:
+            assert t.control is not None
+            measure = totals[t.control.monitor(t.name)] / tokens
+            metrics[DRIFT_COEF_PREFIX + t.name].append(t.coef)
+            metrics[DRIFT_MEASURE_PREFIX + t.name].append(measure)
+            new[t.name] = t.control.step(t.coef, measure)
+        self._gbmpo = self._gbmpo.with_coefs(new)
+        self._drift_sums = None
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """TRL's checkpoint, plus the controlled coefficients (:data:`DRIFT_STATE_FILE`)."""
+        super()._save_checkpoint(model, trial)
+        if self._gbmpo.controlled and self.args.should_save:
+            folder = f"checkpoint-{self.state.global_step}"
+            path = os.path.join(self._get_output_dir(trial=trial), folder, DRIFT_STATE_FILE)
+            with open(path, "w") as f:
+                json.dump({t.name: t.coef for t in self._gbmpo.controlled}, f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: Any) -> None:
+        """TRL's, plus the controlled coefficients of ``checkpoint``; a checkpoint without them
+        for a controlled term is a ``ValueError`` (its continuation would not be the run's)."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if not self._gbmpo.controlled or checkpoint is None:
+            return
+        path = os.path.join(checkpoint, DRIFT_STATE_FILE)
+        if not os.path.exists(path):
+            raise ValueError(f"{checkpoint} holds no {DRIFT_STATE_FILE}: it was written without "
+                             "the controlled coefficients this run has")
+        with open(path) as f:
+            coefs = json.load(f)
+        self._gbmpo = self._gbmpo.with_coefs(
+            {t.name: float(coefs[t.name]) for t in self._gbmpo.controlled})
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """TRL's log, with ``reg/<name>`` (token means over every process since the last log),
         GBMPOTrainer's per-micro-batch means weighted by their valid tokens and ``ratio/min`` /
