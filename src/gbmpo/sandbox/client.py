@@ -151,6 +151,8 @@ class Sandbox:
         max_output_bytes: a program printing more is killed (status ``killed``).
         keep_output_bytes: how much of the output a :class:`RunResult` keeps.
         tmp_mb, shm_mb: sizes of the private ``/tmp`` and ``/dev/shm`` inside bubblewrap.
+        max_answer_bytes: largest encoded answer of one call of the program (a larger one
+            fails that test).
     """
 
     def __init__(
@@ -171,6 +173,7 @@ class Sandbox:
         keep_output_bytes: int = 8192,
         tmp_mb: int = 64,
         shm_mb: int = 16,
+        max_answer_bytes: int = 16 << 20,
     ) -> None:
         if workers is None:
             workers = min(8, os.cpu_count() or 1)
@@ -195,6 +198,7 @@ class Sandbox:
         self.fsize_mb = int(fsize_mb)
         self.max_output_bytes = int(max_output_bytes)
         self.keep_output_bytes = int(keep_output_bytes)
+        self.max_answer_bytes = int(max_answer_bytes)
         self._use_seccomp = seccomp
         self._reasons: dict[str, str] = {}
         self._base_dir: str | None = None
@@ -362,11 +366,12 @@ class Sandbox:
         *,
         setup: str = "",
         keep: Sequence[str] = (),
+        prelude: str = "",
         timeout_s: float | None = None,
         memory_mb: int | None = None,
     ) -> RunResult:
-        """Run ``code``, then ``setup``, then each test; see :class:`RunResult` and
-        :class:`Program` (``keep``)."""
+        """Run ``code`` in the program's process and ``prelude``, ``setup`` and each test in the
+        judge; see :class:`RunResult` and :class:`Program` (``keep``, ``prelude``)."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         if os.getpid() != self._pid:
@@ -388,12 +393,14 @@ class Sandbox:
             "code": code,
             "tests": sent,
             "setup": setup,
+            "prelude": str(prelude),
             "keep": [str(k) for k in keep],
             "marker": marker,
             "timeout_s": timeout,
             "memory_mb": int(memory_mb if memory_mb is not None else self.memory_mb),
             "fsize_mb": self.fsize_mb,
             "max_output_bytes": self.max_output_bytes,
+            "max_answer_bytes": self.max_answer_bytes,
             "strict_compare": self.strict_compare,
         }
         worker = self._take_worker()
@@ -431,7 +438,7 @@ class Sandbox:
 
         def one(p: Program) -> RunResult:
             return self.run(p.code, list(p.tests), setup=p.setup, keep=p.keep,
-                            timeout_s=timeout_s, memory_mb=memory_mb)
+                            prelude=p.prelude, timeout_s=timeout_s, memory_mb=memory_mb)
 
         if self.num_workers == 1 or len(progs) == 1:
             return [one(p) for p in progs]
@@ -506,6 +513,7 @@ def run_program(
     *,
     setup: str = "",
     keep: Sequence[str] = (),
+    prelude: str = "",
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     sandbox: Sandbox | None = None,
@@ -518,7 +526,7 @@ def run_program(
     inputs the tests need, MBPP's ``test_setup_code``); ``keep``: see :class:`Program`.
     """
     box = sandbox if sandbox is not None else get_default_sandbox()
-    return box.run(code, tests, setup=setup, keep=keep, timeout_s=timeout_s,
+    return box.run(code, tests, setup=setup, keep=keep, prelude=prelude, timeout_s=timeout_s,
                    memory_mb=memory_mb)
 
 
