@@ -164,7 +164,7 @@ def grade_code(
             raise TypeError("column 'tests' must hold a list of test snippets per completion")
         programs.append(Program(
             code=build_program(_text(c), p, e), tests=tuple(t), setup=s,
-            keep=(e,) if e else (),
+            keep=(e,) if e else (), prelude=p,
         ))
     return run_programs(programs, timeout_s=timeout_s, memory_mb=memory_mb, sandbox=sandbox)
 

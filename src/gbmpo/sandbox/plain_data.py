@@ -238,7 +238,7 @@ def make_decoder(handle, name):
         return type(v) in (I, float)
 
     def d_ctor(cls):
-        return lambda v: cls((k, x) for k, x in kv(v, "dict"))
+        return lambda v: cls(dict((k, x) for k, x in kv(v, "dict")))
 
     def dd(v):
         need(type(v) is L and len(v) == 2, "defaultdict")

@@ -137,7 +137,7 @@ class HumanEvalTask(common.TemplatedPrompts, Task):
         return [
             {
                 "reward": 1.0 if r.all_passed else 0.0, "correct": r.all_passed,
-                "status": r.status, "passed": r.passed, "total": r.total, "detail": r.detail,
+                "status": r.status, "passed": r.passed, "total": r.total, "unjudged": r.unjudged, "detail": r.detail,
                 "program": prog,
             }
             for r, prog in zip(results, programs, strict=True)

@@ -204,7 +204,7 @@ class MBPPTask(common.TemplatedPrompts, Task):
         return [
             {
                 "reward": rw, "correct": r.all_passed, "status": r.status, "passed": r.passed,
-                "total": r.total, "detail": r.detail,
+                "total": r.total, "unjudged": r.unjudged, "detail": r.detail,
                 "program": extract_code(c, ex.get("entry_point")),
             }
             for c, ex, r, rw in zip(self._prepare(completions), examples, results, rewards,
