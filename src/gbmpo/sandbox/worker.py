@@ -235,8 +235,14 @@ def _program_side(req):
     """The program's process: run the program, describe its names, then answer the judge's calls
     (fd 3 in, fd 4 out) until the judge hangs up. Nothing here decides a verdict: every byte it
     writes is an answer that the judge decodes as plain data and judges itself."""
-    send, recv = _frame_writer(_CALL_OUT), _frame_reader(_CALL_IN, 1 << 30)
+    send_frame, recv = _frame_writer(_CALL_OUT), _frame_reader(_CALL_IN, 1 << 30)
     handles, numbers = [], {}
+
+    def send(data):  # the program's buffered output first, so that it is never lost
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        send_frame(data)
 
     def handle_of(obj):  # an object that stays here: the judge gets its number
         n = numbers.get(id(obj))
