@@ -47,6 +47,7 @@ import re
 import sys
 
 __all__ = [
+    "DENIED_BUILTINS",
     "DENIED_MODULES",
     "MAX_ITEMS",
     "NotPlain",
@@ -59,9 +60,23 @@ __all__ = [
 
 #: elements drawn at most from one iterator the program returns (an endless one fails)
 MAX_ITEMS = 1_000_000
-#: standard-library modules the judge never imports on the program's say-so (side effects)
-DENIED_MODULES = frozenset(("this", "antigravity", "idlelib", "tkinter", "turtle", "turtledemo",
-                            "__hello__", "__phello__", "webbrowser", "pydoc"))
+#: standard-library modules the judge never imports or hands out on the program's say-so (side
+#: effects on import, or power over the process: a name of the program bound to one of these is
+#: reached through the program's process instead)
+DENIED_MODULES = frozenset((
+    "this", "antigravity", "idlelib", "tkinter", "turtle", "turtledemo", "__hello__",
+    "__phello__", "webbrowser", "pydoc", "os", "posix", "sys", "gc", "ctypes", "_ctypes",
+    "subprocess", "signal", "pty", "shutil", "importlib", "inspect", "code", "codeop", "pdb",
+    "runpy", "multiprocessing", "threading", "_thread", "socket", "io", "_io", "faulthandler",
+    "resource", "fcntl", "mmap", "tracemalloc", "pathlib", "tempfile", "atexit", "marshal",
+    "pickle", "_pickle", "shelve", "sqlite3", "select", "selectors", "asyncio", "posixpath",
+))
+#: builtins the judge never hands out on the program's say-so
+DENIED_BUILTINS = frozenset((
+    "exec", "eval", "compile", "open", "__import__", "breakpoint", "input", "exit", "quit",
+    "help", "globals", "locals", "vars", "setattr", "delattr", "getattr", "memoryview",
+    "__build_class__", "__loader__", "__spec__",
+))
 _STDLIB = frozenset(getattr(sys, "stdlib_module_names", ())) | {"builtins"}
 
 
@@ -99,8 +114,9 @@ def resolve_std(mod, qual):
     if type(mod) is not str or type(qual) is not str:
         raise NotPlain("bad standard-library reference")
     top = mod.partition(".")[0]
-    if top not in _STDLIB or top in DENIED_MODULES or "<" in qual:
-        raise NotPlain(f"not a standard-library name: {mod}")
+    if (top not in _STDLIB or top in DENIED_MODULES or "<" in qual
+            or (mod == "builtins" and qual.partition(".")[0] in DENIED_BUILTINS)):
+        raise NotPlain(f"not a standard-library name the judge hands out: {mod}.{qual}")
     try:
         found = importlib.import_module(mod)
         for part in qual.split(".") if qual else ():
