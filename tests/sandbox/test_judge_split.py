@@ -45,44 +45,45 @@ while f is not None:
 
 #: any 32-hex string the garbage collector knows, written as verdicts to every descriptor
 FORGE_GC = """import gc, os, re
-def add(a, b):
+def add(a, b):  # called by the tests: the judge holds its marker by now
+    hexes = {o for o in gc.get_objects() if isinstance(o, str) and re.fullmatch('[0-9a-f]{32}', o)}
+    for o in gc.get_objects():
+        if isinstance(o, dict):
+            hexes |= {v for v in o.values()
+                      if isinstance(v, str) and re.fullmatch('[0-9a-f]{32}', v)}
+    for m in hexes:
+        for fd in range(3, 64):
+            try:
+                os.write(fd, f"{m} pass 0\\n{m} pass 1\\n{m} done\\n".encode())
+            except OSError:
+                pass
     return 0
-hexes = {o for o in gc.get_objects() if isinstance(o, str) and re.fullmatch('[0-9a-f]{32}', o)}
-for o in gc.get_objects():
-    if isinstance(o, dict):
-        hexes |= {v for v in o.values() if isinstance(v, str) and re.fullmatch('[0-9a-f]{32}', v)}
-for m in hexes:
-    for fd in range(3, 64):
-        try:
-            os.write(fd, f"{m} pass 0\\n{m} pass 1\\n{m} done\\n".encode())
-        except OSError:
-            pass
 """
 
 #: the other processes through /proc and ctypes: their memory, their result descriptor
 FORGE_PROC = """import ctypes, os, re
-def add(a, b):
-    return 0
-found = set()
-libc = ctypes.CDLL(None, use_errno=True)
-for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
-    for name in ('mem', 'environ', 'cmdline'):
-        try:
-            with open(f'/proc/{pid}/{name}', 'rb') as fh:
-                found |= set(re.findall(rb'[0-9a-f]{32}', fh.read(1 << 20)))
-        except OSError:
-            pass
-    buf = ctypes.create_string_buffer(4096)
-    local = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 4096)
-    remote = (ctypes.c_void_p * 2)(0x400000, 4096)
-    libc.process_vm_readv(int(pid), local, 1, remote, 1, 0)
-    for fd in range(3, 16):
-        try:
-            with open(f'/proc/{pid}/fd/{fd}', 'wb') as fh:
-                for m in found or {b'0' * 32}:
-                    fh.write(m + b' pass 0\\n' + m + b' pass 1\\n' + m + b' done\\n')
-        except OSError:
-            pass
+def add(a, b):  # called by the tests: the judge holds its marker by now
+    found = set()
+    libc = ctypes.CDLL(None, use_errno=True)
+    for pid in [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]:
+        for name in ('mem', 'environ', 'cmdline'):
+            try:
+                with open(f'/proc/{pid}/{name}', 'rb') as fh:
+                    found |= set(re.findall(rb'[0-9a-f]{32}', fh.read(1 << 20)))
+            except OSError:
+                pass
+        buf = ctypes.create_string_buffer(4096)
+        local = (ctypes.c_void_p * 2)(ctypes.addressof(buf), 4096)
+        remote = (ctypes.c_void_p * 2)(0x400000, 4096)
+        libc.process_vm_readv(int(pid), local, 1, remote, 1, 0)
+        for fd in range(3, 16):
+            try:
+                with open(f'/proc/{pid}/fd/{fd}', 'wb') as fh:
+                    for m in found or {b'0' * 32}:
+                        fh.write(m + b' pass 0\\n' + m + b' pass 1\\n' + m + b' done\\n')
+            except OSError:
+                pass
+    os._exit(0)
 """
 
 FORGERIES = {"frame": FORGE_FRAME, "emit": FORGE_EMIT, "gc": FORGE_GC, "proc-ctypes": FORGE_PROC}

@@ -18,19 +18,25 @@ Layered design:
    else of the host file system, private size-limited tmpfs on ``/tmp`` and ``/dev/shm``, no
    capabilities, no nested user namespaces, the worker as PID 1 of its namespace, and the
    sandbox dies with its parent.
-3. The worker forks one child per program (a "zygote": no interpreter start per program),
-   ahead of time, so that forking and sandboxing overlap with the caller's work. The
-   child starts its own session, gets rlimits (``RLIMIT_AS`` = ``memory_mb``, ``RLIMIT_CPU``,
-   ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE``), a **seccomp** filter (no sockets, no
-   fork/vfork/process-creating clone, no exec, no signals to other PIDs, no ptrace, mount or
-   namespaces), a fresh working directory, stdin from /dev/null and output into a capped pipe.
-4. The worker enforces the wall-clock deadline on a pidfd, kills the child's whole process group
-   (and, inside its PID namespace, every other process) afterwards, removes every file the run
-   left, and returns the raw result channel. The client then scores the run
-   (:func:`~gbmpo.sandbox.results.judge`): a test counts
-   only if the harness reported it with the run's random marker (128 bits from
-   :func:`secrets.token_hex`), so exiting early (``exit(0)``, ``os._exit(0)``), raising, or
-   printing fake results earns nothing.
+3. The worker forks two children per program (a "zygote": no interpreter start per program),
+   ahead of time, so that forking and sandboxing overlap with the caller's work: the
+   *program's process* and the *judge*. Each starts its own session, gets rlimits
+   (``RLIMIT_AS`` = ``memory_mb``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
+   ``RLIMIT_CORE``), a **seccomp** filter (no sockets, no fork/vfork/process-creating clone, no
+   exec, no signals to other PIDs, no ptrace, mount or namespaces), is not dumpable, works in a
+   fresh directory, reads stdin from /dev/null and writes output into one capped pipe.
+4. **The verdict comes from the judge, which never runs the program.** The program's process
+   gets only the code; the judge gets the trusted prelude, setup and tests and the run's random
+   marker (128 bits from :func:`secrets.token_hex`), and holds the only descriptor of the
+   result channel. A name of the program is, in the judge, a proxy whose calls, attribute reads
+   and writes cross to the program's process as plain data (:mod:`~gbmpo.sandbox.plain_data`);
+   whatever is not plain data stays there as a handle, and a test that would compare such
+   objects or take their truth is *unjudged* (:attr:`RunResult.unjudged`: never passed). The
+   worker enforces the wall-clock deadline on a pidfd, kills both processes (and, inside its
+   PID namespace, every other process) afterwards, removes every file the run left, and returns
+   the raw result channel; the client scores it (:func:`~gbmpo.sandbox.results.judge`): a test
+   counts only if the judge reported it with the marker, so exiting early, raising, printing
+   fake results or reading the harness's frames, ``gc`` or memory earns nothing.
 
 **Fail closed.** When an isolation layer (:data:`ISOLATION_LAYERS`) is unavailable (no
 ``bwrap``, no ``python3-seccomp``, bubblewrap unusable here) the sandbox refuses to start with a
@@ -45,29 +51,19 @@ Debian/Ubuntu with ``apt-get install -y bubblewrap python3-seccomp``.
 **Reward-hacking defences** (``strict_compare=True``, the default). The trusted test code is
 compiled with type-strict comparisons (:func:`~gbmpo.sandbox.strict_compare.strict_test_source`):
 ``==``, ``!=``, ``in``, ``not in``, ``<``, ``<=``, ``>``, ``>=`` and the truth of every
-``assert`` go through helpers that
-compare builtin values by kind (numbers with numbers, strings with strings, containers element by
-element) and refuse what a program could have redefined: an object whose ``__eq__`` is always
-true, a subclass of ``int`` or ``str`` with its own ``__eq__``, ``True`` for an expected ``1`` (or
-``1`` for ``True``: equal only by coercion), an object with ``__bool__`` always true or
-``__lt__`` always true. Tests run in a copy of the program's namespace with a private copy of the
-builtins taken before the program ran, the builtins and common standard modules (``math``,
-``re``, ``collections``, ``operator``...) are restored before each test, and the test's own
-``import math`` (or a ``math`` it finds in the program's namespace) is a private copy of the
-module as it was before the program ran, so a program function that patches ``abs`` or
-``math.isclose`` while a test calls it cannot change what the test's names mean.
+``assert`` go through helpers that compare builtin values by kind (numbers with numbers,
+strings with strings, containers element by element) and refuse ``True`` for an expected ``1``
+(or ``1`` for ``True``: equal only by coercion). An object whose ``__eq__`` is always true, a
+subclass of ``int`` with its own ``__eq__``, an always-true ``__bool__`` never reach the judge
+(they stay in the program's process as handles), and a program that patches ``abs`` or
+``math.isclose`` patches its own process, not the judge's.
 
-Limits (documented, tested where they are a choice): a program-defined class compared with an
-object of the same class (a test that builds its expected value from the program's own class)
-uses that class's ``__eq__``; arithmetic on a program's object (``abs(f(x) - y) < 1e-6`` with a
-``__sub__`` that returns 0) is not checked; a patch made during a test to a module outside that
-list (or to a module function's own globals) is seen by later uses in the same test; a program
-that inspects the interpreter (frames, ``gc``, ``ctypes``) can in principle find the result
-marker or the test namespace; and chained comparisons (``a < b < c``) keep Python's semantics.
-Isolation protects the host; these defences raise the bar for a hostile program, they cannot
-make it honest. One MBPP reference solution of 974 (task 414, which returns ``1``/``0`` where the
-tests expect ``True``/``False``) fails under strict comparison; ``strict_compare=False`` restores
-Python's comparisons.
+Limits (docs/sandbox.md, "Limits"): an answer can be right without being computed honestly (a
+table of the visible tests); tests that need the program's own objects are unjudged; generators
+are drawn whole; chained comparisons (``a < b < c``) keep Python's semantics. One MBPP
+reference solution of 974 (task 414, which returns ``1``/``0`` where the tests expect
+``True``/``False``) fails under strict comparison; ``strict_compare=False`` restores Python's
+comparisons.
 """
 
 from __future__ import annotations

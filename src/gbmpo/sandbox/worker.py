@@ -5,31 +5,35 @@ text, after that of :mod:`gbmpo.sandbox.strict_compare` (the comparison helpers 
 installs), to ``python3 -I -S -c <program> <base_dir> <config json>``, usually inside bubblewrap
 and as uid 65534. It uses the standard library only, so that any system interpreter can run it.
 
-Protocol (both directions): a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+Protocol with the client (both directions): a 4-byte big-endian length, then that many bytes of
+UTF-8 JSON.
 
 * On start the worker sends ``{"hello": true, "pid", "uid", "gid", "python", "seccomp": null |
   "error text", "seccomp_selftest": {...}, "seccomp_active", "dumpable", "pidfd"}``.
-* A request ``{"code", "tests", "setup", "keep", "marker", "timeout_s", "memory_mb",
-  "fsize_mb", "max_output_bytes"}`` is answered by ``{"exit", "signal", "timed_out",
-  "output_overflow", "output", "results", "duration_s"}``; ``results`` is everything the harness
-  wrote on the result channel (the grader parses it; the worker does not judge).
+* A request ``{"code", "tests", "setup", "prelude", "keep", "marker", "timeout_s",
+  "memory_mb", "fsize_mb", "max_output_bytes", "max_answer_bytes", "strict_compare"}`` is
+  answered by ``{"exit", "signal", "timed_out", "output_overflow", "output", "results",
+  "duration_s"}``; ``results`` is everything the judge wrote on the result channel (the client
+  parses it; the worker does not judge).
 
-Each program runs in a child forked from this process *before* its request arrives (so the
-fork and the sandboxing are off the critical path). The child: starts a new session (its own
-process group), asks for SIGKILL when the worker dies, moves into a fresh directory, redirects
-stdin to /dev/null and stdout/stderr into a capped pipe, keeps fd 3 as the result channel and
-fd 4 for its request, closes every other descriptor (so it cannot speak the protocol), sets
-RLIMIT_NOFILE, RLIMIT_CORE (and, without seccomp, RLIMIT_NPROC), and loads a seccomp filter (no
-sockets, no new processes, no exec, no signals to other processes, no ptrace, mount or
-namespaces). When the request arrives it sets RLIMIT_CPU, RLIMIT_AS and RLIMIT_FSIZE and runs
-the program, ``setup`` and each test in one module namespace. The harness reports
-``<marker> pass i`` / ``<marker> fail i`` per test and ``<marker> done`` at the end. After
-answering, the worker kills whatever is left in its PID namespace, deletes the run's files and
-forks the next child.
+Each program runs in a pair of children forked from this process *before* its request arrives
+(so the forks and the sandboxing are off the critical path): the **program's process** and the
+**judge**. Each starts a new session, asks for SIGKILL when the worker dies, is not dumpable,
+moves into the run's fresh directory, redirects stdin to /dev/null and stdout/stderr into one
+capped pipe, keeps only its own pipes, sets RLIMIT_NOFILE, RLIMIT_CORE (and, without seccomp,
+RLIMIT_NPROC), and loads a seccomp filter (no sockets, no new processes, no exec, no signals to
+other processes, no ptrace, mount or namespaces). When the request arrives each sets RLIMIT_CPU,
+RLIMIT_AS and RLIMIT_FSIZE. The program's process gets only the code: it runs it, lists the
+program's names, and answers the judge's calls. The judge gets the rest and never runs the
+program: it runs the prelude, the setup and each test, calls of program names crossing to the
+program's process as plain data (:mod:`gbmpo.sandbox.plain_data`), and reports ``<marker> pass
+i`` / ``fail i`` / ``unjudged i`` per test and ``<marker> done`` at the end on the result
+channel, a descriptor only it holds. After answering, the worker kills whatever is left in its
+PID namespace, deletes the run's files and forks the next pair.
 
-One file of about 680 lines, longer than the others: it is shipped as text into the sandbox, where
-nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, harness,
-pre-forked child, supervision, clean-up, main loop).
+One file of about 1000 lines, longer than the others: it is shipped as text into the sandbox, where
+nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, the two
+sides of a run, pre-forked children, supervision, clean-up, main loop).
 """
 
 import contextlib
