@@ -218,3 +218,18 @@ def test_encoding_refuses_what_is_not_plain_and_malformed_text() -> None:
         with pytest.raises(NotPlain):
             loads(bad)
     assert loads(b'{"std": ["builtins", "len"]}') is len
+
+
+def test_unjudged_tests_earn_nothing_and_are_counted_by_the_task() -> None:
+    task = MBPPTask(reward="shaped")
+    code = ("class P:\n    def __init__(self, x):\n        self.x = x\n"
+            "    def __eq__(self, o):\n        return True\n"
+            "def mk(x):\n    return P(x)\n```")
+    failing = "def mk(x):\n    return 0\n```"
+    tests = ["assert mk(1) == P(1)", "assert mk(2) == P(2)"]
+    got = task.reward(["p", "q"], [code, failing], tests=[tests, tests], entry_point=["mk", "mk"])
+    assert task.unjudged_tests == 2
+    # no better than a failing program (both: no test passed; 1e-9: float sums of equal terms)
+    assert got[0] is not None and got[1] is not None and got[0] <= 0.0 and got[0] <= got[1] + 1e-9
+    graded = task.grade([code], [{"tests": tests, "entry_point": "mk", "setup": ""}])
+    assert (graded[0]["unjudged"], graded[0]["passed"], graded[0]["correct"]) == (2, 0, False)

@@ -39,6 +39,7 @@ sides of a run, pre-forked children, supervision, clean-up, main loop).
 import contextlib
 import errno
 import fcntl
+import gc
 import json
 import os
 import resource
@@ -88,6 +89,7 @@ _DENY_EPERM = (
 _seccomp = None
 _seccomp_error = None
 _libc = None
+_HELPERS = None  # the strict comparison helpers, built once in the worker (every judge forks)
 
 
 def _load_optional_modules():
@@ -491,7 +493,7 @@ def _judge_side(req):
             codes.append(exc)
     private = dict(builtins.__dict__)
     if strict:
-        private.update(strict_compare.strict_helpers(strict_compare.kind_table()))
+        private.update(_HELPERS or strict_compare.strict_helpers(strict_compare.kind_table()))
     ns = {"__builtins__": private, "__name__": "__main__"}
     try:
         exec(compile(req.get("prelude") or "", "<prelude>", "exec"), ns)  # trusted (a prompt)
@@ -830,14 +832,14 @@ def _run(req, warm):
     program_status = None
     if exited and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
         # the judge saw the program's process end: give it a moment to be collectable
-        program_status = _exited(warm.pid, warm.pidfd, max(0.0, min(1.0, deadline - time.monotonic())))
-    warm.kill()
+        wait_s = max(0.0, min(1.0, deadline - time.monotonic()))
+        program_status = _exited(warm.pid, warm.pidfd, wait_s)
+    warm.kill()  # the program's process is collected after the answer is sent (main loop)
     if status is None:
         _, status = os.waitpid(jpid, 0)
-    if program_status is None:
-        _, pstatus = os.waitpid(warm.pid, 0)
-        if exited and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
-            program_status = pstatus
+    if program_status is None and exited and os.WIFEXITED(status) and (
+            os.WEXITSTATUS(status) == 3):
+        _, program_status = os.waitpid(warm.pid, 0)
     for fd in list(open_fds):
         buf, cap = open_fds[fd]
         if _drain(fd, buf, cap) is None and fd == out_r:
@@ -933,6 +935,12 @@ def main():
     for name in _PRELOAD:
         with contextlib.suppress(Exception):
             __import__(name)
+    global _HELPERS
+    _HELPERS = strict_compare.strict_helpers(strict_compare.kind_table())
+    # Everything loaded so far is shared with every child: frozen, the collector never walks it
+    # in a child (a walk would copy each page it touches: forks stay cheap).
+    gc.collect()
+    gc.freeze()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     selftest = _selftest()
     want = bool(cfg.get("seccomp", True))
