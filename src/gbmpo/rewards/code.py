@@ -5,10 +5,12 @@ Reward columns (TRL convention, one value per completion):
 * ``tests`` (list[str], required): test snippets, e.g. ``"assert f(1) == 2"``; each counts as
   one test and passes iff it runs to completion without raising (see
   :mod:`gbmpo.sandbox`).
-* ``setup`` (str, optional): trusted code run after the program, before the tests (MBPP's
-  ``test_setup_code``, which may use the program's classes).
+* ``setup`` (str, optional): trusted code run in the sandbox's judge before the tests (MBPP's
+  ``test_setup_code``, which may build the program's objects: they stay in the program's
+  process, see :mod:`gbmpo.sandbox`).
 * ``prefix`` (str, optional): text the completion continues (HumanEval's prompt: imports,
-  signature and docstring).
+  signature and docstring); when it is valid Python alone the judge also runs it and keeps its
+  helpers (:func:`trusted_prelude`).
 * ``entry_point`` (str, optional): the function under test; it may shadow a builtin (MBPP
   task 126 defines ``sum``) and picks the right code block when there are several.
 

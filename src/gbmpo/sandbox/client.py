@@ -514,12 +514,14 @@ def run_program(
     memory_mb: int = 1024,
     sandbox: Sandbox | None = None,
 ) -> RunResult:
-    """Run untrusted ``code`` and then each snippet of ``tests`` in the sandbox.
+    """Run untrusted ``code`` in the sandbox and judge it with each snippet of ``tests``.
 
-    Each test is Python source (typically ``assert f(1) == 2``) executed in the program's
-    namespace after the program; it passes iff it runs to completion without raising.
-    ``setup`` is trusted code executed after the program and before the tests (imports or
-    inputs the tests need, MBPP's ``test_setup_code``); ``keep``: see :class:`Program`.
+    Each test is Python source (typically ``assert f(1) == 2``) executed in the judge, where
+    the program's names are proxies to the program's process (module docstring); it passes iff
+    it runs to completion without raising and needed none of the program's own objects.
+    ``setup`` is trusted code executed in the judge after the program ran and before the tests
+    (imports or inputs the tests need, MBPP's ``test_setup_code``); ``keep``, ``prelude``: see
+    :class:`Program`.
     """
     box = sandbox if sandbox is not None else get_default_sandbox()
     return box.run(code, tests, setup=setup, keep=keep, prelude=prelude, timeout_s=timeout_s,
