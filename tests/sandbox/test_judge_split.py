@@ -96,13 +96,15 @@ def test_forged_verdicts_earn_nothing(sandbox: Sandbox, name: str) -> None:
     assert sandbox.run("def add(a, b):\n    return a + b\n", TESTS).status == "ok"
 
 
-def test_the_issue_program_earns_nothing_through_run_program() -> None:
-    r = run_program(FORGE_FRAME, TESTS, timeout_s=5.0)
+def test_the_issue_program_earns_nothing_through_run_program(sandbox: Sandbox) -> None:
+    r = run_program(FORGE_FRAME, TESTS, timeout_s=5.0)  # the process-wide default sandbox
     assert (r.passed, r.pass_fraction, r.all_passed) == (0, 0.0, False), r
 
 
 @pytest.mark.parametrize("kind", ["pass_fraction", "all_pass", "shaped"])
-def test_the_issue_program_earns_nothing_through_the_mbpp_training_reward(kind: str) -> None:
+def test_the_issue_program_earns_nothing_through_the_mbpp_training_reward(
+    sandbox: Sandbox, kind: str  # the fixture: skip where no full sandbox can start
+) -> None:
     task = MBPPTask(reward=kind)  # the reward `gbmpo train --task mbpp` calls (Trainer)
     # base template: the prompt ends with an opening fence that the completion continues
     honest = "def add(a, b):\n    return a + b\n```"
@@ -220,7 +222,7 @@ def test_encoding_refuses_what_is_not_plain_and_malformed_text() -> None:
     assert loads(b'{"std": ["builtins", "len"]}') is len
 
 
-def test_unjudged_tests_earn_nothing_and_are_counted_by_the_task() -> None:
+def test_unjudged_tests_earn_nothing_and_are_counted_by_the_task(sandbox: Sandbox) -> None:
     task = MBPPTask(reward="shaped")
     code = ("class P:\n    def __init__(self, x):\n        self.x = x\n"
             "    def __eq__(self, o):\n        return True\n"
