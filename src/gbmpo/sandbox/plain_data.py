@@ -88,16 +88,24 @@ class TooLarge(NotPlain):
     """A value over the size cap (bytes, iterator length or nesting depth)."""
 
 
+def _handed_out(mod, qual):
+    """True iff the judge resolves ``mod``/``qual`` (a standard-library name not denied)."""
+    top = mod.partition(".")[0]
+    return (top in _STDLIB and top not in DENIED_MODULES and "<" not in qual
+            and not (mod == "builtins" and qual.partition(".")[0] in DENIED_BUILTINS))
+
+
 def std_ref(obj):
     """``[module, qualname]`` when ``obj`` is a standard-library module, class or function
-    found again by that name (identity); else None."""
+    found again by that name (identity) that the judge hands out (:func:`resolve_std`); else
+    None (the object then travels as a handle)."""
     if type(obj) is type(sys):
         name = getattr(obj, "__name__", None)
-        if type(name) is str and name.partition(".")[0] in _STDLIB and sys.modules.get(name) is obj:
+        if type(name) is str and _handed_out(name, "") and sys.modules.get(name) is obj:
             return [name, ""]
         return None
     mod, qual = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
-    if type(mod) is not str or type(qual) is not str or mod.partition(".")[0] not in _STDLIB:
+    if type(mod) is not str or type(qual) is not str or not _handed_out(mod, qual):
         return None
     try:
         found = sys.modules.get(mod)
@@ -113,9 +121,7 @@ def resolve_std(mod, qual):
     not one or its module is in :data:`DENIED_MODULES`."""
     if type(mod) is not str or type(qual) is not str:
         raise NotPlain("bad standard-library reference")
-    top = mod.partition(".")[0]
-    if (top not in _STDLIB or top in DENIED_MODULES or "<" in qual
-            or (mod == "builtins" and qual.partition(".")[0] in DENIED_BUILTINS)):
+    if not _handed_out(mod, qual):
         raise NotPlain(f"not a standard-library name the judge hands out: {mod}.{qual}")
     try:
         found = importlib.import_module(mod)

@@ -585,6 +585,10 @@ def _child(cfg, run_dir, fds, req_fd, body):
         os.dup2(devnull, 0)
         for target, fd in lifted.items():
             os.dup2(fd, target)
+        for fd in range(3, max(fds)):
+            if fd not in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         os.closerange(max(fds) + 1, 1 << 16)
         os.chdir(run_dir)
         os.environ["TMPDIR"] = run_dir
@@ -597,6 +601,8 @@ def _child(cfg, run_dir, fds, req_fd, body):
         if cfg["seccomp"]:
             _load_filter(os.getpid())
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        if body is None:
+            _judge_loop()
         chunks = []
         while True:
             chunk = os.read(req_fd, 1 << 16)
@@ -640,12 +646,13 @@ def _drain(fd, buf, cap):
             return None  # overflow
 
 
-def _sweep_namespace():
-    """Inside our own PID namespace (we are PID 1): kill and reap every other process."""
+def _sweep_namespace(keep):
+    """Inside our own PID namespace (we are PID 1): kill and reap every other process but
+    ``keep`` (the judge)."""
     if os.getpid() != 1:
         return
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != 1:
+        if name.isdigit() and int(name) not in (1, keep):
             with contextlib.suppress(OSError):
                 os.kill(int(name), signal.SIGKILL)
     _reap()
@@ -694,65 +701,137 @@ def _reap():
             return
 
 
-class _Warm:
-    """A pre-forked pair waiting for its request: the program's process and the judge.
+_J_SOCK = 7  # the judge: a unix socket on which each run's two call pipes arrive
 
-    Pipes: a request pipe to each, the judge's calls to the program (judge fd 5 -> program fd 3)
-    and the answers back (program fd 4 -> judge fd 6), the result channel (judge fd 3; the
-    program has no descriptor of it) and one capped output pipe for both (fds 1 and 2).
+
+class _Judge:
+    """The judge of one worker: forked once, it judges one run after another (only trusted code
+    and plain data run in it) and is forked again after a run it did not finish (a deadline, an
+    output flood, a crash). Its requests (fd 4), the result channel (fd 3; no program's process
+    has a descriptor of it) and the output pipe (fds 1 and 2, shared with each program's
+    process) outlive the runs; each run's call pipes are new, created with the program's process
+    and passed to the judge over a unix socket (fd 7) when the run starts, so nothing a program
+    writes reaches the judge after its run.
     """
 
-    def __init__(self, cfg, base_dir, counter):
-        self.run_dir = os.path.join(base_dir, f"run{counter}")
-        os.mkdir(self.run_dir, 0o700)
-        p_req, self.p_req_w = os.pipe()
-        j_req, self.j_req_w = os.pipe()
-        self.out_r, out_w = os.pipe()
+    def __init__(self, cfg):
+        j_req, self.req_w = os.pipe()
+        self.out_r, self.out_w = os.pipe()
         self.res_r, res_w = os.pipe()
-        calls_r, calls_w = os.pipe()
-        answers_r, answers_w = os.pipe()
-        mine = (self.p_req_w, self.j_req_w, self.out_r, self.res_r, _PROTO_IN, _PROTO_OUT)
-        children = (p_req, j_req, out_w, res_w, calls_r, calls_w, answers_r, answers_w)
-        self.pid = self._fork(mine, lambda: _child(
-            cfg, self.run_dir,
-            {1: out_w, 2: out_w, _CALL_IN: calls_r, _CALL_OUT: answers_w, 5: p_req}, 5,
-            _program_side))
-        self.jpid = self._fork(mine, lambda: _child(
-            cfg, self.run_dir,
-            {1: out_w, 2: out_w, RESULT_FD: res_w, 4: j_req, _J_CALL_OUT: calls_w,
-             _J_CALL_IN: answers_r}, 4, _judge_side))
-        for fd in children:
-            os.close(fd)
-        self.pidfd = self.jpidfd = None
-        with contextlib.suppress(AttributeError, OSError):
-            self.pidfd = os.pidfd_open(self.pid)
-            self.jpidfd = os.pidfd_open(self.jpid)
-
-    @staticmethod
-    def _fork(mine, body):
-        pid = os.fork()
-        if pid == 0:
+        self.sock, j_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine = (self.req_w, self.out_r, self.res_r, self.sock.fileno(), _PROTO_IN, _PROTO_OUT)
+        self.pid = os.fork()
+        if self.pid == 0:
             for fd in mine:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            body()
-        return pid
+            _child(cfg, "/", {1: self.out_w, 2: self.out_w, RESULT_FD: res_w, 4: j_req,
+                              _J_SOCK: j_sock.fileno()}, 4, None)
+        for fd in (j_req, res_w):
+            os.close(fd)
+        j_sock.close()
+        os.set_blocking(self.out_r, False)
+        os.set_blocking(self.res_r, False)
+        self.pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            self.pidfd = os.pidfd_open(self.pid)
 
-    def kill(self):
-        for pid in (self.jpid, self.pid):
-            for kill in (os.killpg, os.kill):
-                with contextlib.suppress(OSError):
-                    kill(pid, signal.SIGKILL)
-
-    def discard(self):
-        self.kill()
-        for pid in (self.jpid, self.pid):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        for fd in (self.p_req_w, self.j_req_w, self.out_r, self.res_r, self.pidfd, self.jpidfd):
+    def stop(self):
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.sock.close()
+        for fd in (self.req_w, self.out_r, self.out_w, self.res_r, self.pidfd):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+def _judge_loop():
+    """The judge's life: one request after another (fd 4), each with its run's call pipes (fd 7),
+    judged by :func:`_judge_side`; the end of each run is the line ``<marker> end <code>``."""
+    recv = _frame_reader(4, 1 << 30)
+    sock = socket.socket(fileno=_J_SOCK)
+    while True:
+        data = recv()
+        if data is None:
+            os._exit(0)
+        req = json.loads(data.decode("utf-8"))
+        _, fds, _, _ = socket.recv_fds(sock, 1, 2)
+        lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD, 32) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for fd, target in zip(lifted, (_J_CALL_OUT, _J_CALL_IN), strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        marker = req["marker"]
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        resource.setrlimit(resource.RLIMIT_CPU,
+                           (int(used + float(req["timeout_s"])) + 2, resource.RLIM_INFINITY))
+        if "random" in sys.modules:
+            sys.modules["random"].seed()
+        try:
+            code = _judge_side(req) or 0
+        except BaseException as exc:  # noqa: BLE001 - a harness failure, shown in the output
+            code = 71
+            with contextlib.suppress(BaseException):
+                os.write(2, f"sandbox judge error: {type(exc).__name__}: {exc}\n".encode())
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        for fd in (_J_CALL_OUT, _J_CALL_IN):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(OSError):
+            os.write(RESULT_FD, f"{marker} end {code}\n".encode())
+        if code not in (0, 3):
+            os._exit(code)
+
+
+class _Warm:
+    """A pre-forked program's process waiting for its request, with its run's call pipes (the
+    judge's ends kept here until the run starts)."""
+
+    def __init__(self, cfg, base_dir, counter, judge):
+        self.run_dir = os.path.join(base_dir, f"run{counter}")
+        os.mkdir(self.run_dir, 0o700)
+        p_req, self.req_w = os.pipe()
+        calls_r, self.calls_w = os.pipe()
+        self.answers_r, answers_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            for fd in (self.req_w, self.calls_w, self.answers_r):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _child(cfg, self.run_dir,
+                   {1: judge.out_w, 2: judge.out_w, _CALL_IN: calls_r, _CALL_OUT: answers_w,
+                    5: p_req}, 5, _program_side)
+        for fd in (p_req, calls_r, answers_w):
+            os.close(fd)
+        self.pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            self.pidfd = os.pidfd_open(self.pid)
+
+    def kill(self):
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(self.pid, signal.SIGKILL)
+
+    def close_fds(self):
+        for name in ("req_w", "calls_w", "answers_r", "pidfd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, None)
+
+    def discard(self):
+        self.kill()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.close_fds()
 
 
 def _write_all(fd, data):
@@ -762,7 +841,13 @@ def _write_all(fd, data):
             view = view[os.write(fd, view):]
     except OSError:
         pass  # the child is gone; its status tells what happened
-    os.close(fd)
+
+
+def _discard(fd):
+    """Read and drop what is available on non-blocking ``fd``."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 65536):
+            pass
 
 
 def _exited(pid, pidfd, wait_s):
@@ -773,94 +858,90 @@ def _exited(pid, pidfd, wait_s):
     return status if got else None
 
 
-def _run(req, warm):
-    """Hand ``req`` to the pre-forked pair and supervise it until the judge ends or time is up.
+def _run(req, warm, judge):
+    """Hand ``req`` to the pre-forked program's process and to the judge, and supervise them
+    until the judge reports the run's end (``<marker> end <code>``), dies, or time is up.
 
-    The program's process gets only the code; the judge gets the tests, setup, prelude and the
-    marker. The run ends when the judge exits. When the judge says the program's process ended
-    (exit code 3), that process's own exit status is reported; otherwise the judge's.
+    The program's process gets only the code; the judge gets the tests, setup, prelude, the
+    marker and this run's call pipes. When the judge says the program's process ended (code 3),
+    that process's own exit status is reported. Returns the response and whether the judge
+    must be forked again.
     """
-    jpid, out_r, res_r, jpidfd = warm.jpid, warm.out_r, warm.res_r, warm.jpidfd
-    os.set_blocking(out_r, False)
-    os.set_blocking(res_r, False)
+    out_r, res_r = judge.out_r, judge.res_r
+    _discard(out_r)  # what the last run's program wrote after its last answer
     start = time.monotonic()
+    end = b"\n" + req["marker"].encode() + b" end "
     limits = {k: req[k] for k in ("timeout_s", "memory_mb", "fsize_mb", "max_answer_bytes")}
-    _write_all(warm.p_req_w, json.dumps(dict(limits, code=req["code"])).encode("utf-8"))
-    warm.p_req_w = None
-    judge_req = {k: v for k, v in req.items() if k != "code"}
-    _write_all(warm.j_req_w, json.dumps(judge_req).encode("utf-8"))
-    warm.j_req_w = None
+    _write_all(warm.req_w, json.dumps(dict(limits, code=req["code"])).encode("utf-8"))
+    judge_req = json.dumps({k: v for k, v in req.items() if k != "code"}).encode("utf-8")
+    _write_all(judge.req_w, struct.pack(">I", len(judge_req)) + judge_req)
+    with contextlib.suppress(OSError):
+        socket.send_fds(judge.sock, [b"x"], [warm.calls_w, warm.answers_r])
+    os.close(warm.req_w)
+    os.close(warm.calls_w)
+    os.close(warm.answers_r)
+    warm.req_w = warm.calls_w = warm.answers_r = None
     max_out = int(req["max_output_bytes"])
-    out, res = bytearray(), bytearray()
-    open_fds = {out_r: (out, max_out), res_r: (res, 1 << 20)}
+    out, res = bytearray(), bytearray(b"\n")
+    caps = {out_r: (out, max_out), res_r: (res, 1 << 20)}
     poller = select.poll()
-    for fd in open_fds:
+    for fd in caps:
         poller.register(fd, select.POLLIN)
-    if jpidfd is not None:
-        poller.register(jpidfd, select.POLLIN)
+    if judge.pidfd is not None:
+        poller.register(judge.pidfd, select.POLLIN)
     deadline = start + float(req["timeout_s"])
-    timed_out = overflow = exited = False
-    status = None
-    while not exited:
+    timed_out = overflow = judge_died = False
+    code = None
+    while code is None and not judge_died:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
             break
-        wait_ms = remaining * 1000.0 if jpidfd is not None else min(remaining * 1000.0, 20.0)
+        wait_ms = remaining * 1000.0 if judge.pidfd is not None else min(remaining * 1000.0, 20.0)
         for fd, _ev in poller.poll(wait_ms):
-            if fd == jpidfd:
-                exited = True
-            elif fd in open_fds:
-                buf, cap = open_fds[fd]
-                alive = _drain(fd, buf, cap)
-                if alive is None:
-                    if fd == out_r:
-                        overflow = True
-                        break
-                elif not alive:
-                    poller.unregister(fd)
-                    del open_fds[fd]
+            if fd == judge.pidfd:
+                judge_died = True
+            elif fd in caps:
+                buf, cap = caps[fd]
+                if _drain(fd, buf, cap) is None and fd == out_r:
+                    overflow = True
+                    break
         if overflow:
             break
-        if jpidfd is None:
-            got, st = os.waitpid(jpid, os.WNOHANG)
-            if got:
-                exited, status = True, st
-    killed_by_us = not exited
-    if status is None and exited:
-        _, status = os.waitpid(jpid, 0)
-    program_status = None
-    if exited and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 3:
-        # the judge saw the program's process end: give it a moment to be collectable
-        wait_s = max(0.0, min(1.0, deadline - time.monotonic()))
-        program_status = _exited(warm.pid, warm.pidfd, wait_s)
+        if judge.pidfd is None and os.waitpid(judge.pid, os.WNOHANG)[0]:
+            judge_died = True
+        at = res.find(end)
+        if at >= 0 and res.find(b"\n", at + 1) >= 0:
+            line = bytes(res[at + len(end):res.find(b"\n", at + 1)])
+            code = int(line) if line.isdigit() else 71
+            del res[at + 1:]
+    if code is None:
+        _drain(res_r, res, 1 << 20)
+    status = None
+    if judge_died:  # a crash, or its CPU limit (collected here, or already between runs)
+        with contextlib.suppress(ChildProcessError):
+            _, status = os.waitpid(judge.pid, 0)
+    if code == 3:  # the judge saw the program's process end: give it a moment to be collectable
+        status = _exited(warm.pid, warm.pidfd, max(0.0, min(1.0, deadline - time.monotonic())))
     warm.kill()  # the program's process is collected after the answer is sent (main loop)
-    if status is None:
-        _, status = os.waitpid(jpid, 0)
-    if program_status is None and exited and os.WIFEXITED(status) and (
-            os.WEXITSTATUS(status) == 3):
-        _, program_status = os.waitpid(warm.pid, 0)
-    for fd in list(open_fds):
-        buf, cap = open_fds[fd]
-        if _drain(fd, buf, cap) is None and fd == out_r:
-            overflow = True
     duration = time.monotonic() - start
-    for fd in (out_r, res_r, warm.pidfd, jpidfd):
-        if fd is not None:
-            os.close(fd)
-    if program_status is not None:
-        status = program_status
-    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    if status is not None:
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    elif code is None:  # killed at the deadline or for its output
+        sig, exit_code = signal.SIGKILL, None
+    else:
+        sig, exit_code = None, (code if code != 3 else None)
     return {
-        "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "exit": exit_code,
         "signal": sig,
-        "killed_by_worker": killed_by_us,
+        "killed_by_worker": timed_out or overflow,
         "timed_out": timed_out,
         "output_overflow": overflow,
         "output": bytes(out).decode("utf-8", "replace"),
-        "results": bytes(res).decode("utf-8", "replace"),
+        "results": bytes(res[1:]).decode("utf-8", "replace"),
         "duration_s": duration,
-    }
+    }, code not in (0, 3)
 
 
 def _selftest():
@@ -961,24 +1042,30 @@ def main():
         "pidfd": hasattr(os, "pidfd_open"),
     })
     counter = 1
-    warm = _Warm(cfg, base_dir, counter)
+    judge = _Judge(cfg)
+    warm = _Warm(cfg, base_dir, counter, judge)
     while True:
         req = _recv()
         if req is None:
             warm.discard()
+            judge.stop()
             return
+        restart = True
         try:
-            resp = _run(req, warm)
+            resp, restart = _run(req, warm, judge)
         except Exception as exc:  # noqa: BLE001 - reported, the worker keeps serving
-            warm.discard()
             resp = {"worker_error": f"{type(exc).__name__}: {exc}"}
         _send(resp)
-        # Off the critical path: clean up after this run and prepare the next child.
-        _sweep_namespace()
+        # Off the critical path: clean up after this run and prepare the next one.
+        warm.discard()
+        _sweep_namespace(judge.pid)
         _reap()
         _cleanup(base_dir)
+        if restart:
+            judge.stop()
+            judge = _Judge(cfg)
         counter += 1
-        warm = _Warm(cfg, base_dir, counter)
+        warm = _Warm(cfg, base_dir, counter, judge)
 
 
 if __name__ == "__main__":
