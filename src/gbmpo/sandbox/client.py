@@ -18,9 +18,10 @@ Layered design:
    else of the host file system, private size-limited tmpfs on ``/tmp`` and ``/dev/shm``, no
    capabilities, no nested user namespaces, the worker as PID 1 of its namespace, and the
    sandbox dies with its parent.
-3. The worker forks two children per program (a "zygote": no interpreter start per program),
-   ahead of time, so that forking and sandboxing overlap with the caller's work: the
-   *program's process* and the *judge*. Each starts its own session, gets rlimits
+3. The worker forks one child per program, the *program's process* (a "zygote": no
+   interpreter start per program), ahead of time, so that forking and sandboxing overlap with
+   the caller's work, and one *judge* that judges one run after another (forked again after a
+   run it did not finish). Each starts its own session, gets rlimits
    (``RLIMIT_AS`` = ``memory_mb``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
    ``RLIMIT_CORE``), a **seccomp** filter (no sockets, no fork/vfork/process-creating clone, no
    exec, no signals to other PIDs, no ptrace, mount or namespaces), is not dumpable, works in a
@@ -32,8 +33,9 @@ Layered design:
    and writes cross to the program's process as plain data (:mod:`~gbmpo.sandbox.plain_data`);
    whatever is not plain data stays there as a handle, and a test that would compare such
    objects or take their truth is *unjudged* (:attr:`RunResult.unjudged`: never passed). The
-   worker enforces the wall-clock deadline on a pidfd, kills both processes (and, inside its
-   PID namespace, every other process) afterwards, removes every file the run left, and returns
+   worker enforces the wall-clock deadline, kills the program's process (and, inside its PID
+   namespace, every other process but the judge) afterwards, removes every file the run left,
+   and returns
    the raw result channel; the client scores it (:func:`~gbmpo.sandbox.results.judge`): a test
    counts only if the judge reported it with the marker, so exiting early, raising, printing
    fake results or reading the harness's frames, ``gc`` or memory earns nothing.

@@ -16,9 +16,12 @@ UTF-8 JSON.
   "duration_s"}``; ``results`` is everything the judge wrote on the result channel (the client
   parses it; the worker does not judge).
 
-Each program runs in a pair of children forked from this process *before* its request arrives
-(so the forks and the sandboxing are off the critical path): the **program's process** and the
-**judge**. Each starts a new session, asks for SIGKILL when the worker dies, is not dumpable,
+Each program runs in a child forked from this process *before* its request arrives (so the fork
+and the sandboxing are off the critical path), the **program's process**, and is judged by the
+worker's **judge**, a child forked once that judges one run after another (and is forked again
+after a run it did not finish: a deadline, an output flood, a crash). Each run's call pipes
+between the two are new: created with the program's process and handed to the judge over a unix
+socket when the run starts. Each child starts a new session, asks for SIGKILL when the worker dies, is not dumpable,
 moves into the run's fresh directory, redirects stdin to /dev/null and stdout/stderr into one
 capped pipe, keeps only its own pipes, sets RLIMIT_NOFILE, RLIMIT_CORE (and, without seccomp,
 RLIMIT_NPROC), and loads a seccomp filter (no sockets, no new processes, no exec, no signals to
@@ -28,8 +31,9 @@ program's names, and answers the judge's calls. The judge gets the rest and neve
 program: it runs the prelude, the setup and each test, calls of program names crossing to the
 program's process as plain data (:mod:`gbmpo.sandbox.plain_data`), and reports ``<marker> pass
 i`` / ``fail i`` / ``unjudged i`` per test and ``<marker> done`` at the end on the result
-channel, a descriptor only it holds. After answering, the worker kills whatever is left in its
-PID namespace, deletes the run's files and forks the next pair.
+channel, a descriptor only it holds, then ``<marker> end <code>``. After answering, the worker
+kills whatever is left in its PID namespace but the judge, deletes the run's files and forks the
+next program's process.
 
 One file of about 1000 lines, longer than the others: it is shipped as text into the sandbox, where
 nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, the two
