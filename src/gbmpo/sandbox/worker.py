@@ -21,19 +21,20 @@ and the sandboxing are off the critical path), the **program's process**, and is
 worker's **judge**, a child forked once that judges one run after another (and is forked again
 after a run it did not finish: a deadline, an output flood, a crash). Each run's call pipes
 between the two are new: created with the program's process and handed to the judge over a unix
-socket when the run starts. Each child starts a new session, asks for SIGKILL when the worker dies, is not dumpable,
-moves into the run's fresh directory, redirects stdin to /dev/null and stdout/stderr into one
-capped pipe, keeps only its own pipes, sets RLIMIT_NOFILE, RLIMIT_CORE (and, without seccomp,
-RLIMIT_NPROC), and loads a seccomp filter (no sockets, no new processes, no exec, no signals to
-other processes, no ptrace, mount or namespaces). When the request arrives each sets RLIMIT_CPU,
-RLIMIT_AS and RLIMIT_FSIZE. The program's process gets only the code: it runs it, lists the
-program's names, and answers the judge's calls. The judge gets the rest and never runs the
-program: it runs the prelude, the setup and each test, calls of program names crossing to the
-program's process as plain data (:mod:`gbmpo.sandbox.plain_data`), and reports ``<marker> pass
-i`` / ``fail i`` / ``unjudged i`` per test and ``<marker> done`` at the end on the result
-channel, a descriptor only it holds, then ``<marker> end <code>``. After answering, the worker
-kills whatever is left in its PID namespace but the judge, deletes the run's files and forks the
-next program's process.
+socket when the run starts. Each child starts a new session, asks for SIGKILL when the worker
+dies, is not dumpable, moves into the run's fresh directory (the judge: ``/``), redirects stdin
+to /dev/null and stdout/stderr into one capped pipe, keeps only its own pipes, sets
+RLIMIT_NOFILE, RLIMIT_CORE (and, without seccomp, RLIMIT_NPROC), and loads a seccomp filter (no
+sockets, no new processes, no exec, no signals to other processes, no ptrace, mount or
+namespaces). When the request arrives the program's process sets RLIMIT_CPU, RLIMIT_AS and
+RLIMIT_FSIZE (the judge: a CPU limit of its own for the run). The program's process gets only
+the code: it runs it, lists the program's names, and answers the judge's calls. The judge gets
+the rest and never runs the program: it runs the prelude, the setup and each test, calls of
+program names crossing to the program's process as plain data (:mod:`gbmpo.sandbox.plain_data`),
+and reports ``<marker> pass i`` / ``fail i`` / ``unjudged i`` per test and ``<marker> done`` at
+the end on the result channel, a descriptor only it holds, then ``<marker> end <code>``. After
+answering, the worker kills whatever is left in its PID namespace but the judge, deletes the
+run's files and forks the next program's process.
 
 One file of about 1000 lines, longer than the others: it is shipped as text into the sandbox, where
 nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, the two
