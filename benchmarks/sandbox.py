@@ -57,7 +57,8 @@ def programs(limit: int) -> list[tuple[dict[str, Any], str]]:
 def to_programs(jobs: list[tuple[dict[str, Any], str]]) -> list[Program]:
     return [
         Program(build_program(body, p["prompt"], p["entry_point"]),
-                [f"{p['test']}\ncheck({p['entry_point']})\n"], keep=(p["entry_point"],))
+                [f"{p['test']}\ncheck({p['entry_point']})\n"], keep=(p["entry_point"],),
+                prelude=p["prompt"])
         for p, body in jobs
     ]
 

@@ -69,6 +69,10 @@ def test_summarize_keys() -> None:
     assert math_["accuracy"] == pytest.approx(0.25) and "pass@2" in math_
     with pytest.raises(ValueError, match="pass@5"):
         summarize(recs, kind="code", samples=4, ks=[5])
+    assert "unjudged_samples" not in code
+    recs[0]["details"] = [{"unjudged": 2}, {"unjudged": 0}, {}, {"unjudged": 1}]
+    code = summarize(recs, kind="code", samples=4)
+    assert (code["unjudged_samples"], code["unjudged_tests"]) == (2, 3)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
-"""Reward-hacking defences of the code sandbox (strict comparisons in the trusted tests).
+"""Reward-hacking defences of the code sandbox: the tests run in a judge process that never loads
+the program, and compare with type-strict rules.
 
-Each hack below earns full credit under Python's own ``==`` (checked with ``strict_compare=False``
-so the test shows the defence is what stops it) and nothing under the default.
+Each hack below would earn full credit if the tests ran beside the program under Python's own
+``==``; here it earns nothing, with the strict comparisons (the default) and without them
+(``strict_compare=False``): the judge receives plain data or handles, never the program's objects.
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ HACKS = {
          "y = add(2, 2)\nimport math\nassert math.isclose(y, 4)"]),
 }
 
+#: hacks that Python's == lets through on plain data (bool and int equal by coercion)
+COERCIONS = ("bool-for-int", "int-for-bool")
+
 
 @pytest.fixture(scope="module")
 def lax() -> Iterator[Sandbox]:
@@ -74,12 +79,12 @@ def lax() -> Iterator[Sandbox]:
 
 
 @pytest.mark.parametrize("name", sorted(HACKS))
-def test_hack_works_with_python_eq_and_earns_nothing_strictly(
+def test_hack_earns_nothing_with_or_without_strict_comparisons(
     sandbox: Sandbox, lax: Sandbox, name: str
 ) -> None:
     code, tests = HACKS[name]
-    if not name.startswith("patch-"):  # the namespace/builtins defences do not depend on it
-        assert lax.run(code, tests).passed == len(tests), name
+    # True == 1 is Python's own rule: only the strict comparisons refuse it
+    assert lax.run(code, tests).passed == (len(tests) if name in COERCIONS else 0), name
     r = sandbox.run(code, tests)
     assert r.passed == 0 and r.status == "failed", (name, r)
 
@@ -110,11 +115,12 @@ HONEST = {
                         "assert nothing() == None", "assert nothing() is None"]),
     "regex-match": ("import re\ndef starts(t):\n    return re.match('a', t)\n",
                     ["assert starts('ab')", "assert not starts('ba')"]),
-    "own-class-same-type": (
-        "class P:\n    def __init__(self, x):\n        self.x = x\n"
-        "    def __eq__(self, o):\n        return isinstance(o, P) and o.x == self.x\n"
-        "def mk(x):\n    return P(x)\n",
-        ["assert mk(1) == P(1)", "assert mk(1) != P(2)"]),
+    "own-class-through-calls": (  # the program's objects stay in its process (handles)
+        "class Node:\n    def __init__(self, v):\n        self.v, self.left = v, None\n"
+        "    def depth(self):\n        return 1 + (self.left.depth() if self.left else 0)\n"
+        "def depth(n):\n    return n.depth()\n",
+        ["root = Node(1)\nroot.left = Node(2)\nassert depth(root) == 2",
+         "r = Node(3)\nassert r.v == 3 and r.depth() == 1 and r.left is None"]),
 }
 
 
@@ -123,6 +129,20 @@ def test_honest_programs_keep_full_credit(sandbox: Sandbox, name: str) -> None:
     code, tests = HONEST[name]
     r = sandbox.run(code, tests)
     assert r.status == "ok" and r.passed == len(tests), (name, r)
+
+
+def test_comparing_the_programs_own_objects_is_unjudged(sandbox: Sandbox) -> None:
+    code = ("class P:\n    def __init__(self, x):\n        self.x = x\n"
+            "    def __eq__(self, o):\n        return isinstance(o, P) and o.x == self.x\n"
+            "    def __len__(self):\n        return 1\n"
+            "def mk(x):\n    return P(x)\n")
+    r = sandbox.run(code, ["assert mk(1) == P(1)", "assert mk(1) != P(2)", "assert len(mk(1))",
+                           "assert mk(1).x == 1"])
+    assert (r.status, r.test_passed, r.unjudged) == ("failed", (False,) * 3 + (True,), 3), r
+    assert "unjudged" in r.detail
+    # a task whose setup needs them: every test is unjudged
+    r = sandbox.run(code, ["assert mk(1).x == 1"], setup="p = P(1)\nassert p == p\nbool(p)")
+    assert (r.status, r.passed, r.unjudged) == ("failed", 0, 1), r
 
 
 def test_python_semantics_where_strictness_is_not_needed(sandbox: Sandbox) -> None:

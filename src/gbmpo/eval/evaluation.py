@@ -130,6 +130,11 @@ def summarize(
     if failed:  # samples whose reward was unusable (scored 0): how many, and why
         metrics["reward_failures"] = len(failed)
         metrics["reward_failure_kinds"] = sorted(set(failed))
+    unjudged = [d["unjudged"] for r in records for d in r.get("details", [])
+                if d.get("unjudged")]
+    if unjudged:  # code: samples with tests the sandbox could not judge (never passed)
+        metrics["unjudged_samples"] = len(unjudged)
+        metrics["unjudged_tests"] = sum(unjudged)
     mean, stderr = mean_and_stderr(frac)
     if kind == "code":
         metrics["pass@1"] = mean

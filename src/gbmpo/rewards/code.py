@@ -5,10 +5,12 @@ Reward columns (TRL convention, one value per completion):
 * ``tests`` (list[str], required): test snippets, e.g. ``"assert f(1) == 2"``; each counts as
   one test and passes iff it runs to completion without raising (see
   :mod:`gbmpo.sandbox`).
-* ``setup`` (str, optional): trusted code run after the program, before the tests (MBPP's
-  ``test_setup_code``, which may use the program's classes).
+* ``setup`` (str, optional): trusted code run in the sandbox's judge before the tests (MBPP's
+  ``test_setup_code``, which may build the program's objects: they stay in the program's
+  process, see :mod:`gbmpo.sandbox`).
 * ``prefix`` (str, optional): text the completion continues (HumanEval's prompt: imports,
-  signature and docstring).
+  signature and docstring); when it is valid Python alone the judge also runs it and keeps its
+  helpers (:func:`trusted_prelude`).
 * ``entry_point`` (str, optional): the function under test; it may shadow a builtin (MBPP
   task 126 defines ``sum``) and picks the right code block when there are several.
 
@@ -19,11 +21,12 @@ test passed) and :func:`code_shaped` (the GBMPO authors' shaped reward,
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gbmpo.rewards.code_shaping import shaped_code_rewards, validate_banned_tokens
+from gbmpo.rewards.code_shaping import parses, shaped_code_rewards, validate_banned_tokens
 from gbmpo.rewards.math import strip_thinking
 from gbmpo.sandbox import Program, RunResult, Sandbox, run_programs
 
@@ -38,6 +41,7 @@ __all__ = [
     "grade_code",
     "make_code_reward",
     "truncate_at_stop",
+    "trusted_prelude",
 ]
 
 #: stop sequences of the Codex paper for completions that continue a function (base models)
@@ -125,6 +129,15 @@ def build_program(completion: str, prefix: str = "", entry_point: str | None = N
     return prefix + code
 
 
+@functools.lru_cache(maxsize=1024)
+def trusted_prelude(prefix: str) -> str:
+    """The part of a task's ``prefix`` the judge runs itself: the whole prefix when it is valid
+    Python on its own (a HumanEval prompt: imports, helpers such as ``poly``, and the entry
+    point's signature and docstring), else nothing (the program's own definitions are then
+    reached through its process, as answers)."""
+    return prefix if prefix and parses(prefix) else ""
+
+
 def _text(completion: Any) -> str:
     if isinstance(completion, str):
         return completion
@@ -164,7 +177,7 @@ def grade_code(
             raise TypeError("column 'tests' must hold a list of test snippets per completion")
         programs.append(Program(
             code=build_program(_text(c), p, e), tests=tuple(t), setup=s,
-            keep=(e,) if e else (),
+            keep=(e,) if e else (), prelude=trusted_prelude(p),
         ))
     return run_programs(programs, timeout_s=timeout_s, memory_mb=memory_mb, sandbox=sandbox)
 

@@ -18,19 +18,27 @@ Layered design:
    else of the host file system, private size-limited tmpfs on ``/tmp`` and ``/dev/shm``, no
    capabilities, no nested user namespaces, the worker as PID 1 of its namespace, and the
    sandbox dies with its parent.
-3. The worker forks one child per program (a "zygote": no interpreter start per program),
-   ahead of time, so that forking and sandboxing overlap with the caller's work. The
-   child starts its own session, gets rlimits (``RLIMIT_AS`` = ``memory_mb``, ``RLIMIT_CPU``,
-   ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``, ``RLIMIT_CORE``), a **seccomp** filter (no sockets, no
-   fork/vfork/process-creating clone, no exec, no signals to other PIDs, no ptrace, mount or
-   namespaces), a fresh working directory, stdin from /dev/null and output into a capped pipe.
-4. The worker enforces the wall-clock deadline on a pidfd, kills the child's whole process group
-   (and, inside its PID namespace, every other process) afterwards, removes every file the run
-   left, and returns the raw result channel. The client then scores the run
-   (:func:`~gbmpo.sandbox.results.judge`): a test counts
-   only if the harness reported it with the run's random marker (128 bits from
-   :func:`secrets.token_hex`), so exiting early (``exit(0)``, ``os._exit(0)``), raising, or
-   printing fake results earns nothing.
+3. The worker forks one child per program, the *program's process* (a "zygote": no
+   interpreter start per program), ahead of time, so that forking and sandboxing overlap with
+   the caller's work, and one *judge* that judges one run after another (forked again after a
+   run it did not finish). Each starts its own session, gets rlimits
+   (``RLIMIT_AS`` = ``memory_mb``, ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, ``RLIMIT_NOFILE``,
+   ``RLIMIT_CORE``), a **seccomp** filter (no sockets, no fork/vfork/process-creating clone, no
+   exec, no signals to other PIDs, no ptrace, mount or namespaces), is not dumpable, works in a
+   fresh directory, reads stdin from /dev/null and writes output into one capped pipe.
+4. **The verdict comes from the judge, which never runs the program.** The program's process
+   gets only the code; the judge gets the trusted prelude, setup and tests and the run's random
+   marker (128 bits from :func:`secrets.token_hex`), and holds the only descriptor of the
+   result channel. A name of the program is, in the judge, a proxy whose calls, attribute reads
+   and writes cross to the program's process as plain data (:mod:`~gbmpo.sandbox.plain_data`);
+   whatever is not plain data stays there as a handle, and a test that would compare such
+   objects or take their truth is *unjudged* (:attr:`RunResult.unjudged`: never passed). The
+   worker enforces the wall-clock deadline, kills the program's process (and, inside its PID
+   namespace, every other process but the judge) afterwards, removes every file the run left,
+   and returns
+   the raw result channel; the client scores it (:func:`~gbmpo.sandbox.results.judge`): a test
+   counts only if the judge reported it with the marker, so exiting early, raising, printing
+   fake results or reading the harness's frames, ``gc`` or memory earns nothing.
 
 **Fail closed.** When an isolation layer (:data:`ISOLATION_LAYERS`) is unavailable (no
 ``bwrap``, no ``python3-seccomp``, bubblewrap unusable here) the sandbox refuses to start with a
@@ -45,29 +53,19 @@ Debian/Ubuntu with ``apt-get install -y bubblewrap python3-seccomp``.
 **Reward-hacking defences** (``strict_compare=True``, the default). The trusted test code is
 compiled with type-strict comparisons (:func:`~gbmpo.sandbox.strict_compare.strict_test_source`):
 ``==``, ``!=``, ``in``, ``not in``, ``<``, ``<=``, ``>``, ``>=`` and the truth of every
-``assert`` go through helpers that
-compare builtin values by kind (numbers with numbers, strings with strings, containers element by
-element) and refuse what a program could have redefined: an object whose ``__eq__`` is always
-true, a subclass of ``int`` or ``str`` with its own ``__eq__``, ``True`` for an expected ``1`` (or
-``1`` for ``True``: equal only by coercion), an object with ``__bool__`` always true or
-``__lt__`` always true. Tests run in a copy of the program's namespace with a private copy of the
-builtins taken before the program ran, the builtins and common standard modules (``math``,
-``re``, ``collections``, ``operator``...) are restored before each test, and the test's own
-``import math`` (or a ``math`` it finds in the program's namespace) is a private copy of the
-module as it was before the program ran, so a program function that patches ``abs`` or
-``math.isclose`` while a test calls it cannot change what the test's names mean.
+``assert`` go through helpers that compare builtin values by kind (numbers with numbers,
+strings with strings, containers element by element) and refuse ``True`` for an expected ``1``
+(or ``1`` for ``True``: equal only by coercion). An object whose ``__eq__`` is always true, a
+subclass of ``int`` with its own ``__eq__``, an always-true ``__bool__`` never reach the judge
+(they stay in the program's process as handles), and a program that patches ``abs`` or
+``math.isclose`` patches its own process, not the judge's.
 
-Limits (documented, tested where they are a choice): a program-defined class compared with an
-object of the same class (a test that builds its expected value from the program's own class)
-uses that class's ``__eq__``; arithmetic on a program's object (``abs(f(x) - y) < 1e-6`` with a
-``__sub__`` that returns 0) is not checked; a patch made during a test to a module outside that
-list (or to a module function's own globals) is seen by later uses in the same test; a program
-that inspects the interpreter (frames, ``gc``, ``ctypes``) can in principle find the result
-marker or the test namespace; and chained comparisons (``a < b < c``) keep Python's semantics.
-Isolation protects the host; these defences raise the bar for a hostile program, they cannot
-make it honest. One MBPP reference solution of 974 (task 414, which returns ``1``/``0`` where the
-tests expect ``True``/``False``) fails under strict comparison; ``strict_compare=False`` restores
-Python's comparisons.
+Limits (docs/sandbox.md, "Limits"): an answer can be right without being computed honestly (a
+table of the visible tests); tests that need the program's own objects are unjudged; generators
+are drawn whole; chained comparisons (``a < b < c``) keep Python's semantics. One MBPP
+reference solution of 974 (task 414, which returns ``1``/``0`` where the tests expect
+``True``/``False``) fails under strict comparison; ``strict_compare=False`` restores Python's
+comparisons.
 """
 
 from __future__ import annotations
@@ -151,6 +149,8 @@ class Sandbox:
         max_output_bytes: a program printing more is killed (status ``killed``).
         keep_output_bytes: how much of the output a :class:`RunResult` keeps.
         tmp_mb, shm_mb: sizes of the private ``/tmp`` and ``/dev/shm`` inside bubblewrap.
+        max_answer_bytes: largest encoded answer of one call of the program (a larger one
+            fails that test).
     """
 
     def __init__(
@@ -171,6 +171,7 @@ class Sandbox:
         keep_output_bytes: int = 8192,
         tmp_mb: int = 64,
         shm_mb: int = 16,
+        max_answer_bytes: int = 16 << 20,
     ) -> None:
         if workers is None:
             workers = min(8, os.cpu_count() or 1)
@@ -195,6 +196,7 @@ class Sandbox:
         self.fsize_mb = int(fsize_mb)
         self.max_output_bytes = int(max_output_bytes)
         self.keep_output_bytes = int(keep_output_bytes)
+        self.max_answer_bytes = int(max_answer_bytes)
         self._use_seccomp = seccomp
         self._reasons: dict[str, str] = {}
         self._base_dir: str | None = None
@@ -362,11 +364,12 @@ class Sandbox:
         *,
         setup: str = "",
         keep: Sequence[str] = (),
+        prelude: str = "",
         timeout_s: float | None = None,
         memory_mb: int | None = None,
     ) -> RunResult:
-        """Run ``code``, then ``setup``, then each test; see :class:`RunResult` and
-        :class:`Program` (``keep``)."""
+        """Run ``code`` in the program's process and ``prelude``, ``setup`` and each test in the
+        judge; see :class:`RunResult` and :class:`Program` (``keep``, ``prelude``)."""
         if self._closed:
             raise SandboxError("the sandbox is closed")
         if os.getpid() != self._pid:
@@ -388,12 +391,14 @@ class Sandbox:
             "code": code,
             "tests": sent,
             "setup": setup,
+            "prelude": str(prelude),
             "keep": [str(k) for k in keep],
             "marker": marker,
             "timeout_s": timeout,
             "memory_mb": int(memory_mb if memory_mb is not None else self.memory_mb),
             "fsize_mb": self.fsize_mb,
             "max_output_bytes": self.max_output_bytes,
+            "max_answer_bytes": self.max_answer_bytes,
             "strict_compare": self.strict_compare,
         }
         worker = self._take_worker()
@@ -431,7 +436,7 @@ class Sandbox:
 
         def one(p: Program) -> RunResult:
             return self.run(p.code, list(p.tests), setup=p.setup, keep=p.keep,
-                            timeout_s=timeout_s, memory_mb=memory_mb)
+                            prelude=p.prelude, timeout_s=timeout_s, memory_mb=memory_mb)
 
         if self.num_workers == 1 or len(progs) == 1:
             return [one(p) for p in progs]
@@ -506,19 +511,22 @@ def run_program(
     *,
     setup: str = "",
     keep: Sequence[str] = (),
+    prelude: str = "",
     timeout_s: float = 5.0,
     memory_mb: int = 1024,
     sandbox: Sandbox | None = None,
 ) -> RunResult:
-    """Run untrusted ``code`` and then each snippet of ``tests`` in the sandbox.
+    """Run untrusted ``code`` in the sandbox and judge it with each snippet of ``tests``.
 
-    Each test is Python source (typically ``assert f(1) == 2``) executed in the program's
-    namespace after the program; it passes iff it runs to completion without raising.
-    ``setup`` is trusted code executed after the program and before the tests (imports or
-    inputs the tests need, MBPP's ``test_setup_code``); ``keep``: see :class:`Program`.
+    Each test is Python source (typically ``assert f(1) == 2``) executed in the judge, where
+    the program's names are proxies to the program's process (module docstring); it passes iff
+    it runs to completion without raising and needed none of the program's own objects.
+    ``setup`` is trusted code executed in the judge after the program ran and before the tests
+    (imports or inputs the tests need, MBPP's ``test_setup_code``); ``keep``, ``prelude``: see
+    :class:`Program`.
     """
     box = sandbox if sandbox is not None else get_default_sandbox()
-    return box.run(code, tests, setup=setup, keep=keep, timeout_s=timeout_s,
+    return box.run(code, tests, setup=setup, keep=keep, prelude=prelude, timeout_s=timeout_s,
                    memory_mb=memory_mb)
 
 

@@ -16,6 +16,7 @@ __all__ = [
     "NOBODY",
     "PROTECTIONS",
     "REMEDY",
+    "PLAIN_DATA_MODULE",
     "STRICT_COMPARE_MODULE",
     "bwrap_args",
     "env_flag",
@@ -55,6 +56,8 @@ DEFAULT_PYTHON = "/usr/bin/python3"
 
 #: the name under which the worker finds :mod:`gbmpo.sandbox.strict_compare` in the sandbox
 STRICT_COMPARE_MODULE = "gbmpo_strict_compare"
+#: the name under which the worker finds :mod:`gbmpo.sandbox.plain_data` in the sandbox
+PLAIN_DATA_MODULE = "gbmpo_plain_data"
 
 
 def env_flag(name: str) -> bool:
@@ -64,16 +67,21 @@ def env_flag(name: str) -> bool:
 
 def worker_program() -> str:
     """The text the sandbox interpreter runs (``python3 -I -S -c TEXT``): the worker
-    (:mod:`gbmpo.sandbox.worker`), with :mod:`gbmpo.sandbox.strict_compare` defined first as
-    the module it imports (the sandbox sees no gbmpo installation)."""
+    (:mod:`gbmpo.sandbox.worker`), with :mod:`gbmpo.sandbox.strict_compare` and
+    :mod:`gbmpo.sandbox.plain_data` defined first as the modules it imports (the sandbox sees
+    no gbmpo installation)."""
     pkg = resources.files("gbmpo.sandbox")
-    strict = pkg.joinpath("strict_compare.py").read_text(encoding="utf-8")
+    text = "import sys, types\n"
+    for name, file in ((STRICT_COMPARE_MODULE, "strict_compare.py"),
+                       (PLAIN_DATA_MODULE, "plain_data.py")):
+        src = pkg.joinpath(file).read_text(encoding="utf-8")
+        text += (
+            f"m = types.ModuleType({name!r})\n"
+            f"sys.modules[{name!r}] = m\n"
+            f"exec(compile({src!r}, {file!r}, 'exec'), m.__dict__)\n"
+        )
     worker = pkg.joinpath("worker.py").read_text(encoding="utf-8")
-    return (
-        "import sys, types\n"
-        f"m = types.ModuleType({STRICT_COMPARE_MODULE!r})\n"
-        f"exec(compile({strict!r}, 'strict_compare.py', 'exec'), m.__dict__)\n"
-        f"sys.modules[{STRICT_COMPARE_MODULE!r}] = m\n"
+    return text + (
         "del m\n"
         f"exec(compile({worker!r}, 'worker.py', 'exec'), {{'__name__': '__main__'}})\n"
     )

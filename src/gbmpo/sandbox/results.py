@@ -16,16 +16,21 @@ STATUSES = ("ok", "failed", "timeout", "error", "killed")
 
 @dataclass(frozen=True)
 class Program:
-    """One program to run: ``code`` (untrusted), then ``setup`` (trusted), then each test.
+    """One program to run: ``code`` (untrusted, in the program's process), and in the judge:
+    ``prelude`` (trusted), then ``setup`` (trusted), then each test.
 
-    ``keep`` lists names the program may define although they shadow a builtin (an entry point
-    named ``sum``); every other such module-level name is removed before the tests run.
+    ``prelude``: trusted code whose names the judge keeps over the program's (HumanEval's prompt:
+    its imports and helpers such as ``poly``; its stub of the entry point gives way to the
+    program's when the entry point is in ``keep``). ``keep`` lists names the program may define
+    although they shadow a builtin or a prelude name (an entry point named ``sum``); every other
+    such name of the program is not seen by the tests.
     """
 
     code: str
     tests: tuple[str, ...] | list[str]
     setup: str = ""
     keep: tuple[str, ...] = ()
+    prelude: str = ""
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,9 @@ class RunResult:
       itself died.
 
     ``passed`` counts tests reported as passed with the run's marker, whatever the status.
+    ``unjudged`` counts tests whose verdict would need the program's own objects (comparing
+    two of them, their truth, ``len``...; or a setup that does): they never count as passed
+    (status ``failed`` when nothing else went wrong), and evaluation reports them apart.
     """
 
     status: str
@@ -55,6 +63,7 @@ class RunResult:
     output: str = ""
     output_truncated: bool = False
     duration_s: float = 0.0
+    unjudged: int = 0
 
     @property
     def pass_fraction(self) -> float:
@@ -78,7 +87,9 @@ def judge(
     passed = [False] * total
     failed = [False] * total
     done = False
+    unjudged = [False] * total
     program_error = setup_error = first_fail = None
+    setup_unjudged = False
     for line in str(response.get("results", "")).splitlines():
         parts = line.split(" ")
         if len(parts) < 2 or parts[0] != marker:
@@ -94,14 +105,22 @@ def judge(
                     if first_fail is None:
                         name = parts[3] if len(parts) > 3 else "an exception"
                         first_fail = f"test {i} raised {name}"
+        elif kind == "unjudged" and len(parts) >= 3 and parts[2].isdigit():
+            if int(parts[2]) < total:
+                unjudged[int(parts[2])] = True
+        elif kind == "setup-unjudged":
+            setup_unjudged = True
         elif kind == "done":
             done = True
         elif kind == "program-error":
             program_error = parts[2] if len(parts) > 2 else "an exception"
         elif kind == "setup-error":
             setup_error = parts[2] if len(parts) > 2 else "an exception"
-    ok = tuple(p and not f for p, f in zip(passed, failed, strict=True))
+    if setup_unjudged:
+        unjudged = [True] * total
+    ok = tuple(p and not f and not u for p, f, u in zip(passed, failed, unjudged, strict=True))
     n_ok = sum(ok)
+    n_unjudged = sum(u and not f for u, f in zip(unjudged, failed, strict=True))
     sig = response.get("signal")
     exit_code = response.get("exit")
     if response.get("timed_out") or sig == signal.SIGXCPU:
@@ -121,6 +140,10 @@ def judge(
         status, detail = "ok", ""
     else:
         status, detail = "failed", first_fail or "no tests"
+        if n_unjudged and first_fail is None:
+            detail = (f"{n_unjudged} test(s) need the program's own objects (unjudged)"
+                      if not setup_unjudged else
+                      "the task's setup code needs the program's own objects (unjudged)")
     output = str(response.get("output", ""))
     truncated = bool(response.get("output_overflow")) or len(output) > keep_output_bytes
     return RunResult(
@@ -134,4 +157,5 @@ def judge(
         output=output[:keep_output_bytes],
         output_truncated=truncated,
         duration_s=float(response.get("duration_s", 0.0)),
+        unjudged=n_unjudged,
     )

@@ -5,36 +5,46 @@ text, after that of :mod:`gbmpo.sandbox.strict_compare` (the comparison helpers 
 installs), to ``python3 -I -S -c <program> <base_dir> <config json>``, usually inside bubblewrap
 and as uid 65534. It uses the standard library only, so that any system interpreter can run it.
 
-Protocol (both directions): a 4-byte big-endian length, then that many bytes of UTF-8 JSON.
+Protocol with the client (both directions): a 4-byte big-endian length, then that many bytes of
+UTF-8 JSON.
 
 * On start the worker sends ``{"hello": true, "pid", "uid", "gid", "python", "seccomp": null |
   "error text", "seccomp_selftest": {...}, "seccomp_active", "dumpable", "pidfd"}``.
-* A request ``{"code", "tests", "setup", "keep", "marker", "timeout_s", "memory_mb",
-  "fsize_mb", "max_output_bytes"}`` is answered by ``{"exit", "signal", "timed_out",
-  "output_overflow", "output", "results", "duration_s"}``; ``results`` is everything the harness
-  wrote on the result channel (the grader parses it; the worker does not judge).
+* A request ``{"code", "tests", "setup", "prelude", "keep", "marker", "timeout_s",
+  "memory_mb", "fsize_mb", "max_output_bytes", "max_answer_bytes", "strict_compare"}`` is
+  answered by ``{"exit", "signal", "timed_out", "output_overflow", "output", "results",
+  "duration_s"}``; ``results`` is everything the judge wrote on the result channel (the client
+  parses it; the worker does not judge).
 
-Each program runs in a child forked from this process *before* its request arrives (so the
-fork and the sandboxing are off the critical path). The child: starts a new session (its own
-process group), asks for SIGKILL when the worker dies, moves into a fresh directory, redirects
-stdin to /dev/null and stdout/stderr into a capped pipe, keeps fd 3 as the result channel and
-fd 4 for its request, closes every other descriptor (so it cannot speak the protocol), sets
+Each program runs in a child forked from this process *before* its request arrives (so the fork
+and the sandboxing are off the critical path), the **program's process**, and is judged by the
+worker's **judge**, a child forked once that judges one run after another (and is forked again
+after a run it did not finish: a deadline, an output flood, a crash). Each run's call pipes
+between the two are new: created with the program's process and handed to the judge over a unix
+socket when the run starts. Each child starts a new session, asks for SIGKILL when the worker
+dies, is not dumpable, moves into the run's fresh directory (the judge: ``/``), redirects stdin
+to /dev/null and stdout/stderr into one capped pipe, keeps only its own pipes, sets
 RLIMIT_NOFILE, RLIMIT_CORE (and, without seccomp, RLIMIT_NPROC), and loads a seccomp filter (no
 sockets, no new processes, no exec, no signals to other processes, no ptrace, mount or
-namespaces). When the request arrives it sets RLIMIT_CPU, RLIMIT_AS and RLIMIT_FSIZE and runs
-the program, ``setup`` and each test in one module namespace. The harness reports
-``<marker> pass i`` / ``<marker> fail i`` per test and ``<marker> done`` at the end. After
-answering, the worker kills whatever is left in its PID namespace, deletes the run's files and
-forks the next child.
+namespaces). When the request arrives the program's process sets RLIMIT_CPU, RLIMIT_AS and
+RLIMIT_FSIZE (the judge: a CPU limit of its own for the run). The program's process gets only
+the code: it runs it, lists the program's names, and answers the judge's calls. The judge gets
+the rest and never runs the program: it runs the prelude, the setup and each test, calls of
+program names crossing to the program's process as plain data (:mod:`gbmpo.sandbox.plain_data`),
+and reports ``<marker> pass i`` / ``fail i`` / ``unjudged i`` per test and ``<marker> done`` at
+the end on the result channel, a descriptor only it holds, then ``<marker> end <code>``. After
+answering, the worker kills whatever is left in its PID namespace but the judge, deletes the
+run's files and forks the next program's process.
 
-One file of about 680 lines, longer than the others: it is shipped as text into the sandbox, where
-nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, harness,
-pre-forked child, supervision, clean-up, main loop).
+One file of about 1000 lines, longer than the others: it is shipped as text into the sandbox, where
+nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, limits, the two
+sides of a run, pre-forked children, supervision, clean-up, main loop).
 """
 
 import contextlib
 import errno
 import fcntl
+import gc
 import json
 import os
 import resource
@@ -46,14 +56,17 @@ import struct
 import sys
 import threading
 import time
+import types
 
-try:  # in the sandbox: the module the launcher defined from strict_compare.py's text
+try:  # in the sandbox: the modules the launcher defined from their files' text
+    import gbmpo_plain_data as plain_data
     import gbmpo_strict_compare as strict_compare
 except ImportError:  # imported from an installed gbmpo (documentation, tests)
-    from gbmpo.sandbox import strict_compare
+    from gbmpo.sandbox import plain_data, strict_compare
 
-RESULT_FD = 3
-_REQ_FD = 4
+RESULT_FD = 3  # the judge's result channel (the program's process has no such descriptor)
+_CALL_IN, _CALL_OUT = 3, 4  # the program's process: the judge's calls in, its answers out
+_J_CALL_OUT, _J_CALL_IN = 5, 6  # the judge: calls out, answers in
 _PROTO_IN = 10
 _PROTO_OUT = 11
 _CLONE_THREAD = 0x00010000
@@ -81,6 +94,7 @@ _DENY_EPERM = (
 _seccomp = None
 _seccomp_error = None
 _libc = None
+_HELPERS = None  # the strict comparison helpers, built once in the worker (every judge forks)
 
 
 def _load_optional_modules():
@@ -187,162 +201,400 @@ def _set_limits(req):
     _lim(resource.RLIMIT_FSIZE, int(req["fsize_mb"]) << 20)
 
 
-# Modules whose attributes the harness restores before the tests (a program could otherwise
-# monkeypatch, say, math.isclose for the tests that call it).
-_GUARDED_MODULES = (
-    "builtins", "math", "cmath", "re", "random", "string", "itertools", "functools",
-    "operator", "heapq", "collections",
-)
+# --------------------------------------------------------------------------------------------
+# the two sides of a run: the program's process and the judge
 
 
-def _harness(req):
-    """Run program, setup and tests in one namespace; report on the result channel only.
+def _frame_writer(fd):
+    def send(data):
+        view = memoryview(struct.pack(">I", len(data)) + data)
+        while view:
+            view = view[os.write(fd, view):]
+    return send
 
-    Everything the harness needs after the untrusted program has run is bound to a local name
-    first, so that replacing ``builtins.exec``, ``os.write``, ``BaseException`` and the like
-    does not change how tests are run or reported. Before the tests, the attributes of the
-    builtins module and of common standard modules are restored, and module-level names of the
-    program that shadow a builtin (``def abs(x): return 0``) are removed unless listed in
-    ``keep`` (a task whose entry point is named like a builtin).
-    """
-    # local: bound here, before the program runs, so the program cannot patch them
-    import builtins
-    import types
 
-    _exec, _compile, _base_exc, _type, _enumerate = exec, compile, BaseException, type, enumerate
-    _len, _range, _list, _dict, _isinstance, _zip = len, range, list, dict, isinstance, zip
-    _id, helper_names = id, strict_compare.HELPER_NAMES
-    _module_type, _settrace, _setprofile = types.ModuleType, sys.settrace, sys.setprofile
-    write = os.write
-    marker = req.pop("marker")
-    tests = req["tests"]
-    keep = frozenset(req.get("keep") or ())
-    builtin_names = frozenset(builtins.__dict__)
+def _frame_reader(fd, cap):
+    def read_exact(n):
+        chunks = []
+        while n:
+            chunk = os.read(fd, min(n, 1 << 20))
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            n -= len(chunk)
+        return b"".join(chunks)
 
-    def emit(text):
-        try:  # noqa: SIM105 - no module lookups after the program ran
-            write(RESULT_FD, (marker + " " + text + "\n").encode())
-        except OSError:
-            pass
+    def recv():
+        head = read_exact(4)
+        if head is None:
+            return None
+        n = struct.unpack(">I", head)[0]
+        if n > cap:
+            raise plain_data.TooLarge(f"a message of {n} bytes")
+        return read_exact(n)
+    return recv
 
-    strict = bool(req.get("strict_compare", True))
-    codes = []  # trusted test code, compiled before the program can touch compile or ast
-    for i, test in _enumerate(tests):
-        try:
-            name = f"<test {i}>"
-            codes.append(_compile(test, name, "exec"))
-        except _base_exc as exc:  # noqa: BLE001 - reported as that test's failure
-            codes.append(exc)
-    helpers = strict_compare.strict_helpers(strict_compare.kind_table()) if strict else {}
 
-    module = _module_type("solution")
+#: answer envelopes: b'["v",VALUE,[[arg, VALUE], ...]]' (a value and the arguments the call
+#: changed in place), b'["x",MODULE,QUALNAME,MESSAGE]' (the call raised), b'["big",TEXT]' (the
+#: answer is over the cap); the first message is b'["names",[[NAME,KIND,PAYLOAD], ...]]' or
+#: b'["error",TYPENAME]' (the program raised at top level)
+_MUTABLE = (list, dict, set, bytearray)
+
+
+def _program_side(req):
+    """The program's process: run the program, describe its names, then answer the judge's calls
+    (fd 3 in, fd 4 out) until the judge hangs up. Nothing here decides a verdict: every byte it
+    writes is an answer that the judge decodes as plain data and judges itself."""
+    send_frame, recv = _frame_writer(_CALL_OUT), _frame_reader(_CALL_IN, 1 << 30)
+    handles, numbers = [], {}
+
+    def send(data):  # the program's buffered output first, so that it is never lost
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        send_frame(data)
+
+    def handle_of(obj):  # an object that stays here: the judge gets its number
+        n = numbers.get(id(obj))
+        if n is None:
+            n = numbers[id(obj)] = len(handles)
+            handles.append(obj)
+        return {"h": n}
+
+    def by_handle(n):
+        if not 0 <= n < len(handles):
+            raise plain_data.NotPlain("no such handle")
+        return handles[n]
+
+    module = types.ModuleType("solution")
     sys.modules["solution"] = module
     ns = module.__dict__
-    ns["__builtins__"] = builtins
     ns["__file__"] = "solution.py"
-    guarded = [sys.modules[m] for m in _GUARDED_MODULES if m in sys.modules]
-    snapshots = [(m.__dict__, _dict(m.__dict__)) for m in guarded]
-    pristine = {m.__name__: saved for m, (_current, saved) in _zip(guarded, snapshots)}
-    # Private copies of the guarded modules for the tests (made when first asked for): ``import
-    # math`` in a test, and a ``math`` the test finds in the program's namespace, give a module
-    # the program never saw.
-    copies = {}
-    real_import = builtins.__import__
 
-    def module_copy(name):
-        copy = copies.get(name)
-        if copy is None:
-            copy = copies[name] = _module_type(name)
-            copy.__dict__.update(pristine[name])
-        return copy
-
-    def private_import(name, globals=None, locals=None, fromlist=(), level=0):
-        module = real_import(name, globals, locals, fromlist, level)
-        if level == 0:
-            key = name if fromlist else name.partition(".")[0]
-            if key in pristine:
-                return module_copy(key)
-        return module
-
-    def restore():
-        _settrace(None)
-        _setprofile(None)
-        for current, saved in snapshots:
-            for name in _list(current):
-                if name not in saved:
-                    del current[name]
-            current.update(saved)
-
-    try:
-        # The untrusted program, inside the sandboxed child only.
-        _exec(_compile(req["code"], "solution.py", "exec"), ns)
-    except _base_exc as exc:  # noqa: BLE001
-        emit("program-error " + _type(exc).__name__)
-        return
-    try:
-        restore()
-        ns["__builtins__"] = builtins
-        for name in _list(ns):
-            if name in builtin_names and name not in keep and not name.startswith("__"):
-                del ns[name]
-    except _base_exc as exc:  # noqa: BLE001
-        emit("program-error " + _type(exc).__name__)
-        return
-    try:
-        # Trusted task setup (MBPP's test_setup_code builds inputs from the program's classes).
-        _exec(_compile(req["setup"], "<setup>", "exec"), ns)
-    except _base_exc as exc:  # noqa: BLE001
-        emit("setup-error " + _type(exc).__name__)
-        return
-    # The tests run in a copy of the program's namespace whose builtins are a private copy taken
-    # before the program ran: a program function that patches builtins (or the namespace it
-    # sees as globals) while a test calls it cannot change what the test's own names mean.
-    test_ns = _dict(ns)
-    for name in helper_names:
-        test_ns.pop(name, None)
-    by_id = {_id(m): m.__name__ for m in guarded}
-    for name, value in _list(test_ns.items()):
-        if _id(value) in by_id:
-            test_ns[name] = module_copy(by_id[_id(value)])
-    private = _dict(pristine["builtins"])
-    private.update(helpers)
-    private["__import__"] = private_import
-    for i, code in _enumerate(codes):
+    def by_name(name):
         try:
-            if _isinstance(code, _base_exc):
+            return ns[name]
+        except KeyError:
+            raise NameError(f"name {name!r} is not defined") from None
+
+    cap = int(req["max_answer_bytes"])
+    dumps = plain_data.make_encoder(handle_of, cap)
+    dumps_value = plain_data.make_encoder(max_bytes=min(cap, 1 << 20), draw_iterators=False)
+    loads = plain_data.make_decoder(by_handle, by_name)
+    dumps_json = json.dumps
+    try:
+        exec(compile(req["code"], "solution.py", "exec"), ns)  # the untrusted program
+    except BaseException as exc:  # noqa: BLE001 - reported to the judge
+        send(dumps_json(["error", type(exc).__name__]).encode())
+        return
+    entries = []
+    for name, value in list(ns.items()):
+        if type(name) is not str or name.startswith("__"):
+            continue
+        ref = plain_data.std_ref(value)
+        try:
+            if ref is not None:
+                entries.append(b'[%s,"std",%s]' % (dumps_json(name).encode(),
+                                                   dumps_json(ref).encode()))
+            else:
+                entries.append(b'[%s,"val",%s]' % (dumps_json(name).encode(),
+                                                   dumps_value(value)))
+        except Exception:  # noqa: BLE001 - not plain data: the judge reaches it by name
+            entries.append(b'[%s,"obj",null]' % dumps_json(name).encode())
+    send(b'["names",[' + b",".join(entries) + b"]]")
+    while True:
+        msg = recv()
+        if msg is None:
+            return
+        try:
+            op = loads(msg)
+            if op[0] == "c":
+                args, kwargs = op[2], dict(op[3])
+                before = {i: dumps(a) for i, a in enumerate(args) if type(a) in _MUTABLE}
+                before.update((k, dumps(a)) for k, a in kwargs.items() if type(a) in _MUTABLE)
+                value = dumps(op[1](*args, **kwargs))
+                changed = []
+                for key, old in before.items():
+                    new = dumps(args[key] if type(key) is int else kwargs[key])
+                    if new != old:
+                        changed.append(b"[%s,%s]" % (dumps_json(key).encode(), new))
+                answer = b'["v",%s,[%s]]' % (value, b",".join(changed))
+            elif op[0] == "g":
+                answer = b'["v",%s,[]]' % dumps(getattr(op[1], op[2]))
+            else:
+                setattr(op[1], op[2], op[3])
+                answer = b'["v",null,[]]'
+        except plain_data.TooLarge as exc:
+            answer = dumps_json(["big", str(exc)[:200]]).encode()
+        except BaseException as exc:  # noqa: BLE001 - the call raised: the judge re-raises
+            t = type(exc)
+            try:
+                text = str(exc)[:2000]
+            except BaseException:  # noqa: BLE001
+                text = ""
+            answer = dumps_json([
+                "x", str(getattr(t, "__module__", "")), str(getattr(t, "__qualname__", "")), text,
+            ]).encode()
+        send(answer)
+
+
+class _Unjudged(BaseException):
+    """The test needed the program's own objects (compared, tested for truth...)."""
+
+
+class _Gone(BaseException):
+    """The program's process ended or broke the protocol."""
+
+
+class ProgramError(Exception):
+    """An exception of a class the judge does not have (defined by the program)."""
+
+
+_SAFE_NAME = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.")
+
+
+def _judge_side(req):
+    """The judge: runs the trusted prelude, setup and tests, never the program, and reports each
+    verdict with the run's marker on the result channel (fd 3). A name the program defined is a
+    value (plain data) or a :class:`_Remote`: calls, attribute reads and writes cross to the
+    program's process (fd 5 out, fd 6 in) as plain data; comparing, hashing or testing the truth
+    of the program's own objects leaves the test unjudged."""
+    import builtins
+
+    write = os.write
+    marker = req.pop("marker")
+    cap = int(req["max_answer_bytes"])
+
+    def emit(text):
+        with contextlib.suppress(OSError):
+            write(RESULT_FD, (marker + " " + text + "\n").encode())
+
+    send, recv = _frame_writer(_J_CALL_OUT), _frame_reader(_J_CALL_IN, 4 * cap + (1 << 16))
+    state = {"poison": None, "gone": None}
+    remotes = {}
+
+    def poison(kind):  # "unjudged" or "fail"; a failure is never downgraded
+        if state["poison"] != "fail":
+            state["poison"] = kind
+
+    def unjudged(*_args):
+        poison("unjudged")
+        raise _Unjudged("the test needs the program's own objects")
+
+    def gone(reason):
+        state["gone"] = reason
+        raise _Gone(reason)
+
+    class _Remote:
+        """An object that lives in the program's process (a name or a handle)."""
+
+        __slots__ = ("_gbmpo_ref",)
+
+        def __init__(self, ref):
+            object.__setattr__(self, "_gbmpo_ref", ref)
+
+        def __call__(self, *args, **kwargs):
+            return ask(["c", self, list(args), [[k, v] for k, v in kwargs.items()]],
+                       args, kwargs)
+
+        def __getattr__(self, attr):
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return ask(["g", self, attr])
+
+        def __setattr__(self, attr, value):
+            ask(["s", self, attr, value])
+
+        def __eq__(self, other):
+            return True if self is other else unjudged()
+
+        def __ne__(self, other):
+            return False if self is other else unjudged()
+
+        __hash__ = object.__hash__
+        __bool__ = __len__ = __iter__ = __contains__ = __getitem__ = __setitem__ = unjudged
+        __delitem__ = __lt__ = __le__ = __gt__ = __ge__ = __str__ = __int__ = unjudged
+        __float__ = __index__ = __neg__ = __abs__ = __add__ = __sub__ = __mul__ = unjudged
+
+        def __repr__(self):
+            return f"<the program's object {self._gbmpo_ref}>"
+
+    def ref_of(obj):
+        if type(obj) is _Remote:
+            return obj._gbmpo_ref
+        poison("unjudged")
+        raise plain_data.NotPlain(f"a {type(obj).__name__} cannot be sent to the program")
+
+    def remote_handle(n):
+        r = remotes.get(n)
+        if r is None:
+            r = remotes[n] = _Remote({"h": n})
+        return r
+
+    def no_names(_name):
+        raise plain_data.NotPlain("a name from the program's process")
+
+    dumps = plain_data.make_encoder(ref_of, 1 << 62)
+    loads = plain_data.make_decoder(remote_handle, no_names)
+
+    def exception_class(mod, qual):
+        cls = None
+        with contextlib.suppress(Exception):
+            cls = plain_data.resolve_std(mod, qual)
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            return cls
+        return ProgramError
+
+    def ask(msg, args=(), kwargs=None):
+        try:
+            data = dumps(msg)
+        except plain_data.NotPlain:
+            unjudged()
+        try:
+            send(data)
+            reply = recv()
+        except OSError:
+            reply = None
+        except plain_data.TooLarge:
+            gone("sent an oversized answer")
+        if reply is None:
+            gone("exited")
+        try:
+            ans = loads(reply)
+            kind = ans[0]
+        except (plain_data.NotPlain, IndexError, TypeError, KeyError):
+            poison("fail")
+            raise AssertionError("malformed answer from the program") from None
+        if kind == "v" and len(ans) == 3 and type(ans[2]) is list:
+            for key, new in ans[2]:
+                old = args[key] if type(key) is int and 0 <= key < len(args) else (
+                    (kwargs or {}).get(key))
+                if type(old) is not type(new):
+                    continue
+                if type(old) in (list, bytearray):
+                    old[:] = new
+                elif type(old) in (dict, set):
+                    old.clear()
+                    old.update(new)
+            return ans[1]
+        if kind == "x" and len(ans) == 4 and all(type(a) is str for a in ans[1:]):
+            cls = exception_class(ans[1], ans[2])
+            try:
+                exc = cls(ans[3]) if cls is not ProgramError else cls(f"{ans[2]}: {ans[3]}")
+            except Exception:  # noqa: BLE001 - a constructor with other arguments
+                exc = cls.__new__(cls)
+                exc.args = (ans[3],)
+            raise exc
+        poison("fail")
+        raise AssertionError("the program's answer is over the size cap or malformed")
+
+    strict = bool(req.get("strict_compare", True))
+    codes = []
+    for i, test in enumerate(req["tests"]):
+        try:
+            codes.append(compile(test, f"<test {i}>", "exec"))
+        except BaseException as exc:  # noqa: BLE001 - reported as that test's failure
+            codes.append(exc)
+    private = dict(builtins.__dict__)
+    if strict:
+        private.update(_HELPERS or strict_compare.strict_helpers(strict_compare.kind_table()))
+    ns = {"__builtins__": private, "__name__": "__main__"}
+    try:
+        exec(compile(req.get("prelude") or "", "<prelude>", "exec"), ns)  # trusted (a prompt)
+    except BaseException as exc:  # noqa: BLE001
+        emit("setup-error " + type(exc).__name__)
+        return 0
+    trusted = frozenset(ns)
+    try:
+        first = recv()
+        listing = None if first is None else loads(first)
+    except (OSError, plain_data.NotPlain):
+        listing = None
+    if not listing or type(listing) is not list or listing[0] not in ("names", "error"):
+        emit("program-gone")
+        return 3
+    if listing[0] == "error":
+        name = str(listing[1]) if len(listing) > 1 else ""
+        ok = 0 < len(name) <= 100 and all(c in _SAFE_NAME for c in name)
+        emit("program-error " + (name if ok else "an-exception"))
+        return 0
+    keep = frozenset(req.get("keep") or ())
+    builtin_names = frozenset(builtins.__dict__) | frozenset(strict_compare.HELPER_NAMES)
+    for entry in listing[1] if type(listing[1]) is list else ():
+        if type(entry) is not list or len(entry) != 3 or type(entry[0]) is not str:
+            continue
+        name, kind, payload = entry
+        if not name.isidentifier() or name.startswith("__"):
+            continue
+        if name not in keep and (name in builtin_names or name in trusted):
+            continue
+        value = _Remote({"p": name})
+        if kind == "val":
+            value = payload
+        elif kind == "std" and type(payload) is list and len(payload) == 2:
+            with contextlib.suppress(plain_data.NotPlain):
+                value = plain_data.resolve_std(payload[0], payload[1])
+        ns[name] = value
+    try:
+        exec(compile(req.get("setup") or "", "<setup>", "exec"), ns)  # trusted task setup
+    except BaseException as exc:  # noqa: BLE001
+        if state["gone"] is not None:
+            emit("program-gone")
+            return 3
+        if state["poison"] == "unjudged" or isinstance(exc, _Unjudged):
+            emit("setup-unjudged")
+            emit("done")
+            return 0
+        emit("setup-error " + type(exc).__name__)
+        return 0
+    for i, code in enumerate(codes):
+        state["poison"] = None
+        failure = None
+        try:
+            if isinstance(code, BaseException):
                 raise code
-            restore()
-            test_ns["__builtins__"] = private
-            _exec(code, test_ns)  # trusted test code
-        except _base_exc as exc:  # noqa: BLE001
-            emit(f"fail {i} {_type(exc).__name__}")
+            exec(code, ns)  # trusted test code
+        except BaseException as exc:  # noqa: BLE001
+            failure = type(exc).__name__
+        if state["gone"] is not None:
+            emit("program-gone")
+            return 3
+        if state["poison"] == "unjudged":
+            emit(f"unjudged {i}")
+        elif state["poison"] == "fail" or failure is not None:
+            emit(f"fail {i} {failure or 'AssertionError'}")
         else:
             emit(f"pass {i}")
     emit("done")
+    return 0
 
 
-def _child(cfg, run_dir, req_r, out_w, res_w):
-    """Body of a pre-forked child; never returns.
+def _child(cfg, run_dir, fds, req_fd, body):
+    """Body of a pre-forked child (the program's process or the judge); never returns.
 
-    Everything that does not depend on the request happens before it arrives (off the
-    critical path): new session, death signal, descriptors, work directory, base rlimits and
-    the seccomp filter. The request is then read from ``req_r``; its time and memory limits are
-    applied and the harness runs.
+    ``fds`` maps each descriptor number the child keeps (above 2: its pipes) to the worker's
+    descriptor; stdin is /dev/null and every other descriptor is closed. Everything that does
+    not depend on the request happens before it arrives (off the critical path): new session,
+    death signal, descriptors, work directory, base rlimits and the seccomp filter. The request
+    is then read from ``req_fd``; its time and memory limits are applied and ``body`` runs.
     """
     code = 70
     try:
         os.setsid()
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
+        _prctl(_PR_SET_DUMPABLE, 0)
         # Lift the pipe ends above the target numbers first, so no dup2 clobbers another.
-        out_w, res_w, req_r = (fcntl.fcntl(fd, fcntl.F_DUPFD, 32) for fd in (out_w, res_w, req_r))
+        lifted = {target: fcntl.fcntl(fd, fcntl.F_DUPFD, 32) for target, fd in fds.items()}
         devnull = os.open("/dev/null", os.O_RDONLY)
         os.dup2(devnull, 0)
-        os.dup2(out_w, 1)
-        os.dup2(out_w, 2)
-        os.dup2(res_w, RESULT_FD)
-        os.dup2(req_r, _REQ_FD)
-        os.closerange(_REQ_FD + 1, 1 << 16)
+        for target, fd in lifted.items():
+            os.dup2(fd, target)
+        for fd in range(3, max(fds)):
+            if fd not in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        os.closerange(max(fds) + 1, 1 << 16)
         os.chdir(run_dir)
         os.environ["TMPDIR"] = run_dir
         os.environ["HOME"] = run_dir
@@ -354,19 +606,20 @@ def _child(cfg, run_dir, req_r, out_w, res_w):
         if cfg["seccomp"]:
             _load_filter(os.getpid())
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        if body is None:
+            _judge_loop()
         chunks = []
         while True:
-            chunk = os.read(_REQ_FD, 1 << 16)
+            chunk = os.read(req_fd, 1 << 16)
             if not chunk:
                 break
             chunks.append(chunk)
-        os.close(_REQ_FD)
+        os.close(req_fd)
         if not chunks:  # the worker shut down without using us
             os._exit(0)
         req = json.loads(b"".join(chunks).decode("utf-8"))
         _set_limits(req)
-        _harness(req)
-        code = 0
+        code = body(req) or 0
     except BaseException as exc:  # noqa: BLE001 - a harness failure, shown in the output
         code = 71
         with contextlib.suppress(BaseException):
@@ -398,12 +651,13 @@ def _drain(fd, buf, cap):
             return None  # overflow
 
 
-def _sweep_namespace():
-    """Inside our own PID namespace (we are PID 1): kill and reap every other process."""
+def _sweep_namespace(keep):
+    """Inside our own PID namespace (we are PID 1): kill and reap every other process but
+    ``keep`` (the judge)."""
     if os.getpid() != 1:
         return
     for name in os.listdir("/proc"):
-        if name.isdigit() and int(name) != 1:
+        if name.isdigit() and int(name) not in (1, keep):
             with contextlib.suppress(OSError):
                 os.kill(int(name), signal.SIGKILL)
     _reap()
@@ -452,117 +706,247 @@ def _reap():
             return
 
 
-class _Warm:
-    """A pre-forked child waiting for its request."""
+_J_SOCK = 7  # the judge: a unix socket on which each run's two call pipes arrive
 
-    def __init__(self, cfg, base_dir, counter):
-        self.run_dir = os.path.join(base_dir, f"run{counter}")
-        os.mkdir(self.run_dir, 0o700)
-        req_r, self.req_w = os.pipe()
-        self.out_r, out_w = os.pipe()
+
+class _Judge:
+    """The judge of one worker: forked once, it judges one run after another (only trusted code
+    and plain data run in it) and is forked again after a run it did not finish (a deadline, an
+    output flood, a crash). Its requests (fd 4), the result channel (fd 3; no program's process
+    has a descriptor of it) and the output pipe (fds 1 and 2, shared with each program's
+    process) outlive the runs; each run's call pipes are new, created with the program's process
+    and passed to the judge over a unix socket (fd 7) when the run starts, so nothing a program
+    writes reaches the judge after its run.
+    """
+
+    def __init__(self, cfg):
+        j_req, self.req_w = os.pipe()
+        self.out_r, self.out_w = os.pipe()
         self.res_r, res_w = os.pipe()
+        self.sock, j_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        mine = (self.req_w, self.out_r, self.res_r, self.sock.fileno(), _PROTO_IN, _PROTO_OUT)
         self.pid = os.fork()
         if self.pid == 0:
-            for fd in (self.req_w, self.out_r, self.res_r, _PROTO_IN, _PROTO_OUT):
+            for fd in mine:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            _child(cfg, self.run_dir, req_r, out_w, res_w)
-        for fd in (req_r, out_w, res_w):
+            _child(cfg, "/", {1: self.out_w, 2: self.out_w, RESULT_FD: res_w, 4: j_req,
+                              _J_SOCK: j_sock.fileno()}, 4, None)
+        for fd in (j_req, res_w):
             os.close(fd)
-        try:
+        j_sock.close()
+        os.set_blocking(self.out_r, False)
+        os.set_blocking(self.res_r, False)
+        self.pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
             self.pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
 
-    def discard(self):
+    def stop(self):
         for kill in (os.killpg, os.kill):
             with contextlib.suppress(OSError):
                 kill(self.pid, signal.SIGKILL)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        for fd in (self.req_w, self.out_r, self.res_r, self.pidfd):
+        self.sock.close()
+        for fd in (self.req_w, self.out_r, self.out_w, self.res_r, self.pidfd):
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
 
-def _run(req, warm):
-    """Hand ``req`` to the pre-forked child and supervise it until it ends or its time is up."""
-    pid, out_r, res_r, pidfd = warm.pid, warm.out_r, warm.res_r, warm.pidfd
-    os.set_blocking(out_r, False)
-    os.set_blocking(res_r, False)
-    start = time.monotonic()
-    data = json.dumps(req).encode("utf-8")
+def _judge_loop():
+    """The judge's life: one request after another (fd 4), each with its run's call pipes (fd 7),
+    judged by :func:`_judge_side`; the end of each run is the line ``<marker> end <code>``."""
+    recv = _frame_reader(4, 1 << 30)
+    sock = socket.socket(fileno=_J_SOCK)
+    while True:
+        data = recv()
+        if data is None:
+            os._exit(0)
+        req = json.loads(data.decode("utf-8"))
+        _, fds, _, _ = socket.recv_fds(sock, 1, 2)
+        lifted = [fcntl.fcntl(fd, fcntl.F_DUPFD, 32) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for fd, target in zip(lifted, (_J_CALL_OUT, _J_CALL_IN), strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
+        marker = req["marker"]
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        resource.setrlimit(resource.RLIMIT_CPU,
+                           (int(used + float(req["timeout_s"])) + 2, resource.RLIM_INFINITY))
+        if "random" in sys.modules:
+            sys.modules["random"].seed()
+        try:
+            code = _judge_side(req) or 0
+        except BaseException as exc:  # noqa: BLE001 - a harness failure, shown in the output
+            code = 71
+            with contextlib.suppress(BaseException):
+                os.write(2, f"sandbox judge error: {type(exc).__name__}: {exc}\n".encode())
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(BaseException):
+                stream.flush()
+        for fd in (_J_CALL_OUT, _J_CALL_IN):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(OSError):
+            os.write(RESULT_FD, f"{marker} end {code}\n".encode())
+        if code not in (0, 3):
+            os._exit(code)
+
+
+class _Warm:
+    """A pre-forked program's process waiting for its request, with its run's call pipes (the
+    judge's ends kept here until the run starts)."""
+
+    def __init__(self, cfg, base_dir, counter, judge):
+        self.run_dir = os.path.join(base_dir, f"run{counter}")
+        os.mkdir(self.run_dir, 0o700)
+        p_req, self.req_w = os.pipe()
+        calls_r, self.calls_w = os.pipe()
+        self.answers_r, answers_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            for fd in (self.req_w, self.calls_w, self.answers_r):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            _child(cfg, self.run_dir,
+                   {1: judge.out_w, 2: judge.out_w, _CALL_IN: calls_r, _CALL_OUT: answers_w,
+                    5: p_req}, 5, _program_side)
+        for fd in (p_req, calls_r, answers_w):
+            os.close(fd)
+        self.pidfd = None
+        with contextlib.suppress(AttributeError, OSError):
+            self.pidfd = os.pidfd_open(self.pid)
+
+    def kill(self):
+        for kill in (os.killpg, os.kill):
+            with contextlib.suppress(OSError):
+                kill(self.pid, signal.SIGKILL)
+
+    def close_fds(self):
+        for name in ("req_w", "calls_w", "answers_r", "pidfd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, None)
+
+    def discard(self):
+        self.kill()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+        self.close_fds()
+
+
+def _write_all(fd, data):
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(warm.req_w, view):]
+            view = view[os.write(fd, view):]
     except OSError:
         pass  # the child is gone; its status tells what happened
+
+
+def _discard(fd):
+    """Read and drop what is available on non-blocking ``fd``."""
+    with contextlib.suppress(OSError):
+        while os.read(fd, 65536):
+            pass
+
+
+def _exited(pid, pidfd, wait_s):
+    """``pid``'s wait status if it ends within ``wait_s`` seconds, else None."""
+    if pidfd is not None and wait_s > 0:
+        select.select([pidfd], [], [], wait_s)
+    got, status = os.waitpid(pid, os.WNOHANG)
+    return status if got else None
+
+
+def _run(req, warm, judge):
+    """Hand ``req`` to the pre-forked program's process and to the judge, and supervise them
+    until the judge reports the run's end (``<marker> end <code>``), dies, or time is up.
+
+    The program's process gets only the code; the judge gets the tests, setup, prelude, the
+    marker and this run's call pipes. When the judge says the program's process ended (code 3),
+    that process's own exit status is reported. Returns the response and whether the judge
+    must be forked again.
+    """
+    out_r, res_r = judge.out_r, judge.res_r
+    _discard(out_r)  # what the last run's program wrote after its last answer
+    start = time.monotonic()
+    end = b"\n" + req["marker"].encode() + b" end "
+    limits = {k: req[k] for k in ("timeout_s", "memory_mb", "fsize_mb", "max_answer_bytes")}
+    _write_all(warm.req_w, json.dumps(dict(limits, code=req["code"])).encode("utf-8"))
+    judge_req = json.dumps({k: v for k, v in req.items() if k != "code"}).encode("utf-8")
+    _write_all(judge.req_w, struct.pack(">I", len(judge_req)) + judge_req)
+    with contextlib.suppress(OSError):
+        socket.send_fds(judge.sock, [b"x"], [warm.calls_w, warm.answers_r])
     os.close(warm.req_w)
-    warm.req_w = None
+    os.close(warm.calls_w)
+    os.close(warm.answers_r)
+    warm.req_w = warm.calls_w = warm.answers_r = None
     max_out = int(req["max_output_bytes"])
-    out, res = bytearray(), bytearray()
-    open_fds = {out_r: (out, max_out), res_r: (res, 1 << 20)}
+    out, res = bytearray(), bytearray(b"\n")
+    caps = {out_r: (out, max_out), res_r: (res, 1 << 20)}
     poller = select.poll()
-    for fd in open_fds:
+    for fd in caps:
         poller.register(fd, select.POLLIN)
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
+    if judge.pidfd is not None:
+        poller.register(judge.pidfd, select.POLLIN)
     deadline = start + float(req["timeout_s"])
-    timed_out = overflow = exited = False
-    status = None
-    while not exited:
+    timed_out = overflow = judge_died = False
+    code = None
+    while code is None and not judge_died:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
             break
-        wait_ms = remaining * 1000.0 if pidfd is not None else min(remaining * 1000.0, 20.0)
+        wait_ms = remaining * 1000.0 if judge.pidfd is not None else min(remaining * 1000.0, 20.0)
         for fd, _ev in poller.poll(wait_ms):
-            if fd == pidfd:
-                exited = True
-            elif fd in open_fds:
-                buf, cap = open_fds[fd]
-                alive = _drain(fd, buf, cap)
-                if alive is None:
-                    if fd == out_r:
-                        overflow = True
-                        break
-                elif not alive:
-                    poller.unregister(fd)
-                    del open_fds[fd]
+            if fd == judge.pidfd:
+                judge_died = True
+            elif fd in caps:
+                buf, cap = caps[fd]
+                if _drain(fd, buf, cap) is None and fd == out_r:
+                    overflow = True
+                    break
         if overflow:
             break
-        if pidfd is None:
-            got, st = os.waitpid(pid, os.WNOHANG)
-            if got:
-                exited, status = True, st
-    killed_by_us = not exited
-    # Whole process group (the child is its leader), then the child itself, then collect it.
-    for kill in (os.killpg, os.kill):
-        with contextlib.suppress(OSError):
-            kill(pid, signal.SIGKILL)
-    if status is None:
-        _, status = os.waitpid(pid, 0)
-    for fd in list(open_fds):
-        buf, cap = open_fds[fd]
-        if _drain(fd, buf, cap) is None and fd == out_r:
-            overflow = True
+        if judge.pidfd is None and os.waitpid(judge.pid, os.WNOHANG)[0]:
+            judge_died = True
+        at = res.find(end)
+        if at >= 0 and res.find(b"\n", at + 1) >= 0:
+            line = bytes(res[at + len(end):res.find(b"\n", at + 1)])
+            code = int(line) if line.isdigit() else 71
+            del res[at + 1:]
+    if code is None:
+        _drain(res_r, res, 1 << 20)
+    status = None
+    if judge_died:  # a crash, or its CPU limit (collected here, or already between runs)
+        with contextlib.suppress(ChildProcessError):
+            _, status = os.waitpid(judge.pid, 0)
+    if code == 3:  # the judge saw the program's process end: give it a moment to be collectable
+        status = _exited(warm.pid, warm.pidfd, max(0.0, min(1.0, deadline - time.monotonic())))
+    warm.kill()  # the program's process is collected after the answer is sent (main loop)
     duration = time.monotonic() - start
-    for fd in (out_r, res_r, pidfd):
-        if fd is not None:
-            os.close(fd)
-    sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+    if status is not None:
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+    elif code is None:  # killed at the deadline or for its output
+        sig, exit_code = signal.SIGKILL, None
+    else:
+        sig, exit_code = None, (code if code != 3 else None)
     return {
-        "exit": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "exit": exit_code,
         "signal": sig,
-        "killed_by_worker": killed_by_us,
+        "killed_by_worker": timed_out or overflow,
         "timed_out": timed_out,
         "output_overflow": overflow,
         "output": bytes(out).decode("utf-8", "replace"),
-        "results": bytes(res).decode("utf-8", "replace"),
+        "results": bytes(res[1:]).decode("utf-8", "replace"),
         "duration_s": duration,
-    }
+    }, code not in (0, 3)
 
 
 def _selftest():
@@ -637,6 +1021,12 @@ def main():
     for name in _PRELOAD:
         with contextlib.suppress(Exception):
             __import__(name)
+    global _HELPERS
+    _HELPERS = strict_compare.strict_helpers(strict_compare.kind_table())
+    # Everything loaded so far is shared with every child: frozen, the collector never walks it
+    # in a child (a walk would copy each page it touches: forks stay cheap).
+    gc.collect()
+    gc.freeze()
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)
     selftest = _selftest()
     want = bool(cfg.get("seccomp", True))
@@ -657,24 +1047,30 @@ def main():
         "pidfd": hasattr(os, "pidfd_open"),
     })
     counter = 1
-    warm = _Warm(cfg, base_dir, counter)
+    judge = _Judge(cfg)
+    warm = _Warm(cfg, base_dir, counter, judge)
     while True:
         req = _recv()
         if req is None:
             warm.discard()
+            judge.stop()
             return
+        restart = True
         try:
-            resp = _run(req, warm)
+            resp, restart = _run(req, warm, judge)
         except Exception as exc:  # noqa: BLE001 - reported, the worker keeps serving
-            warm.discard()
             resp = {"worker_error": f"{type(exc).__name__}: {exc}"}
         _send(resp)
-        # Off the critical path: clean up after this run and prepare the next child.
-        _sweep_namespace()
+        # Off the critical path: clean up after this run and prepare the next one.
+        warm.discard()
+        _sweep_namespace(judge.pid)
         _reap()
         _cleanup(base_dir)
+        if restart:
+            judge.stop()
+            judge = _Judge(cfg)
         counter += 1
-        warm = _Warm(cfg, base_dir, counter)
+        warm = _Warm(cfg, base_dir, counter, judge)
 
 
 if __name__ == "__main__":

@@ -110,15 +110,21 @@ class HumanEvalTask(common.TemplatedPrompts, Task):
             return [truncate_at_stop(c, HUMANEVAL_STOP) for c in completions]
         return list(completions)
 
+    #: tests graded so far whose verdict needed the program's own objects (never passed; the
+    #: trainer logs it as ``code_unjudged_tests_total``)
+    unjudged_tests = 0
+
     def run(self, completions: Sequence[str], columns: dict[str, Any]) -> list[RunResult]:
         """Run every completion's program against its ``check`` in the sandbox."""
         for key in ("tests", "prefix", "entry_point"):
             if key not in columns:
                 raise ValueError(f"humaneval reward needs the {key!r} column")
-        return grade_code(
+        results = grade_code(
             self._prepare(completions), columns["tests"], None, columns["prefix"],
             columns["entry_point"], timeout_s=self.timeout_s, memory_mb=self.memory_mb,
         )
+        self.unjudged_tests += sum(r.unjudged for r in results)
+        return results
 
     def reward(
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
@@ -137,7 +143,8 @@ class HumanEvalTask(common.TemplatedPrompts, Task):
         return [
             {
                 "reward": 1.0 if r.all_passed else 0.0, "correct": r.all_passed,
-                "status": r.status, "passed": r.passed, "total": r.total, "detail": r.detail,
+                "status": r.status, "passed": r.passed, "total": r.total,
+                "unjudged": r.unjudged, "detail": r.detail,
                 "program": prog,
             }
             for r, prog in zip(results, programs, strict=True)

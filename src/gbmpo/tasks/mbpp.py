@@ -177,14 +177,20 @@ class MBPPTask(common.TemplatedPrompts, Task):
             return ["```python\n" + c for c in completions]
         return list(completions)
 
+    #: tests graded so far whose verdict needed the program's own objects (never passed; the
+    #: trainer logs it as ``code_unjudged_tests_total``)
+    unjudged_tests = 0
+
     def run(self, completions: Sequence[str], columns: dict[str, Any]) -> list[RunResult]:
         """Run every completion's program against its tests in the sandbox."""
         if "tests" not in columns:
             raise ValueError(f"{self.name} reward needs the 'tests' column")
-        return grade_code(
+        results = grade_code(
             self._prepare(completions), columns["tests"], columns.get("setup"), None,
             columns.get("entry_point"), timeout_s=self.timeout_s, memory_mb=self.memory_mb,
         )
+        self.unjudged_tests += sum(r.unjudged for r in results)
+        return results
 
     def reward(
         self, prompts: Sequence[str], completions: Sequence[str], **columns: Any
@@ -204,7 +210,7 @@ class MBPPTask(common.TemplatedPrompts, Task):
         return [
             {
                 "reward": rw, "correct": r.all_passed, "status": r.status, "passed": r.passed,
-                "total": r.total, "detail": r.detail,
+                "total": r.total, "unjudged": r.unjudged, "detail": r.detail,
                 "program": extract_code(c, ex.get("entry_point")),
             }
             for c, ex, r, rw in zip(self._prepare(completions), examples, results, rewards,

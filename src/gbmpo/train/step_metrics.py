@@ -97,6 +97,9 @@ def step_record(
         "grad_norm_max": max(update.grad_norms),
     }
     record.update(update.diag.result())
+    unjudged = getattr(getattr(tr, "task", None), "unjudged_tests", None)  # code tasks: verdicts
+    if isinstance(unjudged, int):  # not decidable from plain data (they earned nothing)
+        record["code_unjudged_tests_total"] = unjudged
     several = len(tr.objective.terms) > 1
     if penalties:  # reward_mean stays the task's reward; the penalty is logged beside it
         record["reward_penalty"] = float(sum(penalties.values()).mean())
