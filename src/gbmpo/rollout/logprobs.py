@@ -264,6 +264,8 @@ def _fused_forward(
         if entropy is not None:
             probs = torch.sub(z, lse[s:e].unsqueeze(-1)).exp_()
             entropy[s:e] = lse[s:e] - probs.mul_(z).sum(-1)
+            del probs
+        del z  # freed before the next chunk's logits are made
     return out, lse
 
 
@@ -310,6 +312,7 @@ class _LinearSelectiveLogSoftmax(torch.autograd.Function):
                 _addmm_acc(dw, gz_w.t(), hidden[s:e].to(weight.dtype))
             if db is not None:
                 db.add_(gz.sum(dim=0))
+            del z, gz, gz_w  # freed before the next chunk's logits are made
         return (dh, None if dw is None else dw.to(weight.dtype),
                 None if db is None else db.to(bias.dtype), None, None, None, None, None)
 
