@@ -13,7 +13,7 @@ import pytest
 
 from gbmpo.config import load_config
 from gbmpo.engines.checks import DryRunReport, memory_check
-from gbmpo.train.memory import activation_bytes, memory_plan, model_shape
+from gbmpo.train.memory import activation_bytes, memory_plan, model_shape, plan_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -132,3 +132,59 @@ def test_engines_divide_and_reserve_memory_as_they_do() -> None:
     assert trl["activations"] < own["activations"]
     assert activation_bytes(shape, 1, 384, 256, 2, checkpointing=True) < activation_bytes(
         shape, 1, 384, 256, 2)
+
+
+def _rehearsal_cfg(*extra: tuple[str, str]):
+    return load_config(overrides=[("model.dtype", "bfloat16"), ("rollout.max_new_tokens", "256"),
+                                  ("rollout.prompts_per_step", "8"),
+                                  ("rollout.num_generations", "8"),
+                                  ("optim.mini_batch_size", "null"), *extra])
+
+
+def test_the_plan_chooses_the_largest_micro_batch_that_fits_with_its_margin() -> None:
+    """``optim.micro_batch_size: null`` on the own engine with a device size: the largest
+    divisor of the mini-batch (64) whose planned peak fits in (1 - PLAN_MARGIN) of the device;
+    a set micro-batch is kept; the no-grad passes take at least as many rows."""
+    from gbmpo.train.memory import PLAN_MARGIN
+
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    peaks = {m: memory_plan(_rehearsal_cfg(("optim.micro_batch_size", str(m))), shape, 128,
+                            needs_ref=True)["peak"] for m in (1, 2, 4, 8, 16, 32, 64)}
+    assert all(peaks[a] < peaks[b] for a, b in ((1, 2), (8, 16), (16, 32), (32, 64)))
+    # a device on which 16 rows fit with the margin and 32 do not
+    device = int((peaks[16] + peaks[32]) / 2 / (1 - PLAN_MARGIN))
+    plan = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True, device_bytes=device)
+    assert plan["micro_batch_rows"] == 16 and plan["micro_batch_planned"]
+    assert plan["peak"] == peaks[16] and plan["fits"]
+    assert plan["inference_rows"] >= 16
+    assert "micro-batch 16 (planned, 10% margin)" in plan_line(plan, "cuda")
+    huge = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True, device_bytes=2**50)
+    assert huge["micro_batch_rows"] == 64 and huge["inference_rows"] == 64
+    tiny = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True, device_bytes=2**30)
+    assert tiny["micro_batch_rows"] == 1 and not tiny["fits"]
+    kept = memory_plan(_rehearsal_cfg(("optim.micro_batch_size", "32")), shape, 128,
+                       needs_ref=True, device_bytes=device)
+    assert kept["micro_batch_rows"] == 32 and not kept["micro_batch_planned"]
+    unsized = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True)
+    assert unsized["micro_batch_rows"] == 64 and not unsized["micro_batch_planned"]
+
+
+def test_the_trainer_takes_the_planned_batches(micro_model_dir: Path) -> None:
+    """The trainer's per-width choice (used on CUDA) is the plan's, for its own model."""
+    from gbmpo.train import Trainer
+    from gbmpo.train.step import planned_batches
+
+    cfg = load_config(overrides=[("model.path", str(micro_model_dir)),
+                                 ("rollout.prompts_per_step", "2"),
+                                 ("rollout.num_generations", "4"),
+                                 ("optim.mini_batch_size", "null"), ("eval.before", "false"),
+                                 ("eval.after", "false"), ("run.progress", "false")])
+    trainer = Trainer(cfg, reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+    assert (trainer.micro_batch, trainer.inference_batch) == (8, 8)
+    assert planned_batches(trainer, 20, None) == (8, 8)  # no device size: as configured
+    model_cfg = trainer.model.config
+    for device in (2**40, 3 * 2**20):
+        plan = memory_plan(cfg, model_cfg, 20, needs_ref=False, device_bytes=device)
+        micro, inference = planned_batches(trainer, 20, device)
+        assert micro == plan["micro_batch_rows"] and inference >= micro
+    assert planned_batches(trainer, 20, 2**40) == (8, 8)
