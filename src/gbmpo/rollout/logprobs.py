@@ -12,10 +12,16 @@ generation batch, where the cost is the forward, the ``[B, C, V]`` logits and th
   with each distinct prompt forwarded once. Two implementations: the lean forward
   (:class:`~gbmpo.rollout.lean_forward.LeanForward`, Llama-shaped models) and the model's own
   transformers forward (any causal LM).
+* :func:`linear_selective_log_softmax` (:class:`_LinearSelectiveLogSoftmax`) takes the final
+  hidden states and the LM head instead of logits: the head is applied chunk by chunk of token
+  rows and recomputed in the backward, so neither the ``[B, T, V]`` logits nor their gradient
+  ever exist (as TRL's fused LM head). :func:`completion_logprobs` uses it wherever the model's
+  logits are a plain linear head's (:func:`_body_and_head`; the lean forward always).
 * :func:`selective_log_softmax` (a custom autograd function, :class:`_SelectiveLogSoftmax`),
-  :func:`selective_log_softmax_and_entropy` and :func:`token_entropy` work chunk by chunk and
-  never build a ``[B, T, V]`` log-softmax; the backward writes the gradient straight into one
-  ``[B, T, V]`` tensor.
+  :func:`selective_log_softmax_and_entropy` and :func:`token_entropy` take logits already made
+  (a softcapped or scaled head, the full-vocabulary paths of other callers), work chunk by
+  chunk and never build a ``[B, T, V]`` log-softmax; the backward writes the gradient straight
+  into one ``[B, T, V]`` tensor.
 """
 
 from __future__ import annotations
