@@ -107,12 +107,13 @@ def sample_completions(tr: Trainer, prompts: list[Any]) -> Rollout:
 
 def plan_batches(tr: Trainer, batch: Rollout) -> None:
     """On CUDA with ``optim.micro_batch_size: null``: ``tr.micro_batch`` and
-    ``tr.inference_batch`` from the memory plan of this step's prompt width
-    (:func:`planned_batches`, cached per width); elsewhere they stay as configured (the CPU
-    keeps the mini-batch, as before)."""
+    ``tr.inference_batch`` from the memory plan of this step's prompt width rounded up to a
+    multiple of 64 tokens (:func:`planned_batches`, planned once per such width: a plan builds
+    the model's shape on the meta device, and rounding up only plans more memory); elsewhere
+    they stay as configured (the CPU keeps the mini-batch, as before)."""
     if tr.config.optim.micro_batch_size is not None or tr.device.type != "cuda":
         return
-    width = int(batch.prompt_ids.shape[1])
+    width = -(-int(batch.prompt_ids.shape[1]) // 64) * 64
     if width not in tr.batch_plans:
         tr.batch_plans[width] = planned_batches(tr, width, device_memory_bytes(str(tr.device)))
     tr.micro_batch, tr.inference_batch = tr.batch_plans[width]
