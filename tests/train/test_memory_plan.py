@@ -188,3 +188,32 @@ def test_the_trainer_takes_the_planned_batches(micro_model_dir: Path) -> None:
         micro, inference = planned_batches(trainer, 20, device)
         assert micro == plan["micro_batch_rows"] and inference >= micro
     assert planned_batches(trainer, 20, 2**40) == (8, 8)
+
+
+def test_plan_batches_plans_once_per_64_token_width(micro_model_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA (here: the trainer's device type set to it, a 3 MiB device) the step's
+    micro-batch and no-grad rows are the plan's at the prompt width rounded up to 64, planned
+    once per such width; a set micro-batch is left alone."""
+    import types
+
+    import torch
+
+    import gbmpo.train.step as step
+    from gbmpo.train import Trainer
+
+    cfg = load_config(overrides=[("model.path", str(micro_model_dir)),
+                                 ("rollout.prompts_per_step", "2"),
+                                 ("rollout.num_generations", "4"),
+                                 ("optim.mini_batch_size", "null"), ("eval.before", "false"),
+                                 ("eval.after", "false"), ("run.progress", "false")])
+    trainer = Trainer(cfg, reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+    device = 3 * 2**20
+    monkeypatch.setattr(step, "device_memory_bytes", lambda name: device)
+    trainer.device = torch.device("cuda")  # only plan_batches reads it here
+    for width in (20, 50):
+        step.plan_batches(trainer, types.SimpleNamespace(prompt_ids=torch.zeros(8, width)))
+    assert list(trainer.batch_plans) == [64]
+    plan = memory_plan(cfg, trainer.model.config, 64, needs_ref=False, device_bytes=device)
+    assert trainer.micro_batch == plan["micro_batch_rows"] < 8  # 8 rows do not fit
+    assert trainer.inference_batch >= trainer.micro_batch
