@@ -133,17 +133,33 @@ def test_estimator_cost_benchmark_toy(tmp_path: Path) -> None:
 
 
 def test_scale_rehearsal_tiny(tmp_path: Path) -> None:
-    """The rehearsal's CPU form: a tiny random Qwen3, 3 RL steps on the own engine and on TRL,
-    with its throughput, memory plan and (no GPU: none) MFU."""
-    data, last = _run("scale_rehearsal.py", tmp_path / "sr.json", "--size", "tiny")
+    """The rehearsal's CPU form: a tiny random Qwen3, both settings (the rehearsal's with a
+    planned micro-batch, the paper config's with LoRA), own engine and TRL in one run: the own
+    engine's phases with tokens/s, the decode bound and the MFU columns, TRL's seconds per
+    step, the memory plans."""
+    data, last = _run("scale_rehearsal.py", tmp_path / "sr.json", "--size", "tiny",
+                      "--micro", "planned", "--new-tokens", "6")
     assert last.startswith("scale_rehearsal (tiny, cpu") and str(tmp_path / "sr.json") in last
-    assert data["device"] == "cpu" and data["parameters"] > 0
-    for engine in ("gbmpo", "trl"):
-        r = data["engines"][engine]
-        assert r["steps_timed"] == 2 and r["training_tokens_per_second"] > 0
-        assert r["plan_peak_gib"] > 0 and r["mfu"] is None and r["peak_memory_gib"] is None
-    assert data["engines"]["gbmpo"]["generation_tokens_per_second"] > 0
-    assert data["engines"]["trl"]["generation_tokens_per_second"] is None
+    assert data["device"] == "cpu" and data["parameters"] > 0 and data["new_tokens"] == 6
+    limits = data["limits"]
+    assert limits["copy_bytes_per_second"] > 0 and limits["matmul_flops"] > 0
+    assert limits["datasheet_flops"] is None  # no GPU
+    assert set(data["settings"]) == {"rehearsal", "paper"}
+    for setting, own_name in (("rehearsal", "gbmpo (micro planned)"), ("paper", "gbmpo")):
+        runs = data["settings"][setting]
+        own, trl = runs[own_name], runs["trl"]
+        assert own["steps_timed"] == 1 and trl["steps_timed"] == 1
+        assert own["step_seconds_mean"] > 0 and trl["step_seconds_mean"] > 0
+        assert own["plan_peak_gib"] > 0 and own["peak_memory_gib"] is None
+        phases = own["phases"]
+        assert set(phases) >= {"prefill", "decode", "old policy", "policy fwd+bwd", "optimizer"}
+        for name in ("prefill", "decode", "old policy", "policy fwd+bwd"):
+            assert phases[name]["tokens_per_second"] > 0 and phases[name]["flops"] > 0
+            assert phases[name]["mfu_measured"] > 0 and phases[name]["mfu_datasheet"] is None
+        assert phases["decode"]["bound_tokens_per_second"] > 0
+        assert trl["phases"] is None
+    assert data["settings"]["rehearsal"]["gbmpo (micro planned)"]["plan"]["micro_batch_rows"]
+    assert "reference" in data["settings"]["paper"]["gbmpo"]["phases"]  # ProbL2 to the ref
 
 
 def test_decode_step_benchmark_toy(tmp_path: Path) -> None:

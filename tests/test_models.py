@@ -312,3 +312,28 @@ def test_console_script_offline_without_cache_exit_2(tmp_path: Path) -> None:
     assert "not in the local Hugging Face cache" in proc.stderr
     assert "cannot be reached" in proc.stderr
     assert elapsed < 45  # interpreter + torch/transformers imports; was ~55 s of retries
+
+
+def test_models_load_with_fused_attention(micro_model_dir: Path) -> None:
+    """The training model runs PyTorch's fused attention (SDPA), asked for explicitly; a model
+    class that refuses it loads with its default."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gbmpo.models import _from_pretrained
+
+    model, _ = load_model_and_tokenizer(str(micro_model_dir))
+    assert model.config._attn_implementation == "sdpa"
+
+    class NoSdpa:
+        calls: list[dict] = []
+
+        @classmethod
+        def from_pretrained(cls, source, **kwargs):
+            cls.calls.append(kwargs)
+            if "attn_implementation" in kwargs:
+                raise ValueError("this model does not support attn_implementation='sdpa'")
+            return AutoModelForCausalLM.from_pretrained(source, **kwargs)
+
+    _from_pretrained(NoSdpa, str(micro_model_dir), torch.float32, False)
+    assert [("attn_implementation" in c) for c in NoSdpa.calls] == [True, False]

@@ -359,6 +359,19 @@ def _load_adapter(
     return model, tokenizer
 
 
+def _from_pretrained(auto: Any, source: str, dtype: torch.dtype, trust_remote_code: bool) -> Any:
+    """``auto.from_pretrained`` with PyTorch's fused attention (``attn_implementation="sdpa"``:
+    flash or memory-efficient kernels on a GPU, no ``[T, T]`` score matrix kept for the
+    backward); a model whose code does not support it loads with its own default."""
+    try:
+        return auto.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code,
+                                    attn_implementation="sdpa")
+    except ValueError as err:
+        if "sdpa" not in str(err).lower() and "attn_implementation" not in str(err):
+            raise
+        return auto.from_pretrained(source, dtype=dtype, trust_remote_code=trust_remote_code)
+
+
 def _load_full(
     path_or_id: str | Path | None, *, dtype: torch.dtype, trust_remote_code: bool
 ) -> tuple[Any, Any]:
@@ -380,9 +393,7 @@ def _load_full(
     )
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, trust_remote_code=trust_remote_code
-        )
+        model = _from_pretrained(AutoModelForCausalLM, source, dtype, trust_remote_code)
     except OSError as err:
         if cached_id is not None:
             raise FileNotFoundError(

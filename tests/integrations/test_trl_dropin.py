@@ -365,3 +365,39 @@ def test_swapped_in_trains_step_for_step_what_grpo_trainer_trains(
     assert w_t.dtype == torch.float64 and move > 1e-3  # the policy moved
     assert len(loss_t) == 3 and loss_g == pytest.approx(loss_t, rel=1e-6, abs=1e-9)
     assert float((w_t - w_g).abs().max()) <= 1e-6 * move
+
+
+def test_the_sampled_token_path_runs_trls_own_chunked_log_probs(
+    tmp_path: Any, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any,
+    cpu_args: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without an ``estimator: full`` term, GBMPOTrainer's policy forward is TRL's own
+    (its fused LM head: ``ChunkedLogProbFunction``, no ``[B, T, V]`` logits), never the
+    completion-logits path that the full estimator takes."""
+    import trl.trainer.utils as trl_utils
+
+    import gbmpo.integrations.trl.trainer as ours_module
+
+    calls: list[int] = []
+    chunked = trl_utils._ChunkedLogProbFunction
+
+    class Counting(chunked):  # type: ignore[misc, valid-type]
+        @staticmethod
+        def forward(ctx: Any, hidden: torch.Tensor, *args: Any) -> Any:
+            calls.append(hidden.shape[0])
+            return chunked.forward(ctx, hidden, *args)
+
+    def no_logits(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the sampled-token path took the completion logits")
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Counting)
+    monkeypatch.setattr(ours_module, "logprobs_and_full", no_logits)
+    args = GBMPOConfig(output_dir=str(tmp_path), **{**cpu_args, **COMMON, "beta": BETA})
+    trainer = GBMPOTrainer(model=tiny_model_dir, reward_funcs=reward_fn, args=args,
+                           train_dataset=tiny_dataset)  # fmt: skip
+    assert not trainer.objective.full_loss_terms
+    inputs = _inputs(trainer, seed=0)
+    calls.clear()  # _inputs' no-grad pass went through it too
+    loss, grads = _step(trainer, inputs)
+    assert calls and sum(calls) > 0 and torch.isfinite(torch.tensor(loss))
+    assert any(float(g.abs().sum()) > 0 for g in grads.values() if g is not None)

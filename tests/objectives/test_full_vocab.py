@@ -320,3 +320,27 @@ def test_total_variation_rows() -> None:
     assert float(total_variation_rows(a, b)) == pytest.approx(1.0)
     out = total_variation_rows(x.to(torch.bfloat16), y.to(torch.bfloat16))
     assert out.dtype == torch.float32
+
+
+def test_from_hidden_takes_a_row_divergence() -> None:
+    """An f-divergence's full form (a RowDivergence: autograd inside each chunk) from hidden
+    states: the same values and gradients as from the whole logits (float64; 1e-11, the
+    tolerance of the potentials above, whose paths differ in summation order only)."""
+    from gbmpo.objectives.estimators import full_potential
+
+    form = full_potential("js", None)
+    B, T, H, V = 2, 5, 8, 29
+    h0, rh = _logits(16, (B, T, H), scale=1.0), _logits(17, (B, T, H), scale=1.0)
+    w0, rw = _logits(18, (V, H), scale=0.5), _logits(19, (V, H), scale=0.5)
+    weights = torch.linspace(0.5, 2.0, B * T, dtype=F64).reshape(B, T)
+    h, w = (t.clone().requires_grad_() for t in (h0, w0))
+    out = full_vocab_bregman_from_hidden(h, w, form, ref_hidden=rh, ref_lm_head_weight=rw,
+                                         chunk_size=3)
+    grads = torch.autograd.grad((out * weights).sum(), (h, w))
+    hr, wr = (t.clone().requires_grad_() for t in (h0, w0))
+    ref = full_vocab_bregman(F.linear(hr, wr), F.linear(rh, rw), form)
+    grads_ref = torch.autograd.grad((ref * weights).sum(), (hr, wr))
+    assert float(ref.detach().abs().sum()) > 1e-3
+    torch.testing.assert_close(out.detach(), ref.detach(), rtol=1e-11, atol=1e-13)
+    for g, g_ref in zip(grads, grads_ref, strict=True):
+        torch.testing.assert_close(g, g_ref, rtol=1e-11, atol=1e-13)

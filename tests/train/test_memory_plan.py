@@ -13,12 +13,12 @@ import pytest
 
 from gbmpo.config import load_config
 from gbmpo.engines.checks import DryRunReport, memory_check
-from gbmpo.train.memory import activation_bytes, memory_plan, model_shape
+from gbmpo.train.memory import activation_bytes, memory_plan, model_shape, plan_line
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: measured / estimated activation memory must lie within this factor of 1 (measured: 0.89 to
-#: 1.03 on the shapes below, 2 CPU cores, torch 2.13)
+#: 1.03 on the unfused shapes below, 0.98 on the fused one, 2 CPU cores, torch 2.13)
 TOLERANCE = 0.25
 
 _MEASURE = r"""
@@ -27,17 +27,22 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 from gbmpo.rollout.logprobs import completion_logprobs
 from gbmpo.train.memory import activation_bytes
 torch.set_num_threads(1)
-rows, P, C, lean = (int(a) for a in sys.argv[1:5])
-cfg = Qwen3Config(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, intermediate_size=768, vocab_size=8192,
-                  tie_word_embeddings=True)
+rows, P, C, lean, fused = (int(a) for a in sys.argv[1:6])
+if fused:  # the LM head dominates: a large vocabulary over a small body
+    cfg = Qwen3Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, intermediate_size=128,
+                      vocab_size=65536, tie_word_embeddings=True)
+else:
+    cfg = Qwen3Config(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=64, intermediate_size=768,
+                      vocab_size=8192, tie_word_embeddings=True)
 torch.manual_seed(0)
 model = Qwen3ForCausalLM(cfg).train()
-ids = lambda n: torch.randint(0, 8192, (rows, n))
+ids = lambda n: torch.randint(0, cfg.vocab_size, (rows, n))
 pid, cid = ids(P), ids(C)
 pm, cm = torch.ones_like(pid), torch.ones_like(cid)
 lp, _ = completion_logprobs(model, pid[:1, :8], pm[:1, :8], cid[:1, :8], cm[:1, :8],
-                            lean=bool(lean))
+                            lean=bool(lean), fused_head=bool(fused))
 lp.sum().backward()  # warm-up: the gradients exist before the measurement
 gc.collect()
 rss = lambda: int(open("/proc/self/statm").read().split()[1]) * 4096
@@ -50,29 +55,37 @@ base = rss()
 # and not the imports' (ru_maxrss cannot be reset; importing transformers can peak higher)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")
-lp, _ = completion_logprobs(model, pid, pm, cid, cm, lean=bool(lean))
+lp, _ = completion_logprobs(model, pid, pm, cid, cm, lean=bool(lean), fused_head=bool(fused))
 kept = rss() - base
 lp.sum().backward()
 peak = hwm() - base
-estimate = activation_bytes(cfg, rows, P + C, C, 4)
-print(json.dumps({"kept": kept, "peak": peak, "estimate": estimate}))
+estimate = activation_bytes(cfg, rows, P + C, C, 4, fused_head=bool(fused))
+unfused = activation_bytes(cfg, rows, P + C, C, 4)
+print(json.dumps({"kept": kept, "peak": peak, "estimate": estimate, "unfused": unfused}))
 """
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/statm")
-@pytest.mark.parametrize(("rows", "prompt", "completion", "lean"),
-                         [(8, 128, 128, 1), (8, 128, 128, 0), (16, 256, 128, 1)])
+@pytest.mark.parametrize(("rows", "prompt", "completion", "lean", "fused"),
+                         [(8, 128, 128, 1, 0), (8, 128, 128, 0, 0), (16, 256, 128, 1, 0),
+                          (4, 16, 512, 1, 1)])
 def test_activation_estimate_matches_the_measured_memory_on_cpu(
-    rows: int, prompt: int, completion: int, lean: int
+    rows: int, prompt: int, completion: int, lean: int, fused: int
 ) -> None:
     """A fresh process: the resident memory a training forward adds (what autograd keeps) and
     the peak through its backward, against :func:`activation_bytes` (float32 on CPU, the own
-    engine's log-prob forward, lean and transformers')."""
+    engine's log-prob forward, lean and transformers'; the full logits, and the LM head fused
+    into chunks on a shape whose vocabulary dominates: its peak is the chunk's, a quarter of
+    what the whole logits would take)."""
     env = {"PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
     out = subprocess.run([sys.executable, "-c", _MEASURE, str(rows), str(prompt),
-                          str(completion), str(lean)], env=env, capture_output=True, text=True,
-                         check=True, timeout=600)  # fmt: skip
+                          str(completion), str(lean), str(fused)], env=env,
+                         capture_output=True, text=True, check=True, timeout=600)  # fmt: skip
     m = json.loads(out.stdout.strip().splitlines()[-1])
+    if fused:  # what autograd keeps is small here: only the peak is compared
+        assert abs(m["peak"] / m["estimate"] - 1) <= TOLERANCE, m
+        assert m["peak"] < 0.5 * m["unfused"], m  # the whole logits: 2048 x 65536 floats
+        return
     for what in ("kept", "peak"):
         ratio = m[what] / m["estimate"]
         assert abs(ratio - 1) <= TOLERANCE, (what, ratio, m)
@@ -119,3 +132,88 @@ def test_engines_divide_and_reserve_memory_as_they_do() -> None:
     assert trl["activations"] < own["activations"]
     assert activation_bytes(shape, 1, 384, 256, 2, checkpointing=True) < activation_bytes(
         shape, 1, 384, 256, 2)
+
+
+def _rehearsal_cfg(*extra: tuple[str, str]):
+    return load_config(overrides=[("model.dtype", "bfloat16"), ("rollout.max_new_tokens", "256"),
+                                  ("rollout.prompts_per_step", "8"),
+                                  ("rollout.num_generations", "8"),
+                                  ("optim.mini_batch_size", "null"), *extra])
+
+
+def test_the_plan_chooses_the_largest_micro_batch_that_fits_with_its_margin() -> None:
+    """``optim.micro_batch_size: null`` on the own engine with a device size: the largest
+    divisor of the mini-batch (64) whose planned peak fits in (1 - PLAN_MARGIN) of the device;
+    a set micro-batch is kept; the no-grad passes take at least as many rows."""
+    from gbmpo.train.memory import PLAN_MARGIN
+
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    peaks = {m: memory_plan(_rehearsal_cfg(("optim.micro_batch_size", str(m))), shape, 128,
+                            needs_ref=True)["peak"] for m in (1, 2, 4, 8, 16, 32, 64)}
+    assert all(peaks[a] < peaks[b] for a, b in ((1, 2), (8, 16), (16, 32), (32, 64)))
+    # a device on which 16 rows fit with the margin and 32 do not
+    device = int((peaks[16] + peaks[32]) / 2 / (1 - PLAN_MARGIN))
+    plan = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True, device_bytes=device)
+    assert plan["micro_batch_rows"] == 16 and plan["micro_batch_planned"]
+    assert plan["peak"] == peaks[16] and plan["fits"]
+    assert plan["inference_rows"] >= 16
+    assert "micro-batch 16 (planned, 10% margin)" in plan_line(plan, "cuda")
+    huge = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True, device_bytes=2**50)
+    assert huge["micro_batch_rows"] == 64 and huge["inference_rows"] == 64
+    tiny = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True, device_bytes=2**30)
+    assert tiny["micro_batch_rows"] == 1 and not tiny["fits"]
+    kept = memory_plan(_rehearsal_cfg(("optim.micro_batch_size", "32")), shape, 128,
+                       needs_ref=True, device_bytes=device)
+    assert kept["micro_batch_rows"] == 32 and not kept["micro_batch_planned"]
+    unsized = memory_plan(_rehearsal_cfg(), shape, 128, needs_ref=True)
+    assert unsized["micro_batch_rows"] == 64 and not unsized["micro_batch_planned"]
+
+
+def test_the_trainer_takes_the_planned_batches(micro_model_dir: Path) -> None:
+    """The trainer's per-width choice (used on CUDA) is the plan's, for its own model."""
+    from gbmpo.train import Trainer
+    from gbmpo.train.step import planned_batches
+
+    cfg = load_config(overrides=[("model.path", str(micro_model_dir)),
+                                 ("rollout.prompts_per_step", "2"),
+                                 ("rollout.num_generations", "4"),
+                                 ("optim.mini_batch_size", "null"), ("eval.before", "false"),
+                                 ("eval.after", "false"), ("run.progress", "false")])
+    trainer = Trainer(cfg, reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+    assert (trainer.micro_batch, trainer.inference_batch) == (8, 8)
+    assert planned_batches(trainer, 20, None) == (8, 8)  # no device size: as configured
+    model_cfg = trainer.model.config
+    for device in (2**40, 3 * 2**20):
+        plan = memory_plan(cfg, model_cfg, 20, needs_ref=False, device_bytes=device)
+        micro, inference = planned_batches(trainer, 20, device)
+        assert micro == plan["micro_batch_rows"] and inference >= micro
+    assert planned_batches(trainer, 20, 2**40) == (8, 8)
+
+
+def test_plan_batches_plans_once_per_64_token_width(micro_model_dir: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CUDA (here: the trainer's device type set to it, a 3 MiB device) the step's
+    micro-batch and no-grad rows are the plan's at the prompt width rounded up to 64, planned
+    once per such width; a set micro-batch is left alone."""
+    import types
+
+    import torch
+
+    import gbmpo.train.step as step
+    from gbmpo.train import Trainer
+
+    cfg = load_config(overrides=[("model.path", str(micro_model_dir)),
+                                 ("rollout.prompts_per_step", "2"),
+                                 ("rollout.num_generations", "4"),
+                                 ("optim.mini_batch_size", "null"), ("eval.before", "false"),
+                                 ("eval.after", "false"), ("run.progress", "false")])
+    trainer = Trainer(cfg, reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+    device = 3 * 2**20
+    monkeypatch.setattr(step, "device_memory_bytes", lambda name: device)
+    trainer.device = torch.device("cuda")  # only plan_batches reads it here
+    for width in (20, 50):
+        step.plan_batches(trainer, types.SimpleNamespace(prompt_ids=torch.zeros(8, width)))
+    assert list(trainer.batch_plans) == [64]
+    plan = memory_plan(cfg, trainer.model.config, 64, needs_ref=False, device_bytes=device)
+    assert trainer.micro_batch == plan["micro_batch_rows"] < 8  # 8 rows do not fit
+    assert trainer.inference_batch >= trainer.micro_batch

@@ -133,7 +133,8 @@ class OptimConfig:
     #: ``prompts_per_step * num_generations``. The default, four AdamW steps per rollout batch
     #: of 64 (mini-batches of 16 = 2 groups), learned fastest per second on the embedded model
     mini_batch_size: int | None = 16
-    #: sequences per forward/backward (gradient accumulation; ``None``: the mini-batch)
+    #: sequences per forward/backward (gradient accumulation; ``None``: on CUDA, own engine, the
+    #: largest the memory plan fits with a 10% margin; elsewhere the mini-batch)
     micro_batch_size: int | None = None
 
 

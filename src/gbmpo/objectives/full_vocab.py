@@ -577,7 +577,7 @@ def full_vocab_bregman(
 def full_vocab_bregman_from_hidden(
     hidden: Tensor,
     lm_head_weight: Tensor,
-    potential: str | Potential = "neg_entropy",
+    potential: str | Potential | RowDivergence = "neg_entropy",
     *,
     ref_hidden: Tensor | None = None,
     ref_lm_head_weight: Tensor | None = None,
@@ -599,12 +599,14 @@ def full_vocab_bregman_from_hidden(
       chunk without grad (recomputed in backward instead of stored);
     * ``ref_logits`` [B, T, V] precomputed (no grad is taken through them).
 
-    Masked-out rows (``mask`` [B, T] false) are skipped entirely and give 0. Matmuls run in the
-    input dtype (like the model's head); softmax and divergence in float32 (float64 stays).
+    ``potential`` as :func:`full_vocab_bregman` (a :class:`RowDivergence` goes through autograd
+    inside each chunk). Masked-out rows (``mask`` [B, T] false) are skipped entirely and give 0.
+    Matmuls run in the input dtype (like the model's head); softmax and divergence in float32
+    (float64 stays).
     -inf entries in ``ref_logits`` are handled as in :func:`full_vocab_bregman` (finite values
     and gradients; see :func:`finite_logits`).
     """
-    pot = as_potential(potential)
+    pot = potential if isinstance(potential, RowDivergence) else as_potential(potential)
     _check_chunk(chunk_size)
     if hidden.dim() < 2:
         raise ValueError(f"hidden must be [..., H], got shape {tuple(hidden.shape)}")

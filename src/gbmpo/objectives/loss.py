@@ -37,9 +37,11 @@ __all__ = [
     "LossTerm",
     "compiled_policy_loss",
     "compute_policy_loss",
+    "compute_policy_loss_packed",
     "loss_terms",
     "reward_penalty",
     "sequence_divergence",
+    "unpack_metrics",
 ]
 
 #: a known derivative: per-token values, or a function of the incoming gradient forming it
@@ -257,6 +259,21 @@ def compute_policy_loss(
         num_tokens=num_tokens, token_weights=token_weights,
     )  # fmt: skip
     return loss, _metric_dict(packed.tolist(), layout)
+
+
+def compute_policy_loss_packed(**kwargs: Any) -> tuple[Tensor, Tensor, Any]:
+    """:func:`compute_policy_loss` (the same keyword arguments) with its metrics left on the
+    device: ``(loss, packed float64 metrics, layout)``; :func:`unpack_metrics` of
+    ``packed.tolist()`` and ``layout`` is its metrics dict. For a caller that reads the metrics
+    of several micro-batches back at once, after its loop (nothing in the loop waits on the
+    host for them)."""
+    return _policy_loss(**kwargs)
+
+
+def unpack_metrics(values: list[float], layout: Any) -> dict[str, float]:
+    """The metrics dict of :func:`compute_policy_loss` from the values of a
+    :func:`compute_policy_loss_packed` tensor and its layout."""
+    return _metric_dict(values, layout)
 
 
 #: signature of :func:`compute_policy_loss` (keyword arguments)

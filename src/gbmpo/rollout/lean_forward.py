@@ -186,8 +186,12 @@ class LeanForward(_LlamaWeights):
         return x + F.linear(layer.act(F.linear(h, *layer.gate)) * F.linear(h, *layer.up),
                             *layer.down)
 
+    def _final(self, hidden: Tensor) -> Tensor:
+        """The final norm: what the LM head (:attr:`lm_head`) multiplies."""
+        return _rms(hidden, *self.final_norm)
+
     def _logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(_rms(hidden, *self.final_norm), *self.lm_head)
+        return F.linear(self._final(hidden), *self.lm_head)
 
     # ------------------------------------------------------------------ the two layouts
 
@@ -196,6 +200,12 @@ class LeanForward(_LlamaWeights):
         ``ids`` ``[R, S]`` (``mask`` marks real tokens; position ids from its cumulative sum,
         as in generation): the single forward of :func:`~gbmpo.rollout.logprobs.completion_logprobs`
         with ``logits_to_keep=keep``."""
+        return F.linear(self.sequence_hidden(ids, mask, keep), *self.lm_head)
+
+    def sequence_hidden(self, ids: Tensor, mask: Tensor, keep: int) -> Tensor:
+        """The final-normed hidden states ``[R, keep, hidden]`` that :meth:`sequence_logits`
+        multiplies by the LM head (:attr:`lm_head`), for a caller that applies the head in
+        chunks."""
         rows, width = ids.shape
         real = mask.bool()
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
@@ -210,10 +220,10 @@ class LeanForward(_LlamaWeights):
             if i == last:  # only the kept positions' outputs are used after the last layer
                 q, k, v = self._qkv(layer, h, cos, sin, queries=keep)
                 att_keep = self._pack_mask(allowed[:, width - keep :], x.dtype)
-                return self._logits(self._attend(layer, x[:, width - keep :], q, k, v, att_keep))
+                return self._final(self._attend(layer, x[:, width - keep :], q, k, v, att_keep))
             q, k, v = self._qkv(layer, h, cos, sin)
             x = self._attend(layer, x, q, k, v, att)
-        return self._logits(x[:, width - keep :])  # no layers
+        return self._final(x[:, width - keep :])  # no layers
 
     def prompt_cache(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, list[tuple[Tensor,
                                                                                 Tensor]]]:
@@ -255,6 +265,21 @@ class LeanForward(_LlamaWeights):
 
         ``first`` ``[U]``: a row holding each distinct prompt; ``inverse`` ``[B]``: the
         distinct prompt of each row (as :func:`gbmpo.rollout.logprobs._distinct_prompts`)."""
+        return F.linear(self.shared_prompt_hidden(prompt_ids, prompt_mask, first, inverse,
+                                                  completion_ids, completion_mask),
+                        *self.lm_head)
+
+    def shared_prompt_hidden(
+        self,
+        prompt_ids: Tensor,
+        prompt_mask: Tensor,
+        first: Tensor,
+        inverse: Tensor,
+        completion_ids: Tensor,
+        completion_mask: Tensor,
+    ) -> Tensor:
+        """The final-normed hidden states ``[B, C, hidden]`` that :meth:`shared_prompt_logits`
+        multiplies by the LM head."""
         ids_u, mask_u = prompt_ids[first], prompt_mask[first]
         n_u, width = ids_u.shape
         rows, c = completion_ids.shape
@@ -299,4 +324,4 @@ class LeanForward(_LlamaWeights):
                 x_u = self._attend(layer, x_u, q, k, v, att_u)
         last = x_u[:, -1].index_select(0, inverse).unsqueeze(1)  # [B, 1, hidden]
         hidden = torch.cat([last, x_c], dim=1) if t > 0 else last
-        return self._logits(hidden)
+        return self._final(hidden)

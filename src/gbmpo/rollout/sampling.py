@@ -96,15 +96,19 @@ class Rollout:
             sampling_logp=None if self.sampling_logp is None else self.sampling_logp.to(device),
         )
 
-    def select(self, rows: Tensor | Sequence[int] | slice) -> Rollout:
-        """A new :class:`Rollout` holding only ``rows`` (index tensor, list or slice)."""
+    def select(self, rows: Tensor | Sequence[int] | slice, *,
+               index: Tensor | None = None) -> Rollout:
+        """A new :class:`Rollout` holding only ``rows`` (index tensor, list or slice);
+        ``index``: the same rows as a long tensor already on the rollout's device (then nothing
+        is copied to the device here)."""
         if isinstance(rows, slice):
             idx = list(range(len(self)))[rows]
         elif isinstance(rows, Tensor):
             idx = [int(i) for i in rows.tolist()]
         else:
             idx = [int(i) for i in rows]
-        index = torch.tensor(idx, dtype=torch.long, device=self.completion_ids.device)
+        if index is None:
+            index = torch.tensor(idx, dtype=torch.long, device=self.completion_ids.device)
         return Rollout(
             prompt_ids=self.prompt_ids[index],
             prompt_mask=self.prompt_mask[index],

@@ -4,17 +4,18 @@ A term with ``estimator: full`` needs the whole next-token distributions of the 
 the reference at every completion position, not only the sampled tokens' log-probs
 (:mod:`gbmpo.objectives.estimators`). The cheapest correct way here:
 
-* **in the loss**: per micro-batch, the policy's forward returns its completion logits
-  ``[b, C, V]`` (the forward computes them anyway for the log-probs; the sampled-token path
-  reduces them to ``logp`` at once); the log-probs are taken from them as usual, the reference's
-  logits come from one no-grad forward of the same micro-batch, and
-  :func:`~gbmpo.objectives.estimators.full_divergence` sums the divergence over the vocabulary
-  in chunks of token rows, storing its gradient for the policy logits during the forward (one
-  buffer the size of the micro-batch's logits). The reference's logits are freed once the
-  divergence is computed, so the peak per micro-batch is the sampled path's plus one
-  logits-sized tensor (measured by ``benchmarks/estimator_cost.py``), bounded by
-  ``optim.micro_batch_size``; time is one extra no-grad reference forward per micro-batch and
-  epoch (the reference's logits are not kept across micro-batches: ``N x C x V`` floats);
+* **in the loss**: per micro-batch, the policy's forward stops at its final hidden states
+  ``[b, C, H]`` and the reference's no-grad forward of the same micro-batch likewise; the
+  log-probs (:func:`~gbmpo.rollout.logprobs.linear_selective_log_softmax`) and each term's
+  divergence (:func:`~gbmpo.objectives.full_vocab.full_vocab_bregman_from_hidden`) apply the
+  LM heads chunk by chunk and recompute them in the backward, so no ``[b, C, V]`` tensor
+  exists (peak: a few ``[c, V]`` chunks). A model whose logits are not a plain linear head's
+  (:func:`~gbmpo.rollout.logprobs.completion_hidden` returns ``None``) takes the logits path:
+  the completion logits ``[b, C, V]`` of both models and
+  :func:`~gbmpo.objectives.estimators.full_divergence`, which stores its gradient for the
+  policy logits during the forward (one buffer the size of the micro-batch's logits; measured
+  by ``benchmarks/estimator_cost.py``). Either way time is one extra no-grad reference forward
+  per micro-batch and epoch (nothing reference-sized is kept across micro-batches);
 * **in the reward**: the penalty :math:`\beta \sum_t D^{\text{full}}_t(\pi_{old}\,\|\,\pi_{ref})`
   of each sequence, from no-grad forwards of the rollout policy and the reference, micro-batch by
   micro-batch, detached (as the sampled-token in-reward penalty).
@@ -29,8 +30,12 @@ import torch
 from torch import Tensor
 
 from gbmpo.objectives.estimators import full_divergence, full_potential
+from gbmpo.objectives.full_vocab import full_vocab_bregman_from_hidden
 from gbmpo.rollout.logprobs import (
+    completion_hidden,
     completion_logits,
+    fused_chunk_rows,
+    linear_selective_log_softmax,
     selective_log_softmax,
     selective_log_softmax_and_entropy,
 )
@@ -57,21 +62,67 @@ def _logits(tr: Trainer, model: Any, batch: Rollout) -> Tensor:
     )  # fmt: skip
 
 
-@torch.no_grad()
-def no_grad_logits(tr: Trainer, batch: Rollout, *, reference: bool) -> Tensor:
-    """The completion logits ``[b, C, V]`` of the rollout policy (current weights) or of the
-    reference (frozen copy / adapters disabled), eval mode, no grad (as
-    :func:`gbmpo.train.step.no_grad_logprobs`)."""
+#: hidden states ``[b, C, H]`` and their LM head ``(weight, bias)``
+_Hidden = tuple[Tensor, tuple[Tensor, Tensor | None]]
+
+
+def _hidden(tr: Trainer, model: Any, batch: Rollout) -> _Hidden | None:
+    ro = tr.config.rollout
+    return completion_hidden(
+        model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
+        share_prompts=ro.share_prompts, lean=ro.lean_forward,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _as(tr: Trainer, reference: bool) -> Any:
+    """The model of the rollout policy (current weights) or of the reference (frozen copy /
+    adapters disabled), in eval mode for the block."""
     if reference and tr.ref_model is not None:
-        return _logits(tr, tr.ref_model, batch)
+        yield tr.ref_model
+        return
     ctx = tr.model.disable_adapter() if reference else contextlib.nullcontext()
     was_training = tr.model.training
     tr.model.eval()
     try:
         with ctx:
-            return _logits(tr, tr.model, batch)
+            yield tr.model
     finally:
         tr.model.train(was_training)
+
+
+@torch.no_grad()
+def no_grad_logits(tr: Trainer, batch: Rollout, *, reference: bool) -> Tensor:
+    """The completion logits ``[b, C, V]`` of the rollout policy (current weights) or of the
+    reference (frozen copy / adapters disabled), eval mode, no grad (as
+    :func:`gbmpo.train.step.no_grad_logprobs`)."""
+    with _as(tr, reference) as model:
+        return _logits(tr, model, batch)
+
+
+def _full_from_hidden(tr: Trainer, policy: _Hidden, ref: _Hidden, terms: list[Any],
+                      mask: Tensor) -> dict[str, Tensor]:
+    r"""Per term, :math:`\sum_v D(\pi(\cdot|h_t), \pi_{ref}(\cdot|h_t))` ``[b, C]`` from the
+    two models' hidden states, their heads applied chunk by chunk (the temperature folded into
+    the hidden states and biases: :math:`(hW^\top+b)/T = (h/T)W^\top + b/T`)."""
+    inv_t = 1.0 / tr.config.rollout.temperature
+
+    def scaled(side: _Hidden) -> tuple[Tensor, Tensor, Tensor | None]:
+        h, (w, b) = side
+        if inv_t == 1.0:
+            return h, w, b
+        return h * inv_t, w, (None if b is None else b * inv_t)
+
+    h, w, b = scaled(policy)
+    rh, rw, rb = scaled(ref)
+    step = fused_chunk_rows(w.shape[0])
+    return {
+        t.name: full_vocab_bregman_from_hidden(
+            h, w, full_potential(t.name, t.regularizer), ref_hidden=rh, ref_lm_head_weight=rw,
+            lm_head_bias=b, ref_lm_head_bias=rb, chunk_size=step, mask=mask.to(torch.bool),
+        )
+        for t in terms
+    }
 
 
 def logprobs_and_full(
@@ -81,6 +132,17 @@ def logprobs_and_full(
     (with ``with_entropy``) and, per ``full`` term, the exact per-token divergence
     :math:`\sum_v D_h(\pi_\theta(v|h_t), \pi_{ref}(v|h_t))` ``[b, C]`` (with grad into the
     policy logits), from one policy forward and one no-grad reference forward."""
+    policy = _hidden(tr, tr.model, batch)
+    if policy is not None:
+        with torch.no_grad(), _as(tr, reference=True) as ref_model:
+            ref = _hidden(tr, ref_model, batch)
+        if ref is not None:  # the heads applied chunk by chunk: no [b, C, V] tensor
+            hidden, head = policy
+            logp, entropy = linear_selective_log_softmax(
+                hidden, *head, batch.completion_ids.to(hidden.device),
+                temperature=tr.config.rollout.temperature, with_entropy=with_entropy,
+            )
+            return logp, entropy, _full_from_hidden(tr, policy, ref, terms, mask)
     logits = _logits(tr, tr.model, batch)
     targets = batch.completion_ids.to(logits.device)
     entropy = None
@@ -109,9 +171,17 @@ def token_full(
     parts: dict[str, list[Tensor]] = {t.name: [] for t in terms}
     for rows in _chunks(len(batch), tr.micro_batch):
         sub = batch.select(rows)
+        m = mask[rows]
+        with _as(tr, reference=False) as model:
+            old_h = _hidden(tr, model, sub)
+        with _as(tr, reference=True) as model:
+            ref_h = None if old_h is None else _hidden(tr, model, sub)
+        if old_h is not None and ref_h is not None:  # no [b, C, V] tensor
+            for name, d in _full_from_hidden(tr, old_h, ref_h, terms, m).items():
+                parts[name].append(d)
+            continue
         old = no_grad_logits(tr, sub, reference=False)
         ref = no_grad_logits(tr, sub, reference=True)
-        m = mask[rows]
         for t in terms:
             form = full_potential(t.name, t.regularizer)
             parts[t.name].append(full_divergence(old, ref, form, m))

@@ -17,6 +17,13 @@ gradient: their activations are each layer's input plus one layer recomputed.
 Generation and the update do not overlap in time (the KV cache is freed before the update, vLLM
 keeps its reserve), so the peak is ``static + max(activations, KV cache)``, or
 ``static + vLLM reserve + activations`` with vLLM.
+
+On the own engine with ``optim.micro_batch_size: null`` and a known device size, the plan
+chooses the micro-batch: the largest divisor of the mini-batch whose peak fits with
+:data:`PLAN_MARGIN` to spare (:func:`planned_micro_batch`; the trainer asks the same on CUDA,
+per prompt width); the no-grad old-policy and reference passes run the most rows whose
+memory (:func:`inference_bytes`) fits where the activations or the KV cache would be
+(:func:`inference_rows`).
 """
 
 from __future__ import annotations
@@ -31,7 +38,18 @@ from gbmpo.train.device import (
     estimate_memory,
 )
 
-__all__ = ["KNOWN_SHAPES", "activation_bytes", "memory_plan", "model_shape", "plan_line"]
+__all__ = [
+    "KNOWN_SHAPES",
+    "PLAN_MARGIN",
+    "activation_bytes",
+    "head_bytes",
+    "inference_bytes",
+    "inference_rows",
+    "memory_plan",
+    "model_shape",
+    "plan_line",
+    "planned_micro_batch",
+]
 
 #: the architectures of the models the paper configs name, from each model's ``config.json`` on
 #: the Hugging Face hub: a dry run plans their memory without downloading anything
@@ -61,8 +79,43 @@ def model_shape(name: str) -> Any:
     return None if shape is None else Qwen3Config(**shape)
 
 
+def _shape(model_config: Any) -> tuple[int, int, int, int, int, int]:
+    """(hidden h, layers N, query width q, key width k, MLP width i, vocabulary V)."""
+    cfg = getattr(model_config, "text_config", None) or model_config
+    h, n = int(cfg.hidden_size), int(cfg.num_hidden_layers)
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    hd = int(getattr(cfg, "head_dim", None) or h // heads)
+    i = int(getattr(cfg, "intermediate_size", None) or 4 * h)
+    return h, n, heads * hd, kv_heads * hd, i, int(cfg.vocab_size)
+
+
+def head_bytes(model_config: Any, rows: int, completion_len: int, dtype_bytes: int, *,
+               head_trained: bool = True) -> tuple[int, int]:
+    r"""``(kept, transient)`` bytes of the LM head fused into the log-prob chunks
+    (:func:`gbmpo.rollout.logprobs.linear_selective_log_softmax`) for ``rows`` sequences of
+    ``completion_len`` scored tokens.
+
+    Kept for the backward: the final hidden states and one float32 log-sum-exp per token,
+    :math:`rC(bh + 4)`. Transient, while one chunk of :math:`c` rows
+    (:func:`~gbmpo.rollout.logprobs.fused_chunk_rows`) is computed: its float32 logits and one
+    float32 temporary as large (the log-sum-exp's shifted exponentials in the forward; the
+    16-bit product before its cast, or the 16-bit gradient, are smaller), :math:`8cV`, plus the
+    head weight's float32 gradient accumulator :math:`4Vh` when the head is trained (full
+    fine-tuning; not with LoRA)."""
+    # deferred: gbmpo.rollout imports the decoders; the plan's import stays light
+    from gbmpo.rollout.logprobs import fused_chunk_rows
+
+    h, _, _, _, _, vocab = _shape(model_config)
+    tokens = rows * completion_len
+    chunk = min(tokens, fused_chunk_rows(vocab))
+    kept = tokens * (dtype_bytes * h + 4)
+    return kept, 8 * chunk * vocab + (4 * vocab * h if head_trained else 0)
+
+
 def activation_bytes(model_config: Any, rows: int, seq_len: int, completion_len: int,
-                     dtype_bytes: int, *, checkpointing: bool = False) -> int:  # fmt: skip
+                     dtype_bytes: int, *, checkpointing: bool = False,
+                     fused_head: bool = False, head_trained: bool = True) -> int:  # fmt: skip
     r"""Bytes a decoder's training forward keeps for the backward, for ``rows`` sequences of
     ``seq_len`` tokens of which the last ``completion_len`` are scored.
 
@@ -79,19 +132,31 @@ def activation_bytes(model_config: Any, rows: int, seq_len: int, completion_len:
     with the scored positions' logits (:math:`b` bytes) and their float32 log-softmax and its
     gradient (8 bytes) over the vocabulary :math:`V`. With gradient ``checkpointing`` only each
     layer's input is kept (:math:`r L N b h`) plus one layer's set, recomputed in the backward
-    (:math:`r L b (4h + 3q + 5k + 4i)`)."""
-    cfg = getattr(model_config, "text_config", None) or model_config
-    h, n = int(cfg.hidden_size), int(cfg.num_hidden_layers)
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    hd = int(getattr(cfg, "head_dim", None) or h // heads)
-    i = int(getattr(cfg, "intermediate_size", None) or 4 * h)
-    q, k = heads * hd, kv_heads * hd
+    (:math:`r L b (4h + 3q + 5k + 4i)`). With ``fused_head`` (the own engine: the LM head
+    applied chunk by chunk) the logits term is :func:`head_bytes`'s instead (kept plus
+    transient; ``head_trained``: the head's weight is trained)."""
+    h, n, q, k, i, vocab = _shape(model_config)
     per_token = dtype_bytes * (4 * h + 3 * q + 5 * k + 4 * i)
-    logits = completion_len * int(cfg.vocab_size) * (dtype_bytes + 8)
+    if fused_head:
+        logits = sum(head_bytes(model_config, rows, completion_len, dtype_bytes,
+                                head_trained=head_trained))
+    else:
+        logits = rows * completion_len * vocab * (dtype_bytes + 8)
     if checkpointing:
-        return rows * (seq_len * (n * dtype_bytes * h + per_token) + logits)
-    return rows * (seq_len * n * per_token + logits)
+        return rows * seq_len * (n * dtype_bytes * h + per_token) + logits
+    return rows * seq_len * n * per_token + logits
+
+
+def inference_bytes(model_config: Any, rows: int, seq_len: int, completion_len: int,
+                    dtype_bytes: int) -> int:
+    r"""Bytes of a no-grad log-prob pass (old policy, reference) over ``rows`` sequences of
+    ``seq_len`` tokens: nothing is kept for a backward, so at most one layer's tensors
+    :math:`rLb(4h + 3q + 5k + 4i)` and the residual stream :math:`rLbh` are alive at a time,
+    plus the fused head's chunk (:func:`head_bytes`, no weight gradient)."""
+    h, _, q, k, i, _ = _shape(model_config)
+    layer = rows * seq_len * dtype_bytes * (5 * h + 3 * q + 5 * k + 4 * i)
+    return layer + sum(head_bytes(model_config, rows, completion_len, dtype_bytes,
+                                  head_trained=False))
 
 
 def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, needs_ref: bool,
@@ -134,6 +199,20 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         util = ro.vllm_gpu_memory_utilization if engine == "trl" else _verl_gpu_util()
         reserve = int(util * capacity)
         parts["kv_cache"] = None
+    static = sum(int(parts[k] or 0) for k in ("weights", "reference", "gradients", "optimizer"))
+    kv = int(parts["kv_cache"] or 0)
+
+    def activations(rows: int) -> int:
+        # TRL's GRPOConfig and verl checkpoint the gradient by default; the own engine does not,
+        # and applies the LM head chunk by chunk (gbmpo.rollout.logprobs)
+        return activation_bytes(model_config, rows, length, ro.max_new_tokens, b,
+                                checkpointing=engine != "gbmpo", fused_head=engine == "gbmpo",
+                                head_trained=not cfg.lora.enabled)  # fmt: skip
+
+    def peak_of(act: int) -> int:
+        return static + reserve + act if vllm else static + max(act, kv)
+
+    planned = False
     if engine == "verl" and not micro:
         # use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu tokens, padding
         # removed, logits of every token; gradient checkpointing (verl's default)
@@ -141,16 +220,21 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         act = activation_bytes(model_config, 1, tokens, tokens, b, checkpointing=True)
         micro, length = 1, tokens
     else:
-        # TRL's GRPOConfig and verl checkpoint the gradient by default; the own engine does not
-        act = activation_bytes(model_config, micro, length, ro.max_new_tokens, b,
-                               checkpointing=engine != "gbmpo")  # fmt: skip
-    static = sum(int(parts[k] or 0) for k in ("weights", "reference", "gradients", "optimizer"))
-    kv = int(parts["kv_cache"] or 0)
-    peak = static + reserve + act if vllm else static + max(act, kv)
+        if engine == "gbmpo" and opt.micro_batch_size is None and device_bytes is not None:
+            micro = planned_micro_batch(mini, lambda m: peak_of(activations(m)), device_bytes)
+            planned = True
+        act = activations(micro)
+    peak = peak_of(act)
+    inference = None
+    if engine == "gbmpo":
+        inference = inference_rows(batch, max(act, kv), lambda r: inference_bytes(
+            model_config, r, length, ro.max_new_tokens, b))
     return {
         "engine": engine,
         "devices": world,
         "micro_batch_rows": micro,
+        "micro_batch_planned": planned,
+        "inference_rows": inference,
         "sequence_tokens": length,
         "weights": parts["weights"],
         "gradients": parts["gradients"],
@@ -164,6 +248,41 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         "fits": peak <= capacity,
         "notes": notes,
     }
+
+
+#: the share of a device's memory the plan leaves free when it chooses the micro-batch
+#: (:func:`planned_micro_batch`): the CUDA context and cuBLAS workspaces (about 1 GiB) and the
+#: caching allocator's fragmentation, which the plan does not count (an H200 rehearsal of
+#: Qwen3-1.7B's shape peaked at 36.5 GiB against a 37.2 GiB plan: the plan's own error is a few
+#: percent, the margin several times that)
+PLAN_MARGIN = 0.10
+
+
+def planned_micro_batch(mini: int, peak: Any, device_bytes: int,
+                        margin: float = PLAN_MARGIN) -> int:
+    """The largest micro-batch (a divisor of the mini-batch ``mini``, so accumulation stays
+    exact) whose planned ``peak(rows)`` bytes fit in ``(1 - margin) * device_bytes``; 1 when
+    none does (the plan then says it does not fit)."""
+    budget = (1.0 - margin) * device_bytes
+    for rows in sorted((d for d in range(1, mini + 1) if mini % d == 0), reverse=True):
+        if peak(rows) <= budget:
+            return rows
+    return 1
+
+
+def inference_rows(total: int, budget: int, need: Any) -> int:
+    """Rows per no-grad log-prob pass (old policy, reference): the most, up to ``total``, whose
+    ``need(rows)`` bytes (:func:`inference_bytes`) fit in ``budget``, the bytes the plan gives
+    the larger of the training micro-batch's activations and the KV cache (neither is alive
+    during those passes); at least 1."""
+    lo, hi = 1, max(1, total)
+    while lo < hi:  # need() grows with rows: the largest fitting one by bisection
+        mid = (lo + hi + 1) // 2
+        if need(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 #: verl's ``actor.ppo_max_token_len_per_gpu`` default (verl 0.9.1 ``actor.yaml``): the tokens
@@ -190,6 +309,9 @@ def plan_line(plan: dict[str, Any], device: str) -> str:
     where = (f"{device} has {_size(capacity)}" if capacity else
              f"{device} absent here: compared with one {_size(ONE_DEVICE_REFERENCE_BYTES)} GPU")
     verdict = "fits" if plan["fits"] else "does NOT fit"
+    chosen = f" (planned, {PLAN_MARGIN:.0%} margin)" if plan.get("micro_batch_planned") else ""
+    rows = plan.get("inference_rows")
+    inference = f"; no-grad passes of {rows} rows" if rows else ""
     return (f"memory plan ({plan['engine']}, per GPU of {plan['devices']}): peak "
-            f"{_size(plan['peak'])} ({parts}; micro-batch {plan['micro_batch_rows']} x "
-            f"{plan['sequence_tokens']} tokens); {verdict}: {where}")  # fmt: skip
+            f"{_size(plan['peak'])} ({parts}; micro-batch {plan['micro_batch_rows']}{chosen} x "
+            f"{plan['sequence_tokens']} tokens{inference}); {verdict}: {where}")  # fmt: skip

@@ -5,16 +5,16 @@ terms placed in the loss, each with its anchor's log-probs, handed to
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from gbmpo.objectives.loss import compute_policy_loss, loss_terms
+from gbmpo.objectives.loss import compute_policy_loss, compute_policy_loss_packed, loss_terms
 
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
 
-__all__ = ["policy_loss"]
+__all__ = ["policy_loss", "policy_loss_packed"]
 
 
 def policy_loss(
@@ -38,6 +38,31 @@ def policy_loss(
     multiplying the surrogate per token, the rollout correction."""
     o = tr.objective
     return compute_policy_loss(
+        logp=logp, old_logp=old, advantages=advantages, mask=mask, surrogate=o.surrogate,
+        terms=loss_terms(o.terms, anchors, full_values), aggregation=o.aggregation,
+        max_len=tr.config.rollout.max_new_tokens, num_sequences=num_sequences,
+        num_tokens=num_tokens, token_weights=token_weights,
+    )  # fmt: skip
+
+
+def policy_loss_packed(
+    tr: Trainer,
+    logp: Tensor,
+    old: Tensor | None,
+    anchors: dict[str, Tensor | None],
+    advantages: Tensor,
+    mask: Tensor,
+    num_sequences: int,
+    num_tokens: float,
+    *,
+    full_values: dict[str, Tensor] | None = None,
+    token_weights: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Any]:
+    """:func:`policy_loss` with its metrics left on the device: ``(loss, packed, layout)``
+    (:func:`gbmpo.objectives.loss.compute_policy_loss_packed`), so that the micro-batch loop
+    reads nothing back."""
+    o = tr.objective
+    return compute_policy_loss_packed(
         logp=logp, old_logp=old, advantages=advantages, mask=mask, surrogate=o.surrogate,
         terms=loss_terms(o.terms, anchors, full_values), aggregation=o.aggregation,
         max_len=tr.config.rollout.max_new_tokens, num_sequences=num_sequences,

@@ -42,21 +42,30 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from gbmpo.objectives.loss import unpack_metrics
 from gbmpo.rewards.scoring import score_completions
 from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
 from gbmpo.train.correction import micro_correction, sampler_weights
 from gbmpo.train.drift import control_drift
+from gbmpo.train.device import device_memory_bytes
 from gbmpo.train.full import full_terms, logprobs_and_full
+from gbmpo.train.memory import memory_plan
 from gbmpo.train.penalties import in_advantage_penalties, in_reward_penalties
-from gbmpo.train.policy_loss import policy_loss
+from gbmpo.train.policy_loss import policy_loss_packed
 from gbmpo.train.precision import MasterWeightOptimizer
 from gbmpo.train.step_metrics import StepTimes, UpdateStats, per_term_breakdown, step_record
 
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
 
-__all__ = ["accumulate_gradients", "no_grad_logprobs", "train_step"]
+__all__ = [
+    "accumulate_gradients",
+    "no_grad_logprobs",
+    "plan_batches",
+    "planned_batches",
+    "train_step",
+]
 
 
 def train_step(tr: Trainer) -> dict[str, Any]:
@@ -64,6 +73,7 @@ def train_step(tr: Trainer) -> dict[str, Any]:
     t_start = time.perf_counter()
     examples = [tr.train_data[i] for i in tr.sampler.take(tr.config.rollout.prompts_per_step)]
     batch = sample_completions(tr, [ex["prompt"] for ex in examples])  # 1, 2
+    plan_batches(tr, batch)
     t_generated = time.perf_counter()
     rewards, failures = score(tr, examples, batch)  # 3
     old_logp = no_grad_logprobs(tr, batch, reference=False) if tr.needs_old else None  # 4
@@ -98,6 +108,33 @@ def sample_completions(tr: Trainer, prompts: list[Any]) -> Rollout:
         decode_step=ro.decode_step,
         return_logprobs=cfg.objective.rollout_correction.active,  # the sampler's log mu
     ).to(tr.device)  # fmt: skip
+
+
+def plan_batches(tr: Trainer, batch: Rollout) -> None:
+    """On CUDA with ``optim.micro_batch_size: null``: ``tr.micro_batch`` and
+    ``tr.inference_batch`` from the memory plan of this step's prompt width rounded up to a
+    multiple of 64 tokens (:func:`planned_batches`, planned once per such width: a plan builds
+    the model's shape on the meta device, and rounding up only plans more memory); elsewhere
+    they stay as configured (the CPU keeps the mini-batch, as before)."""
+    if tr.config.optim.micro_batch_size is not None or tr.device.type != "cuda":
+        return
+    width = -(-int(batch.prompt_ids.shape[1]) // 64) * 64
+    if width not in tr.batch_plans:
+        tr.batch_plans[width] = planned_batches(tr, width, device_memory_bytes(str(tr.device)))
+    tr.micro_batch, tr.inference_batch = tr.batch_plans[width]
+
+
+def planned_batches(tr: Trainer, prompt_tokens: int, device_bytes: int | None
+                    ) -> tuple[int, int]:  # fmt: skip
+    """(micro-batch, rows per no-grad pass) that :func:`gbmpo.train.memory.memory_plan` plans
+    for ``tr``'s config and model on a device of ``device_bytes`` with prompts of
+    ``prompt_tokens`` tokens (the configured ones without a device size)."""
+    if device_bytes is None:
+        return tr.micro_batch, tr.inference_batch
+    plan = memory_plan(tr.config, tr.model.config, prompt_tokens,
+                       needs_ref=tr.ref_model is not None, device_bytes=device_bytes)
+    micro = int(plan["micro_batch_rows"])
+    return micro, max(micro, int(plan["inference_rows"] or micro))
 
 
 def score(tr: Trainer, examples: list[dict[str, Any]], batch: Rollout) -> tuple[Tensor, int]:
@@ -204,16 +241,23 @@ def accumulate_gradients(
     n_seq, n_tok = len(rows), float(mask[rows].sum())
     stats = _MiniBatchStats(logp=torch.zeros(len(rows), mask.shape[1], device=mask.device))
     full_loss_terms = full_terms(tr.objective.loss_terms)
+    # the rows on the host once per mini-batch, so that the loop below reads nothing back: the
+    # metrics stay on the device until every micro-batch's backward is queued
+    micros = list(zip(_split_list(rows.tolist(), tr.micro_batch), rows.split(tr.micro_batch),
+                      strict=True))
+    packs, tokens, entropy_sums, corrections = [], [], [], []
+    layout = None
     offset = 0
-    for micro in rows.split(tr.micro_batch):
+    for host, micro in micros:
+        sub = batch.select(host, index=micro)
         m = mask[micro]
         full_values: dict[str, Tensor] = {}  # estimator full: per-token divergences, by term
         if full_loss_terms:
             logp, entropy, full_values = logprobs_and_full(
-                tr, batch.select(micro), m, full_loss_terms, with_entropy=with_entropy
+                tr, sub, m, full_loss_terms, with_entropy=with_entropy
             )
         else:
-            logp, entropy = tr.logprobs(tr.model, batch.select(micro), with_entropy=with_entropy)
+            logp, entropy = tr.logprobs(tr.model, sub, with_entropy=with_entropy)
         old = old_logp[micro] if old_logp is not None else None
         anchors = {  # each term's anchor: the frozen reference, or the rollout policy (RPG)
             "ref": ref_logp[micro] if ref_logp is not None else None,
@@ -225,31 +269,49 @@ def accumulate_gradients(
             None if batch.sampling_logp is None else batch.sampling_logp[micro],
             logp, advantages[micro], m,
         )  # fmt: skip
-        loss, metrics = policy_loss(
+        loss, packed, layout = policy_loss_packed(
             tr, logp, old, anchors, advantages[micro], m, n_seq, n_tok, full_values=full_values,
             token_weights=weights,
         )  # fmt: skip
-        metrics.update(corrected)
         loss.backward()
+        packs.append(packed.detach())
+        tokens.append(m.sum())
+        corrections.append(corrected)
+        if entropy is not None:
+            entropy_sums.append((entropy * m).sum())
+        stats.logp[offset : offset + len(host)] = logp.detach()
+        offset += len(host)
+    # one read back for every micro-batch: its metrics, valid tokens and entropy sum
+    k = len(packs)
+    values = torch.cat([torch.stack(packs).flatten(),
+                        torch.stack([*tokens, *entropy_sums]).to(torch.float64)]).tolist()
+    width = packs[0].numel() if packs else 0
+    for i in range(k):
         # the micro-batch losses are parts of the mini-batch loss: they add up
+        metrics = unpack_metrics(values[i * width : (i + 1) * width], layout)
+        metrics.update(corrections[i])
         stats.loss += metrics.pop("loss")
         stats.pg_loss += metrics.pop("pg_loss")
         if diag is not None:
-            diag.add(per_term_breakdown(tr, metrics), float(m.sum()))
-        if entropy is not None:
-            stats.entropy_sum += float((entropy * m).sum())
-        stats.logp[offset : offset + len(micro)] = logp.detach()
-        offset += len(micro)
+            diag.add(per_term_breakdown(tr, metrics), values[k * width + i])
+    for e in values[k * width + k :]:
+        stats.entropy_sum += e
     return stats
+
+
+def _split_list(items: list[int], size: int) -> list[list[int]]:
+    return [items[s : s + size] for s in range(0, len(items), size)]
 
 
 @torch.no_grad()
 def no_grad_logprobs(tr: Trainer, batch: Rollout, *, reference: bool) -> Tensor:
     """log pi_old (current weights) or log pi_ref (frozen copy / adapters disabled), in
-    micro-batches, eval mode, without gradients (inference mode measured no faster here, and
-    the device-placement simulation cannot follow it)."""
+    chunks of ``tr.inference_batch`` rows (at least the micro-batch: no backward is pending, so
+    a pass can take more rows; :func:`gbmpo.train.memory.inference_rows`), eval mode, without
+    gradients (inference mode measured no faster here, and the device-placement simulation
+    cannot follow it)."""
     parts = []
-    for rows in _chunks(len(batch), tr.micro_batch):
+    for rows in _chunks(len(batch), tr.inference_batch):
         sub = batch.select(rows)
         if reference and tr.ref_model is not None:
             logp, _ = tr.logprobs(tr.ref_model, sub)

@@ -135,6 +135,11 @@ class Trainer:
         batch = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
         self.mini_batch = cfg.optim.mini_batch_size or batch
         self.micro_batch = cfg.optim.micro_batch_size or self.mini_batch
+        # rows per no-grad log-prob pass (old policy, reference); on CUDA with
+        # optim.micro_batch_size null both come from the memory plan, per prompt width
+        # (gbmpo.train.step.plan_batches)
+        self.inference_batch = self.micro_batch
+        self.batch_plans: dict[int, tuple[int, int]] = {}
         self.needs_old = cfg.optim.mu > 1 or self.mini_batch < batch
         # the rollout correction compares pi_old's log-probs with the sampler's
         self.needs_old = self.needs_old or cfg.objective.rollout_correction.active
