@@ -23,9 +23,10 @@ RESUME_KEYS = ("trainer.resume_mode=", "trainer.resume_from_path=", "trainer.val
 
 def _cfg(*settings: tuple[str, Any]) -> Any:
     # on GPUs: a real resume here must stop for want of them (a CPU resume trains:
-    # tests/engines/test_verl_cpu_train.py)
+    # tests/engines/test_verl_cpu_train.py); no drift (it merges a real checkpoint)
     return load_config(None, [("engine", "verl"), *VERL_REQUIRED.items(),
-                              ("model.device", "cuda"), *settings])  # fmt: skip
+                              ("model.device", "cuda"), ("eval.drift", False),
+                              *settings])  # fmt: skip
 
 
 def _verl_run(tmp_path: Path, step: int | None) -> Path:
