@@ -259,3 +259,28 @@ def test_summary_from_verls_own_logger_and_validation_metrics(
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
     assert last["eval/accuracy"] == pytest.approx(acc_after) and last["pg_loss"] == 0.5
+
+
+def test_the_driver_hooks_fit_verls_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gbmpo's driver hooks (gbmpo.integrations.verl_driver) against verl's own trainer module:
+    the names they wrap and the facts of ``RayPPOTrainer.fit`` they rely on are there; installed,
+    verl's step timer still times the step and feeds the RL clock."""
+    import verl.trainer.ppo.ray_trainer as rt
+    from tqdm import tqdm
+
+    from gbmpo.integrations import verl_driver
+
+    for name in ("compute_data_metrics", "marked_timer"):
+        monkeypatch.setattr(rt, name, getattr(rt, name))  # restored after the test
+    monkeypatch.setattr(rt, "_gbmpo_driver", False, raising=False)
+    for name in ("fit", "_compute_old_log_prob"):
+        monkeypatch.setattr(rt.RayPPOTrainer, name, getattr(rt.RayPPOTrainer, name))
+    monkeypatch.setattr(verl_driver, "_CLOCK", verl_driver._Clock())
+    verl_driver.check(rt)
+    verl_driver.install(rt)
+    verl_driver.check(rt)  # through the wrapper too
+    timing: dict[str, float] = {}
+    with rt.marked_timer("step", timing):
+        pass
+    assert timing["step"] >= 0 and verl_driver._CLOCK.seconds() > 0
+    assert tqdm(total=verl_driver.StepLimit(3), disable=True).total == 3

@@ -6,6 +6,7 @@ step and reads it after the actor's update, as verl 0.9.1's ``RayPPOTrainer.fit`
 from __future__ import annotations
 
 import contextlib
+import linecache
 import types
 
 import pytest
@@ -76,7 +77,9 @@ def verl_like(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, list[f
     """A fresh verl-like trainer module with the hooks installed, on a fake clock."""
     module = types.ModuleType("fake_ray_trainer")
     module.types = types  # type: ignore[attr-defined]
-    exec(compile(LOOP, "fake_ray_trainer", "exec"), module.__dict__)
+    name = "<fake_ray_trainer>"
+    linecache.cache[name] = (len(LOOP), None, LOOP.splitlines(True), name)  # for check's source
+    exec(compile(LOOP, name, "exec"), module.__dict__)
     clock = [0.0]
     monkeypatch.setattr(verl_driver.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(verl_driver, "_CLOCK", verl_driver._Clock())
@@ -168,6 +171,15 @@ def test_a_verl_without_the_hooked_names_is_named() -> None:
     module.compute_data_metrics = lambda batch: {}  # type: ignore[attr-defined]
     module.marked_timer = contextlib.nullcontext  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="RayPPOTrainer.fit"):
+        verl_driver.check(module)
+
+
+def test_a_fit_whose_last_step_is_decided_elsewhere_is_named(
+    verl_like: tuple[types.ModuleType, list[float]]
+) -> None:
+    module, _ = verl_like
+    module.RayPPOTrainer.fit.__wrapped__ = lambda self: None  # a loop without the decision
+    with pytest.raises(RuntimeError, match="is_last_step = self.global_steps"):
         verl_driver.check(module)
 
 

@@ -204,6 +204,8 @@ def install(module: Any) -> None:
         _STATE["monitors"] = _objective_monitors(self.config)
         return fit(self)
 
+    fit_.__wrapped__ = fit  # type: ignore[attr-defined]
+
     def compute_old_log_prob(self: Any, batch: Any) -> Any:
         out = old_log_prob(self, batch)
         entropys = out[0].batch["entropys"] if isinstance(out, tuple) else None
@@ -218,8 +220,17 @@ def install(module: Any) -> None:
     module._gbmpo_driver = True
 
 
+#: what the hooks rely on in ``RayPPOTrainer.fit``'s source: the last-step decision at the start
+#: of a step (read after the update: :class:`LastStep`) and the step's timer
+FIT_FACTS = ("is_last_step = self.global_steps >= self.total_training_steps",
+             'marked_timer("step"')  # fmt: skip
+
+
 def check(module: Any = None) -> None:
-    """``RuntimeError`` naming the first of :data:`PATCHED` that verl's trainer module lacks."""
+    """``RuntimeError`` naming the first of :data:`PATCHED` that verl's trainer module lacks,
+    or the first of :data:`FIT_FACTS` its ``RayPPOTrainer.fit`` no longer holds."""
+    import inspect
+
     if module is None:
         import importlib
 
@@ -232,6 +243,13 @@ def check(module: Any = None) -> None:
             raise RuntimeError(
                 f"gbmpo's verl driver hooks need {_TARGET}.{name}, which this verl lacks "
                 "(written for verl 0.9.1)"
+            )
+    fit = inspect.getsource(inspect.unwrap(module.RayPPOTrainer.fit))
+    for fact in FIT_FACTS:
+        if fact not in fit:
+            raise RuntimeError(
+                f"gbmpo's verl driver hooks need {_TARGET}.RayPPOTrainer.fit to hold {fact!r}, "
+                "which this verl's does not (written for verl 0.9.1)"
             )
 
 
