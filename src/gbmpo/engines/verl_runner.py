@@ -55,6 +55,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
+
 from gbmpo.config import ConfigError, dump_yaml, validate
 from gbmpo.config.support import check_support
 from gbmpo.engines.checks import (
@@ -70,6 +72,7 @@ from gbmpo.engines.verl_metrics import (
     read_verl_log,
     summarize_run,
 )
+from gbmpo.eval.drift import final_drift, fmt_drift
 from gbmpo.integrations import verl_cpu, verl_driver
 from gbmpo.integrations.common import hydra_value as _value
 from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
@@ -77,13 +80,14 @@ from gbmpo.io import RunStopped, resume_command, write_atomic, write_json_atomic
 from gbmpo.io.stop import handling
 from gbmpo.lifecycle import (
     CONFIG_FILE,
+    MODEL_DIR,
     RunLifecycle,
     default_run_dir,
     refuse_nonempty,
     resume_config,
 )
-from gbmpo.models import resolve_model_path
-from gbmpo.train.setup import build_task, load_tokenizer
+from gbmpo.models import load_model_and_tokenizer, resolve_model_path
+from gbmpo.train.setup import build_task, eval_limit, load_splits, load_tokenizer
 
 __all__ = [
     "LAUNCH_FILE",
@@ -305,15 +309,7 @@ def _with_drift(cfg: Any, run_dir: Path, python: str, summary: dict[str, Any]) -
     steps = summary["steps"]
     if not (cfg.eval.drift and cfg.eval.after and steps > 0):
         return summary
-    # deferred: torch and transformers (the drift's models)
-    import torch
-
     t0 = time.perf_counter()
-    from gbmpo.eval.drift import final_drift, fmt_drift
-    from gbmpo.lifecycle import MODEL_DIR
-    from gbmpo.models import load_model_and_tokenizer
-    from gbmpo.train.setup import eval_limit, load_splits
-
     if not python:
         raise EngineUnavailable("eval.drift on engine verl merges verl's checkpoint with verl's "
                                 "model merger, in verl's environment: none here (make verl)")

@@ -34,8 +34,10 @@ module is imported (the trainer process imports it), so the workers pay nothing.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.abc
 import importlib.machinery
+import inspect
 import os
 import sys
 import time
@@ -137,6 +139,7 @@ def _masked_mean(values: Any, mask: Any) -> float:
 
 def step_metrics(batch: Any) -> dict[str, float]:
     """This module's additions to one step's metrics (module doc) from verl's batch."""
+    # deferred: torch is heavy; gbmpo's own processes read this module's names without it
     import torch
 
     out: dict[str, float] = {RL_SECONDS_METRIC: _CLOCK.seconds()}
@@ -229,11 +232,7 @@ FIT_FACTS = ("is_last_step = self.global_steps >= self.total_training_steps",
 def check(module: Any = None) -> None:
     """``RuntimeError`` naming the first of :data:`PATCHED` that verl's trainer module lacks,
     or the first of :data:`FIT_FACTS` its ``RayPPOTrainer.fit`` no longer holds."""
-    import inspect
-
     if module is None:
-        import importlib
-
         module = importlib.import_module(_TARGET)
     for name in PATCHED:
         owner: Any = module
