@@ -166,7 +166,12 @@ def summarize_run(
     verl logs the evaluation before training as the row of step 0 and each later one in the
     row of its training step. ``eval_before``: step 0's evaluation (with ``eval.before``);
     ``eval_after``: the evaluation in the row of the last training step (with ``eval.after``;
-    :func:`validation_freq` makes verl validate there), ``None`` where there is none."""
+    :func:`validation_freq` makes verl validate there), ``None`` where there is none.
+    ``rl_seconds``: the driver hooks' RL clock at the last step; ``stop_reason`` ``time_budget``
+    where it reached ``run.time_budget_seconds`` before ``run.steps``; ``reward_failures``: the
+    steps' failures summed; ``peak_memory_gib``: verl's workers' peak (``None`` on the CPU);
+    ``drift`` / ``drift_seconds``: ``None`` here (the runner measures them on the merged
+    model)."""
     # the parts before a resume (up to its checkpoint), then the last part
     rows = read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
     rows += read_verl_log(run_dir / VERL_METRICS_FILE)

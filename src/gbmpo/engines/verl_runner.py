@@ -23,6 +23,12 @@ verl's ``ppo_trainer.yaml``):
   ``run.num_nodes``, steps, checkpoints, validation (``validation_freq``: the last step
   is the final evaluation), seeds, precision (``precision_overrides``).
 
+In verl's trainer process gbmpo's driver hooks (:mod:`gbmpo.integrations.verl_driver`) add the
+monitored divergences ``reg/<name>``, the entropy's token mean, the reward failures and the RL
+clock to each step's metrics, and end the run after the step that spends
+``run.time_budget_seconds``; with ``eval.drift`` the final checkpoint is merged into ``model/``
+(verl's model merger) and its drift measured as on the other engines.
+
 Every key is honoured or refused (:data:`gbmpo.config.support.VERL`): :func:`run` and
 :func:`dry_run` call :func:`check_engine_support` before anything is written. After the run
 :mod:`gbmpo.engines.verl_metrics` turns verl's file log into ``metrics.jsonl`` (the schema of
