@@ -581,7 +581,8 @@ VERL.update({
     "run.time_budget_seconds": H(
         "gbmpo's driver hooks (gbmpo.integrations.verl_driver) make the step in which the RL "
         "time (verl's step timer, validation excluded) reaches the budget verl's last: its "
-        "final checkpoint and validation, summary.json stop_reason time_budget. verl's LR "
+        "final checkpoint and validation (with eval.every > 0 that step validates even with "
+        "eval.after false), summary.json stop_reason time_budget. verl's LR "
         "schedule is fixed when it starts and spans run.steps: with optim.schedule cosine a run "
         "the budget stops ends before the decay does (the own engine and TRL decay over "
         "whichever limit comes first)"),

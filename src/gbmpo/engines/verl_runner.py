@@ -487,7 +487,7 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     budget = cfg.run.time_budget_seconds
     trained = step >= cfg.run.steps or (budget is not None and step > 0
                                         and _rl_seconds(path, step) >= budget)
-    python = verl_python() or "" if trained else _gpu_python(cfg)  # trained: the merge's
+    python = (verl_python() or "") if trained else _gpu_python(cfg)  # trained: the merge's
     launch = json.loads((path / LAUNCH_FILE).read_text())
     with RunLifecycle(path, "verl", resuming=True) as life:
         earlier = read_verl_log(path / VERL_EARLIER_METRICS_FILE)
