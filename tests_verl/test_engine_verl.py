@@ -65,8 +65,10 @@ def test_overrides_select_the_spec_objective(
     actor = omega_conf_to_dataclass(_compose(ov).actor_rollout_ref.actor)
     chosen = gv.describe(actor)
     assert chosen["surrogate"] == surrogate  # every parameter, none taken from verl's defaults
-    if regularizer is None:
-        assert chosen["regularizer"] is None and actor.use_kl_loss is False
+    if regularizer is None:  # no term: a KL loss of coefficient 0, for the monitors' reference
+        assert chosen["regularizer"] is None
+        assert actor.use_kl_loss is cfg.objective.monitor_regularizers is True
+        assert actor.kl_loss_coef == 0.0
     else:
         assert chosen["regularizer"].name == regularizer.name
         assert chosen["regularizer"].params == regularizer.params
@@ -97,7 +99,8 @@ def test_reward_function_with_verls_signature_equals_the_task_reward(tmp_path: P
                      extra_info=row["extra_info"])  # fmt: skip
             cols = {k: [v] for k, v in json.loads(row["extra_info"]["columns"]).items()}
             want = task.reward([ex["prompt"]], [completion], **cols)[0] or 0.0
-            assert got == {"score": want, "acc": float(want >= 1.0)}, (completion, got, want)
+            assert got == {"score": want, "acc": float(want >= 1.0),  # (no failure here)
+                           "gbmpo_reward_failed": 0.0}, (completion, got, want)
             n_right += got["score"] == 1.0
     assert n_right == 6  # the gold solutions score 1
 

@@ -6,8 +6,10 @@ step and reads it after the actor's update, as verl 0.9.1's ``RayPPOTrainer.fit`
 from __future__ import annotations
 
 import contextlib
+import json
 import linecache
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,6 +156,15 @@ def test_step_metrics_monitor_entropy_and_failures(
     assert row[verl_driver.FAILURES_METRIC] == 2.0
 
 
+def test_a_step_without_one_usable_reward_stops_the_run(
+    verl_like: tuple[types.ModuleType, list[float]]
+) -> None:
+    module, clock = verl_like
+    trainer = module.RayPPOTrainer(3, clock, 1.0, _batch(failed=[1.0, 1.0, 1.0, 1.0]))
+    with pytest.raises(RuntimeError, match="no usable reward for any of the 4 completions"):
+        trainer.fit()
+
+
 def test_no_reference_no_monitor(verl_like: tuple[types.ModuleType, list[float]],
                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     module, clock = verl_like
@@ -187,3 +198,25 @@ def test_importing_it_outside_verl_changes_nothing() -> None:
     import sys
 
     assert not any(isinstance(f, verl_driver._AfterImport) for f in sys.meta_path)
+
+
+def test_a_failed_reward_is_marked_for_the_count(tmp_path: Path) -> None:
+    """verl's reward function (gbmpo.engines.verl_reward) marks a failed reward (scored 0, as on
+    the own engine) with FAILED_KEY on training rows, which the driver hooks sum per step."""
+    from gbmpo.config import dump_yaml, load_config
+    from gbmpo.engines.verl_reward import compute_score
+
+    (tmp_path / "r.py").write_text(
+        "def reward(prompts, completions, **kw):\n"
+        "    return [1.0 if 'ok' in c else float('nan') for c in completions]\n")  # fmt: skip
+    (tmp_path / "d.jsonl").write_text('{"prompt": "1 + 1 =", "answer": "2"}\n' * 4)
+    params = {"path": str(tmp_path / "d.jsonl"), "reward": f"{tmp_path / 'r.py'}:reward"}
+    cfg = load_config(None, [("task.name", "jsonl"), ("task.params", params)])
+    (tmp_path / "config.yaml").write_text(dump_yaml(cfg))
+    info = {"split": "train", "prompt": "1 + 1 =", "columns": json.dumps({"answer": "2"})}
+    kw = {"data_source": "gbmpo/jsonl", "ground_truth": "2", "extra_info": info,
+          "gbmpo_config": str(tmp_path / "config.yaml")}  # fmt: skip
+    assert compute_score(solution_str=" ok", **kw) == {
+        "score": 1.0, "acc": 1.0, verl_driver.FAILED_KEY: 0.0}
+    assert compute_score(solution_str=" no", **kw) == {
+        "score": 0.0, "acc": 0.0, verl_driver.FAILED_KEY: 1.0}

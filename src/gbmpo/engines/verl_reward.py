@@ -30,7 +30,7 @@ from typing import Any
 from gbmpo.eval.evaluation import score_samples
 from gbmpo.integrations.verl_driver import FAILED_KEY
 from gbmpo.registry import add_plugin_modules
-from gbmpo.rewards.scoring import score_completions
+from gbmpo.rewards.scoring import RewardError, score_completions
 from gbmpo.sandbox import require_sandbox
 
 __all__ = ["compute_score"]
@@ -84,9 +84,13 @@ def compute_score(
         reward = graded.get("reward")
         return {"score": float(reward) if _finite(reward) else 0.0,
                 "acc": float(bool(graded.get("correct")))}  # fmt: skip
-    scored = score_completions(
-        task.reward, [prompt], [solution_str], {k: [v] for k, v in columns.items()}
-    )
+    try:
+        scored = score_completions(
+            task.reward, [prompt], [solution_str], {k: [v] for k, v in columns.items()}
+        )
+    except RewardError:  # verl scores one completion at a time: a failure of this one; a step
+        # whose every completion fails stops the run in the driver (gbmpo.integrations.verl_driver)
+        return {"score": 0.0, "acc": 0.0, FAILED_KEY: 1.0}
     reward = float(scored.rewards[0])
     return {"score": reward, "acc": float(reward >= 1.0), FAILED_KEY: float(scored.failures)}
 

@@ -15,7 +15,8 @@ module is imported (the trainer process imports it), so the workers pay nothing.
   - :data:`ENTROPY_METRIC`: the token mean of the policy's entropy at :math:`\pi_{old}` over
     the batch (verl's ``actor/entropy`` is that entropy aggregated with ``loss_agg_mode``);
   - :data:`FAILURES_METRIC`: the step's reward failures (the reward function's
-    :data:`FAILED_KEY`, :mod:`gbmpo.engines.verl_reward`);
+    :data:`FAILED_KEY`, :mod:`gbmpo.engines.verl_reward`); a step whose every completion
+    failed stops the run, as on the own engine;
   - :data:`RL_SECONDS_METRIC`: the RL time so far (the time budget's clock);
 
 * ``marked_timer("step")`` (verl's timer of one step, validation excluded) feeds that clock;
@@ -160,6 +161,14 @@ def step_metrics(batch: Any) -> dict[str, float]:
     failed = batch.non_tensor_batch.get(FAILED_KEY)
     if failed is not None:
         out[FAILURES_METRIC] = float(sum(float(f) for f in failed))
+        if len(failed) and out[FAILURES_METRIC] == len(failed):
+            # the own engine's rule (gbmpo.rewards.scoring.score_completions): a step without
+            # one usable reward stops the run
+            raise RuntimeError(
+                f"the reward function gave no usable reward for any of the {len(failed)} "
+                "completions of this step (NaN, None or an exception each time): check the "
+                "function and the data columns"
+            )
     return out
 
 
