@@ -74,7 +74,7 @@ KNOWN_SECONDS: dict[str, float] = {
     "tests/cli/test_user_data_cli.py::test_eval_on_a_user_file": 8,
     "tests/test_readme.py::test_verl_command_bad_objective_file_is_one_line": 22,
     "tests/objectives/test_objective_cost_smoke.py::test_objective_cost_tabulated_mirror_cases": 24,
-    "tests/engines/test_verl_engine_cli.py::test_dry_run_validates_with_verl": 24,
+    "tests/engines/test_engine_registry.py::test_the_default_config_dry_runs_on_every_engine": 24,
     "tests/test_tiny_model.py": 40,
     "tests/train/test_lora_eval.py::test_cli_eval_of_a_tiny_lora_run": 19,
     "tests/sandbox/test_sandbox_soak.py::test_short_soak_is_flat_and_deterministic": 18,

@@ -65,8 +65,10 @@ def test_overrides_select_the_spec_objective(
     actor = omega_conf_to_dataclass(_compose(ov).actor_rollout_ref.actor)
     chosen = gv.describe(actor)
     assert chosen["surrogate"] == surrogate  # every parameter, none taken from verl's defaults
-    if regularizer is None:
-        assert chosen["regularizer"] is None and actor.use_kl_loss is False
+    if regularizer is None:  # no term: a KL loss of coefficient 0, for the monitors' reference
+        assert chosen["regularizer"] is None
+        assert actor.use_kl_loss is cfg.objective.monitor_regularizers is True
+        assert actor.kl_loss_coef == 0.0
     else:
         assert chosen["regularizer"].name == regularizer.name
         assert chosen["regularizer"].params == regularizer.params
@@ -97,7 +99,8 @@ def test_reward_function_with_verls_signature_equals_the_task_reward(tmp_path: P
                      extra_info=row["extra_info"])  # fmt: skip
             cols = {k: [v] for k, v in json.loads(row["extra_info"]["columns"]).items()}
             want = task.reward([ex["prompt"]], [completion], **cols)[0] or 0.0
-            assert got == {"score": want, "acc": float(want >= 1.0)}, (completion, got, want)
+            assert got == {"score": want, "acc": float(want >= 1.0),  # (no failure here)
+                           "gbmpo_reward_failed": 0.0}, (completion, got, want)
             n_right += got["score"] == 1.0
     assert n_right == 6  # the gold solutions score 1
 
@@ -259,3 +262,28 @@ def test_summary_from_verls_own_logger_and_validation_metrics(
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     last = json.loads(lines[-1])
     assert last["eval/accuracy"] == pytest.approx(acc_after) and last["pg_loss"] == 0.5
+
+
+def test_the_driver_hooks_fit_verls_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gbmpo's driver hooks (gbmpo.integrations.verl_driver) against verl's own trainer module:
+    the names they wrap and the facts of ``RayPPOTrainer.fit`` they rely on are there; installed,
+    verl's step timer still times the step and feeds the RL clock."""
+    import verl.trainer.ppo.ray_trainer as rt
+    from tqdm import tqdm
+
+    from gbmpo.integrations import verl_driver
+
+    for name in ("compute_data_metrics", "marked_timer"):
+        monkeypatch.setattr(rt, name, getattr(rt, name))  # restored after the test
+    monkeypatch.setattr(rt, "_gbmpo_driver", False, raising=False)
+    for name in ("fit", "_compute_old_log_prob"):
+        monkeypatch.setattr(rt.RayPPOTrainer, name, getattr(rt.RayPPOTrainer, name))
+    monkeypatch.setattr(verl_driver, "_CLOCK", verl_driver._Clock())
+    verl_driver.check(rt)
+    verl_driver.install(rt)
+    verl_driver.check(rt)  # through the wrapper too
+    timing: dict[str, float] = {}
+    with rt.marked_timer("step", timing):
+        pass
+    assert timing["step"] >= 0 and verl_driver._CLOCK.seconds() > 0
+    assert tqdm(total=verl_driver.StepLimit(3), disable=True).total == 3

@@ -27,6 +27,16 @@ SMALL = ["--rollout.prompts_per_step", "2", "--num-generations", "4", "--max-new
          "--run.progress", "false", "--run.checkpoint_every", "0"]  # fmt: skip
 
 
+def _k(run: Path) -> int:
+    """Optimizer steps per RL step of the run ``run``."""
+    return batch_layout(load_config(run / "config.yaml"), 1).optimizer_steps
+
+
+def _checkpoints(run: Path) -> list[str]:
+    """The checkpoint folders of the run ``run`` (TRL also writes a model card there)."""
+    return sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
+
+
 def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "TOKENIZERS_PARALLELISM": "false"}
 
@@ -94,6 +104,9 @@ def test_same_yaml_runs_with_both_engines(tmp_path: Path, capsys: pytest.Capture
             assert (out / name).is_file(), (engine, name)
         summary = summaries[engine] = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 1 and summary["status"] == "finished"
+        # run.checkpoint_every 0: the final checkpoint only, on both engines
+        assert _checkpoints(out) == (
+            ["step-1"] if engine == "gbmpo" else [f"checkpoint-{_k(out)}"]), engine
         assert "accuracy" in summary["eval_before"] and "accuracy" in summary["eval_after"]
         assert load_config(out / "config.yaml").engine == engine
         rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -172,6 +185,8 @@ def test_time_budget_decays_the_rate_and_eval_every_runs(
     # before, every 2 RL steps (in the step's row), after (the last one reused when it is there)
     assert evals == [0, *range(2, n + 1, 2)] + ([n] if n % 2 else [])
     assert "step " in err and "/100" in err and "/8s" in err  # gbmpo's RL-step bar
+    # the budget's stop saves the run's final checkpoint (checkpoint_every 0: the only one)
+    assert _checkpoints(out) == [f"checkpoint-{n * _k(out)}"]
     assert "it/s" not in err and "FutureWarning" not in err  # no TRL tqdm, no host noise
 
 

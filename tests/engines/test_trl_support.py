@@ -104,6 +104,30 @@ def test_refused_values_exit_2_before_anything_is_written(
     assert key in err and value in err and "engine 'trl'" in err
 
 
+VLLM_KEYS = ("rollout.vllm_mode", "rollout.vllm_gpu_memory_utilization",
+             "rollout.vllm_tensor_parallel_size", "rollout.vllm_server_host",
+             "rollout.vllm_server_port")  # fmt: skip
+
+
+@pytest.mark.parametrize("key", VLLM_KEYS)
+def test_vllm_settings_without_vllm_generation_are_refused(key: str) -> None:
+    """A rollout.vllm_* value would change nothing without vLLM generation: refused, as on the
+    own engine; with rollout.generator vllm it reaches GRPOConfig."""
+    probe = TRL[key].probe
+    with pytest.raises(ConfigError, match=rf"'{key}'=.*engine 'trl'.*rollout.generator vllm"):
+        check_support(_cfg((key, probe)), "trl")
+    assert check_support(_cfg(("rollout.generator", "vllm"), (key, probe)), "trl") == []
+    assert check_support(_cfg(), "trl") == []  # the defaults are not refused
+
+
+def test_checkpoint_every_zero_keeps_the_final_checkpoint() -> None:
+    """checkpoint_every 0 means the final checkpoint only (the own engine keeps its last step):
+    TRL saves at max_steps, the end of run.steps."""
+    cfg = _cfg(("run.checkpoint_every", 0), ("run.steps", 3))
+    args = trl_args.grpo_args(cfg, "unused")
+    assert args.save_strategy == "steps" and args.save_steps == args.max_steps
+
+
 def test_values_the_matrix_accepts() -> None:
     for key, value in (("model.device", "cuda:0"), ("model.device", "cuda"),
                        ("model.dtype", "bfloat16"), ("run.num_nodes", 1)):  # fmt: skip
@@ -140,7 +164,7 @@ def test_vllm_without_vllm_is_exit_2_before_anything_is_written(
 )  # fmt: skip
 def test_bad_vllm_values(key: str, value: Any, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        trl_args.check_engine(_cfg((key, value)))
+        trl_args.check_engine(_cfg(("rollout.generator", "vllm"), (key, value)))
 
 
 # ------------------------------------------------------------------ the engine's own parts

@@ -1,26 +1,27 @@
 """``gbmpo train --engine verl`` trains on the CPU: verl 0.9.1's own trainer (``main_ppo``, Ray,
 FSDP2) with gbmpo's CPU platform and transformers rollout (``gbmpo.integrations.verl_cpu``), the
-embedded tiny model. One run, stopped with SIGTERM once verl logged its first step (a
-scheduler's preemption notice), then ``gbmpo train --resume DIR --steps K+1`` from its newest
-checkpoint K: one more step, then the run's end: two verl launches for the stop, the resume and
-the trained run directory (each launch starts Ray and verl's processes, about a minute of the
-test's time). K is 1 unless verl's processes take a while to end (under load they were seen to
-finish 2 more steps after the signal).
+embedded tiny model, with the own engine's defaults of the keys verl once refused (a time budget,
+every regularizer monitored, the drift at the end). One run, stopped with SIGTERM once verl logged
+its first step (a scheduler's preemption notice), then ``gbmpo train --resume DIR --time-budget T``
+from its newest checkpoint K, T just above the RL seconds up to K: the resumed step spends the
+budget, so it is verl's last (its checkpoint, its validation), then the drift of the merged final
+model: two verl launches for the stop, the resume and the trained run directory (each launch starts
+Ray and verl's processes, about a minute of the test's time). K is 1 unless verl's processes take a
+while to end (under load they were seen to finish 2 more steps after the signal).
 
-What the stop must show: exit 143, verl's whole process group ended (no ``main_ppo`` left
-behind), one line naming verl's newest checkpoint and the resume command, ``status.json``
-preempted. What the resumed run must show: exit 0; each step logged once, the steps before the
-checkpoint it continued from as the first part logged them; the run directory every engine
-writes (``summary.json`` with the shared keys, ``metrics.jsonl`` with the shared names, verl's
-own under ``verl/``); a gradient (``grad_norm > 0``, the task's reward varies within the
-groups); the rollout's log-probs equal to the FSDP actor's (``training/rollout_probs_diff_mean``:
-the weights handed to the rollout after each step are the trained ones); and the first step's
-loss equal to the own engine's ``compute_policy_loss`` on the very tensors verl trained on (its
-log-probs, reference log-probs, advantages and mask, saved by the gbmpo verl plugin under
-``GBMPO_VERL_DUMP_DIR``), to 1e-6. The own engine cannot sample the same completions (another
-sampler and RNG), so the loss is compared on verl's batch; that the log-probs themselves are the
-model's is what the rollout/actor agreement shows (the rollout is a plain ``transformers``
-forward of the same weights).
+What the stop must show: exit 143, verl's whole process group ended (no ``main_ppo`` left behind),
+one line naming verl's newest checkpoint and the resume command, ``status.json`` preempted. What
+the resumed run must show: exit 0; each step logged once, the steps before the checkpoint it
+continued from as the first part logged them; the run directory every engine writes
+(``summary.json`` with the shared keys, ``metrics.jsonl`` with the shared names, verl's own under
+``verl/``); a gradient (``grad_norm > 0``, the task's reward varies within the groups); the
+rollout's log-probs equal to the FSDP actor's (``training/rollout_probs_diff_mean``: the weights
+handed to the rollout after each step are the trained ones); and the first step's loss equal to the
+own engine's ``compute_policy_loss`` on the very tensors verl trained on (its log-probs, reference
+log-probs, advantages and mask, saved by the gbmpo verl plugin under ``GBMPO_VERL_DUMP_DIR``), to
+1e-6. The own engine cannot sample the same completions (another sampler and RNG), so the loss is
+compared on verl's batch; that the log-probs themselves are the model's is what the rollout/actor
+agreement shows (the rollout is a plain ``transformers`` forward of the same weights).
 """
 
 from __future__ import annotations
@@ -71,9 +72,7 @@ def _argv(tmp: Path, out: Path) -> list[str]:
             "--optim.mini_batch_size", "8", "--optim.micro_batch_size", "8",
             "--rollout.max_new_tokens", str(MAX_NEW), "--eval.max_new_tokens", str(MAX_NEW),
             "--eval.limit", "4", "--eval.every", "0", "--run.checkpoint_every", "1",
-            "--run.keep_checkpoints", "2", "--time-budget", "null",
-            "--objective.monitor_regularizers", "false", "--eval.drift", "false",
-            "--output-dir", str(out)]  # fmt: skip
+            "--run.keep_checkpoints", "2", "--output-dir", str(out)]  # fmt: skip
 
 
 @dataclass
@@ -86,8 +85,9 @@ class StoppedAndResumed:
     status: dict[str, Any]
     verl_rows: list[dict[str, Any]]
     processes_left: list[str]
-    steps: int  # the resume's --steps: one more than the newest checkpoint at the stop
+    steps: int  # one more than the newest checkpoint at the stop: the resume's last step
     resumed: int | None  # the resume's exit code (None: not tried, the stop failed)
+    budget: float | None = None  # the resume's time budget
 
     def finished(self) -> Path:
         """The run directory, once the resume finished."""
@@ -137,7 +137,13 @@ def verl_run(tmp_path_factory: pytest.TempPathFactory) -> StoppedAndResumed:
         processes_left=_main_ppo_of(out), steps=int(status.get("step") or 0) + 1,
         resumed=None)  # fmt: skip
     if proc.returncode == 143 and stopped.steps >= 2 and not (out / "summary.json").exists():
-        stopped.resumed = main(["train", "--resume", str(out), "--steps", str(stopped.steps)])
+        # a time budget just above the RL seconds of the checkpoint's step: the resumed step
+        # spends it, so it is verl's last (run.steps stays 50)
+        before = max(r["data"]["gbmpo/rl_seconds"] for r in stopped.verl_rows
+                     if r["step"] == stopped.steps - 1 and "gbmpo/rl_seconds" in r["data"])
+        stopped.budget = before + 0.5
+        stopped.resumed = main(["train", "--resume", str(out), "--time-budget",
+                                str(stopped.budget)])  # fmt: skip
     return stopped
 
 
@@ -152,13 +158,23 @@ def test_cpu_run_writes_the_shared_run_directory(verl_run: StoppedAndResumed) ->
     assert summary["engine"] == "verl" and summary["device"] == "cpu"
     assert summary["status"] == "finished" and summary["steps"] == steps
     assert summary["eval_before"] is not None and summary["eval_after"] is not None
+    # the time budget ended the run after the step that spent it (run.steps is 50)
+    assert summary["stop_reason"] == "time_budget"
+    assert summary["rl_seconds"] >= verl_run.budget  # type: ignore[operator]
+    assert summary["reward_failures"] == 0 and summary["peak_memory_gib"] is None
+    # the drift of the final checkpoint, merged into a Hugging Face model
+    assert summary["final_model"] == str(run / "model")
+    assert (run / "model" / "config.json").is_file()
+    assert summary["drift"]["n_prompts"] == 4 and summary["drift"]["kl"] >= 0
+    assert summary["drift_seconds"] > 0
     rows = _rows(run)
     train = [r for r in rows if "grad_norm" in r]
     assert [r["step"] for r in train] == list(range(1, steps + 1))  # each step once
     for row in rows:
         assert all(is_shared(k) or k == "step" or k.startswith("verl/") for k in row), row
     for row in train:
-        for name in ("pg_loss", "grad_norm", "reward_mean", "response_length_mean"):
+        for name in ("pg_loss", "grad_norm", "reward_mean", "response_length_mean", "entropy",
+                     "reg/prob_l2", "reg/kl_k3", "time/rl_seconds"):  # fmt: skip
             assert name in row, name
         assert row["grad_norm"] > 0, row  # it trains
         # the rollout's log-probs against the FSDP actor's, per token: the same weights
@@ -221,7 +237,7 @@ def test_sigterm_stops_verl_and_says_where_it_goes_on(verl_run: StoppedAndResume
 
 
 def test_resume_after_the_signal_continues(verl_run: StoppedAndResumed) -> None:
-    """``--resume --steps K+1`` continues from verl's newest checkpoint K for one step: the
+    """``--resume --time-budget T`` continues from verl's newest checkpoint K for one step: the
     steps up to K are the first part's rows, step K+1 is trained once, and the run ends."""
     run, steps = verl_run.finished(), verl_run.steps
     summary = json.loads((run / "summary.json").read_text())

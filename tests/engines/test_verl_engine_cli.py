@@ -12,27 +12,10 @@ import pytest
 from gbmpo.cli import main
 from gbmpo.config import ConfigError, load_config
 from gbmpo.engines.verl_args import overrides
-from gbmpo.engines.verl_runner import verl_python
 
-#: the keys verl refuses at the own engine's defaults (CPU, a time budget, all-regularizer
-#: monitoring, the end-of-run drift measurement), set to values verl honours
-VERL_OK = ["--model.device", "cuda", "--time-budget", "null",
-           "--objective.monitor_regularizers", "false", "--eval.drift", "false"]  # fmt: skip
-
-
-def test_dry_run_validates_with_verl(capsys: pytest.CaptureFixture) -> None:
-    argv = ["train", "--engine", "verl", "--dry-run", "--num-processes", "2", *VERL_OK,
-            "--rollout.batch_size", "4"]  # fmt: skip
-    assert main(argv) == 0
-    captured = capsys.readouterr()
-    notes = [line for line in captured.err.splitlines() if line.startswith("note: ")]
-    assert len(notes) == 1 and "rollout.batch_size=4 has no effect" in notes[0]
-    report = json.loads(captured.out.split("dry run OK: ", 1)[1])
-    assert report["engine"] == "verl"
-    assert "trainer.n_gpus_per_node=2" in report["overrides"]
-    assert "actor_rollout_ref.actor.kl_loss_type=gbmpo_prob_l2" in report["overrides"]
-    if verl_python() is not None:
-        assert report["checks"]["verl config"].startswith("ok: verl 0.9")
+#: on GPUs (a run here must stop for want of them); the rest is the default config, which verl
+#: runs as it is (its dry run: tests/engines/test_engine_registry.py)
+VERL_OK = ["--model.device", "cuda"]
 
 
 def test_run_without_gpus_exits_2_and_writes_nothing(
@@ -51,13 +34,9 @@ def test_run_without_gpus_exits_2_and_writes_nothing(
 
 @pytest.mark.parametrize(
     ("flags", "key"),
-    [([], "objective.monitor_regularizers"),  # the own engine's defaults
-     (["--time-budget", "60"], "run.time_budget_seconds"),
-     (["--model.dtype", "float16"], "model.dtype"),
+    [(["--model.dtype", "float16"], "model.dtype"),
      (["--lora.dropout", "0.1"], "lora.dropout"),
      (["--eval.max_new_tokens", "64"], "eval.max_new_tokens"),
-     (["--objective.monitor_regularizers", "true"], "objective.monitor_regularizers"),
-     (["--eval.drift", "true"], "eval.drift"),
      (["--model.device", "cpu", "--lora.enabled", "true"], "model.device"),
      (["--model.device", "cpu", "--num-processes", "2"], "model.device")],
 )  # fmt: skip
@@ -66,8 +45,7 @@ def test_refused_values_exit_2_before_anything_is_written(
     tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], key: str, dry: bool
 ) -> None:
     out = tmp_path / "run"
-    base = VERL_OK if flags else []
-    argv = ["train", "--engine", "verl", "--output-dir", str(out), *base, *flags]
+    argv = ["train", "--engine", "verl", "--output-dir", str(out), *VERL_OK, *flags]
     assert main(argv + (["--dry-run"] if dry else [])) == 2
     err = capsys.readouterr().err
     assert f"'{key}'=" in err and "engine 'verl'" in err

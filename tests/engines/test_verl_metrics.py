@@ -20,10 +20,7 @@ from gbmpo.config import load_config
 from gbmpo.engines.verl_metrics import summarize_run
 from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared
 
-VERL_OK: list[tuple[str, Any]] = [
-    ("engine", "verl"), ("model.device", "cuda"), ("run.time_budget_seconds", None),
-    ("objective.monitor_regularizers", False),
-]  # fmt: skip
+VERL_OK: list[tuple[str, Any]] = [("engine", "verl"), ("model.device", "cuda")]
 
 
 def _val(acc: float, reward: float, ds: str = "gbmpo/arithmetic") -> dict[str, float]:
@@ -44,6 +41,10 @@ def _train(step: int) -> dict[str, float]:
         "critic/rewards/mean": 0.25 * step, "response_length/mean": 30.5,
         "response_length/max": 40, "response_length/min": 3, "response_length/clip_ratio": 0.1,
         "timing_s/step": 2.5, "timing_s/gen": 1.0, "perf/mfu/actor": 0.3,
+        "perf/max_memory_allocated_gb": 1.5 + step,
+        # gbmpo's driver hooks (gbmpo.integrations.verl_driver)
+        "reg/prob_l2": 0.003, "reg/kl_k3": 0.002, "gbmpo/entropy": 0.8,
+        "gbmpo/rl_seconds": 2.5 * step, "gbmpo/reward_failures": float(step % 2),
     }  # fmt: skip
 
 
@@ -130,7 +131,9 @@ def test_metrics_use_the_schema_names(tmp_path: Path) -> None:
     assert m["pg_loss"] == pytest.approx(0.2) and m["grad_norm"] == 3.5
     assert m["reward_mean"] == 0.5 and m["response_length_mean"] == 30.5
     assert m["response_length_max"] == 40 and m["step_seconds"] == 2.5
-    assert m["entropy"] == 0.9  # token-mean aggregation: verl's aggregate is the token mean
+    assert m["entropy"] == 0.8  # the driver's token mean, not verl's aggregate actor/entropy
+    assert m["reg/prob_l2"] == 0.003 and m["reg/kl_k3"] == 0.002
+    assert m["time/rl_seconds"] == 5.0
     assert m["eval/accuracy"] == 0.4
     # not the schema's definitions: kept only under verl/
     for name in ("lr", "truncated_frac", "clip_frac_low", "loss"):
@@ -142,11 +145,36 @@ def test_metrics_use_the_schema_names(tmp_path: Path) -> None:
         assert key in STEP_METRICS
 
 
-def test_entropy_only_with_token_mean(tmp_path: Path) -> None:
+@pytest.mark.parametrize("aggregation", ["dr_grpo", "grpo", "bnpo", "seq_mean_token_sum"])
+def test_entropy_is_the_token_mean_with_every_aggregation(tmp_path: Path, aggregation: str
+                                                          ) -> None:  # fmt: skip
+    """``entropy``: the driver's token mean at pi_old (verl's ``actor/entropy`` aggregates with
+    ``loss_agg_mode``, the token mean only for bnpo; kept under ``verl/``)."""
     rows = [(1, _train(1))]
     _, metrics = _run(tmp_path, rows, ("eval.every", 0), ("eval.before", False),
-                      ("run.steps", 1), ("objective.aggregation", "dr_grpo"))  # fmt: skip
-    assert "entropy" not in metrics[0] and metrics[0]["verl/actor/entropy"] == 0.9
+                      ("run.steps", 1), ("objective.aggregation", aggregation))  # fmt: skip
+    assert metrics[0]["entropy"] == 0.8 and metrics[0]["verl/actor/entropy"] == 0.9
+
+
+def test_summary_keys_of_every_engine(tmp_path: Path) -> None:
+    """rl_seconds (the driver's clock), reward_failures (summed over the steps),
+    peak_memory_gib (verl's workers' peak, GiB; none on the CPU), drift (set by the runner)."""
+    rows = [(0, _val(0.2, 0.2)), (1, _train(1)), (2, _train(2)), (3, _train(3))]
+    summary, _ = _run(tmp_path, rows, ("eval.every", 0), ("run.steps", 3))
+    assert summary["rl_seconds"] == 7.5 and summary["reward_failures"] == 2
+    assert summary["peak_memory_gib"] == 4.5 and summary["stop_reason"] == "steps"
+    assert summary["drift"] is None and summary["drift_seconds"] is None
+    cpu, _ = _run(tmp_path / "cpu", rows, ("eval.every", 0), ("run.steps", 3),
+                  ("model.device", "cpu"))  # fmt: skip
+    assert cpu["peak_memory_gib"] is None
+
+
+def test_a_run_the_budget_ended_says_time_budget(tmp_path: Path) -> None:
+    rows = [(1, _train(1)), (2, _train(2))]  # 5 s of RL by step 2
+    summary, _ = _run(tmp_path, rows, ("run.steps", 10), ("run.time_budget_seconds", 4.0))
+    assert summary["steps"] == 2 and summary["stop_reason"] == "time_budget"
+    summary, _ = _run(tmp_path / "b", rows, ("run.steps", 10), ("run.time_budget_seconds", 9.0))
+    assert summary["stop_reason"] == "steps"  # (verl's log ended early for another reason)
 
 
 @pytest.mark.parametrize(

@@ -23,9 +23,10 @@ RESUME_KEYS = ("trainer.resume_mode=", "trainer.resume_from_path=", "trainer.val
 
 def _cfg(*settings: tuple[str, Any]) -> Any:
     # on GPUs: a real resume here must stop for want of them (a CPU resume trains:
-    # tests/engines/test_verl_cpu_train.py)
+    # tests/engines/test_verl_cpu_train.py); no drift (it merges a real checkpoint)
     return load_config(None, [("engine", "verl"), *VERL_REQUIRED.items(),
-                              ("model.device", "cuda"), *settings])  # fmt: skip
+                              ("model.device", "cuda"), ("eval.drift", False),
+                              *settings])  # fmt: skip
 
 
 def _verl_run(tmp_path: Path, step: int | None) -> Path:
@@ -169,6 +170,34 @@ def test_resume_at_the_last_checkpointed_step_launches_nothing_and_finishes(
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
     got = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert got == [1, 2, 3, 4]
+
+
+def test_resume_after_the_step_that_spent_the_budget_launches_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after verl's checkpoint of the step that spent the time budget (the driver hooks'
+    RL clock in its row) but before the summary: the run ended there, as the uninterrupted
+    run did; nothing is launched and the summary says time_budget. The parts' RL seconds reach
+    the next launch when the budget is not spent yet."""
+    run = _verl_run(tmp_path, 2)
+    cfg = load_config(run / "config.yaml")
+    cfg.run.steps, cfg.run.time_budget_seconds = 10, 5.0
+    (run / "config.yaml").write_text(dump_yaml(cfg))
+    rows = "".join(json.dumps({"step": s, "data": {"actor/pg_loss": s / 10,
+                                                   "training/global_step": s,
+                                                   "gbmpo/rl_seconds": 3.0 * s}}) + "\n"
+                   for s in (1, 2))  # fmt: skip
+    (run / verl_metrics.VERL_METRICS_FILE).write_text(rows)
+
+    def no_launch(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("verl was launched")
+
+    monkeypatch.setattr(verl_runner, "_launch", no_launch)
+    summary = verl_runner.resume(run)
+    assert summary["steps"] == 2 and summary["stop_reason"] == "time_budget"
+    assert summary["rl_seconds"] == 6.0
+    # with a larger budget the run goes on, its clock starting from the parts before
+    assert verl_runner._rl_seconds(run, 1) == 3.0
 
 
 def test_a_checkpoint_whose_step_was_not_logged_is_not_resumed_from(

@@ -46,13 +46,13 @@ def test_the_base_config_passes_on_verl() -> None:
     assert check_support(_cfg(), "verl") == []
 
 
-def test_the_own_defaults_fail_on_verl_only_for_the_required_keys() -> None:
-    for key in VERL_REQUIRED:
-        assert VERL[key].status == REFUSED
-        others = [(k, v) for k, v in VERL_REQUIRED.items() if k != key]
-        with pytest.raises(ConfigError, match=rf"'{key}'=.*engine 'verl'"):
-            check_support(load_config(None, others), "verl")
-    assert check_support(load_config(None, list(VERL_REQUIRED.items())), "verl") == []
+def test_the_default_config_passes_on_verl() -> None:
+    """The own engine's defaults (a time budget, every regularizer monitored, the drift at the
+    end, the CPU) need no other value on verl."""
+    assert VERL_REQUIRED == {}
+    for key in ("run.time_budget_seconds", "objective.monitor_regularizers", "eval.drift"):
+        assert VERL[key].status == HONOURED, key
+    assert check_support(load_config(None, [("engine", "verl")]), "verl") == []
 
 
 @pytest.mark.parametrize(
@@ -75,6 +75,9 @@ def test_most_honoured_keys_have_a_probe() -> None:
         "objective.regularizer.params", "lora.r", "lora.alpha", "lora.target_modules",
         "eval.split", "eval.limit", "eval.auto_limit", "run.output_dir", "run.plugins",
         "run.allow_unsandboxed_code",
+        # after verl's run (the merged model's drift) and through the driver hooks' environment
+        # (tests/engines/test_verl_driver.py)
+        "eval.drift", "run.time_budget_seconds",
     }, without  # fmt: skip
 
 
@@ -89,7 +92,6 @@ def test_every_refused_entry_refuses_its_probe_on_verl(key: str) -> None:
 @pytest.mark.parametrize(
     ("key", "value"),
     [("model.device", "mps"), ("model.device", "cuda:1"), ("model.dtype", "float16"),
-     ("run.time_budget_seconds", 240.0), ("objective.monitor_regularizers", True),
      ("lora.dropout", 0.1), ("eval.max_new_tokens", 64), ("objective.advantage", "batch"),
      ("objective.regularizer.anchor", "old")],
 )  # fmt: skip
@@ -256,10 +258,14 @@ def test_cpu_modules_are_loaded_only_for_a_cpu_run(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.delenv("VERL_PLATFORM", raising=False)
     gpu, cpu = _verl_env(["json"]), _verl_env(["json"], cpu=True)
-    assert gpu["VERL_USE_EXTERNAL_MODULES"] == "json,gbmpo.integrations.verl"
+    # the plugin and the driver hooks on both (gbmpo.integrations.verl_driver)
+    assert gpu["VERL_USE_EXTERNAL_MODULES"] == (
+        "json,gbmpo.integrations.verl,gbmpo.integrations.verl_driver")
+    assert gpu["GBMPO_VERL_DRIVER"] == cpu["GBMPO_VERL_DRIVER"] == "1"
     assert "VERL_PLATFORM" not in gpu and "VERL_ENGINE_DEVICE" not in gpu
-    assert cpu["VERL_USE_EXTERNAL_MODULES"] == (
-        "gbmpo.integrations.verl_cpu.plugin,json,gbmpo.integrations.verl")
+    assert cpu["VERL_USE_EXTERNAL_MODULES"] == ("gbmpo.integrations.verl_cpu.plugin,json,"
+                                                "gbmpo.integrations.verl,"
+                                                "gbmpo.integrations.verl_driver")
     assert cpu["VERL_PLATFORM"] == "cpu" and cpu["VERL_ENGINE_DEVICE"] == "cuda"
 
 

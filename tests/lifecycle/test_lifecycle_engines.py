@@ -150,8 +150,9 @@ def _verl_run(tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch, body
     monkeypatch.setattr(verl_runner, "summarize_run", lambda cfg, run_dir, **kw: {
         "status": "finished", "engine": "verl", "steps": 2, "run_dir": str(run_dir)})  # fmt: skip
     run = tmp_path / name / "run"
+    # no drift: the fake verl saves no checkpoint to merge
     cfg = _cfg(model, run, ("engine", "verl"), ("model.device", "cpu"), ("eval.max_new_tokens", 8),
-               ("task.params", {"num_train": 64, "num_test": 8}),
+               ("task.params", {"num_train": 64, "num_test": 8}), ("eval.drift", False),
                *VERL_REQUIRED.items())  # fmt: skip
     verl_runner.run(cfg)
     return run

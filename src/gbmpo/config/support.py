@@ -249,6 +249,11 @@ def _uneven_micro(value: Any, cfg: Any) -> bool:
     return share % min(value or share, share) != 0
 
 
+def _without_vllm(key: str) -> Callable[[Any, Any], bool]:
+    """A value other than the default while the generator is not vLLM (no effect there)."""
+    return lambda value, cfg: cfg.rollout.generator != "vllm" and value != _default_of(key)
+
+
 _TRL_PROMPTS = "the generation batch (prompts_per_step * num_generations = steps_per_generation"
 _TRL_EVAL = "gbmpo.eval on the main process, as the own engine"
 TRL: dict[str, Support] = {
@@ -283,11 +288,14 @@ TRL: dict[str, Support] = {
     "rollout.decode_step": N("the own engine's decoder; TRL generates with transformers"),
     "rollout.share_prompts": N("the own engine's forward; TRL runs its own"),
     "rollout.lean_forward": N("the own engine's forward; TRL runs its own"),
-    "rollout.vllm_mode": H("vllm_mode (with rollout.generator vllm)", probe="server"),
-    "rollout.vllm_gpu_memory_utilization": H("vllm_gpu_memory_utilization", probe=0.5),
-    "rollout.vllm_tensor_parallel_size": H("vllm_tensor_parallel_size", probe=2),
-    "rollout.vllm_server_host": H("vllm_server_host", probe="10.0.0.2"),
-    "rollout.vllm_server_port": H("vllm_server_port", probe=8001),
+    **{key: R(f"{key.removeprefix('rollout.')} with rollout.generator vllm; without vLLM "
+              "generation a value other than the default is refused (it would change nothing)",
+              _without_vllm(key), probe=probe)
+       for key, probe in (("rollout.vllm_mode", "server"),
+                          ("rollout.vllm_gpu_memory_utilization", 0.5),
+                          ("rollout.vllm_tensor_parallel_size", 2),
+                          ("rollout.vllm_server_host", "10.0.0.2"),
+                          ("rollout.vllm_server_port", 8001))},  # fmt: skip
     "objective.advantage": H("GBMPOConfig objective (TRL scale_rewards); TRL adds 1e-4 to the "
                              "reward std (the own engine and verl 1e-6)", probe="grpo"),
     "objective.surrogate.name": H("GBMPOConfig objective", probe="gspo"),
@@ -371,7 +379,8 @@ TRL: dict[str, Support] = {
     "run.seed": H("seed", probe=1),
     "run.output_dir": H("the run directory; TRL's output_dir is its checkpoints/",
                         probe="runs/probe"),
-    "run.checkpoint_every": H("save_steps (TRL's checkpoints, which --resume continues from)",
+    "run.checkpoint_every": H("save_steps (TRL's checkpoints, which --resume continues from; "
+                              "0: the final one only, as a stop by the time budget saves one)",
                               probe=5),
     "run.keep_checkpoints": H("save_total_limit", probe=2),
     "run.report_to": H("report_to", probe=["tensorboard"]),
@@ -391,14 +400,9 @@ TRL: dict[str, Support] = {
 
 # ----------------------------------------------------------- verl (gbmpo.engines.verl_runner)
 
-#: the values verl needs where the own engine's defaults are refused on verl (a time budget,
-#: monitoring every regularizer, the end-of-run drift): a default config with these passes on
-#: verl (on the CPU: ``model.device`` stays the own engine's default)
-VERL_REQUIRED: dict[str, Any] = {
-    "run.time_budget_seconds": None,
-    "objective.monitor_regularizers": False,
-    "eval.drift": False,
-}
+#: the values verl needs where the own engine's defaults are refused on verl: none, the default
+#: config runs on verl as it is (on GPUs; ``model.device: cpu`` on a machine without one)
+VERL_REQUIRED: dict[str, Any] = {}
 
 VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl_args.py)
 _A = "actor_rollout_ref.actor"
@@ -512,10 +516,12 @@ VERL.update({
         lambda v, c: _any_full(v), probe="full"),
     "objective.aggregation": H(f"{_A}.loss_agg_mode (dr_grpo: loss_scale_factor)",
                                probe="bnpo"),
-    "objective.monitor_regularizers": R(
-        "verl logs the optimised regularizer only (actor/kl_loss), not reg/<name> for every "
-        "registered one: set objective.monitor_regularizers: false", lambda v, c: bool(v),
-        probe=True),
+    "objective.monitor_regularizers": H(
+        "reg/<name> = D(pi_old || pi_ref) for every registered regularizer (false: the "
+        "optimised ones), the token mean over the step's batch from the old and reference "
+        "log-probs verl's driver holds (gbmpo.integrations.verl_driver); with no active term "
+        f"a KL loss of coefficient 0 ({_A}.use_kl_loss, kl_loss_coef 0) makes verl compute the "
+        "reference's log-probs", probe=False),
     "objective.rollout_correction.mode": R(
         "algorithm.rollout_correction.rollout_is (null for 'none'), rollout_is_threshold: "
         "verl's truncated IS has no lower bound ('tis' with low is refused) and its masked IS "
@@ -550,7 +556,11 @@ VERL.update({
     "optim.mini_batch_size": R(f"{_A}.ppo_mini_batch_size (in prompts), rows shuffled "
                                f"({_A}.shuffle); verl counts mini-batches in prompts, so a "
                                "mini-batch (null: the whole batch) that is not a multiple of "
-                               "rollout.num_generations is refused",
+                               "rollout.num_generations is refused. The metric entropy is the "
+                               "token mean at pi_old over the whole batch, whatever the "
+                               "aggregation (the own engine and TRL: over the first epoch's "
+                               "mini-batches as the policy updates, the same value with one "
+                               "mini-batch)",
                                lambda v, c: bool((v or c.rollout.prompts_per_step
                                                   * c.rollout.num_generations)
                                                  % c.rollout.num_generations),
@@ -583,13 +593,18 @@ VERL.update({
                     lambda v, c: bool(not v and c.eval.every and c.run.steps % c.eval.every),
                     probe=Together((("eval.every", 7), ("run.steps", 30),
                                     ("eval.after", False)))),
-    "eval.drift": R("verl's run ends with an FSDP checkpoint, not a policy gbmpo can load: set "
-                    "eval.drift: false and measure the merged model with gbmpo eval --model DIR "
-                    "--reference MODEL", lambda v, c: bool(v) and c.eval.after, probe=True),
+    "eval.drift": H("summary.json drift, with eval.after: verl's final checkpoint merged into a "
+                    "Hugging Face model in model/ (verl.model_merger, then summary.json "
+                    "final_model), measured as on the own engine (gbmpo.eval.drift)"),
     "run.steps": H("trainer.total_training_steps", probe=7),
-    "run.time_budget_seconds": R("verl runs every step (its LR schedule spans run.steps): set "
-                                 "run.time_budget_seconds: null",
-                                 lambda v, c: v is not None, probe=60.0),
+    "run.time_budget_seconds": H(
+        "gbmpo's driver hooks (gbmpo.integrations.verl_driver) make the step in which the RL "
+        "time (verl's step timer, validation excluded) reaches the budget verl's last: its "
+        "final checkpoint and validation (with eval.every > 0 that step validates even with "
+        "eval.after false), summary.json stop_reason time_budget. verl's LR "
+        "schedule is fixed when it starts and spans run.steps: with optim.schedule cosine a run "
+        "the budget stops ends before the decay does (the own engine and TRL decay over "
+        "whichever limit comes first)"),
     "run.seed": H("data.seed, actor data_loader_seed, rollout.seed, fsdp_config.seed",
                   probe=1),
     "run.output_dir": H("the run directory: data, trainer.default_local_dir, metrics"),

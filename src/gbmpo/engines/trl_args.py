@@ -129,8 +129,10 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
         "logging_steps": k,
         "report_to": list(run.report_to) or "none",
         "disable_tqdm": True,
-        "save_strategy": "steps" if run.checkpoint_every else "no",
-        "save_steps": max(run.checkpoint_every, 1) * k,
+        # checkpoint_every 0: the final checkpoint only (TRL saves at max_steps, and the time
+        # budget's stop saves its step), as the own engine keeps its last step
+        "save_strategy": "steps",
+        "save_steps": (run.checkpoint_every or run.steps) * k,
         "save_total_limit": run.keep_checkpoints,
         "shuffle_dataset": True,
     }

@@ -153,6 +153,7 @@ class RunDirCallback:
                 if budget is not None and p.rl_seconds >= budget and step < outer.cfg.run.steps:
                     p.stop_reason = "time_budget"
                     control.should_training_stop = True
+                    control.should_save = True  # the run's final checkpoint, as at max_steps
 
             def on_log(self, args: Any, state: Any, control: Any, logs: Any = None,
                        **kw: Any) -> None:  # fmt: skip

@@ -40,7 +40,6 @@ import importlib.util
 import json
 import math
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -481,8 +480,6 @@ def _train_in_process(cfg: Any, run_dir: Path, life: RunLifecycle, *,
         summary["drift_seconds"] = drift_seconds if drift is not None else None
         life.finished(summary)  # summary.json, then status.json "finished"
     state.wait_for_everyone()
-    if main and not cfg.run.checkpoint_every:
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
     return summary
 
 

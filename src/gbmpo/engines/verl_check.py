@@ -1,8 +1,9 @@
 """Run in verl's environment: compose verl's ``ppo_trainer.yaml`` with the overrides of a JSON file
 and run what ``verl.trainer.main_ppo`` runs before it starts Ray (``validate_config``, which builds
 the actor config through Hydra, i.e. ``GBMPOPolicyLossConfig``), then build the gbmpo objective
-the actor config selects. Prints one JSON line; exits non-zero (the error on stderr) if verl
-rejects the config. Used by ``gbmpo train --engine verl --dry-run``::
+the actor config selects; first it checks that verl's trainer has the functions gbmpo's driver
+hooks wrap (:func:`gbmpo.integrations.verl_driver.check`). Prints one JSON line; exits non-zero
+(the error on stderr) if verl rejects the config. Used by ``gbmpo train --engine verl --dry-run``::
 
     python -m gbmpo.engines.verl_check overrides.json
 """
@@ -23,7 +24,9 @@ def check(overrides: list[str]) -> dict[str, str]:
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
     import gbmpo.integrations.verl as gv
+    from gbmpo.integrations import verl_driver
 
+    verl_driver.check()  # the trainer functions the driver hooks wrap (one line if they moved)
     config_dir = Path(verl.__file__).parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)

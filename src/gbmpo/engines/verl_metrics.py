@@ -11,8 +11,13 @@ from typing import Any
 
 from gbmpo.engines.checks import run_identity
 from gbmpo.engines.verl_args import data_source
+from gbmpo.integrations.verl_driver import (
+    ENTROPY_METRIC,
+    FAILURES_METRIC,
+    RL_SECONDS_METRIC,
+)
 from gbmpo.io import write_atomic
-from gbmpo.io.metrics import host_name
+from gbmpo.io.metrics import MONITOR_PREFIX, host_name
 
 __all__ = [
     "SHARED_METRICS",
@@ -78,17 +83,22 @@ def eval_metrics(cfg: Any, data: dict[str, Any], kind: str, n_eval: int | None =
 def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = None
                 ) -> dict[str, Any]:  # fmt: skip
     """One verl file-logger row -> one metrics.jsonl row: the schema names of
-    :data:`SHARED_METRICS` (``entropy`` from ``actor/entropy`` with the token-mean aggregation
-    ``bnpo``, the only one where verl's aggregate is the per-token mean), ``eval/<metric>``
-    (:func:`eval_metrics`), and every verl metric under ``verl/<name>``."""
+    :data:`SHARED_METRICS`, those of gbmpo's driver hooks
+    (:mod:`gbmpo.integrations.verl_driver`: ``reg/<name>``, ``entropy`` = the token mean of the
+    entropy at pi_old over the step's batch, whatever the aggregation, ``time/rl_seconds``),
+    ``eval/<metric>`` (:func:`eval_metrics`), and every verl metric under ``verl/<name>``."""
     data = row["data"]
     out: dict[str, Any] = {"step": int(row["step"])}
     for key, value in data.items():
         out[host_name("verl", key)] = value
         if key in SHARED_METRICS:
             out[SHARED_METRICS[key]] = value
-        elif key == "actor/entropy" and cfg.objective.aggregation == "bnpo":
-            out["entropy"] = value
+        elif key.startswith(MONITOR_PREFIX):  # the driver hooks' reg/<name>: the schema's
+            out[key] = value
+    if ENTROPY_METRIC in data:
+        out["entropy"] = data[ENTROPY_METRIC]
+    if RL_SECONDS_METRIC in data:
+        out["time/rl_seconds"] = data[RL_SECONDS_METRIC]
     reward_placed = [t for t in cfg.objective.terms if t.placement == "reward" and t.coef != 0]
     if reward_placed and "critic/score/mean" in data and "critic/rewards/mean" in data:
         # in-reward KL: score = task reward, rewards = score - kl_coef * sum_t D (per sequence)
@@ -156,7 +166,12 @@ def summarize_run(
     verl logs the evaluation before training as the row of step 0 and each later one in the
     row of its training step. ``eval_before``: step 0's evaluation (with ``eval.before``);
     ``eval_after``: the evaluation in the row of the last training step (with ``eval.after``;
-    :func:`validation_freq` makes verl validate there), ``None`` where there is none."""
+    :func:`validation_freq` makes verl validate there), ``None`` where there is none.
+    ``rl_seconds``: the driver hooks' RL clock at the last step; ``stop_reason`` ``time_budget``
+    where it reached ``run.time_budget_seconds`` before ``run.steps``; ``reward_failures``: the
+    steps' failures summed; ``peak_memory_gib``: verl's workers' peak (``None`` on the CPU);
+    ``drift`` / ``drift_seconds``: ``None`` here (the runner measures them on the merged
+    model)."""
     # the parts before a resume (up to its checkpoint), then the last part
     rows = read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
     rows += read_verl_log(run_dir / VERL_METRICS_FILE)
@@ -173,12 +188,25 @@ def summarize_run(
                 found = eval_metrics(cfg, r["data"], kind, n_eval) or found
         return found
 
+    train = [r["data"] for r in rows if "training/global_step" in r["data"]]
+    rl_seconds = max((float(d.get(RL_SECONDS_METRIC, 0.0)) for d in train), default=0.0)
+    budget = cfg.run.time_budget_seconds
+    stopped = budget is not None and steps < cfg.run.steps and rl_seconds >= budget
+    peaks = [float(d["perf/max_memory_allocated_gb"]) for d in train
+             if "perf/max_memory_allocated_gb" in d]  # fmt: skip
     return {
         "status": "finished",
         "engine": "verl",
         "steps": steps,
-        "stop_reason": "steps",
+        "stop_reason": "time_budget" if stopped else "steps",
         "wall_seconds": wall_seconds,
+        "rl_seconds": rl_seconds,
+        "reward_failures": int(sum(float(d.get(FAILURES_METRIC, 0.0)) for d in train)),
+        # verl's workers report torch's peak allocation in GiB (max_memory_allocated / 1024**3);
+        # none on the CPU, as the own engine
+        "peak_memory_gib": max(peaks) if peaks and cfg.model.device != "cpu" else None,
+        "drift": None,
+        "drift_seconds": None,
         "eval_before": eval_at(0) if cfg.eval.before else None,
         "eval_after": eval_at(steps) if cfg.eval.after and steps > 0 else None,
         **run_identity(cfg),

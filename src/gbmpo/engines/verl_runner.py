@@ -23,6 +23,12 @@ verl's ``ppo_trainer.yaml``):
   ``run.num_nodes``, steps, checkpoints, validation (``validation_freq``: the last step
   is the final evaluation), seeds, precision (``precision_overrides``).
 
+In verl's trainer process gbmpo's driver hooks (:mod:`gbmpo.integrations.verl_driver`) add the
+monitored divergences ``reg/<name>``, the entropy's token mean, the reward failures and the RL
+clock to each step's metrics, and end the run after the step that spends
+``run.time_budget_seconds``; with ``eval.drift`` the final checkpoint is merged into ``model/``
+(verl's model merger) and its drift measured as on the other engines.
+
 Every key is honoured or refused (:data:`gbmpo.config.support.VERL`): :func:`run` and
 :func:`dry_run` call :func:`check_engine_support` before anything is written. After the run
 :mod:`gbmpo.engines.verl_metrics` turns verl's file log into ``metrics.jsonl`` (the schema of
@@ -55,6 +61,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
+
 from gbmpo.config import ConfigError, dump_yaml, validate
 from gbmpo.config.support import check_support
 from gbmpo.engines.checks import (
@@ -70,20 +78,22 @@ from gbmpo.engines.verl_metrics import (
     read_verl_log,
     summarize_run,
 )
-from gbmpo.integrations import verl_cpu
+from gbmpo.eval.drift import final_drift, fmt_drift
+from gbmpo.integrations import verl_cpu, verl_driver
 from gbmpo.integrations.common import hydra_value as _value
 from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
 from gbmpo.io import RunStopped, resume_command, write_atomic, write_json_atomic
 from gbmpo.io.stop import handling
 from gbmpo.lifecycle import (
     CONFIG_FILE,
+    MODEL_DIR,
     RunLifecycle,
     default_run_dir,
     refuse_nonempty,
     resume_config,
 )
-from gbmpo.models import resolve_model_path
-from gbmpo.train.setup import build_task, load_tokenizer
+from gbmpo.models import load_model_and_tokenizer, resolve_model_path
+from gbmpo.train.setup import build_task, eval_limit, load_splits, load_tokenizer
 
 __all__ = [
     "LAUNCH_FILE",
@@ -121,14 +131,16 @@ def verl_python() -> str | None:
 def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[str, str]:
     """This process's environment, with this gbmpo first on the path and the plugin loaded
     (after the run's ``run.plugins``, which may register surrogates and regularizers that the
-    plugin then registers with verl); with ``cpu`` also the CPU platform and rollout
+    plugin then registers with verl), and the driver hooks (:mod:`gbmpo.integrations.verl_driver`:
+    the monitored divergences, the entropy, the reward failures, the time budget); with ``cpu``
+    also the CPU platform and rollout
     (:mod:`gbmpo.integrations.verl_cpu`, never on a GPU run)."""
     src = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
     extra = [verl_cpu.PLUGIN] if cpu else []
-    modules = ",".join([*extra, *(plugins or []), "gbmpo.integrations.verl"])
+    modules = ",".join([*extra, *(plugins or []), "gbmpo.integrations.verl", verl_driver.MODULE])
     env = {**os.environ, "PYTHONPATH": src + (os.pathsep + path if path else ""),
-           "VERL_USE_EXTERNAL_MODULES": modules}  # fmt: skip
+           "VERL_USE_EXTERNAL_MODULES": modules, verl_driver.DRIVER_ENV: "1"}  # fmt: skip
     if cpu:
         env.update(verl_cpu.ENV)
     return env
@@ -268,6 +280,10 @@ def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], life: RunLifecy
     write_atomic(run_dir / "verl_overrides.txt", "\n".join(ov) + "\n")
     env = {**_verl_env(list(cfg.run.plugins), cpu=cfg.model.device == "cpu"),
            "VERL_FILE_LOGGER_PATH": str(run_dir.resolve() / VERL_METRICS_FILE)}  # fmt: skip
+    budget = cfg.run.time_budget_seconds
+    if budget is not None:  # the driver hooks end the run after the step that spends it
+        env[verl_driver.BUDGET_ENV] = repr(float(budget))
+    env[verl_driver.RL_SECONDS_ENV] = repr(_rl_seconds(run_dir))  # the parts before a resume
     t0 = time.perf_counter()
     # Hydra's own output folder (the composed config, the log) inside the run directory, not
     # ./outputs of the working directory
@@ -288,7 +304,55 @@ def _launch(cfg: Any, run_dir: Path, python: str, ov: list[str], life: RunLifecy
     if code != 0:
         raise RuntimeError(f"verl.trainer.main_ppo failed (exit {code}); see above")
     summary = summarize_run(cfg, run_dir, kind=kind, wall_seconds=wall, n_eval=n_eval)
-    return life.finished(summary)  # summary.json, then status.json "finished"
+    return life.finished(_with_drift(cfg, run_dir, python, summary))
+
+
+def _with_drift(cfg: Any, run_dir: Path, python: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """``summary`` with the drift of the final policy (``eval.drift`` with ``eval.after``): verl's
+    last checkpoint merged into a Hugging Face model in ``model/`` (verl's model merger, in
+    verl's environment; then ``final_model``), measured by :func:`gbmpo.eval.drift.final_drift`
+    against ``model.path`` on the prompts of the final evaluation, as on the other engines."""
+    steps = summary["steps"]
+    if not (cfg.eval.drift and cfg.eval.after and steps > 0):
+        return summary
+    t0 = time.perf_counter()
+    if not python:
+        raise EngineUnavailable("eval.drift on engine verl merges verl's checkpoint with verl's "
+                                "model merger, in verl's environment: none here (make verl)")
+    actor = Path(summary["final_model"])
+    target = run_dir / MODEL_DIR
+    merged = subprocess.run(
+        [python, "-m", "verl.model_merger", "merge", "--backend", "fsdp",
+         "--local_dir", str(actor), "--target_dir", str(target),
+         *(["--trust-remote-code"] if cfg.model.trust_remote_code else [])],
+        env=_verl_env(list(cfg.run.plugins)), capture_output=True, text=True, timeout=3600,
+    )  # fmt: skip
+    if merged.returncode != 0:
+        tail = (merged.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise RuntimeError(f"verl's model merger failed on {actor} (eval.drift): {tail}")
+    load = {"dtype": getattr(torch, cfg.model.dtype), "trust_remote_code":
+            cfg.model.trust_remote_code, "device": "cpu" if cfg.model.device == "cpu" else "cuda"}
+    policy, tokenizer = load_model_and_tokenizer(str(target), **load)
+    reference, _ = load_model_and_tokenizer(cfg.model.path, **load)
+    task = build_task(cfg, tokenizer)
+    _, _, (_, split) = load_splits(cfg, task, count_eval=True)
+    limit = eval_limit(cfg, len(task.split(split)))
+    drift, seconds = final_drift(cfg, policy, tokenizer, task, split, limit, reference=reference)
+    if drift is not None:
+        print(fmt_drift(drift, seconds), file=sys.stderr)
+    return {**summary, "drift": drift, "drift_seconds": seconds if drift is not None else None,
+            "final_model": str(target),
+            "wall_seconds": summary["wall_seconds"] + time.perf_counter() - t0}  # fmt: skip
+
+
+def _rl_seconds(run_dir: Path, step: int | None = None) -> float:
+    """The RL seconds verl's log records up to ``step`` (all: ``None``), the earlier parts'
+    included (:mod:`gbmpo.integrations.verl_driver`'s clock, 0 without a row)."""
+    rows = (read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
+            + read_verl_log(run_dir / VERL_METRICS_FILE))  # fmt: skip
+    return max((float(r["data"][verl_driver.RL_SECONDS_METRIC]) for r in rows
+                if verl_driver.RL_SECONDS_METRIC in r["data"]
+                and (step is None or int(r["step"]) <= step)), default=0.0)  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -420,8 +484,10 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
     ov, step = resume_overrides(cfg, path)
     # a checkpoint of the last step: verl's loop would train one step more (it advances the
     # step before it checks for the end), so nothing is launched and the run is summarised
-    trained = step >= cfg.run.steps
-    python = "" if trained else _gpu_python(cfg)
+    budget = cfg.run.time_budget_seconds
+    trained = step >= cfg.run.steps or (budget is not None and step > 0
+                                        and _rl_seconds(path, step) >= budget)
+    python = (verl_python() or "") if trained else _gpu_python(cfg)  # trained: the merge's
     launch = json.loads((path / LAUNCH_FILE).read_text())
     with RunLifecycle(path, "verl", resuming=True) as life:
         earlier = read_verl_log(path / VERL_EARLIER_METRICS_FILE)
@@ -435,6 +501,6 @@ def resume(run_dir: str | Path, extra: list[tuple[str, Any]] | None = None) -> d
             life.running(step, resumed_from=_resume_point(path)[1])
             summary = summarize_run(cfg, path, kind=launch["kind"], wall_seconds=0.0,
                                     n_eval=launch["n_eval"])  # fmt: skip
-            return life.finished(summary)
+            return life.finished(_with_drift(cfg, path, python, summary))
         return _launch(cfg, path, python, ov, life, kind=launch["kind"],
                        n_eval=launch["n_eval"])  # fmt: skip

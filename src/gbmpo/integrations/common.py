@@ -228,8 +228,12 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
             "returns log-probs, not logits); use estimator: sample, or engine gbmpo"
         )
     if reg.name == "none" or reg.coef == 0:
-        out += [f"{a}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"]
-        return out
+        out.append("algorithm.use_kl_in_reward=false")
+        if o.monitor_regularizers:  # reg/<name> needs the reference's log-probs: verl computes
+            # them for a KL loss, here one with coefficient 0 (it adds nothing to the loss)
+            return out + [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef=0.0",
+                          f"{a}.kl_loss_type=low_var_kl"]  # fmt: skip
+        return out + [f"{a}.use_kl_loss=false"]
     if reg.placement == "advantage":
         raise ValueError(
             "'objective.regularizer.placement'='advantage' is not supported by engine verl: its "

@@ -106,7 +106,8 @@ OBJECTIVE_METRICS: dict[str, str] = {
 SUMMARY_KEYS: tuple[str, ...] = (
     "status", "engine", "steps", "stop_reason", "wall_seconds", "eval_before", "eval_after",
     "model", "task", "advantage", "surrogate", "regularizer", "coef", "aggregation", "seed",
-    "device", "dtype", "run_dir", "final_model",
+    "device", "dtype", "run_dir", "final_model", "rl_seconds", "reward_failures",
+    "peak_memory_gib", "drift", "drift_seconds",
 )  # fmt: skip
 
 #: the one prefix of the monitored divergences, ``reg/<name>`` = D(pi_old || pi_ref), on every
