@@ -170,58 +170,6 @@ class Normalisers:
         return self.fn(x, self.m, max_len=self.max_len, num_sequences=self.num_sequences,
                        num_tokens=self.num_tokens)  # fmt: skip
 
-    @property
-    def linear(self) -> bool:
-        """Whether :meth:`reduce` and :meth:`token_grad` know this mode (the built-ins)."""
-        return self.mode in _REDUCE
-
-    def reduce(self, x: Tensor) -> Tensor:
-        r""":meth:`apply` of a per-token tensor ``x`` that is already 0 where masked, without
-        multiplying by the mask again (:math:`x\,m = x` there): the mode's formula on ``x``
-        with the lengths counted once. Bit for bit :meth:`apply` when ``x`` is finite (the same
-        sums of the same values); a non-finite result means some valid ``x`` is not finite."""
-        return _REDUCE[self.mode](x, self)
-
-    def token_grad(self, grad: Tensor) -> Tensor:
-        r""":math:`\partial\mathcal L/\partial\ell_{i,t}` at the valid tokens, as autograd forms it
-        for :meth:`apply` from the loss's incoming gradient ``grad`` (0-dim): ``grad / B`` then
-        divided by the length for ``grpo`` (shape ``[B, 1]``), ``grad / Z`` for ``bnpo``,
-        ``grad / (B L_max)`` for ``dr_grpo``, ``grad / B`` for ``seq_mean_token_sum`` (0-dim).
-        The mask factor is left out: multiplied by a per-token derivative that is 0 where
-        masked it gives the same bits."""
-        return _TOKEN_GRAD[self.mode](grad, self)
-
-
-def _reduce_grpo(x: Tensor, nz: Normalisers) -> Tensor:
-    return (x.sum(-1) / nz.lengths.clamp_min(1.0)).sum() / nz.num_sequences
-
-
-def _reduce_bnpo(x: Tensor, nz: Normalisers) -> Tensor:
-    return x.sum() / nz.num_tokens
-
-
-def _reduce_dr_grpo(x: Tensor, nz: Normalisers) -> Tensor:
-    return x.sum() / (nz.num_sequences * nz.max_len)
-
-
-def _reduce_seq_mean_token_sum(x: Tensor, nz: Normalisers) -> Tensor:
-    return x.sum() / nz.num_sequences
-
-
-_REDUCE: dict[str, Callable[[Tensor, Normalisers], Tensor]] = {
-    "grpo": _reduce_grpo,
-    "bnpo": _reduce_bnpo,
-    "dr_grpo": _reduce_dr_grpo,
-    "seq_mean_token_sum": _reduce_seq_mean_token_sum,
-}
-
-_TOKEN_GRAD: dict[str, Callable[[Tensor, Normalisers], Tensor]] = {
-    "grpo": lambda g, nz: ((g / nz.num_sequences) / nz.lengths.clamp_min(1.0)).unsqueeze(-1),
-    "bnpo": lambda g, nz: g / nz.num_tokens,
-    "dr_grpo": lambda g, nz: g / (nz.num_sequences * nz.max_len),
-    "seq_mean_token_sum": lambda g, nz: g / nz.num_sequences,
-}
-
 
 def normalisers(
     per_token: Tensor,

@@ -415,16 +415,6 @@ class NeuralMirrorMap:
         table at the log-probabilities directly."""
         return self.bregman(torch.exp(logp), torch.exp(anchor_logp))
 
-    def bregman_log_and_grad(self, logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`bregman_log` and its derivative in ``logp``, p (h'(p) - h'(q)) (0 where p is
-        below the 1e-10 floor), without autograd: the regularizer's fused value and gradient."""
-        p = torch.exp(logp.detach())
-        fp, q = self._prep(p, torch.exp(anchor_logp.detach()))
-        fp, q = torch.broadcast_tensors(fp, q)
-        value, dh = self._bregman_and_grad(fp, q, want_grad=True)
-        assert dh is not None
-        return value, dh * (p.to(dh.dtype) * (p >= PROB_FLOOR))
-
     def _bregman_value(self, p: Tensor, q: Tensor) -> Tensor:
         """D_h on floored, broadcast, same-dtype p and q (no autograd bookkeeping needed)."""
         return self._bregman_and_grad(p, q, want_grad=False)[0]
@@ -471,7 +461,9 @@ class NeuralMirrorMap:
 
 
 class _MirrorBregman(torch.autograd.Function):
-    """D_h(p, q) with the analytic gradients h'(p) - h'(q) (in p) and -h''(q)(p - q) (in q)."""
+    """D_h(p, q) with the analytic gradients h'(p) - h'(q) (in p) and -h''(q)(p - q) (in q).
+    Kept for memory: autograd would save the 126 units' [B, T, 21] intermediates; this saves
+    p and q (tests/objectives/test_mirror.py gradchecks it in float64)."""
 
     @staticmethod
     def forward(ctx: Any, mirror: NeuralMirrorMap, p: Tensor, q: Tensor) -> Tensor:

@@ -114,9 +114,7 @@ class TabulatedMirrorMap(NeuralMirrorMap):
     log p of the others go through each step together (one float64 [2, n] buffer, converted
     once), the six coefficients by one gather each, P and P' by one Horner recurrence (nine
     fused multiply-adds), the far form on every element and the near form on the few with
-    |delta| < Delta / 2 only, from q's coefficients already gathered (about 27 small ops); the
-    regularizer takes value and gradient in log p from :meth:`bregman_log_and_grad` (no
-    autograd graph, float-mask arithmetic).
+    |delta| < Delta / 2 only, from q's coefficients already gathered (about 27 small ops).
     """
 
     def __init__(self, mirror: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
@@ -462,16 +460,6 @@ class TabulatedMirrorMap(NeuralMirrorMap):
             return out
         return self._log_forward(logp, anchor_logp, dtype, False, False)[0]
 
-    def bregman_log_and_grad(self, logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`bregman_log` and its derivative in ``logp``, p (h'(p) - h'(q)) (0 below the
-        floor), without autograd: the regularizer's fused value and gradient."""
-        dtype = compute_dtype(logp, anchor_logp)
-        if logp.shape != anchor_logp.shape:
-            logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
-        value, gp, _ = self._log_forward(logp, anchor_logp, dtype, True, False)
-        assert gp is not None
-        return value, gp
-
     def _log_forward(
         self, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype, want_p: bool, want_q: bool
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -649,7 +637,9 @@ def _log_pair(p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
 
 class _TableBregmanLog(torch.autograd.Function):
     """The tabulated D(log p, log q) of log-probabilities with its analytic gradients, formed
-    in the forward pass (class docstring of :class:`TabulatedMirrorMap`)."""
+    in the forward pass (class docstring of :class:`TabulatedMirrorMap`). Kept for numerics:
+    near p = q the gradient's factorised form avoids the cancellation autograd would form
+    through the compacted kernel (tests/objectives/test_mirror_table.py gradchecks it)."""
 
     @staticmethod
     def forward(
@@ -675,7 +665,8 @@ class _TableBregmanLog(torch.autograd.Function):
 
 
 class _TableBregman(torch.autograd.Function):
-    """The tabulated D(log p, log q) with its analytic gradients (class docstring)."""
+    """The tabulated D(log p, log q) with its analytic gradients (class docstring); kept for
+    the same cancellation as :class:`_TableBregmanLog`."""
 
     @staticmethod
     def forward(ctx: Any, table: TabulatedMirrorMap, tq: Tensor, delta: Tensor) -> Tensor:
