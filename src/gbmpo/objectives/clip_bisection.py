@@ -1,9 +1,10 @@
-r"""Clip intervals without a closed form, found by bisection.
+r"""Clip intervals without a closed form, found by bisection, with the measures they invert.
 
-The root finder :func:`bisect_interval`, the ``neural_mirror`` interval :func:`mirror_interval`
-(bisection tabulated in :math:`p` per map and radius, with its table machinery) and the
-``dppo_kl`` interval :func:`dppo_kl_interval`. The measures themselves and the closed-form
-intervals are in :mod:`gbmpo.objectives.clip_measures`.
+The root finder :func:`bisect_interval`, the ``neural_mirror`` measure and interval
+:func:`mirror_interval` (bisection tabulated in :math:`p` per map and radius, with its table
+machinery) and the ``dppo_kl`` measure and interval :func:`dppo_kl_interval`. The other
+measures, the closed-form intervals and the registry are in
+:mod:`gbmpo.objectives.clip_measures`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,54 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.clip_measures import _radius, measure_dppo_kl, measure_mirror
 from gbmpo.objectives.mirror import PROB_FLOOR, NeuralMirrorMap
 
 __all__ = [
+    "BINARY_KL_EPS",
     "BISECT_ITERS",
     "MIRROR_TABLE_TOL",
+    "binary_kl",
     "bisect_interval",
+    "check_radius",
     "dppo_kl_interval",
+    "measure_dppo_kl",
+    "measure_mirror",
     "mirror_interval",
 ]
+
+#: DPPO's code adds this to both 1 - p terms of the binary KL (kept for parity)
+BINARY_KL_EPS = 1e-8
+
+
+def check_radius(name: str, value: float) -> float:
+    """``value`` as a float: a finite radius > 0 (TypeError / ValueError naming ``name``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+def measure_mirror(w: Tensor, p_old: Tensor, mirror: NeuralMirrorMap) -> Tensor:
+    r""":math:`f(w) = D_h(w p, p)` for a neural mirror map :math:`h` (GBMPO NM-GRPO,
+    arXiv 2602.04380; :meth:`NeuralMirrorMap.bregman`, probabilities floored at 1e-10)."""
+    return mirror.bregman(w * p_old, p_old)
+
+
+def binary_kl(p_old: Tensor, logp_old: Tensor, p_new: Tensor, logp_new: Tensor) -> Tensor:
+    r"""Binary KL :math:`\mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(p'))
+    = p(\log p - \log p') + (1-p)\log\frac{1-p+\epsilon}{1-p'+\epsilon}`,
+    :math:`\epsilon = 10^{-8}` as in DPPO's code (DPPO-Binary-KL, arXiv 2602.04879); the log-probs
+    are passed so that the first term needs no log of a rounded probability."""
+    one = 1.0 + BINARY_KL_EPS
+    return p_old * (logp_old - logp_new) + (1.0 - p_old) * torch.log((one - p_old) / (one - p_new))
+
+
+def measure_dppo_kl(w: Tensor, p_old: Tensor) -> Tensor:
+    r""":math:`f(w) = \mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(wp))` (:func:`binary_kl`;
+    DPPO-Binary-KL, arXiv 2602.04879)."""
+    return binary_kl(p_old, torch.log(p_old), w * p_old, torch.log(w) + torch.log(p_old))
+
 
 #: bisection steps of :func:`bisect_interval`: each halves a log-ratio bracket of width at most
 #: log(1 / 1e-10) = 23.03, so the error in log w is at most 23.03 / 2^60 = 2.0e-17, below the
@@ -59,8 +98,8 @@ def bisect_interval(
     :math:`f(w_{\min}) \le \delta_{\text{low}}` the lower end is 0 (no lower clip); where
     :math:`f(w_{\max}) \le \delta_{\text{high}}` the upper end is :math:`+\infty`.
     """
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     lo_w = w_min.to(torch.float64)
     hi_w = w_max.to(torch.float64)
     lo_w, hi_w = torch.broadcast_tensors(lo_w, hi_w)
@@ -126,9 +165,9 @@ def mirror_interval(
         )
     if method != "table":
         raise ValueError(f"unknown mirror_interval method {method!r}; valid: table, bisect")
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
-    tol = MIRROR_TABLE_TOL if tol is None else _radius("tol", tol)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
+    tol = MIRROR_TABLE_TOL if tol is None else check_radius("tol", tol)
     p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
     t = torch.log(p)  # read by both ends
     low = _mirror_end_table(mirror, "low", dl, tol).evaluate(p, t)
