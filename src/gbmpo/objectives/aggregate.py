@@ -113,31 +113,18 @@ def aggregate(
     num_sequences: int | None = None,
     num_tokens: float | None = None,
 ) -> Tensor:
-    """Aggregate per-token losses ``[B, T]`` under ``mask`` with ``mode`` (see module doc).
+    r"""Per-token losses ``[B, T]`` aggregated under ``mask`` ({0, 1} or bool) by ``mode``
+    (``grpo``, ``bnpo``, ``dr_grpo``, ``seq_mean_token_sum``; equations in the module doc).
 
-    Args:
-        per_token: ``[B, T]`` per-token loss, any floating dtype.
-        mask: ``[B, T]`` {0, 1} float or bool.
-        mode: ``grpo``, ``bnpo``, ``dr_grpo`` or ``seq_mean_token_sum``.
-        max_len: ``L_max`` for ``dr_grpo`` (default ``per_token.shape[1]``); every sequence must
-            have at most ``max_len`` valid tokens.
-        num_sequences: full-batch sequence count, ``>= B`` (micro-batching).
-        num_tokens: ``bnpo`` denominator :math:`Z`, finite and ``> 0``: the full-batch
-            valid-token count (micro-batching), or the global count over :math:`P`
-            gradient-averaging processes divided by :math:`P`, which may be below this mask's
-            count (module doc). Used exactly, without the ``>= 1`` clamp of the default.
-
-    Returns:
-        0-dim tensor, float32 (float64 for float64 input).
-
-    Raises:
-        ValueError: bad shapes or mask values, ``num_sequences`` below ``B``, ``num_tokens``
-            that is ``<= 0``, NaN or infinite, or ``max_len`` below a completion's length.
-        TypeError: ``num_sequences`` not an int, ``num_tokens`` not a real number.
+    Micro-batching: ``num_sequences`` (>= B) is the full batch's count, ``max_len`` the
+    ``dr_grpo`` length :math:`L_{\max}` (default ``T``; no completion may be longer) and
+    ``num_tokens`` the ``bnpo`` denominator, used as given (it may be a global count divided by
+    the processes, below this mask's count). Returns a 0-dim float32 tensor (float64 for float64
+    input); bad shapes, mask values or normalisers raise ValueError / TypeError.
     """
-    nz = normalisers(per_token, mask, mode, max_len, num_sequences=num_sequences,
-                     num_tokens=num_tokens)
-    return nz.apply(per_token)
+    norm = normalisers(per_token, mask, mode, max_len, num_sequences=num_sequences,
+                       num_tokens=num_tokens)
+    return norm.apply(per_token)
 
 
 @dataclass(frozen=True)

@@ -86,17 +86,13 @@ def bisect_interval(
     r"""The ends of :math:`\{w \in [w_{\min}, w_{\max}] : f(w) \le \delta\}` by vectorised
     bisection in :math:`\log w`, float64, elementwise over the shape of ``w_min`` / ``w_max``.
 
-    Requires :math:`w_{\min} \le 1 \le w_{\max}`, :math:`f(1) = 0` and :math:`f` non-increasing
-    on :math:`[w_{\min}, 1]`, non-decreasing on :math:`[1, w_{\max}]` (true for any Bregman
-    divergence :math:`D_h(wp, p)`, convex in :math:`w`). Each end keeps a bracket
-    :math:`[a, b]` in :math:`t = \log w` with one side inside the region and the other outside,
-    halving it ``iters`` times, and returns the *inside* side, so :math:`f(l), f(u) \le \delta`
-    (up to rounding of :math:`f`). Tolerance: :math:`|\log \hat l - \log l| \le
-    2^{-\text{iters}}\log(1/w_{\min})`, same for :math:`u` with :math:`\log w_{\max}`; with the
-    default 60 steps and brackets of width at most 23.03 (probabilities down to 1e-10), below
-    2.0e-17 (``dppo_kl``'s bracket down to 1e-300, width 690.8: below 6.0e-16). Where
-    :math:`f(w_{\min}) \le \delta_{\text{low}}` the lower end is 0 (no lower clip); where
-    :math:`f(w_{\max}) \le \delta_{\text{high}}` the upper end is :math:`+\infty`.
+    Needs :math:`w_{\min} \le 1 \le w_{\max}`, :math:`f(1) = 0`, :math:`f` non-increasing below
+    1 and non-decreasing above (any Bregman :math:`D_h(wp, p)`). Each end keeps the inside side
+    of its bracket, so :math:`f(l), f(u) \le \delta` up to rounding; error
+    :math:`2^{-\text{iters}}\log(w_{\max} / w_{\min})` in :math:`\log w` (below 2e-17 for
+    probabilities down to 1e-10 with 60 steps). Lower end 0 where :math:`f(w_{\min}) \le
+    \delta_{\text{low}}`, upper end :math:`+\infty` where :math:`f(w_{\max}) \le
+    \delta_{\text{high}}`.
     """
     dl = check_radius("delta_low", delta_low)
     dh = check_radius("delta_high", delta_high)
@@ -138,24 +134,17 @@ def mirror_interval(
     method: str = "table",
     tol: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    r"""``neural_mirror``, per token: the ends of :math:`\{w : D_h(wp, p) \le \delta\}` over the
-    attainable ratios :math:`w \in [10^{-10}/p, 1/p]` (new probability between the mirror map's
-    floor and 1; GBMPO NM-GRPO, arXiv 2602.04380). Lower end 0 where even :math:`w p =
-    10^{-10}` stays inside, upper end :math:`+\infty` where :math:`w p = 1` does. float64.
+    r"""``neural_mirror``, per token: the ends of :math:`\{w : D_h(wp, p) \le \delta\}` over
+    :math:`w \in [10^{-10}/p, 1/p]` (GBMPO NM-GRPO, arXiv 2602.04380): 0 / :math:`+\infty`
+    where the range's end stays inside. float64.
 
-    ``method="bisect"``: :func:`bisect_interval` on every token (2 x 60 evaluations of the map
-    per token; exact up to float64 rounding). ``method="table"`` (default): each end is a
-    function of :math:`p` alone for a fixed map and radius, so it is solved once (cached per map,
-    side and radius) by that same bisection at the knots of a grid in :math:`\log p` and read
-    per token from a cubic Hermite interpolant of :math:`\log w` (:class:`_MirrorEndTable`),
-    with the 0 / :math:`\infty` decisions taken at the exactly bisected threshold in
-    :math:`p`. The grid is refined until the interpolant matches fresh bisections at every
-    cell midpoint to ``tol`` (default :data:`MIRROR_TABLE_TOL` = 1e-8; absolute in :math:`w`
-    for the lower end, which lies in [0, 1], and in :math:`\log w`, i.e. relative, for the
-    upper), and tokens in cells that miss it are bisected, so the ends agree with ``"bisect"``
-    to that tolerance (checked at cell midpoints; tested against it on random tokens), and the
-    0 / :math:`\infty` decisions agree except for :math:`p` within float64 rounding of the
-    threshold."""
+    ``method="bisect"``: :func:`bisect_interval` per token (2 x 60 map evaluations).
+    ``"table"`` (default): each end is a function of :math:`p` for a fixed map and radius, so it
+    is bisected once at the knots of a grid in :math:`\log p` (cached per map, side and radius)
+    and read from a cubic Hermite interpolant (:class:`_MirrorEndTable`), the grid refined until
+    it matches fresh bisections at every cell midpoint to ``tol`` (default
+    :data:`MIRROR_TABLE_TOL` = 1e-8; absolute in :math:`w` below, in :math:`\log w` above);
+    tokens in cells that miss it are bisected."""
     if method == "bisect":
         p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
         w_min = (PROB_FLOOR / p).clamp_max(1.0)

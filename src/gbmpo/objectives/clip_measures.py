@@ -156,19 +156,15 @@ def dppo_valid_mask(
     delta_high: float,
 ) -> Tensor:
     r"""DPPO's trust-region mask (Qi et al., arXiv 2602.04879, DPPO-Binary-TV / -KL), bool:
+    :math:`M = [D(p, p') \le \delta_{\text{high}} \lor p' \le p]` for :math:`A > 0`, else
+    :math:`[D(p, p') \le \delta_{\text{low}} \lor p' \ge p]`, with :math:`p`, :math:`p'` the
+    old and new probabilities of the token and :math:`D` the binary TV :math:`|p' - p|`
+    (``dppo_tv``) or :func:`binary_kl` (``dppo_kl``).
 
-    .. math::
-        M = \begin{cases} D(p, p') \le \delta_{\text{high}} \ \lor\ p' \le p & A > 0\\
-        D(p, p') \le \delta_{\text{low}} \ \lor\ p' \ge p & A \le 0\end{cases}
-
-    with :math:`p = \pi_{\text{old}}(o_t)`, :math:`p' = \pi_\theta(o_t)` and :math:`D` the
-    binary TV :math:`|p' - p|` (``dppo_tv``; then the test reads :math:`p' - p \le
-    \delta_{\text{high}}` resp. :math:`p' - p \ge -\delta_{\text{low}}`) or the binary KL of
-    :func:`binary_kl` (``dppo_kl``). A token keeps its gradient unless its probability moved
-    beyond the radius in the direction its advantage pushes; this is the set the clip with the
-    interval of :func:`dppo_tv_interval` /
-    :func:`~gbmpo.objectives.clip_bisection.dppo_kl_interval` keeps, evaluated directly (no root
-    finding). Inputs are detached."""
+    A token keeps its gradient unless its probability moved beyond the radius in the direction
+    its advantage pushes: the set the clip with :func:`dppo_tv_interval` /
+    :func:`~gbmpo.objectives.clip_bisection.dppo_kl_interval` keeps, evaluated directly.
+    Inputs are detached."""
     lp, old = logp.detach(), old_logp.detach()
     p_new, p_old = torch.exp(lp), torch.exp(old)
     if measure == "dppo_tv":

@@ -182,66 +182,18 @@ def compute_policy_loss(
     num_tokens: float | None = None,
     token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    r"""Per-token :math:`\omega\,\ell^{\text{surr}} + \sum_k \lambda_k D^{(k)}`, aggregated:
+    r""":math:`\mathcal L = \mathrm{agg}(\omega\,\ell^{\text{surr}} + \sum_k \lambda_k D^{(k)}, m)`
+    (docs/methods.md, "Aggregation"); :math:`\omega` (``token_weights``, default 1) scales the
+    surrogate only, as TRL 1.16 applies its importance ratio and masks before adding its KL.
 
-    .. math::
-        \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t}
-        + \textstyle\sum_k \lambda_k\,D^{(k)}_{i,t},\ m\big),
-        \qquad
-        \nabla_\theta\mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\nabla_\theta
-        \ell^{\text{surr}}_{i,t} + \textstyle\sum_k \lambda_k\,\nabla_\theta D^{(k)}_{i,t},
-        \ m\big)
-
-    (``agg`` is linear for a fixed mask and :math:`\omega` is a constant; :math:`\omega \equiv 1`
-    when ``token_weights`` is None). The weights scale the policy-gradient term only, never the
-    regularizer: TRL 1.16's ``GRPOTrainer._compute_loss`` multiplies its per-token loss by the
-    vLLM importance-sampling ratio (``importance_sampling_ratio``), the off-policy mask and the
-    high-entropy mask *before* adding :math:`\beta\,\mathrm{KL}`. (An importance-weighted
-    regularizer is a regularizer of its own, e.g. ``kl_k3_is``.)
-
-    Keyword arguments only (``logp=, old_logp=, advantages=, mask=``, the order and names every
-    surrogate and regularizer call uses).
-
-    Args:
-        logp: ``[B, T]`` sampled-token log-probs under the trained policy (with grad).
-        old_logp: ``[B, T]`` behaviour-policy log-probs; ``None`` means on-policy, i.e.
-            ``logp.detach()`` (ratio 1 with the right gradient, TRL's single-iteration case).
-        advantages: ``[B]`` or ``[B, T]``.
-        mask: ``[B, T]`` {0, 1} completion mask.
-        surrogate: a callable from :func:`gbmpo.objectives.get_surrogate`, or a registered name
-            (built with its default parameters).
-        terms: the regularizer terms (:class:`LossTerm`: a name, a callable
-            ``(*, logp, old_logp, anchor_logp, mask) -> [B, T]`` such as
-            :func:`gbmpo.objectives.get_regularizer`'s or a registered name, the coefficient
-            :math:`\lambda_k` and the anchor log-probs passed as ``anchor_logp``, which may be
-            ``None`` when the regularizer's ``needs_ref`` is False). One regularizer is a list
-            of one; none is ``()``. A term is added only when its coefficient is nonzero, but
-            its masked mean is always reported.
-        aggregation: mode of :func:`gbmpo.objectives.aggregate`.
-        max_len, num_sequences, num_tokens: passed to :func:`~gbmpo.objectives.aggregate`
-            (full-batch normalisers for micro-batching; ``num_tokens`` may be a float below
-            this batch's token count, e.g. a global count divided by the number of processes).
-        token_weights: ``[B, T]`` or ``[B, 1]`` (one weight per sequence) per-token weights
-            :math:`\omega` of the surrogate, any real dtype (bool masks too), e.g. importance
-            ratios or 0/1 masks. Used as given on valid tokens (no detach: pass constants) and
-            ignored on masked ones, so padding may hold anything, NaN included.
-
-    Returns:
-        ``(loss, metrics)``: the scalar loss (float32, or float64 for float64 ``logp``) and
-        python floats: the surrogate diagnostics (``clip_frac_low``, ``clip_frac_high``,
-        ``clip_frac_dual``, ``ratio_mean``, ``ratio_min``, ``ratio_max``; unweighted masked
-        statistics), ``pg_loss`` (the aggregated weighted surrogate
-        :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}}, m)` alone), ``reg_loss`` (the
-        aggregated :math:`\mathrm{agg}(\sum_k \lambda_k D^{(k)}, m)` alone, the sum of the
-        terms' parts, each computed on its own so that a regularizer term far below the
-        surrogate is not lost to rounding in ``loss - pg_loss``), ``reg_value`` (the sum of the
-        terms' masked means, 0 without a term), per term ``reg_loss/<name>`` and
-        ``reg_value/<name>``, and ``loss``.
-
-    Raises:
-        ValueError: a term's coefficient not a finite number, a missing anchor (``anchor_logp``)
-            for a regularizer that needs one, shape mismatches (``token_weights`` included), or
-            invalid aggregation normalisers (see :func:`~gbmpo.objectives.aggregate`).
+    Keyword arguments: ``logp`` / ``old_logp`` ``[B, T]`` (``old_logp=None``: on-policy),
+    ``advantages`` ``[B]`` or ``[B, T]``, ``mask`` {0, 1}; ``surrogate`` a callable or name;
+    ``terms`` :class:`LossTerm` s (a zero coefficient reports the term without adding it);
+    ``aggregation`` and the micro-batch normalisers ``max_len``, ``num_sequences``,
+    ``num_tokens`` as :func:`~gbmpo.objectives.aggregate`; ``token_weights`` ``[B, T]`` or
+    ``[B, 1]``, used as given (pass constants), ignored where masked. Returns the scalar loss
+    (float32; float64 for float64 ``logp``) and float metrics: the surrogate's diagnostics,
+    ``pg_loss``, ``reg_loss``, ``reg_value``, ``reg_loss/<name>``, ``reg_value/<name>``, ``loss``.
     """
     loss, packed, layout = _policy_loss(
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, surrogate=surrogate,
@@ -256,28 +208,15 @@ PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
 def compiled_policy_loss(**compile_options: Any) -> PolicyLossFn:
-    """:func:`compute_policy_loss`, the same arguments and results, with its tensor work
-    compiled by ``torch.compile(**compile_options)`` into one graph (forward and backward):
-    every surrogate, term and aggregation of the eager function, the fused ones included.
+    """:func:`compute_policy_loss` (same arguments and results) with its tensor work compiled
+    by ``torch.compile(**compile_options)`` into one graph, forward and backward: the same loss
+    and gradient up to the compiler's rounding (a fused kernel may reorder a sum).
 
-    The input checks that read tensor values (the {0, 1} mask, ``max_len`` against the
-    longest completion) run eagerly before the graph, and the metrics are read back after it
-    in one transfer, so nothing inside the graph waits on the host. Inside it the
-    data-dependent shortcuts of the CPU path take their general forms
-    (:func:`~gbmpo.objectives.tensors.sync_free`): the same loss and gradient up to
-    the compiler's float rounding (a fused kernel may reorder a sum), with one difference when
-    a valid per-token value is not finite: the loss is not finite either way, and the gradient
-    is the fused one rather than the eager fallback's.
-
-    Each call with a new surrogate, new terms or a new shape may compile again (``dynamic``
-    shapes after the first change of ``T``, as ``torch.compile`` decides); the first call of
-    each pays the compile (seconds). The graphs of every such function share one cache per
-    process, of ``torch._dynamo.config.recompile_limit`` entries; past it torch warns and runs
-    the function eagerly. Build it once and reuse it::
-
-        policy_loss = compiled_policy_loss()
-        loss, metrics = policy_loss(logp=..., old_logp=..., advantages=..., mask=...,
-                                    surrogate=surr, terms=terms, aggregation="grpo")
+    The checks that read values (the {0, 1} mask, ``max_len``) run eagerly before the graph and
+    the metrics are read back after it in one transfer. Each new surrogate, term list or shape
+    may compile again (seconds; one cache of ``torch._dynamo.config.recompile_limit`` graphs per
+    process, eager beyond it): build it once and reuse it,
+    ``policy_loss = compiled_policy_loss(); loss, metrics = policy_loss(logp=..., ...)``.
     """
     core = torch.compile(_policy_loss, **compile_options)
 

@@ -146,21 +146,14 @@ def kl_k2(logp: Tensor, anchor_logp: Tensor) -> Tensor:
 
 
 def kl_k3(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
-    """k3 = rho - 1 - log rho with rho = q / p = exp(log q - log p) (Schulman 2020).
+    """k3 = rho - 1 - log rho, rho = q / p (Schulman 2020; TRL's ``per_token_kl``, verl's
+    ``low_var_kl``; docs/methods.md, "KL estimators"), computed as expm1(log rho) - log rho:
+    d/dlogp = 1 - rho.
 
-    TRL's GRPO ``per_token_kl`` and verl's ``low_var_kl`` (docs/methods.md, section "KL estimators";
-    the GBMPO "KL" baseline). d/dlogp = 1 - rho. Computed as expm1(log rho) - log rho. ``clamp=c``
-    clips the value to [-c, c] (zero gradient where it binds): verl uses c = 10 (and clips log rho
-    to [-20, 20] before exp, which only matters where the value is clipped anyway; the results
-    are the same); TRL does not clamp (default None).
-
-    Extreme log-ratios (docs/methods.md, section "Numerical safety"). For log rho > E =
-    :func:`exp_bound` (22.18 in float32, 177.45 in float64) k3 continues on its tangent line,
-    k3(E) + (e^E - 1)(log rho - E), so value and gradient stay finite with or without ``clamp``
-    (the plain formula overflows at log rho > 88.7 in float32: inf without clamp, NaN gradient
-    with it); in that region d/dlogp = 1 - e^E instead of 1 - rho. For log rho <= E (rho <= 4.3e9
-    in float32) the result is bit for bit the plain formula, so TRL parity is unchanged. Computed
-    in float32 (float64 stays float64).
+    ``clamp=c`` clips the value to [-c, c] (zero gradient where it binds; verl: 10, TRL: none).
+    For log rho > E = :func:`exp_bound` (22.18 in float32) it continues on its tangent line, so
+    value and gradient stay finite where the plain formula overflows (log rho > 88.7 in
+    float32); below E it is the plain formula bit for bit (TRL parity). float32 (float64 stays).
     """
     logp, anchor_logp = _compute(logp, anchor_logp)
     log_rho = anchor_logp - logp

@@ -87,32 +87,18 @@ def rpg_reinforce_loss(
     high: float,
     c: float | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    r"""RPG-REINFORCE with RPG-Style Clip, per token (arXiv 2505.17508 Algorithm 2, §3.3).
+    r"""RPG-REINFORCE with RPG-Style Clip, per token (arXiv 2505.17508 Algorithm 2, §3.3):
+    :math:`L = (\tilde w A_R + C_{KL})\,\ell`, :math:`\ell = -\log\pi_\theta`, with
+    :math:`\tilde w = w` on the active branches and the bound the ratio crossed elsewhere (then
+    :math:`\ell` is stop-gradient): for :math:`wA_R + C_{KL} \ge 0` active while
+    :math:`w < h = 1+\epsilon_2`; otherwise active while :math:`l = 1-\epsilon_1 < w < c`
+    (the dual clip ``c``; None: none). :math:`w`, :math:`A_R`, :math:`C_{KL}` are constants.
 
-    With :math:`\ell = -\log\pi_\theta` (carries the gradient), :math:`A_R` the baseline-subtracted
-    advantage, :math:`w` the ratio, :math:`C_{KL}` from :func:`rpg_kl_component` (all of them
-    except :math:`\ell` stop-gradient), the effective advantage is
-    :math:`A' = A_R + C_{KL}/w` and :math:`\psi = A'\ell` (same sign as :math:`A'`, as
-    :math:`\ell > 0`). Branches, evaluated in this order:
-
-    1. :math:`A' \ge 0`, :math:`w < h = 1+\epsilon_2`: :math:`L = \psi w = (wA_R + C_{KL})\ell`
-       (active).
-    2. :math:`A' \ge 0`, :math:`w \ge h`: :math:`L = (hA_R + C_{KL})\,\mathrm{SG}(\ell)`
-       (constant, no gradient).
-    3. :math:`A' < 0`, :math:`w \le l = 1-\epsilon_1`: :math:`L = (lA_R + C_{KL})\,
-       \mathrm{SG}(\ell)` (constant).
-    4. :math:`A' < 0`, :math:`l < w < c`: :math:`L = (wA_R + C_{KL})\ell` (active).
-    5. :math:`A' < 0`, :math:`w \ge c`: :math:`L = (cA_R + C_{KL})\,\mathrm{SG}(\ell)`
-       (constant; dual clip, skipped when ``c`` is None).
-
-    The value is continuous in :math:`w`. In the active region
-    :math:`\nabla L = -(wA_R + C_{KL})\nabla\log\pi_\theta`, the REINFORCE weight of Table 2,
-    whose expectation equals the gradient of the fully differentiable Table 1 loss (Prop. 4.1).
-    The sign test uses :math:`wA_R + C_{KL}` (= :math:`wA'`, :math:`w>0`), which avoids the
-    division. Unlike the authors' unused ``clip_ppo`` code path, the branch is on :math:`A'`,
-    not on :math:`A_R` (paper form).
-
-    Returns ``(loss, clipped_low, clipped_high, clipped_dual)`` (the last three are bool masks).
+    The value is continuous in :math:`w`; the active gradient
+    :math:`-(wA_R + C_{KL})\nabla\log\pi_\theta` is Table 2's REINFORCE weight (Prop. 4.1:
+    unbiased for Table 1's loss). The branch is on :math:`A' = A_R + C_{KL}/w` (the paper's),
+    not on :math:`A_R` as the authors' unused ``clip_ppo`` code. Returns ``(loss,
+    clipped_low, clipped_high, clipped_dual)``, the last three bool masks.
     """
     w = ratio.detach()
     adv = adv.detach()
