@@ -169,7 +169,8 @@ OPTIONS: list[dict[str, Any]] = [
 
 
 def _options(kw: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
-    w = 0.5 + torch.rand(12, 40, generator=torch.Generator().manual_seed(11), dtype=dtype)
+    w = 0.5 + torch.rand(12, 40, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    w = w.to(dtype)
     if kw.get("token_weights") == "tokens":
         return {"token_weights": w}
     if kw.get("token_weights") == "sequences":
