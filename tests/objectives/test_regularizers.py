@@ -338,3 +338,21 @@ def test_neural_mirror_from_path_and_default(tmp_path) -> None:
     )
     with pytest.raises(FileNotFoundError, match="nope.json"):
         get_regularizer("neural_mirror", mirror=tmp_path / "nope.json")
+
+
+def test_retired_hand_derivative_arguments_warn_and_are_ignored() -> None:
+    """A plugin built for the hand-derivative layer keeps working: ``value_and_grad``,
+    ``value_and_backward`` and ``zero_at_zero`` give a DeprecationWarning and autograd's
+    gradient; any other unknown keyword is a TypeError."""
+    def wrong(l: T, r: T, o: T | None) -> tuple[T, T]:
+        return l - r, torch.zeros_like(l)  # a derivative that is not used
+
+    with pytest.warns(DeprecationWarning, match="value_and_grad, zero_at_zero"):
+        reg = Regularizer("mine", lambda l, r, o: (l - r).square(), value_and_grad=wrong,
+                          zero_at_zero=True)  # fmt: skip
+    logp, ref, _ = _inputs(seed=2)
+    lp = logp.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(reg(logp=lp, anchor_logp=ref).sum(), lp)
+    torch.testing.assert_close(grad, 2 * (logp - ref))
+    with pytest.raises(TypeError, match="unexpected keyword arguments: \\['nonsense'\\]"):
+        Regularizer("mine", lambda l, r, o: l - r, nonsense=1)
