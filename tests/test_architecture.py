@@ -1,9 +1,11 @@
 """The layers contract (``[tool.importlinter]`` in pyproject.toml): imports point down only,
 function-local ones included. ``lint-imports`` passes on the package, and fails on a copy of it
-with one upward import added (a cycle: ``train`` imports ``objectives``)."""
+with one upward import added (a cycle: ``train`` imports ``objectives``). And no import circle
+anywhere in the package, inside a folder included (the module graph built with ``ast``)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -11,8 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("importlinter")
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src"
@@ -30,6 +30,7 @@ def _lint_imports(src: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_layers_contract_is_kept() -> None:
+    pytest.importorskip("importlinter")
     result = _lint_imports(SRC)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out
@@ -37,6 +38,7 @@ def test_layers_contract_is_kept() -> None:
 
 
 def test_layers_contract_breaks_on_an_introduced_cycle(tmp_path: Path) -> None:
+    pytest.importorskip("importlinter")
     copy = tmp_path / "src" / "gbmpo"
     shutil.copytree(SRC / "gbmpo", copy,
                     ignore=shutil.ignore_patterns("assets", "data", "__pycache__"))
@@ -58,3 +60,114 @@ def test_layers_contract_has_no_exceptions() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     contracts = config["tool"]["importlinter"]["contracts"]
     assert contracts and all(not c.get("ignore_imports") for c in contracts), contracts
+
+
+# --- no import circle, inside a folder included ------------------------------------------------
+
+
+def _modules(src: Path, package: str) -> dict[str, Path]:
+    """Every module of ``package`` under ``src`` by dotted name (a package by its own name)."""
+    out = {}
+    for path in sorted((src / package).rglob("*.py")):
+        parts = path.relative_to(src).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules ``name`` imports, wherever the import statement is (module level, a function,
+    a branch), except under ``if TYPE_CHECKING:`` (hints only, never executed).
+    ``from pkg import x`` is an edge to ``pkg.x`` where that is a module, else to ``pkg``; the
+    parent packages Python imports on the way are not edges."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.orelse:
+                    visit_one(stmt)
+                continue
+            visit_one(child)
+
+    def visit_one(node: ast.AST) -> None:
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in modules else base)
+        visit(node)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return {m for m in found if m in modules and m != name}
+
+
+def import_circles(src: Path, package: str = "gbmpo") -> list[list[str]]:
+    """The import circles of ``package``: its strongly connected components of more than one
+    module (Tarjan), each sorted."""
+    modules = _modules(src, package)
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return circles
+
+
+def test_no_import_circle_anywhere_in_the_package() -> None:
+    """No module of gbmpo reaches itself through imports, a folder's own modules included
+    (``lint-imports`` checks the layers between the top-level packages only)."""
+    assert import_circles(SRC) == []
+
+
+def test_an_introduced_circle_is_found(tmp_path: Path) -> None:
+    """A function-local import closes a circle (found); the same import under ``if
+    TYPE_CHECKING:`` does not (hints are not imports)."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "a.py").write_text("from pkg.sub.b import f\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from . import a\n    return a\n")
+    assert import_circles(tmp_path, "pkg") == [["pkg.sub.a", "pkg.sub.b"]]
+    (pkg / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.sub import a\n"
+    )
+    assert import_circles(tmp_path, "pkg") == []

@@ -43,7 +43,7 @@ from gbmpo.objectives.clip_measures import (
     ratio_interval,
 )
 from gbmpo.objectives.mirror import NeuralMirrorMap
-from gbmpo.objectives.surrogates.base import _masked_clip_loss, _prepare
+from gbmpo.objectives.surrogates.base import masked_clip_loss, prepare_inputs
 
 F64 = torch.float64
 SCALAR = {
@@ -305,10 +305,10 @@ def test_atr_alias_is_bit_identical(dtype, dual):
     assert da.keys() == db.keys() and all(torch.equal(da[k], db[k]) for k in da)
 
     def before(x):
-        _, log_ratio, a, m = _prepare(x, old, adv, mask)
+        _, log_ratio, a, m = prepare_inputs(x, old, adv, mask)
         z = -math.exp(-(1.0 + 0.03))
         lo, hi = -lambertw(z, 0).real, -lambertw(z, -1).real
-        return _masked_clip_loss(torch.exp(log_ratio), a, m, lo, hi, dual)
+        return masked_clip_loss(torch.exp(log_ratio), a, m, lo, hi, dual)
 
     lc, dc = before(logp)
     (gc,) = torch.autograd.grad(lc.sum(), logp)

@@ -136,6 +136,31 @@ def test_value_and_analytic_gradient_float64(name: str) -> None:
     torch.testing.assert_close(grad, coef * grad_fn(logp, ref, old), rtol=1e-9, atol=1e-12)
 
 
+#: the straight-through forms (verl ``k1+`` / ``k3+``) take k2's gradient by design, not their
+#: value's derivative, so finite differences of the value are no reference: their gradient is
+#: checked against its closed form above
+STRAIGHT_THROUGH = {"kl_k1_st", "kl_k3_st"}
+
+
+@pytest.mark.parametrize("name", sorted(set(REGULARIZERS.names()) - STRAIGHT_THROUGH))
+def test_gradient_is_float64_autograd_by_finite_differences(name: str) -> None:
+    """``torch.autograd.gradcheck`` of every registered regularizer in float64, in the policy
+    and the anchor log-probs, with a masked token: autograd's gradient (the custom backward of
+    the neural mirror map's table included) is the finite-difference one."""
+    logp, ref, old = _inputs(seed=5, shape=(2, 4))
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]], dtype=F64)
+    reg = _build(name)
+
+    def values(lp: T, r: T) -> T:
+        return reg(logp=lp, old_logp=old, anchor_logp=r, mask=mask)
+
+    # eps 1e-6: the central difference's truncation (~eps^2 times the third derivative) and
+    # rounding (~1e-16 / eps) errors are both below 1e-9 here, far inside gradcheck's atol 1e-5
+    assert torch.autograd.gradcheck(
+        values, (logp.clone().requires_grad_(), ref.clone().requires_grad_()), eps=1e-6
+    )
+
+
 def test_k3_is_without_old_logp_is_on_policy() -> None:
     # w = exp(l - SG(l)): value = k3, gradient = k3 + 1 - rho (exact reverse-KL score gradient)
     logp, ref, _ = _inputs(seed=2)
@@ -313,3 +338,21 @@ def test_neural_mirror_from_path_and_default(tmp_path) -> None:
     )
     with pytest.raises(FileNotFoundError, match="nope.json"):
         get_regularizer("neural_mirror", mirror=tmp_path / "nope.json")
+
+
+def test_retired_hand_derivative_arguments_warn_and_are_ignored() -> None:
+    """A plugin built for the hand-derivative layer keeps working: ``value_and_grad``,
+    ``value_and_backward`` and ``zero_at_zero`` give a DeprecationWarning and autograd's
+    gradient; any other unknown keyword is a TypeError."""
+    def wrong(l: T, r: T, o: T | None) -> tuple[T, T]:
+        return l - r, torch.zeros_like(l)  # a derivative that is not used
+
+    with pytest.warns(DeprecationWarning, match="value_and_grad, zero_at_zero"):
+        reg = Regularizer("mine", lambda l, r, o: (l - r).square(), value_and_grad=wrong,
+                          zero_at_zero=True)  # fmt: skip
+    logp, ref, _ = _inputs(seed=2)
+    lp = logp.clone().requires_grad_()
+    (grad,) = torch.autograd.grad(reg(logp=lp, anchor_logp=ref).sum(), lp)
+    torch.testing.assert_close(grad, 2 * (logp - ref))
+    with pytest.raises(TypeError, match="unexpected keyword arguments: \\['nonsense'\\]"):
+        Regularizer("mine", lambda l, r, o: l - r, nonsense=1)

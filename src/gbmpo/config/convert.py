@@ -19,15 +19,25 @@ from gbmpo.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
 from gbmpo.objectives.drift_control import DriftControl
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError, did_you_mean
 
-__all__ = ["config_from_dict", "config_to_dict", "dump_yaml", "rename_old_keys", "renamed_key"]
+__all__ = [
+    "config_fields",
+    "config_from_dict",
+    "config_to_dict",
+    "dump_yaml",
+    "leaf_keys",
+    "read_yaml",
+    "rename_old_keys",
+    "renamed_key",
+    "type_name",
+]
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in typing.get_args(tp))
+        return " | ".join(type_name(a) for a in typing.get_args(tp))
     if origin is not None:
-        args = ", ".join(_type_name(a) for a in typing.get_args(tp))
+        args = ", ".join(type_name(a) for a in typing.get_args(tp))
         return f"{origin.__name__}[{args}]"
     if tp is type(None):
         return "None"
@@ -36,7 +46,7 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
-def _fields(cls: type) -> dict[str, Any]:
+def config_fields(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
@@ -62,7 +72,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if value is None:
             if type(None) in args:
                 return None
-            raise ConfigError(f"{path!r} must be {_type_name(tp)}, got None")
+            raise ConfigError(f"{path!r} must be {type_name(tp)}, got None")
         errors = []
         for arg in args:
             # a section or a list of sections (objective.regularizer): the arm of the value's
@@ -78,7 +88,7 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
                 return _coerce(value, arg, path)
             except ConfigError as err:
                 errors.append(err)
-        raise ConfigError(f"{path!r} must be {_type_name(tp)}, got {_describe(value)}")
+        raise ConfigError(f"{path!r} must be {type_name(tp)}, got {_describe(value)}")
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
@@ -102,13 +112,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str) or not isinstance(value, Sequence):
-            raise ConfigError(f"{path!r} must be {_type_name(tp)}, got {_describe(value)}")
+            raise ConfigError(f"{path!r} must be {type_name(tp)}, got {_describe(value)}")
         return [_coerce(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value)]
     if origin is tuple:
         item_tps = typing.get_args(tp)
         if isinstance(value, str) or not isinstance(value, Sequence) or len(value) != len(item_tps):
             raise ConfigError(
-                f"{path!r} must be a list of {len(item_tps)} values ({_type_name(tp)}), got "
+                f"{path!r} must be a list of {len(item_tps)} values ({type_name(tp)}), got "
                 f"{_describe(value)}"
             )
         return tuple(
@@ -144,13 +154,27 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} at {path!r}")  # pragma: no cover
 
 
+def leaf_keys(cls: type | None = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the configuration down to its values (``optim.lr``, ...; a free
+    ``params`` dict is one key)."""
+    out: list[str] = []
+    for name, tp in config_fields(TrainConfig if cls is None else cls).items():
+        key = f"{prefix}{name}"
+        sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
+        if sections:  # a section or a list of sections (objective.regularizer): the whole
+            out.append(key)  # value is a key of its own, and so is each key of the section
+            out += leaf_keys(sections[0], f"{key}.")
+        elif dataclasses.is_dataclass(tp):
+            out += leaf_keys(tp, f"{key}.")
+        else:
+            out.append(key)
+    return out
+
+
 def top_level_hint(key: str) -> str:
     """The "did you mean" of an unknown top-level key of a config file: a command-line alias
     (``regularizer``) or a bare field name (``lr``) points to its nested key, as
     ``--regularizer`` and ``--lr`` do on the command line."""
-    # cycle: gbmpo.config.overrides imports this module
-    from gbmpo.config.overrides import leaf_keys
-
     table = dict(ALIASES)
     for full in leaf_keys():
         table.setdefault(full.rsplit(".", 1)[-1], full)
@@ -165,7 +189,7 @@ def top_level_hint(key: str) -> str:
 
 
 def _build(cls: type, data: Mapping[str, Any], path: str) -> Any:
-    fields = _fields(cls)
+    fields = config_fields(cls)
     kwargs = {}
     for key, value in data.items():
         full = f"{path}.{key}" if path else str(key)
@@ -259,7 +283,7 @@ def _yaml_problem(err: yaml.YAMLError) -> str:
     return f"{context + ': ' if context else ''}{problem}{where}"
 
 
-def _read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     try:
         found = p.is_file()
@@ -296,7 +320,7 @@ def _check_kind(path: str | Path, data: Mapping[str, Any]) -> None:
     """A file none of whose top-level keys is a key of the configuration, and fewer than half
     close to one, is another kind of file (a model's config.json, an ES config, ...): say so
     in one line."""
-    fields = _fields(TrainConfig)
+    fields = config_fields(TrainConfig)
     keys = [str(k) for k in data]
     if any(k in fields or k in RENAMED_KEYS or k.split(".")[0] in fields for k in keys):
         return

@@ -16,13 +16,14 @@ from typing import Any, Union
 import yaml
 
 from gbmpo.config.convert import (
-    _fields,
-    _read_yaml,
-    _type_name,
+    config_fields,
     config_from_dict,
     config_to_dict,
+    leaf_keys,
+    read_yaml,
     rename_old_keys,
     renamed_key,
+    type_name,
 )
 from gbmpo.config.schema import ALIASES, RENAMED_KEYS, ConfigError, TrainConfig
 from gbmpo.objectives.spec import SpecError, did_you_mean, refuse_former_keys
@@ -49,7 +50,7 @@ def annotation_at(path: Sequence[str]) -> Any:
             sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
             tp = sections[0] if sections else tp
         if dataclasses.is_dataclass(tp):
-            fields = _fields(tp)
+            fields = config_fields(tp)
             if part not in fields:
                 where = f" under {prefix!r}" if prefix else ""
                 raise ConfigError(
@@ -60,25 +61,8 @@ def annotation_at(path: Sequence[str]) -> Any:
         elif typing.get_origin(tp) is dict:
             tp = Any
         else:
-            raise ConfigError(f"{prefix!r} is a {_type_name(tp)}, it has no key {part!r}")
+            raise ConfigError(f"{prefix!r} is a {type_name(tp)}, it has no key {part!r}")
     return tp
-
-
-def leaf_keys(cls: type | None = None, prefix: str = "") -> list[str]:
-    """Every dotted key of the configuration down to its values (``optim.lr``, ...; a free
-    ``params`` dict is one key)."""
-    out: list[str] = []
-    for name, tp in _fields(TrainConfig if cls is None else cls).items():
-        key = f"{prefix}{name}"
-        sections = [a for a in typing.get_args(tp) if dataclasses.is_dataclass(a)]
-        if sections:  # a section or a list of sections (objective.regularizer): the whole
-            out.append(key)  # value is a key of its own, and so is each key of the section
-            out += leaf_keys(sections[0], f"{key}.")
-        elif dataclasses.is_dataclass(tp):
-            out += leaf_keys(tp, f"{key}.")
-        else:
-            out.append(key)
-    return out
 
 
 def _override_hint(part: str, prefix: str, fields: Mapping[str, Any]) -> str:
@@ -219,7 +203,7 @@ def load_config(
     checked by :func:`validate`)."""
     data = config_to_dict(TrainConfig())
     if path is not None:
-        _deep_merge(data, rename_old_keys(_read_yaml(path)), "")
+        _deep_merge(data, rename_old_keys(read_yaml(path)), "")
     apply_overrides(data, overrides)
     return config_from_dict(data)
 

@@ -89,32 +89,16 @@ def group_advantages(
     scale: str = "group",
     eps: float = 1e-6,
 ) -> Tensor:
-    r"""Group-relative advantages of flat rewards ordered group by group.
+    r"""Group-relative advantages of flat rewards ``[N]`` ordered group by group (``N`` a
+    multiple of ``group_size``), with :math:`\bar r_g` the group's mean of valid rewards:
 
-    With :math:`\bar r_g` the mean of the valid rewards of group ``g``:
+    * ``group`` (GRPO, Shao et al. 2024): :math:`(r_i - \bar r_g) / (\sigma_g + \epsilon)`,
+      :math:`\sigma_g` the unbiased std (verl's and TRL's; TRL's eps 1e-4, verl's 1e-6);
+    * ``batch`` (TRL ``scale_rewards="batch"``): the batch's unbiased std instead;
+    * ``none`` (Dr. GRPO, Liu et al. 2025): :math:`r_i - \bar r_g`.
 
-    * ``scale="group"`` (GRPO, Shao et al. 2024; RPG arXiv 2505.17508 §2.2):
-      :math:`A_i = (r_i - \bar r_g) / (\sigma_g + \epsilon)`, with :math:`\sigma_g` the
-      **unbiased** (n - 1) standard deviation of the group, as verl's ``torch.std`` (TRL's
-      ``nanstd`` is unbiased too; TRL adds :math:`\epsilon=10^{-4}`, verl :math:`10^{-6}`).
-    * ``scale="batch"`` (TRL ``scale_rewards="batch"``, "LitePPO"):
-      :math:`A_i = (r_i - \bar r_g) / (\sigma_{\text{batch}} + \epsilon)`, group mean but the
-      unbiased std of all valid rewards of the batch.
-    * ``scale="none"`` (Dr. GRPO, Liu et al. 2025; also RPG's ``adv_estimator=rpg``):
-      :math:`A_i = r_i - \bar r_g`.
-
-    Exact zeros: NaN rewards get 0 and are excluded from the mean and std; a group whose valid
-    rewards are all equal (this includes a group with one valid reward) gets 0 for every member,
-    whatever ``scale``, so the output is always finite.
-
-    Args:
-        rewards: ``[N]`` tensor or sequence of floats / ``None`` with ``N % group_size == 0``.
-        group_size: completions per prompt ``G >= 1``.
-        scale: ``"group"``, ``"batch"`` or ``"none"``.
-        eps: ``>= 0``, added to the std (ignored by ``"none"``).
-
-    Returns:
-        ``[N]`` advantages, float32 (float64 if ``rewards`` is float64).
+    NaN / ``None`` rewards get 0 and are left out of the mean and std; a group whose valid
+    rewards are all equal gets 0 everywhere, so the result is finite. float32 (float64 stays).
     """
     if scale not in ADVANTAGE_SCALES:
         raise ValueError(

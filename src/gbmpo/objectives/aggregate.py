@@ -113,31 +113,18 @@ def aggregate(
     num_sequences: int | None = None,
     num_tokens: float | None = None,
 ) -> Tensor:
-    """Aggregate per-token losses ``[B, T]`` under ``mask`` with ``mode`` (see module doc).
+    r"""Per-token losses ``[B, T]`` aggregated under ``mask`` ({0, 1} or bool) by ``mode``
+    (``grpo``, ``bnpo``, ``dr_grpo``, ``seq_mean_token_sum``; equations in the module doc).
 
-    Args:
-        per_token: ``[B, T]`` per-token loss, any floating dtype.
-        mask: ``[B, T]`` {0, 1} float or bool.
-        mode: ``grpo``, ``bnpo``, ``dr_grpo`` or ``seq_mean_token_sum``.
-        max_len: ``L_max`` for ``dr_grpo`` (default ``per_token.shape[1]``); every sequence must
-            have at most ``max_len`` valid tokens.
-        num_sequences: full-batch sequence count, ``>= B`` (micro-batching).
-        num_tokens: ``bnpo`` denominator :math:`Z`, finite and ``> 0``: the full-batch
-            valid-token count (micro-batching), or the global count over :math:`P`
-            gradient-averaging processes divided by :math:`P`, which may be below this mask's
-            count (module doc). Used exactly, without the ``>= 1`` clamp of the default.
-
-    Returns:
-        0-dim tensor, float32 (float64 for float64 input).
-
-    Raises:
-        ValueError: bad shapes or mask values, ``num_sequences`` below ``B``, ``num_tokens``
-            that is ``<= 0``, NaN or infinite, or ``max_len`` below a completion's length.
-        TypeError: ``num_sequences`` not an int, ``num_tokens`` not a real number.
+    Micro-batching: ``num_sequences`` (>= B) is the full batch's count, ``max_len`` the
+    ``dr_grpo`` length :math:`L_{\max}` (default ``T``; no completion may be longer) and
+    ``num_tokens`` the ``bnpo`` denominator, used as given (it may be a global count divided by
+    the processes, below this mask's count). Returns a 0-dim float32 tensor (float64 for float64
+    input); bad shapes, mask values or normalisers raise ValueError / TypeError.
     """
-    nz = normalisers(per_token, mask, mode, max_len, num_sequences=num_sequences,
-                     num_tokens=num_tokens)
-    return nz.apply(per_token)
+    norm = normalisers(per_token, mask, mode, max_len, num_sequences=num_sequences,
+                       num_tokens=num_tokens)
+    return norm.apply(per_token)
 
 
 @dataclass(frozen=True)
@@ -169,58 +156,6 @@ class Normalisers:
             x = torch.where(self.m != 0, per_token.to(dt), zero)
         return self.fn(x, self.m, max_len=self.max_len, num_sequences=self.num_sequences,
                        num_tokens=self.num_tokens)  # fmt: skip
-
-    @property
-    def linear(self) -> bool:
-        """Whether :meth:`reduce` and :meth:`token_grad` know this mode (the built-ins)."""
-        return self.mode in _REDUCE
-
-    def reduce(self, x: Tensor) -> Tensor:
-        r""":meth:`apply` of a per-token tensor ``x`` that is already 0 where masked, without
-        multiplying by the mask again (:math:`x\,m = x` there): the mode's formula on ``x``
-        with the lengths counted once. Bit for bit :meth:`apply` when ``x`` is finite (the same
-        sums of the same values); a non-finite result means some valid ``x`` is not finite."""
-        return _REDUCE[self.mode](x, self)
-
-    def token_grad(self, grad: Tensor) -> Tensor:
-        r""":math:`\partial\mathcal L/\partial\ell_{i,t}` at the valid tokens, as autograd forms it
-        for :meth:`apply` from the loss's incoming gradient ``grad`` (0-dim): ``grad / B`` then
-        divided by the length for ``grpo`` (shape ``[B, 1]``), ``grad / Z`` for ``bnpo``,
-        ``grad / (B L_max)`` for ``dr_grpo``, ``grad / B`` for ``seq_mean_token_sum`` (0-dim).
-        The mask factor is left out: multiplied by a per-token derivative that is 0 where
-        masked it gives the same bits."""
-        return _TOKEN_GRAD[self.mode](grad, self)
-
-
-def _reduce_grpo(x: Tensor, nz: Normalisers) -> Tensor:
-    return (x.sum(-1) / nz.lengths.clamp_min(1.0)).sum() / nz.num_sequences
-
-
-def _reduce_bnpo(x: Tensor, nz: Normalisers) -> Tensor:
-    return x.sum() / nz.num_tokens
-
-
-def _reduce_dr_grpo(x: Tensor, nz: Normalisers) -> Tensor:
-    return x.sum() / (nz.num_sequences * nz.max_len)
-
-
-def _reduce_seq_mean_token_sum(x: Tensor, nz: Normalisers) -> Tensor:
-    return x.sum() / nz.num_sequences
-
-
-_REDUCE: dict[str, Callable[[Tensor, Normalisers], Tensor]] = {
-    "grpo": _reduce_grpo,
-    "bnpo": _reduce_bnpo,
-    "dr_grpo": _reduce_dr_grpo,
-    "seq_mean_token_sum": _reduce_seq_mean_token_sum,
-}
-
-_TOKEN_GRAD: dict[str, Callable[[Tensor, Normalisers], Tensor]] = {
-    "grpo": lambda g, nz: ((g / nz.num_sequences) / nz.lengths.clamp_min(1.0)).unsqueeze(-1),
-    "bnpo": lambda g, nz: g / nz.num_tokens,
-    "dr_grpo": lambda g, nz: g / (nz.num_sequences * nz.max_len),
-    "seq_mean_token_sum": lambda g, nz: g / nz.num_sequences,
-}
 
 
 def normalisers(

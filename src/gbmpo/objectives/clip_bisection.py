@@ -1,9 +1,10 @@
-r"""Clip intervals without a closed form, found by bisection.
+r"""Clip intervals without a closed form, found by bisection, with the measures they invert.
 
-The root finder :func:`bisect_interval`, the ``neural_mirror`` interval :func:`mirror_interval`
-(bisection tabulated in :math:`p` per map and radius, with its table machinery) and the
-``dppo_kl`` interval :func:`dppo_kl_interval`. The measures themselves and the closed-form
-intervals are in :mod:`gbmpo.objectives.clip_measures`.
+The root finder :func:`bisect_interval`, the ``neural_mirror`` measure and interval
+:func:`mirror_interval` (bisection tabulated in :math:`p` per map and radius, with its table
+machinery) and the ``dppo_kl`` measure and interval :func:`dppo_kl_interval`. The other
+measures, the closed-form intervals and the registry are in
+:mod:`gbmpo.objectives.clip_measures`.
 """
 
 from __future__ import annotations
@@ -16,16 +17,54 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.clip_measures import _radius, measure_dppo_kl, measure_mirror
 from gbmpo.objectives.mirror import PROB_FLOOR, NeuralMirrorMap
 
 __all__ = [
+    "BINARY_KL_EPS",
     "BISECT_ITERS",
     "MIRROR_TABLE_TOL",
+    "binary_kl",
     "bisect_interval",
+    "check_radius",
     "dppo_kl_interval",
+    "measure_dppo_kl",
+    "measure_mirror",
     "mirror_interval",
 ]
+
+#: DPPO's code adds this to both 1 - p terms of the binary KL (kept for parity)
+BINARY_KL_EPS = 1e-8
+
+
+def check_radius(name: str, value: float) -> float:
+    """``value`` as a float: a finite radius > 0 (TypeError / ValueError naming ``name``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
+    return float(value)
+
+
+def measure_mirror(w: Tensor, p_old: Tensor, mirror: NeuralMirrorMap) -> Tensor:
+    r""":math:`f(w) = D_h(w p, p)` for a neural mirror map :math:`h` (GBMPO NM-GRPO,
+    arXiv 2602.04380; :meth:`NeuralMirrorMap.bregman`, probabilities floored at 1e-10)."""
+    return mirror.bregman(w * p_old, p_old)
+
+
+def binary_kl(p_old: Tensor, logp_old: Tensor, p_new: Tensor, logp_new: Tensor) -> Tensor:
+    r"""Binary KL :math:`\mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(p'))
+    = p(\log p - \log p') + (1-p)\log\frac{1-p+\epsilon}{1-p'+\epsilon}`,
+    :math:`\epsilon = 10^{-8}` as in DPPO's code (DPPO-Binary-KL, arXiv 2602.04879); the log-probs
+    are passed so that the first term needs no log of a rounded probability."""
+    one = 1.0 + BINARY_KL_EPS
+    return p_old * (logp_old - logp_new) + (1.0 - p_old) * torch.log((one - p_old) / (one - p_new))
+
+
+def measure_dppo_kl(w: Tensor, p_old: Tensor) -> Tensor:
+    r""":math:`f(w) = \mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(wp))` (:func:`binary_kl`;
+    DPPO-Binary-KL, arXiv 2602.04879)."""
+    return binary_kl(p_old, torch.log(p_old), w * p_old, torch.log(w) + torch.log(p_old))
+
 
 #: bisection steps of :func:`bisect_interval`: each halves a log-ratio bracket of width at most
 #: log(1 / 1e-10) = 23.03, so the error in log w is at most 23.03 / 2^60 = 2.0e-17, below the
@@ -47,20 +86,16 @@ def bisect_interval(
     r"""The ends of :math:`\{w \in [w_{\min}, w_{\max}] : f(w) \le \delta\}` by vectorised
     bisection in :math:`\log w`, float64, elementwise over the shape of ``w_min`` / ``w_max``.
 
-    Requires :math:`w_{\min} \le 1 \le w_{\max}`, :math:`f(1) = 0` and :math:`f` non-increasing
-    on :math:`[w_{\min}, 1]`, non-decreasing on :math:`[1, w_{\max}]` (true for any Bregman
-    divergence :math:`D_h(wp, p)`, convex in :math:`w`). Each end keeps a bracket
-    :math:`[a, b]` in :math:`t = \log w` with one side inside the region and the other outside,
-    halving it ``iters`` times, and returns the *inside* side, so :math:`f(l), f(u) \le \delta`
-    (up to rounding of :math:`f`). Tolerance: :math:`|\log \hat l - \log l| \le
-    2^{-\text{iters}}\log(1/w_{\min})`, same for :math:`u` with :math:`\log w_{\max}`; with the
-    default 60 steps and brackets of width at most 23.03 (probabilities down to 1e-10), below
-    2.0e-17 (``dppo_kl``'s bracket down to 1e-300, width 690.8: below 6.0e-16). Where
-    :math:`f(w_{\min}) \le \delta_{\text{low}}` the lower end is 0 (no lower clip); where
-    :math:`f(w_{\max}) \le \delta_{\text{high}}` the upper end is :math:`+\infty`.
+    Needs :math:`w_{\min} \le 1 \le w_{\max}`, :math:`f(1) = 0`, :math:`f` non-increasing below
+    1 and non-decreasing above (any Bregman :math:`D_h(wp, p)`). Each end keeps the inside side
+    of its bracket, so :math:`f(l), f(u) \le \delta` up to rounding; error
+    :math:`2^{-\text{iters}}\log(w_{\max} / w_{\min})` in :math:`\log w` (below 2e-17 for
+    probabilities down to 1e-10 with 60 steps). Lower end 0 where :math:`f(w_{\min}) \le
+    \delta_{\text{low}}`, upper end :math:`+\infty` where :math:`f(w_{\max}) \le
+    \delta_{\text{high}}`.
     """
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     lo_w = w_min.to(torch.float64)
     hi_w = w_max.to(torch.float64)
     lo_w, hi_w = torch.broadcast_tensors(lo_w, hi_w)
@@ -99,24 +134,17 @@ def mirror_interval(
     method: str = "table",
     tol: float | None = None,
 ) -> tuple[Tensor, Tensor]:
-    r"""``neural_mirror``, per token: the ends of :math:`\{w : D_h(wp, p) \le \delta\}` over the
-    attainable ratios :math:`w \in [10^{-10}/p, 1/p]` (new probability between the mirror map's
-    floor and 1; GBMPO NM-GRPO, arXiv 2602.04380). Lower end 0 where even :math:`w p =
-    10^{-10}` stays inside, upper end :math:`+\infty` where :math:`w p = 1` does. float64.
+    r"""``neural_mirror``, per token: the ends of :math:`\{w : D_h(wp, p) \le \delta\}` over
+    :math:`w \in [10^{-10}/p, 1/p]` (GBMPO NM-GRPO, arXiv 2602.04380): 0 / :math:`+\infty`
+    where the range's end stays inside. float64.
 
-    ``method="bisect"``: :func:`bisect_interval` on every token (2 x 60 evaluations of the map
-    per token; exact up to float64 rounding). ``method="table"`` (default): each end is a
-    function of :math:`p` alone for a fixed map and radius, so it is solved once (cached per map,
-    side and radius) by that same bisection at the knots of a grid in :math:`\log p` and read
-    per token from a cubic Hermite interpolant of :math:`\log w` (:class:`_MirrorEndTable`),
-    with the 0 / :math:`\infty` decisions taken at the exactly bisected threshold in
-    :math:`p`. The grid is refined until the interpolant matches fresh bisections at every
-    cell midpoint to ``tol`` (default :data:`MIRROR_TABLE_TOL` = 1e-8; absolute in :math:`w`
-    for the lower end, which lies in [0, 1], and in :math:`\log w`, i.e. relative, for the
-    upper), and tokens in cells that miss it are bisected, so the ends agree with ``"bisect"``
-    to that tolerance (checked at cell midpoints; tested against it on random tokens), and the
-    0 / :math:`\infty` decisions agree except for :math:`p` within float64 rounding of the
-    threshold."""
+    ``method="bisect"``: :func:`bisect_interval` per token (2 x 60 map evaluations).
+    ``"table"`` (default): each end is a function of :math:`p` for a fixed map and radius, so it
+    is bisected once at the knots of a grid in :math:`\log p` (cached per map, side and radius)
+    and read from a cubic Hermite interpolant (:class:`_MirrorEndTable`), the grid refined until
+    it matches fresh bisections at every cell midpoint to ``tol`` (default
+    :data:`MIRROR_TABLE_TOL` = 1e-8; absolute in :math:`w` below, in :math:`\log w` above);
+    tokens in cells that miss it are bisected."""
     if method == "bisect":
         p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
         w_min = (PROB_FLOOR / p).clamp_max(1.0)
@@ -126,9 +154,9 @@ def mirror_interval(
         )
     if method != "table":
         raise ValueError(f"unknown mirror_interval method {method!r}; valid: table, bisect")
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
-    tol = MIRROR_TABLE_TOL if tol is None else _radius("tol", tol)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
+    tol = MIRROR_TABLE_TOL if tol is None else check_radius("tol", tol)
     p = p_old.to(torch.float64).clamp(PROB_FLOOR, 1.0)
     t = torch.log(p)  # read by both ends
     low = _mirror_end_table(mirror, "low", dl, tol).evaluate(p, t)

@@ -61,12 +61,21 @@ import torch
 from scipy.special import lambertw
 from torch import Tensor
 
-from gbmpo.objectives.mirror import NeuralMirrorMap
+from gbmpo.objectives.clip_bisection import (
+    BINARY_KL_EPS,
+    binary_kl,
+    check_radius,
+    dppo_kl_interval,
+    measure_dppo_kl,
+    measure_mirror,
+    mirror_interval,
+)
 from gbmpo.registry import Registry
 
 __all__ = [
     "CLIP_MEASURES",
     "CLIP_MEASURE_REGISTRY",
+    "BINARY_KL_EPS",
     "ClipMeasure",
     "DPPO_MEASURES",
     "PER_TOKEN_MEASURES",
@@ -97,8 +106,6 @@ CLIP_MEASURES: tuple[str, ...] = (
 PER_TOKEN_MEASURES: tuple[str, ...] = ("prob_l2", "neural_mirror", "dppo_tv", "dppo_kl")
 #: measures that bring DPPO's masked, truncated-importance-weight loss (arXiv 2602.04879)
 DPPO_MEASURES: tuple[str, ...] = ("dppo_tv", "dppo_kl")
-#: DPPO's code adds this to both 1 - p terms of the binary KL (kept for parity)
-BINARY_KL_EPS = 1e-8
 
 
 # --------------------------------------------------------------------------------- measures
@@ -133,32 +140,11 @@ def measure_prob_l2(w: Tensor, p_old: Tensor) -> Tensor:
     return (w * p_old - p_old).square()
 
 
-def measure_mirror(w: Tensor, p_old: Tensor, mirror: NeuralMirrorMap) -> Tensor:
-    r""":math:`f(w) = D_h(w p, p)` for a neural mirror map :math:`h` (GBMPO NM-GRPO,
-    arXiv 2602.04380; :meth:`NeuralMirrorMap.bregman`, probabilities floored at 1e-10)."""
-    return mirror.bregman(w * p_old, p_old)
-
-
 def measure_dppo_tv(w: Tensor, p_old: Tensor) -> Tensor:
     r""":math:`f(w) = |w p - p|`: total variation between the binary distributions
     :math:`(p, 1-p)` and :math:`(p', 1-p')`, :math:`p' = wp` (DPPO-Binary-TV, Qi et al.,
     arXiv 2602.04879, "binary approximation" of the TV trust region)."""
     return (w * p_old - p_old).abs()
-
-
-def binary_kl(p_old: Tensor, logp_old: Tensor, p_new: Tensor, logp_new: Tensor) -> Tensor:
-    r"""Binary KL :math:`\mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(p'))
-    = p(\log p - \log p') + (1-p)\log\frac{1-p+\epsilon}{1-p'+\epsilon}`,
-    :math:`\epsilon = 10^{-8}` as in DPPO's code (DPPO-Binary-KL, arXiv 2602.04879); the log-probs
-    are passed so that the first term needs no log of a rounded probability."""
-    one = 1.0 + BINARY_KL_EPS
-    return p_old * (logp_old - logp_new) + (1.0 - p_old) * torch.log((one - p_old) / (one - p_new))
-
-
-def measure_dppo_kl(w: Tensor, p_old: Tensor) -> Tensor:
-    r""":math:`f(w) = \mathrm{KL}(\mathrm{Bern}(p)\,\|\,\mathrm{Bern}(wp))` (:func:`binary_kl`;
-    DPPO-Binary-KL, arXiv 2602.04879)."""
-    return binary_kl(p_old, torch.log(p_old), w * p_old, torch.log(w) + torch.log(p_old))
 
 
 def dppo_valid_mask(
@@ -170,19 +156,15 @@ def dppo_valid_mask(
     delta_high: float,
 ) -> Tensor:
     r"""DPPO's trust-region mask (Qi et al., arXiv 2602.04879, DPPO-Binary-TV / -KL), bool:
+    :math:`M = [D(p, p') \le \delta_{\text{high}} \lor p' \le p]` for :math:`A > 0`, else
+    :math:`[D(p, p') \le \delta_{\text{low}} \lor p' \ge p]`, with :math:`p`, :math:`p'` the
+    old and new probabilities of the token and :math:`D` the binary TV :math:`|p' - p|`
+    (``dppo_tv``) or :func:`binary_kl` (``dppo_kl``).
 
-    .. math::
-        M = \begin{cases} D(p, p') \le \delta_{\text{high}} \ \lor\ p' \le p & A > 0\\
-        D(p, p') \le \delta_{\text{low}} \ \lor\ p' \ge p & A \le 0\end{cases}
-
-    with :math:`p = \pi_{\text{old}}(o_t)`, :math:`p' = \pi_\theta(o_t)` and :math:`D` the
-    binary TV :math:`|p' - p|` (``dppo_tv``; then the test reads :math:`p' - p \le
-    \delta_{\text{high}}` resp. :math:`p' - p \ge -\delta_{\text{low}}`) or the binary KL of
-    :func:`binary_kl` (``dppo_kl``). A token keeps its gradient unless its probability moved
-    beyond the radius in the direction its advantage pushes; this is the set the clip with the
-    interval of :func:`dppo_tv_interval` /
-    :func:`~gbmpo.objectives.clip_bisection.dppo_kl_interval` keeps, evaluated directly (no root
-    finding). Inputs are detached."""
+    A token keeps its gradient unless its probability moved beyond the radius in the direction
+    its advantage pushes: the set the clip with :func:`dppo_tv_interval` /
+    :func:`~gbmpo.objectives.clip_bisection.dppo_kl_interval` keeps, evaluated directly.
+    Inputs are detached."""
     lp, old = logp.detach(), old_logp.detach()
     p_new, p_old = torch.exp(lp), torch.exp(old)
     if measure == "dppo_tv":
@@ -200,35 +182,27 @@ def dppo_valid_mask(
 # ------------------------------------------------------------------------- closed forms
 
 
-def _radius(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value!r}")
-    return float(value)
-
-
 def ratio_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
     r"""``ratio``: :math:`|w-1| \le \delta` gives :math:`[\max(0, 1-\delta_{\text{low}}),
     1+\delta_{\text{high}}]` (PPO's clip with :math:`\varepsilon = \delta`)."""
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     return max(0.0, 1.0 - dl), 1.0 + dh
 
 
 def k1_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
     r"""``k1``: :math:`|\log w| \le \delta` gives :math:`[e^{-\delta_{\text{low}}},
     e^{\delta_{\text{high}}}]` (ATR-GRPO, arXiv 2602.05494)."""
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     return math.exp(-dl), math.exp(dh)
 
 
 def k2_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
     r"""``k2``: :math:`\tfrac12\log^2 w \le \delta` gives :math:`[e^{-\sqrt{2\delta_{\text{low}}}},
     e^{\sqrt{2\delta_{\text{high}}}}]` (ATR-GRPO, arXiv 2602.05494)."""
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     return math.exp(-math.sqrt(2.0 * dl)), math.exp(math.sqrt(2.0 * dh))
 
 
@@ -259,8 +233,8 @@ def k3_interval(delta_low: float, delta_high: float) -> tuple[float, float]:
     r"""``k3``: :math:`w - 1 - \log w \le \delta` gives :math:`[-W_0(z_{\text{low}}),
     -W_{-1}(z_{\text{high}})]`, :math:`z = -e^{-(1+\delta)}` (:func:`atr_bounds`, ATR-GRPO
     arXiv 2602.05494)."""
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     return atr_bounds(dl)[0], atr_bounds(dh)[1]
 
 
@@ -270,8 +244,8 @@ def prob_l2_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tupl
     :math:`[\max(0, 1 - \sqrt{\delta_{\text{low}}}/p),\ 1 + \sqrt{\delta_{\text{high}}}/p]`
     (GBMPO ProbL2, arXiv 2602.04380; :math:`h(y) = y^2` as in the ``prob_l2`` regularizer).
     ``p_old`` is the sampled token's old probability (any shape); computed in float64."""
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     p = p_old.to(torch.float64)
     return (1.0 - math.sqrt(dl) / p).clamp_min(0.0), 1.0 + math.sqrt(dh) / p
 
@@ -280,8 +254,8 @@ def dppo_tv_interval(p_old: Tensor, delta_low: float, delta_high: float) -> tupl
     r"""``dppo_tv``, per token: :math:`|wp - p| \le \delta` gives
     :math:`[\max(0, 1 - \delta_{\text{low}}/p),\ 1 + \delta_{\text{high}}/p]` (DPPO-Binary-TV,
     arXiv 2602.04879); float64."""
-    dl = _radius("delta_low", delta_low)
-    dh = _radius("delta_high", delta_high)
+    dl = check_radius("delta_low", delta_low)
+    dh = check_radius("delta_high", delta_high)
     p = p_old.to(torch.float64)
     return (1.0 - dl / p).clamp_min(0.0), 1.0 + dh / p
 
@@ -330,16 +304,10 @@ def _dppo_tv_interval(p_old: Tensor, lo: float, hi: float, mirror: Any) -> tuple
 
 
 def _mirror_interval(p_old: Tensor, lo: float, hi: float, mirror: Any) -> tuple[Tensor, Tensor]:
-    # cycle: clip_bisection imports this module (the measures it inverts)
-    from gbmpo.objectives.clip_bisection import mirror_interval
-
     return mirror_interval(p_old, mirror, lo, hi)
 
 
 def _dppo_kl_interval(p_old: Tensor, lo: float, hi: float, mirror: Any) -> tuple[Tensor, Tensor]:
-    # cycle: clip_bisection imports this module (the measures it inverts)
-    from gbmpo.objectives.clip_bisection import dppo_kl_interval
-
     return dppo_kl_interval(p_old, lo, hi)
 
 

@@ -77,26 +77,14 @@ LOGIT_FLOOR = 1e4
 
 
 def finite_logits(logits: Tensor) -> Tensor:
-    """``logits`` with every -inf entry replaced by (its row's max - :data:`LOGIT_FLOOR`).
+    """``logits`` with every -inf entry replaced by (its row's max - :data:`LOGIT_FLOOR`), for
+    the KL path, whose log p - log q is NaN or +-inf at a -inf logit.
 
-    Used by the KL (``neg_entropy``) path, whose log-ratio log p - log q is -inf - (-inf) = NaN
-    or +-inf at a -inf logit. The softmax does not change at all: e^(-1e4) is 0 in every float
-    dtype, so each probability and log-sum-exp is bit for bit the same, and finite logits are
-    never touched. What changes is the log-probability of those zero-probability entries, which
-    becomes finite (about -1e4), with these consequences for KL(p || q) = sum_v p_v log(p_v/q_v):
-
-    * -inf in the policy row (p_v = 0): the term is 0 (the convention 0 log 0 = 0), value and
-      gradient exact; in particular -inf at the same entry of both rows gives the KL of the
-      other entries;
-    * -inf in the reference row where the policy has mass (q_v = 0 < p_v): the exact KL is
-      +inf. It becomes the finite ~LOGIT_FLOOR * p_v per such entry, and the gradient (the
-      exact gradient of that finite value) is finite and points along -grad p(S), lowering the
-      policy's mass p(S) on the entries the reference forbids (the limit direction of the exact
-      gradient as log q_S -> -inf). Mismatched vocabulary masks therefore show up as a large
-      but finite penalty instead of inf/NaN losses.
-
-    A row whose logits are all -inf (or hold NaN / +inf) has no softmax and stays NaN; such rows
-    must be masked out (``mask``), which is always safe.
+    The softmax is bit for bit unchanged (e^(-1e4) is 0 in every float dtype); only the
+    log-probability of zero-probability entries becomes finite (~-1e4). In KL(p || q): -inf in
+    the policy row gives the exact 0 log 0 = 0 term; -inf in the reference row where the policy
+    has mass (exact KL +inf) gives a finite ~LOGIT_FLOOR * p_v, whose gradient lowers the
+    policy's mass there. A row of all -inf (or NaN / +inf) stays NaN: mask it out.
     """
     row_max = logits.detach().amax(dim=-1, keepdim=True)
     return torch.where(logits == float("-inf"), row_max - LOGIT_FLOOR, logits)
@@ -224,17 +212,12 @@ def _closed_form_rows(
     want_grad: bool,
 ) -> Tensor:
     """D[r] = sum_v D_h(softmax(x[r])_v, softmax(y[r])_v) for h = neg-entropy ("kl") or y^2
-    ("square"), and optionally dD[r]/dx[r] (see the module docstring), in preallocated buffers.
+    ("square"), and with ``want_grad`` dD[r]/dx[r] (module docstring), in preallocated buffers.
 
-    ``x``, ``y``, ``p_out`` (and ``scratch``) are [C, V] in the compute dtype. ``p_out`` receives
-    softmax(x) and then, with ``want_grad``, the gradient. With ``scratch=None`` the function may
-    overwrite ``x`` and ``y`` (buffers the caller owns); otherwise it writes only to ``p_out`` and
-    ``scratch``.
-
-    -inf logits (KL): the values and gradients are those of :func:`finite_logits` applied to
-    both rows. With owned buffers the -inf entries are replaced in place first (two row-min
-    reductions, cheap next to the projection that made the buffers); otherwise the chunk is
-    computed as it is and, only if a row came out non-finite, recomputed from finite copies.
+    ``x``, ``y``, ``p_out`` (and ``scratch``) are [C, V] in the compute dtype; ``p_out``
+    receives softmax(x), then the gradient. With ``scratch=None`` ``x`` and ``y`` may be
+    overwritten. -inf logits (KL) take :func:`finite_logits`' values: replaced in place in owned
+    buffers, else the chunk is recomputed from finite copies only if a row came out non-finite.
     """
     if kind == "kl" and scratch is None:
         for t in (x, y):
@@ -516,27 +499,16 @@ def full_vocab_bregman(
     chunk_size: int | None = None,
     mask: Tensor | None = None,
 ) -> Tensor:
-    """Per-token full-vocabulary Bregman divergence [B, T] from logits [B, T, V].
+    """D[b, t] = sum_v D_h(softmax(policy_logits[b, t])_v, softmax(ref_logits[b, t])_v), [B, T]
+    from logits [B, T, V] (docs/methods.md, "Sampled-token and full-vocabulary divergences").
 
-    D[b, t] = sum_v D_h(softmax(policy_logits[b, t])_v, softmax(ref_logits[b, t])_v)
-    (docs/methods.md, section "Sampled-token and full-vocabulary divergences"). ``potential``: a
-    name from POTENTIALS (``neg_entropy`` = exact KL, ``square``/``prob_l2``, ``neural_mirror``) or
-    a potential object such as a NeuralMirrorMap, or a :class:`RowDivergence` (any divergence given
-    by a function of the two log-softmax rows, e.g. an f-divergence). ``chunk_size`` rows (token
-    positions) are processed at a time (None: all at once). With grad into the policy logits only,
-    the forward stores the gradient itself (one [B, T, V] buffer, returned as the logits' gradient
-    by the backward, which can run only once) and [chunk_size, V] scratch; with grad into
-    ``ref_logits`` too, each chunk is checkpointed. Gradients flow into whichever logits require
-    grad (normally only the policy's). ``mask`` [B, T] zeroes padded positions: their value is 0 and
-    their gradient exactly 0, whatever their logits hold (NaN, all -inf). Output float32 (float64
-    for float64 logits).
-
-    -inf logits are allowed in unmasked rows as long as each row keeps a finite one: a -inf
-    policy logit (p_v = 0) contributes exactly 0; for ``neg_entropy`` a -inf reference logit
-    where the policy has mass (exact KL = +inf) gives a large finite penalty ~1e4 p_v instead,
-    with a finite gradient that lowers p_v (see :func:`finite_logits`). Values and gradients
-    are finite (never NaN) for any such input in float32, bf16/fp16 (computed in float32) and
-    float64.
+    ``potential``: a POTENTIALS name (``neg_entropy`` = exact KL, ``square``, ``neural_mirror``),
+    a potential object, or a :class:`RowDivergence`. ``chunk_size`` rows at a time (None: all);
+    with grad into the policy logits only, the forward stores the gradient ([B, T, V]; the
+    backward runs once), with grad into ``ref_logits`` too each chunk is checkpointed. ``mask``
+    [B, T]: masked positions give 0 and exactly 0 gradient whatever they hold. float32 (float64
+    stays). A -inf logit is fine while its row keeps a finite one: 0 for the policy, a finite
+    ~1e4 p_v penalty for the reference in the KL (:func:`finite_logits`); never NaN.
     """
     pot = potential if isinstance(potential, RowDivergence) else as_potential(potential)
     _check_chunk(chunk_size)
@@ -587,24 +559,17 @@ def full_vocab_bregman_from_hidden(
     chunk_size: int | None = 128,
     mask: Tensor | None = None,
 ) -> Tensor:
-    """Per-token full-vocabulary Bregman divergence [B, T] from policy hidden states.
+    """:func:`full_vocab_bregman` [B, T] from policy hidden states: logits = hidden @
+    lm_head_weight.T (+ lm_head_bias), formed chunk by chunk (``chunk_size`` rows) into reused
+    buffers and recomputed in the backward, so no [B*T, V] tensor is ever held.
 
-    Policy logits = hidden @ lm_head_weight.T (+ lm_head_bias), computed inside each chunk of
-    ``chunk_size`` token rows into reused buffers; the backward recomputes each chunk, so neither
-    the forward nor the backward ever holds a [B*T, V] tensor (see the module docstring). The
-    reference side is exactly one of:
-
-    * ``ref_hidden`` [B, T, H] with ``ref_lm_head_weight`` [V, H] (default: ``lm_head_weight``,
-      e.g. LoRA with adapters off or a tied head) and ``ref_lm_head_bias``: projected inside the
-      chunk without grad (recomputed in backward instead of stored);
-    * ``ref_logits`` [B, T, V] precomputed (no grad is taken through them).
-
-    ``potential`` as :func:`full_vocab_bregman` (a :class:`RowDivergence` goes through autograd
-    inside each chunk). Masked-out rows (``mask`` [B, T] false) are skipped entirely and give 0.
-    Matmuls run in the input dtype (like the model's head); softmax and divergence in float32
-    (float64 stays).
-    -inf entries in ``ref_logits`` are handled as in :func:`full_vocab_bregman` (finite values
-    and gradients; see :func:`finite_logits`).
+    The reference is either ``ref_hidden`` [B, T, H] with ``ref_lm_head_weight`` [V, H]
+    (default ``lm_head_weight``: LoRA with adapters off, a tied head) and ``ref_lm_head_bias``,
+    projected without grad, or precomputed ``ref_logits`` [B, T, V] (no grad). Policy logits
+    are formed chunk by chunk and recomputed in the backward (no [B*T, V] tensor); a
+    :class:`RowDivergence` ``potential`` goes through autograd inside each chunk. Masked rows
+    are skipped (0). Matmuls in the input dtype, softmax and divergence in float32 (float64 stays);
+    -inf reference logits as in :func:`full_vocab_bregman`.
     """
     pot = potential if isinstance(potential, RowDivergence) else as_potential(potential)
     _check_chunk(chunk_size)

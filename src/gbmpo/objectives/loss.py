@@ -23,12 +23,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.aggregate import Normalisers, check_max_len, normalisers
+from gbmpo.objectives.aggregate import check_max_len, normalisers
 from gbmpo.objectives.estimators import FullValues
 from gbmpo.objectives.regularizers import Regularizer, get_regularizer
 from gbmpo.objectives.surrogates import Surrogate, get_surrogate
-from gbmpo.objectives.surrogates.base import KnownGradient
-from gbmpo.objectives.tensors import attach, compute_dtype, float_mask, masked_mean, sync_free
+from gbmpo.objectives.tensors import compute_dtype, float_mask, masked_mean
 
 if TYPE_CHECKING:
     from gbmpo.objectives.spec import BuiltTerm
@@ -43,9 +42,6 @@ __all__ = [
     "sequence_divergence",
     "unpack_metrics",
 ]
-
-#: a known derivative: per-token values, or a function of the incoming gradient forming it
-_Grad = Tensor | Callable[[Tensor], Tensor]
 
 #: what a loss term evaluates: a :class:`~gbmpo.objectives.regularizers.Regularizer`, or any
 #: callable with its call signature (per-token values ``[B, T]``; attribute ``needs_ref``)
@@ -192,66 +188,18 @@ def compute_policy_loss(
     num_tokens: float | None = None,
     token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
-    r"""Per-token :math:`\omega\,\ell^{\text{surr}} + \sum_k \lambda_k D^{(k)}`, aggregated:
+    r""":math:`\mathcal L = \mathrm{agg}(\omega\,\ell^{\text{surr}} + \sum_k \lambda_k D^{(k)}, m)`
+    (docs/methods.md, "Aggregation"); :math:`\omega` (``token_weights``, default 1) scales the
+    surrogate only, as TRL 1.16 applies its importance ratio and masks before adding its KL.
 
-    .. math::
-        \mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\ell^{\text{surr}}_{i,t}
-        + \textstyle\sum_k \lambda_k\,D^{(k)}_{i,t},\ m\big),
-        \qquad
-        \nabla_\theta\mathcal L = \mathrm{agg}\big(\omega_{i,t}\,\nabla_\theta
-        \ell^{\text{surr}}_{i,t} + \textstyle\sum_k \lambda_k\,\nabla_\theta D^{(k)}_{i,t},
-        \ m\big)
-
-    (``agg`` is linear for a fixed mask and :math:`\omega` is a constant; :math:`\omega \equiv 1`
-    when ``token_weights`` is None). The weights scale the policy-gradient term only, never the
-    regularizer: TRL 1.16's ``GRPOTrainer._compute_loss`` multiplies its per-token loss by the
-    vLLM importance-sampling ratio (``importance_sampling_ratio``), the off-policy mask and the
-    high-entropy mask *before* adding :math:`\beta\,\mathrm{KL}`. (An importance-weighted
-    regularizer is a regularizer of its own, e.g. ``kl_k3_is``.)
-
-    Keyword arguments only (``logp=, old_logp=, advantages=, mask=``, the order and names every
-    surrogate and regularizer call uses).
-
-    Args:
-        logp: ``[B, T]`` sampled-token log-probs under the trained policy (with grad).
-        old_logp: ``[B, T]`` behaviour-policy log-probs; ``None`` means on-policy, i.e.
-            ``logp.detach()`` (ratio 1 with the right gradient, TRL's single-iteration case).
-        advantages: ``[B]`` or ``[B, T]``.
-        mask: ``[B, T]`` {0, 1} completion mask.
-        surrogate: a callable from :func:`gbmpo.objectives.get_surrogate`, or a registered name
-            (built with its default parameters).
-        terms: the regularizer terms (:class:`LossTerm`: a name, a callable
-            ``(*, logp, old_logp, anchor_logp, mask) -> [B, T]`` such as
-            :func:`gbmpo.objectives.get_regularizer`'s or a registered name, the coefficient
-            :math:`\lambda_k` and the anchor log-probs passed as ``anchor_logp``, which may be
-            ``None`` when the regularizer's ``needs_ref`` is False). One regularizer is a list
-            of one; none is ``()``. A term is added only when its coefficient is nonzero, but
-            its masked mean is always reported.
-        aggregation: mode of :func:`gbmpo.objectives.aggregate`.
-        max_len, num_sequences, num_tokens: passed to :func:`~gbmpo.objectives.aggregate`
-            (full-batch normalisers for micro-batching; ``num_tokens`` may be a float below
-            this batch's token count, e.g. a global count divided by the number of processes).
-        token_weights: ``[B, T]`` or ``[B, 1]`` (one weight per sequence) per-token weights
-            :math:`\omega` of the surrogate, any real dtype (bool masks too), e.g. importance
-            ratios or 0/1 masks. Used as given on valid tokens (no detach: pass constants) and
-            ignored on masked ones, so padding may hold anything, NaN included.
-
-    Returns:
-        ``(loss, metrics)``: the scalar loss (float32, or float64 for float64 ``logp``) and
-        python floats: the surrogate diagnostics (``clip_frac_low``, ``clip_frac_high``,
-        ``clip_frac_dual``, ``ratio_mean``, ``ratio_min``, ``ratio_max``; unweighted masked
-        statistics), ``pg_loss`` (the aggregated weighted surrogate
-        :math:`\mathrm{agg}(\omega\,\ell^{\text{surr}}, m)` alone), ``reg_loss`` (the
-        aggregated :math:`\mathrm{agg}(\sum_k \lambda_k D^{(k)}, m)` alone, the sum of the
-        terms' parts, each computed on its own so that a regularizer term far below the
-        surrogate is not lost to rounding in ``loss - pg_loss``), ``reg_value`` (the sum of the
-        terms' masked means, 0 without a term), per term ``reg_loss/<name>`` and
-        ``reg_value/<name>``, and ``loss``.
-
-    Raises:
-        ValueError: a term's coefficient not a finite number, a missing anchor (``anchor_logp``)
-            for a regularizer that needs one, shape mismatches (``token_weights`` included), or
-            invalid aggregation normalisers (see :func:`~gbmpo.objectives.aggregate`).
+    Keyword arguments: ``logp`` / ``old_logp`` ``[B, T]`` (``old_logp=None``: on-policy),
+    ``advantages`` ``[B]`` or ``[B, T]``, ``mask`` {0, 1}; ``surrogate`` a callable or name;
+    ``terms`` :class:`LossTerm` s (a zero coefficient reports the term without adding it);
+    ``aggregation`` and the micro-batch normalisers ``max_len``, ``num_sequences``,
+    ``num_tokens`` as :func:`~gbmpo.objectives.aggregate`; ``token_weights`` ``[B, T]`` or
+    ``[B, 1]``, used as given (pass constants), ignored where masked. Returns the scalar loss
+    (float32; float64 for float64 ``logp``) and float metrics: the surrogate's diagnostics,
+    ``pg_loss``, ``reg_loss``, ``reg_value``, ``reg_loss/<name>``, ``reg_value/<name>``, ``loss``.
     """
     loss, packed, layout = _policy_loss(
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, surrogate=surrogate,
@@ -281,28 +229,15 @@ PolicyLossFn = Callable[..., tuple[Tensor, dict[str, float]]]
 
 
 def compiled_policy_loss(**compile_options: Any) -> PolicyLossFn:
-    """:func:`compute_policy_loss`, the same arguments and results, with its tensor work
-    compiled by ``torch.compile(**compile_options)`` into one graph (forward and backward):
-    every surrogate, term and aggregation of the eager function, the fused ones included.
+    """:func:`compute_policy_loss` (same arguments and results) with its tensor work compiled
+    by ``torch.compile(**compile_options)`` into one graph, forward and backward: the same loss
+    and gradient up to the compiler's rounding (a fused kernel may reorder a sum).
 
-    The input checks that read tensor values (the {0, 1} mask, ``max_len`` against the
-    longest completion) run eagerly before the graph, and the metrics are read back after it
-    in one transfer, so nothing inside the graph waits on the host. Inside it the
-    data-dependent shortcuts of the CPU path take their general forms
-    (:func:`~gbmpo.objectives.tensors.sync_free`): the same loss and gradient up to
-    the compiler's float rounding (a fused kernel may reorder a sum), with one difference when
-    a valid per-token value is not finite: the loss is not finite either way, and the gradient
-    is the fused one rather than the eager fallback's.
-
-    Each call with a new surrogate, new terms or a new shape may compile again (``dynamic``
-    shapes after the first change of ``T``, as ``torch.compile`` decides); the first call of
-    each pays the compile (seconds). The graphs of every such function share one cache per
-    process, of ``torch._dynamo.config.recompile_limit`` entries; past it torch warns and runs
-    the function eagerly. Build it once and reuse it::
-
-        policy_loss = compiled_policy_loss()
-        loss, metrics = policy_loss(logp=..., old_logp=..., advantages=..., mask=...,
-                                    surrogate=surr, terms=terms, aggregation="grpo")
+    The checks that read values (the {0, 1} mask, ``max_len``) run eagerly before the graph and
+    the metrics are read back after it in one transfer. Each new surrogate, term list or shape
+    may compile again (seconds; one cache of ``torch._dynamo.config.recompile_limit`` graphs per
+    process, eager beyond it): build it once and reuse it,
+    ``policy_loss = compiled_policy_loss(); loss, metrics = policy_loss(logp=..., ...)``.
     """
     core = torch.compile(_policy_loss, **compile_options)
 
@@ -362,91 +297,41 @@ def _policy_loss(
     if old_logp is None:
         old_logp = logp.detach()
     if logp.dim() == 2:
-        # checked here once, then passed on as {0, 1} floats of the compute dtype (float-mask
-        # arithmetic is what the built-in surrogates and regularizers use); the surrogate, the
-        # regularizers and the aggregation skip the check of this same tensor
-        dt = compute_dtype(logp)
-        mask = float_mask(mask, logp.shape, dt)
+        # checked once here; the surrogate, the regularizers and the aggregation skip the check
+        # of this same tensor
+        mask = float_mask(mask, logp.shape, compute_dtype(logp))
     resolved = [(term, _check_term(term)) for term in terms]
-
-    inputs = {"logp": logp, "old_logp": old_logp, "advantages": advantages, "mask": mask}
-    known = getattr(surr, "known_gradient", None)
-    # the fused path: a surrogate with a closed-form per-token derivative on float32 / float64
-    # log-probs (so that its x and the regularizers' are logp itself)
-    kg: KnownGradient | None = None
-    if callable(known) and logp.dtype in (torch.float32, torch.float64):
-        kg = known(**inputs)
-    if kg is not None:
-        pg, diag = kg.value, kg.diag
-    else:
-        pg, diag = surr(**inputs)
-    w = None if token_weights is None else _valid_weights(token_weights, mask, pg)
-    if w is not None:
-        pg = pg * w
-    nz = normalisers(pg, mask, aggregation, max_len, num_sequences=num_sequences,
-                     num_tokens=num_tokens)  # fmt: skip
-
-    # the terms with a known derivative: (value, derivative) without autograd
-    known_terms: list[tuple[Tensor, _Grad] | None] = []
-    for term, r in resolved:
-        kr = None
-        if isinstance(r, Regularizer) and kg is not None:
-            kr = r.known_gradient(logp=logp, old_logp=old_logp, anchor_logp=term.anchor_logp,
-                                  mask=mask)  # fmt: skip
-        known_terms.append(None if kr is None else (kr[1], kr[2]))
-    fused = kg is not None and nz.linear and all(
-        kt is not None for (term, _), kt in zip(resolved, known_terms, strict=True)
-        if term.coef != 0
-    )
-    if not fused and kg is not None:  # the surrogate's value with its derivative attached
-        pg = attach(kg.x, kg.value, kg.grad)
-        if w is not None:
-            pg = pg * w
-    # every term's values, the autograd ones built in term order after the surrogate's (the
-    # order of the nodes fixes the order in which autograd sums their gradients)
-    evaluated: list[tuple[LossTerm, Tensor, _Grad | None]] = []
-    for (term, r), kt in zip(resolved, known_terms, strict=True):
-        if kt is not None:
-            values, grad = kt
-        elif term.coef == 0:  # not in the loss: its value only
-            with torch.no_grad():
-                values = r(logp=logp, old_logp=old_logp, anchor_logp=term.anchor_logp, mask=mask)
-            grad = None
-        else:
-            values = r(logp=logp, old_logp=old_logp, anchor_logp=term.anchor_logp, mask=mask)
-            grad = None
-        if tuple(values.shape) != tuple(pg.shape):
+    pg, diag = surr(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
+    if token_weights is not None:
+        pg = pg * _valid_weights(token_weights, mask, pg)
+    norm = normalisers(pg, mask, aggregation, max_len, num_sequences=num_sequences,
+                       num_tokens=num_tokens)  # fmt: skip
+    per_token = pg
+    values: list[Tensor] = []
+    reg_parts: list[Tensor | None] = []
+    for term, reg in resolved:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and term.coef != 0):
+            v = reg(logp=logp, old_logp=old_logp, anchor_logp=term.anchor_logp, mask=mask)
+        if tuple(v.shape) != tuple(pg.shape):
             raise ValueError(
-                f"regularizer returned shape {tuple(values.shape)}, expected {tuple(pg.shape)}"
+                f"regularizer returned shape {tuple(v.shape)}, expected {tuple(pg.shape)}"
             )
-        if not fused and grad is not None and term.coef != 0:
-            values = attach(logp, values, grad)
-        evaluated.append((term, values, grad))
-
-    out = _fused_loss(kg, w, evaluated, nz) if fused and kg is not None else None
-    if fused and out is None:  # a non-finite value: the composition (aggregate's where)
-        assert kg is not None
-        pg = attach(kg.x, kg.value, kg.grad)
-        if w is not None:
-            pg = pg * w
-        evaluated = [(t, v if g is None or t.coef == 0 else attach(logp, v, g), g)
-                     for t, v, g in evaluated]  # fmt: skip
-    if out is None:  # the autograd composition
-        per_token = pg
-        reg_parts: list[Tensor | None] = []
-        for term, values, _ in evaluated:
-            part = None
-            if term.coef != 0:
-                per_token = per_token + term.coef * values.to(pg.dtype)
-                with torch.no_grad():
-                    part = nz.apply(term.coef * values.detach().to(pg.dtype))
-            reg_parts.append(part)
-        loss = nz.apply(per_token)
-        with torch.no_grad():
-            pg_loss = nz.apply(pg.detach())
-    else:
-        loss, pg_loss, reg_parts = out
-    return loss, *_metrics(diag, pg_loss, evaluated, reg_parts, mask, loss, nz)
+        values.append(v)
+        part = None
+        if term.coef != 0:
+            per_token = per_token + term.coef * v.to(pg.dtype)
+            with torch.no_grad():  # each term on its own: a small one is not lost to rounding
+                part = norm.apply(term.coef * v.detach().to(pg.dtype))
+        reg_parts.append(part)
+    loss = norm.apply(per_token)
+    with torch.no_grad():
+        scalars = [*diag.values(), norm.apply(pg.detach())]
+        scalars += [masked_mean(v, mask) for v in values]
+        scalars += [p for p in reg_parts if p is not None]
+        scalars.append(loss.detach())
+        packed = torch.stack([t.to(torch.float64) for t in scalars])
+    layout = (tuple(diag), tuple(t.name for t in terms), tuple(p is not None for p in reg_parts))
+    return loss, packed, layout
 
 
 def _check_term(term: LossTerm) -> RegularizerLike:
@@ -468,137 +353,25 @@ def _check_term(term: LossTerm) -> RegularizerLike:
     return r
 
 
-class _FusedLoss(torch.autograd.Function):
-    r"""The aggregated loss :math:`\mathcal L = \mathrm{agg}(\omega\,\ell^{\text{surr}}
-    + \sum_k\lambda_k D^{(k)}, m)`, computed without autograd, as a function of the policy
-    log-probs ``x`` with one backward node:
-
-    .. math::
-        \frac{\partial\mathcal L}{\partial x_{i,t}}
-        = (u_{i,t}\,\omega_{i,t})\,\partial_x\ell^{\text{surr}}_{i,t}
-        + \textstyle\sum_k (u_{i,t}\lambda_k)\,\partial_x D^{(k)}_{i,t},
-
-    with :math:`u = \partial\mathcal L/\partial\ell` the aggregation's per-token weight
-    (:meth:`Normalisers.token_grad`). The products and the sum are formed in the order autograd
-    forms them for the plain composition (the weights' product first, each coefficient on the
-    incoming gradient, the terms' contributions summed last to first and the surrogate's added
-    last), so the gradient is the same bits as the composition's."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, loss: Tensor, plan: _Plan) -> Tensor:
-        ctx.plan = plan
-        return loss
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        plan: _Plan = ctx.plan
-        u = plan.nz.token_grad(grad)
-        total: Tensor | None = None
-        for coef, g in reversed(plan.terms):
-            part = g(u * coef) if callable(g) else (u * coef) * g
-            total = part if total is None else total + part
-        up = u if plan.weights is None else u * plan.weights
-        pg = plan.grad(up) if callable(plan.grad) else up * plan.grad
-        return (pg if total is None else total + pg), None, None
-
-
-@dataclass
-class _Plan:
-    """What :class:`_FusedLoss`'s backward reads: the normalisers, the surrogate's derivative and
-    token weights, and each loss term's coefficient and derivative."""
-
-    nz: Normalisers
-    grad: _Grad
-    weights: Tensor | None
-    terms: list[tuple[float, _Grad]]
-
-
-def _fused_loss(
-    kg: KnownGradient,
-    w: Tensor | None,
-    evaluated: list[tuple[LossTerm, Tensor, _Grad | None]],
-    nz: Normalisers,
-) -> tuple[Tensor, Tensor, list[Tensor | None]] | None:
-    """``(loss, pg_loss, reg_loss parts)`` in one pass when every part has a known derivative
-    (:class:`_FusedLoss`); ``None`` when a valid per-token value is not finite (the autograd
-    composition then reproduces the masked ``where`` of :func:`aggregate`)."""
-    with torch.no_grad():
-        pg = kg.value if w is None else kg.value * w
-        per_token = pg
-        parts: list[Tensor | None] = []
-        terms: list[tuple[float, _Grad]] = []
-        for term, values, grad in evaluated:
-            if term.coef == 0:
-                parts.append(None)
-                continue
-            assert grad is not None
-            scaled = term.coef * values.to(pg.dtype)
-            per_token = per_token + scaled
-            parts.append(scaled)
-            terms.append((term.coef, grad))
-        loss = nz.reduce(per_token)
-        # off the CPU and under torch.compile the check would synchronise: a non-finite valid
-        # value then gives the same non-finite loss, with the fused (not the where) gradient
-        if not sync_free(loss) and not math.isfinite(float(loss)):
-            return None
-        pg_loss = nz.reduce(pg)
-        reg_parts: list[Tensor | None] = [None if p is None else nz.reduce(p) for p in parts]
-    plan = _Plan(nz, kg.grad, w, terms)
-    if torch.is_grad_enabled() and kg.x.requires_grad:
-        loss = _FusedLoss.apply(kg.x, loss, plan)
-    return loss, pg_loss, reg_parts
-
-
-def _metrics(
-    diag: dict[str, Tensor],
-    pg_loss: Tensor,
-    evaluated: list[tuple[LossTerm, Tensor, _Grad | None]],
-    reg_parts: list[Tensor | None],
-    mask: Tensor,
-    loss: Tensor,
-    nz: Normalisers,
-) -> tuple[Tensor, _Layout]:
-    """The metrics of :func:`compute_policy_loss` as one float64 tensor, read back in one go
-    by :func:`_metric_dict`, and their layout."""
-    with torch.no_grad():
-        scalars = [*diag.values(), pg_loss]
-        count = None
-        for _, values, grad in evaluated:
-            if grad is None:  # values from a call: any values where masked
-                scalars.append(masked_mean(values, mask))
-                continue
-            # known values are 0 where masked: masked_mean's masked sum is their plain sum, and
-            # its count the lengths' (exact integers in float32 below 2^24 tokens)
-            if count is None:
-                count = (nz.lengths.sum().to(torch.float32) if mask.numel() < 2**24
-                         else mask.to(torch.float32).sum()).clamp_min(1.0)  # fmt: skip
-            scalars.append(values.detach().to(torch.float32).sum() / count)
-        scalars += [p for p in reg_parts if p is not None]
-        scalars.append(loss.detach())
-        packed = torch.stack([t.to(torch.float64) for t in scalars])
-    layout = (tuple(diag), tuple(term.name for term, _, _ in evaluated),
-              tuple(p is not None for p in reg_parts))  # fmt: skip
-    return packed, layout
-
-
 def _metric_dict(floats: list[float], layout: _Layout) -> dict[str, float]:
-    """The metrics dict of :func:`compute_policy_loss` from :func:`_metrics`' values."""
+    """The metrics dict of :func:`compute_policy_loss` from :func:`_policy_loss`' values; sums
+    in python floats, in term order."""
     diag_keys, names, in_loss = layout
     it = iter(floats)
     metrics = {k: next(it) for k in diag_keys}
     metrics["pg_loss"] = next(it)
-    values_ = [next(it) for _ in names]
-    losses = [next(it) if part else 0.0 for part in in_loss]
-    metrics["reg_loss"] = _psum(losses)
-    metrics["reg_value"] = _psum(values_)
-    for name, value, term_loss in zip(names, values_, losses, strict=True):
+    term_values = [next(it) for _ in names]
+    term_losses = [next(it) if part else 0.0 for part in in_loss]
+    metrics["reg_loss"] = _sum_in_order(term_losses)
+    metrics["reg_value"] = _sum_in_order(term_values)
+    for name, value, term_loss in zip(names, term_values, term_losses, strict=True):
         metrics[f"reg_loss/{name}"] = term_loss
         metrics[f"reg_value/{name}"] = value
     metrics["loss"] = next(it)
     return metrics
 
 
-def _psum(xs: list[float]) -> float:
+def _sum_in_order(xs: list[float]) -> float:
     """``0.0 + x_1 + x_2 + ...`` in python floats, in order (as the metrics always summed)."""
     out = 0.0
     for x in xs:

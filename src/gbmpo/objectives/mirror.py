@@ -52,7 +52,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -61,15 +61,14 @@ from gbmpo.objectives.mirror_kernels import (
     _CURV_DIFF,
     _MEAN,
     _POLY,
+    PROB_FLOOR,
+    TABLE_CELLS,
     _dsigma,
     _gkl_over_sq,
     _sigma,
 )
+from gbmpo.objectives.mirror_table import MirrorTable
 from gbmpo.objectives.tensors import compute_dtype
-
-if TYPE_CHECKING:
-    # cycle: mirror_table imports this module (the map it tabulates)
-    from gbmpo.objectives.mirror_table import TabulatedMirrorMap
 
 __all__ = [
     "ACTIVATIONS",
@@ -79,6 +78,7 @@ __all__ = [
     "VECTOR_SIZE",
     "NeuralMirrorMap",
     "TABLE_CELLS",
+    "TabulatedMirrorMap",
     "as_mirror_map",
 ]
 
@@ -86,12 +86,9 @@ N_UNITS = 126
 UNITS_PER_ACTIVATION = 21
 ACTIVATIONS: tuple[str, ...] = ("cube", "square", "sqrt", "cbrt", "log", "exp")
 VECTOR_SIZE = 3 * N_UNITS + 2  # 380 = [v(126), w(126), b(126), a, c]
-PROB_FLOOR = 1e-10  # probabilities are floored here (authors' torch.maximum(p, 1e-10))
 FILE_FORMAT = "gbmpo.neural_mirror_map"
 FILE_VERSION = 1
 _BLOCKS = ("v", "w", "b")
-#: cells of :meth:`NeuralMirrorMap.tabulated`'s grid in t = log y over [log 1e-10, 1]
-TABLE_CELLS = 2048
 
 
 
@@ -217,9 +214,6 @@ class NeuralMirrorMap:
         ValueError). Built once per map and ``cells`` (~1.5 s on one CPU thread). The
         ``neural_mirror`` regularizer's default evaluation (``evaluation: exact`` keeps this
         map)."""
-        # cycle: mirror_table imports this module (the map it tabulates)
-        from gbmpo.objectives.mirror_table import TabulatedMirrorMap
-
         cache: dict[int, TabulatedMirrorMap] = self.__dict__.setdefault("_tabulated", {})
         if cells not in cache:  # built once per map and size (the build evaluates the map)
             cache[cells] = TabulatedMirrorMap(self, cells)
@@ -415,16 +409,6 @@ class NeuralMirrorMap:
         table at the log-probabilities directly."""
         return self.bregman(torch.exp(logp), torch.exp(anchor_logp))
 
-    def bregman_log_and_grad(self, logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`bregman_log` and its derivative in ``logp``, p (h'(p) - h'(q)) (0 where p is
-        below the 1e-10 floor), without autograd: the regularizer's fused value and gradient."""
-        p = torch.exp(logp.detach())
-        fp, q = self._prep(p, torch.exp(anchor_logp.detach()))
-        fp, q = torch.broadcast_tensors(fp, q)
-        value, dh = self._bregman_and_grad(fp, q, want_grad=True)
-        assert dh is not None
-        return value, dh * (p.to(dh.dtype) * (p >= PROB_FLOOR))
-
     def _bregman_value(self, p: Tensor, q: Tensor) -> Tensor:
         """D_h on floored, broadcast, same-dtype p and q (no autograd bookkeeping needed)."""
         return self._bregman_and_grad(p, q, want_grad=False)[0]
@@ -470,8 +454,60 @@ class NeuralMirrorMap:
         return d.square() * k_total, grad
 
 
+class TabulatedMirrorMap(NeuralMirrorMap):
+    """A :class:`NeuralMirrorMap` whose h, h', h'' and D_h are read from a float64 quintic
+    table in log y (:class:`~gbmpo.objectives.mirror_table.MirrorTable`): relative error
+    <= 1e-6 of D_h and its gradient, measured at build (``table_error``). Built by
+    :meth:`NeuralMirrorMap.tabulated`; ``evaluation: table`` (the default) selects it."""
+
+    def __init__(self, mirror: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
+        if not isinstance(mirror, NeuralMirrorMap):
+            raise TypeError(
+                "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
+                f".tabulated(), not TabulatedMirrorMap constructors (got {type(mirror).__name__})"
+            )
+        vec = mirror.to_vector()
+        n = N_UNITS
+        super().__init__(vec[:n], vec[n : 2 * n], vec[2 * n : 3 * n], float(vec[-2]),
+                         float(vec[-1]))  # fmt: skip
+        self._lookup = MirrorTable(NeuralMirrorMap.from_vector(vec), cells)
+        self.cells = cells
+        self.table_error = self._lookup.table_error
+
+    @classmethod
+    def from_vector(cls, phi: Tensor | Sequence[float]) -> NeuralMirrorMap:
+        """Not for a table: build the map, then call ``.tabulated()`` on it."""
+        raise TypeError(
+            "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
+            ".tabulated()"
+        )
+
+    def potential(self, y: Tensor) -> Tensor:
+        return self._lookup.potential(y)
+
+    def derivative(self, y: Tensor) -> Tensor:
+        return self._lookup.derivative(y)
+
+    def second_derivative(self, y: Tensor) -> Tensor:
+        return self._lookup.second_derivative(y)
+
+    def bregman(self, p: Tensor, q: Tensor) -> Tensor:
+        return self._lookup.bregman(p, q)
+
+    def bregman_log(self, logp: Tensor, anchor_logp: Tensor) -> Tensor:
+        return self._lookup.bregman_log(logp, anchor_logp)
+
+    def tabulated(self, cells: int = TABLE_CELLS) -> TabulatedMirrorMap:
+        return self if cells == self.cells else TabulatedMirrorMap(self, cells)
+
+    def __repr__(self) -> str:
+        return f"Tabulated{super().__repr__()[:-1]}, cells={self.cells})"
+
+
 class _MirrorBregman(torch.autograd.Function):
-    """D_h(p, q) with the analytic gradients h'(p) - h'(q) (in p) and -h''(q)(p - q) (in q)."""
+    """D_h(p, q) with the analytic gradients h'(p) - h'(q) (in p) and -h''(q)(p - q) (in q).
+    Kept for memory: autograd would save the 126 units' [B, T, 21] intermediates; this saves
+    p and q (tests/objectives/test_mirror.py gradchecks it in float64)."""
 
     @staticmethod
     def forward(ctx: Any, mirror: NeuralMirrorMap, p: Tensor, q: Tensor) -> Tensor:

@@ -27,6 +27,10 @@ _N_SERIES = 16  # 0.1^16 / 306 < 1e-18: series truncation is below float64 round
 #              = sum_n (-1)^n delta^n / ((n + 1)(n + 2))
 _KAPPA_COEFFS = tuple((-1.0) ** n / ((n + 1) * (n + 2)) for n in range(_N_SERIES))
 # phi(d) = (exp(d) - 1 - d) / d^2 = sum_n d^n / (n + 2)!
+PROB_FLOOR = 1e-10  # probabilities are floored here (authors' torch.maximum(p, 1e-10))
+#: cells of :meth:`~gbmpo.objectives.mirror.NeuralMirrorMap.tabulated`'s grid in t = log y over
+#: [log 1e-10, 1]
+TABLE_CELLS = 2048
 _PHI_COEFFS = tuple(1.0 / math.factorial(n + 2) for n in range(_N_SERIES))
 
 

@@ -1,32 +1,30 @@
 """Tabulated evaluation of a neural mirror map (GBMPO NM-GRPO, arXiv 2602.04380): the
 ``neural_mirror`` regularizer's ``evaluation: table``, its default (``exact`` sums the units).
 
-:class:`TabulatedMirrorMap` (built by :meth:`gbmpo.objectives.mirror.NeuralMirrorMap.tabulated`)
-reads the map's Bregman divergence from its potential's float64 quintic Hermite table in log y
-(:func:`quintic_hermite_coeffs`) in a form that keeps the divergence's relative precision next
-to p = q; its relative error against the exact map (at most :data:`TABLE_RTOL` = 1e-6 of D_h and
-of its gradient) is measured at build, and a table that misses it is refused.
+:class:`MirrorTable` (behind :class:`gbmpo.objectives.mirror.TabulatedMirrorMap`, built by
+:meth:`gbmpo.objectives.mirror.NeuralMirrorMap.tabulated`) reads the map's Bregman divergence
+from its potential's float64 quintic Hermite table in log y (:func:`quintic_hermite_coeffs`) in
+a form that keeps the divergence's relative precision next to p = q; its relative error against
+the exact map (at most :data:`TABLE_RTOL` = 1e-6 of D_h and of its gradient) is measured at
+build, and a table that misses it is refused.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.mirror import (
-    N_UNITS,
-    PROB_FLOOR,
-    TABLE_CELLS,
-    NeuralMirrorMap,
-)
-from gbmpo.objectives.mirror_kernels import _PHI_COEFFS
+from gbmpo.objectives.mirror_kernels import _PHI_COEFFS, PROB_FLOOR, TABLE_CELLS
 from gbmpo.objectives.tensors import compute_dtype
 
-__all__ = ["TABLE_RTOL", "TabulatedMirrorMap", "quintic_hermite_coeffs"]
+if TYPE_CHECKING:  # hints only: mirror builds a MirrorTable from its exact map
+    from gbmpo.objectives.mirror import NeuralMirrorMap
+
+__all__ = ["TABLE_RTOL", "MirrorTable", "quintic_hermite_coeffs"]
 
 #: the table's guarantee: relative error of D_h and of d D_h / d log p against the exact
 #: float64 map, measured at build (``table_error``); a table that misses it is refused
@@ -65,15 +63,15 @@ def quintic_hermite_coeffs(
 
 
 class _DeviceConsts(NamedTuple):
-    """Per-device constants of a table's kernel (:meth:`TabulatedMirrorMap._consts`)."""
+    """Per-device constants of a table's kernel (:meth:`MirrorTable._consts`)."""
 
     rows: tuple[Tensor, ...]
     origin: Tensor
     phi: tuple[Tensor, ...]
 
 
-class TabulatedMirrorMap(NeuralMirrorMap):
-    """A :class:`NeuralMirrorMap` whose D_h is read from a float64 table in t = log y, to a
+class MirrorTable:
+    """The h, h', h'' and D_h of a map (``exact``) read from a float64 table in t = log y, to a
     relative error of at most 1e-6 of D_h (measured at build, :attr:`table_error`), p = q
     included: ``objective.regularizer.params.evaluation: table`` (the default) selects it.
 
@@ -114,24 +112,13 @@ class TabulatedMirrorMap(NeuralMirrorMap):
     log p of the others go through each step together (one float64 [2, n] buffer, converted
     once), the six coefficients by one gather each, P and P' by one Horner recurrence (nine
     fused multiply-adds), the far form on every element and the near form on the few with
-    |delta| < Delta / 2 only, from q's coefficients already gathered (about 27 small ops); the
-    regularizer takes value and gradient in log p from :meth:`bregman_log_and_grad` (no
-    autograd graph, float-mask arithmetic).
+    |delta| < Delta / 2 only, from q's coefficients already gathered (about 27 small ops).
     """
 
-    def __init__(self, mirror: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
-        if not isinstance(mirror, NeuralMirrorMap):
-            raise TypeError(
-                "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
-                f".tabulated(), not TabulatedMirrorMap constructors (got {type(mirror).__name__})"
-            )
+    def __init__(self, exact: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
         if isinstance(cells, bool) or not isinstance(cells, int) or cells < 16:
             raise ValueError(f"cells must be an integer >= 16, got {cells!r}")
-        n = N_UNITS
-        vec = mirror.to_vector()
-        super().__init__(vec[:n], vec[n : 2 * n], vec[2 * n : 3 * n], float(vec[-2]),
-                         float(vec[-1]))  # fmt: skip
-        self._exact = NeuralMirrorMap.from_vector(vec)
+        self._exact = exact
         self.cells = cells
         self._dt = (_TABLE_T1 - _TABLE_T0) / cells
         t = torch.linspace(_TABLE_T0, _TABLE_T1, cells + 1, dtype=torch.float64)
@@ -206,17 +193,9 @@ class TabulatedMirrorMap(NeuralMirrorMap):
         g_exact = p * gp_exact
         # below |delta| ~ 1e-6 the exact map's own float64 gradient loses digits (its unit
         # differences see p and q rounded), so it is no reference there
-        nz = (g_exact != 0) & (delta.abs() >= 1e-6)
-        err["grad_rel"] = float(((g_tab - g_exact).abs()[nz] / g_exact[nz].abs()).max())
+        checked = (g_exact != 0) & (delta.abs() >= 1e-6)
+        err["grad_rel"] = float(((g_tab - g_exact).abs()[checked] / g_exact[checked].abs()).max())
         return err
-
-    @classmethod
-    def from_vector(cls, phi: Tensor | Sequence[float]) -> NeuralMirrorMap:
-        """Not for a table: build the map, then call ``.tabulated()`` on it."""
-        raise TypeError(
-            "TabulatedMirrorMap is built from a map: use NeuralMirrorMap.<constructor>(...)"
-            ".tabulated()"
-        )
 
     def _table(self, device: torch.device) -> Tensor:
         if device not in self._tables:
@@ -462,16 +441,6 @@ class TabulatedMirrorMap(NeuralMirrorMap):
             return out
         return self._log_forward(logp, anchor_logp, dtype, False, False)[0]
 
-    def bregman_log_and_grad(self, logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`bregman_log` and its derivative in ``logp``, p (h'(p) - h'(q)) (0 below the
-        floor), without autograd: the regularizer's fused value and gradient."""
-        dtype = compute_dtype(logp, anchor_logp)
-        if logp.shape != anchor_logp.shape:
-            logp, anchor_logp = torch.broadcast_tensors(logp, anchor_logp)
-        value, gp, _ = self._log_forward(logp, anchor_logp, dtype, True, False)
-        assert gp is not None
-        return value, gp
-
     def _log_forward(
         self, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype, want_p: bool, want_q: bool
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -548,12 +517,6 @@ class TabulatedMirrorMap(NeuralMirrorMap):
             out = self._bregman_t(tq, delta, want_grad=False)[0]
         return out.to(dtype)
 
-    def tabulated(self, cells: int = TABLE_CELLS) -> TabulatedMirrorMap:
-        return TabulatedMirrorMap(self, cells) if cells != self.cells else self
-
-    def __repr__(self) -> str:
-        return f"Tabulated{super().__repr__()[:-1]}, cells={self.cells})"
-
 
 def _shift_by_one(c: Tensor) -> Tensor:
     """Coefficients of Q(s) = P(1 + s) from those of P(s) = sum_k c_k s^k (last dim):
@@ -592,21 +555,17 @@ def _near_form(
     delta: Tensor, dpq: Tensor, s: Tensor, c2: Tensor, c3: Tensor, c4: Tensor, c5: Tensor,
     dt: float, want_p: bool, want_q: bool, phi_coeffs: Sequence[Tensor],
 ) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """The near-p = q forms of :class:`TabulatedMirrorMap` (class docstring) on q's cell
-    polynomial P, from delta = log p - log q, P'(s_q) = Delta G'(t_q), s_q and c2..c5: with
-    h = delta / Delta and the Taylor coefficients a_j = P^(j)(s_q) / j! (a2 = c2 + 3 s (c3 +
-    2 s (c4 + (5/3) s c5)), a3 = c3 + 4 s (c4 + 2.5 s c5), a4 = c4 + 5 s c5, a5 = c5),
+    """The near-p = q forms of :class:`MirrorTable` on q's cell polynomial P, from delta =
+    log p - log q, P'(s_q), s_q and c2..c5, with h = delta / Delta and a_j = P^(j)(s_q) / j!:
 
         R = (P(s + h) - P(s) - P'(s) h) / h^2 = a2 + h (a3 + h (a4 + h a5)),
         Q / 2 = (P'(s + h) - P'(s)) / (2 h) = a2 + 1.5 h (a3 + (4/3) h (a4 + 1.25 h a5)),
-        D = delta^2 (R / Delta^2 - P'(s) phi(delta) / Delta) = h^2 (R - Delta P'(s) phi),
-        d D / d log p = delta (Q / Delta^2 - (1 + delta phi) P'(s) / Delta)
-                      = 2 h / Delta (Q / 2 - (Delta / 2) (P'(s) + delta P'(s) phi)),
+        D = h^2 (R - Delta P'(s) phi),
+        d D / d log p = 2 h / Delta (Q / 2 - (Delta / 2) (P'(s) + delta P'(s) phi)),
         d D / d log q = -(2 a2 / Delta^2 - P'(s) / Delta) delta (1 + delta phi),
 
-    phi(delta) = (e^delta - 1 - delta) / delta^2 by its Taylor series (``phi_coeffs``, 0-dim
-    tensors; |delta| <= Delta / 2 < 0.006: the terms beyond delta^5 / 7! are below 1e-17),
-    each Horner step one fused multiply-add on the few near elements."""
+    phi(delta) = (e^delta - 1 - delta) / delta^2 by its Taylor series (``phi_coeffs``;
+    |delta| < 0.006: the terms left out are below 1e-17)."""
     inv = 1.0 / dt
     h = delta * inv
     a4 = torch.addcmul(c4, s, c5, value=5.0)
@@ -649,11 +608,13 @@ def _log_pair(p: Tensor, q: Tensor) -> tuple[Tensor, Tensor]:
 
 class _TableBregmanLog(torch.autograd.Function):
     """The tabulated D(log p, log q) of log-probabilities with its analytic gradients, formed
-    in the forward pass (class docstring of :class:`TabulatedMirrorMap`)."""
+    in the forward pass (class docstring of :class:`MirrorTable`). Kept for numerics:
+    near p = q the gradient's factorised form avoids the cancellation autograd would form
+    through the compacted kernel (tests/objectives/test_mirror_table.py gradchecks it)."""
 
     @staticmethod
     def forward(
-        ctx: Any, table: TabulatedMirrorMap, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype
+        ctx: Any, table: MirrorTable, logp: Tensor, anchor_logp: Tensor, dtype: torch.dtype
     ) -> Tensor:
         value, gp, gq = table._log_forward(
             logp, anchor_logp, dtype, ctx.needs_input_grad[1], ctx.needs_input_grad[2]
@@ -675,10 +636,11 @@ class _TableBregmanLog(torch.autograd.Function):
 
 
 class _TableBregman(torch.autograd.Function):
-    """The tabulated D(log p, log q) with its analytic gradients (class docstring)."""
+    """The tabulated D(log p, log q) with its analytic gradients (class docstring); kept for
+    the same cancellation as :class:`_TableBregmanLog`."""
 
     @staticmethod
-    def forward(ctx: Any, table: TabulatedMirrorMap, tq: Tensor, delta: Tensor) -> Tensor:
+    def forward(ctx: Any, table: MirrorTable, tq: Tensor, delta: Tensor) -> Tensor:
         # inputs (log q, delta = log p - log q): d/d delta = d/d log p, d/d log q (delta
         # fixed) = d/d log p + d/d log q (p fixed)
         need_q = ctx.needs_input_grad[1]

@@ -63,7 +63,7 @@ from torch import Tensor
 
 from gbmpo.objectives.mirror import NeuralMirrorMap, as_mirror_map
 from gbmpo.objectives.potentials import NegEntropy, Square
-from gbmpo.objectives.tensors import attach, compute_dtype, masked, sync_free
+from gbmpo.objectives.tensors import compute_dtype
 from gbmpo.registry import Registry
 
 __all__ = [
@@ -146,21 +146,14 @@ def kl_k2(logp: Tensor, anchor_logp: Tensor) -> Tensor:
 
 
 def kl_k3(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> Tensor:
-    """k3 = rho - 1 - log rho with rho = q / p = exp(log q - log p) (Schulman 2020).
+    """k3 = rho - 1 - log rho, rho = q / p (Schulman 2020; TRL's ``per_token_kl``, verl's
+    ``low_var_kl``; docs/methods.md, "KL estimators"), computed as expm1(log rho) - log rho:
+    d/dlogp = 1 - rho.
 
-    TRL's GRPO ``per_token_kl`` and verl's ``low_var_kl`` (docs/methods.md, section "KL estimators";
-    the GBMPO "KL" baseline). d/dlogp = 1 - rho. Computed as expm1(log rho) - log rho. ``clamp=c``
-    clips the value to [-c, c] (zero gradient where it binds): verl uses c = 10 (and clips log rho
-    to [-20, 20] before exp, which only matters where the value is clipped anyway; the results
-    are the same); TRL does not clamp (default None).
-
-    Extreme log-ratios (docs/methods.md, section "Numerical safety"). For log rho > E =
-    :func:`exp_bound` (22.18 in float32, 177.45 in float64) k3 continues on its tangent line,
-    k3(E) + (e^E - 1)(log rho - E), so value and gradient stay finite with or without ``clamp``
-    (the plain formula overflows at log rho > 88.7 in float32: inf without clamp, NaN gradient
-    with it); in that region d/dlogp = 1 - e^E instead of 1 - rho. For log rho <= E (rho <= 4.3e9
-    in float32) the result is bit for bit the plain formula, so TRL parity is unchanged. Computed
-    in float32 (float64 stays float64).
+    ``clamp=c`` clips the value to [-c, c] (zero gradient where it binds; verl: 10, TRL: none).
+    For log rho > E = :func:`exp_bound` (22.18 in float32) it continues on its tangent line, so
+    value and gradient stay finite where the plain formula overflows (log rho > 88.7 in
+    float32); below E it is the plain formula bit for bit (TRL parity). float32 (float64 stays).
     """
     logp, anchor_logp = _compute(logp, anchor_logp)
     log_rho = anchor_logp - logp
@@ -306,187 +299,26 @@ def rpg_urkl(logp: Tensor, anchor_logp: Tensor, clamp: float | None = None) -> T
 
 # --- the callable wrapper ---------------------------------------------------------------------
 
+#: ``(l, r, o) -> [B, T]``: a regularizer's per-token formula (policy, anchor, rollout log-probs)
 Formula = Callable[[Tensor, Tensor, "Tensor | None"], Tensor]
-#: ``(l, r, o) -> (value, d value / d l)``: a formula with its derivative in the policy log-prob
-ValueAndGrad = Callable[[Tensor, Tensor, "Tensor | None"], "tuple[Tensor, Tensor]"]
 
-
-def _clamp_with_grad(value: Tensor, g: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
-    """:func:`_clamp` on a value and its derivative (0 where the clamp binds, as autograd)."""
-    if clamp is None:
-        return value, g
-    return value.clamp(-clamp, clamp), torch.where(value.abs() <= clamp, g, 0.0)
-
-
-def _k1_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`kl_k1` and its derivative 1."""
-    return kl_k1(logp, anchor_logp), torch.ones_like(logp)
-
-
-def _k2_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`kl_k2` and its derivative l - r."""
-    d = logp - anchor_logp
-    return 0.5 * d.square(), d
-
-
-def _k3_vg(logp: Tensor, anchor_logp: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
-    """:func:`kl_k3` and its derivative 1 - rho (-(e^E - 1) on the tangent beyond
-    E = :func:`exp_bound`), in one pass; the derivative is formed as autograd forms it from the
-    value, -((expm1(log rho) + 1) - 1), so that it is bit for bit the same."""
-    logp, anchor_logp = _compute(logp, anchor_logp)
-    t = anchor_logp - logp
-    e = exp_bound(t.dtype)
-    # the usual case: no token on the tangent (one reduction, no where); off the CPU and under
-    # torch.compile the where form, the same values, without reading t.max() back
-    if not sync_free(t) and float(t.max()) <= e:
-        em = torch.expm1(t)
-        value = em - t
-    else:
-        tc = t.clamp_max(e)
-        em = torch.expm1(tc)
-        value = torch.where(t > e, (math.expm1(e) - e) + math.expm1(e) * (t - e), em - tc)
-    return _clamp_with_grad(value, -((em + 1.0) - 1.0), clamp)
-
-
-def _prob_l2_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`prob_l2` and its derivative 2 (p - q) p."""
-    p = torch.exp(logp)
-    d = p - torch.exp(anchor_logp)
-    return d.square(), (2.0 * d) * p
-
-
-def _log_l2_vg(logp: Tensor, anchor_logp: Tensor) -> tuple[Tensor, Tensor]:
-    """:func:`log_l2` and its derivative 2 (l - r)."""
-    d = logp - anchor_logp
-    return d.square(), 2.0 * d
-
-
-
-#: ``(l, r, o, mf) -> (value, backward) | None``: the value (0 where masked) and a function of the
-#: incoming per-token gradient ``U`` giving d loss / d l (0 where masked) as autograd forms it for
-#: the plain formula; ``None`` where the closed form does not apply (autograd is used instead)
-ValueAndBackward = Callable[
-    [Tensor, Tensor, "Tensor | None", Tensor],
-    "tuple[Tensor, Callable[[Tensor], Tensor]] | None",
-]
-
-
-def _clamp_keep(value: Tensor, mf: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
-    """``(clamped value, keep)``: ``keep`` = the mask times the tokens where the clamp passes the
-    gradient (``-c <= value <= c``, autograd's rule), as {0, 1} floats."""
-    if clamp is None:
-        return value, mf
-    inside = torch.le(value.abs(), clamp, out=torch.empty_like(value))
-    return value.clamp(-clamp, clamp), mf * inside
-
-
-def _within_exp_bound(t: Tensor) -> bool:
-    """No log-ratio beyond :func:`exp_bound` (the tangent continuation is not reached). Under
-    ``torch.compile`` not read (False: the traced autograd form, right either way)."""
-    if torch.compiler.is_compiling():
-        return False
-    return t.numel() == 0 or float(t.max()) <= exp_bound(t.dtype)
-
-
-def _rpg_rkl_vb(
-    logp: Tensor, anchor: Tensor, mf: Tensor, clamp: float | None
-) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
-    r""":func:`rpg_rkl` :math:`w\log w` (:math:`t = \log w`) and its backward as autograd forms it
-    for :math:`e^t\cdot t`: :math:`U e^t + (U t) e^t` (the product's two factors)."""
-    t = logp - anchor
-    if not _within_exp_bound(t):
-        return None
-    e = torch.exp(t)
-    value, keep = _clamp_keep(e * t, mf, clamp)
-    e_k = e * keep
-    return value, lambda u: (u * e_k) + ((u * t) * e_k)
-
-
-def _rpg_urkl_vb(
-    logp: Tensor, anchor: Tensor, mf: Tensor, clamp: float | None
-) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
-    r""":func:`rpg_urkl` :math:`e^t (t - 1) + 1` and its backward as autograd forms it:
-    :math:`U e^t + (U (t - 1)) e^t`."""
-    t = logp - anchor
-    if not _within_exp_bound(t):
-        return None
-    e = torch.exp(t)
-    tm1 = t - 1.0
-    value, keep = _clamp_keep(e * tm1 + 1.0, mf, clamp)
-    e_k = e * keep
-    return value, lambda u: (u * e_k) + ((u * tm1) * e_k)
-
-
-def _rpg_ufkl_vb(
-    logp: Tensor, anchor: Tensor, mf: Tensor, clamp: float | None
-) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
-    r""":func:`rpg_ufkl` :math:`\mathrm{expm1}(t) - t` and its backward as autograd forms it:
-    :math:`U (\mathrm{expm1}(t) + 1) - U`."""
-    t = logp - anchor
-    if not _within_exp_bound(t):
-        return None
-    em = torch.expm1(t)
-    value, keep = _clamp_keep(em - t, mf, clamp)
-    em1_k = (em + 1.0) * keep
-    return value, lambda u: (u * em1_k) - (u * keep)
-
-
-def _rpg_fkl_vg(logp: Tensor, anchor: Tensor, clamp: float | None) -> tuple[Tensor, Tensor]:
-    """:func:`rpg_fkl` and its derivative -1 (0 where the clamp binds)."""
-    return _clamp_with_grad(anchor - logp, torch.full_like(logp, -1.0), clamp)
-
-
-def _k3_is_vb(
-    logp: Tensor, anchor_logp: Tensor, old_logp: Tensor | None, mf: Tensor, clamp: float | None
-) -> tuple[Tensor, Callable[[Tensor], Tensor]] | None:
-    r""":func:`kl_k3_is` :math:`W K` (:math:`W = e^s`, :math:`s = l - o`; :math:`K` = k3 of
-    :math:`t = r - l`) and its backward as autograd forms it for the product:
-    :math:`(U K) W - \big((U W) (\mathrm{expm1}(t) + 1) + (-(U W))\big)`."""
-    s = logp - (logp if old_logp is None else old_logp)
-    t = anchor_logp - logp
-    if not (_within_exp_bound(s) and _within_exp_bound(t)):
-        return None
-    w = torch.exp(s)
-    em = torch.expm1(t)
-    k, keep = _clamp_keep(em - t, mf, clamp)
-    w_m = w * mf
-    w_k = w_m if keep is mf else w * keep  # no clamp: keep is the mask itself, the same bits
-    em1 = em.add_(1.0)  # em is not read again (k is a new tensor)
-
-    def backward(u: Tensor) -> Tensor:
-        # a + (-b) is a - b in IEEE arithmetic (signed zeros included), so the same bits
-        # with the fresh products updated in place
-        v = u * w_k
-        return (u * k).mul_(w_m).sub_((v * em1).sub_(v))
-
-    return w * k, backward
+#: constructor arguments of the hand-derivative layer, accepted and ignored (autograd forms
+#: every gradient now)
+_RETIRED = ("value_and_grad", "value_and_backward", "zero_at_zero")
 
 
 class Regularizer:
     """A named per-token regularizer: ``reg(logp=, old_logp=None, anchor_logp=None, mask=None)
-    -> [B, T]`` (keyword arguments only).
+    -> [B, T]``, the ``formula(l, r, o)`` on the compute dtype with masked inputs set to 0 and
+    masked values 0; gradients come from autograd.
 
-    ``anchor_logp`` holds the log-probs of the anchor, which the caller picks (the objective's
-    ``anchor``: the frozen reference, or the rollout policy as in RPG); the regularizer has no
-    anchor of its own. Attributes: ``name``; ``needs_ref`` (the caller must pass ``anchor_logp``;
-    False for ``none``, so the trainer can skip the reference forward); ``params`` (the
-    construction parameters).
-
-    Capabilities, declared by the regularizer itself (a plugin declares them the same way):
-
-    * ``full``: its exact full-vocabulary form, used by ``estimator: full``
-      (:mod:`gbmpo.objectives.estimators`): a separable potential h
-      (:class:`~gbmpo.objectives.potentials.Potential`: the divergence is
-      sum_v D_h(p_v, q_v)) or a :class:`~gbmpo.objectives.full_vocab.RowDivergence` (any
-      function of the two log-softmax rows); ``None``: no exact form (``full`` is refused);
-    * ``full_description``: that form as a formula (messages, docs);
-    * ``clampable``: whether it takes a ``clamp`` parameter (clipping its sampled value);
-    * ``zero_at_zero``: ``value_and_grad(0, 0)`` is exactly ``(0, 0)``, so the masked positions
-      (whose inputs are set to 0) need no multiplication by the mask afterwards;
-    * ``value_and_backward``: for a formula whose derivative autograd forms from the incoming
-      gradient in several products (so that one precomputed derivative would round
-      differently): ``(l, r, o, mf) -> (value, backward)`` with ``backward(U)`` forming
-      autograd's products, or ``None`` where it does not apply.
+    ``needs_ref``: the caller must pass ``anchor_logp`` (False for ``none``); ``params``: the
+    construction parameters; ``full``: its exact full-vocabulary form for ``estimator: full``
+    (a :class:`~gbmpo.objectives.potentials.Potential` or a
+    :class:`~gbmpo.objectives.full_vocab.RowDivergence`; ``None``: refused), described by
+    ``full_description``; ``clampable``: it takes a ``clamp`` parameter. The retired keywords
+    ``value_and_grad``, ``value_and_backward`` and ``zero_at_zero`` are ignored with a
+    DeprecationWarning.
     """
 
     def __init__(
@@ -496,93 +328,35 @@ class Regularizer:
         *,
         needs_ref: bool = True,
         params: Mapping[str, Any] | None = None,
-        value_and_grad: ValueAndGrad | None = None,
         full: Any = None,
         full_description: str | None = None,
         clampable: bool = False,
-        zero_at_zero: bool = False,
-        value_and_backward: ValueAndBackward | None = None,
+        **retired: Any,
     ) -> None:
+        unknown = sorted(set(retired) - set(_RETIRED))
+        if unknown:
+            raise TypeError(f"Regularizer() got unexpected keyword arguments: {unknown}")
+        if retired:
+            warnings.warn(
+                f"regularizer {name!r}: {', '.join(sorted(retired))} no longer used (autograd "
+                "forms every gradient); drop the argument",
+                DeprecationWarning,
+                stacklevel=2,
+            )
         self.name = name
         self._formula = formula
         self.needs_ref = needs_ref
         self.params = dict(params or {})
-        self._value_and_grad = value_and_grad
         self.full = full
         self.full_description = (
             full_description if full_description is not None
             else getattr(full, "description", None) if full is not None else None
         )
         self.clampable = clampable
-        self.zero_at_zero = zero_at_zero
-        self._value_and_backward = value_and_backward
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.params.items())
         return f"Regularizer({self.name!r}{', ' if args else ''}{args})"
-
-    def _inputs(
-        self, logp: Tensor, old_logp: Tensor | None, anchor_logp: Tensor | None, mask: Tensor | None
-    ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """``(logp, anchor, old)`` in the compute dtype after the shape checks."""
-        if anchor_logp is None:
-            raise ValueError(f"regularizer {self.name!r} needs anchor_logp (got None)")
-        tensors = {"anchor_logp": anchor_logp}
-        if old_logp is not None:
-            tensors["old_logp"] = old_logp
-        if mask is not None:
-            tensors["mask"] = mask
-        for key, t in tensors.items():
-            if t.shape != logp.shape:
-                raise ValueError(
-                    f"regularizer {self.name!r}: {key} has shape {tuple(t.shape)} but logp has "
-                    f"shape {tuple(logp.shape)}"
-                )
-        dtype = compute_dtype(logp)
-        old = None if old_logp is None else old_logp.to(dtype)
-        return logp.to(dtype), anchor_logp.to(dtype), old
-
-    def known_gradient(
-        self,
-        *,
-        logp: Tensor,
-        old_logp: Tensor | None = None,
-        anchor_logp: Tensor | None = None,
-        mask: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor | Callable[[Tensor], Tensor]] | None:
-        """``(x, value, grad)``: the per-token values ``[B, T]`` computed without autograd (0
-        where masked) and their derivative in ``x`` (``logp`` in the compute dtype; 0 where
-        masked), when the regularizer has a closed-form derivative (``value_and_grad``) and the
-        anchor and old log-probs are constants; ``None`` otherwise (the values then need
-        autograd: call the regularizer). With ``value_and_backward``, ``grad`` is the function
-        of the incoming gradient that forms the derivative (see the class doc)."""
-        if not self.needs_ref:  # ``none``: 0, with derivative 0
-            zeros = torch.zeros(logp.shape, dtype=compute_dtype(logp), device=logp.device)
-            return logp.to(zeros.dtype), zeros, zeros
-        if self._value_and_grad is None and self._value_and_backward is None:
-            return None
-        lp, an, old = self._inputs(logp, old_logp, anchor_logp, mask)
-        if an.requires_grad or (old is not None and old.requires_grad):
-            return None
-        if self._value_and_grad is None:
-            assert self._value_and_backward is not None
-            with torch.no_grad():
-                mf = (torch.ones_like(lp) if mask is None else mask.to(lp.dtype)).detach()
-                x, an = masked(lp.detach(), mf), masked(an, mf)
-                old = None if old is None else masked(old, mf)
-                vb = self._value_and_backward(x, an, old, mf)
-            return None if vb is None else (lp, vb[0], vb[1])
-        with torch.no_grad():
-            # float-mask arithmetic (much faster than torch.where on CPU), then the formula's
-            # value with its derivative
-            x = lp.detach()
-            if mask is not None:
-                mf = mask.to(lp.dtype)
-                x, an = masked(x, mf), masked(an, mf)
-            out, g = self._value_and_grad(x, an, None)  # the fused built-ins read l and r only
-            if mask is not None and not self.zero_at_zero:
-                out, g = masked(out, mf), g * mf
-        return lp, out, g
 
     def __call__(
         self,
@@ -592,21 +366,26 @@ class Regularizer:
         anchor_logp: Tensor | None = None,
         mask: Tensor | None = None,
     ) -> Tensor:
+        dtype = compute_dtype(logp)
         if not self.needs_ref:  # ``none``: no anchor to compare with
-            return torch.zeros(logp.shape, dtype=compute_dtype(logp), device=logp.device)
-        known = self.known_gradient(logp=logp, old_logp=old_logp, anchor_logp=anchor_logp,
-                                    mask=mask)  # fmt: skip
-        if known is not None:  # the value with its derivative attached: one multiply backward
-            return attach(*known)  # type: ignore[arg-type]
-        lp, an, old = self._inputs(logp, old_logp, anchor_logp, mask)
-        keep = None
-        if mask is not None:
-            keep = mask.to(torch.bool)
-            lp = torch.where(keep, lp, 0.0)
-            an = torch.where(keep, an, 0.0)
-            old = None if old is None else torch.where(keep, old, 0.0)
-        out = self._formula(lp, an, old)
-        return out if keep is None else torch.where(keep, out, 0.0)
+            return torch.zeros(logp.shape, dtype=dtype, device=logp.device)
+        if anchor_logp is None:
+            raise ValueError(f"regularizer {self.name!r} needs anchor_logp (got None)")
+        given = {"anchor_logp": anchor_logp, "old_logp": old_logp, "mask": mask}
+        for key, t in given.items():
+            if t is not None and t.shape != logp.shape:
+                raise ValueError(
+                    f"regularizer {self.name!r}: {key} has shape {tuple(t.shape)} but logp has "
+                    f"shape {tuple(logp.shape)}"
+                )
+        lp, an = logp.to(dtype), anchor_logp.to(dtype)
+        old = None if old_logp is None else old_logp.to(dtype)
+        if mask is None:
+            return self._formula(lp, an, old)
+        keep = mask.to(torch.bool)
+        lp, an = torch.where(keep, lp, 0.0), torch.where(keep, an, 0.0)
+        old = None if old is None else torch.where(keep, old, 0.0)
+        return torch.where(keep, self._formula(lp, an, old), 0.0)
 
 
 #: built-ins plus plugins of the ``gbmpo.regularizers`` entry-point group (factories returning a
@@ -637,75 +416,58 @@ _KL_FULL = "KL(pi_theta || pi_ref) = sum_v p_v log(p_v / q_v)"
 
 @REGULARIZERS.register("kl_k1")
 def _make_k1() -> Regularizer:
-    return Regularizer(
-        "kl_k1", lambda l, r, o: kl_k1(l, r), value_and_grad=lambda l, r, o: _k1_vg(l, r),
-        full=NegEntropy(), full_description=_KL_FULL,
-    )  # fmt: skip
+    return Regularizer("kl_k1", lambda l, r, o: kl_k1(l, r), full=NegEntropy(),
+                       full_description=_KL_FULL)  # fmt: skip
 
 
 @REGULARIZERS.register("kl_k2")
 def _make_k2() -> Regularizer:
-    return Regularizer(
-        "kl_k2", lambda l, r, o: kl_k2(l, r), value_and_grad=lambda l, r, o: _k2_vg(l, r),
-        full=NegEntropy(), full_description=_KL_FULL, zero_at_zero=True,
-    )  # fmt: skip
+    return Regularizer("kl_k2", lambda l, r, o: kl_k2(l, r), full=NegEntropy(),
+                       full_description=_KL_FULL)  # fmt: skip
 
 
-@REGULARIZERS.register("kl_k3")
-def _make_k3(clamp: float | None = None) -> Regularizer:
-    c = _check_clamp("kl_k3", clamp)
-    return Regularizer(
-        "kl_k3",
-        lambda l, r, o: kl_k3(l, r, c),
-        params={"clamp": c},
-        value_and_grad=lambda l, r, o: _k3_vg(l, r, c),
-        full=NegEntropy(), full_description=_KL_FULL, clampable=True, zero_at_zero=True,
-    )  # fmt: skip
+def _clampable(name: str, fn: Callable[..., Tensor], uses_old: bool = False) -> None:
+    """Register ``name``: ``fn(l, r[, o], clamp)`` with a checked ``clamp`` parameter."""
+
+    def make(clamp: float | None = None) -> Regularizer:
+        c = _check_clamp(name, clamp)
+        formula: Formula = ((lambda l, r, o: fn(l, r, o, c)) if uses_old
+                            else (lambda l, r, o: fn(l, r, c)))  # fmt: skip
+        full = {"full": NegEntropy(), "full_description": _KL_FULL} if name.startswith("kl") \
+            else {}  # fmt: skip
+        return Regularizer(name, formula, params={"clamp": c}, clampable=True, **full)
+
+    make.__doc__ = f"{name}: {fn.__doc__}"
+    if name.startswith("rpg_"):
+        make.__doc__ += (
+            "\nThe anchor is ``anchor_logp``: the objective's ``anchor: old`` passes the rollout "
+            "log-probs there (RPG's iterative reference), ``anchor: ref`` the frozen reference's."
+        )
+    REGULARIZERS.register(name, make)
 
 
-@REGULARIZERS.register("kl_k3_is")
-def _make_k3_is(clamp: float | None = None) -> Regularizer:
-    c = _check_clamp("kl_k3_is", clamp)
-    return Regularizer(
-        "kl_k3_is", lambda l, r, o: kl_k3_is(l, r, o, c), params={"clamp": c},
-        full=NegEntropy(), full_description=_KL_FULL, clampable=True,
-        value_and_backward=lambda l, r, o, mf: _k3_is_vb(l, r, o, mf, c),
-    )  # fmt: skip
+_clampable("kl_k3", kl_k3)
+_clampable("kl_k3_is", kl_k3_is, uses_old=True)
 
 
 @REGULARIZERS.register("kl_k1_st")
 def _make_k1_st() -> Regularizer:
-    return Regularizer(
-        "kl_k1_st", lambda l, r, o: kl_k1_st(l, r),
-        value_and_grad=lambda l, r, o: (kl_k1(l, r), l - r),
-        full=NegEntropy(), full_description=_KL_FULL, zero_at_zero=True,
-    )  # fmt: skip
+    return Regularizer("kl_k1_st", lambda l, r, o: kl_k1_st(l, r), full=NegEntropy(),
+                       full_description=_KL_FULL)  # fmt: skip
 
 
-@REGULARIZERS.register("kl_k3_st")
-def _make_k3_st(clamp: float | None = None) -> Regularizer:
-    c = _check_clamp("kl_k3_st", clamp)
-    return Regularizer(
-        "kl_k3_st", lambda l, r, o: kl_k3_st(l, r, c), params={"clamp": c},
-        value_and_grad=lambda l, r, o: (kl_k3(l, r, c), l - r),
-        full=NegEntropy(), full_description=_KL_FULL, clampable=True, zero_at_zero=True,
-    )  # fmt: skip
+_clampable("kl_k3_st", kl_k3_st)
 
 
 @REGULARIZERS.register("prob_l2")
 def _make_prob_l2() -> Regularizer:
-    return Regularizer(
-        "prob_l2", lambda l, r, o: prob_l2(l, r), value_and_grad=lambda l, r, o: _prob_l2_vg(l, r),
-        full=Square(), full_description="sum_v (p_v - q_v)^2", zero_at_zero=True,
-    )  # fmt: skip
+    return Regularizer("prob_l2", lambda l, r, o: prob_l2(l, r), full=Square(),
+                       full_description="sum_v (p_v - q_v)^2")  # fmt: skip
 
 
 @REGULARIZERS.register("log_l2")
 def _make_log_l2() -> Regularizer:
-    return Regularizer(
-        "log_l2", lambda l, r, o: log_l2(l, r), value_and_grad=lambda l, r, o: _log_l2_vg(l, r),
-        zero_at_zero=True,
-    )
+    return Regularizer("log_l2", lambda l, r, o: log_l2(l, r))
 
 
 @REGULARIZERS.register("neural_mirror")
@@ -722,50 +484,19 @@ def _make_neural_mirror(
         raise ValueError(f"neural_mirror evaluation must be 'exact' or 'table', got {evaluation!r}")
     return Regularizer(
         "neural_mirror", lambda l, r, o: mirror_bregman(l, r, m), params={"mirror": m},
-        value_and_grad=lambda l, r, o: m.bregman_log_and_grad(l, r),
         full=m, full_description="sum_v D_h(p_v, q_v) with the map's h",
     )  # fmt: skip
 
 
-#: the RPG forms' value with their derivative (``rpg_fkl``) or autograd's backward (the others)
-_RPG_FUSED: dict[str, dict[str, Callable[..., Any]]] = {
-    "rpg_fkl": {"value_and_grad": _rpg_fkl_vg},
-    "rpg_rkl": {"value_and_backward": _rpg_rkl_vb},
-    "rpg_ufkl": {"value_and_backward": _rpg_ufkl_vb},
-    "rpg_urkl": {"value_and_backward": _rpg_urkl_vb},
-}
-
-
 def _default_evaluation(m: NeuralMirrorMap) -> NeuralMirrorMap:
-    """The default ``evaluation``: the map's table (:meth:`NeuralMirrorMap.tabulated`, relative
-    error <= 1e-6 of D_h and its gradient, measured at build), or, for a map whose table misses
-    that bound, the exact map with a warning (``evaluation: table`` raises instead)."""
+    """The default ``evaluation``: the map's table (relative error <= 1e-6 of D_h and its
+    gradient, measured at build), or the exact map with a warning for a map whose table misses
+    that bound (``evaluation: table`` raises instead)."""
     try:
         return m.tabulated()
     except ValueError as e:
         warnings.warn(f"neural_mirror: {e}; evaluating the exact map", stacklevel=3)
         return m
-
-
-def _rpg_factory(name: str, fn: Callable[..., Tensor]) -> Callable[..., Regularizer]:
-    def make(clamp: float | None = None) -> Regularizer:
-        c = _check_clamp(name, clamp)
-        fused: dict[str, Any] = {}
-        if "value_and_grad" in _RPG_FUSED[name]:
-            vg = _RPG_FUSED[name]["value_and_grad"]
-            fused["value_and_grad"] = lambda l, r, o: vg(l, r, c)
-        else:
-            vb = _RPG_FUSED[name]["value_and_backward"]
-            fused["value_and_backward"] = lambda l, r, o, mf: vb(l, r, mf, c)
-        return Regularizer(name, lambda l, r, o: fn(l, r, c), params={"clamp": c},
-                           clampable=True, **fused)  # fmt: skip
-
-    make.__doc__ = (
-        f"{name}: {fn.__doc__}\nThe anchor is ``anchor_logp``: the objective's ``anchor: old`` "
-        "passes the rollout log-probs there (RPG's iterative reference), ``anchor: ref`` the "
-        "frozen reference's. ``clamp`` clips the value."
-    )
-    return make
 
 
 for _name, _fn in (
@@ -774,7 +505,7 @@ for _name, _fn in (
     ("rpg_ufkl", rpg_ufkl),
     ("rpg_urkl", rpg_urkl),
 ):
-    REGULARIZERS.register(_name, _rpg_factory(_name, _fn))
+    _clampable(_name, _fn)
 
 
 def get_regularizer(name: str, **params: Any) -> Regularizer:

@@ -1,24 +1,20 @@
-"""Shared tensor plumbing of the objectives: mask checks, masking, the masked mean and values
-with a known elementwise derivative.
+"""Shared tensor plumbing of the objectives: the compute dtype, mask checks, masking and the
+masked mean.
 
 Surrogates, regularizers and the loss all take a ``[B, T]`` {0, 1} completion mask; the
 helpers here check it once (:func:`float_mask`), zero padded positions whatever they hold
-(:func:`masked`), average over valid tokens (:func:`masked_mean`) and attach a precomputed
-derivative to a value (:func:`attach`, one multiplication in the backward).
+(:func:`masked`) and average over valid tokens (:func:`masked_mean`).
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = [
-    "attach",
     "check_mask",
     "compute_dtype",
     "float_mask",
@@ -113,44 +109,3 @@ def masked_mean(x: Tensor, mask: Tensor) -> Tensor:
     NaN and inf included (:func:`masked`)."""
     mf = mask.to(torch.float32)
     return masked(x.detach().to(torch.float32), mf).sum() / mf.sum().clamp_min(1.0)
-
-
-class _KnownGradient(torch.autograd.Function):
-    """``value`` (computed without autograd) as a function of ``x`` whose elementwise derivative
-    ``g = d value / d x`` is known: the backward is one multiplication, ``grad * g``. The fused
-    surrogates build value and derivative in one elementwise pass (no graph of intermediates)."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, value: Tensor, g: Tensor) -> Tensor:
-        ctx.save_for_backward(g)
-        return value
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        (g,) = ctx.saved_tensors
-        return grad * g, None, None
-
-
-class _KnownBackward(torch.autograd.Function):
-    """``value`` as a function of ``x`` whose backward is ``backward(grad)``, a function that
-    forms autograd's products for the plain formula from the incoming gradient."""
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, value: Tensor, backward: Any) -> Tensor:
-        ctx.backward_fn = backward
-        return value
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        return ctx.backward_fn(grad), None, None
-
-
-def attach(x: Tensor, value: Tensor, g: Tensor | Callable[[Tensor], Tensor]) -> Tensor:
-    """``value`` with derivative ``g`` with respect to ``x`` (plain ``value`` when no gradient
-    is being recorded); ``g`` may be a function of the incoming gradient instead
-    (the backward is then ``g(grad)``)."""
-    if torch.is_grad_enabled() and x.requires_grad:
-        fn = _KnownBackward if callable(g) else _KnownGradient
-        out: Tensor = fn.apply(x, value, g)
-        return out
-    return value

@@ -18,9 +18,6 @@ takes an import path ``module:function`` (see :mod:`gbmpo.rewards.resolve`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from gbmpo.registry import Registry
 from gbmpo.rewards.code import (
     build_program,
     code_all_pass,
@@ -31,23 +28,13 @@ from gbmpo.rewards.code import (
     make_code_reward,
 )
 from gbmpo.rewards.math import extract_answer, math_reward, math_reward_fn, parse_number
-
-RewardFn = Callable[..., list[float | None]]
-
-#: ``name -> fn(prompts, completions, **columns) -> list[float | None]``
-REWARDS: Registry[RewardFn] = Registry("reward", entry_point_group="gbmpo.rewards")
-REWARDS.register("math", math_reward_fn)
-REWARDS.register("code_pass_fraction", code_pass_fraction)
-REWARDS.register("code_all_pass", code_all_pass)
-REWARDS.register("code_shaped", code_shaped)
-
-from gbmpo.rewards.resolve import (  # noqa: E402 - needs REWARDS defined
+from gbmpo.rewards.resolve import (
     REWARD_ALIASES,
+    REWARDS,
+    RewardFn,
     exact_match_reward,
     resolve_reward,
 )
-
-REWARDS.register("exact", exact_match_reward)
 
 
 def get_reward(name: str) -> RewardFn:

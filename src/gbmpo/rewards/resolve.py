@@ -29,11 +29,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gbmpo.registry import UnknownNameError
-from gbmpo.rewards.math import _completion_text
+from gbmpo.registry import Registry, UnknownNameError
+from gbmpo.rewards.code import code_all_pass, code_pass_fraction, code_shaped
+from gbmpo.rewards.math import _completion_text, math_reward_fn
 
-__all__ = ["REWARD_ALIASES", "exact_match_reward", "final_answer_text", "resolve_reward",
-           "reward_spec_name"]
+__all__ = ["REWARDS", "REWARD_ALIASES", "RewardFn", "exact_match_reward", "final_answer_text",
+           "resolve_reward", "reward_spec_name"]
+
+RewardFn = Callable[..., list[float | None]]
+
+#: ``name -> fn(prompts, completions, **columns) -> list[float | None]``
+REWARDS: Registry[RewardFn] = Registry("reward", entry_point_group="gbmpo.rewards")
+REWARDS.register("math", math_reward_fn)
+REWARDS.register("code_pass_fraction", code_pass_fraction)
+REWARDS.register("code_all_pass", code_all_pass)
+REWARDS.register("code_shaped", code_shaped)
 
 #: short names accepted where a reward is chosen by name
 REWARD_ALIASES: dict[str, str] = {"code": "code_pass_fraction"}
@@ -71,6 +81,9 @@ def exact_match_reward(
 #: reward workers run ``compute_score`` in a thread pool) would otherwise see the module in
 #: ``sys.modules`` before its body has run, without its functions
 _FILE_LOCK = threading.RLock()
+
+
+REWARDS.register("exact", exact_match_reward)
 
 
 def _load_file_module(path: Path) -> Any:
@@ -114,9 +127,6 @@ def _from_import_path(spec: str) -> Callable[..., Any]:
 
 def resolve_reward(spec: str | Callable[..., Any]) -> Callable[..., Any]:
     """The reward function that ``spec`` names (see the module docstring)."""
-    # cycle: gbmpo.rewards (which defines REWARDS) imports this module
-    from gbmpo.rewards import REWARDS
-
     if callable(spec):
         return spec
     if not isinstance(spec, str) or not spec.strip():

@@ -1,24 +1,21 @@
 """The surrogates' shared parts: the :class:`Surrogate` call signature, the registry
 :data:`SURROGATES`, the ratio-clip formula (:func:`ppo_clip_loss`) and the plumbing every
-surrogate uses (input checks, masking, the fused value-and-derivative pass, diagnostics,
-parameter checks). The surrogates themselves are in the sibling modules."""
+surrogate uses (input checks, masking, diagnostics, parameter checks). The surrogates
+themselves are in the sibling modules; gradients come from autograd."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from gbmpo.objectives.tensors import attach, check_mask, compute_dtype, float_mask, masked
+from gbmpo.objectives.tensors import check_mask, compute_dtype
 from gbmpo.registry import Registry
 
 __all__ = [
     "SURROGATES",
-    "KnownGradient",
-    "KnownGradientSurrogate",
     "Surrogate",
     "ppo_clip_loss",
     "sequence_log_ratio",
@@ -32,46 +29,6 @@ class Surrogate(Protocol):
     def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]: ...
-
-
-class KnownGradient(NamedTuple):
-    r"""A per-token loss computed without autograd, with its elementwise derivative:
-    ``value`` ``[B, T]`` (0 where masked) is a function of ``x`` (the policy log-probs in the
-    compute dtype, the tensor the gradient flows to) with
-    :math:`\partial\,\mathrm{value}_{i,t} / \partial x_{i,t} = \mathrm{grad}_{i,t}` (0 where
-    masked), and the surrogate's diagnostics. :func:`gbmpo.objectives.compute_policy_loss`
-    folds it with the regularizers' and the aggregation's derivatives into one backward node."""
-
-    x: Tensor
-    value: Tensor
-    grad: Tensor | Callable[[Tensor], Tensor]
-    diag: dict[str, Tensor]
-
-
-class KnownGradientSurrogate:
-    """Base of the surrogates whose per-token derivative in :math:`\\log\\pi_\theta` is known in
-    closed form: they implement :meth:`known_gradient`; calling them attaches that derivative
-    to the value (one multiplication in the backward, :func:`gbmpo.objectives.tensors.attach`)."""
-
-    def known_gradient(
-        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient | None:
-        """The loss with its derivative (``grad``: per-token values, or a function of the
-        incoming gradient that forms autograd's products), or ``None`` where the surrogate
-        goes through autograd for these parameters (its ``reference`` form)."""
-        raise NotImplementedError
-
-    def __call__(
-        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        k = self.known_gradient(logp=logp, old_logp=old_logp, advantages=advantages, mask=mask)
-        if k is None:
-            ref = self.reference  # type: ignore[attr-defined]
-            out: tuple[Tensor, dict[str, Tensor]] = ref(
-                logp=logp, old_logp=old_logp, advantages=advantages, mask=mask
-            )
-            return out
-        return attach(k.x, k.value, k.grad), k.diag
 
 
 #: Registry of surrogate classes; instantiate through :func:`get_surrogate`.
@@ -124,13 +81,7 @@ def sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
 
 
 
-def _fcmp(op: Callable[..., Tensor], a: Tensor, b: Tensor | float) -> Tensor:
-    """Comparison ``op(a, b)`` as a {0, 1} tensor of ``a``'s dtype, written straight into a
-    float buffer (as fast as a multiplication; a bool result plus a cast costs ~10x more)."""
-    return op(a, b, out=torch.empty_like(a))
-
-
-def _prepare(
+def prepare_inputs(
     logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Validate shapes; return (logp, log_ratio, adv [B, T], mask bool) in the compute dtype.
@@ -165,71 +116,7 @@ def _prepare(
     return lp, log_ratio, adv, m
 
 
-def _prepare_fused(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, need_lp: bool = True
-) -> tuple[Tensor, Tensor | None, Tensor, Tensor, Tensor, Tensor]:
-    """:func:`_prepare` without autograd, for surrogates with an analytic per-token derivative:
-    ``(x, lp, log_ratio, adv, mf, inside)`` with ``x`` = ``logp`` in the compute dtype (the
-    tensor the gradient flows to), ``lp`` / ``log_ratio`` / ``adv`` detached, finite and 0 where
-    masked, ``mf`` the mask as {0, 1} floats and ``inside`` (float) the tokens whose log-ratio
-    is within the +-20 clamp (elsewhere the clamp passes no gradient, as in :func:`_prepare`).
-    Masked garbage (NaN, inf) never reaches a value or a gradient (:func:`_masked`). With
-    ``need_lp=False`` ``lp`` is not formed (``None``; the log-ratio is the same bits)."""
-    if logp.dim() != 2:
-        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
-    if tuple(old_logp.shape) != tuple(logp.shape):
-        raise ValueError(
-            f"old_logp shape {tuple(old_logp.shape)} != logp shape {tuple(logp.shape)}"
-        )
-    dt = compute_dtype(logp)
-    mf = float_mask(mask, logp.shape, dt)
-    x = logp.to(dt)
-    b, t = logp.shape
-    adv = advantages.detach().to(dt)
-    if adv.dim() == 1 and adv.shape[0] == b:
-        adv = adv.unsqueeze(-1)
-    elif not (adv.dim() == 2 and adv.shape[0] == b and adv.shape[1] in (1, t)):
-        raise ValueError(
-            f"advantages must be [B]={b} or [B, T]=[{b}, {t}], got shape {tuple(adv.shape)}"
-        )
-    with torch.no_grad():
-        lp = masked(x.detach(), mf) if need_lp else None
-        # at a valid token lp is x itself, so lp - old and x - old are the same bits
-        raw = masked((x.detach() if lp is None else lp) - old_logp.detach().to(dt), mf)
-        log_ratio = raw.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-        # |raw| <= 20 exactly where the clamp leaves raw unchanged (NaN: neither)
-        inside = _fcmp(torch.eq, log_ratio, raw)
-        adv = masked(adv, mf)
-    return x, lp, log_ratio, adv, mf, inside
-
-
-def _fdiag(
-    w: Tensor, mf: Tensor, low: Tensor | None, high: Tensor | None, dual: Tensor | None
-) -> dict[str, Tensor]:
-    """:func:`_diagnostics` from {0, 1} float tensors that are already 0 where masked (``w`` is
-    1 there), with float arithmetic only."""
-    w = w.to(torch.float32)
-    mf = mf.to(torch.float32)
-    n = mf.sum()
-    denom = n.clamp_min(1.0)
-    zero = torch.zeros((), dtype=torch.float32, device=w.device)
-
-    def frac(hit: Tensor | None) -> Tensor:
-        return zero if hit is None else hit.to(torch.float32).sum() / denom
-
-    wm = w * mf
-    rmin = torch.add(wm, 1.0 - mf, alpha=3e38).amin()  # wm where valid, 3e38 where masked
-    return {
-        "clip_frac_low": frac(low),
-        "clip_frac_high": frac(high),
-        "clip_frac_dual": frac(dual),
-        "ratio_mean": wm.sum() / denom,
-        "ratio_min": torch.where(n > 0, rmin, zero),
-        "ratio_max": wm.amax() if w.numel() else zero,
-    }
-
-
-def _diagnostics(
+def clip_diagnostics(
     ratio: Tensor, m: Tensor, low: Tensor, high: Tensor, dual: Tensor | None
 ) -> dict[str, Tensor]:
     """Masked means of the bool masks ``low`` / ``high`` / ``dual`` and the ratio's masked
@@ -257,7 +144,7 @@ def _diagnostics(
         }
 
 
-def _masked_clip_loss(
+def masked_clip_loss(
     ratio: Tensor,
     adv: Tensor,
     m: Tensor,
@@ -266,9 +153,8 @@ def _masked_clip_loss(
     dual_clip_c: float | None,
     ratio_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics, through
-    autograd (the reference form of :func:`_fused_clip_loss`); ``low`` / ``high`` may be
-    per-token tensors of ``ratio``'s shape."""
+    """:func:`ppo_clip_loss` zeroed at masked positions, with its clip diagnostics; ``low`` /
+    ``high`` may be per-token tensors of ``ratio``'s shape."""
     loss = ppo_clip_loss(ratio, adv, low, high, dual_clip_c, ratio_cap)
     loss = torch.where(m, loss, torch.zeros_like(loss))
     r = ratio.detach()
@@ -278,76 +164,7 @@ def _masked_clip_loss(
     if dual_clip_c is not None:
         ru = r if ratio_cap is None else r.clamp(max=ratio_cap)
         dual = (adv < 0) & (ru > dual_clip_c)
-    return loss, _diagnostics(r, m, hit_low, hit_high, dual)
-
-
-def _min_grad(a: Tensor, b: Tensor, da: Tensor, db: Tensor) -> Tensor:
-    """Derivative of ``torch.minimum(a, b)`` as autograd takes it: ``da`` where ``a < b``,
-    ``db`` where ``b < a``, the mean of the two at a tie."""
-    return torch.where(a < b, da, torch.where(b < a, db, 0.5 * (da + db)))
-
-
-def _fused_clip_loss(
-    x: Tensor,
-    log_ratio: Tensor,
-    adv: Tensor,
-    mf: Tensor,
-    inside: Tensor,
-    low: float | Tensor,
-    high: float | Tensor,
-    dual_clip_c: float | None,
-    ratio_cap: float | None = None,
-) -> KnownGradient:
-    r""":func:`_masked_clip_loss` with its derivative in :math:`\log\pi_\theta` computed in the
-    same elementwise pass, float arithmetic only (inputs from :func:`_prepare_fused`), returned
-    as a :class:`KnownGradient` (attached to ``x`` by one multiplication in the backward instead
-    of a graph of a dozen nodes).
-
-    Same value, and the gradient as autograd takes it, ties included (the clip passes the
-    gradient on its closed interval, ``minimum`` splits it at a tie): with
-    :math:`u = wA` and :math:`c = \mathrm{clip}(w, l, h)A`, the derivative of
-    :math:`-\min(u, c)` is :math:`-Aw\,[u \le c]` (where :math:`c < u` the ratio is outside
-    :math:`[l, h]` and the clip passes nothing; a tie with :math:`A \ne 0` has :math:`w` in
-    :math:`[l, h]`, both halves pass). The dual clip :math:`\min(\ell, -cA)` for :math:`A < 0`
-    is :math:`\min(\ell, -c\min(A, 0))` (for :math:`A \ge 0`, :math:`\ell \le 0`); the TRL
-    cap :math:`\min(w, \rho_{\text{cap}})` takes the general tie rule."""
-    # the intermediates are fresh tensors of this call: updated in place where the operation
-    # is the same (a new buffer per operation costs more than the operation on CPU)
-    with torch.no_grad():
-        w = torch.exp(log_ratio)
-        a_w = adv * w  # d(w A) / d log pi
-        ca = w.clamp(low, high).mul_(adv)
-        if ratio_cap is None:
-            ua = a_w
-            factor = _fcmp(torch.le, ua, ca)
-        else:
-            unclipped = w.clamp(max=ratio_cap)
-            ua = unclipped * adv
-            u_pass = _fcmp(torch.le, w, ratio_cap)
-            c_pass = _fcmp(torch.ge, w, low) * _fcmp(torch.le, w, high)
-            lt, gt = _fcmp(torch.lt, ua, ca), _fcmp(torch.gt, ua, ca)
-            factor = lt * u_pass + gt * c_pass + (1.0 - lt - gt) * 0.5 * (u_pass + c_pass)
-        loss = torch.minimum(ua, ca).neg_()
-        dual = None
-        adv_neg = _fcmp(torch.lt, adv, 0.0)  # shared by the dual clip's and the low clip's count
-        if dual_clip_c is not None:
-            cap = adv.clamp(max=0.0).mul_(-dual_clip_c)
-            half = _fcmp(torch.le, loss, cap).add_(_fcmp(torch.lt, loss, cap)).mul_(0.5)
-            factor = factor.mul_(half)
-            loss = torch.minimum(loss, cap, out=loss)
-            unc = w if ratio_cap is None else w.clamp(max=ratio_cap)
-            dual = _fcmp(torch.gt, unc, dual_clip_c).mul_(adv_neg)
-        # adv and the log-ratio are 0 where masked, so loss and g are 0 there already (signed
-        # zeros aside): no multiplication by the mask; a_w (= ua) is not read again
-        g = a_w.mul_(factor).neg_().mul_(inside)
-        diag = _fdiag(
-            w,
-            mf,
-            _fcmp(torch.lt, w, low).mul_(adv_neg),
-            _fcmp(torch.gt, w, high).mul_(_fcmp(torch.gt, adv, 0.0)),
-            dual,
-        )
-    return KnownGradient(x, loss, g, diag)
+    return loss, clip_diagnostics(r, m, hit_low, hit_high, dual)
 
 
 def _eps_bounds(eps_low: float, eps_high: float | None) -> tuple[float, float]:

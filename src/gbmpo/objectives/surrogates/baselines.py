@@ -14,16 +14,11 @@ from torch import Tensor
 
 from gbmpo.objectives.surrogates.base import (
     SURROGATES,
-    KnownGradient,
-    KnownGradientSurrogate,
     _check_eps,
-    _diagnostics,
     _eps_bounds,
-    _fcmp,
-    _fdiag,
     _finite_number,
-    _prepare,
-    _prepare_fused,
+    clip_diagnostics,
+    prepare_inputs,
     sequence_log_ratio,
 )
 
@@ -117,15 +112,15 @@ def vespo_weight(
     return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _zero_diag(ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
+def _ratio_diag(ratio: Tensor, m: Tensor) -> dict[str, Tensor]:
     """Diagnostics of a surrogate without a clip: clip fractions 0, ratio statistics."""
     none = torch.zeros_like(m)
-    return _diagnostics(ratio, m, none, none, None)
+    return clip_diagnostics(ratio, m, none, none, None)
 
 
 @SURROGATES.register("cispo")
 @dataclass(frozen=True)
-class CISPOSurrogate(KnownGradientSurrogate):
+class CISPOSurrogate:
     r"""CISPO: clipped importance-sampling-weight policy optimization (MiniMax-M1,
     arXiv 2506.13585; docs/methods.md, section "Baseline surrogates"):
     :math:`\ell = -\mathrm{SG}(\mathrm{clip}(w, 1-\varepsilon_{\text{low}},
@@ -154,24 +149,21 @@ class CISPOSurrogate(KnownGradientSurrogate):
     def bounds(self) -> tuple[float, float]:
         return _eps_bounds(self.eps_low, self.eps_high)
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lp, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        with torch.no_grad():
-            ratio = torch.exp(log_ratio)
-            g = -(ratio.clamp(low, high) * adv)  # d loss / d log pi; 0 where masked (adv = 0)
-            loss = g * lp  # = cispo_loss(lp, ratio, adv, low, high)
-            diag = _fdiag(
-                ratio, m, _fcmp(torch.lt, ratio, low) * m, _fcmp(torch.gt, ratio, high) * m, None
-            )
-        return KnownGradient(x, loss, g, diag)
+        ratio = torch.exp(log_ratio)
+        loss = torch.where(m, cispo_loss(lp, ratio, adv, low, high), 0.0)
+        r = ratio.detach()
+        return loss, clip_diagnostics(r, m, r < low, r > high, None)
+
 
 
 @SURROGATES.register("sapo")
 @dataclass(frozen=True)
-class SAPOSurrogate(KnownGradientSurrogate):
+class SAPOSurrogate:
     r"""SAPO: soft adaptive policy optimization (arXiv 2511.20347; docs/methods.md,
     section "Baseline surrogates"): :math:`\ell = -f_\tau(w)\,A` with the sigmoid gate
     :math:`f_\tau(w) = \frac4\tau\sigma(\tau(w-1))` of :func:`sapo_gate`, token level, and
@@ -198,26 +190,20 @@ class SAPOSurrogate(KnownGradientSurrogate):
             if _finite_number(self.name, key, getattr(self, key)) <= 0:
                 raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(
-            logp, old_logp, advantages, mask, need_lp=False
-        )
-        with torch.no_grad():
-            ratio = torch.exp(log_ratio)
-            tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(ratio.dtype)
-            sig = torch.sigmoid(tau * (ratio - 1.0))
-            loss = -(sig * (4.0 / tau)) * adv  # -sapo_gate(w, tau) A; 0 where masked (adv = 0)
-            # d f_tau(w) / d log pi = 4 sigma (1 - sigma) w
-            g = -(4.0 * sig * (1.0 - sig) * ratio) * adv * inside
-            diag = _fdiag(ratio, m, None, None, None)
-        return KnownGradient(x, loss, g, diag)
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
+        ratio = torch.exp(log_ratio)
+        tau = torch.where(adv > 0, self.tau_pos, self.tau_neg).to(ratio.dtype)
+        loss = torch.where(m, -sapo_gate(ratio, tau) * adv, 0.0)
+        return loss, _ratio_diag(ratio, m)
+
 
 
 @SURROGATES.register("gmpo")
 @dataclass(frozen=True)
-class GMPOSurrogate(KnownGradientSurrogate):
+class GMPOSurrogate:
     r"""GMPO: geometric-mean policy optimization (arXiv 2507.20673; verl
     ``geo_mean``; docs/methods.md, section "Baseline surrogates"). The sequence ratio is the
     geometric mean of the token ratios clipped in log space on the side each token's advantage
@@ -252,54 +238,10 @@ class GMPOSurrogate(KnownGradientSurrogate):
             if _finite_number(self.name, key, getattr(self, key)) <= 0:
                 raise ValueError(f"{self.name}: {key} must be > 0, got {getattr(self, key)!r}")
 
-    def known_gradient(
-        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        r"""The loss and diagnostics of :meth:`reference`, without autograd, with a backward
-        that forms autograd's products for it from the incoming gradient :math:`U`: the
-        sequence sum :math:`S_i = \sum_t (-(U_{i,t} m_{i,t}))\,\bar A_i` (as the expand's
-        backward sums it), then :math:`S_i s_i / |o_i|` on every token whose clipped log-ratio
-        passes the gradient (the side its advantage pushes, within the clip and the +-20
-        clamp), 0 elsewhere."""
-        x, _, log_ratio, adv, m, inside = _prepare_fused(
-            logp, old_logp, advantages, mask, need_lp=False
-        )
-        with torch.no_grad():
-            pos_side = _fcmp(torch.gt, adv, 0.0)
-            neg_side = _fcmp(torch.lt, adv, 0.0)
-            # gmpo_clipped_log_ratio, by float masks (fresh buffers updated in place)
-            clipped = log_ratio.clamp(max=self.eps_high).mul_(pos_side).add_(
-                log_ratio.clamp(min=-self.eps_low).mul_(neg_side)
-            )
-            length = m.sum(-1, keepdim=True).clamp_min(1.0)
-            seq = clipped.mul_(m).sum(-1, keepdim=True) / length
-            ratio = torch.exp(seq)
-            adv_seq = (adv * m).sum(-1, keepdim=True) / length
-            loss = -(adv_seq * ratio) * m
-            passes = (
-                _fcmp(torch.le, log_ratio, self.eps_high).mul_(pos_side)
-                .add_(_fcmp(torch.ge, log_ratio, -self.eps_low).mul_(neg_side))
-                .mul_(inside)
-            )  # fmt: skip
-            hit = _fcmp(torch.gt, log_ratio, self.eps_high).add_(
-                _fcmp(torch.lt, log_ratio, -self.eps_low)
-            )
-            w_tok = ratio.expand_as(log_ratio)
-            low_hits = hit * neg_side
-            diag = _fdiag(w_tok, m, low_hits, hit.mul_(pos_side), None)
-
-        def backward(u: Tensor) -> Tensor:
-            total = (u * m).neg_().mul_(adv_seq).sum(-1, keepdim=True)
-            return ((total * ratio) / length) * passes
-
-        return KnownGradient(x, loss, backward, diag)
-
-    def reference(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """GMPO through autograd on its plain formula (the reference form of
-        :meth:`known_gradient`)."""
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        _, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
         clipped = gmpo_clipped_log_ratio(log_ratio, adv, self.eps_low, self.eps_high)
         seq = sequence_log_ratio(clipped, m)
         ratio = torch.exp(seq).expand_as(log_ratio)
@@ -309,13 +251,13 @@ class GMPOSurrogate(KnownGradientSurrogate):
         with torch.no_grad():
             lr = log_ratio.detach()
             hit = (lr > self.eps_high) | (lr < -self.eps_low)
-            diag = _diagnostics(ratio, m, hit & (adv < 0), hit & (adv > 0), None)
+            diag = clip_diagnostics(ratio, m, hit & (adv < 0), hit & (adv > 0), None)
         return loss, diag
 
 
 @SURROGATES.register("vespo")
 @dataclass(frozen=True)
-class VESPOSurrogate(KnownGradientSurrogate):
+class VESPOSurrogate:
     r"""VESPO: a smooth gamma weight of the sequence ratio instead of a clip (arXiv 2602.10693;
     TRL ``vespo``; docs/methods.md, section "Baseline surrogates"):
     :math:`\ell_{i,t} = -\mathrm{SG}(\phi(W_i))\,A\log\pi_\theta(o_{i,t})` with
@@ -345,23 +287,21 @@ class VESPOSurrogate(KnownGradientSurrogate):
             if _finite_number(self.name, key, getattr(self, key)) < 0:
                 raise ValueError(f"{self.name}: {key} must be >= 0, got {getattr(self, key)!r}")
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
-        with torch.no_grad():
-            seq = log_ratio.sum(-1, keepdim=True)  # masked log-ratios are 0
-            phi = vespo_weight(seq, adv, self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg)
-            g = -(phi * adv)  # d loss / d log pi; 0 where masked (adv = 0)
-            loss = g * lp
-            w_seq = torch.exp(seq.clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
-            diag = _fdiag(w_seq, m, None, None, None)
-        return KnownGradient(x, loss, g, diag)
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lp, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
+        seq = log_ratio.sum(-1, keepdim=True)  # masked log-ratios are 0
+        phi = vespo_weight(seq, adv, self.k_pos, self.lambda_pos, self.k_neg, self.lambda_neg)
+        loss = torch.where(m, -(phi * adv) * lp, 0.0)
+        w_seq = torch.exp(seq.detach().clamp(math.log(1e-8), 20.0)).expand_as(log_ratio)
+        return loss, _ratio_diag(w_seq, m)
+
 
 
 @SURROGATES.register("gpg")
 @dataclass(frozen=True)
-class GPGSurrogate(KnownGradientSurrogate):
+class GPGSurrogate:
     r"""GPG: group policy gradient, the plain REINFORCE surrogate without a ratio or a clip
     ("GPG: A Simple and Strong Reinforcement Learning Baseline", arXiv 2504.02546; verl 0.9.1
     ``policy_loss.loss_mode: gpg``; docs/methods.md, section "Baseline surrogates"):
@@ -380,20 +320,17 @@ class GPGSurrogate(KnownGradientSurrogate):
 
     name: ClassVar[str] = "gpg"
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
-        with torch.no_grad():
-            g = -adv  # 0 where masked (adv = 0)
-            loss = g * lp
-            diag = _fdiag(torch.exp(log_ratio), m, None, None, None)
-        return KnownGradient(x, loss, g, diag)
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lp, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
+        return torch.where(m, -adv * lp, 0.0), _ratio_diag(torch.exp(log_ratio), m)
+
 
 
 @SURROGATES.register("dro")
 @dataclass(frozen=True)
-class DROSurrogate(KnownGradientSurrogate):
+class DROSurrogate:
     r"""DRO: direct reward optimisation with a quadratic log-ratio penalty (Richemond et al.,
     "Offline Regularised Reinforcement Learning for Large Language Models Alignment", arXiv
     2405.19107; verl 0.9.1 ``policy_loss.loss_mode: dro`` with ``dro_beta``; docs/methods.md,
@@ -422,14 +359,11 @@ class DROSurrogate(KnownGradientSurrogate):
         if _finite_number(self.name, "beta", self.beta) <= 0:
             raise ValueError(f"{self.name}: beta must be > 0, got {self.beta!r}")
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
-        with torch.no_grad():
-            old = torch.where(m > 0, old_logp.detach().to(lp.dtype), 0.0)
-            raw = torch.where(m > 0, lp - old, 0.0)  # unclipped log-ratio, 0 where masked
-            loss = -(lp * adv - (0.5 * self.beta) * raw.square())
-            g = -adv + self.beta * raw
-            diag = _fdiag(torch.exp(log_ratio), m, None, None, None)
-        return KnownGradient(x, loss, g, diag)
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lp, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
+        old = torch.where(m, old_logp.detach().to(lp.dtype), 0.0)
+        raw = lp - old  # the log-ratio, not clipped (verl's is not); 0 where masked
+        loss = torch.where(m, -(lp * adv - (0.5 * self.beta) * raw.square()), 0.0)
+        return loss, _ratio_diag(torch.exp(log_ratio), m)

@@ -13,16 +13,10 @@ from torch import Tensor
 from gbmpo.objectives.surrogates.base import (
     _LOG_RATIO_CLAMP,
     SURROGATES,
-    KnownGradient,
-    KnownGradientSurrogate,
     _check_clip_params,
     _eps_bounds,
-    _fcmp,
-    _fdiag,
-    _fused_clip_loss,
-    _masked_clip_loss,
-    _prepare,
-    _prepare_fused,
+    masked_clip_loss,
+    prepare_inputs,
     sequence_log_ratio,
 )
 
@@ -53,7 +47,7 @@ def _init_ratio_clip(s: ClipSurrogate | GSPOSurrogate, delta: float | None) -> N
 
 @SURROGATES.register("clip")
 @dataclass(frozen=True)
-class ClipSurrogate(KnownGradientSurrogate):
+class ClipSurrogate:
     r"""Token-level ratio clip (PPO / GRPO; DAPO clip-higher, arXiv 2503.14476), optional dual
     clip (Ye et al. 2020) and optional ratio cap (TRL's ``delta``; INTELLECT-2 two-sided clip).
 
@@ -85,21 +79,19 @@ class ClipSurrogate(KnownGradientSurrogate):
     def bounds(self) -> tuple[float, float]:
         return _eps_bounds(self.eps_low, self.eps_high)
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(
-            logp, old_logp, advantages, mask, need_lp=False
-        )
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        return _fused_clip_loss(
-            x, log_ratio, adv, m, inside, low, high, self.dual_clip_c, self.ratio_cap
+        return masked_clip_loss(
+            torch.exp(log_ratio), adv, m, low, high, self.dual_clip_c, self.ratio_cap
         )
 
 
 @SURROGATES.register("gspo")
 @dataclass(frozen=True)
-class GSPOSurrogate(KnownGradientSurrogate):
+class GSPOSurrogate:
     r"""GSPO: the clip of :class:`ClipSurrogate` applied to the sequence ratio
     :math:`s_i = \exp(\frac{1}{|o_i|}\sum_t m_{i,t}\log w_{i,t})` (Zheng et al. 2025,
     arXiv 2507.18071; TRL ``importance_sampling_level="sequence"``; docs/methods.md, section
@@ -132,58 +124,11 @@ class GSPOSurrogate(KnownGradientSurrogate):
     def __post_init__(self, delta: float | None) -> None:
         _init_ratio_clip(self, delta)
 
-    def known_gradient(
-        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient | None:
-        r"""The loss and diagnostics of :meth:`reference` without autograd, with a backward that
-        forms autograd's products for it from the incoming gradient :math:`U`: the clip's
-        per-token derivative in the broadcast ratio (``minimum`` splits a tie in halves, the
-        clip passes on its closed interval), summed over the sequence as the expand's backward
-        sums it, then times :math:`s_i`, the +-20 clamps and :math:`1/|o_i|`. ``None`` (the
-        autograd form) with a dual clip or a ratio cap."""
-        if self.dual_clip_c is not None or self.ratio_cap is not None:
-            return None
-        x, _, log_ratio, adv, m, inside = _prepare_fused(
-            logp, old_logp, advantages, mask, need_lp=False
-        )
-        low, high = _eps_bounds(self.eps_low, self.eps_high)
-        with torch.no_grad():
-            length = m.sum(-1, keepdim=True).clamp_min(1.0)
-            raw_seq = (log_ratio * m).sum(-1, keepdim=True) / length
-            seq = raw_seq.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
-            seq_in = _fcmp(torch.eq, seq, raw_seq)  # the sequence clamp passes the gradient
-            ratio = torch.exp(seq)
-            w = ratio.expand_as(log_ratio)
-            # fresh buffers of this call updated in place: the same operations
-            a = w * adv
-            b = w.clamp(low, high).mul_(adv)
-            loss = torch.minimum(a, b).neg_().mul_(m)
-            tie = _fcmp(torch.eq, a, b).mul_(0.5)
-            fa = _fcmp(torch.lt, a, b).add_(tie)
-            clip_passes = _fcmp(torch.ge, w, low).mul_(_fcmp(torch.le, w, high))
-            fb = _fcmp(torch.gt, a, b).add_(tie).mul_(clip_passes)
-            pass_tok = m * inside
-            diag = _fdiag(
-                w, m,
-                _fcmp(torch.lt, w, low).mul_(_fcmp(torch.lt, adv, 0.0)),
-                _fcmp(torch.gt, w, high).mul_(_fcmp(torch.gt, adv, 0.0)),
-                None,
-            )  # fmt: skip
-
-        def backward(u: Tensor) -> Tensor:
-            g = (u * m).neg_()
-            total = (g * fa).mul_(adv).add_((g * fb).mul_(adv)).sum(-1, keepdim=True)
-            return (((total * ratio) * seq_in) / length) * pass_tok
-
-        return KnownGradient(x, loss, backward, diag)
-
-    def reference(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """GSPO through autograd on its plain formula (the reference form of
-        :meth:`known_gradient`)."""
-        _, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        _, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
         seq = sequence_log_ratio(log_ratio, m).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         ratio = torch.exp(seq).expand_as(log_ratio)
         low, high = _eps_bounds(self.eps_low, self.eps_high)
-        return _masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.ratio_cap)
+        return masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c, self.ratio_cap)

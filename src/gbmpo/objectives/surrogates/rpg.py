@@ -11,19 +11,14 @@ from torch import Tensor
 
 from gbmpo.objectives.surrogates.base import (
     SURROGATES,
-    KnownGradient,
-    KnownGradientSurrogate,
     _check_beta,
     _check_dual,
     _check_eps,
     _check_variant,
-    _diagnostics,
     _eps_bounds,
-    _fcmp,
-    _fdiag,
-    _fused_clip_loss,
-    _prepare,
-    _prepare_fused,
+    clip_diagnostics,
+    masked_clip_loss,
+    prepare_inputs,
 )
 
 __all__ = [
@@ -92,32 +87,18 @@ def rpg_reinforce_loss(
     high: float,
     c: float | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    r"""RPG-REINFORCE with RPG-Style Clip, per token (arXiv 2505.17508 Algorithm 2, §3.3).
+    r"""RPG-REINFORCE with RPG-Style Clip, per token (arXiv 2505.17508 Algorithm 2, §3.3):
+    :math:`L = (\tilde w A_R + C_{KL})\,\ell`, :math:`\ell = -\log\pi_\theta`, with
+    :math:`\tilde w = w` on the active branches and the bound the ratio crossed elsewhere (then
+    :math:`\ell` is stop-gradient): for :math:`wA_R + C_{KL} \ge 0` active while
+    :math:`w < h = 1+\epsilon_2`; otherwise active while :math:`l = 1-\epsilon_1 < w < c`
+    (the dual clip ``c``; None: none). :math:`w`, :math:`A_R`, :math:`C_{KL}` are constants.
 
-    With :math:`\ell = -\log\pi_\theta` (carries the gradient), :math:`A_R` the baseline-subtracted
-    advantage, :math:`w` the ratio, :math:`C_{KL}` from :func:`rpg_kl_component` (all of them
-    except :math:`\ell` stop-gradient), the effective advantage is
-    :math:`A' = A_R + C_{KL}/w` and :math:`\psi = A'\ell` (same sign as :math:`A'`, as
-    :math:`\ell > 0`). Branches, evaluated in this order:
-
-    1. :math:`A' \ge 0`, :math:`w < h = 1+\epsilon_2`: :math:`L = \psi w = (wA_R + C_{KL})\ell`
-       (active).
-    2. :math:`A' \ge 0`, :math:`w \ge h`: :math:`L = (hA_R + C_{KL})\,\mathrm{SG}(\ell)`
-       (constant, no gradient).
-    3. :math:`A' < 0`, :math:`w \le l = 1-\epsilon_1`: :math:`L = (lA_R + C_{KL})\,
-       \mathrm{SG}(\ell)` (constant).
-    4. :math:`A' < 0`, :math:`l < w < c`: :math:`L = (wA_R + C_{KL})\ell` (active).
-    5. :math:`A' < 0`, :math:`w \ge c`: :math:`L = (cA_R + C_{KL})\,\mathrm{SG}(\ell)`
-       (constant; dual clip, skipped when ``c`` is None).
-
-    The value is continuous in :math:`w`. In the active region
-    :math:`\nabla L = -(wA_R + C_{KL})\nabla\log\pi_\theta`, the REINFORCE weight of Table 2,
-    whose expectation equals the gradient of the fully differentiable Table 1 loss (Prop. 4.1).
-    The sign test uses :math:`wA_R + C_{KL}` (= :math:`wA'`, :math:`w>0`), which avoids the
-    division. Unlike the authors' unused ``clip_ppo`` code path, the branch is on :math:`A'`,
-    not on :math:`A_R` (paper form).
-
-    Returns ``(loss, clipped_low, clipped_high, clipped_dual)`` (the last three are bool masks).
+    The value is continuous in :math:`w`; the active gradient
+    :math:`-(wA_R + C_{KL})\nabla\log\pi_\theta` is Table 2's REINFORCE weight (Prop. 4.1:
+    unbiased for Table 1's loss). The branch is on :math:`A' = A_R + C_{KL}/w` (the paper's),
+    not on :math:`A_R` as the authors' unused ``clip_ppo`` code. Returns ``(loss,
+    clipped_low, clipped_high, clipped_dual)``, the last three bool masks.
     """
     w = ratio.detach()
     adv = adv.detach()
@@ -139,7 +120,7 @@ def rpg_reinforce_loss(
 
 @SURROGATES.register("rpg_clip")
 @dataclass(frozen=True)
-class RPGClipSurrogate(KnownGradientSurrogate):
+class RPGClipSurrogate:
     r"""RPG-Style Clip (arXiv 2505.17508 §3.3; docs/methods.md, section "RPG"
     :math:`L^{\text{RPG-Clip}}`):
 
@@ -182,22 +163,18 @@ class RPGClipSurrogate(KnownGradientSurrogate):
         _check_eps("rpg_clip", self.eps_low, self.eps_high)
         _check_dual("rpg_clip", "c", self.c)
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(
-            logp, old_logp, advantages, mask, need_lp=False
-        )
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
         a_hat = rpg_regularized_advantage(adv, log_ratio, self.variant, self.beta)
-        if self.variant == "rkl":  # -beta where masked; the others are +-0 there already
-            a_hat = a_hat * m
         low, high = _eps_bounds(self.eps_low, self.eps_high)
-        return _fused_clip_loss(x, log_ratio, a_hat, m, inside, low, high, self.c)
+        return masked_clip_loss(torch.exp(log_ratio), a_hat, m, low, high, self.c)
 
 
 @SURROGATES.register("rpg_reinforce")
 @dataclass(frozen=True)
-class RPGReinforceSurrogate(KnownGradientSurrogate):
+class RPGReinforceSurrogate:
     r"""RPG-REINFORCE with RPG-Style Clip (arXiv 2505.17508 Algorithm 2 and Table 2;
     docs/methods.md, section "RPG"), token level; see :func:`rpg_reinforce_loss` for the five
     branches.
@@ -231,56 +208,10 @@ class RPGReinforceSurrogate(KnownGradientSurrogate):
         _check_eps("rpg_reinforce", self.eps_low, self.eps_high)
         _check_dual("rpg_reinforce", "c", self.c)
 
-    def known_gradient(
-        self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        r"""The loss and diagnostics of :meth:`reference` without autograd, with its per-token
-        derivative in :math:`\log\pi_\theta`: :math:`-(wA_R + C_{KL})` on the active
-        branches (1 and 4 of :func:`rpg_reinforce_loss`), 0 on the constant ones and where
-        masked. The gradient reaches :math:`\log\pi_\theta` through :math:`\ell` only (the
-        ratio and :math:`C_{KL}` are stop-gradient), so the +-20 log-ratio clamp does not gate
-        it; autograd's product :math:`-(U\cdot(wA_R + C_{KL}))` equals
-        :math:`U\cdot(-(wA_R + C_{KL}))` bit for bit (negation is exact): one multiplication.
-
-        The five branches are one clamp of the ratio to per-token bounds,
-        :math:`\tilde w = \mathrm{clip}(w, b_{lo}, b_{hi})` with :math:`(b_{lo}, b_{hi}) =
-        (0, h)` where :math:`wA_R + C_{KL} \ge 0` and :math:`(l, c)` elsewhere (:math:`w > 0`),
-        and :math:`L = (\tilde w A_R + C_{KL})\,\ell`: the same operations on the same
-        operands as the reference's value on every branch, so the same bits. A token is
-        active where :math:`b_{lo} < w < b_{hi}`; the branch tests are {0, 1} float
-        arithmetic (products of 0 / 1 and additions of 0 are exact)."""
-        x, lp, log_ratio, adv, m, _ = _prepare_fused(logp, old_logp, advantages, mask)
-        assert lp is not None
-        low, high = _eps_bounds(self.eps_low, self.eps_high)
-        # the intermediates are fresh tensors of this call: updated in place (fewer buffers)
-        with torch.no_grad():
-            w = log_ratio.exp_()
-            c_kl = rpg_kl_component(w.clamp(low, high), self.variant, self.beta)
-            if self.variant in ("fkl", "rkl"):  # nonzero at w = 1, i.e. where masked
-                c_kl = c_kl.mul_(m)
-            ell = lp.neg_()
-            weight = (w * adv).add_(c_kl)  # 0 where masked (w = 1, A_R = 0, C_KL = +-0)
-            pos = _fcmp(torch.ge, weight, 0.0)
-            neg = 1.0 - pos
-            top = torch.finfo(w.dtype).max if self.c is None else self.c
-            b_hi = torch.add(pos * high, neg, alpha=top)  # where(pos, h, c), exactly
-            b_lo = neg.mul_(low)
-            # (w~ A_R + C_KL) ell, 0 where masked: ell = 0
-            loss = torch.clamp(w, b_lo, b_hi).mul_(adv).add_(c_kl).mul_(ell)
-            at_hi = _fcmp(torch.ge, w, b_hi)  # branch 2 where pos, 5 elsewhere
-            at_lo = _fcmp(torch.le, w, b_lo)  # branch 3 (0 where pos: w > 0)
-            g = torch.add(at_hi, at_lo).sub_(1.0).mul_(weight)  # -weight on 1 and 4, else 0
-            hit_high = pos.mul_(at_hi)
-            hit_dual = None if self.c is None else at_hi.sub_(hit_high)
-            diag = _fdiag(w, m, at_lo, hit_high, hit_dual)
-        return KnownGradient(x, loss, g, diag)
-
-    def reference(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """RPG-REINFORCE through autograd on its plain formula (the reference form of
-        :meth:`known_gradient`)."""
-        lp, log_ratio, adv, m = _prepare(logp, old_logp, advantages, mask)
+        lp, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
         ratio = torch.exp(log_ratio)
         low, high = _eps_bounds(self.eps_low, self.eps_high)
         w_bar = ratio.detach().clamp(low, high)
@@ -290,5 +221,5 @@ class RPGReinforceSurrogate(KnownGradientSurrogate):
             lp, ratio, adv, c_kl, low, high, self.c
         )
         loss = torch.where(m, loss, torch.zeros_like(loss))
-        diag = _diagnostics(ratio, m, hit_low, hit_high, hit_dual if self.c is not None else None)
-        return loss, diag
+        dual = hit_dual if self.c is not None else None
+        return loss, clip_diagnostics(ratio, m, hit_low, hit_high, dual)

@@ -4,7 +4,6 @@ measures drop tokens instead), with the measures of :mod:`gbmpo.objectives.clip_
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -15,21 +14,17 @@ from gbmpo.objectives.clip_measures import (
     CLIP_MEASURE_REGISTRY,
     ClipMeasure,
     atr_bounds,
-    binary_kl,
+    dppo_valid_mask,
 )
 from gbmpo.objectives.mirror import as_mirror_map
 from gbmpo.objectives.surrogates.base import (
     SURROGATES,
-    KnownGradient,
-    KnownGradientSurrogate,
     _check_dual,
-    _fcmp,
-    _fdiag,
     _finite_number,
-    _fused_clip_loss,
-    _prepare_fused,
+    clip_diagnostics,
+    masked_clip_loss,
+    prepare_inputs,
 )
-from gbmpo.objectives.tensors import masked
 
 __all__ = ["ATRSurrogate", "DivergenceClipSurrogate", "dppo_loss"]
 
@@ -62,7 +57,7 @@ def dppo_loss(
 
 @SURROGATES.register("atr")
 @dataclass(frozen=True)
-class ATRSurrogate(KnownGradientSurrogate):
+class ATRSurrogate:
     r"""ATR-GRPO: the token clip with the KL3 trust-region bounds of :func:`atr_bounds`
     (UCF, arXiv 2602.05494; docs/methods.md, section "ATR-GRPO"), the alias of
     ``divergence_clip(measure="k3", delta=delta)`` (:class:`DivergenceClipSurrogate`, same bits):
@@ -90,71 +85,17 @@ class ATRSurrogate(KnownGradientSurrogate):
     def bounds(self) -> tuple[float, float]:
         return self._bounds
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, _, log_ratio, adv, m, inside = _prepare_fused(
-            logp, old_logp, advantages, mask, need_lp=False
-        )
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        _, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
         low, high = self.bounds
-        return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
-
-
-def _dppo_valid(
-    measure: str, lp: Tensor, old: Tensor, adv: Tensor, delta_low: float, delta_high: float
-) -> Tensor:
-    r""":func:`~gbmpo.objectives.clip_measures.dppo_valid_mask` as {0, 1} floats of ``lp``'s
-    dtype (DPPO, arXiv 2602.04879):
-
-    .. math::
-        M = [A > 0]\,M_+ + (1 - [A > 0])\,M_-,\qquad
-        M_\pm = \max\big([D(p, p') \le \delta_{\pm}],\ [\pm(p - p') \ge 0]\big)
-
-    (``dppo_tv``: :math:`M_+ = [p' - p \le \delta_{\text{high}}]`, :math:`M_- = [p' - p
-    \ge -\delta_{\text{low}}]`), with the same divergence values as the bool form (same
-    operations), its ``or`` as a maximum of {0, 1} and its ``where`` as a sum of exact
-    products; the comparisons write floats directly (:func:`_fcmp`, no bool tensors)."""
-    p_new, p_old = torch.exp(lp), torch.exp(old)
-    if measure == "dppo_tv":
-        diff = p_new - p_old
-        pos, neg = _fcmp(torch.le, diff, delta_high), _fcmp(torch.ge, diff, -delta_low)
-    elif measure == "dppo_kl":
-        kl = binary_kl(p_old, old, p_new, lp)
-        in_hi = _fcmp(torch.le, kl, delta_high)
-        in_lo = in_hi if delta_low == delta_high else _fcmp(torch.le, kl, delta_low)
-        pos = torch.maximum(in_hi, _fcmp(torch.le, p_new, p_old))
-        neg = torch.maximum(in_lo, _fcmp(torch.ge, p_new, p_old))
-    else:
-        raise ValueError(f"not a DPPO measure: {measure!r}")
-    up = _fcmp(torch.gt, adv, 0.0)
-    return pos.sub_(neg).mul_(up).add_(neg)  # neg + up (pos - neg), in place
-
-
-def _prob_l2_bounds(
-    old_logp: Tensor, delta_low: float, delta_high: float, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
-    r""":func:`~gbmpo.objectives.clip_measures.prob_l2_interval` of :math:`p = e^{\log p}`
-    (``old_logp`` float64), :math:`[\max(0, 1 - \sqrt{\delta_{\text{low}}}/p),\ 1 +
-    \sqrt{\delta_{\text{high}}}/p]`, cast to ``dtype``: the same bits with fewer float64
-    passes. Python's ``s / p`` is ``p.reciprocal() * s`` (``Tensor.__rtruediv__``), so
-    :math:`1/p` is formed once for both bounds (and :math:`\sqrt\delta/p` once when the two
-    radii are equal), and the clamp at 0 is taken after the cast (rounding to ``dtype`` is
-    monotone and keeps the sign, so it commutes with :math:`\max(0, \cdot)`)."""
-    # fresh buffers updated in place; 1 - q is -q + 1 in IEEE arithmetic, the same bits
-    inv_p = torch.exp(old_logp).reciprocal_()
-    s_lo, s_hi = math.sqrt(delta_low), math.sqrt(delta_high)
-    if s_hi == s_lo:
-        q_lo = inv_p.mul_(s_lo)
-        hi = (q_lo + 1.0).to(dtype)
-    else:
-        q_lo = inv_p * s_lo
-        hi = inv_p.mul_(s_hi).add_(1.0).to(dtype)
-    return q_lo.neg_().add_(1.0).to(dtype).clamp_min_(0.0), hi
+        return masked_clip_loss(torch.exp(log_ratio), adv, m, low, high, self.dual_clip_c)
 
 
 @SURROGATES.register("divergence_clip")
 @dataclass(frozen=True)
-class DivergenceClipSurrogate(KnownGradientSurrogate):
+class DivergenceClipSurrogate:
     r"""Clip by any policy divergence: ATR-GRPO's unified clipping framework (arXiv 2602.05494)
     with GBMPO's Bregman divergences (arXiv 2602.04380) as further measures.
 
@@ -290,55 +231,31 @@ class DivergenceClipSurrogate(KnownGradientSurrogate):
         low, high = self.bounds
         return torch.full_like(p_old, low), torch.full_like(p_old, high)
 
-    def known_gradient(
+    def __call__(
         self, *, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor
-    ) -> KnownGradient:
-        x, lp, log_ratio, adv, m, inside = _prepare_fused(logp, old_logp, advantages, mask)
-        if not self.per_token:
-            low, high = self.bounds
-            return _fused_clip_loss(x, log_ratio, adv, m, inside, low, high, self.dual_clip_c)
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        lp, log_ratio, adv, m = prepare_inputs(logp, old_logp, advantages, mask)
+        ratio = torch.exp(log_ratio)
         if self._spec.dppo:  # type: ignore[attr-defined]
-            old = masked(old_logp.detach().to(lp.dtype), m)
-            return self._dppo(x, lp, old, log_ratio, adv, m, inside)
-        old_d = old_logp.detach()
-        if old_d.dtype != torch.float64 and x.dtype.itemsize >= old_d.dtype.itemsize:
-            # masking in x's dtype first is the same bits (the cast to x's dtype and then to
-            # float64 is exact; x * 1 = x), at half the width
-            old = masked(old_d.to(x.dtype), m).to(torch.float64)
-        else:
-            old = masked(old_d.to(torch.float64), m.to(torch.float64))
-        if self.measure == "prob_l2":
-            lo_c, hi_c = _prob_l2_bounds(old, *self.radii, x.dtype)  # type: ignore[misc]
-        else:
+            old = torch.where(m, old_logp.detach().to(lp.dtype), 0.0)
+            return self._dppo(lp, old, ratio, adv, m)
+        if self.per_token:
+            old = torch.where(m, old_logp.detach().to(torch.float64), 0.0)
             lo_t, hi_t = self.interval(old)
-            lo_c, hi_c = lo_t.to(x.dtype), hi_t.to(x.dtype)
-        return _fused_clip_loss(x, log_ratio, adv, m, inside, lo_c, hi_c, self.dual_clip_c)
+            low, high = lo_t.to(lp.dtype), hi_t.to(lp.dtype)
+        else:
+            low, high = self.bounds
+        return masked_clip_loss(ratio, adv, m, low, high, self.dual_clip_c)
 
     def _dppo(
-        self,
-        x: Tensor,
-        lp: Tensor,
-        old: Tensor,
-        log_ratio: Tensor,
-        adv: Tensor,
-        m: Tensor,
-        inside: Tensor,
-    ) -> KnownGradient:
-        """DPPO's loss (:func:`dppo_loss`, its derivative in ``log pi`` attached directly) and
-        diagnostics; ``old``: the old log-probs, 0 where masked."""
+        self, lp: Tensor, old: Tensor, ratio: Tensor, adv: Tensor, m: Tensor
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """DPPO's loss (:func:`dppo_loss`) and diagnostics; ``old``: 0 where masked."""
         lo, hi = self.radii
         assert lo is not None and hi is not None
-        with torch.no_grad():
-            ratio = torch.exp(log_ratio)
-            valid = _dppo_valid(self.measure, lp, old, adv, lo, hi)
-            w = ratio if self.is_cap is None else ratio.clamp(max=self.is_cap)
-            g = (adv * w).mul_(valid).neg_()  # d loss / d log pi; 0 where masked (adv = 0)
-            loss = g * lp  # = dppo_loss(lp, ratio, adv, valid, is_cap), 0 where masked
-            dropped = (1.0 - valid).mul_(m)
-            capped = None
-            if self.is_cap is not None:
-                capped = valid * _fcmp(torch.gt, ratio, self.is_cap) * m
-            low = dropped * _fcmp(torch.lt, adv, 0.0)
-            high = dropped * _fcmp(torch.gt, adv, 0.0)
-            diag = _fdiag(ratio, m, low, high, capped)
-        return KnownGradient(x, loss, g, diag)
+        valid = dppo_valid_mask(self.measure, lp, old, adv, lo, hi)
+        loss = torch.where(m, dppo_loss(lp, ratio, adv, valid, self.is_cap), 0.0)
+        r = ratio.detach()
+        dropped = ~valid
+        capped = None if self.is_cap is None else valid & (r > self.is_cap)
+        return loss, clip_diagnostics(r, m, dropped & (adv < 0), dropped & (adv > 0), capped)
