@@ -47,8 +47,8 @@ from gbmpo.rewards.scoring import score_completions
 from gbmpo.rollout.sampling import Rollout, generate
 from gbmpo.train.batching import _Accumulator, _chunks, _MiniBatchStats, derive_seed, row_order
 from gbmpo.train.correction import micro_correction, sampler_weights
-from gbmpo.train.drift import control_drift
 from gbmpo.train.device import device_memory_bytes
+from gbmpo.train.drift import control_drift
 from gbmpo.train.full import full_terms, logprobs_and_full
 from gbmpo.train.memory import memory_plan
 from gbmpo.train.penalties import in_advantage_penalties, in_reward_penalties
