@@ -18,6 +18,7 @@ from scipy.special import lambertw
 from gbmpo.objectives import get_surrogate
 from gbmpo.objectives.clip_bisection import (
     BISECT_ITERS,
+    DPPO_KL_W_MIN,
     MIRROR_TABLE_TOL,
     bisect_interval,
     dppo_kl_interval,
@@ -420,16 +421,30 @@ def test_masked_garbage_never_reaches_per_token_bounds(measure):
 @settings(max_examples=30, deadline=None)
 @given(p=prob, dl=radius, dh=radius)
 @example(p=0.01100516717183335, dl=0.203125, dh=0.125)  # KL's lower end below 1e-10 / p
+@example(p=0.9759025922295358, dl=0.5, dh=0.329489781638184)  # KL's upper end 3.5e-10 below 1/p
 def test_dppo_intervals_are_the_measure_level_sets(p, dl, dh):
     """TV closed form and KL bisection: f(l) = delta_low, f(u) = delta_high where finite and
-    inside (0, 1/p], f <= delta inside."""
+    inside (0, 1/p], f <= delta inside. The bisection's ends are checked as brackets: the end
+    is inside (f <= delta) and the level set is crossed within the bisection's stated error in
+    log w (2^-iters log(w_max / w_min)); near 1/p the binary KL is so steep (slope ~1e8 per
+    unit of w) that an end exact to that error can miss delta by 1e-9 relative in f."""
     pt = torch.tensor([p], dtype=F64)
+    lo, hi = dppo_tv_interval(pt, dl, dh)
+    if float(lo) > 0:
+        assert float(measure_dppo_tv(lo, pt)) == pytest.approx(dl, rel=1e-9)
+    if math.isfinite(float(hi)) and float(hi) < 1 / p:
+        assert float(measure_dppo_tv(hi, pt)) == pytest.approx(dh, rel=1e-9)
+    step = math.exp(2.0**-BISECT_ITERS * math.log((1 / p) / DPPO_KL_W_MIN))
+    lo, hi = dppo_kl_interval(pt, dl, dh)
+    for end, delta, outward in ((lo, dl, 1 / step), (hi, dh, step)):
+        w = float(end)
+        if w > 0 and math.isfinite(w) and w < 1 / p:
+            inside = float(measure_dppo_kl(end, pt))
+            beyond = float(measure_dppo_kl(torch.tensor([min(w * outward**2, 1 / p)], dtype=F64),
+                                           pt))  # fmt: skip
+            assert inside <= delta * (1 + 1e-12) and beyond >= delta * (1 - 1e-12), (w, inside)
     for interval, f in ((dppo_tv_interval, measure_dppo_tv), (dppo_kl_interval, measure_dppo_kl)):
         lo, hi = interval(pt, dl, dh)
-        if float(lo) > 0:
-            assert float(f(lo, pt)) == pytest.approx(dl, rel=1e-9)
-        if math.isfinite(float(hi)) and float(hi) < 1 / p:
-            assert float(f(hi, pt)) == pytest.approx(dh, rel=1e-9)
         inside = torch.linspace(max(float(lo), 1e-9), min(float(hi), 1 / p), 101, dtype=F64)
         assert bool((f(inside, pt) <= max(dl, dh) * (1 + 1e-9)).all())
 

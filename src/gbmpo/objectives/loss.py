@@ -275,6 +275,12 @@ def compiled_policy_loss(**compile_options: Any) -> PolicyLossFn:
 _Layout = tuple[tuple[str, ...], tuple[str, ...], tuple[bool, ...]]
 
 
+def _in_loss(coef: float | Tensor) -> bool:
+    """Whether a term adds to the loss: a nonzero number, or a tensor (a controlled coefficient,
+    kept in ``[min, max]`` with ``min > 0``: never zero, and never read back to the host)."""
+    return isinstance(coef, Tensor) or coef != 0
+
+
 def _policy_loss(
     *,
     logp: Tensor,
@@ -310,7 +316,7 @@ def _policy_loss(
     values: list[Tensor] = []
     reg_parts: list[Tensor | None] = []
     for term, reg in resolved:
-        with torch.set_grad_enabled(torch.is_grad_enabled() and term.coef != 0):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and _in_loss(term.coef)):
             v = reg(logp=logp, old_logp=old_logp, anchor_logp=term.anchor_logp, mask=mask)
         if tuple(v.shape) != tuple(pg.shape):
             raise ValueError(
@@ -318,7 +324,7 @@ def _policy_loss(
             )
         values.append(v)
         part = None
-        if term.coef != 0:
+        if _in_loss(term.coef):
             per_token = per_token + term.coef * v.to(pg.dtype)
             with torch.no_grad():  # each term on its own: a small one is not lost to rounding
                 part = norm.apply(term.coef * v.detach().to(pg.dtype))

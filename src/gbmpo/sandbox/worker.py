@@ -41,6 +41,7 @@ nothing of gbmpo can be imported, and reads top to bottom (seccomp, protocol, li
 sides of a run, pre-forked children, supervision, clean-up, main loop).
 """
 
+import builtins
 import contextlib
 import errno
 import fcntl
@@ -360,7 +361,6 @@ def _judge_side(req):
     value (plain data) or a :class:`_Remote`: calls, attribute reads and writes cross to the
     program's process (fd 5 out, fd 6 in) as plain data; comparing, hashing or testing the truth
     of the program's own objects leaves the test unjudged."""
-    import builtins
 
     write = os.write
     marker = req.pop("marker")
