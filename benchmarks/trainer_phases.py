@@ -6,7 +6,7 @@ The trainer runs ``--steps`` steps through ``Trainer.train()``; the step's parts
 less sensitive to other jobs than wall time): sampling (``sample_completions``: prefill, decode
 loop, tokenizer), rewards (``score``), the no-grad log-prob passes (``no_grad_logprobs``:
 reference, and the old policy when needed), advantages, the policy's log-prob forward with
-gradient (``Trainer.logprobs`` under grad), the loss (``policy_loss``), the backward
+gradient (``Trainer.logprobs`` under grad), the loss (``policy_loss_packed``), the backward
 (``Tensor.backward``), gradient clipping, the AdamW step and the metrics (``step_record``).
 The first ``--warmup`` steps are dropped; medians per step are printed (and written to
 ``--out``), and the time between consecutive step ends (``step``), which also holds what the run
@@ -34,7 +34,7 @@ import trainer_vs_trl as bench  # noqa: E402
 
 #: the step functions timed, by the name printed
 STEP_PARTS = ("sample_completions", "score", "no_grad_logprobs", "shaped_advantages",
-              "policy_loss", "step_record")
+              "policy_loss_packed", "step_record")
 
 
 def _median(values: list[float]) -> float:

@@ -147,6 +147,7 @@ def test_print_config_is_loadable_yaml(capsys):
         "params": {},
         "placement": "loss",
         "estimator": "sample",
+        "control": None,  # a fixed coefficient (objective.regularizer.control)
     }
 
 

@@ -300,15 +300,17 @@ class ObjectiveSpec:
         """The spec as a plain nested dict that :meth:`from_dict` reads back."""
 
         def term(t: RegularizerSpec) -> dict[str, Any]:
-            return {
+            out = {
                 "name": t.name,
                 "coef": t.coef,
                 "anchor": t.anchor,
                 "placement": t.placement,
                 "estimator": t.estimator,
                 "params": dict(t.params),
-                "control": None if t.control is None else t.control.to_dict(),
             }
+            if t.control is not None:  # absent when fixed: specs written before it read alike
+                out["control"] = t.control.to_dict()
+            return out
 
         r = self.regularizer
         return {
