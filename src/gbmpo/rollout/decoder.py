@@ -170,6 +170,19 @@ def lean_decoder_unsupported_reason(
     return None
 
 
+def _norm_qk(qk: Tensor, layer: _Layer, joint: tuple[Tensor, float] | None, n_q: int) -> Tensor:
+    """RMSNorm of the query and key heads of ``qk`` ``[rows, n_q + n_kv, d]``: one norm over
+    both where :func:`_joint_qk_norm` built one (``joint``), else each side's own (or none)."""
+    if joint is not None:
+        return _rms(qk, *joint)
+    if layer.q_norm is None and layer.k_norm is None:
+        return qk
+    q, k = qk[:, :n_q], qk[:, n_q:]
+    q = q if layer.q_norm is None else _rms(q, *layer.q_norm)
+    k = k if layer.k_norm is None else _rms(k, *layer.k_norm)
+    return torch.cat([q, k], dim=1)
+
+
 def _joint_qk_norm(layer: _Layer, n_q: int, n_kv: int, d: int) -> tuple[Tensor, float] | None:
     """The ``[H+KV, d]`` weight of the per-head query and key norms applied as one norm to the
     joint ``[rows, H+KV, d]`` query/key tensor (a copy of the current weights), or ``None``
@@ -361,13 +374,7 @@ class LeanDecoder(_LlamaWeights):
                             F.linear(h, *layer.k).view(rows, n_kv, h_dim)], dim=1)
             v = F.linear(h, *layer.v).view(rows, n_kv, h_dim)
             # query and key heads normalised (per head) and rotated as one tensor
-            if qk_norm is not None:
-                qk = _rms(qk, *qk_norm)
-            elif layer.q_norm is not None or layer.k_norm is not None:
-                q, k = qk[:, :n_q], qk[:, n_q:]
-                q = q if layer.q_norm is None else _rms(q, *layer.q_norm)
-                k = k if layer.k_norm is None else _rms(k, *layer.k_norm)
-                qk = torch.cat([q, k], dim=1)
+            qk = _norm_qk(qk, layer, qk_norm, n_q)
             qk = _rotate_swap(qk, cos, sin)
             # one query position: the H query heads as KV groups of H/KV queries each, softmax
             # attention written out (a few small products: the fused CPU kernel costs more

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 from gbmpo.rollout.decoder import (
     _joint_qk_norm,
     _LlamaWeights,
+    _norm_qk,
     _rms,
     _rotate_swap,
     _signed_sin,
@@ -330,13 +331,7 @@ class StaticDecoder(_LlamaWeights):
             qk = torch.cat([proj["q"](h).view(rows, n_q, h_dim),
                             proj["k"](h).view(rows, n_kv, h_dim)], dim=1)  # fmt: skip
             v = proj["v"](h).view(rows, n_kv, h_dim)
-            if qk_norm is not None:
-                qk = _rms(qk, *qk_norm)
-            elif layer.q_norm is not None or layer.k_norm is not None:
-                q, k = qk[:, :n_q], qk[:, n_q:]
-                q = q if layer.q_norm is None else _rms(q, *layer.q_norm)
-                k = k if layer.k_norm is None else _rms(k, *layer.k_norm)
-                qk = torch.cat([q, k], dim=1)
+            qk = _norm_qk(qk, layer, qk_norm, n_q)
             qk = _rotate_swap(qk, cos, sin)
             k_buf.index_copy_(2, s.col, qk[:, n_q:].unsqueeze(2))
             v_buf.index_copy_(2, s.col, v.unsqueeze(2))

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from gbmpo.objectives.loss import compute_policy_loss, compute_policy_loss_packed, loss_terms
+from gbmpo.objectives.loss import compute_policy_loss_packed, loss_terms, unpack_metrics
 
 if TYPE_CHECKING:
     from gbmpo.train.trainer import Trainer
@@ -36,13 +36,11 @@ def policy_loss(
     ``ref`` / ``old``); ``full_values``: the per-token values of the terms with ``estimator:
     full``, by name, used instead of their sampled-token formulas; ``token_weights``: constants
     multiplying the surrogate per token, the rollout correction."""
-    o = tr.objective
-    return compute_policy_loss(
-        logp=logp, old_logp=old, advantages=advantages, mask=mask, surrogate=o.surrogate,
-        terms=loss_terms(o.terms, anchors, full_values), aggregation=o.aggregation,
-        max_len=tr.config.rollout.max_new_tokens, num_sequences=num_sequences,
-        num_tokens=num_tokens, token_weights=token_weights,
+    loss, packed, layout = policy_loss_packed(
+        tr, logp, old, anchors, advantages, mask, num_sequences, num_tokens,
+        full_values=full_values, token_weights=token_weights,
     )  # fmt: skip
+    return loss, unpack_metrics(packed.tolist(), layout)
 
 
 def policy_loss_packed(
