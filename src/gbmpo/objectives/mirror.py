@@ -216,7 +216,15 @@ class NeuralMirrorMap:
         map)."""
         cache: dict[int, TabulatedMirrorMap] = self.__dict__.setdefault("_tabulated", {})
         if cells not in cache:  # built once per map and size (the build evaluates the map)
-            cache[cells] = TabulatedMirrorMap(self, cells)
+            # on one thread: with two, the build's float64 kernels split their work by the
+            # threads' timing and 2 to 3 of 10 processes measured an error of 2.9e-3 at the
+            # near pairs (one thread: 10 of 10 at 1.7e-8, the same table every time)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                cache[cells] = TabulatedMirrorMap(self, cells)
+            finally:
+                torch.set_num_threads(threads)
         return cache[cells]
 
     # --- inspection / serialisation -------------------------------------------------------------
