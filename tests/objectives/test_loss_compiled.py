@@ -16,6 +16,7 @@ graph under ``torch.compile``) and the sync-free forms the eager loss takes off 
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -78,6 +79,11 @@ def test_compiled_loss_with_weights_terms_and_normalisers(aggregation):
     assert list(comp[2]) == list(eager[2])
 
 
+@pytest.mark.skipif(
+    os.environ.get("ATEN_CPU_CAPABILITY") == "default",
+    reason="inductor emits at::vec code whose headers ATEN_CPU_CAPABILITY=default leaves out "
+    "(a C++ compile error inside torch 2.13, before any gbmpo code runs)",
+)
 def test_compiled_loss_through_inductor():
     x = _batch(torch.float32)
     surr = get_surrogate("clip", eps_low=0.2, eps_high=0.28)
