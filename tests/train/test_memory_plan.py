@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,17 +170,23 @@ def test_the_plan_chooses_the_largest_micro_batch_that_fits_with_its_margin() ->
     assert unsized["micro_batch_rows"] == 64 and not unsized["micro_batch_planned"]
 
 
-def test_the_trainer_takes_the_planned_batches(micro_model_dir: Path) -> None:
-    """The trainer's per-width choice (used on CUDA) is the plan's, for its own model."""
+def _planned_trainer(micro_model_dir: Path) -> tuple[Any, Any]:
+    """A micro-model trainer with a null mini-batch (2 prompts x 4 completions), no evaluation."""
     from gbmpo.train import Trainer
-    from gbmpo.train.step import planned_batches
 
     cfg = load_config(overrides=[("model.path", str(micro_model_dir)),
                                  ("rollout.prompts_per_step", "2"),
                                  ("rollout.num_generations", "4"),
                                  ("optim.mini_batch_size", "null"), ("eval.before", "false"),
                                  ("eval.after", "false"), ("run.progress", "false")])
-    trainer = Trainer(cfg, reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+    return cfg, Trainer(cfg, reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+
+
+def test_the_trainer_takes_the_planned_batches(micro_model_dir: Path) -> None:
+    """The trainer's per-width choice (used on CUDA) is the plan's, for its own model."""
+    from gbmpo.train.step import planned_batches
+
+    cfg, trainer = _planned_trainer(micro_model_dir)
     assert (trainer.micro_batch, trainer.inference_batch) == (8, 8)
     assert planned_batches(trainer, 20, None) == (8, 8)  # no device size: as configured
     model_cfg = trainer.model.config
@@ -200,14 +207,8 @@ def test_plan_batches_plans_once_per_64_token_width(micro_model_dir: Path,
     import torch
 
     import gbmpo.train.step as step
-    from gbmpo.train import Trainer
 
-    cfg = load_config(overrides=[("model.path", str(micro_model_dir)),
-                                 ("rollout.prompts_per_step", "2"),
-                                 ("rollout.num_generations", "4"),
-                                 ("optim.mini_batch_size", "null"), ("eval.before", "false"),
-                                 ("eval.after", "false"), ("run.progress", "false")])
-    trainer = Trainer(cfg, reward_fn=lambda prompts, completions, **_: [0.0] * len(prompts))
+    cfg, trainer = _planned_trainer(micro_model_dir)
     device = 3 * 2**20
     monkeypatch.setattr(step, "device_memory_bytes", lambda name: device)
     trainer.device = torch.device("cuda")  # only plan_batches reads it here
