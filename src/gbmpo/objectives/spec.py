@@ -38,17 +38,16 @@ checks every name against its registry (unknown names list the valid ones) and b
 surrogate and regularizer once, so a bad parameter is reported before anything runs.
 
 This module imports the registries of ``gbmpo.objectives`` (and ``gbmpo.registry``), nothing
-above them.
+above them. The value readers (:class:`SpecError`, :func:`parse_number`, ...) live in
+:mod:`gbmpo.objectives.spec_values` and the built objective in
+:mod:`gbmpo.objectives.built_objective`; both are re-exported here.
 """
 
 from __future__ import annotations
 
-import difflib
-import math
-import re
 import warnings
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,10 +55,23 @@ import yaml
 
 from gbmpo.objectives.advantages import ADVANTAGES
 from gbmpo.objectives.aggregate import AGGREGATIONS
+from gbmpo.objectives.built_objective import BuiltObjective, BuiltTerm
 from gbmpo.objectives.drift_control import DriftControl
 from gbmpo.objectives.estimators import check_estimator
 from gbmpo.objectives.regularizers import REGULARIZERS, get_regularizer
 from gbmpo.objectives.rollout_correction import check_correction
+from gbmpo.objectives.spec_values import (
+    FORMER_KEYS,
+    SpecError,
+    _known,
+    _mapping,
+    _params,
+    _text,
+    did_you_mean,
+    parse_coefficient,
+    parse_number,
+    refuse_former_keys,
+)
 from gbmpo.objectives.surrogates import get_surrogate
 from gbmpo.registry import UnknownNameError
 
@@ -74,17 +86,12 @@ __all__ = [
     "RolloutCorrectionSpec",
     "SpecError",
     "SurrogateSpec",
+    "did_you_mean",
     "parse_coefficient",
     "parse_number",
     "refuse_former_keys",
 ]
 
-#: Former names of objective settings -> the one name that replaces each: refused (a
-#: :class:`SpecError` naming the replacement), not read as aliases.
-FORMER_KEYS: dict[str, str] = {
-    "monitor_reference": "monitor_regularizers",
-    "log_all_regularizers": "monitor_regularizers",
-}
 
 #: ``regularizer.anchor`` values.
 ANCHORS: tuple[str, ...] = ("ref", "old")
@@ -95,11 +102,6 @@ ANCHORS: tuple[str, ...] = ("ref", "old")
 #: ``coef * sum_{s >= t} D_s(pi_old || pi_ref)`` from each token's advantage after they are
 #: normalised (FRPO; docs/methods.md, "Where the divergence goes").
 PLACEMENTS: tuple[str, ...] = ("loss", "reward", "advantage")
-
-
-class SpecError(ValueError):
-    """A malformed objective spec (unknown key, wrong type, bad value); the message names the
-    key by its dotted path."""
 
 
 @dataclass
@@ -399,39 +401,6 @@ class ObjectiveSpec:
         )
 
 
-@dataclass(frozen=True)
-class BuiltTerm:
-    """One built regularizer term: ``coef * D`` per token in the loss (``placement == "loss"``),
-    ``coef * sum_t D(pi_old || pi_ref)`` off each sequence's reward (``"reward"``) or
-    ``coef * sum_{s >= t} D_s(pi_old || pi_ref)`` off each token's normalised advantage
-    (``"advantage"``)."""
-
-    name: str
-    #: ``(*, logp, old_logp, anchor_logp, mask) -> per-token divergence``
-    regularizer: Any
-    coef: float
-    #: ``ref`` (frozen reference) or ``old`` (the rollout policy)
-    anchor: str
-    #: ``loss``, ``reward`` or ``advantage``
-    placement: str = "loss"
-    #: ``sample`` (the formula on the sampled token) or ``full`` (the exact divergence over the
-    #: vocabulary, :mod:`gbmpo.objectives.estimators`)
-    estimator: str = "sample"
-    #: the controller of a controlled coefficient (``coef`` is then the current value, set by
-    #: the engine with :meth:`BuiltObjective.with_coefs`), else ``None``
-    control: DriftControl | None = None
-
-    @property
-    def active(self) -> bool:
-        """Whether the term changes the objective (a regularizer other than ``none`` with a
-        nonzero coefficient)."""
-        return self.name != "none" and self.coef != 0
-
-    @property
-    def needs_ref(self) -> bool:
-        """Whether the term needs the reference policy's log-probs."""
-        return bool(getattr(self.regularizer, "needs_ref", True)) and self.anchor == "ref"
-
 
 def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
     """Build one :class:`RegularizerSpec` (errors name ``at``, the term's dotted key)."""
@@ -477,81 +446,6 @@ def _build_term(r: RegularizerSpec, at: str) -> BuiltTerm:
         )
     return term
 
-
-@dataclass(frozen=True)
-class BuiltObjective:
-    """What an :class:`ObjectiveSpec` names, built once and used as is by every engine (the own
-    trainer, ``GBMPOTrainer`` and the verl plugin): the advantage function, the surrogate, the
-    regularizer terms (one regularizer is a list of one), the aggregation mode's name and the
-    regularizers monitored as ``reg/<name>``."""
-
-    #: the spec this was built from
-    spec: ObjectiveSpec
-    #: ``(rewards [N], group_size) -> advantages [N]`` from ``ADVANTAGES``
-    advantage: Any
-    #: ``(logp, old_logp, advantages, mask) -> (per-token loss, diagnostics)``
-    surrogate: Any
-    #: every regularizer term, each with its regularizer object, coefficient, anchor, placement
-    #: and estimator; a single ``regularizer:`` mapping is a tuple of one
-    terms: tuple[BuiltTerm, ...]
-    aggregation: str
-    #: the regularizers logged as ``reg/<name>`` = D(pi_old || pi_ref): the optimised ones (the
-    #: same objects) and, with ``monitor_regularizers``, every registered one but ``none``
-    monitors: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not self.terms or not all(isinstance(t, BuiltTerm) for t in self.terms):
-            raise SpecError(
-                f"BuiltObjective.terms must be a non-empty tuple of BuiltTerm, got {self.terms!r}"
-            )
-        object.__setattr__(self, "terms", tuple(self.terms))
-
-    @property
-    def loss_terms(self) -> tuple[BuiltTerm, ...]:
-        """The terms added to the loss per token (placement ``loss``)."""
-        return tuple(t for t in self.terms if t.placement == "loss")
-
-    @property
-    def reward_terms(self) -> tuple[BuiltTerm, ...]:
-        """The active terms subtracted from the reward (placement ``reward``, nonzero coef)."""
-        return tuple(t for t in self.terms if t.placement == "reward" and t.active)
-
-    @property
-    def advantage_terms(self) -> tuple[BuiltTerm, ...]:
-        """The active terms whose future penalty is subtracted from the normalised advantages
-        (placement ``advantage``, nonzero coef)."""
-        return tuple(t for t in self.terms if t.placement == "advantage" and t.active)
-
-    @property
-    def full_loss_terms(self) -> tuple[BuiltTerm, ...]:
-        """The terms placed in the loss with ``estimator: full`` (the exact divergence over the
-        vocabulary, from the policy's and the reference's logits of each micro-batch)."""
-        return tuple(t for t in self.loss_terms if t.estimator == "full")
-
-    @property
-    def needs_ref(self) -> bool:
-        """Whether the reference policy's log-probs are needed: a term is anchored on it, a
-        controller reads a divergence from it, or every regularizer is monitored against it."""
-        return (any(t.needs_ref or t.control is not None for t in self.terms)
-                or self.spec.monitor_regularizers)
-
-    @property
-    def controlled(self) -> tuple[BuiltTerm, ...]:
-        """The terms whose coefficient is controlled (``control`` set)."""
-        return tuple(t for t in self.terms if t.control is not None)
-
-    def with_coefs(self, coefs: Mapping[str, float]) -> BuiltObjective:
-        """This objective with the coefficients of the terms named in ``coefs`` replaced (the
-        engines' step from a controller's state to the objective of the next step)."""
-        terms = tuple(replace(t, coef=float(coefs[t.name])) if t.name in coefs else t
-                      for t in self.terms)  # fmt: skip
-        return replace(self, terms=terms)
-
-    @property
-    def anchored_on_ref(self) -> bool:
-        """Whether an optimised term needs the reference's log-probs (a nonzero coefficient on
-        a regularizer anchored on the frozen reference): TRL's ``beta != 0``."""
-        return any(t.active and t.needs_ref for t in self.terms)
 
 
 # ---------------------------------------------------------------------- parsing helpers
@@ -614,53 +508,6 @@ def _correction(value: Any, where: str) -> RolloutCorrectionSpec:
     return rc
 
 
-#: A number in YAML 1.2's core syntax (``5e-2``, ``1E5``, ``0.05``, ``-3``, ``.5``).
-_NUMBER = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")
-#: The numbers among them that YAML 1.1 (PyYAML) reads as text: an exponent without a dot
-#: (``5e-2``, ``1e5``) or without a sign (``1.0e5``).
-_EXPONENT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)[eE][-+]?[0-9]+")
-
-
-def parse_number(value: Any, where: str) -> float:
-    """The one rule for a float value of the objective: an int or a float (not a bool), or a
-    string written as a number (YAML 1.2 syntax: PyYAML, a YAML 1.1 reader, returns ``5e-2`` or
-    ``1e5`` unquoted in a file as the string ``"5e-2"``, and a quoted ``"0.05"`` is a string
-    too), as a float; anything else is a :class:`SpecError` naming ``where``."""
-    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
-        return float(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise SpecError(f"'{where}' must be float, got {type(value).__name__} {value!r}")
-    try:
-        return float(value)
-    except OverflowError:  # an int beyond float range
-        raise SpecError(f"'{where}' must be float, got an int out of float range") from None
-
-
-def parse_coefficient(value: Any, where: str) -> float:
-    """A regularizer coefficient: :func:`parse_number`, finite and ``>= 0``.
-
-    Negative coefficients are refused on every path (the ``objective:`` section, the TRL
-    drop-in's ``regularizer_coef`` / ``beta``): every registered regularizer is a divergence
-    from the anchor (``>= 0`` per token, or in expectation for ``kl_k1``), so ``coef < 0`` would
-    reward moving away from the anchor, not penalise it; 0 switches the term off."""
-    coef = parse_number(value, where)
-    if not math.isfinite(coef) or coef < 0:
-        raise SpecError(
-            f"'{where}' must be finite and >= 0, got {coef:g}: the regularizer is a divergence "
-            "from the anchor, so a negative coefficient would reward drifting away from it; "
-            "use 0 to switch the term off"
-        )
-    return coef
-
-
-def _param_value(value: Any) -> Any:
-    """A free parameter as given, except a number that YAML 1.1 left as text (``5e-2``), which
-    becomes the float YAML 1.2 reads (names and paths stay strings)."""
-    if isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
-        return float(value)
-    return value
-
-
 def _lift_anchor(term: RegularizerSpec, where: str) -> None:
     """Move a deprecated ``params.anchor`` (the ``rpg_*`` regularizers' own anchor parameter,
     now gone) to the term's ``anchor``, with a DeprecationWarning; :class:`SpecError` when both
@@ -683,63 +530,3 @@ def _lift_anchor(term: RegularizerSpec, where: str) -> None:
     term.anchor = value if isinstance(value, str) else str(value)
     term.params = params
 
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{where!r} must be a mapping (section), got {type(value).__name__}")
-    return value
-
-
-def refuse_former_keys(d: Mapping[str, Any], where: str) -> None:
-    """:class:`SpecError` for a former name of a setting (:data:`FORMER_KEYS`), naming the one
-    that replaces it: a setting is honoured or refused, never silently aliased."""
-    for key in d:
-        if key in FORMER_KEYS:
-            raise SpecError(
-                f"'{where}.{key}' was renamed: use '{where}.{FORMER_KEYS[key]}' (one setting "
-                "for the monitored divergences reg/<name> on every engine)"
-            )
-
-
-def _known(d: Mapping[str, Any], where: str, valid: tuple[str, ...]) -> None:
-    for key in d:
-        if key not in valid:
-            hint = did_you_mean(str(key), valid, prefix=f"{where}.")
-            raise SpecError(
-                f"unknown key '{where}.{key}'; valid keys under {where!r}: {', '.join(valid)}"
-                f"{hint}"
-            )
-
-
-def did_you_mean(word: str, candidates: Mapping[str, str] | Sequence[str], *,
-                 prefix: str = "") -> str:
-    """``"; did you mean 'NAME'?"`` for the candidate closest to ``word``, or ``""`` when none
-    is close (:func:`difflib.get_close_matches`, ratio >= 0.75, case, ``-`` and ``_`` ignored).
-
-    ``candidates``: names, or a mapping of names to what to suggest for each (an alias to
-    itself, a field name to its dotted key); ``prefix`` is put before a suggested plain name.
-    """
-    table = dict(candidates) if isinstance(candidates, Mapping) else {
-        c: f"{prefix}{c}" for c in candidates}
-    norm: dict[str, str] = {}
-    for name, shown in table.items():
-        norm.setdefault(name.lower().replace("-", "_"), shown)
-    key = word.lower().replace("-", "_")
-    best = difflib.get_close_matches(key, list(norm), n=1, cutoff=0.75)
-    return f"; did you mean {norm[best[0]]!r}?" if best else ""
-
-
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise SpecError(f"{where!r} must be str, got {type(value).__name__} {value!r}")
-    return value
-
-
-def _params(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    d = _mapping(value, where)
-    for k in d:
-        if not isinstance(k, str):
-            raise SpecError(f"{where!r} keys must be strings, got {k!r}")
-    return {k: _param_value(v) for k, v in d.items()}
