@@ -12,31 +12,33 @@ generation batch, where the cost is the forward, the ``[B, C, V]`` logits and th
   with each distinct prompt forwarded once. Two implementations: the lean forward
   (:class:`~gbmpo.rollout.lean_forward.LeanForward`, Llama-shaped models) and the model's own
   transformers forward (any causal LM).
-* :func:`linear_selective_log_softmax` (:class:`_LinearSelectiveLogSoftmax`) takes the final
-  hidden states and the LM head instead of logits: the head is applied chunk by chunk of token
-  rows and recomputed in the backward, so neither the ``[B, T, V]`` logits nor their gradient
-  ever exist (as TRL's fused LM head). :func:`completion_logprobs` uses it wherever the model's
-  logits are a plain linear head's (:func:`_body_and_head`; the lean forward always).
-* :func:`selective_log_softmax` (a custom autograd function, :class:`_SelectiveLogSoftmax`),
-  :func:`selective_log_softmax_and_entropy` and :func:`token_entropy` take logits already made
-  (a softcapped or scaled head, the full-vocabulary paths of other callers), work chunk by
-  chunk and never build a ``[B, T, V]`` log-softmax; the backward writes the gradient straight
-  into one ``[B, T, V]`` tensor.
+* :func:`linear_selective_log_softmax` (:mod:`gbmpo.rollout.fused_head`) takes the final
+  hidden states and the LM head instead of logits, chunk by chunk: no ``[B, T, V]`` logits.
+  :func:`completion_logprobs` uses it wherever the model's logits are a plain linear head's
+  (:func:`_body_and_head`; the lean forward always).
+* :func:`selective_log_softmax`, :func:`selective_log_softmax_and_entropy` and
+  :func:`token_entropy` (:mod:`gbmpo.rollout.log_softmax`) take logits already made.
+
+Both are re-exported here.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-from gbmpo.objectives.tensors import compute_dtype
+from gbmpo.rollout.fused_head import fused_chunk_rows, linear_selective_log_softmax
 from gbmpo.rollout.lean_forward import LeanForward
+from gbmpo.rollout.log_softmax import (
+    DEFAULT_CHUNK_ROWS,
+    selective_log_softmax,
+    selective_log_softmax_and_entropy,
+    token_entropy,
+)
 
 __all__ = [
     "DEFAULT_CHUNK_ROWS",
@@ -51,322 +53,6 @@ __all__ = [
     "selective_log_softmax_and_entropy",
     "token_entropy",
 ]
-
-#: default number of rows (token positions) per chunk in :func:`selective_log_softmax`
-DEFAULT_CHUNK_ROWS = 1024
-
-# --------------------------------------------------------------------- selective log-softmax
-
-#: at most this many logits per chunk of :func:`selective_log_softmax` (16 MB of float32), so the
-#: chunk temporaries stay small even with a 150k-token vocabulary
-_CHUNK_ELEMENTS = 1 << 22
-
-
-def _row_blocks(logits: Tensor) -> list[tuple[int, Tensor]]:
-    """``(first flat row, [rows, V] view)`` blocks covering ``logits`` [..., V] without a copy
-    when possible (a [B, T, V] slice such as ``logits[:, :-1]`` is not viewable as [B*T, V],
-    but each ``logits[b]`` is)."""
-    vocab = logits.shape[-1]
-    try:
-        return [(0, logits.view(-1, vocab))]
-    except RuntimeError:
-        pass
-    if logits.dim() == 3:
-        t = logits.shape[1]
-        return [(b * t, logits[b]) for b in range(logits.shape[0])]
-    return [(0, logits.reshape(-1, vocab))]
-
-
-def _chunks_of(logits: Tensor, chunk_rows: int) -> Iterable[tuple[int, Tensor]]:
-    """``(first flat row, [c, V] view)`` chunks of at most ``chunk_rows`` rows and about
-    :data:`_CHUNK_ELEMENTS` elements."""
-    step = max(1, min(chunk_rows, _CHUNK_ELEMENTS // max(logits.shape[-1], 1)))
-    for offset, block in _row_blocks(logits):
-        for s in range(0, block.shape[0], step):
-            yield offset + s, block[s : s + step]
-
-
-def _selected_logp(
-    logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype,
-    entropy: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    r"""(z_i - logsumexp(z) [N], flat index [N], logsumexp(z) [N]) chunk by chunk; with
-    ``entropy`` ``[N]`` also writes :math:`H = \operatorname{lse}(z) - \sum_v
-    e^{z_v - \operatorname{lse}(z)} z_v` into it from the same chunk and log-sum-exp (what
-    :func:`token_entropy` computes, without a second pass over the logits)."""
-    flat_index = index.reshape(-1)
-    out = torch.empty(flat_index.shape[0], dtype=out_dtype, device=logits.device)
-    lse = torch.empty_like(out)
-    for s, z in _chunks_of(logits, chunk_rows):
-        e = s + z.shape[0]
-        zc = z.to(out_dtype)
-        torch.logsumexp(zc, dim=-1, out=lse[s:e])
-        out[s:e] = zc.gather(-1, flat_index[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
-        if entropy is not None:
-            probs = torch.sub(zc, lse[s:e].unsqueeze(-1)).exp_()
-            entropy[s:e] = lse[s:e] - probs.mul_(zc).sum(-1)
-    return out, flat_index, lse
-
-
-class _SelectiveLogSoftmax(torch.autograd.Function):
-    r"""z_i - logsumexp(z) per row; the backward writes
-    :math:`\partial L/\partial z = g\,(\mathbb 1_i - \operatorname{softmax}(z))` chunk by chunk into
-    the one gradient tensor (autograd through row slices would allocate a full-size zero tensor
-    per chunk)."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, logits: Tensor, index: Tensor, chunk_rows: int, out_dtype: torch.dtype,
-        entropy: Tensor | None = None,
-    ) -> Tensor:
-        out, flat_index, lse = _selected_logp(logits, index, chunk_rows, out_dtype, entropy)
-        ctx.save_for_backward(logits, flat_index, lse)
-        ctx.chunk_rows = chunk_rows
-        return out.reshape(index.shape)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None, None, None, None]:
-        logits, flat_index, lse = ctx.saved_tensors
-        g = grad_out.reshape(-1).to(lse.dtype)
-        grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        flat_grad = grad.view(-1, logits.shape[-1])
-        for s, z in _chunks_of(logits, ctx.chunk_rows):
-            e = s + z.shape[0]
-            gs = g[s:e].unsqueeze(-1)
-            target = flat_grad[s:e]
-            buf = target if target.dtype == lse.dtype else torch.empty_like(z, dtype=lse.dtype)
-            torch.sub(z.to(lse.dtype), lse[s:e].unsqueeze(-1), out=buf).exp_().mul_(gs.neg())
-            buf.scatter_add_(-1, flat_index[s:e].unsqueeze(-1), gs)
-            if buf is not target:
-                target.copy_(buf)
-        return grad, None, None, None, None
-
-
-def selective_log_softmax(
-    logits: Tensor, index: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
-) -> Tensor:
-    r"""Log-probability of the selected token, :math:`z_{i} - \log\sum_v e^{z_v}`, per row.
-
-    ``logits`` ``[..., V]``, ``index`` ``[...]`` (long). The rows are processed in chunks of at
-    most ``chunk_rows`` rows and about 4M logits (16 MB of float32), so a full ``[..., V]``
-    log-softmax (or float32 copy) is never built, and a ``[B, T, V]`` slice of a larger logits
-    tensor is read in place. Differentiable w.r.t. ``logits``: the forward saves the input and
-    one log-sum-exp per row; the backward writes
-    :math:`g\,(\mathbb 1_i - \operatorname{softmax}(z))` straight into the gradient (one
-    ``[..., V]`` tensor, nothing else vocabulary-sized). Returns float32 (float64 for float64
-    logits).
-    """
-    return _selective_log_softmax(logits, index, chunk_rows, with_entropy=False)[0]
-
-
-def selective_log_softmax_and_entropy(
-    logits: Tensor, index: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS
-) -> tuple[Tensor, Tensor]:
-    r""":func:`selective_log_softmax` (differentiable) and :func:`token_entropy` (float32,
-    no gradient) of the same logits in one pass over them: the entropy reuses each chunk's
-    log-sum-exp, :math:`H = \operatorname{lse}(z) - \sum_v e^{z_v-\operatorname{lse}(z)} z_v`
-    (the same quantity as :func:`token_entropy`, equal up to float rounding)."""
-    logp, entropy = _selective_log_softmax(logits, index, chunk_rows, with_entropy=True)
-    assert entropy is not None
-    return logp, entropy
-
-
-def _selective_log_softmax(
-    logits: Tensor, index: Tensor, chunk_rows: int, *, with_entropy: bool
-) -> tuple[Tensor, Tensor | None]:
-    """Both paths of :func:`selective_log_softmax` (the entropy only with ``with_entropy``)."""
-    if logits.shape[:-1] != index.shape:
-        raise ValueError(
-            f"index shape {tuple(index.shape)} must equal logits shape without the vocab "
-            f"dimension {tuple(logits.shape[:-1])}"
-        )
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    out_dtype = compute_dtype(logits)
-    if index.numel() == 0:
-        zeros = torch.zeros(index.shape, dtype=out_dtype, device=logits.device)
-        return zeros, (zeros.float() if with_entropy else None)
-    index = index.to(device=logits.device, dtype=torch.long)
-    entropy = (
-        torch.empty(index.numel(), dtype=out_dtype, device=logits.device)
-        if with_entropy else None
-    )
-    if torch.is_grad_enabled() and logits.requires_grad:
-        out: Tensor = _SelectiveLogSoftmax.apply(logits, index, chunk_rows, out_dtype, entropy)
-    else:
-        with torch.no_grad():
-            out = _selected_logp(logits, index, chunk_rows, out_dtype, entropy)[0]
-        out = out.reshape(index.shape)
-    if entropy is None:
-        return out, None
-    return out, entropy.reshape(index.shape).float()
-
-
-@torch.no_grad()
-def token_entropy(logits: Tensor, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Tensor:
-    r"""Entropy of the next-token distribution, :math:`H = \operatorname{lse}(z) - \sum_v
-    \operatorname{softmax}(z)_v z_v`, per row, in chunks, without gradient. Returns float32."""
-    flat = logits.reshape(-1, logits.shape[-1])
-    parts = []
-    for s in range(0, flat.shape[0], chunk_rows):
-        z = flat[s : s + chunk_rows].float()
-        lse = torch.logsumexp(z, dim=-1)
-        parts.append(lse - (torch.softmax(z, dim=-1) * z).sum(-1))
-    if not parts:
-        return torch.zeros(logits.shape[:-1], device=logits.device)
-    return torch.cat(parts).reshape(logits.shape[:-1])
-
-
-# ------------------------------------------------------- the LM head fused into the chunks
-
-#: at most this many logits per chunk of the fused LM head (:func:`linear_selective_log_softmax`,
-#: 256 MB of float32): the chunk's projection ``[c, H] x [H, V]`` needs a few hundred rows to be
-#: a compute-bound product (441 rows at Qwen3's 151,936-token vocabulary), while the chunk's
-#: logits, their float32 copy and its gradient stay well under the ``[B, T, V]`` tensors saved
-_FUSED_CHUNK_ELEMENTS = 1 << 26
-
-
-def _fused_step(vocab: int, chunk_rows: int) -> int:
-    """Rows per chunk of the fused head: at most ``chunk_rows`` and
-    :data:`_FUSED_CHUNK_ELEMENTS` logits."""
-    return max(1, min(chunk_rows, _FUSED_CHUNK_ELEMENTS // max(vocab, 1)))
-
-
-def _head_logits(h: Tensor, weight: Tensor, bias: Tensor | None, scale: float,
-                 out_dtype: torch.dtype) -> Tensor:
-    """``(h W^T + b) * scale`` of one chunk ``[c, V]`` in ``out_dtype``: the product in the
-    head's dtype (as the model's own head computes it), the scale after the cast."""
-    z = F.linear(h.to(weight.dtype), weight, bias).to(out_dtype)
-    return z if scale == 1.0 else z.mul_(scale)
-
-
-def _addmm_acc(acc: Tensor, a: Tensor, b: Tensor) -> None:
-    """``acc += a @ b`` with ``acc`` in a wider dtype than 16-bit ``a``, ``b``, without
-    rounding each chunk's product to 16 bits first (``out_dtype`` on CUDA; a float32 copy
-    elsewhere)."""
-    if a.dtype == acc.dtype:
-        acc.addmm_(a, b)
-    elif acc.device.type == "cuda":
-        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    else:
-        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
-
-
-def _fused_forward(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, index: Tensor, scale: float, step: int,
-    out_dtype: torch.dtype, entropy: Tensor | None,
-) -> tuple[Tensor, Tensor]:
-    """(z_i - lse(z) [N], lse(z) [N]) chunk by chunk, z = (h W^T + b) * scale; with
-    ``entropy`` [N] also the entropy of each row written into it."""
-    n = hidden.shape[0]
-    out = torch.empty(n, dtype=out_dtype, device=hidden.device)
-    lse = torch.empty_like(out)
-    for s in range(0, n, step):
-        e = min(n, s + step)
-        z = _head_logits(hidden[s:e], weight, bias, scale, out_dtype)
-        torch.logsumexp(z, dim=-1, out=lse[s:e])
-        out[s:e] = z.gather(-1, index[s:e].unsqueeze(-1)).squeeze(-1) - lse[s:e]
-        if entropy is not None:
-            probs = torch.sub(z, lse[s:e].unsqueeze(-1)).exp_()
-            entropy[s:e] = lse[s:e] - probs.mul_(z).sum(-1)
-            del probs
-        del z  # freed before the next chunk's logits are made
-    return out, lse
-
-
-class _LinearSelectiveLogSoftmax(torch.autograd.Function):
-    r"""z = (h W^T + b)/T per chunk of rows, z_i - lse(z); the backward recomputes each
-    chunk's z. Hand-written backward for memory: the weight's gradient accumulates into one
-    buffer (autograd through per-chunk checkpoints would make a ``[V, H]`` temporary per
-    chunk), and nothing vocabulary-sized outlives its chunk."""
-
-    @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, index: Tensor,
-        scale: float, step: int, out_dtype: torch.dtype, entropy: Tensor | None = None,
-    ) -> Tensor:
-        out, lse = _fused_forward(hidden, weight, bias, index, scale, step, out_dtype, entropy)
-        ctx.save_for_backward(hidden, weight, bias, index, lse)
-        ctx.scale, ctx.step = scale, step
-        return out
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        hidden, weight, bias, index, lse = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        dt = lse.dtype
-        g = grad_out.reshape(-1).to(dt)
-        dh = torch.empty_like(hidden) if need_h else None
-        dw = torch.zeros(weight.shape, dtype=dt, device=weight.device) if need_w else None
-        db = torch.zeros(weight.shape[0], dtype=dt, device=weight.device) if need_b else None
-        n, step = hidden.shape[0], ctx.step
-        for s in range(0, n, step):
-            e = min(n, s + step)
-            z = _head_logits(hidden[s:e], weight, bias, ctx.scale, dt)
-            gs = g[s:e].unsqueeze(-1)
-            # dL/dz = g (1_i - softmax(z)); dz/d(h W^T + b) = scale
-            gz = z.sub_(lse[s:e].unsqueeze(-1)).exp_().mul_(gs.neg())
-            gz.scatter_add_(-1, index[s:e].unsqueeze(-1), gs)
-            if ctx.scale != 1.0:
-                gz.mul_(ctx.scale)
-            gz_w = gz.to(weight.dtype)
-            if dh is not None:
-                dh[s:e] = gz_w @ weight
-            if dw is not None:
-                _addmm_acc(dw, gz_w.t(), hidden[s:e].to(weight.dtype))
-            if db is not None:
-                db.add_(gz.sum(dim=0))
-            del z, gz, gz_w  # freed before the next chunk's logits are made
-        return (dh, None if dw is None else dw.to(weight.dtype),
-                None if db is None else db.to(bias.dtype), None, None, None, None, None)
-
-
-def linear_selective_log_softmax(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, index: Tensor, *,
-    temperature: float = 1.0, chunk_rows: int = DEFAULT_CHUNK_ROWS, with_entropy: bool = False,
-) -> tuple[Tensor, Tensor | None]:
-    r""":func:`selective_log_softmax` of the logits :math:`z = (h W^\top + b)/T` without ever
-    holding them whole: :math:`\log\pi(i\mid h) = z_i - \operatorname{logsumexp}_v z_v`.
-
-    ``hidden`` ``[..., H]`` (the model body's final, normalised hidden states), ``weight``
-    ``[V, H]`` and ``bias`` ``[V]`` (the LM head), ``index`` ``[...]``. The head is applied to
-    chunks of at most ``chunk_rows`` rows and about 64M logits; the backward recomputes each
-    chunk's logits (as TRL's ``ChunkedLogProbFunction``), so the peak is a few chunk-sized
-    tensors instead of the ``[..., V]`` logits and their gradient. Gradients flow into
-    ``hidden``, ``weight`` and ``bias`` (the weight's summed over the chunks in float32 for
-    16-bit weights). With ``with_entropy`` also the entropy :math:`H = \operatorname{lse}(z) -
-    \sum_v \operatorname{softmax}(z)_v z_v` (no gradient, float32). Returns float32 (float64 for
-    float64 inputs).
-    """
-    if hidden.shape[:-1] != index.shape:
-        raise ValueError(f"index shape {tuple(index.shape)} must equal hidden shape without the "
-                         f"hidden dimension {tuple(hidden.shape[:-1])}")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be [V, H={hidden.shape[-1]}], got {tuple(weight.shape)}")
-    if chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    out_dtype = compute_dtype(hidden, weight)
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    flat_index = index.reshape(-1).to(device=hidden.device, dtype=torch.long)
-    entropy = (torch.empty(flat.shape[0], dtype=out_dtype, device=hidden.device)
-               if with_entropy else None)
-    step = _fused_step(weight.shape[0], chunk_rows)
-    args = (flat, weight, bias, flat_index, 1.0 / temperature, step, out_dtype, entropy)
-    grad = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (hidden, weight, bias)
-    )
-    if grad:
-        out: Tensor = _LinearSelectiveLogSoftmax.apply(*args)
-    else:
-        with torch.no_grad():
-            out = _fused_forward(*args)[0]
-    out = out.reshape(index.shape)
-    return out, (None if entropy is None else entropy.reshape(index.shape).float())
-
 
 # ------------------------------------------------------ the logits of the completion tokens
 
@@ -760,13 +446,6 @@ def completion_hidden(
     pieces = _pieces(forward, prompt_ids, prompt_mask, completion_ids, completion_mask,
                      share_prompts, hidden=True)
     return (pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1)), forward.head
-
-
-def fused_chunk_rows(vocab: int) -> int:
-    """Rows per chunk of a fused LM head over a ``vocab``-token vocabulary (about 64M logits
-    per chunk, :data:`_FUSED_CHUNK_ELEMENTS`; at most :data:`DEFAULT_CHUNK_ROWS`)."""
-    return _fused_step(vocab, DEFAULT_CHUNK_ROWS)
-
 
 def completion_logits(
     model: Any,
