@@ -17,6 +17,7 @@ __all__ = [
     "PROTECTIONS",
     "REMEDY",
     "PLAIN_DATA_MODULE",
+    "RUN_SIDES_MODULE",
     "STRICT_COMPARE_MODULE",
     "bwrap_args",
     "env_flag",
@@ -58,6 +59,8 @@ DEFAULT_PYTHON = "/usr/bin/python3"
 STRICT_COMPARE_MODULE = "gbmpo_strict_compare"
 #: the name under which the worker finds :mod:`gbmpo.sandbox.plain_data` in the sandbox
 PLAIN_DATA_MODULE = "gbmpo_plain_data"
+#: the name under which the worker finds :mod:`gbmpo.sandbox.run_sides` in the sandbox
+RUN_SIDES_MODULE = "gbmpo_run_sides"
 
 
 def env_flag(name: str) -> bool:
@@ -67,13 +70,14 @@ def env_flag(name: str) -> bool:
 
 def worker_program() -> str:
     """The text the sandbox interpreter runs (``python3 -I -S -c TEXT``): the worker
-    (:mod:`gbmpo.sandbox.worker`), with :mod:`gbmpo.sandbox.strict_compare` and
-    :mod:`gbmpo.sandbox.plain_data` defined first as the modules it imports (the sandbox sees
-    no gbmpo installation)."""
+    (:mod:`gbmpo.sandbox.worker`), with :mod:`gbmpo.sandbox.strict_compare`,
+    :mod:`gbmpo.sandbox.plain_data` and :mod:`gbmpo.sandbox.run_sides` defined first, in that
+    order, as the modules it imports (the sandbox sees no gbmpo installation)."""
     pkg = resources.files("gbmpo.sandbox")
     text = "import sys, types\n"
     for name, file in ((STRICT_COMPARE_MODULE, "strict_compare.py"),
-                       (PLAIN_DATA_MODULE, "plain_data.py")):
+                       (PLAIN_DATA_MODULE, "plain_data.py"),
+                       (RUN_SIDES_MODULE, "run_sides.py")):
         src = pkg.joinpath(file).read_text(encoding="utf-8")
         text += (
             f"m = types.ModuleType({name!r})\n"
