@@ -327,9 +327,9 @@ class _LogitsBregman(torch.autograd.Function):
                     out[s:e], gi = _autograd_rows(xc, yc, potential, None)
                     g.copy_(gi)
                 if keep is not None:  # masked rows: 0 and no gradient, whatever they hold
-                    kc = keep[s:e]
-                    out[s:e] = torch.where(kc, out[s:e], 0.0)
-                    g.masked_fill_(~kc.unsqueeze(-1), 0.0)
+                    kept = keep[s:e]
+                    out[s:e] = torch.where(kept, out[s:e], 0.0)
+                    g.masked_fill_(~kept.unsqueeze(-1), 0.0)
                 if stage is not None:
                     grad[s:e].copy_(g)
         ctx.save_for_backward(grad)

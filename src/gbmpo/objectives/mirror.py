@@ -329,13 +329,16 @@ class NeuralMirrorMap:
         if not hasattr(self, "_poly_coeffs"):
             blocks = self._vec[: 3 * N_UNITS].view(3, len(ACTIVATIONS), UNITS_PER_ACTIVATION)
             v, w, b = blocks[0], blocks[1], blocks[2]
-            k3, k2 = ACTIVATIONS.index("cube"), ACTIVATIONS.index("square")
-            c3 = float((v[k3] * w[k3] ** 3).sum())
-            c2 = float(3.0 * (v[k3] * w[k3] ** 2 * b[k3]).sum() + (v[k2] * w[k2] ** 2).sum())
-            c1 = float(
-                3.0 * (v[k3] * w[k3] * b[k3] ** 2).sum() + 2.0 * (v[k2] * w[k2] * b[k2]).sum()
+            cube, square = ACTIVATIONS.index("cube"), ACTIVATIONS.index("square")
+            c3 = float((v[cube] * w[cube] ** 3).sum())
+            c2 = float(
+                3.0 * (v[cube] * w[cube] ** 2 * b[cube]).sum() + (v[square] * w[square] ** 2).sum()
             )
-            c0 = float((v[k3] * b[k3] ** 3).sum() + (v[k2] * b[k2] ** 2).sum())
+            c1 = float(
+                3.0 * (v[cube] * w[cube] * b[cube] ** 2).sum()
+                + 2.0 * (v[square] * w[square] * b[square]).sum()
+            )
+            c0 = float((v[cube] * b[cube] ** 3).sum() + (v[square] * b[square] ** 2).sum())
             self._poly_coeffs = (c3, c2, c1, c0)
         return self._poly_coeffs  # type: ignore[no-any-return]
 

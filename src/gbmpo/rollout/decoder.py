@@ -187,10 +187,11 @@ def _joint_qk_norm(layer: _Layer, n_q: int, n_kv: int, d: int) -> tuple[Tensor, 
     """The ``[H+KV, d]`` weight of the per-head query and key norms applied as one norm to the
     joint ``[rows, H+KV, d]`` query/key tensor (a copy of the current weights), or ``None``
     when the layer lacks one of them or their epsilons differ."""
-    qn, kn = layer.q_norm, layer.k_norm
-    if qn is None or kn is None or qn[1] != kn[1]:
+    q_norm, k_norm = layer.q_norm, layer.k_norm
+    if q_norm is None or k_norm is None or q_norm[1] != k_norm[1]:
         return None
-    return torch.cat([qn[0].detach().expand(n_q, d), kn[0].detach().expand(n_kv, d)]), qn[1]
+    joint = torch.cat([q_norm[0].detach().expand(n_q, d), k_norm[0].detach().expand(n_kv, d)])
+    return joint, q_norm[1]
 
 
 @dataclass

@@ -176,19 +176,19 @@ def strict_helpers(kinds):
     def eq(a, b):
         if a is b:
             return True
-        ka, kb = get(_type(a)), get(_type(b))
-        if ka is None or kb is None:
+        kind_a, kind_b = get(_type(a)), get(_type(b))
+        if kind_a is None or kind_b is None:
             # an unlisted type equals only its own type, by its own __eq__ (a documented limit)
             return _type(a) is _type(b) and (a == b) is True
-        if ka != kb:
+        if kind_a != kind_b:
             return False
-        if ka in scalar:
+        if kind_a in scalar:
             return _bool(a == b)
-        if ka == "same":
+        if kind_a == "same":
             return _type(a) is _type(b) and _bool(a == b)
-        if ka in ("list", "tuple", "deque"):
+        if kind_a in ("list", "tuple", "deque"):
             return _len(a) == _len(b) and _all(eq(x, y) for x, y in _zip(a, b))
-        if ka == "dict":
+        if kind_a == "dict":
             if _len(a) != _len(b) or not _all(plain(k) for k in a):
                 return False
             return _all(k in b and eq(a[k], b[k]) for k in a)
