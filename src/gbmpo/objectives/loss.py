@@ -192,14 +192,13 @@ def compute_policy_loss(
     (docs/methods.md, "Aggregation"); :math:`\omega` (``token_weights``, default 1) scales the
     surrogate only, as TRL 1.16 applies its importance ratio and masks before adding its KL.
 
-    Keyword arguments: ``logp`` / ``old_logp`` ``[B, T]`` (``old_logp=None``: on-policy),
-    ``advantages`` ``[B]`` or ``[B, T]``, ``mask`` {0, 1}; ``surrogate`` a callable or name;
-    ``terms`` :class:`LossTerm` s (a zero coefficient reports the term without adding it);
-    ``aggregation`` and the micro-batch normalisers ``max_len``, ``num_sequences``,
-    ``num_tokens`` as :func:`~gbmpo.objectives.aggregate`; ``token_weights`` ``[B, T]`` or
-    ``[B, 1]``, used as given (pass constants), ignored where masked. Returns the scalar loss
-    (float32; float64 for float64 ``logp``) and float metrics: the surrogate's diagnostics,
-    ``pg_loss``, ``reg_loss``, ``reg_value``, ``reg_loss/<name>``, ``reg_value/<name>``, ``loss``.
+    ``logp`` / ``old_logp`` ``[B, T]`` (``None``: on-policy), ``advantages`` ``[B]`` or
+    ``[B, T]``, ``mask`` {0, 1}; ``terms`` :class:`LossTerm` s (a zero coefficient reports the
+    term without adding it); ``aggregation`` and its normalisers as
+    :func:`~gbmpo.objectives.aggregate`; ``token_weights`` ``[B, T]`` or ``[B, 1]`` constants,
+    ignored where masked.
+    Returns the scalar loss (float32; float64 for float64 ``logp``) and float metrics (the
+    surrogate's diagnostics, ``pg_loss``, ``reg_loss[/<name>]``, ``reg_value[/<name>]``, ``loss``).
     """
     loss, packed, layout = _policy_loss(
         logp=logp, old_logp=old_logp, advantages=advantages, mask=mask, surrogate=surrogate,

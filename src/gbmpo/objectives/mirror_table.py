@@ -107,12 +107,7 @@ class MirrorTable:
     -q h''(q)(p - q) = -(G''(t_q) - G'(t_q)) expm1(delta). Arguments beyond y = e (no
     probabilities) use the exact map. Math is float64; the result has the exact map's dtype.
 
-    Cost (:meth:`_kernel`): the elements with p = q (padding, a policy at its reference: D = 0
-    exactly) are skipped by a branch-free compaction when they are more than 1/16; log q and
-    log p of the others go through each step together (one float64 [2, n] buffer, converted
-    once), the six coefficients by one gather each, P and P' by one Horner recurrence (nine
-    fused multiply-adds), the far form on every element and the near form on the few with
-    |delta| < Delta / 2 only, from q's coefficients already gathered (about 27 small ops).
+    Cost: :meth:`_kernel` (p = q skipped) and :meth:`_kernel_dense` (one Horner recurrence).
     """
 
     def __init__(self, exact: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:

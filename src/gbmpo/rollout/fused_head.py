@@ -131,15 +131,13 @@ def linear_selective_log_softmax(
     r""":func:`selective_log_softmax` of the logits :math:`z = (h W^\top + b)/T` without ever
     holding them whole: :math:`\log\pi(i\mid h) = z_i - \operatorname{logsumexp}_v z_v`.
 
-    ``hidden`` ``[..., H]`` (the model body's final, normalised hidden states), ``weight``
-    ``[V, H]`` and ``bias`` ``[V]`` (the LM head), ``index`` ``[...]``. The head is applied to
-    chunks of at most ``chunk_rows`` rows and about 64M logits; the backward recomputes each
-    chunk's logits (as TRL's ``ChunkedLogProbFunction``), so the peak is a few chunk-sized
-    tensors instead of the ``[..., V]`` logits and their gradient. Gradients flow into
-    ``hidden``, ``weight`` and ``bias`` (the weight's summed over the chunks in float32 for
-    16-bit weights). With ``with_entropy`` also the entropy :math:`H = \operatorname{lse}(z) -
-    \sum_v \operatorname{softmax}(z)_v z_v` (no gradient, float32). Returns float32 (float64 for
-    float64 inputs).
+    ``hidden`` ``[..., H]`` (the body's final, normalised hidden states), ``weight`` ``[V, H]``
+    and ``bias`` ``[V]`` (the LM head), ``index`` ``[...]``. The head is applied to chunks of at
+    most ``chunk_rows`` rows and about 64M logits and recomputed in the backward (as TRL's
+    ``ChunkedLogProbFunction``): the peak is a few chunk-sized tensors. Gradients flow into
+    ``hidden``, ``weight`` and ``bias`` (the weight's summed in float32 for 16-bit weights).
+    ``with_entropy``: also :math:`H = \operatorname{lse}(z) - \sum_v \operatorname{softmax}(z)_v
+    z_v` (no gradient, float32). Returns float32 (float64 for float64 inputs).
     """
     if hidden.shape[:-1] != index.shape:
         raise ValueError(f"index shape {tuple(index.shape)} must equal hidden shape without the "

@@ -328,38 +328,15 @@ def completion_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     r"""Per-token :math:`\log\pi_\theta(o_t \mid q, o_{<t})` of the completion tokens.
 
-    The logits that predict completion token :math:`t` sit at the last prompt position
-    (:math:`t=0`) and at completion position :math:`t-1`, so the last completion token is
-    never fed. Two ways to get them, equal up to float rounding:
-
-    * single forward over ``[prompt | completion[:, :-1]]`` keeping the last ``C`` logits
-      (``logits_to_keep``), attention mask = both masks, position ids from the mask's
-      cumulative sum so left padding does not shift positions (as in ``generate``);
-    * ``share_prompts=True`` and some rows share a prompt (the ``G`` completions of a group):
-      each distinct prompt is forwarded once and its KV cache gathered to its rows, then the
-      completions run on the cache, so the prompt's share of the forward and backward is done
-      once per group instead of ``G`` times. Models whose cache is not a plain dynamic cache
-      take the single forward.
-
-    With ``lean`` (default) and a model :class:`~gbmpo.rollout.lean_forward.LeanForward`
-    supports (Llama-shaped, no adapters, no dropout in training mode, no gradient
-    checkpointing), either layout runs through it: the same arithmetic on the model's own
-    parameters (same values and parameter gradients up to float rounding) without
-    transformers' per-call and per-op overhead; otherwise, and with ``lean=False``, through the
-    model's own forward (:func:`logits_forward`).
-
-    With ``fused_head`` (default) and a plain linear LM head (every lean model; transformers'
-    ``*ForCausalLM`` models with or without PEFT adapters, :func:`_body_and_head`), the forward
-    stops at the final hidden states and :func:`linear_selective_log_softmax` applies the head
-    chunk by chunk, recomputing it in the backward: no ``[B, C, V]`` logits or gradient exist
-    (the same values up to float rounding). Otherwise the ``[B, C, V]`` logits are made and
-    reduced by :func:`selective_log_softmax`.
-
-    Logits are divided by ``temperature`` (the sampling distribution). Gradients flow when
-    grad is enabled.
-
-    Returns ``(logp [B, C] float32, entropy [B, C] or None)``; values at masked positions are
-    whatever the model gives and must be masked by the caller.
+    The logits of token :math:`t` (divided by ``temperature``) sit at the last prompt position
+    (:math:`t=0`) and at completion position :math:`t-1`. One forward over
+    ``[prompt | completion[:, :-1]]``, or with ``share_prompts`` each distinct prompt forwarded
+    once, its KV cache gathered to its rows (plain dynamic caches); ``lean``: through
+    :class:`~gbmpo.rollout.lean_forward.LeanForward` where supported (:func:`logits_forward`);
+    ``fused_head``: a plain linear head (:func:`_body_and_head`) applied chunk by chunk by
+    :func:`linear_selective_log_softmax`, else :func:`selective_log_softmax` of the logits.
+    All equal up to float rounding. Returns ``(logp [B, C] float32, entropy [B, C] or None)``
+    with gradients when grad is enabled; masked positions must be masked by the caller.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")

@@ -242,20 +242,14 @@ def _decode(
 ) -> Tensor:
     """The 'gbmpo' generator: prefill each prompt once, expand its KV cache to its ``repeats``
     rows, then decode one token per row per forward until every row has emitted an EOS or
-    ``max_new_tokens`` tokens; finished rows are filled with ``pad_id``. Returns the
-    ``[rows, steps]`` completion ids. With ``lean`` (default) and a model
-    :class:`~gbmpo.rollout.decoder.LeanDecoder` supports, the decode forwards run through it
-    (the same arithmetic on the model's weights without transformers' per-call overhead);
-    otherwise, and with ``lean=False``, through the model's own forward. With the lean
-    decoder the prefill runs through :meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`
-    too (when :class:`~gbmpo.rollout.lean_forward.LeanForward` supports the model in its
-    current mode), whose keys and values are copied straight into the decoder's buffers.
-    ``logprobs``: a list that receives, per step, the ``[rows]`` log-prob of the drawn token
-    under the sampling distribution (:func:`sampled_logprobs`; 0 for finished rows).
-
-    The uniform numbers of the draws, one per step and row, are drawn up front (``[steps,
-    rows]``; on the CPU the same numbers as one draw per step), so that ``decode_step``
-    ``static`` (:func:`_decode_static`, with ``lean``) and ``lean`` draw the same tokens."""
+    ``max_new_tokens`` tokens (finished rows filled with ``pad_id``); the ``[rows, steps]``
+    completion ids. With ``lean`` the prefill
+    (:meth:`~gbmpo.rollout.lean_forward.LeanForward.prompt_cache`) and the decode forwards
+    (:class:`~gbmpo.rollout.decoder.LeanDecoder`) run lean where supported, the keys and values
+    copied straight into the decoder's buffers. ``logprobs`` receives, per step, the ``[rows]``
+    log-prob of the drawn token (:func:`sampled_logprobs`; 0 for finished rows). The uniform
+    numbers are drawn up front (``[steps, rows]``; on the CPU the same as one draw per step), so
+    that ``decode_step`` ``static`` (:func:`_decode_static`) and ``lean`` draw the same tokens."""
     rows = ids.shape[0] * repeats
     uniforms = (torch.rand(max_new_tokens, rows, dtype=torch.float64, device=ids.device)
                 if do_sample else None)  # fmt: skip
@@ -369,40 +363,28 @@ def generate(
     """Sample (or, with ``do_sample=False``, greedily decode) completions of ``prompts``.
 
     Args:
-        model: a causal LM with ``generate`` (put in eval mode for the call, mode restored).
-        tokenizer: its tokenizer; padding is forced to the left for the call.
+        model, tokenizer: a causal LM (eval mode for the call) and its tokenizer (left padding).
         prompts: already-templated prompt texts (at least one).
         num_return_sequences: completions per prompt ``G``; output rows are grouped by prompt.
         max_new_tokens: completion budget ``L_max``.
         do_sample: sample from ``softmax(z / temperature)`` restricted by ``top_k`` (0 = off) and
             ``top_p`` (1 = off); ``False`` is greedy decoding (sampling knobs ignored).
-        generator_seed: seed for the sampling RNG (under ``fork_rng``; global state untouched).
-            The same seed and ``batch_size`` give the same samples; another ``batch_size``
-            draws the random numbers in another order (greedy decoding does not depend on it).
+        generator_seed: seed for the sampling RNG (under ``fork_rng``). The same seed and
+            ``batch_size`` give the same samples.
         batch_size: prompts per forward batch (``None``: all at once).
-        generator: ``"gbmpo"`` (default): each prompt is prefilled once and its KV cache expanded
-            to its ``G`` rows, then a plain decode loop samples with :func:`filter_logits` and
-            :func:`sample_from_logits` (one uniform number per row and step); ``"hf"``:
-            transformers' ``generate`` with the same sampling settings (``G`` prefills per
-            prompt, its own random stream). Both draw from the same distribution; the same
-            seed gives different samples across generators.
-        lean_decoder: with the ``"gbmpo"`` generator, run the decode forwards of a model
-            :class:`~gbmpo.rollout.decoder.LeanDecoder` supports through it (the same logits,
-            without transformers' per-call overhead); ``False``: the model's own forward.
-            Other models always use their own forward.
-        decode_step: with the ``"gbmpo"`` generator and ``lean_decoder``, the decode step
-            (:data:`DECODE_STEPS`): ``"static"``: the static-shape step
-            (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`; a CUDA graph on a GPU;
-            LoRA adapters merged), ``"lean"``: :class:`~gbmpo.rollout.decoder.LeanDecoder`,
-            ``"auto"``: :func:`static_by_default`. Both draw the same tokens from the same
-            seed (up to float rounding of the logits).
-        return_logprobs: also return the sampler's log-prob of every completion token
-            (:attr:`Rollout.sampling_logp`, :func:`sampled_logprobs`; with ``"hf"`` from
-            ``generate``'s processed scores); needs ``do_sample``.
+        generator: ``"gbmpo"``: one prefill per prompt, its KV cache expanded to ``G`` rows,
+            then :func:`filter_logits` and :func:`sample_from_logits`; ``"hf"``: transformers'
+            ``generate``. Same distribution, different samples for one seed.
+        lean_decoder: ``"gbmpo"`` only: decode through :class:`~gbmpo.rollout.decoder.LeanDecoder`
+            where it supports the model (the same logits); ``False``: the model's own forward.
+        decode_step: with ``lean_decoder``, :data:`DECODE_STEPS`: ``"static"``
+            (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`: a CUDA graph, LoRA merged),
+            ``"lean"`` or ``"auto"`` (:func:`static_by_default`); the same tokens per seed.
+        return_logprobs: also the sampler's log-prob of every completion token
+            (:attr:`Rollout.sampling_logp`); needs ``do_sample``.
 
     Returns:
-        a :class:`Rollout` with its tensors on the CPU (:meth:`Rollout.to` moves them); padding
-        to common widths across ``batch_size`` chunks.
+        a :class:`Rollout` with its tensors on the CPU, padded to common widths across chunks.
     """
     if not isinstance(prompts, list) or not prompts:
         raise ValueError("generate needs a non-empty list of prompt strings")

@@ -97,14 +97,10 @@ class GSPOSurrogate:
     arXiv 2507.18071; TRL ``importance_sampling_level="sequence"``; docs/methods.md, section
     "GSPO"), broadcast to every token of completion ``i``.
 
-    Gradient form: the per-token loss is the same for every token of a sequence and each
-    token's log-prob receives :math:`\partial/\partial\log\pi_{i,t} = -A_i s_i/|o_i|` inside the
-    trust region (TRL's broadcast form; verl's "GSPO-token" stop-gradient form
-    :math:`\mathrm{SG}(s_i)\pi_{i,t}/\mathrm{SG}(\pi_{i,t})` has the same value and, with
-    per-sequence advantages and ``grpo`` aggregation, the same total gradient). Use ``grpo``
-    (sequence-mean of token-means) aggregation to get the GSPO objective
-    :math:`\frac1B\sum_i \min(s_iA_i, \mathrm{clip}(s_i)A_i)`; token-sum-based modes weight each
-    sequence by its length. Diagnostics are over tokens (the broadcast ratio).
+    Inside the trust region each token's log-prob receives :math:`-A_i s_i/|o_i|` (TRL's
+    broadcast form; verl's "GSPO-token" form has the same value and total gradient). ``grpo``
+    aggregation gives GSPO's :math:`\frac1B\sum_i \min(s_iA_i, \mathrm{clip}(s_i)A_i)`;
+    token-sum modes weight each sequence by its length. Diagnostics are over tokens.
 
     Args:
         eps_low, eps_high: clip ranges; defaults 3e-4 / 4e-4 as reported for GSPO

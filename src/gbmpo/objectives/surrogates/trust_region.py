@@ -104,20 +104,15 @@ class DivergenceClipSurrogate:
     interval :math:`[l, u]`, and the loss is PPO's clip with these bounds,
     :math:`\ell = -\min(wA, \mathrm{clip}(w, l, u)A)` (:func:`ppo_clip_loss`, dual clip
     optional): the gradient of a token is removed once :math:`f(w) > \delta` in the direction
-    its advantage pushes. ``measure="k3"`` is ATR-GRPO's KL3 trust region, the ``atr``
-    surrogate (same bounds, same bits); ``measure="ratio"`` with ``delta=eps`` is ``clip``.
-    ``prob_l2`` and ``neural_mirror`` give per-token bounds that depend on the sampled token's
-    old probability :math:`p = \pi_{\text{old}}(o_t)`: a rare token may move its ratio further
-    than a likely one (ProbL2: :math:`|w - 1| \le \sqrt\delta / p`).
+    its advantage pushes. ``measure="k3"`` is the ``atr`` surrogate (same bits), ``"ratio"``
+    with ``delta=eps`` is ``clip``. ``prob_l2`` and ``neural_mirror`` bounds depend on the old
+    probability :math:`p = \pi_{\text{old}}(o_t)` (ProbL2: :math:`|w - 1| \le \sqrt\delta / p`).
 
-    DPPO (``dppo_tv``, ``dppo_kl``; Qi et al., arXiv 2602.04879): the binary-TV / binary-KL
-    trust region of the token's probability, with DPPO's loss instead of PPO's clip:
-    :math:`\ell = -A\,\mathrm{SG}(\min(w, C))\,M\log\pi_\theta` (:func:`dppo_loss`), the mask
-    :math:`M` dropping the same tokens the clip with these bounds drops (evaluated on the
-    divergence directly, as DPPO's code does). DPPO's radii: 0.15 (TV) and 0.05 (KL), its
-    authors' recipe; ``is_cap`` is :math:`C`. The diagnostics then count masked tokens as
-    ``clip_frac_high`` (:math:`A > 0`) / ``clip_frac_low`` (:math:`A < 0`) and kept tokens whose
-    weight the cap truncates as ``clip_frac_dual``.
+    DPPO (``dppo_tv``, ``dppo_kl``; Qi et al., arXiv 2602.04879; radii 0.15 and 0.05 in its
+    authors' recipe): DPPO's loss :math:`\ell = -A\,\mathrm{SG}(\min(w, C))\,M\log\pi_\theta`
+    (:func:`dppo_loss`), the mask :math:`M` dropping the tokens outside the binary-TV / binary-KL
+    trust region; ``clip_frac_high`` / ``clip_frac_low`` count masked tokens with
+    :math:`A > 0` / :math:`A < 0`, ``clip_frac_dual`` kept tokens the cap :math:`C` truncates.
 
     Args:
         measure: one of ``ratio`` (:math:`|w-1|`), ``k1`` (:math:`|\log w|`), ``k2``
@@ -132,9 +127,9 @@ class DivergenceClipSurrogate:
         mirror: ``neural_mirror`` only: a :class:`~gbmpo.objectives.mirror.NeuralMirrorMap`, a
             path to a saved map (as the ``neural_mirror`` regularizer takes), or ``None`` for
             ``NeuralMirrorMap.random(0.01, seed=42)``.
-        is_cap: DPPO measures only: the truncated-importance-sampling cap :math:`C > 1` on the
-            stopped weight :math:`\min(w, C)` (verl reads it from ``clip_ratio_c``; its DPPO
-            code falls back to 20, the authors' recipe sets 1e4, i.e. off); ``None``: no cap.
+        is_cap: DPPO measures only: the cap :math:`C > 1` of the stopped weight
+            :math:`\min(w, C)` (verl's ``clip_ratio_c``, 20 by default in its DPPO code; the
+            authors' recipe sets 1e4, i.e. off); ``None``: no cap.
     """
 
     measure: str
