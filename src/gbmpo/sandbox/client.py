@@ -4,8 +4,9 @@ The subpackage's modules: this client (the worker pool and the process-wide defa
 :mod:`~gbmpo.sandbox.results` (programs in, scored results out),
 :mod:`~gbmpo.sandbox.isolation` (the layers and the command that starts a worker inside them),
 :mod:`~gbmpo.sandbox.channel` (the host side of one worker), :mod:`~gbmpo.sandbox.worker` (the
-program that runs in the sandbox) and :mod:`~gbmpo.sandbox.strict_compare` (the reward-hacking
-defences: test rewrite and comparison helpers).
+program that runs in the sandbox), :mod:`~gbmpo.sandbox.run_sides` (its program's process and
+judge) and :mod:`~gbmpo.sandbox.strict_compare` (the reward-hacking defences: test rewrite and
+comparison helpers).
 
 Layered design:
 
