@@ -83,22 +83,33 @@ def test_the_setting_reads_back_and_bad_values_name_their_key():
         ).build()
 
 
-def test_a_seeded_run_holds_its_measure_at_the_target(micro_model_dir, tmp_path):
-    """60 steps of the micro model at a learning rate that drifts fast: the controller brings
-    the rollout's k3 to the target from a coefficient 10x too large (the second half's mean
-    within 25%, the issue's band)."""
+@pytest.mark.slow
+def test_a_seeded_run_of_the_embedded_default_holds_its_measure_at_the_target(tmp_path):
+    """60 steps of the embedded default (the tiny model on the arithmetic task) with KL k3 from
+    a coefficient 2.5x too large: the controller holds the rollout's k3 at 0.025, the second
+    half's mean within 25% (the band asked of it). About 50 s on one core. The same run in
+    the drift-matched comparison (docs/results/drift-matched) ended 9% below the target; its
+    other seeds and arms are there. The measure is the rollouts' k3, heavy-tailed step to
+    step (single steps reach 4x the target), so the band is on a 30-step mean."""
     out = tmp_path / "run"
-    cfg = _config(micro_model_dir, out, "{target: 0.02, horizon: 2}", **{"run.steps": "60"})
-    Trainer(cfg, reward_fn=varied_reward).train()
+    overrides = {
+        "run.steps": "60", "run.seed": "0", "run.time_budget_seconds": "null",
+        "run.checkpoint_every": "0", "run.progress": "false", "run.output_dir": str(out),
+        "eval.before": "false", "eval.after": "false", "eval.every": "0",
+        "objective.regularizer.name": "kl_k3", "objective.regularizer.coef": "0.1",
+        "objective.regularizer.control": "{target: 0.025, horizon: 5}",
+        "objective.monitor_regularizers": "false",
+    }  # fmt: skip
+    Trainer(load_config(None, list(overrides.items()))).train()
     rows = read_metrics(out)
     measure = [r["drift_measure/kl_k3"] for r in rows]
     coefs = [r["drift_coef/kl_k3"] for r in rows]
     assert measure == [r["reg/kl_k3"] for r in rows]  # the measure is the logged drift
-    assert coefs[0] == 0.5 and len(set(coefs)) > 30  # it moved
+    assert coefs[0] == 0.1 and len(set(coefs)) > 30  # it moved
     late = measure[30:]
-    assert sum(late) / len(late) == pytest.approx(0.02, rel=0.25)
+    assert sum(late) / len(late) == pytest.approx(0.025, rel=0.25)
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["drift_control"]["kl_k3"]["target"] == 0.02
+    assert summary["drift_control"]["kl_k3"]["target"] == 0.025
 
 
 def test_resume_continues_the_coefficient_bit_for_bit(micro_model_dir, tmp_path):
