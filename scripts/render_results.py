@@ -288,6 +288,108 @@ def es_scaling() -> str:
     return table(["repeat", "serial", "2 workers", "speed-up", "parallel efficiency"], rows)
 
 
+def sft_control() -> str:
+    """The equal-time SFT-on-gold control on the shipped model (``sft_control.py``)."""
+    d = bench("sft_control-seed5-asset")
+    runs = d["runs"]
+    steps = sorted(r["steps"] for r in runs)
+    rows = [[str(r["seed"]), f"{pct(r['before'])} → {pct(r['after'])}", str(r["steps"]),
+             signed(r["gain_points"])] for r in runs]  # fmt: skip
+    rows.append(["**mean**", f"{pct(runs[0]['before'])} → "
+                 f"{pct(sum(r['after'] for r in runs) / len(runs))}",
+                 f"{steps[0]}–{steps[-1]}", f"**{signed(d['mean_gain_points'])}**"])  # fmt: skip
+    return table([f"SFT seed, {d['settings']['seconds']:.0f} s", "before → after", "SFT steps",
+                  "gain"], rows)  # fmt: skip
+
+
+def _sign(text: str) -> str:
+    """A leading minus as the typographic one (an exponent's sign stays)."""
+    return "−" + text[1:] if text.startswith("-") else text
+
+
+def estimators() -> str:
+    """Exact divergence and each sampled estimator's bias (``estimator_table.py``)."""
+    pairs = bench("estimator_table")["pairs"]
+
+    def exact(q: dict[str, float]) -> str:
+        return f"{q['mean']:.4g} ± {q['se']:.2g}"
+
+    def bias(e: dict[str, float]) -> str:
+        shift = _sign(f"{e['bias']:+.3g}")
+        return f"{shift} ± {e['bias_se']:.2g} ({e['std']:.3g})"
+
+    shown = [("**KL**, exact", "kl", exact), ("k1", "k1", bias), ("k2", "k2", bias),
+             ("k3", "k3", bias), ("**Σ (p − q)²**, exact", "prob_l2", exact),
+             ("`prob_l2`, sampled", "prob_l2 (sampled)", bias),
+             ("`prob_l2` / p (importance-weighted)", "prob_l2 / p (IS)", bias)]  # fmt: skip
+    rows = [[label, *(fmt(v[key]) for v in pairs.values())] for label, key, fmt in shown]
+    header = ["exact value, or an estimator's bias ± s.e. (std per token)"]
+    header += [name.replace(" x ", " × ") for name in pairs]
+    return table(header, rows)
+
+
+def full_vocab() -> str:
+    """Memory and time of the full-vocabulary KL against the naive computation
+    (``full_vocab.py``; the first call's extra peak, the faster call's time)."""
+    d = bench("full_vocab")
+    one = d["one_logits_tensor_gb"]
+    rows = []
+    for mode, shown in (("logits", "logits"), ("hidden", "hidden states + LM head")):
+        m = d["modes"][mode]
+        g, n = m["gbmpo"], m["naive"]
+
+        def beyond(v: dict[str, Any]) -> str:
+            return f"{(v['extra_peak_gb'] - v['gradient_gb']) / one:.2f}"
+
+        rows.append([shown, f"{g['extra_peak_gb']:.3f} / {n['extra_peak_gb']:.3f} GB",
+                     f"**{beyond(g)}** / {beyond(n)}", f"{m['time_ratio_vs_naive']:.2f}×"])
+    return table(["KL over the whole vocabulary, from", "extra memory, gbmpo / naive",
+                  f"beyond the gradients, in logits tensors ({one:.3f} GB): gbmpo / naive",
+                  "time vs naive"], rows)  # fmt: skip
+
+
+def trainer_speed() -> str:
+    """Steps per second against TRL's ``GRPOTrainer`` (``trainer_vs_trl.py``): CPU time in the
+    run that also timed the code before, wall time in an earlier run on a quiet machine."""
+    cpu, wall = bench("trainer_vs_trl-2026-11-27"), bench("trainer_vs_trl-2026-11-25-speed")
+    rows = []
+    for size, s in cpu["sizes"].items():
+        before = s["trl"]["cpu_seconds_per_step"] / s["gbmpo-before"]["cpu_seconds_per_step"]
+        rows.append([f"{s['parameters'] / 1e6:.2g}M parameters",
+                     f"**{s['speedup_cpu_time']:.2f}×** ({before:.2f}×)",
+                     f"{wall['sizes'][size]['speedup_steps']:.2f}×"])  # fmt: skip
+    day = cpu["machine"]["date"].split()[0]
+    return table(["model", f"speed-up, CPU time ({day}; the code before, same run)",
+                  f"speed-up, wall ({wall['machine']['date'].split()[0]}, quiet machine)"], rows)
+
+
+def sandbox_soak() -> str:
+    """Resource use over a long stream of executions (``sandbox_soak.py``)."""
+    d = bench("sandbox_soak")
+    f = d["flatness"]
+
+    def group(keys: list[str]) -> list[str]:
+        def joined(field: str, fmt: str = "{:g}") -> str:
+            return " / ".join(fmt.format(f[k][field]) for k in keys)
+
+        return [f"{joined('first')} → {joined('last')}", joined("slope_per_1000"),
+                joined("bound")]  # fmt: skip
+
+    rss = f["rss_mb"]
+    t = d["throughput"]
+    rows = [["RSS", f"{rss['first']:.1f} → {rss['last']:.1f} MiB",
+             f"{rss['slope_per_1000']:+.3f} MiB (second half {rss['slope_second_half']:+.3f})",
+             f"{rss['bound']:g} MiB"],
+            ["open descriptors / threads / live child processes",
+             *group(["fds", "threads", "children"])],
+            ["temporary entries, host / workers' `/tmp`", *group(["tmp_host", "tmp_sandbox"])],
+            [f"throughput, first → last {t['window']:,} executions",
+             f"{t['first_per_s']:.1f} → {t['last_per_s']:.1f}/s ({t['last_over_first']:.2f}×)",
+             "", ""]]  # fmt: skip
+    return table([f"over {d['executions']:,} executions", "first → last",
+                  "slope per 1,000 executions", "bound"], rows)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- README
 
 
@@ -445,6 +547,11 @@ TABLES: dict[str, Callable[[], str]] = {
     "reliability-trl": reliability_trl,
     "reliability-signals": reliability_signals,
     "es-scaling": es_scaling,
+    "sft-control": sft_control,
+    "estimators": estimators,
+    "full-vocab": full_vocab,
+    "trainer-speed": trainer_speed,
+    "sandbox-soak": sandbox_soak,
     "paper-plans": paper_plans,
     "paper-times": paper_times,
 }
