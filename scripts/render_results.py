@@ -390,6 +390,86 @@ def sandbox_soak() -> str:
                   "slope per 1,000 executions", "bound"], rows)  # fmt: skip
 
 
+_MIRRORS = ("neural_mirror", "neural_mirror_table", "neural_mirror_exact")
+
+
+def _cost_rows(name: str, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The ``after`` timings of ``objective_cost_NAME.json``'s rows that ``keep`` selects, each
+    with its surrogate and regularizer."""
+    return [{"surrogate": r["surrogate"], "regularizer": r["regularizer"], **r["after"]}
+            for r in bench(f"objective_cost_{name}")["rows"] if keep(r)]  # fmt: skip
+
+
+def _sampled(r: dict[str, Any]) -> bool:
+    """A sampled-token objective: neither the regularizer nor the clip measure is the neural
+    mirror map."""
+    return r["regularizer"] not in _MIRRORS and "neural_mirror" not in r["surrogate"]
+
+
+def _span(xs: list[float], digits: int = 2, unit: str = "×") -> str:
+    lo, hi = f"{min(xs):.{digits}f}", f"{max(xs):.{digits}f}"
+    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+
+
+def objective_cost() -> str:
+    """The policy loss's cost against a TRL-style clip + k3 loss (``objective_cost.py``): the
+    whole grid twice on an idle CPU thread (``final_run1/2``) and twice under load
+    (``fused``, ``fused_run2``), the mirror map's own runs (``mirror_final_run1/2``), one H100
+    eager (``h100_eager``, wall time) and compiled (``h100_compile_*``)."""
+    from statistics import median
+
+    idle = [_cost_rows(f"final_run{i}", _sampled) for i in (1, 2)]
+    load = [_cost_rows(n, _sampled) for n in ("fused", "fused_run2")]
+    n_pairs = len(idle[0])
+    within = sorted({sum(r["ratio_cpu"] <= 1.5 for r in run) for run in idle})
+    worst = [max(run, key=lambda r: r["ratio_cpu"]) for run in idle]
+    pair = {f"`{w['surrogate']}` + `{w['regularizer']}`" for w in worst}
+    cpu = (f"**{_span([median(r['ratio_cpu'] for r in run) for run in idle])}** on an idle "
+           f"machine; {' / '.join(map(str, within))} of {n_pairs} pairs within 1.5×, the worst "
+           f"{_span([w['ratio_cpu'] for w in worst])} ({', '.join(sorted(pair))}); "
+           f"{_span([median(r['ratio_cpu'] for r in run) for run in load])} under load")
+    eager = _cost_rows("h100_eager", lambda r: True)
+    sampled = [r["ratio_wall"] for r in eager if _sampled(r)]
+    compiled = [r for n in ("run1", "run2", "run3", "surrogates", "no_metrics_read")
+                for r in _cost_rows(f"h100_compile_{n}", lambda r: True)]  # fmt: skip
+    comp = [r for r in compiled if _sampled(r)]
+    rows = [[f"sampled-token objectives (median over the {n_pairs} surrogate × regularizer "
+             "pairs)", cpu, f"{median(sampled):.2f}× median ({_span(sampled)})",
+             f"**{_span([r['ratio_vs_eager_baseline'] for r in comp])}** the eager TRL-style "
+             f"loss, {_span([r['ratio_wall'] for r in comp])} a compiled one"]]  # fmt: skip
+
+    def mirror(keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        return [r for i in (1, 2) for r in _cost_rows(f"mirror_final_run{i}", keep)]
+
+    def on_gpu(surrogate: str, regularizer: str) -> str:
+        r = next(r for r in eager if (r["surrogate"], r["regularizer"]) == (surrogate, regularizer))
+        return f"{r['ratio_wall']:.1f}×"
+
+    table_rows = mirror(lambda r: r["regularizer"] == "neural_mirror"
+                        and "neural_mirror" not in r["surrogate"])  # fmt: skip
+    comp_mirror = [r["ratio_vs_eager_baseline"] for r in compiled
+                   if r["regularizer"] == "neural_mirror"]  # fmt: skip
+    rows.append(["with the neural mirror map, `evaluation: table` (the default; within 1e-6 of "
+                 "the exact map's divergence and gradient)",
+                 f"**{_span([r['ratio_cpu'] for r in table_rows], 1)}**",
+                 on_gpu("clip", "neural_mirror"),
+                 f"{_span(comp_mirror, 1)} (not one graph)"])  # fmt: skip
+    exact = [r for run in (1, 2) for r in _cost_rows(
+        f"final_run{run}", lambda r: r["regularizer"] == "neural_mirror_exact")]  # fmt: skip
+    rows.append(["with the neural mirror map, `evaluation: exact`",
+                 f"{_span([r['ratio_cpu'] for r in exact], 0)} "
+                 f"({_span([r['cpu_ms'] for r in exact], 0, ' ms')} per batch)",
+                 on_gpu("clip", "neural_mirror_exact"), "–"])  # fmt: skip
+    clip = mirror(lambda r: r["surrogate"] == "dc:neural_mirror" and r["regularizer"] == "none")
+    rows.append(["the neural-mirror clip measure",
+                 f"**{_span([r['ratio_cpu'] for r in clip], 1)}** "
+                 f"({_span([r['cpu_ms'] for r in clip], 1, ' ms')})",
+                 on_gpu("dc:neural_mirror", "none"), "–"])  # fmt: skip
+    return table(["policy loss, forward + backward, against a TRL-style clip + k3 loss",
+                  "CPU, one thread", "one H100, eager", "one H100, `compiled_policy_loss`"],
+                 rows)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- README
 
 
@@ -552,6 +632,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "full-vocab": full_vocab,
     "trainer-speed": trainer_speed,
     "sandbox-soak": sandbox_soak,
+    "objective-cost": objective_cost,
     "paper-plans": paper_plans,
     "paper-times": paper_times,
 }
