@@ -288,6 +288,185 @@ def es_scaling() -> str:
     return table(["repeat", "serial", "2 workers", "speed-up", "parallel efficiency"], rows)
 
 
+def sft_control() -> str:
+    """The equal-time SFT-on-gold control on the shipped model (``sft_control.py``), in the
+    form of the RL rows above it."""
+    d = bench("sft_control-seed5-asset")
+    runs = d["runs"]
+    steps = sorted(r["steps"] for r in runs)
+    after = " / ".join(pct(r["after"]) for r in runs)
+    row = [f"{d['settings']['seconds']:.0f} s", ", ".join(str(r["seed"]) for r in runs),
+           f"{after} ({steps[0]}–{steps[-1]})", f"**{signed(d['mean_gain_points'])}**"]
+    return table(["SFT on the gold solutions", "seeds", "after (steps)", "gain"], [row])
+
+def _sign(text: str) -> str:
+    """A leading minus as the typographic one (an exponent's sign stays)."""
+    return "−" + text[1:] if text.startswith("-") else text
+
+
+def estimators() -> str:
+    """Exact divergence and each sampled estimator's bias (``estimator_table.py``)."""
+    pairs = bench("estimator_table")["pairs"]
+
+    def exact(q: dict[str, float]) -> str:
+        return f"{q['mean']:.4g} ± {q['se']:.2g}"
+
+    def bias(e: dict[str, float]) -> str:
+        shift = _sign(f"{e['bias']:+.3g}")
+        return f"{shift} ± {e['bias_se']:.2g} ({e['std']:.3g})"
+
+    shown = [("**KL**, exact", "kl", exact), ("k1", "k1", bias), ("k2", "k2", bias),
+             ("k3", "k3", bias), ("**Σ (p − q)²**, exact", "prob_l2", exact),
+             ("`prob_l2`, sampled", "prob_l2 (sampled)", bias),
+             ("`prob_l2` / p (importance-weighted)", "prob_l2 / p (IS)", bias)]  # fmt: skip
+    rows = [[label, *(fmt(v[key]) for v in pairs.values())] for label, key, fmt in shown]
+    header = ["exact value, or an estimator's bias ± s.e. (std per token)"]
+    header += [name.replace(" x ", " × ") for name in pairs]
+    return table(header, rows)
+
+
+def full_vocab() -> str:
+    """Memory and time of the full-vocabulary KL against the naive computation
+    (``full_vocab.py``; the first call's extra peak, the faster call's time)."""
+    d = bench("full_vocab")
+    one = d["one_logits_tensor_gb"]
+    rows = []
+    for mode, shown in (("logits", "logits"), ("hidden", "hidden states + LM head")):
+        m = d["modes"][mode]
+        g, n = m["gbmpo"], m["naive"]
+
+        def beyond(v: dict[str, Any]) -> str:
+            return f"{(v['extra_peak_gb'] - v['gradient_gb']) / one:.2f}"
+
+        rows.append([shown, f"{g['extra_peak_gb']:.3f} / {n['extra_peak_gb']:.3f} GB",
+                     f"**{beyond(g)}** / {beyond(n)}", f"{m['time_ratio_vs_naive']:.2f}×"])
+    return table(["KL over the whole vocabulary, from", "extra memory, gbmpo / naive",
+                  f"beyond the gradients, in logits tensors ({one:.3f} GB): gbmpo / naive",
+                  "time vs naive"], rows)  # fmt: skip
+
+
+def trainer_speed() -> str:
+    """Steps per second against TRL's ``GRPOTrainer`` (``trainer_vs_trl.py``): CPU time in the
+    run that also timed the code before, wall time in an earlier run on a quiet machine."""
+    cpu, wall = bench("trainer_vs_trl-2026-11-27"), bench("trainer_vs_trl-2026-11-25-speed")
+    rows = []
+    for size, s in cpu["sizes"].items():
+        before = s["trl"]["cpu_seconds_per_step"] / s["gbmpo-before"]["cpu_seconds_per_step"]
+        rows.append([f"{s['parameters'] / 1e6:.2g}M parameters",
+                     f"**{s['speedup_cpu_time']:.2f}×** ({before:.2f}×)",
+                     f"{wall['sizes'][size]['speedup_steps']:.2f}×"])  # fmt: skip
+    day = cpu["machine"]["date"].split()[0]
+    return table(["model", f"speed-up, CPU time ({day}; the code before, same run)",
+                  f"speed-up, wall ({wall['machine']['date'].split()[0]}, quiet machine)"], rows)
+
+
+def sandbox_soak() -> str:
+    """Resource use over a long stream of executions (``sandbox_soak.py``)."""
+    d = bench("sandbox_soak")
+    f = d["flatness"]
+
+    def group(keys: list[str]) -> list[str]:
+        def joined(field: str, fmt: str = "{:g}") -> str:
+            return " / ".join(fmt.format(f[k][field]) for k in keys)
+
+        return [f"{joined('first')} → {joined('last')}", joined("slope_per_1000"),
+                joined("bound")]  # fmt: skip
+
+    rss = f["rss_mb"]
+    t = d["throughput"]
+    rows = [["RSS", f"{rss['first']:.1f} → {rss['last']:.1f} MiB",
+             f"{rss['slope_per_1000']:+.3f} MiB (second half {rss['slope_second_half']:+.3f})",
+             f"{rss['bound']:g} MiB"],
+            ["open descriptors / threads / live child processes",
+             *group(["fds", "threads", "children"])],
+            ["temporary entries, host / workers' `/tmp`", *group(["tmp_host", "tmp_sandbox"])],
+            [f"throughput, first → last {t['window']:,} executions",
+             f"{t['first_per_s']:.1f} → {t['last_per_s']:.1f}/s ({t['last_over_first']:.2f}×)",
+             "", ""]]  # fmt: skip
+    return table([f"over {d['executions']:,} executions", "first → last",
+                  "slope per 1,000 executions", "bound"], rows)  # fmt: skip
+
+
+_MIRRORS = ("neural_mirror", "neural_mirror_table", "neural_mirror_exact")
+
+
+def _cost_rows(name: str, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The ``after`` timings of ``objective_cost_NAME.json``'s rows that ``keep`` selects, each
+    with its surrogate and regularizer."""
+    return [{"surrogate": r["surrogate"], "regularizer": r["regularizer"], **r["after"]}
+            for r in bench(f"objective_cost_{name}")["rows"] if keep(r)]  # fmt: skip
+
+
+def _sampled(r: dict[str, Any]) -> bool:
+    """A sampled-token objective: neither the regularizer nor the clip measure is the neural
+    mirror map."""
+    return r["regularizer"] not in _MIRRORS and "neural_mirror" not in r["surrogate"]
+
+
+def _span(xs: list[float], digits: int = 2, unit: str = "×") -> str:
+    lo, hi = f"{min(xs):.{digits}f}", f"{max(xs):.{digits}f}"
+    return f"{lo}{unit}" if lo == hi else f"{lo}–{hi}{unit}"
+
+
+def objective_cost() -> str:
+    """The policy loss's cost against a TRL-style clip + k3 loss (``objective_cost.py``): the
+    whole grid twice on an idle CPU thread (``final_run1/2``) and twice under load
+    (``fused``, ``fused_run2``), the mirror map's own runs (``mirror_final_run1/2``), one H100
+    eager (``h100_eager``, wall time) and compiled (``h100_compile_*``)."""
+    from statistics import median
+
+    idle = [_cost_rows(f"final_run{i}", _sampled) for i in (1, 2)]
+    load = [_cost_rows(n, _sampled) for n in ("fused", "fused_run2")]
+    n_pairs = len(idle[0])
+    within = sorted({sum(r["ratio_cpu"] <= 1.5 for r in run) for run in idle})
+    worst = [max(run, key=lambda r: r["ratio_cpu"]) for run in idle]
+    pair = {f"`{w['surrogate']}` + `{w['regularizer']}`" for w in worst}
+    cpu = (f"**{_span([median(r['ratio_cpu'] for r in run) for run in idle])}** on an idle "
+           f"machine; {' / '.join(map(str, within))} of {n_pairs} pairs within 1.5×, the worst "
+           f"{_span([w['ratio_cpu'] for w in worst])} ({', '.join(sorted(pair))}); "
+           f"{_span([median(r['ratio_cpu'] for r in run) for run in load])} under load")
+    eager = _cost_rows("h100_eager", lambda r: True)
+    sampled = [r["ratio_wall"] for r in eager if _sampled(r)]
+    compiled = [r for n in ("run1", "run2", "run3", "surrogates", "no_metrics_read")
+                for r in _cost_rows(f"h100_compile_{n}", lambda r: True)]  # fmt: skip
+    comp = [r for r in compiled if _sampled(r)]
+    rows = [[f"sampled-token objectives (median over the {n_pairs} surrogate × regularizer "
+             "pairs)", cpu, f"{median(sampled):.2f}× median ({_span(sampled)})",
+             f"**{_span([r['ratio_vs_eager_baseline'] for r in comp])}** the eager TRL-style "
+             f"loss, {_span([r['ratio_wall'] for r in comp])} a compiled one"]]  # fmt: skip
+
+    def mirror(keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+        return [r for i in (1, 2) for r in _cost_rows(f"mirror_final_run{i}", keep)]
+
+    def on_gpu(surrogate: str, regularizer: str) -> str:
+        r = next(r for r in eager if (r["surrogate"], r["regularizer"]) == (surrogate, regularizer))
+        return f"{r['ratio_wall']:.1f}×"
+
+    table_rows = mirror(lambda r: r["regularizer"] == "neural_mirror"
+                        and "neural_mirror" not in r["surrogate"])  # fmt: skip
+    comp_mirror = [r["ratio_vs_eager_baseline"] for r in compiled
+                   if r["regularizer"] == "neural_mirror"]  # fmt: skip
+    rows.append(["with the neural mirror map, `evaluation: table` (the default; within 1e-6 of "
+                 "the exact map's divergence and gradient)",
+                 f"**{_span([r['ratio_cpu'] for r in table_rows], 1)}**",
+                 on_gpu("clip", "neural_mirror"),
+                 f"{_span(comp_mirror, 1)} (not one graph)"])  # fmt: skip
+    exact = [r for run in (1, 2) for r in _cost_rows(
+        f"final_run{run}", lambda r: r["regularizer"] == "neural_mirror_exact")]  # fmt: skip
+    rows.append(["with the neural mirror map, `evaluation: exact`",
+                 f"{_span([r['ratio_cpu'] for r in exact], 0)} "
+                 f"({_span([r['cpu_ms'] for r in exact], 0, ' ms')} per batch)",
+                 on_gpu("clip", "neural_mirror_exact"), "–"])  # fmt: skip
+    clip = mirror(lambda r: r["surrogate"] == "dc:neural_mirror" and r["regularizer"] == "none")
+    rows.append(["the neural-mirror clip measure",
+                 f"**{_span([r['ratio_cpu'] for r in clip], 1)}** "
+                 f"({_span([r['cpu_ms'] for r in clip], 1, ' ms')})",
+                 on_gpu("dc:neural_mirror", "none"), "–"])  # fmt: skip
+    return table(["policy loss, forward + backward, against a TRL-style clip + k3 loss",
+                  "CPU, one thread", "one H100, eager", "one H100, `compiled_policy_loss`"],
+                 rows)  # fmt: skip
+
+
 # ----------------------------------------------------------------------------- README
 
 
@@ -445,6 +624,12 @@ TABLES: dict[str, Callable[[], str]] = {
     "reliability-trl": reliability_trl,
     "reliability-signals": reliability_signals,
     "es-scaling": es_scaling,
+    "sft-control": sft_control,
+    "estimators": estimators,
+    "full-vocab": full_vocab,
+    "trainer-speed": trainer_speed,
+    "sandbox-soak": sandbox_soak,
+    "objective-cost": objective_cost,
     "paper-plans": paper_plans,
     "paper-times": paper_times,
 }

@@ -102,3 +102,22 @@ def test_links_to_repository_files_work_on_the_site(tmp_path: Path) -> None:
     assert "](../../_repo/configs/tiny-atr.yaml)" in deep
     with pytest.raises(Exception, match="missing repository file"):
         mod["repo_links"]("[m](../configs/none.yaml)", "results.md", docs)
+
+
+def test_links_to_repository_folders_work_on_the_site() -> None:
+    """A relative link to a repository folder (a listing in a clone's browser) is pointed at a
+    listing page the site serves, whose links reach the folder's files; files too large to copy
+    (model weights) are named, not linked."""
+    import runpy
+
+    pytest.importorskip("mkdocs")
+    mod = runpy.run_path(str(REPO / "scripts" / "mkdocs_hooks.py"))
+    out, linked = mod["repo_links"]("[p](../configs/paper/)", "getting-started.md", REPO / "docs")
+    assert linked == ["configs/paper/"] and "](_repo/configs/paper/index.html)" in out
+    page, shown = mod["folder_listing"]("configs/paper")
+    yaml = sorted(p.name for p in (REPO / "configs" / "paper").glob("*.yaml"))
+    assert yaml and shown == [f"configs/paper/{n}" for n in yaml]
+    assert all(f'<a href="{n}">' in page for n in yaml)
+    weights, shown = mod["folder_listing"]("src/gbmpo/assets/tiny-qwen3")
+    assert "model.safetensors (" in weights and '<a href="model.safetensors"' not in weights
+    assert "src/gbmpo/assets/tiny-qwen3/config.json" in shown

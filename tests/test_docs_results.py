@@ -44,6 +44,11 @@ def test_a_planted_mismatch_is_caught(mod: dict[str, Any]) -> None:
     planted = text.replace(row, "| kl_k3 | 0.04 | 79.5 ± 1.8 | – |")
     assert mod["rendered"](planted) != planted
     assert mod["rendered"](planted) == text
+    # the estimator table's k3 bias on the trained pair, as estimator_table.json gives it
+    cell = "| k3 | −0.00367 ± 0.0015 (0.282) |"
+    assert cell in text
+    planted = text.replace(cell, "| k3 | −0.00267 ± 0.0015 (0.282) |")
+    assert mod["rendered"](planted) == text
     readme = (ROOT / "README.md").read_text()
     planted = readme.replace("25 of 25 `--engine trl` kills", "30 of 30 `--engine trl` kills")
     assert planted != readme and mod["rendered"](planted) == readme
