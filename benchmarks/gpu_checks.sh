@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The project's GPU checks in one call, for a lent one-GPU machine with no network: the scale
-# rehearsal (benchmarks/scale_rehearsal.py) at Qwen3-1.7B's shape, its own setting (8 x 8 x 256,
-# full fine-tuning; the own engine with a set and a planned micro-batch) and the GBMPO paper
-# config's (2 x 4 x 256, LoRA r 64), own engine and TRL, the own engine's phases against the
-# card's measured copy bandwidth and matmul peak; the own sampler's decode steps side by side
-# (the static step as a CUDA graph against the lean decoder, with and without LoRA); then the own
-# engine at 512 new tokens. The limits add up to 8 minutes; at the speeds measured before the
-# static decoder the steps take about 6 (each step has its own time limit, so that one failing
-# step does not lose the others); every result goes to $OUT (default ./gpu_out): log.txt and one
-# JSON per step.
+# The project's GPU checks in one call, for a lent one-GPU machine with no network, within 7
+# minutes of limits (the sum below), so that a 15-minute lease keeps time for the machine's
+# start and one rerun. At Qwen3-1.7B's shape (a random model, bf16):
+#   1. scale_rehearsal_paper: the GBMPO paper config's setting (2 x 4 x 256, LoRA r 64), own
+#      engine by phase and TRL (without vLLM): the own-vs-TRL seconds per step; builds the
+#      random model the other steps reuse;
+#   2. scale_rehearsal: the rehearsal's setting (8 x 8 x 256, full fine-tuning, the reference
+#      on the card), own engine with the planned micro-batch, by phase: decode against its
+#      weights-only bound, MFU per phase, peak memory against the plan;
+#   3. decode_step: the static step (a CUDA graph) against the lean decoder, 8 and 64 rows x
+#      128 tokens, without LoRA and with r 64 (merged): ms per token against the bound.
+# Budget (seconds; each step has its own time limit, so one failing step does not lose the
+# others): wheel install 45 + versions 20 + paper 165 + rehearsal 105 + decode 85 = 420.
+# Left out to fit: TRL in the rehearsal's setting, the micro-batch of 8 beside the planned one,
+# 512 new tokens (run scale_rehearsal.py with --engines, --micro, --new-tokens for those).
+# Every result goes to $OUT (default ./gpu_out): log.txt and one JSON per step.
 #
 #   bash benchmarks/gpu_checks.sh                  # gbmpo installed with its [trl] extra
 #   WHEELS=.whl bash benchmarks/gpu_checks.sh      # offline: first install the wheels in .whl
@@ -26,12 +32,12 @@ LOG="$OUT/log.txt"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 export PYTHONPATH="src${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "${WHEELS:-}" ]; then
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  timeout 45 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/gbmpo_site "$WHEELS"/*.whl >>"$LOG" 2>&1 || echo "wheel install failed" | tee -a "$LOG"
   export PYTHONPATH="$PYTHONPATH:/tmp/gbmpo_site"
 fi
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+{ timeout 5 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  timeout 15 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
   nproc; } 2>&1 | tee -a "$LOG"
 
 # step NAME SECONDS ARGS...: python3 ARGS under a time limit, its output appended to the log; the
@@ -51,25 +57,22 @@ step() {
   echo "== $name rc=$rc in $((SECONDS - t0)) s" | tee -a "$LOG"
 }
 
-DEV=cuda SIZE=full MODEL=/tmp/gbmpo_qwen3_random NEW=512
-DECODE="--shape qwen3-1.7b --rows 8,64 --new-tokens 256 --lora 0,64 --reps 1"
+DEV=cuda SIZE=full MODEL=/tmp/gbmpo_qwen3_random
+DECODE="--shape qwen3-1.7b --rows 8,64 --new-tokens 128 --lora 0,64 --reps 1"
 if [ -n "${SMOKE:-}" ]; then
-  DEV=cpu SIZE=tiny MODEL=/tmp/gbmpo_tiny_random NEW=12
+  DEV=cpu SIZE=tiny MODEL=/tmp/gbmpo_tiny_random
   DECODE="--shape tiny --rows 8 --new-tokens 8 --lora 0,8 --reps 1"
 fi
-# 1. the rehearsal's setting: own engine (micro 8, and planned) and TRL; builds the random model
-step scale_rehearsal 200 benchmarks/scale_rehearsal.py --settings rehearsal --size $SIZE \
-  --device $DEV --model-dir $MODEL --out "$OUT/scale_rehearsal.json"
-# 2. the paper config's setting (LoRA r 64): own engine and TRL, the same random model
-step scale_rehearsal_paper 150 benchmarks/scale_rehearsal.py --settings paper --size $SIZE \
+# 1. the paper config's setting (LoRA r 64): own engine and TRL; builds the random model
+step scale_rehearsal_paper 165 benchmarks/scale_rehearsal.py --settings paper --size $SIZE \
   --device $DEV --model-dir $MODEL --out "$OUT/scale_rehearsal_paper.json"
+# 2. the rehearsal's setting: own engine, planned micro-batch, by phase; the same random model
+step scale_rehearsal 105 benchmarks/scale_rehearsal.py --settings rehearsal --engines gbmpo \
+  --micro planned --size $SIZE --device $DEV --model-dir $MODEL \
+  --out "$OUT/scale_rehearsal.json"
 # 3. the decode steps at Qwen3-1.7B's shape (bf16): the static step (a CUDA graph) and the lean
-# decoder at 8 and 64 rows x 256 tokens, and the static step with LoRA r 64 (merged), against
+# decoder at 8 and 64 rows x 128 tokens, and the static step with LoRA r 64 (merged), against
 # the weights-only bound (measured copy bandwidth)
-step decode_step 90 benchmarks/decode_step.py --device $DEV $DECODE --steps static,lean \
+step decode_step 85 benchmarks/decode_step.py --device $DEV $DECODE --steps static,lean \
   --out "$OUT/decode_step.json"
-# 4. both settings' own engine at 512 new tokens
-step scale_rehearsal_512 60 benchmarks/scale_rehearsal.py --engines gbmpo --micro planned \
-  --size $SIZE --device $DEV --model-dir $MODEL --new-tokens $NEW \
-  --out "$OUT/scale_rehearsal_512.json"
 echo "done $(date -u +%T)" | tee -a "$LOG"

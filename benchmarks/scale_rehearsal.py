@@ -475,8 +475,11 @@ def print_tables(result: dict[str, Any]) -> None:
     """The per-phase table of each own-engine run and every run's seconds per step."""
     for setting, runs in result["settings"].items():
         for run, r in runs.items():
+            plan = r.get("plan") or {}
+            kept = ((plan.get("decode_buffers") or 0) + (plan.get("merged_weights") or 0)) / 2**30
+            of_which = f", of which static decoder {kept:.3g}" if kept else ""
             print(f"\n{setting}, {run}: {r['step_seconds_mean']:.3f} s/step, peak "
-                  f"{_fmt(r['peak_memory_gib'])} GiB (plan {r['plan_peak_gib']:.3g})")
+                  f"{_fmt(r['peak_memory_gib'])} GiB (plan {r['plan_peak_gib']:.3g}{of_which})")
             if not r.get("phases"):
                 continue
             print("| phase | s | tokens | tokens/s | MFU (measured peak) | MFU (data sheet) |")

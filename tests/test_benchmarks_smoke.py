@@ -174,3 +174,19 @@ def test_decode_step_benchmark_toy(tmp_path: Path) -> None:
     assert plain["static_vs_lean_tokens_differing"] == 0
     assert lora["static_vs_model_tokens_differing"] == 0
     assert all(r["tokens_per_second"] > 0 for c in data["cases"] for r in c["steps"].values())
+
+
+def test_lora_update_profile_counts_the_update_s_ops(tmp_path: Path) -> None:
+    """The LoRA update's profile at 2 layers: gradient checkpointing off, one dropout per
+    adapted projection and forward (7 projections x 2 layers x 2 forwards, the prompt's and the
+    completions', x 4 micro-batches of 2 rows), the backward's ops counted apart."""
+    data, last = _run("lora_update_profile.py", tmp_path / "lp.json", "--layers", "2",
+                      "--new-tokens", "4")
+    assert last.startswith("lora_update_profile (lora r 64, dropout 0.1, checkpointing False")
+    assert data["gradient_checkpointing"] is False and data["micro_batches"] == 4
+    policy = data["phases"]["policy fwd+bwd"]
+    split = policy["split"]
+    assert split["forward dropout"]["ops"] == 7 * 2 * 2 * 4
+    assert split["forward"]["ops"] + split["backward"]["ops"] == policy["ops"]
+    assert split["backward"]["ops"] > split["forward"]["ops"] > 0
+    assert {"old policy", "reference", "optimizer"} <= set(data["phases"])

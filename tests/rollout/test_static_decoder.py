@@ -294,3 +294,45 @@ def test_cuda_graph_decodes_as_the_eager_step(monkeypatch):
                 p.mul_(-2.0)
     updated, before = decode(graph), decode(eager)
     assert torch.equal(updated[0], before[0]) and len(graph._slots) == 1
+
+
+def _slot_nbytes(slot) -> int:
+    """Bytes of every tensor a slot holds (its key/value lists included)."""
+    total = 0
+    for value in vars(slot).values():
+        tensors = value if isinstance(value, list) else [value]
+        total += sum(t.nbytes for t in tensors if isinstance(t, torch.Tensor))
+    return total
+
+
+@pytest.mark.parametrize(("kind", "dtype", "new"), [("qwen3", torch.bfloat16, 16),
+                                                    ("llama", torch.float32, 9)])
+def test_the_memory_plan_counts_a_slot_to_the_byte(kind, dtype, new):
+    """:func:`gbmpo.train.memory.static_decode_bytes` is the sum of the buffers the slot
+    allocates (keys, values, mask, rotary tables, logits, per-step records, EOS ids)."""
+    from gbmpo.train.memory import static_decode_bytes
+
+    model = _model(kind, dtype)
+    static_module._DECODERS.pop(model, None)
+    _run(model, "static", max_new_tokens=new)
+    (slot,) = StaticDecoder.for_model(model)._slots.values()
+    ids, _ = _prompts()
+    rows, width = 4 * ids.shape[0], ids.shape[1]  # _run: 4 completions per prompt
+    planned = static_decode_bytes(model.config, rows, width, new, dtype.itemsize,
+                                  eos_ids=len(EOS))  # fmt: skip
+    assert _slot_nbytes(slot) == planned
+
+
+@pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ("k_proj", "o_proj", "gate_proj",
+                                                           "up_proj", "down_proj")])
+def test_the_memory_plan_counts_the_merged_weights_to_the_byte(targets):
+    """:func:`gbmpo.train.memory.merged_lora_bytes` is the size of the merged copies the
+    decoder keeps (``lora="merge"``), for the adapted projections only."""
+    from gbmpo.train.memory import merged_lora_bytes
+
+    model = _lora("qwen3", torch.bfloat16, targets)
+    decoder = StaticDecoder(model, lora="merge", graphs=False)
+    assert len(decoder._merges) == len(targets) * len(decoder.layers)
+    merged = sum(m.out.nbytes for m in decoder._merges)
+    assert merged == merged_lora_bytes(model.config, targets, 2)
+    assert StaticDecoder(model, lora="inline", graphs=False)._merges == []

@@ -218,3 +218,39 @@ def test_plan_batches_plans_once_per_64_token_width(micro_model_dir: Path,
     plan = memory_plan(cfg, trainer.model.config, 64, needs_ref=False, device_bytes=device)
     assert trainer.micro_batch == plan["micro_batch_rows"] < 8  # 8 rows do not fit
     assert trainer.inference_batch >= trainer.micro_batch
+
+
+def test_the_static_decoders_slots_and_merged_weights_are_planned() -> None:
+    """With the static decode step (on CUDA, or with LoRA) the plan counts the rollouts' slot,
+    the evaluations' slot and the merged LoRA weights (sized to the byte against the decoder's
+    allocation in tests/rollout/test_static_decoder.py), kept through the update; its
+    generation term is then the prefill's prompt keys/values only."""
+    from gbmpo.train.memory import merged_lora_bytes, static_decode_bytes, uses_static_decoder
+
+    shape = model_shape("Qwen/Qwen3-1.7B")
+    path = ROOT / "configs" / "paper" / "gbmpo-qwen3-1.7b-gsm8k-probl2.yaml"
+    own = [("engine", "gbmpo")]
+    cfg = load_config(path, overrides=own)  # cuda, 2 prompts x 4 x 256 tokens, LoRA on all 7
+    assert uses_static_decoder(cfg) and cfg.lora.enabled and cfg.eval.batch_size == 32
+    plan = memory_plan(cfg, shape, 200, needs_ref=False)
+    slots = (static_decode_bytes(shape, 8, 200, 256, 2)
+             + static_decode_bytes(shape, 32, 200, 256, 2))  # fmt: skip
+    assert plan["decode_buffers"] == slots
+    assert plan["merged_weights"] == merged_lora_bytes(shape, cfg.lora.target_modules, 2)
+    assert plan["kv_cache"] == 2 * 28 * 8 * 128 * 2 * 200 * 2  # the 2 prompts' prefill
+    kept = sum(plan[k] or 0 for k in ("weights", "reference", "gradients", "optimizer",
+                                      "decode_buffers", "merged_weights"))  # fmt: skip
+    assert plan["peak"] == kept + max(plan["activations"], plan["kv_cache"])
+    assert "decode buffers" in plan_line(plan, "cuda") and "merged weights" in plan_line(
+        plan, "cuda")
+    # no evaluation during training: the rollouts' slot only
+    quiet = load_config(path, overrides=[*own, ("eval.before", "false"),
+                                        ("eval.every", "0")])
+    assert memory_plan(quiet, shape, 200, needs_ref=False)["decode_buffers"] == (
+        static_decode_bytes(shape, 8, 200, 256, 2))
+    # the lean decoder (plain model on the CPU, or decode_step: lean): no decoder state
+    for over in ([("model.device", "cpu"), ("lora.enabled", "false")],
+                 [("rollout.decode_step", "lean"), ("eval.before", "false"),
+                  ("eval.every", "0")]):  # fmt: skip
+        lean = memory_plan(load_config(path, overrides=[*own, *over]), shape, 200, needs_ref=False)
+        assert lean["decode_buffers"] is None and lean["merged_weights"] is None

@@ -9,13 +9,20 @@ The parts (bytes on one device):
   sequences of ``L = prompt + completion`` tokens (:func:`activation_bytes`);
 * **generation**: the KV cache of one generate call (own engine, TRL with transformers'
   ``generate``), or the share of the device vLLM reserves (``gpu_memory_utilization``: TRL's
-  colocated vLLM, verl's rollout).
+  colocated vLLM, verl's rollout);
+* **decode state** of the own engine's static decode step
+  (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`, taken on CUDA and for LoRA models,
+  :func:`uses_static_decoder`): its buffers for the whole completion, one slot for the
+  rollouts and one for the evaluations during training (:func:`static_decode_bytes`), and
+  with LoRA the merged copy of the adapted weights (:func:`merged_lora_bytes`). The decoder
+  keeps them after the decode, so they are alive during the update too; its KV cache is the
+  slot's, and what the rollout allocates besides is the prefill's prompt keys/values.
 
 TRL (``GRPOConfig``'s default) and verl (``enable_gradient_checkpointing``) checkpoint the
 gradient: their activations are each layer's input plus one layer recomputed.
 
 Generation and the update do not overlap in time (the KV cache is freed before the update, vLLM
-keeps its reserve), so the peak is ``static + max(activations, KV cache)``, or
+keeps its reserve), so the peak is ``static + decode state + max(activations, KV cache)``, or
 ``static + vLLM reserve + activations`` with vLLM.
 
 On the own engine with ``optim.micro_batch_size: null`` and a known device size, the plan
@@ -46,9 +53,12 @@ __all__ = [
     "inference_bytes",
     "inference_rows",
     "memory_plan",
+    "merged_lora_bytes",
     "model_shape",
     "plan_line",
     "planned_micro_batch",
+    "static_decode_bytes",
+    "uses_static_decoder",
 ]
 
 #: the architectures of the models the paper configs name, from each model's ``config.json`` on
@@ -159,6 +169,58 @@ def inference_bytes(model_config: Any, rows: int, seq_len: int, completion_len: 
                                   head_trained=False))
 
 
+def static_decode_bytes(model_config: Any, rows: int, prompt_tokens: int, max_new_tokens: int,
+                        dtype_bytes: int, *, eos_ids: int = 1) -> int:  # fmt: skip
+    r"""Bytes of one slot of :class:`~gbmpo.rollout.static_decoder.StaticDecoder` (``_slot``):
+    ``rows`` completions of :math:`T` = ``max_new_tokens`` after prompts in the bucket
+    :math:`W` = ``width_bucket(prompt_tokens)``, :math:`S = W + T` columns, ``eos_ids`` EOS ids:
+
+    .. math:: 2NrKSd\,b + rSb + 2(S+1)d\,b + rVb + 9r + 16 + 8e + 20Tr
+
+    keys and values of every layer (:math:`K` key heads of :math:`d`), the additive mask, the
+    rotary cos and signed sin tables, the next-token logits (all in the model's :math:`b`
+    bytes), the done flags and positions, the column and step index, the EOS ids, and the
+    float64 uniforms, int64 tokens and float32 log-probs of every step. The decoder keeps a
+    slot per shape and sampling settings (up to ``MAX_SLOTS``) after its decode."""
+    from gbmpo.rollout.static_decoder import width_bucket  # deferred: the decoders are heavy
+
+    _, n, q, k, _, vocab = _shape(model_config)
+    cfg = getattr(model_config, "text_config", None) or model_config
+    head_dim = q // int(cfg.num_attention_heads)
+    cols = width_bucket(prompt_tokens) + max_new_tokens
+    b = dtype_bytes
+    return (2 * n * rows * k * cols * b + rows * cols * b + 2 * (cols + 1) * head_dim * b
+            + rows * vocab * b + 9 * rows + 16 + 8 * eos_ids + 20 * max_new_tokens * rows)
+
+
+def merged_lora_bytes(model_config: Any, target_modules: Any, dtype_bytes: int) -> int:
+    r"""Bytes of the merged copy :math:`W + sBA` that the static decode step keeps of every
+    adapted projection (``lora="merge"``, its default): for the projections named in
+    ``target_modules`` among q, k, v, o (:math:`h \times q`, :math:`h \times k` twice,
+    :math:`q \times h`) and gate, up, down (:math:`h \times i` each), in every layer,
+
+    .. math:: N\,b \sum_{p \in \text{targets}} \text{in}_p\,\text{out}_p
+
+    (the model's :math:`b` bytes; other modules are not merged)."""
+    h, n, q, k, i, _ = _shape(model_config)
+    sizes = {"q_proj": h * q, "k_proj": h * k, "v_proj": h * k, "o_proj": q * h,
+             "gate_proj": h * i, "up_proj": h * i, "down_proj": i * h}  # fmt: skip
+    return n * dtype_bytes * sum(sizes.get(name, 0) for name in set(target_modules))
+
+
+def uses_static_decoder(cfg: TrainConfig) -> bool:
+    """Whether the own engine's rollouts take the static decode step (``rollout.decode_step``:
+    ``static``, or ``auto`` on CUDA or with LoRA; the ``gbmpo`` generator with the lean
+    decoder, more than one new token), for a Llama-shaped model (others fall back)."""
+    ro = cfg.rollout
+    if cfg.engine != "gbmpo" or ro.generator != "gbmpo" or not ro.lean_decoder:
+        return False
+    if ro.max_new_tokens <= 1:
+        return False
+    auto = cfg.model.device.startswith("cuda") or cfg.lora.enabled
+    return ro.decode_step == "static" or (ro.decode_step == "auto" and auto)
+
+
 def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, needs_ref: bool,
                 device_bytes: int | None = None) -> dict[str, Any]:  # fmt: skip
     """Peak bytes per GPU of ``cfg`` on its engine (``cfg.engine``), by part (see the module
@@ -199,7 +261,13 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         util = ro.vllm_gpu_memory_utilization if engine == "trl" else _verl_gpu_util()
         reserve = int(util * capacity)
         parts["kv_cache"] = None
+    decode_state = merged = 0
+    if engine == "gbmpo":
+        decode_state, merged, prefill_kv = _decode_state(cfg, model_config, prompt_tokens, b)
+        if prefill_kv is not None:  # the static step's KV cache is its slot's
+            parts["kv_cache"] = prefill_kv
     static = sum(int(parts[k] or 0) for k in ("weights", "reference", "gradients", "optimizer"))
+    static += decode_state + merged  # kept by the static decoder through the update
     kv = int(parts["kv_cache"] or 0)
 
     def activations(rows: int) -> int:
@@ -242,12 +310,37 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         "reference": parts["reference"],
         "activations": act,
         "kv_cache": parts["kv_cache"],
+        "decode_buffers": decode_state or None,
+        "merged_weights": merged or None,
         "vllm_reserve": reserve or None,
         "peak": peak,
         "device_bytes": device_bytes,
         "fits": peak <= capacity,
         "notes": notes,
     }
+
+
+def _decode_state(cfg: TrainConfig, model_config: Any, prompt_tokens: int, b: int
+                  ) -> tuple[int, int, int | None]:  # fmt: skip
+    """(static decoder slots, merged LoRA weights, the prefill's prompt keys/values or ``None``
+    when the rollouts do not take the static step) of the own engine: the rollouts' slot, and
+    the evaluations' when they run during training (:func:`gbmpo.eval.evaluate` decodes with
+    ``decode_step: auto``, greedy: a slot of its own), both at the plan's prompt width."""
+    ro, ev = cfg.rollout, cfg.eval
+    prompts = min(ro.batch_size or ro.prompts_per_step, ro.prompts_per_step)
+    slots, prefill_kv = 0, None
+    if uses_static_decoder(cfg):
+        slots += static_decode_bytes(model_config, prompts * ro.num_generations, prompt_tokens,
+                                     ro.max_new_tokens, b)  # fmt: skip
+        prefill_kv = _kv_cache_bytes(model_config, prompts, prompt_tokens, b)
+    eval_static = (ro.generator == "gbmpo" and ev.max_new_tokens > 1
+                   and (cfg.model.device.startswith("cuda") or cfg.lora.enabled))  # fmt: skip
+    if eval_static and (ev.before or ev.every > 0):
+        rows = min(ev.batch_size, ev.limit or ev.batch_size) * ev.samples
+        slots += static_decode_bytes(model_config, rows, prompt_tokens, ev.max_new_tokens, b)
+    merged = merged_lora_bytes(model_config, cfg.lora.target_modules, b) if (
+        slots and cfg.lora.enabled) else 0  # fmt: skip
+    return slots, merged, prefill_kv
 
 
 #: the share of a device's memory the plan leaves free when it chooses the micro-batch
@@ -303,7 +396,7 @@ def _size(n: int) -> str:
 def plan_line(plan: dict[str, Any], device: str) -> str:
     """One line: the peak per GPU, its parts and whether it fits ``device``."""
     names = ("weights", "gradients", "optimizer", "reference", "activations", "kv_cache",
-             "vllm_reserve")  # fmt: skip
+             "decode_buffers", "merged_weights", "vllm_reserve")  # fmt: skip
     parts = ", ".join(f"{n.replace('_', ' ')} {_size(plan[n])}" for n in names if plan.get(n))
     capacity = plan.get("device_bytes")
     where = (f"{device} has {_size(capacity)}" if capacity else
