@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
 BENCH = ROOT / "benchmarks" / "results"
 PAGES = [ROOT / "README.md", ROOT / "docs" / "results.md",
-         ROOT / "docs" / "paper-setting-one-gpu.md"]  # fmt: skip
+         ROOT / "docs" / "paper-setting-one-gpu.md",
+         ROOT / "docs" / "results" / "drift-matched" / "README.md"]  # fmt: skip
 MARK = re.compile(r"<!-- table:([\w-]+) -->\n.*?<!-- /table:\1 -->", re.S)
 
 
@@ -599,7 +600,42 @@ def paper_times() -> str:
     return table(["setting, engine", "card", "s / step", f"{steps} steps", "peak memory"], rows)
 
 
+def _pm(values: list[float], fmt: str) -> str:
+    """Mean ± sample std of ``values`` in ``fmt`` (the std left out for one value)."""
+    from gbmpo.experiments.stats import spread
+
+    s = spread(values)
+    return format(s.mean, fmt) + ("" if len(values) < 2 else " ± " + format(s.std, fmt))
+
+
+def drift_matched() -> str:
+    """Five divergences with a controlled coefficient at one target (``--match-drift``): the
+    controller's coefficient and measure (``controller.json``), the held-out drift and pass@k
+    (``results.json``), mean ± std over the seeds."""
+    name = "drift-matched"
+    ctrl = json.loads((RESULTS / name / "controller.json").read_text())
+    rows = []
+    for g in comparison(name)["groups"]:
+        runs = ctrl[g["label"]]
+        target = next(iter(runs.values()))["target"]
+        half = [r["second_half_mean"] for r in runs.values()]
+        inside = sum(abs(h / target - 1) <= 0.25 for h in half)
+        finals = [r["drift_kl_final"] for r in g["runs"]]
+        rows.append([
+            g["label"], coef(g["coef"]),
+            _pm([r["coef"][-1] for r in runs.values()], ".3g"),
+            _pm(half, ".4f"), f"{inside} of {len(half)}", _pm(finals, ".4f"),
+            f"{pct(g['pass_at_k']['pass@1']['mean'])} ± {pct(g['pass_at_k']['pass@1']['std'])}",
+            f"{pct(g['pass_at_k']['pass@8']['mean'])} ± {pct(g['pass_at_k']['pass@8']['std'])}",
+            f"{g['response_tokens']['mean']:.1f}",
+        ])  # fmt: skip
+    return table(["arm", "first coef", "coef at step 60", "rollout k3, steps 31–60",
+                  "seeds within ±25%", "held-out KL(π‖π_ref), end", "pass@1 %", "pass@8 %",
+                  "response tokens"], rows)  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "drift-matched": drift_matched,
     "readme-measured": readme,
     "regularizers": lambda: regularizers("arithmetic-150-seed5"),
     "regularizers-seed3": lambda: regularizers("arithmetic-150-seed3"),
