@@ -23,6 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gbmpo.config import TrainConfig
 from gbmpo.eval.drift import INITIAL as INITIAL
 from gbmpo.eval.drift import final_drift as final_drift
 from gbmpo.eval.drift import fmt_drift as fmt_drift
@@ -70,7 +71,7 @@ def export_model(model: Any, tokenizer: Any, out: Path) -> None:
 
 
 def run_summary(
-    cfg: Any, *, steps: int, stop_reason: str, wall_seconds: float, rl_seconds: float,
+    cfg: TrainConfig, *, steps: int, stop_reason: str, wall_seconds: float, rl_seconds: float,
     eval_before: dict[str, Any] | None, eval_after: dict[str, Any] | None, reward_failures: int,
     device: Any, weights_dtype: Any, optimizer: Any, run_dir: Path | None, objective: Any,
 ) -> dict[str, Any]:
