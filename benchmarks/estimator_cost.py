@@ -48,6 +48,8 @@ def _setup(a: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    from gbmpo.train.policy import PolicyModels
+
     torch.manual_seed(0)
     torch.set_num_threads(a.threads)
     cfg = Qwen3Config(
@@ -72,8 +74,8 @@ def _setup(a: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         completion_mask=torch.ones(b, c, dtype=torch.long),
     )
     rollout = SimpleNamespace(temperature=1.0, share_prompts=False, lean_forward=True)
-    tr = SimpleNamespace(model=model, ref_model=ref, config=SimpleNamespace(rollout=rollout))
-    return tr, batch, model, ref
+    models = PolicyModels(model, ref, rollout)  # type: ignore[arg-type]
+    return models, batch, model, ref
 
 
 def child_measure(a: argparse.Namespace) -> dict[str, Any]:
@@ -86,7 +88,7 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
     from gbmpo.rollout.logprobs import completion_logprobs
     from gbmpo.train.full import logprobs_and_full
 
-    tr, batch, model, ref = _setup(a)
+    models, batch, model, ref = _setup(a)
     ids = (batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask)
     mask = batch.completion_mask.float()
     advantages = torch.linspace(-1, 1, a.batch)
@@ -103,7 +105,7 @@ def child_measure(a: argparse.Namespace) -> dict[str, Any]:
                 logp, _ = completion_logprobs(model, *ids, share_prompts=False)
                 reg: Any = k3
             else:
-                logp, _, full_values = logprobs_and_full(tr, batch, mask, [term],
+                logp, _, full_values = logprobs_and_full(models, batch, mask, [term],
                                                          with_entropy=False)
                 reg = FullValues("kl_k3", full_values["kl_k3"])
             loss, metrics = compute_policy_loss(

@@ -260,7 +260,7 @@ def _timed(times: dict[str, float], name: str, device: str) -> Any:
 
 
 def phased_step(tr: Any) -> tuple[dict[str, float], Any]:
-    """One RL step of the Trainer ``tr`` (as :func:`gbmpo.train.step.train_step`), each phase
+    """One RL step of the Trainer ``tr`` (as :meth:`gbmpo.train.Trainer.train_step`), each phase
     timed (see the module docstring); returns the seconds by phase and the rollout."""
     import torch
 
@@ -276,25 +276,30 @@ def phased_step(tr: Any) -> tuple[dict[str, float], Any]:
     with _timed(times, "prefill", device):
         cfg.rollout.max_new_tokens = 1
         try:
-            S.sample_completions(tr, prompts)
+            S.sample_completions(tr.model, tr.tokenizer, prompts, cfg, tr.step, tr.device)
         finally:
             cfg.rollout.max_new_tokens = new_tokens
     with _timed(times, "generate", device):
-        batch = S.sample_completions(tr, prompts)
+        batch = S.sample_completions(tr.model, tr.tokenizer, prompts, cfg, tr.step, tr.device)
     times["decode"] = max(0.0, times.pop("generate") - times["prefill"])
-    S.plan_batches(tr, batch)
+    tr.micro_batch, tr.inference_batch = S.plan_batches(
+        cfg, tr.model, batch, tr.device, tr.batch_sizes, tr.batch_plans,
+        needs_ref=tr.ref_model is not None,
+    )
     with _timed(times, "reward", device):
-        rewards, _ = S.score(tr, examples, batch)
+        rewards, _ = S.score(tr.reward_fn, tr.task, examples, batch,
+                             cfg.rollout.num_generations, tr.device)
     with _timed(times, "old policy", device):
-        old_logp = S.no_grad_logprobs(tr, batch, reference=False)
+        old_logp = S.no_grad_logprobs(tr.models, batch, tr.inference_batch, reference=False)
     ref_logp = None
     if tr.needs_ref:
         with _timed(times, "reference", device):
-            ref_logp = S.no_grad_logprobs(tr, batch, reference=True)
+            ref_logp = S.no_grad_logprobs(tr.models, batch, tr.inference_batch, reference=True)
     old = old_logp if tr.needs_old else None
     mask = batch.completion_mask.float()
     correction = sampler_weights(cfg.objective.rollout_correction, batch, old, mask)
-    advantages, _, _ = S.shaped_advantages(tr, rewards, batch, old, ref_logp)
+    advantages, _, _ = S.shaped_advantages(tr.objective, tr.models, tr.batch_sizes, rewards,
+                                           batch, old, ref_logp, cfg.rollout.num_generations)
     tr.model.train()
     max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip is not None else math.inf
     for epoch in range(cfg.optim.mu):
@@ -302,7 +307,8 @@ def phased_step(tr: Any) -> tuple[dict[str, float], Any]:
         for rows in order.split(tr.mini_batch):
             tr.optimizer.zero_grad(set_to_none=True)
             with _timed(times, "policy fwd+bwd", device):
-                S.accumulate_gradients(tr, batch, rows, advantages, old, ref_logp,
+                S.accumulate_gradients(tr.models, tr.objective, cfg, tr.micro_batch, batch,
+                                       rows, advantages, old, ref_logp,
                                        with_entropy=epoch == 0, correction=correction)
             with _timed(times, "optimizer", device):
                 if isinstance(tr.optimizer, MasterWeightOptimizer):

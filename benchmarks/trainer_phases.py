@@ -6,8 +6,9 @@ The trainer runs ``--steps`` steps through ``Trainer.train()``; the step's parts
 less sensitive to other jobs than wall time): sampling (``sample_completions``: prefill, decode
 loop, tokenizer), rewards (``score``), the no-grad log-prob passes (``no_grad_logprobs``:
 reference, and the old policy when needed), advantages, the policy's log-prob forward with
-gradient (``Trainer.logprobs`` under grad), the loss (``policy_loss_packed``), the backward
-(``Tensor.backward``), gradient clipping, the AdamW step and the metrics (``step_record``).
+gradient (``PolicyModels.logprobs`` under grad; ``Trainer.logprobs`` before it), the loss
+(``policy_loss_packed``), the backward (``Tensor.backward``), gradient clipping, the AdamW step
+and the metrics (``step_record``).
 The first ``--warmup`` steps are dropped; medians per step are printed (and written to
 ``--out``), and the time between consecutive step ends (``step``), which also holds what the run
 loop does between steps (metrics line, status file).
@@ -70,6 +71,7 @@ def main() -> None:
 
     import gbmpo
     import gbmpo.train.step as step
+    import gbmpo.train.trainer as trainer_module
     from gbmpo.train.trainer import Trainer
 
     torch.set_num_threads(a.threads)
@@ -80,23 +82,30 @@ def main() -> None:
     cfg = bench._our_config(work, os.path.join(work, "run"), a.steps, knobs, role="ours")
 
     times: dict[str, list[float]] = {}
-    for name in STEP_PARTS:
-        setattr(step, name, _timed(getattr(step, name), times.setdefault(name, [])))
+    for name in STEP_PARTS:  # where the step looks each part up (step_record: the trainer's)
+        for module in (step, trainer_module):
+            if hasattr(module, name):
+                setattr(module, name, _timed(getattr(module, name), times.setdefault(name, [])))
     clip = torch.nn.utils.clip_grad_norm_
     torch.nn.utils.clip_grad_norm_ = _timed(clip, times.setdefault("clip_grad_norm", []))
     backward = torch.Tensor.backward
     torch.Tensor.backward = _timed(backward, times.setdefault("backward", []))  # type: ignore
 
     trainer = Trainer(cfg)
-    logprobs = trainer.logprobs
     grad_times = times.setdefault("policy_forward", [])
+    try:  # the step's forwards: PolicyModels.logprobs (before it: the trainer's method)
+        from gbmpo.train.policy import PolicyModels
+    except ImportError:
+        PolicyModels = None  # noqa: N806
+    owner: Any = PolicyModels if PolicyModels is not None else trainer
+    logprobs = owner.logprobs
 
-    def timed_logprobs(model: Any, batch: Any, *, with_entropy: bool = False) -> Any:
+    def timed_logprobs(*args: Any, with_entropy: bool = False) -> Any:
         if not torch.is_grad_enabled():
-            return logprobs(model, batch, with_entropy=with_entropy)
-        return _timed(logprobs, grad_times)(model, batch, with_entropy=with_entropy)
+            return logprobs(*args, with_entropy=with_entropy)
+        return _timed(logprobs, grad_times)(*args, with_entropy=with_entropy)
 
-    trainer.logprobs = timed_logprobs  # type: ignore[method-assign]
+    owner.logprobs = timed_logprobs
     trainer.optimizer.step = _timed(trainer.optimizer.step,  # type: ignore[method-assign]
                                     times.setdefault("adamw", []))
     ends: list[float] = []

@@ -509,7 +509,8 @@ def child_loss(a: argparse.Namespace) -> dict[str, Any]:
 
     ours.model.train()
     ours.optimizer.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(ours, batch, torch.arange(n), adv, old, ref)
+    stats = accumulate_gradients(ours.models, ours.objective, ours.config, ours.micro_batch,
+                                 batch, torch.arange(n), adv, old, ref)
     loss_ours = float(stats.loss)
 
     trl.model.train()

@@ -1,10 +1,10 @@
 """``optim.schedule`` / ``warmup_steps`` on verl: verl's own LR scheduler
 (``verl.utils.torch_functional.get_cosine_schedule_with_warmup``, built from the overrides as
-verl's FSDP engine builds it) gives the own engine's rate (``Trainer.lr_at``) at every step."""
+verl's FSDP engine builds it) gives the own engine's rate (``gbmpo.train.schedule.lr_at``) at
+every step."""
 
 from __future__ import annotations
 
-import types
 from typing import Any
 
 import pytest
@@ -15,7 +15,7 @@ import torch  # noqa: E402
 
 from gbmpo.config import load_config  # noqa: E402
 from gbmpo.engines.verl_args import schedule_overrides  # noqa: E402
-from gbmpo.train.trainer import Trainer  # noqa: E402
+from gbmpo.train.schedule import lr_at  # noqa: E402
 
 
 def _verl_rates(ov: list[str], lr: float, steps: int) -> list[float]:
@@ -38,8 +38,7 @@ def _verl_rates(ov: list[str], lr: float, steps: int) -> list[float]:
 
 
 def _own_rates(cfg: Any) -> list[float]:
-    return [Trainer.lr_at(types.SimpleNamespace(config=cfg, step=s, rl_seconds=0.0))
-            for s in range(cfg.run.steps)]  # fmt: skip
+    return [lr_at(cfg.optim, cfg.run, s, 0.0) for s in range(cfg.run.steps)]
 
 
 @pytest.mark.parametrize(

@@ -175,11 +175,11 @@ def test_learning_rate_is_the_own_schedule_per_rl_step() -> None:
     step, and with a time budget it decays with the RL time used (not over run.steps)."""
     from types import SimpleNamespace
 
-    from gbmpo.train.trainer import Trainer
+    from gbmpo.train.schedule import lr_at
 
     cfg = _cfg(("run.steps", 100), ("run.time_budget_seconds", 8.0), ("optim.warmup_steps", 1))
     for step, seconds in ((0, 0.0), (1, 2.0), (3, 6.0), (5, 8.0)):
-        own = Trainer.lr_at(SimpleNamespace(config=cfg, step=step, rl_seconds=seconds))  # type: ignore[arg-type]
+        own = lr_at(cfg.optim, cfg.run, step, seconds)
         assert trl_args.lr_at(cfg, step, seconds) == own
     assert trl_args.lr_at(cfg, 5, 8.0) == 0.0  # budget used up: the cosine has reached 0
     assert trl_args.lr_at(cfg, 3, 6.0) < 0.2 * cfg.optim.lr  # without the budget: ~0.99 lr

@@ -114,14 +114,15 @@ def test_full_estimator_loss_and_gradient_equal_the_own_engines(
     batch = _batch()
     from gbmpo.train.step import no_grad_logprobs
 
-    ref = no_grad_logprobs(own, batch, reference=True)
+    ref = no_grad_logprobs(own.models, batch, own.inference_batch, reference=True)
     g = torch.Generator().manual_seed(1)
-    old = (no_grad_logprobs(own, batch, reference=False)
+    old = (no_grad_logprobs(own.models, batch, own.inference_batch, reference=False)
            + 0.1 * torch.randn(B, T, generator=g, dtype=torch.float64))  # fmt: skip
     advantages = torch.tensor([1.0, -0.5, 0.3, -0.8, 0.6, -1.2, 0.2, 0.9], dtype=torch.float64)
 
     own.model.zero_grad(set_to_none=True)
-    stats = accumulate_gradients(own, batch, torch.arange(B), advantages, old, ref)
+    stats = accumulate_gradients(own.models, own.objective, own.config, own.micro_batch, batch,
+                                 torch.arange(B), advantages, old, ref)
     own_grads = {n: p.grad for n, p in own.model.named_parameters()}
 
     trl.model.train()
@@ -142,7 +143,8 @@ def test_full_estimator_loss_and_gradient_equal_the_own_engines(
     for term in sampled if isinstance(sampled, list) else [sampled]:
         term["estimator"] = "sample"
     own_s, _ = _pair(tmp_path / "s", tiny_model_dir, tiny_dataset, reward_fn, cpu_args, sampled)
-    other = accumulate_gradients(own_s, batch, torch.arange(B), advantages, old, ref)
+    other = accumulate_gradients(own_s.models, own_s.objective, own_s.config, own_s.micro_batch,
+                                 batch, torch.arange(B), advantages, old, ref)
     assert abs(other.loss - stats.loss) > 1e-6
 
 
@@ -164,11 +166,12 @@ def test_reward_penalties_and_advantages_equal_the_own_engines(
     batch = _batch()
     from gbmpo.train.step import no_grad_logprobs
 
-    old = no_grad_logprobs(own, batch, reference=False)
-    ref = no_grad_logprobs(own, batch, reference=True)
+    old = no_grad_logprobs(own.models, batch, own.inference_batch, reference=False)
+    ref = no_grad_logprobs(own.models, batch, own.inference_batch, reference=True)
     rewards = torch.tensor([1.0, 0.0, 0.5, 1.0, 0.0, 0.0, 0.25, 1.0], dtype=torch.float64)
     mask = batch.completion_mask.double()
-    shaped, own_pen = in_reward_penalties(own, rewards, old, ref, mask, batch)
+    shaped, own_pen = in_reward_penalties(own.objective.reward_terms, rewards, old, ref, mask,
+                                          own.models, batch, own.micro_batch)
     output = _trl_inputs(batch, old, ref, torch.zeros(B))
     trl_pen = sequence_penalties(trl, output, trl.objective.reward_terms)
     assert set(own_pen) == set(trl_pen)

@@ -17,6 +17,7 @@ from test_trainer import micro_config, varied_reward
 
 from gbmpo.cli import main
 from gbmpo.train import ConfigError, Trainer, dry_run, load_config
+from gbmpo.train.policy import PolicyModels
 from gbmpo.train.precision import MasterWeightOptimizer
 
 # ----------------------------------------------------------------------------- device mixing
@@ -47,13 +48,13 @@ def test_step_keeps_every_tensor_on_the_policy_device(micro_model_dir, monkeypat
     )
     trainer = Trainer(cfg, reward_fn=varied_reward)
     trainer.device = DEVICE  # where the policy lives, as the trainer sees it
-    forward = trainer.logprobs
+    forward = PolicyModels.logprobs  # every log-prob forward of the step
 
-    def logprobs_on_device(model, batch, *, with_entropy=False):
-        logp, entropy = forward(model, batch, with_entropy=with_entropy)
+    def logprobs_on_device(models, model, batch, *, with_entropy=False):
+        logp, entropy = forward(models, model, batch, with_entropy=with_entropy)
         return logp.to(DEVICE), None if entropy is None else entropy.to(DEVICE)
 
-    monkeypatch.setattr(trainer, "logprobs", logprobs_on_device)
+    monkeypatch.setattr(PolicyModels, "logprobs", logprobs_on_device)
     before = [p.detach().clone() for p in trainer.params]
     with SimulatedDevice():
         record = trainer.train_step()

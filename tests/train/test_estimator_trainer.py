@@ -87,12 +87,12 @@ def test_full_kl_gradient_is_the_exact_divergences_gradient(micro_model_dir: Pat
     mask = batch.completion_mask.float()
     rows = torch.arange(len(batch))
     advantages = torch.zeros(len(batch))
-    ref_logp = no_grad_logprobs(trainer, batch, reference=True)
+    ref_logp = no_grad_logprobs(trainer.models, batch, trainer.inference_batch, reference=True)
 
     def grads(micro: int) -> list[torch.Tensor]:
-        trainer.micro_batch = micro
         trainer.model.zero_grad(set_to_none=True)
-        accumulate_gradients(trainer, batch, rows, advantages, None, ref_logp)
+        accumulate_gradients(trainer.models, trainer.objective, trainer.config, micro, batch,
+                             rows, advantages, None, ref_logp)
         return [p.grad.clone() for p in trainer.params]
 
     got = grads(len(batch))
@@ -123,9 +123,11 @@ def test_full_in_reward_penalty_is_the_exact_divergence_of_the_rollout(
     batch = _batch(trainer)
     mask = batch.completion_mask.float()
     rewards = torch.arange(len(batch), dtype=torch.float32)
-    old = no_grad_logprobs(trainer, batch, reference=False)
-    ref_logp = no_grad_logprobs(trainer, batch, reference=True)
-    shaped, penalties = in_reward_penalties(trainer, rewards, old, ref_logp, mask, batch)
+    old = no_grad_logprobs(trainer.models, batch, trainer.inference_batch, reference=False)
+    ref_logp = no_grad_logprobs(trainer.models, batch, trainer.inference_batch, reference=True)
+    shaped, penalties = in_reward_penalties(trainer.objective.reward_terms, rewards, old,
+                                            ref_logp, mask, trainer.models, batch,
+                                            trainer.micro_batch)
     with torch.no_grad():
         p = torch.softmax(_logits(trainer, trainer.model, batch).double(), -1)
         q = torch.softmax(_logits(trainer, trainer.ref_model, batch).double(), -1)

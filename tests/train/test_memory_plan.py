@@ -188,18 +188,22 @@ def test_the_trainer_takes_the_planned_batches(micro_model_dir: Path) -> None:
 
     cfg, trainer = _planned_trainer(micro_model_dir)
     assert (trainer.micro_batch, trainer.inference_batch) == (8, 8)
-    assert planned_batches(trainer, 20, None) == (8, 8)  # no device size: as configured
-    model_cfg = trainer.model.config
+    model_cfg, sizes = trainer.model.config, trainer.batch_sizes
+
+    def planned(device: int | None) -> tuple[int, int]:
+        return planned_batches(cfg, model_cfg, 20, device, sizes, needs_ref=False)
+
+    assert planned(None) == (8, 8)  # no device size: as configured
     for device in (2**40, 3 * 2**20):
         plan = memory_plan(cfg, model_cfg, 20, needs_ref=False, device_bytes=device)
-        micro, inference = planned_batches(trainer, 20, device)
+        micro, inference = planned(device)
         assert micro == plan["micro_batch_rows"] and inference >= micro
-    assert planned_batches(trainer, 20, 2**40) == (8, 8)
+    assert planned(2**40) == (8, 8)
 
 
 def test_plan_batches_plans_once_per_64_token_width(micro_model_dir: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """On CUDA (here: the trainer's device type set to it, a 3 MiB device) the step's
+    """On CUDA (here: a cuda device passed, of 3 MiB) the step's
     micro-batch and no-grad rows are the plan's at the prompt width rounded up to 64, planned
     once per such width; a set micro-batch is left alone."""
     import types
@@ -211,9 +215,12 @@ def test_plan_batches_plans_once_per_64_token_width(micro_model_dir: Path,
     cfg, trainer = _planned_trainer(micro_model_dir)
     device = 3 * 2**20
     monkeypatch.setattr(step, "device_memory_bytes", lambda name: device)
-    trainer.device = torch.device("cuda")  # only plan_batches reads it here
+    cuda = torch.device("cuda")  # only plan_batches reads it here
     for width in (20, 50):
-        step.plan_batches(trainer, types.SimpleNamespace(prompt_ids=torch.zeros(8, width)))
+        trainer.micro_batch, trainer.inference_batch = step.plan_batches(
+            cfg, trainer.model, types.SimpleNamespace(prompt_ids=torch.zeros(8, width)), cuda,
+            trainer.batch_sizes, trainer.batch_plans, needs_ref=False,
+        )  # type: ignore[arg-type]
     assert list(trainer.batch_plans) == [64]
     plan = memory_plan(cfg, trainer.model.config, 64, needs_ref=False, device_bytes=device)
     assert trainer.micro_batch == plan["micro_batch_rows"] < 8  # 8 rows do not fit

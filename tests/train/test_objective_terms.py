@@ -1,6 +1,6 @@
 """One objective representation: a regularizer given as one mapping and the same term given as a
 list of one build the same terms, and give bit-for-bit the same loss and gradient on the own
-engine's loss path (``gbmpo.train.policy_loss``) and on the TRL objective path
+engine's loss path (``gbmpo.train.step.policy_loss``) and on the TRL objective path
 (``GBMPOTrainer._loss_terms``): both build their loss terms with
 ``gbmpo.objectives.loss.loss_terms``."""
 
@@ -15,7 +15,7 @@ from torch import Tensor
 
 from gbmpo.objectives import compute_policy_loss
 from gbmpo.objectives.spec import BuiltObjective, BuiltTerm, ObjectiveSpec, SpecError
-from gbmpo.train.policy_loss import policy_loss
+from gbmpo.train.step import policy_loss
 
 TERMS = [
     {"name": "kl_k3", "coef": 0.2, "anchor": "ref"},
@@ -53,13 +53,11 @@ def _batch() -> dict[str, Tensor]:
 
 
 def _own(built: BuiltObjective, x: dict[str, Tensor]) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """The own engine's micro-batch loss (gbmpo.train.policy_loss) and its gradient."""
-    tr = SimpleNamespace(objective=built,
-                         config=SimpleNamespace(rollout=SimpleNamespace(max_new_tokens=T)))
+    """The own engine's micro-batch loss (gbmpo.train.step.policy_loss) and its gradient."""
     logp = x["logp"].clone().requires_grad_()
     anchors = {"ref": x["ref"], "old": x["old"]}
     loss, m = policy_loss(
-        tr, logp, x["old"], anchors, x["adv"], x["mask"], B, float(x["mask"].sum())  # type: ignore[arg-type]
+        built, T, logp, x["old"], anchors, x["adv"], x["mask"], B, float(x["mask"].sum())
     )
     (grad,) = torch.autograd.grad(loss, logp)
     return loss.detach(), grad, m

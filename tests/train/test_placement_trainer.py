@@ -196,9 +196,10 @@ def test_advantage_placement_subtracts_the_future_penalty_after_normalising(
     used: list[torch.Tensor] = []
     original = step_mod.accumulate_gradients
 
-    def spy(tr, batch, rows, advantages, *args, **kwargs):
+    def spy(models, objective, cfg, micro_batch, batch, rows, advantages, *args, **kwargs):
         used.append(advantages.detach().clone())
-        return original(tr, batch, rows, advantages, *args, **kwargs)
+        return original(models, objective, cfg, micro_batch, batch, rows, advantages, *args,
+                        **kwargs)
 
     step_mod.accumulate_gradients = spy
     try:

@@ -71,11 +71,12 @@ def test_weights_multiply_the_surrogate_gradient(micro_model_dir):
                      generator_seed=5)  # fmt: skip
     advantages = torch.randn(len(batch), generator=torch.Generator().manual_seed(0))
     rows = torch.arange(len(batch))
-    old = no_grad_logprobs(tr, batch, reference=False)
+    old = no_grad_logprobs(tr.models, batch, tr.inference_batch, reference=False)
 
     def grads(correction: torch.Tensor | None) -> list[torch.Tensor]:
         tr.model.zero_grad(set_to_none=True)
-        accumulate_gradients(tr, batch, rows, advantages, old, None, correction=correction)
+        accumulate_gradients(tr.models, tr.objective, tr.config, tr.micro_batch, batch, rows,
+                             advantages, old, None, correction=correction)
         return [p.grad.clone() for p in tr.params]
 
     mask = batch.completion_mask.float()

@@ -73,14 +73,15 @@ def test_micro_batch_accumulation_equals_one_batch(micro_model_dir, aggregation)
     g = torch.Generator().manual_seed(0)
     advantages = torch.randn(len(batch), generator=g)
     with torch.no_grad():
-        current = no_grad_logprobs(trainer, batch, reference=False)
+        current = no_grad_logprobs(trainer.models, batch, trainer.inference_batch,
+                                   reference=False)
     ref = current - 0.3 * torch.rand(current.shape, generator=g)  # so ProbL2 has a gradient
     rows = torch.arange(len(batch))
 
     def grads(micro: int) -> list[torch.Tensor]:
-        trainer.micro_batch = micro
         trainer.model.zero_grad(set_to_none=True)
-        accumulate_gradients(trainer, batch, rows, advantages, None, ref)
+        accumulate_gradients(trainer.models, trainer.objective, trainer.config, micro, batch,
+                             rows, advantages, None, ref)
         return [p.grad.clone() for p in trainer.params]
 
     one = grads(len(batch))
@@ -101,8 +102,8 @@ def test_inference_mode_outputs_are_ordinary_tensors(micro_model_dir):
     batch = generate(trainer.model, trainer.tokenizer, ["Q: Anna has 3 eggs.\nA:"],
                      num_return_sequences=2, max_new_tokens=4, generator_seed=1,
                      return_logprobs=True)
-    old = no_grad_logprobs(trainer, batch, reference=False)
-    ref = no_grad_logprobs(trainer, batch, reference=True)
+    old = no_grad_logprobs(trainer.models, batch, trainer.inference_batch, reference=False)
+    ref = no_grad_logprobs(trainer.models, batch, trainer.inference_batch, reference=True)
     assert batch.sampling_logp is not None
     tensors = {"old": old, "ref": ref, "sampling_logp": batch.sampling_logp,
                "prompt_ids": batch.prompt_ids, "prompt_mask": batch.prompt_mask,
@@ -158,7 +159,7 @@ def test_lora_changes_only_adapters(micro_model_dir, tmp_path):
         max_new_tokens=6,
         generator_seed=1,
     )
-    ref0 = no_grad_logprobs(trainer, batch, reference=True)
+    ref0 = no_grad_logprobs(trainer.models, batch, trainer.inference_batch, reference=True)
     before = _snapshot(trainer.model)
     trainer.train()
     after = _snapshot(trainer.model)
@@ -168,8 +169,9 @@ def test_lora_changes_only_adapters(micro_model_dir, tmp_path):
     assert all(not torch.equal(before[n], after[n]) for n in lora), "every adapter must move"
     assert all(torch.equal(before[n], after[n]) for n in base), "base weights must be frozen"
     # adapters disabled still give the initial policy; adapters enabled do not
-    torch.testing.assert_close(no_grad_logprobs(trainer, batch, reference=True), ref0)
-    assert not torch.allclose(no_grad_logprobs(trainer, batch, reference=False), ref0)
+    models, rows = trainer.models, trainer.inference_batch
+    torch.testing.assert_close(no_grad_logprobs(models, batch, rows, reference=True), ref0)
+    assert not torch.allclose(no_grad_logprobs(models, batch, rows, reference=False), ref0)
     # the exported model is the adapter
     assert (tmp_path / "run" / "model" / "adapter_config.json").is_file()
 

@@ -12,14 +12,13 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from gbmpo.config import ConfigError
 from gbmpo.config.support import check_support
 from gbmpo.rewards.scoring import score_completions
+from gbmpo.train import schedule
 from gbmpo.train.setup import eval_limit
-from gbmpo.train.trainer import Trainer
 
 __all__ = ["BatchLayout", "batch_layout", "check_engine", "eval_limit_of", "grpo_args",
            "host_settings", "launch_command", "lora_config", "lr_at", "reward_function",
@@ -144,10 +143,10 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
 
 def lr_at(cfg: Any, rl_step: int, rl_seconds: float) -> float:
     """The learning rate of RL step ``rl_step`` (0-based) after ``rl_seconds`` of RL: the own
-    engine's schedule itself (:meth:`gbmpo.train.Trainer.lr_at`: warm-up, then constant or
+    engine's schedule itself (:func:`gbmpo.train.schedule.lr_at`: warm-up, then constant or
     cosine decay whose progress is the larger of the step and time-budget fractions), so a run
     stopped by ``run.time_budget_seconds`` decays to ``min_lr_ratio * lr`` on both engines."""
-    return Trainer.lr_at(SimpleNamespace(config=cfg, step=rl_step, rl_seconds=rl_seconds))  # type: ignore[arg-type]
+    return schedule.lr_at(cfg.optim, cfg.run, rl_step, rl_seconds)
 
 
 def lora_config(cfg: Any) -> Any:

@@ -178,7 +178,7 @@ def cpu_overrides(cfg: Any) -> list[str]:
 def schedule_overrides(cfg: Any) -> list[str]:
     """``optim.schedule`` / ``warmup_steps`` / ``min_lr_ratio`` as verl's LR scheduler
     (``verl.utils.torch_functional``), the own engine's rate at every step
-    (:meth:`gbmpo.train.trainer.Trainer.lr_at`: warm-up :math:`(s+1)/w` for :math:`s < w`, then
+    (:func:`gbmpo.train.schedule.lr_at`: warm-up :math:`(s+1)/w` for :math:`s < w`, then
     constant or cosine with progress :math:`(s-w)/(S-w)`).
 
     verl's ``constant`` warms up as :math:`s/w` (the first step at rate 0), so ``constant``

@@ -25,7 +25,7 @@ module is imported (the trainer process imports it), so the workers pay nothing.
   total_training_steps``) and reads that decision after the actor's update (the final
   checkpoint, the final validation, the end of the loop); :class:`LastStep` makes the decision
   there, so that with ``GBMPO_VERL_TIME_BUDGET`` the step in which the RL time reaches the
-  budget is the last, as on the other engines (:func:`gbmpo.train.run`: stop before a step
+  budget is the last, as on the other engines (:meth:`gbmpo.train.Trainer.train`: stop before a step
   once ``rl_seconds >= budget``).
 
 :func:`check` verifies that the names patched here exist (``gbmpo train --engine verl

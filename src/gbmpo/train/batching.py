@@ -7,12 +7,13 @@ import math
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DataError", "PromptSampler", "derive_seed", "row_order"]
+__all__ = ["BatchSizes", "DataError", "PromptSampler", "derive_seed", "row_order"]
 
 
 class DataError(ValueError):
@@ -54,6 +55,18 @@ def derive_seed(seed: int, *parts: int | str) -> int:
     state = np.random.SeedSequence(words).generate_state(2, dtype=np.uint32)
     return int(state[0]) << 31 | int(state[1]) >> 1
 
+
+
+class BatchSizes(NamedTuple):
+    """Rows per part of a step's update (``optim.mini_batch_size`` / ``micro_batch_size``, or
+    their defaults and the memory plan's)."""
+
+    #: rows per optimizer step
+    mini: int
+    #: rows per forward and backward (gradient accumulation over a mini-batch)
+    micro: int
+    #: rows per no-grad log-prob pass (at least ``micro``: no backward is pending)
+    inference: int
 
 
 def row_order(

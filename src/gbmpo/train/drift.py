@@ -2,28 +2,27 @@
 :mod:`gbmpo.objectives.drift_control`): after each step, each controlled term's coefficient
 moves by :func:`~gbmpo.objectives.drift_control.proportional_coef` from the measure the step
 logged (``reg/kl_k3`` or the term's ``reg/<name>``, the rollout's drift from the reference), and
-the objective of the next step uses it. The state is ``tr.objective``'s coefficients, saved in
-checkpoints (``state.json``'s ``drift_coefs``) and restored on resume.
+the objective of the next step uses it. The state is the objective's coefficients, saved in
+checkpoints (``state.json``'s ``drift_coefs``) and restored on resume; each function returns the
+objective to use next (a built objective is not changed in place).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX
-
-if TYPE_CHECKING:
-    from gbmpo.train.trainer import Trainer
+from gbmpo.objectives.spec import BuiltObjective
 
 __all__ = ["control_drift", "drift_state", "restore_drift"]
 
 
-def control_drift(tr: Trainer, record: dict[str, Any]) -> None:
-    """Log each controlled term's coefficient of this step and its measure into ``record``
-    (``drift_coef/<term>``, ``drift_measure/<term>``), then move the coefficients of
-    ``tr.objective`` for the next step."""
+def control_drift(objective: BuiltObjective, record: dict[str, Any]) -> BuiltObjective:
+    """Log each controlled term's coefficient of this step and its measure into the step's
+    ``record`` (``drift_coef/<term>``, ``drift_measure/<term>``); returns ``objective`` with
+    the coefficients of the next step."""
     new: dict[str, float] = {}
-    for t in tr.objective.controlled:
+    for t in objective.controlled:
         assert t.control is not None
         key = MONITOR_PREFIX + t.control.monitor(t.name)
         if key not in record:
@@ -35,21 +34,20 @@ def control_drift(tr: Trainer, record: dict[str, Any]) -> None:
         record[DRIFT_COEF_PREFIX + t.name] = t.coef
         record[DRIFT_MEASURE_PREFIX + t.name] = measure
         new[t.name] = t.control.step(t.coef, measure)
-    if new:
-        tr.objective = tr.objective.with_coefs(new)
+    return objective.with_coefs(new) if new else objective
 
 
-def drift_state(tr: Trainer) -> dict[str, float]:
-    """The controlled coefficients of the next step, by term (``state.json``'s
+def drift_state(objective: BuiltObjective) -> dict[str, float]:
+    """The controlled coefficients of ``objective`` (the next step's), by term (``state.json``'s
     ``drift_coefs``; JSON keeps a float's every bit)."""
-    return {t.name: t.coef for t in tr.objective.controlled}
+    return {t.name: t.coef for t in objective.controlled}
 
 
-def restore_drift(tr: Trainer, coefs: dict[str, float] | None) -> None:
-    """Set the controlled coefficients from a checkpoint's ``drift_coefs``; a checkpoint
-    without them for a controlled term is a ``ValueError`` (it was written without the
-    controller, so its continuation would not be the run's)."""
-    names = {t.name for t in tr.objective.controlled}
+def restore_drift(objective: BuiltObjective, coefs: dict[str, float] | None) -> BuiltObjective:
+    """``objective`` with the controlled coefficients of a checkpoint's ``drift_coefs``; a
+    checkpoint without them for a controlled term is a ``ValueError`` (it was written without
+    the controller, so its continuation would not be the run's)."""
+    names = {t.name for t in objective.controlled}
     missing = names - set(coefs or {})
     if missing:
         raise ValueError(
@@ -57,4 +55,5 @@ def restore_drift(tr: Trainer, coefs: dict[str, float] | None) -> None:
             "it was written by a run without that controller"
         )
     if names:
-        tr.objective = tr.objective.with_coefs({n: float((coefs or {})[n]) for n in names})
+        return objective.with_coefs({n: float((coefs or {})[n]) for n in names})
+    return objective

@@ -23,8 +23,7 @@ the reference at every completion position, not only the sampled tokens' log-pro
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,9 +40,7 @@ from gbmpo.rollout.logprobs import (
 )
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train.batching import _chunks
-
-if TYPE_CHECKING:
-    from gbmpo.train.trainer import Trainer
+from gbmpo.train.policy import PolicyModels
 
 __all__ = ["full_terms", "logprobs_and_full", "no_grad_logits", "sequence_full", "token_full"]
 
@@ -54,8 +51,8 @@ def full_terms(terms: Any) -> list[Any]:
     return [t for t in terms if getattr(t, "estimator", "sample") == "full"]
 
 
-def _logits(tr: Trainer, model: Any, batch: Rollout) -> Tensor:
-    ro = tr.config.rollout
+def _logits(models: PolicyModels, model: Any, batch: Rollout) -> Tensor:
+    ro = models.rollout
     return completion_logits(
         model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
         temperature=ro.temperature, share_prompts=ro.share_prompts, lean=ro.lean_forward,
@@ -66,46 +63,29 @@ def _logits(tr: Trainer, model: Any, batch: Rollout) -> Tensor:
 _Hidden = tuple[Tensor, tuple[Tensor, Tensor | None]]
 
 
-def _hidden(tr: Trainer, model: Any, batch: Rollout) -> _Hidden | None:
-    ro = tr.config.rollout
+def _hidden(models: PolicyModels, model: Any, batch: Rollout) -> _Hidden | None:
+    ro = models.rollout
     return completion_hidden(
         model, batch.prompt_ids, batch.prompt_mask, batch.completion_ids, batch.completion_mask,
         share_prompts=ro.share_prompts, lean=ro.lean_forward,
     )  # fmt: skip
 
 
-@contextlib.contextmanager
-def _as(tr: Trainer, reference: bool) -> Any:
-    """The model of the rollout policy (current weights) or of the reference (frozen copy /
-    adapters disabled), in eval mode for the block."""
-    if reference and tr.ref_model is not None:
-        yield tr.ref_model
-        return
-    ctx = tr.model.disable_adapter() if reference else contextlib.nullcontext()
-    was_training = tr.model.training
-    tr.model.eval()
-    try:
-        with ctx:
-            yield tr.model
-    finally:
-        tr.model.train(was_training)
-
-
 @torch.no_grad()
-def no_grad_logits(tr: Trainer, batch: Rollout, *, reference: bool) -> Tensor:
+def no_grad_logits(models: PolicyModels, batch: Rollout, *, reference: bool) -> Tensor:
     """The completion logits ``[b, C, V]`` of the rollout policy (current weights) or of the
     reference (frozen copy / adapters disabled), eval mode, no grad (as
     :func:`gbmpo.train.step.no_grad_logprobs`)."""
-    with _as(tr, reference) as model:
-        return _logits(tr, model, batch)
+    with models.scoring(reference=reference) as model:
+        return _logits(models, model, batch)
 
 
-def _full_from_hidden(tr: Trainer, policy: _Hidden, ref: _Hidden, terms: list[Any],
+def _full_from_hidden(temperature: float, policy: _Hidden, ref: _Hidden, terms: list[Any],
                       mask: Tensor) -> dict[str, Tensor]:
     r"""Per term, :math:`\sum_v D(\pi(\cdot|h_t), \pi_{ref}(\cdot|h_t))` ``[b, C]`` from the
     two models' hidden states, their heads applied chunk by chunk (the temperature folded into
     the hidden states and biases: :math:`(hW^\top+b)/T = (h/T)W^\top + b/T`)."""
-    inv_t = 1.0 / tr.config.rollout.temperature
+    inv_t = 1.0 / temperature
 
     def scaled(side: _Hidden) -> tuple[Tensor, Tensor, Tensor | None]:
         h, (w, b) = side
@@ -126,31 +106,32 @@ def _full_from_hidden(tr: Trainer, policy: _Hidden, ref: _Hidden, terms: list[An
 
 
 def logprobs_and_full(
-    tr: Trainer, batch: Rollout, mask: Tensor, terms: list[Any], *, with_entropy: bool
+    models: PolicyModels, batch: Rollout, mask: Tensor, terms: list[Any], *, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None, dict[str, Tensor]]:
     r"""For one micro-batch: the policy's sampled-token log-probs (with grad), its entropies
     (with ``with_entropy``) and, per ``full`` term, the exact per-token divergence
     :math:`\sum_v D_h(\pi_\theta(v|h_t), \pi_{ref}(v|h_t))` ``[b, C]`` (with grad into the
     policy logits), from one policy forward and one no-grad reference forward."""
-    policy = _hidden(tr, tr.model, batch)
+    temperature = models.rollout.temperature
+    policy = _hidden(models, models.model, batch)
     if policy is not None:
-        with torch.no_grad(), _as(tr, reference=True) as ref_model:
-            ref = _hidden(tr, ref_model, batch)
+        with torch.no_grad(), models.scoring(reference=True) as ref_model:
+            ref = _hidden(models, ref_model, batch)
         if ref is not None:  # the heads applied chunk by chunk: no [b, C, V] tensor
             hidden, head = policy
             logp, entropy = linear_selective_log_softmax(
                 hidden, *head, batch.completion_ids.to(hidden.device),
-                temperature=tr.config.rollout.temperature, with_entropy=with_entropy,
+                temperature=temperature, with_entropy=with_entropy,
             )
-            return logp, entropy, _full_from_hidden(tr, policy, ref, terms, mask)
-    logits = _logits(tr, tr.model, batch)
+            return logp, entropy, _full_from_hidden(temperature, policy, ref, terms, mask)
+    logits = _logits(models, models.model, batch)
     targets = batch.completion_ids.to(logits.device)
     entropy = None
     if with_entropy:
         logp, entropy = selective_log_softmax_and_entropy(logits, targets)
     else:
         logp = selective_log_softmax(logits, targets)
-    ref_logits = no_grad_logits(tr, batch, reference=True)
+    ref_logits = no_grad_logits(models, batch, reference=True)
     full_values = {
         t.name: full_divergence(logits, ref_logits, full_potential(t.name, t.regularizer), mask)
         for t in terms
@@ -160,28 +141,30 @@ def logprobs_and_full(
 
 @torch.no_grad()
 def token_full(
-    tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor, *, where: str = "advantage"
+    models: PolicyModels, batch: Rollout | None, terms: list[Any], mask: Tensor,
+    rows_per_pass: int, *, where: str = "advantage",
 ) -> dict[str, Tensor]:
     r"""Per ``full`` term, the per-token exact divergence :math:`D^{\text{full}}_{i,t}(\pi_{old}
-    \,\|\,\pi_{ref})` ``[N, C]`` of the rollout ``batch`` (detached, 0 where masked),
-    micro-batch by micro-batch (the ``placement: advantage`` penalty; ``where`` names the
-    placement in the error for a missing batch)."""
+    \,\|\,\pi_{ref})` ``[N, C]`` of the rollout ``batch`` (detached, 0 where masked), in
+    passes of ``rows_per_pass`` rows (the micro-batch; the ``placement: advantage`` penalty;
+    ``where`` names the placement in the error for a missing batch)."""
     if batch is None:
         raise ValueError(f"an in-{where} term with estimator 'full' needs the rollout batch")
     parts: dict[str, list[Tensor]] = {t.name: [] for t in terms}
-    for rows in _chunks(len(batch), tr.micro_batch):
+    temperature = models.rollout.temperature
+    for rows in _chunks(len(batch), rows_per_pass):
         sub = batch.select(rows)
         m = mask[rows]
-        with _as(tr, reference=False) as model:
-            old_h = _hidden(tr, model, sub)
-        with _as(tr, reference=True) as model:
-            ref_h = None if old_h is None else _hidden(tr, model, sub)
+        with models.scoring(reference=False) as model:
+            old_h = _hidden(models, model, sub)
+        with models.scoring(reference=True) as model:
+            ref_h = None if old_h is None else _hidden(models, model, sub)
         if old_h is not None and ref_h is not None:  # no [b, C, V] tensor
-            for name, d in _full_from_hidden(tr, old_h, ref_h, terms, m).items():
+            for name, d in _full_from_hidden(temperature, old_h, ref_h, terms, m).items():
                 parts[name].append(d)
             continue
-        old = no_grad_logits(tr, sub, reference=False)
-        ref = no_grad_logits(tr, sub, reference=True)
+        old = no_grad_logits(models, sub, reference=False)
+        ref = no_grad_logits(models, sub, reference=True)
         for t in terms:
             form = full_potential(t.name, t.regularizer)
             parts[t.name].append(full_divergence(old, ref, form, m))
@@ -190,10 +173,11 @@ def token_full(
 
 @torch.no_grad()
 def sequence_full(
-    tr: Trainer, batch: Rollout | None, terms: list[Any], mask: Tensor
+    models: PolicyModels, batch: Rollout | None, terms: list[Any], mask: Tensor,
+    rows_per_pass: int,
 ) -> dict[str, Tensor]:
     r"""Per ``full`` term, :math:`S_i = \sum_t m_{i,t} D^{\text{full}}_{i,t}(\pi_{old}\,\|\,
     \pi_{ref})` ``[N]`` of the rollout ``batch`` (detached): :func:`token_full` summed over
     the tokens (the ``placement: reward`` penalty)."""
-    per_token = token_full(tr, batch, terms, mask, where="reward")
+    per_token = token_full(models, batch, terms, mask, rows_per_pass, where="reward")
     return {name: d.sum(dim=-1) for name, d in per_token.items()}

@@ -162,7 +162,7 @@ def build_optimizer(params: list[Tensor], cfg: TrainConfig) -> tuple[Any, list[T
     """``(optimizer, parameters to clip)``: AdamW on ``params``; bf16 parameters are stepped
     through fp32 master copies (a small update applied to a bf16 weight directly rounds back to
     the same weight), and their gradients are clipped there. The learning rate is set each step
-    (:meth:`gbmpo.train.Trainer.lr_at`)."""
+    (:func:`gbmpo.train.schedule.lr_at`)."""
     opt = cfg.optim
 
     def adamw(ps: list[Tensor]) -> torch.optim.AdamW:

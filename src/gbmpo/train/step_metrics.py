@@ -1,4 +1,4 @@
-"""The metrics of one RL step of the own trainer (step 7 of :func:`gbmpo.train.step.train_step`):
+"""The metrics of one RL step of the own trainer (step 7 of :meth:`gbmpo.train.Trainer.train_step`):
 rewards and lengths of the rollout, the update's losses and gradient norms, the regularizer
 terms' penalties and values, the monitored divergences and the step's timings.
 """
@@ -6,21 +6,19 @@ terms' penalties and values, the monitored divergences and the step's timings.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
 
 from gbmpo.io.metrics import MONITOR_PREFIX
+from gbmpo.objectives.spec import BuiltObjective
 from gbmpo.objectives.tensors import masked_mean
 from gbmpo.rollout.sampling import Rollout
 from gbmpo.train.batching import _Accumulator
 from gbmpo.train.device import peak_memory_bytes
 
-if TYPE_CHECKING:
-    from gbmpo.train.trainer import Trainer
-
-__all__ = ["StepTimes", "UpdateStats", "per_term_breakdown", "step_record"]
+__all__ = ["Progress", "StepTimes", "UpdateStats", "per_term_breakdown", "step_record"]
 
 
 @dataclass
@@ -51,37 +49,51 @@ class StepTimes:
     end: float
 
 
-def per_term_breakdown(tr: Trainer, metrics: dict[str, float]) -> dict[str, float]:
+class Progress(NamedTuple):
+    """The run's counters after the step."""
+
+    #: steps done (this one included)
+    step: int
+    #: seconds of RL steps in all (this one included; no evaluation or checkpoint time)
+    rl_seconds: float
+    #: per-sample reward failures in all (this step's included)
+    reward_failures_total: int
+
+
+def per_term_breakdown(objective: BuiltObjective, metrics: dict[str, float]) -> dict[str, float]:
     """``metrics`` without the per-term ``reg_loss/<name>`` / ``reg_value/<name>`` of an
     objective of one term (they repeat ``reg_loss`` / ``reg_value``): the breakdown by term is
     logged for several terms, as ``reward_penalty/<name>`` is."""
-    if len(tr.objective.terms) > 1:
+    if len(objective.terms) > 1:
         return metrics
     return {k: v for k, v in metrics.items()
             if not k.startswith(("reg_loss/", "reg_value/"))}  # fmt: skip
 
 
 def step_record(
-    tr: Trainer, batch: Rollout, rewards: Tensor, failures: int, advantages: Tensor,
-    penalties: dict[str, Tensor], adv_penalties: dict[str, Tensor], ref_logp: Tensor | None,
-    update: UpdateStats, times: StepTimes,
+    objective: BuiltObjective, batch: Rollout, rewards: Tensor, failures: int,
+    advantages: Tensor, penalties: dict[str, Tensor], adv_penalties: dict[str, Tensor],
+    ref_logp: Tensor | None, update: UpdateStats, times: StepTimes, progress: Progress, *,
+    num_generations: int, task: Any, device: Any,
 ) -> dict[str, Any]:
-    """The step's metrics (``tr.step`` already advanced)."""
-    G = tr.config.rollout.num_generations
+    """The step's metrics: of the rollout ``batch`` (``num_generations`` rows per prompt), its
+    rewards, advantages and penalties, the ``update``, the ``objective``'s monitors (with
+    ``ref_logp``), the ``times``, the run's counters after the step (``progress``), a code
+    ``task``'s unjudged tests and the peak memory of ``device``."""
+    G = num_generations
     mask = batch.completion_mask.float()
     n = len(batch)
     step_seconds = times.end - times.start
-    tr.rl_seconds += step_seconds
     n_tokens = float(mask.sum())
     group_std = rewards.view(-1, G).std(dim=1, unbiased=False)
     record: dict[str, Any] = {
-        "step": tr.step,
+        "step": progress.step,
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std(unbiased=False)),
         "accuracy": float((rewards >= 1.0).float().mean()),
         "frac_reward_zero_std": float((group_std == 0).float().mean()),
         "reward_failures": failures,
-        "reward_failures_total": tr.reward_failures_total,
+        "reward_failures_total": progress.reward_failures_total,
         "response_length_mean": n_tokens / n,
         "response_length_max": int(max(batch.num_tokens)),
         "truncated_frac": sum(batch.truncated) / n,
@@ -97,10 +109,10 @@ def step_record(
         "grad_norm_max": max(update.grad_norms),
     }
     record.update(update.diag.result())
-    unjudged = getattr(getattr(tr, "task", None), "unjudged_tests", None)  # code tasks: verdicts
+    unjudged = getattr(task, "unjudged_tests", None)  # code tasks: verdicts
     if isinstance(unjudged, int):  # not decidable from plain data (they earned nothing)
         record["code_unjudged_tests_total"] = unjudged
-    several = len(tr.objective.terms) > 1
+    several = len(objective.terms) > 1
     if penalties:  # reward_mean stays the task's reward; the penalty is logged beside it
         record["reward_penalty"] = float(sum(penalties.values()).mean())
         if several:
@@ -111,11 +123,11 @@ def step_record(
         if several:
             for name, value in adv_penalties.items():
                 record[f"advantage_penalty/{name}"] = float(value.mean())
-    if ref_logp is not None and tr.objective.monitors:
+    if ref_logp is not None and objective.monitors:
         # value of every registered regularizer at pi_old, vs the frozen reference
         lp = update.rollout_logp
         with torch.no_grad():
-            for name, reg in tr.objective.monitors.items():
+            for name, reg in objective.monitors.items():
                 values = reg(logp=lp, old_logp=lp, anchor_logp=ref_logp, mask=mask)
                 record[MONITOR_PREFIX + name] = float(masked_mean(values, mask))
     record["step_seconds"] = step_seconds
@@ -123,8 +135,8 @@ def step_record(
     record["time/generate_seconds"] = times.generated - times.start
     record["time/logprob_seconds"] = times.scored - times.generated
     record["time/update_seconds"] = times.end - times.scored
-    record["time/rl_seconds"] = tr.rl_seconds
-    peak = peak_memory_bytes(tr.device)
+    record["time/rl_seconds"] = progress.rl_seconds
+    peak = peak_memory_bytes(device)
     if peak is not None:
         record["memory/peak_gib"] = peak / 2**30
     return record
