@@ -293,8 +293,12 @@ def _eval_desc(task: Mapping[str, Any]) -> str:
     s = task["settings"]
     n = ", ".join(str(x) for x in task["eval_n"]) or "?"
     split = s.get("eval.split") or "the task's held-out split"
+    samples = s.get("eval.samples")
+    decoding = ("greedy decoding" if samples in (None, 1) else
+                f"the share of correct samples ({samples} per problem at the rollout temperature "
+                f"{s.get('rollout.temperature')}: pass@1)")  # fmt: skip
     return (
-        f"held-out {task['metric']} of the final policy, greedy decoding, {n} problems "
+        f"held-out {task['metric']} of the final policy, {decoding}, {n} problems "
         f"({split}; at most {s.get('eval.max_new_tokens')} new tokens)"
     )
 

@@ -61,6 +61,7 @@ SETTING_KEYS = (
     "eval.split",
     "eval.limit",
     "eval.max_new_tokens",
+    "eval.samples",
 )
 LAST_STEPS = 10
 
