@@ -10,12 +10,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 from gbmpo.config import ConfigError
+from gbmpo.config.hosts.trl import BatchLayout, batch_layout, grpo_kwargs
 from gbmpo.config.support import check_support
 from gbmpo.rewards.scoring import score_completions
 from gbmpo.train.setup import eval_limit
@@ -26,116 +26,16 @@ __all__ = ["BatchLayout", "batch_layout", "check_engine", "eval_limit_of", "grpo
            "train_dataset", "vllm_missing"]  # fmt: skip
 
 
-@dataclass(frozen=True)
-class BatchLayout:
-    """TRL's batch settings for one RL step of a gbmpo config."""
-
-    #: completions per process per forward/backward (TRL ``per_device_train_batch_size``)
-    per_device: int
-    #: micro-batches per optimizer step on each process
-    grad_accum: int
-    #: micro-steps per generation batch (TRL ``steps_per_generation``)
-    steps_per_generation: int
-    #: optimizer steps per RL step (``mu`` passes of ``batch / mini`` steps)
-    optimizer_steps: int
-
-
-def batch_layout(cfg: Any, world: int) -> BatchLayout:
-    r"""The layout of one RL step on ``world`` processes.
-
-    With :math:`N = PG` sequences per RL step, mini-batch :math:`M` (default :math:`N`) and
-    micro-batch :math:`m` (default :math:`M/W`): each process runs :math:`M/(Wm)` micro-batches
-    of :math:`m` per optimizer step, TRL generates :math:`N` completions every
-    :math:`N/(Wm)` micro-steps, and an RL step has :math:`\mu N/M` optimizer steps.
-    ``ConfigError`` names the setting when :math:`M` is not a multiple of :math:`W m`."""
-    n = cfg.rollout.prompts_per_step * cfg.rollout.num_generations
-    mini = cfg.optim.mini_batch_size or n
-    if mini % world:
-        raise ConfigError(
-            f"'optim.mini_batch_size'={mini} must be a multiple of run.num_processes={world} "
-            "(each process takes an equal share of every optimizer step)"
-        )
-    share = mini // world
-    micro = min(cfg.optim.micro_batch_size or share, share)
-    if share % micro:
-        raise ConfigError(
-            f"'optim.micro_batch_size'={micro} must divide the per-process mini-batch "
-            f"{share} (optim.mini_batch_size / run.num_processes)"
-        )
-    return BatchLayout(
-        per_device=micro,
-        grad_accum=share // micro,
-        steps_per_generation=n // (micro * world),
-        optimizer_steps=(n // mini) * cfg.optim.mu,
-    )
-
-
 def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
-    """The ``GBMPOConfig`` (a ``GRPOConfig``) that runs ``cfg`` on ``world`` processes.
+    """The ``GBMPOConfig`` (a ``GRPOConfig``) that runs ``cfg`` on ``world`` processes: the
+    fields of TRL's table (:func:`gbmpo.config.hosts.trl.grpo_kwargs`).
 
-    The learning rate of each RL step is set by :class:`_Schedule` (gbmpo's own schedule, per
-    RL step, decaying over what actually runs), so TRL's scheduler is ``constant`` here."""
+    The learning rate of each RL step is set by gbmpo's own schedule (per RL step, decaying over
+    what actually runs, a callback), so TRL's scheduler is ``constant`` there."""
     # deferred: trl is optional (the trl extra)
     from gbmpo.integrations.trl import GBMPOConfig
 
-    ro, opt, run = cfg.rollout, cfg.optim, cfg.run
-    lay = batch_layout(cfg, world)
-    k = lay.optimizer_steps
-    on_cpu = cfg.model.device == "cpu"
-    kw: dict[str, Any] = {
-        "output_dir": str(output_dir),
-        # the spec itself (GBMPOConfig builds it once; its monitor_regularizers decides whether
-        # TRL loads the reference for reg/<name>, as on the own engine)
-        "objective": cfg.objective,
-        # TRL loads its reference model itself, with this flag (the policy comes loaded)
-        "trust_remote_code": bool(cfg.model.trust_remote_code),
-        # generation
-        "num_generations": ro.num_generations,
-        "max_completion_length": ro.max_new_tokens,
-        "temperature": ro.temperature,
-        "top_p": ro.top_p,
-        "top_k": ro.top_k,
-        "use_vllm": ro.generator == "vllm",
-        "vllm_mode": ro.vllm_mode,
-        "vllm_gpu_memory_utilization": ro.vllm_gpu_memory_utilization,
-        "vllm_tensor_parallel_size": ro.vllm_tensor_parallel_size,
-        "vllm_server_host": ro.vllm_server_host,
-        "vllm_server_port": ro.vllm_server_port,
-        # batches (batch_layout)
-        "per_device_train_batch_size": lay.per_device,
-        "gradient_accumulation_steps": lay.grad_accum,
-        "steps_per_generation": lay.steps_per_generation,
-        "num_iterations": opt.mu,
-        # optimisation (steps are optimizer steps: k per RL step); the rate of each RL step
-        # comes from gbmpo's schedule (_Schedule), over TRL's constant one
-        "learning_rate": opt.lr,
-        "lr_scheduler_type": "constant",
-        "weight_decay": opt.weight_decay,
-        "adam_beta1": opt.betas[0],
-        "adam_beta2": opt.betas[1],
-        "adam_epsilon": opt.eps,
-        "max_grad_norm": opt.grad_clip if opt.grad_clip is not None else 0.0,
-        "max_steps": run.steps * k,
-        "seed": run.seed,
-        # precision and device: full fine-tuning keeps fp32 weights (the optimizer's master
-        # copy) and computes in bf16 under autocast; float16 is refused (support matrix)
-        "bf16": cfg.model.dtype == "bfloat16",
-        "fp16": False,
-        "use_cpu": on_cpu,
-        # TRL's default (memory for large models; no effect on results), spelled with the
-        # name transformers 5 reads, so that it does not warn about the old one
-        "activation_checkpointing": True,
-        # logging and checkpoints: one log row per RL step; gbmpo's console shows RL steps
-        "logging_steps": k,
-        "report_to": list(run.report_to) or "none",
-        "disable_tqdm": True,
-        # checkpoint_every 0: the final checkpoint only (TRL saves at max_steps, and the time
-        # budget's stop saves its step), as the own engine keeps its last step
-        "save_strategy": "steps",
-        "save_steps": (run.checkpoint_every or run.steps) * k,
-        "save_total_limit": run.keep_checkpoints,
-        "shuffle_dataset": True,
-    }
+    kw = {"output_dir": str(output_dir), **grpo_kwargs(cfg, world)}
     try:
         return GBMPOConfig(**kw)
     except ValueError as err:  # TRL's own checks (batch divisibility, vLLM, precision, ...)

@@ -10,8 +10,8 @@ spellings are aliases mapped here, once:
 * :func:`clip_params`: a host's ratio-clip settings -> the parameters of a gbmpo surrogate
   (which of ``eps_low``, ``eps_high``, the dual-clip constant and the ratio cap that surrogate
   takes, under its own parameter names);
-* :data:`TRL_LOSS_TYPES` / :data:`VERL_LOSS_AGG_MODES`: aggregation names;
-* :data:`TRL_SCALE_REWARDS` / :data:`VERL_ADV_ESTIMATORS`: advantage names.
+* :data:`VERL_LOSS_AGG_MODES`: aggregation names; :data:`VERL_ADV_ESTIMATORS`: advantage
+  names (TRL's are in its table, :mod:`gbmpo.config.hosts.trl`).
 
 :func:`check_signatures`, :func:`check_fields` and :func:`check_sources` are the one helper
 both integrations use to fail loudly, naming the method, parameter, field or source text, when
@@ -37,8 +37,6 @@ __all__ = [
     "hydra_value",
     "verl_objective_json",
     "verl_objective_overrides",
-    "TRL_LOSS_TYPES",
-    "TRL_SCALE_REWARDS",
     "VERL_ADV_ESTIMATORS",
     "VERL_LOSS_AGG_MODES",
     "VERL_SUM",
@@ -52,21 +50,6 @@ __all__ = [
 # Host spellings of the objective
 # --------------------------------------------------------------------------------------------
 
-#: gbmpo aggregation -> TRL ``loss_type`` (``bnpo`` is TRL's local token mean; TRL's ``dapo``,
-#: the global token mean, is also ``bnpo`` in gbmpo).
-TRL_LOSS_TYPES: dict[str, str] = {
-    "grpo": "grpo",
-    "bnpo": "bnpo",
-    "dr_grpo": "dr_grpo",
-    "seq_mean_token_sum": "luspo",
-}
-#: gbmpo advantage -> TRL ``scale_rewards`` (TRL always subtracts the group mean).
-TRL_SCALE_REWARDS: dict[str, str] = {
-    "grpo": "group",
-    "batch": "batch",
-    "dr_grpo": "none",
-    "rpg": "none",
-}
 #: gbmpo aggregation -> verl ``actor.loss_agg_mode`` (``dr_grpo`` is verl's
 #: ``seq-mean-token-sum-norm`` with ``loss_scale_factor`` = the maximal completion length).
 VERL_LOSS_AGG_MODES: dict[str, str] = {

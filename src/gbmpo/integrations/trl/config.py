@@ -11,7 +11,7 @@ from typing import Any
 
 from trl import GRPOConfig
 
-from gbmpo.integrations.common import TRL_LOSS_TYPES, TRL_SCALE_REWARDS
+from gbmpo.config.hosts.trl import TRL_LOSS_TYPES, TRL_SCALE_REWARDS
 from gbmpo.integrations.trl.objective import (
     CLIP_MODES,
     LOSS_TYPE_AGGREGATION,
