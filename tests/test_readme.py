@@ -340,7 +340,7 @@ def test_links_reach_existing_files_and_anchors() -> None:
 def test_engine_verl_without_its_environment_says_make_verl(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import gbmpo.engines.verl_runner as engine_verl
+    import gbmpo.engines.verl.runner as engine_verl
     from gbmpo.cli import main
     from gbmpo.config.support import VERL_REQUIRED
 

@@ -17,7 +17,8 @@ pytest.importorskip("trl")
 from gbmpo.cli import main  # noqa: E402
 from gbmpo.config import ConfigError, load_config  # noqa: E402
 from gbmpo.config.support import HONOURED, NO_EFFECT, REFUSED, TRL, check_support  # noqa: E402
-from gbmpo.engines import trl_args, trl_callbacks  # noqa: E402
+from gbmpo.engines.trl import args as trl_args
+from gbmpo.engines.trl import callbacks as trl_callbacks  # noqa: E402
 
 #: settings a probe needs beside it (the same for the default and the probe)
 _COMPANIONS: dict[str, list[tuple[str, Any]]] = {

@@ -20,7 +20,7 @@ from gbmpo.config.support import (
     check_support,
     probe_settings,
 )
-from gbmpo.engines.verl_args import overrides, precision_overrides, validation_freq
+from gbmpo.engines.verl.args import overrides, precision_overrides, validation_freq
 
 #: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set), on
 #: GPUs (the probes include LoRA and several processes, which a CPU run refuses); eval.every 0,
@@ -187,7 +187,7 @@ def test_cpu_refuses_lora_and_several_processes() -> None:
 
 
 def test_cpu_overrides_only_on_a_cpu_run(tmp_path: Path) -> None:
-    from gbmpo.engines.verl_args import cpu_overrides
+    from gbmpo.engines.verl.args import cpu_overrides
 
     gpu, cpu = overrides(_cfg(), tmp_path), overrides(_cfg(("model.device", "cpu")), tmp_path)
     assert "actor_rollout_ref.rollout.name=vllm" in gpu and cpu_overrides(_cfg()) == []
@@ -254,18 +254,18 @@ def test_rollout_correction_overrides(tmp_path: Path) -> None:
 
 
 def test_cpu_modules_are_loaded_only_for_a_cpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gbmpo.engines.verl_runner import _verl_env
+    from gbmpo.engines.verl.runner import _verl_env
 
     monkeypatch.delenv("VERL_PLATFORM", raising=False)
     gpu, cpu = _verl_env(["json"]), _verl_env(["json"], cpu=True)
-    # the plugin and the driver hooks on both (gbmpo.integrations.verl_driver)
+    # the plugin and the driver hooks on both (gbmpo.engines.verl.driver)
     assert gpu["VERL_USE_EXTERNAL_MODULES"] == (
-        "json,gbmpo.integrations.verl,gbmpo.integrations.verl_driver")
+        "json,gbmpo.integrations.verl,gbmpo.engines.verl.driver")
     assert gpu["GBMPO_VERL_DRIVER"] == cpu["GBMPO_VERL_DRIVER"] == "1"
     assert "VERL_PLATFORM" not in gpu and "VERL_ENGINE_DEVICE" not in gpu
-    assert cpu["VERL_USE_EXTERNAL_MODULES"] == ("gbmpo.integrations.verl_cpu.plugin,json,"
+    assert cpu["VERL_USE_EXTERNAL_MODULES"] == ("gbmpo.engines.verl.cpu.plugin,json,"
                                                 "gbmpo.integrations.verl,"
-                                                "gbmpo.integrations.verl_driver")
+                                                "gbmpo.engines.verl.driver")
     assert cpu["VERL_PLATFORM"] == "cpu" and cpu["VERL_ENGINE_DEVICE"] == "cuda"
 
 
@@ -274,8 +274,8 @@ def test_untested_verl_stops_a_cpu_run_in_one_line(monkeypatch: pytest.MonkeyPat
     """The version guard, from gbmpo's own environment (verl's version read in verl's)."""
     import subprocess
 
-    from gbmpo.engines import verl_runner
     from gbmpo.engines.checks import EngineUnavailable
+    from gbmpo.engines.verl import runner as verl_runner
 
     monkeypatch.setattr(verl_runner, "verl_python", lambda: "/x/python")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(

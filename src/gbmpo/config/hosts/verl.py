@@ -7,13 +7,29 @@ from typing import Any
 from gbmpo.config.hosts.own import GBMPO
 from gbmpo.config.matrix import H, N, R, Support, Together, any_full, never_default
 
-__all__ = ["VERL", "VERL_REQUIRED"]
+__all__ = ["VERL", "VERL_ADV_ESTIMATORS", "VERL_LOSS_AGG_MODES", "VERL_REQUIRED"]
+
+#: gbmpo aggregation -> verl ``actor.loss_agg_mode`` (``dr_grpo`` is verl's
+#: ``seq-mean-token-sum-norm`` with ``loss_scale_factor`` = the maximal completion length).
+VERL_LOSS_AGG_MODES: dict[str, str] = {
+    "grpo": "seq-mean-token-mean",
+    "bnpo": "token-mean",
+    "dr_grpo": "seq-mean-token-sum-norm",
+    "seq_mean_token_sum": "seq-mean-token-sum",
+}
+#: gbmpo advantage -> verl ``(algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo)``;
+#: ``batch`` (group mean, batch std) has no verl counterpart.
+VERL_ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
+    "grpo": ("grpo", True),
+    "dr_grpo": ("grpo", False),
+    "rpg": ("grpo", False),
+}
 
 #: the values verl needs where the own engine's defaults are refused on verl: none, the default
 #: config runs on verl as it is (on GPUs; ``model.device: cpu`` on a machine without one)
 VERL_REQUIRED: dict[str, Any] = {}
 
-VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl_args.py)
+VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl/args.py)
 _A = "actor_rollout_ref.actor"
 
 
@@ -56,7 +72,7 @@ VERL.update({
     "model.device": R("'cuda': verl places its workers on every GPU of each node through Ray "
                       "(run.num_processes per node; choose the GPUs with CUDA_VISIBLE_DEVICES); "
                       "'cpu': one process, verl's trainer with gbmpo's CPU platform and "
-                      "transformers rollout (gbmpo.integrations.verl_cpu, verl 0.9.1 only), "
+                      "transformers rollout (gbmpo.engines.verl.cpu, verl 0.9.1 only), "
                       "refused with lora.enabled (the CPU rollout takes full weights) and with "
                       "run.num_processes or run.num_nodes above 1; other devices are refused",
                       _verl_refuses_device, probe="cuda:1"),
@@ -128,7 +144,7 @@ VERL.update({
     "objective.monitor_regularizers": H(
         "reg/<name> = D(pi_old || pi_ref) for every registered regularizer (false: the "
         "optimised ones), the token mean over the step's batch from the old and reference "
-        "log-probs verl's driver holds (gbmpo.integrations.verl_driver); with no active term "
+        "log-probs verl's driver holds (gbmpo.engines.verl.driver); with no active term "
         f"a KL loss of coefficient 0 ({_A}.use_kl_loss, kl_loss_coef 0) makes verl compute the "
         "reference's log-probs", probe=False),
     "objective.rollout_correction.mode": R(
@@ -207,7 +223,7 @@ VERL.update({
                     "final_model), measured as on the own engine (gbmpo.eval.drift)"),
     "run.steps": H("trainer.total_training_steps", probe=7),
     "run.time_budget_seconds": H(
-        "gbmpo's driver hooks (gbmpo.integrations.verl_driver) make the step in which the RL "
+        "gbmpo's driver hooks (gbmpo.engines.verl.driver) make the step in which the RL "
         "time (verl's step timer, validation excluded) reaches the budget verl's last: its "
         "final checkpoint and validation (with eval.every > 0 that step validates even with "
         "eval.after false), summary.json stop_reason time_budget. verl's LR "

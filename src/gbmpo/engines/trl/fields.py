@@ -10,7 +10,7 @@ from dataclasses import fields
 import trl
 from transformers import TrainingArguments
 
-from gbmpo.integrations.trl.internals import SUPPORTED_TRL
+from gbmpo.engines.trl.internals import SUPPORTED_TRL
 
 __all__ = ["FIELD_STATUSES", "TRL_FIELDS", "trl_field_status"]
 

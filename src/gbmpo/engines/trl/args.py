@@ -2,7 +2,7 @@ r"""What a gbmpo config becomes on TRL (``gbmpo train --engine trl``): the ``GBM
 (a ``GRPOConfig``, :func:`grpo_args`) with its batch layout (:func:`batch_layout`), the learning
 rate of every RL step (:func:`lr_at`), the PEFT config, the dataset and reward function, the
 ``accelerate launch`` command, and the checks that refuse a config before anything is written
-(:func:`check_engine`). The run itself is :mod:`gbmpo.engines.trl_runner`.
+(:func:`check_engine`). The run itself is :mod:`gbmpo.engines.trl.runner`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
     The learning rate of each RL step is set by gbmpo's own schedule (per RL step, decaying over
     what actually runs, a callback), so TRL's scheduler is ``constant`` there."""
     # deferred: trl is optional (the trl extra)
-    from gbmpo.integrations.trl import GBMPOConfig
+    from gbmpo.engines.trl.config import GBMPOConfig
 
     kw = {"output_dir": str(output_dir), **grpo_kwargs(cfg, world)}
     try:
@@ -182,7 +182,7 @@ def launch_command(cfg: Any, run_dir: Path, *, resume_from: Path | None = None,
         cmd.append("--multi_gpu")  # accelerate's multi-process flag; CPU comes from use_cpu
     if cfg.model.device == "cpu":
         cmd += ["--num_cpu_threads_per_process", str(cfg.run.num_threads or 1)]
-    cmd += ["--module", "gbmpo.engines.trl_runner", "--run-dir", str(run_dir)]
+    cmd += ["--module", "gbmpo.engines.trl.runner", "--run-dir", str(run_dir)]
     if resuming:
         cmd += ["--resume-from", str(resume_from) if resume_from is not None else ""]
     return cmd

@@ -1,6 +1,6 @@
 r"""``gbmpo train --engine verl``: verl's ``main_ppo`` (Ray, FSDP, vLLM) from a gbmpo config.
 
-What the config becomes (:mod:`gbmpo.engines.verl_args`: ``overrides``, Hydra overrides of
+What the config becomes (:mod:`gbmpo.engines.verl.args`: ``overrides``, Hydra overrides of
 verl's ``ppo_trainer.yaml``):
 
 * ``objective`` -> the gbmpo verl plugin (``gbmpo.integrations.verl``): the spec as JSON in
@@ -8,14 +8,14 @@ verl's ``ppo_trainer.yaml``):
   ``BuiltObjective`` (so verl's own clip fields add nothing), the surrogate as
   ``policy_loss.loss_mode=gbmpo_<name>``, the regularizer as the actor KL loss
   ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` = coef, the aggregation as ``loss_agg_mode``
-  (:data:`gbmpo.integrations.common.VERL_LOSS_AGG_MODES`; ``dr_grpo`` with
+  (:data:`gbmpo.config.hosts.verl.VERL_LOSS_AGG_MODES`; ``dr_grpo`` with
   ``loss_scale_factor`` = the completion length), the advantage as ``algorithm.adv_estimator``
   / ``norm_adv_by_std_in_grpo``;
 * ``task`` -> ``data/train.parquet`` and ``data/test.parquet`` in the run directory
   (``write_data``): each prompt rendered exactly as the own trainer renders it, passed
   through verl's chat templating unchanged (a pass-through ``custom_chat_template``), and the
   reward's columns in ``extra_info``; the task's reward -> verl's
-  ``reward.custom_reward_function`` (:mod:`gbmpo.engines.verl_reward`, which calls the task's
+  ``reward.custom_reward_function`` (:mod:`gbmpo.engines.verl.reward`, which calls the task's
   reward: math-verify, the code sandbox, a user's ``module:function``);
 * ``rollout`` / ``optim`` / ``lora`` / ``run`` -> rollout ``n``, lengths, sampling, learning
   rate and schedule, ``ppo_mini_batch_size`` (prompts), micro-batches, ``ppo_epochs`` = ``mu``,
@@ -23,21 +23,21 @@ verl's ``ppo_trainer.yaml``):
   ``run.num_nodes``, steps, checkpoints, validation (``validation_freq``: the last step
   is the final evaluation), seeds, precision (``precision_overrides``).
 
-In verl's trainer process gbmpo's driver hooks (:mod:`gbmpo.integrations.verl_driver`) add the
+In verl's trainer process gbmpo's driver hooks (:mod:`gbmpo.engines.verl.driver`) add the
 monitored divergences ``reg/<name>``, the entropy's token mean, the reward failures and the RL
 clock to each step's metrics, and end the run after the step that spends
 ``run.time_budget_seconds``; with ``eval.drift`` the final checkpoint is merged into ``model/``
 (verl's model merger) and its drift measured as on the other engines.
 
-Every key is honoured or refused (:data:`gbmpo.config.support.VERL`): :func:`run` and
+Every key is honoured or refused (:data:`gbmpo.config.hosts.verl.VERL`): :func:`run` and
 :func:`dry_run` call :func:`check_engine_support` before anything is written. After the run
-:mod:`gbmpo.engines.verl_metrics` turns verl's file log into ``metrics.jsonl`` (the schema of
+:mod:`gbmpo.engines.verl.metrics` turns verl's file log into ``metrics.jsonl`` (the schema of
 :mod:`gbmpo.io.metrics`, verl's own names under ``verl/``) and ``summary.json``.
 
 verl lives in its own environment (it pins transformers < 5.11): :func:`verl_python` finds it
 (``$GBMPO_VERL_PYTHON``, else ``.venv-verl/bin/python`` of this checkout or the working
 directory, else this interpreter when it can import verl). ``--dry-run`` composes verl's
-config with the overrides there and runs verl's own validation (:mod:`gbmpo.engines.verl_check`);
+config with the overrides there and runs verl's own validation (:mod:`gbmpo.engines.verl.check`);
 a run launches ``python -m verl.trainer.main_ppo`` there, after checking for GPUs.
 
 ``gbmpo train --resume DIR`` (:func:`resume`) continues a verl run from the newest checkpoint
@@ -71,17 +71,18 @@ from gbmpo.engines.checks import (
     common_checks,
     memory_check,
 )
-from gbmpo.engines.verl_args import overrides, with_mirror_file, write_data
-from gbmpo.engines.verl_metrics import (
+from gbmpo.engines.verl import cpu as verl_cpu
+from gbmpo.engines.verl import driver as verl_driver
+from gbmpo.engines.verl.args import overrides, with_mirror_file, write_data
+from gbmpo.engines.verl.cpu import VerlCPUError, check_version
+from gbmpo.engines.verl.metrics import (
     VERL_EARLIER_METRICS_FILE,
     VERL_METRICS_FILE,
     read_verl_log,
     summarize_run,
 )
+from gbmpo.engines.verl.objective import hydra_value as _value
 from gbmpo.eval.drift import final_drift, fmt_drift
-from gbmpo.integrations import verl_cpu, verl_driver
-from gbmpo.integrations.common import hydra_value as _value
-from gbmpo.integrations.verl_cpu import VerlCPUError, check_version
 from gbmpo.io import RunStopped, resume_command, write_atomic, write_json_atomic
 from gbmpo.io.stop import handling
 from gbmpo.lifecycle import (
@@ -131,10 +132,10 @@ def verl_python() -> str | None:
 def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[str, str]:
     """This process's environment, with this gbmpo first on the path and the plugin loaded
     (after the run's ``run.plugins``, which may register surrogates and regularizers that the
-    plugin then registers with verl), and the driver hooks (:mod:`gbmpo.integrations.verl_driver`:
+    plugin then registers with verl), and the driver hooks (:mod:`gbmpo.engines.verl.driver`:
     the monitored divergences, the entropy, the reward failures, the time budget); with ``cpu``
     also the CPU platform and rollout
-    (:mod:`gbmpo.integrations.verl_cpu`, never on a GPU run)."""
+    (:mod:`gbmpo.engines.verl.cpu`, never on a GPU run)."""
     src = str(Path(__file__).resolve().parents[2])
     path = os.environ.get("PYTHONPATH")
     extra = [verl_cpu.PLUGIN] if cpu else []
@@ -155,7 +156,7 @@ def check_engine_support(cfg: Any) -> list[str]:
 
 def dry_run(cfg: Any) -> DryRunReport:
     """Engine-independent checks, the overrides, and verl's own validation of the composed
-    ``ppo_trainer.yaml`` in verl's environment (:mod:`gbmpo.engines.verl_check`)."""
+    ``ppo_trainer.yaml`` in verl's environment (:mod:`gbmpo.engines.verl.check`)."""
     report = DryRunReport("verl")
     notices = check_engine_support(cfg)
     if notices:
@@ -196,7 +197,7 @@ def _verl_check(
     ov_file = tmp / "overrides.json"
     ov_file.write_text(json.dumps(ov))
     return subprocess.run(
-        [python, "-m", "gbmpo.engines.verl_check", str(ov_file)],
+        [python, "-m", "gbmpo.engines.verl.check", str(ov_file)],
         env=_verl_env(plugins, cpu=cpu), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
 
@@ -236,7 +237,7 @@ def run(cfg: Any) -> dict[str, Any]:
 def _gpu_python(cfg: Any) -> str:
     """verl's interpreter where it can run ``cfg``: on ``model.device: cuda`` where it sees
     ``run.num_processes`` GPUs; on ``cpu`` where its verl is a version the CPU run was tested
-    with (:func:`gbmpo.integrations.verl_cpu.check_version`). Else :class:`EngineUnavailable`
+    with (:func:`gbmpo.engines.verl.cpu.check_version`). Else :class:`EngineUnavailable`
     naming what is missing."""
     python = verl_python()
     if python is None:
@@ -347,7 +348,7 @@ def _with_drift(cfg: Any, run_dir: Path, python: str, summary: dict[str, Any]) -
 
 def _rl_seconds(run_dir: Path, step: int | None = None) -> float:
     """The RL seconds verl's log records up to ``step`` (all: ``None``), the earlier parts'
-    included (:mod:`gbmpo.integrations.verl_driver`'s clock, 0 without a row)."""
+    included (:mod:`gbmpo.engines.verl.driver`'s clock, 0 without a row)."""
     rows = (read_verl_log(run_dir / VERL_EARLIER_METRICS_FILE)
             + read_verl_log(run_dir / VERL_METRICS_FILE))  # fmt: skip
     return max((float(r["data"][verl_driver.RL_SECONDS_METRIC]) for r in rows

@@ -15,7 +15,7 @@ module is imported (the trainer process imports it), so the workers pay nothing.
   - :data:`ENTROPY_METRIC`: the token mean of the policy's entropy at :math:`\pi_{old}` over
     the batch (verl's ``actor/entropy`` is that entropy aggregated with ``loss_agg_mode``);
   - :data:`FAILURES_METRIC`: the step's reward failures (the reward function's
-    :data:`FAILED_KEY`, :mod:`gbmpo.engines.verl_reward`); a step whose every completion
+    :data:`FAILED_KEY`, :mod:`gbmpo.engines.verl.reward`); a step whose every completion
     failed stops the run, as on the own engine;
   - :data:`RL_SECONDS_METRIC`: the RL time so far (the time budget's clock);
 
@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: this module, for ``VERL_USE_EXTERNAL_MODULES``
-MODULE = "gbmpo.integrations.verl_driver"
+MODULE = "gbmpo.engines.verl.driver"
 #: set (to 1) in the environment of verl's processes of a gbmpo run: importing this module
 #: there patches verl's trainer (:func:`activate`); importing it elsewhere does nothing
 DRIVER_ENV = "GBMPO_VERL_DRIVER"
@@ -178,7 +178,7 @@ def _objective_monitors(config: Any) -> dict[str, Any]:
     if not spec:
         return {}
     # deferred: the plugin imports verl (this module is imported by verl's __init__)
-    from gbmpo.integrations.verl import build_objective
+    from gbmpo.engines.verl.build import build_objective
 
     return dict(build_objective(spec).monitors)
 

@@ -1,18 +1,18 @@
 """Imported by verl's processes in a CPU run (``VERL_USE_EXTERNAL_MODULES``): the version check,
-the ``cpu`` platform, the ``hf`` rollout and the patches (:mod:`gbmpo.integrations.verl_cpu`)."""
+the ``cpu`` platform, the ``hf`` rollout and the patches (:mod:`gbmpo.engines.verl.cpu`)."""
 
 from __future__ import annotations
 
 import importlib
 
-from gbmpo.integrations.verl_cpu import check_version
-from gbmpo.integrations.verl_cpu.patches import apply
+from gbmpo.engines.verl.cpu import check_version
+from gbmpo.engines.verl.cpu.patches import apply
 
 __all__ = ["ROLLOUT", "install"]
 
 #: the rollout name (``actor_rollout_ref.rollout.name``)
 ROLLOUT = "hf"
-_ROLLOUT_MODULE = "gbmpo.integrations.verl_cpu.rollout"
+_ROLLOUT_MODULE = "gbmpo.engines.verl.cpu.rollout"
 
 
 def install() -> None:
@@ -23,10 +23,10 @@ def install() -> None:
     from verl.workers.rollout.base import _ROLLOUT_REGISTRY
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
-    from gbmpo.integrations.verl_cpu.platform import PlatformCPU
+    from gbmpo.engines.verl.cpu.platform import PlatformCPU
 
     PlatformRegistry.register("cpu")(PlatformCPU)
-    # the hf rollout, by name (gbmpo.integrations.verl_cpu.rollout imports verl)
+    # the hf rollout, by name (gbmpo.engines.verl.cpu.rollout imports verl)
     RolloutReplicaRegistry.register(ROLLOUT, _hf_replica)
     _ROLLOUT_REGISTRY[(ROLLOUT, "async")] = f"{_ROLLOUT_MODULE}.HFServerAdapter"
     apply()

@@ -1,6 +1,6 @@
 """A CPU rollout for verl (``actor_rollout_ref.rollout.name=hf``): a ``transformers`` model
 sampled in one Ray actor, wired through verl's registries by
-:mod:`gbmpo.integrations.verl_cpu.plugin` (by name, so that this module is imported only where
+:mod:`gbmpo.engines.verl.cpu.plugin` (by name, so that this module is imported only where
 verl uses it: it imports verl, whose import loads the plugin).
 
 verl 0.9.1's trainer always samples through rollout *servers*: a ``RolloutReplica`` (picked by

@@ -10,7 +10,7 @@ import warnings
 import trl
 from trl import GRPOConfig, GRPOTrainer
 
-from gbmpo.integrations.common import check_fields, check_signatures, check_sources
+from gbmpo.engines.hosts import check_fields, check_signatures, check_sources
 
 __all__ = ["SUPPORTED_TRL", "TRLInternalsError", "check_trl_internals"]
 

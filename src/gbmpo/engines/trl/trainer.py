@@ -15,21 +15,21 @@ import trl
 from torch import Tensor
 from trl import GRPOTrainer
 
-from gbmpo.integrations.trl.config import GBMPOConfig
-from gbmpo.integrations.trl.correction import log_rollout_correction
-from gbmpo.integrations.trl.formulas import (
+from gbmpo.engines.trl.config import GBMPOConfig
+from gbmpo.engines.trl.correction import log_rollout_correction
+from gbmpo.engines.trl.formulas import (
     adaptive_entropy_coef,
     dapo_normalizer,
     entropy_bonus,
     window_means,
 )
-from gbmpo.integrations.trl.full import (
+from gbmpo.engines.trl.full import (
     TRL_STD_EPS,
     logprobs_and_full,
     sequence_penalties,
     shaped_advantages,
 )
-from gbmpo.integrations.trl.internals import (
+from gbmpo.engines.trl.internals import (
     _FORWARD_KEYS,
     _TRAINER_ATTRIBUTES,
     SUPPORTED_TRL,
@@ -37,7 +37,7 @@ from gbmpo.integrations.trl.internals import (
     _quiet_host_warnings,
     check_trl_internals,
 )
-from gbmpo.integrations.trl.objective import LOSS_TYPE_SURROGATES, build_objective
+from gbmpo.engines.trl.objective import LOSS_TYPE_SURROGATES, build_objective
 from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX
 from gbmpo.objectives.loss import LossTerm, compute_policy_loss, loss_terms
 from gbmpo.objectives.regularizers import kl_k3
@@ -84,7 +84,7 @@ class GBMPOTrainer(GRPOTrainer):
     ``_compute_loss`` is gbmpo's loss; generation, rewards, reference log-probs (computed by
     TRL whenever the regularizer is anchored on the reference model), old log-probs, vLLM
     importance ratios and everything else stay TRL's, with three additions
-    (:mod:`gbmpo.integrations.trl.full`): a term with ``estimator: full`` takes the exact
+    (:mod:`gbmpo.engines.trl.full`): a term with ``estimator: full`` takes the exact
     divergence from the policy's logits of each micro-batch and a no-grad reference forward; a
     term with ``placement: reward`` has its detached per-sequence penalty subtracted from the
     rewards before TRL's advantages (``_generate_and_score_completions``, with the rewards kept

@@ -1,110 +1,23 @@
-r"""What the TRL drop-in and the verl plugin share: host clip settings -> surrogate parameters,
-host loss names <-> the objective spec, and the check of a host library's internals.
+r"""The verl overrides of a gbmpo objective: what ``gbmpo train --engine verl`` and
+``python -m gbmpo.integrations.verl --objective FILE`` pass to ``verl.trainer.main_ppo`` to select
+an objective spec through gbmpo's verl plugin (:func:`verl_objective_overrides`), the spec as
+JSON (:func:`verl_objective_json`) and Hydra's value syntax (:func:`hydra_value`). The verl names
+of the aggregation and the advantage are verl's table's (:mod:`gbmpo.config.hosts.verl`).
 
-Both hosts spell the objective their own way (TRL: ``epsilon`` / ``epsilon_high`` / ``delta`` /
-``loss_type`` / ``scale_rewards``; verl: ``clip_ratio_low`` / ``clip_ratio_high`` /
-``clip_ratio_c`` / ``loss_agg_mode`` / ``adv_estimator``). The gbmpo objective spec
-(:class:`gbmpo.objectives.spec.ObjectiveSpec`) is the one way to name an objective; the host
-spellings are aliases mapped here, once:
-
-* :func:`clip_params`: a host's ratio-clip settings -> the parameters of a gbmpo surrogate
-  (which of ``eps_low``, ``eps_high``, the dual-clip constant and the ratio cap that surrogate
-  takes, under its own parameter names);
-* :data:`VERL_LOSS_AGG_MODES`: aggregation names; :data:`VERL_ADV_ESTIMATORS`: advantage
-  names (TRL's are in its table, :mod:`gbmpo.config.hosts.trl`).
-
-:func:`check_signatures`, :func:`check_fields` and :func:`check_sources` are the one helper
-both integrations use to fail loudly, naming the method, parameter, field or source text, when
-a host library's internals that they hook have moved.
-
-Imports neither TRL nor verl: the engines (``gbmpo train --engine trl|verl``) use it in the
-main environment.
+Imports no verl: the engine uses it in the main environment.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 import json
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from gbmpo.config.hosts.verl import VERL_ADV_ESTIMATORS, VERL_LOSS_AGG_MODES
 from gbmpo.objectives.spec import ObjectiveSpec
 
-__all__ = [
-    "VERL_POLICY_LOSS_CONFIG",
-    "hydra_value",
-    "verl_objective_json",
-    "verl_objective_overrides",
-    "VERL_ADV_ESTIMATORS",
-    "VERL_LOSS_AGG_MODES",
-    "VERL_SUM",
-    "check_fields",
-    "check_signatures",
-    "check_sources",
-    "clip_params",
-]
-
-# --------------------------------------------------------------------------------------------
-# Host spellings of the objective
-# --------------------------------------------------------------------------------------------
-
-#: gbmpo aggregation -> verl ``actor.loss_agg_mode`` (``dr_grpo`` is verl's
-#: ``seq-mean-token-sum-norm`` with ``loss_scale_factor`` = the maximal completion length).
-VERL_LOSS_AGG_MODES: dict[str, str] = {
-    "grpo": "seq-mean-token-mean",
-    "bnpo": "token-mean",
-    "dr_grpo": "seq-mean-token-sum-norm",
-    "seq_mean_token_sum": "seq-mean-token-sum",
-}
-#: gbmpo advantage -> verl ``(algorithm.adv_estimator, algorithm.norm_adv_by_std_in_grpo)``;
-#: ``batch`` (group mean, batch std) has no verl counterpart.
-VERL_ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
-    "grpo": ("grpo", True),
-    "dr_grpo": ("grpo", False),
-    "rpg": ("grpo", False),
-}
-
-#: surrogate -> (its lower-eps, upper-eps, dual-clip and ratio-cap parameter names; None where
-#: the surrogate has no such parameter). Plugin surrogates take none of the host's settings.
-_CLIP_PARAM_NAMES: dict[str, tuple[str | None, str | None, str | None, str | None]] = {
-    "clip": ("eps_low", "eps_high", "dual_clip_c", "ratio_cap"),
-    "gspo": ("eps_low", "eps_high", "dual_clip_c", "ratio_cap"),
-    "atr": (None, None, "dual_clip_c", None),
-    "divergence_clip": (None, None, "dual_clip_c", None),
-    "rpg_clip": ("eps_low", "eps_high", "c", None),
-    "rpg_reinforce": ("eps_low", "eps_high", "c", None),
-}
-
-
-def clip_params(
-    surrogate: str,
-    *,
-    eps_low: float | None = None,
-    eps_high: float | None = None,
-    dual_clip_c: float | None = None,
-    ratio_cap: float | None = None,
-) -> dict[str, Any]:
-    r"""The parameters of gbmpo surrogate ``surrogate`` that a host's ratio-clip settings give.
-
-    A host clips the ratio to :math:`[1-\varepsilon_{\text{low}}, 1+\varepsilon_{\text{high}}]`
-    (TRL ``epsilon`` / ``epsilon_high``; verl ``clip_ratio_low`` / ``clip_ratio_high``), may
-    apply the dual clip :math:`c` for negative advantages (verl ``clip_ratio_c``) and may cap
-    the unclipped ratio at :math:`\rho_{\text{cap}}` (``ratio_cap``; TRL ``delta``). Each
-    surrogate takes the settings it has a parameter for, under its own name (``rpg_*`` call the
-    dual clip ``c``; ``atr`` and ``divergence_clip`` derive their bounds from their own radius
-    and take only the dual clip); settings left at ``None`` are not passed (the surrogate's
-    default applies). Unknown (plugin) surrogates get ``{}``.
-    """
-    names = _CLIP_PARAM_NAMES.get(surrogate)
-    if names is None:
-        return {}
-    out: dict[str, Any] = {}
-    for name, value in zip(names, (eps_low, eps_high, dual_clip_c, ratio_cap), strict=True):
-        if name is not None and value is not None:
-            out[name] = value
-    return out
+__all__ = ["VERL_POLICY_LOSS_CONFIG", "VERL_SUM", "hydra_value", "verl_objective_json",
+           "verl_objective_overrides", "verl_rollout_correction_overrides"]  # fmt: skip
 
 
 #: the verl policy-loss config class that carries gbmpo's hyperparameters
@@ -306,79 +219,3 @@ def _verl_sum_overrides(terms: list[Any]) -> list[str]:
         return [f"{a}.use_kl_loss=false", "algorithm.use_kl_in_reward=false"]
     return ["algorithm.use_kl_in_reward=false", f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef=1.0",
             f"{a}.kl_loss_type=gbmpo_{VERL_SUM}"]  # fmt: skip
-
-
-# --------------------------------------------------------------------------------------------
-# The check of a host library's internals
-# --------------------------------------------------------------------------------------------
-
-
-def check_signatures(
-    owner: Any,
-    methods: Mapping[str, tuple[str, ...]],
-    *,
-    error: type[Exception],
-    context: str,
-    static: bool = False,
-    owner_name: str | None = None,
-) -> None:
-    """Raise ``error`` naming the first function of ``methods`` missing from ``owner`` (a class
-    or a module) or no longer accepting one of its listed parameters (a subset check: new
-    parameters are fine). ``static``: look methods up with ``inspect.getattr_static`` (class
-    attributes, unwrapping static/class methods); otherwise ``getattr`` and ``__wrapped__``.
-    ``context`` ends each message (host version and what supports it)."""
-    label = owner_name or getattr(owner, "__name__", type(owner).__name__)
-    for name, params in methods.items():
-        if static:
-            fn = inspect.getattr_static(owner, name, None)
-            if isinstance(fn, (staticmethod, classmethod)):
-                fn = fn.__func__
-        else:
-            fn = getattr(owner, name, None)
-        if fn is None or not callable(fn):
-            raise error(f"{label}.{name} no longer exists ({context})")
-        target = getattr(fn, "__wrapped__", fn)
-        try:
-            sig = inspect.signature(target)
-        except (TypeError, ValueError) as e:  # pragma: no cover - builtins only
-            raise error(f"cannot read the signature of {label}.{name}: {e}") from None
-        missing = [p for p in params if p not in sig.parameters]
-        if missing:
-            raise error(
-                f"{label}.{name} no longer takes {', '.join(missing)} (signature now {sig}; "
-                f"{context})"
-            )
-
-
-def check_fields(
-    cls: type, wanted: tuple[str, ...], *, error: type[Exception], context: str
-) -> None:
-    """Raise ``error`` naming the first of ``wanted`` that is not a field of dataclass ``cls``."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    for f in wanted:
-        if f not in names:
-            raise error(f"{cls.__name__} has no field {f!r} any more ({context})")
-
-
-def check_sources(
-    facts: Mapping[str, tuple[Callable[..., Any], tuple[str, ...]]],
-    *,
-    error: type[Exception],
-    context: str,
-    flatten_whitespace: bool = False,
-) -> None:
-    """Raise ``error`` naming the first function (``label -> (function, needles)``) whose source
-    lacks one of its needles (text checks: what a hook relies on that a signature cannot
-    show). ``flatten_whitespace`` compares with runs of whitespace collapsed."""
-    for label, (fn, needles) in facts.items():
-        target = getattr(fn, "__wrapped__", fn)
-        try:
-            src = inspect.getsource(target)
-        except (OSError, TypeError) as e:
-            raise error(f"cannot read the source of {label}: {e}") from None
-        if flatten_whitespace:
-            src = " ".join(src.split())
-        for needle in needles:
-            probe = " ".join(needle.split()) if flatten_whitespace else needle
-            if probe not in src:
-                raise error(f"{label} no longer contains {needle!r} ({context})")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gbmpo.engines.trl_callbacks import all_reduce
+from gbmpo.engines.trl.callbacks import all_reduce
 from gbmpo.lifecycle import RunLifecycle
 
 __all__ = ["StopCallback"]

@@ -1,7 +1,7 @@
 r"""``gbmpo train --engine trl``: TRL's ``GRPOTrainer`` (with gbmpo's loss) from a gbmpo config.
 
-What the config becomes is :mod:`gbmpo.engines.trl_args` (every key's answer on this engine is
-in the support matrix, :data:`gbmpo.config.support.TRL`, checked by ``check_engine`` before
+What the config becomes is :mod:`gbmpo.engines.trl.args` (every key's answer on this engine is
+in the support matrix, :data:`gbmpo.config.hosts.trl.TRL`, checked by ``check_engine`` before
 anything is written):
 
 * ``objective`` -> ``GBMPOConfig(objective=...)`` (the spec itself; TRL's ``loss_type`` and
@@ -21,11 +21,11 @@ anything is written):
 
 The run directory is the own engine's: ``config.yaml``, ``metrics.jsonl`` (one row per RL step
 under the schema's names, :mod:`gbmpo.io.metrics`, with TRL's other metrics as ``trl/<name>``;
-written by :mod:`gbmpo.engines.trl_callbacks`; the ``eval/*`` metrics before, every
+written by :mod:`gbmpo.engines.trl.callbacks`; the ``eval/*`` metrics before, every
 ``eval.every`` steps and after), ``summary.json`` (``eval_before`` / ``eval_after`` from
 :func:`gbmpo.eval.evaluate`), ``model/``; TRL's own checkpoints go to
 ``checkpoints/checkpoint-<optimizer step>/``, each completed by gbmpo's state file
-(:mod:`gbmpo.engines.trl_checkpoints`: written last, atomically, the RL state TRL does not keep
+(:mod:`gbmpo.engines.trl.checkpoints`: written last, atomically, the RL state TRL does not keep
 and the size and sha256 of every file), so that ``gbmpo train --resume DIR`` (:func:`resume`)
 continues the run from its newest intact checkpoint with TRL's ``resume_from_checkpoint``.
 """
@@ -60,7 +60,7 @@ from gbmpo.engines.checks import (
     run_identity,
     without_missing_mirror,
 )
-from gbmpo.engines.trl_args import (
+from gbmpo.engines.trl.args import (
     batch_layout,
     check_engine,
     eval_limit_of,
@@ -71,19 +71,19 @@ from gbmpo.engines.trl_args import (
     train_dataset,
     vllm_missing,
 )
-from gbmpo.engines.trl_callbacks import (
+from gbmpo.engines.trl.callbacks import (
     RLProgress,
     RunDirCallback,
     all_reduce,
     engine_trainer_class,
 )
-from gbmpo.engines.trl_checkpoints import (
+from gbmpo.engines.trl.checkpoints import (
     STATE_FILE,
     complete_checkpoint,
     latest_valid_checkpoint,
     prepare_resume,
 )
-from gbmpo.engines.trl_stop import StopCallback
+from gbmpo.engines.trl.stop import StopCallback
 from gbmpo.eval import evaluate
 from gbmpo.eval.drift import final_drift, fmt_drift
 from gbmpo.io import RunStopped, write_atomic
@@ -509,7 +509,7 @@ def _summary(cfg: Any, run_dir: Path, steps: int, progress: RLProgress,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Worker entry (``accelerate launch --module gbmpo.engines.trl_runner --run-dir DIR``):
+    """Worker entry (``accelerate launch --module gbmpo.engines.trl.runner --run-dir DIR``):
     train the run directory's ``config.yaml``."""
     parser = argparse.ArgumentParser(description="gbmpo TRL engine worker")
     parser.add_argument("--run-dir", required=True)

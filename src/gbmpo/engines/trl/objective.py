@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gbmpo.integrations.common import clip_params
+from gbmpo.engines.hosts import clip_params
 from gbmpo.objectives.spec import BuiltObjective, ObjectiveSpec
 
 if TYPE_CHECKING:
-    from gbmpo.integrations.trl.config import GBMPOConfig
+    from gbmpo.engines.trl.config import GBMPOConfig
 
 __all__ = [
     "TRL_CORRECTION_DEFAULTS",
@@ -127,7 +127,7 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
     ``divergence_clip(measure=clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or
     clip_delta, dual_clip_c, mirror=clip_mirror_path)``; ``rpg_dual`` ->
     ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``
-    (host clip settings through :func:`gbmpo.integrations.common.clip_params`); ``loss_type``
+    (host clip settings through :func:`gbmpo.engines.hosts.clip_params`); ``loss_type``
     cispo / sapo / vespo -> :func:`loss_type_surrogate`. Regularizer:
     ``regularizer`` with ``regularizer_coef`` (else ``beta``), ``regularizer_anchor``,
     ``regularizer_clamp`` -> ``clamp``, ``mirror_path`` -> ``mirror``. Aggregation from

@@ -3,18 +3,18 @@
 
 Loaded only for a CPU run: ``gbmpo train --engine verl`` with ``model.device: cpu`` adds
 :data:`PLUGIN` to ``VERL_USE_EXTERNAL_MODULES`` and sets :data:`ENV` for verl's processes
-(:mod:`gbmpo.engines.verl_runner`); a GPU run never imports it. Importing :data:`PLUGIN` (in every
+(:mod:`gbmpo.engines.verl.runner`); a GPU run never imports it. Importing :data:`PLUGIN` (in every
 verl process, through ``import verl``)
 
 * checks the verl version (:func:`check_version`: one line naming the tested version
   otherwise);
-* registers the platform ``cpu`` (:class:`gbmpo.integrations.verl_cpu.platform.PlatformCPU`)
+* registers the platform ``cpu`` (:class:`gbmpo.engines.verl.cpu.platform.PlatformCPU`)
   with ``verl.plugin.platform.PlatformRegistry``;
-* registers the rollout ``hf`` (:mod:`gbmpo.integrations.verl_cpu.rollout`) with verl's rollout
+* registers the rollout ``hf`` (:mod:`gbmpo.engines.verl.cpu.rollout`) with verl's rollout
   registries;
-* applies the two patches of verl internals (:mod:`gbmpo.integrations.verl_cpu.patches`).
+* applies the two patches of verl internals (:mod:`gbmpo.engines.verl.cpu.patches`).
 
-The overrides of a CPU run are :func:`gbmpo.engines.verl_args.cpu_overrides` (one logical Ray
+The overrides of a CPU run are :func:`gbmpo.engines.verl.args.cpu_overrides` (one logical Ray
 GPU, ``trainer.device=cpu``, ``rollout.name=hf``, SDPA attention, no torch.compile).
 ``VERL_ENGINE_DEVICE=cuda`` selects verl's FSDP engine class (registered for the devices cuda and
 npu only), which then places everything on the platform's device, the CPU.
@@ -33,7 +33,7 @@ __all__ = ["ENV", "PLUGIN", "TESTED_VERL", "VerlCPUError", "check_version"]
 TESTED_VERL: tuple[str, ...] = ("0.9.1",)
 
 #: the module verl's processes import (``VERL_USE_EXTERNAL_MODULES``) in a CPU run
-PLUGIN = "gbmpo.integrations.verl_cpu.plugin"
+PLUGIN = "gbmpo.engines.verl.cpu.plugin"
 
 #: the environment of verl's processes in a CPU run (besides ``VERL_USE_EXTERNAL_MODULES``)
 ENV: dict[str, str] = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}

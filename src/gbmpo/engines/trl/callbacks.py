@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from gbmpo.engines.trl_args import lr_at
+from gbmpo.engines.trl.args import lr_at
 from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX, host_name
 
 __all__ = ["RLProgress", "RunDirCallback", "all_reduce", "engine_trainer_class", "schema_record"]
@@ -43,7 +43,7 @@ _SCHEMA_NAMES = {
     "frac_reward_zero_std": "frac_reward_zero_std",
     "gbmpo/accuracy": "accuracy",
     "gbmpo/reward_std": "reward_std",
-    # GBMPOTrainer's rollout correction (gbmpo.integrations.trl.correction)
+    # GBMPOTrainer's rollout correction (gbmpo.engines.trl.correction)
     **{f"rollout_correction/{k}": f"rollout_correction/{k}"
        for k in ("weight_mean", "weight_min", "weight_max", "masked_frac")},
     "reward_penalty": "reward_penalty",
@@ -208,7 +208,7 @@ def engine_trainer_class() -> type:
     weight decay on every parameter (the own engine's AdamW; transformers exempts biases and
     norms) and the gradient norm of every optimizer step."""
     # deferred: trl is optional (the trl extra)
-    from gbmpo.integrations.trl import GBMPOTrainer
+    from gbmpo.engines.trl.trainer import GBMPOTrainer
 
     class EngineTrainer(GBMPOTrainer):
         progress: RLProgress | None = None

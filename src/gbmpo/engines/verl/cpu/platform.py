@@ -1,12 +1,12 @@
 """verl's platform for a CPU (``VERL_PLATFORM=cpu``): :class:`PlatformCPU`, registered with verl's
-``PlatformRegistry`` by :mod:`gbmpo.integrations.verl_cpu`.
+``PlatformRegistry`` by :mod:`gbmpo.engines.verl.cpu`.
 
 verl 0.9.1 resolves the device through ``verl.plugin.platform`` (``get_platform()``: the device
 name, the ``torch.<device>`` namespace, the collective backend, the Ray resource) and ships
 platforms for NVIDIA, Ascend and ROCm only. The CPU platform answers with device ``cpu`` and the
 ``gloo`` backend, and keeps Ray's resource name ``GPU``: verl's placement groups count only
 ``GPU``/``NPU`` bundles (``single_controller/ray/base.py``), so a CPU run starts Ray with one
-*logical* GPU (``ray_kwargs.ray_init.num_gpus=1``, :mod:`gbmpo.engines.verl_args`), a token that
+*logical* GPU (``ray_kwargs.ray_init.num_gpus=1``, :mod:`gbmpo.engines.verl.args`), a token that
 places the one worker; no CUDA is touched (the CPU build of torch has none).
 """
 

@@ -2,10 +2,10 @@
 and run what ``verl.trainer.main_ppo`` runs before it starts Ray (``validate_config``, which builds
 the actor config through Hydra, i.e. ``GBMPOPolicyLossConfig``), then build the gbmpo objective
 the actor config selects; first it checks that verl's trainer has the functions gbmpo's driver
-hooks wrap (:func:`gbmpo.integrations.verl_driver.check`). Prints one JSON line; exits non-zero
+hooks wrap (:func:`gbmpo.engines.verl.driver.check`). Prints one JSON line; exits non-zero
 (the error on stderr) if verl rejects the config. Used by ``gbmpo train --engine verl --dry-run``::
 
-    python -m gbmpo.engines.verl_check overrides.json
+    python -m gbmpo.engines.verl.check overrides.json
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def check(overrides: list[str]) -> dict[str, str]:
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    import gbmpo.integrations.verl as gv
-    from gbmpo.integrations import verl_driver
+    from gbmpo.engines.verl import driver as verl_driver
+    from gbmpo.engines.verl import plugin as gv
 
     verl_driver.check()  # the trainer functions the driver hooks wrap (one line if they moved)
     config_dir = Path(verl.__file__).parent / "trainer" / "config"

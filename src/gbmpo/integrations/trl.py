@@ -30,15 +30,16 @@ model and computes its log-probs exactly when ``beta != 0``, whatever the regula
 Supported TRL: ``>=1.16,<1.17`` (the version whose internals this package hooks;
 :func:`check_trl_internals` fails loudly, naming the method, if they move).
 
-The names above are this package's API; the code is in its modules, one per concern:
-:mod:`~gbmpo.integrations.trl.config` (``GBMPOConfig``, its checks and the ``beta`` rule),
-:mod:`~gbmpo.integrations.trl.objective` (TRL's fields -> the objective spec and its
-build), :mod:`~gbmpo.integrations.trl.trainer` (``GBMPOTrainer``: the loss and the metrics),
-:mod:`~gbmpo.integrations.trl.formulas` (TRL's normalisers and entropy terms, reproduced),
-:mod:`~gbmpo.integrations.trl.full` (``estimator: full`` from the logits, the in-reward
+The names above are this module's API (the public import path); the code is in the TRL engine's
+package :mod:`gbmpo.engines.trl`, one module per concern:
+:mod:`~gbmpo.engines.trl.config` (``GBMPOConfig``, its checks and the ``beta`` rule),
+:mod:`~gbmpo.engines.trl.objective` (TRL's fields -> the objective spec and its
+build), :mod:`~gbmpo.engines.trl.trainer` (``GBMPOTrainer``: the loss and the metrics),
+:mod:`~gbmpo.engines.trl.formulas` (TRL's normalisers and entropy terms, reproduced),
+:mod:`~gbmpo.engines.trl.full` (``estimator: full`` from the logits, the in-reward
 penalty and the advantages of the shaped rewards),
-:mod:`~gbmpo.integrations.trl.fields` (every ``GRPOConfig`` field's answer) and
-:mod:`~gbmpo.integrations.trl.internals` (the TRL internals hooked and their check).
+:mod:`~gbmpo.engines.trl.fields` (every ``GRPOConfig`` field's answer) and
+:mod:`~gbmpo.engines.trl.internals` (the TRL internals hooked and their check).
 """
 
 from __future__ import annotations
@@ -51,16 +52,16 @@ except ImportError as _err:  # pragma: no cover - exercised only without the ext
         f"(supported: trl{'>=1.16,<1.17'})"
     ) from _err
 
-from gbmpo.integrations.trl.config import GBMPOConfig
-from gbmpo.integrations.trl.fields import FIELD_STATUSES, TRL_FIELDS, trl_field_status
-from gbmpo.integrations.trl.formulas import (
+from gbmpo.engines.trl.config import GBMPOConfig
+from gbmpo.engines.trl.fields import FIELD_STATUSES, TRL_FIELDS, trl_field_status
+from gbmpo.engines.trl.formulas import (
     adaptive_entropy_coef,
     dapo_normalizer,
     entropy_bonus,
     window_means,
 )
-from gbmpo.integrations.trl.internals import SUPPORTED_TRL, TRLInternalsError, check_trl_internals
-from gbmpo.integrations.trl.objective import (
+from gbmpo.engines.trl.internals import SUPPORTED_TRL, TRLInternalsError, check_trl_internals
+from gbmpo.engines.trl.objective import (
     CLIP_MODES,
     LOSS_TYPE_AGGREGATION,
     LOSS_TYPE_SURROGATES,
@@ -70,7 +71,7 @@ from gbmpo.integrations.trl.objective import (
     objective_spec,
     spec_from_trl_fields,
 )
-from gbmpo.integrations.trl.trainer import GBMPOTrainer
+from gbmpo.engines.trl.trainer import GBMPOTrainer
 
 __all__ = [
     "CLIP_MODES",

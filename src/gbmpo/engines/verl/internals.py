@@ -13,7 +13,7 @@ import verl.workers.utils.losses as _verl_losses
 from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig, PolicyLossConfig
 
-from gbmpo.integrations.common import check_fields, check_signatures, check_sources
+from gbmpo.engines.hosts import check_fields, check_signatures, check_sources
 
 __all__ = ["SUPPORTED_VERL", "VerlInternalsError", "check_verl_internals"]
 

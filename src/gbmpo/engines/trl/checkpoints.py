@@ -1,7 +1,7 @@
 """The TRL engine's checkpoints: TRL's ``checkpoints/checkpoint-<optimizer step>/``, each
 completed by gbmpo's :data:`STATE_FILE` (written last, atomically: the RL state TRL does not keep
 and the size and sha256 of every file), found, verified and rotated here for
-``gbmpo train --resume DIR`` (:func:`gbmpo.engines.trl_runner.resume`).
+``gbmpo train --resume DIR`` (:func:`gbmpo.engines.trl.runner.resume`).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ reward (math-verify for math tasks, the hardened sandbox for code, a user's
 trainer (:func:`gbmpo.rewards.scoring.score_completions`).
 
 The result is ``{"score": reward, "acc": correct}`` (training rows add ``gbmpo_reward_failed``,
-1.0 for a failure, which the driver hooks count per step: :mod:`gbmpo.integrations.verl_driver`):
+1.0 for a failure, which the driver hooks count per step: :mod:`gbmpo.engines.verl.driver`):
 verl trains on ``score`` and reports the
 mean of ``acc`` over the validation set as ``val-core/<data_source>/acc/mean@1``. On the
 held-out rows (``extra_info["split"] == "test"``) both come from the own evaluation's grading
@@ -27,8 +27,8 @@ import threading
 from functools import lru_cache
 from typing import Any
 
+from gbmpo.engines.verl.driver import FAILED_KEY
 from gbmpo.eval.evaluation import score_samples
-from gbmpo.integrations.verl_driver import FAILED_KEY
 from gbmpo.registry import add_plugin_modules
 from gbmpo.rewards.scoring import RewardError, score_completions
 from gbmpo.sandbox import require_sandbox
@@ -89,7 +89,7 @@ def compute_score(
             task.reward, [prompt], [solution_str], {k: [v] for k, v in columns.items()}
         )
     except RewardError:  # verl scores one completion at a time: a failure of this one; a step
-        # whose every completion fails stops the run in the driver (gbmpo.integrations.verl_driver)
+        # whose every completion fails stops the run in the driver (gbmpo.engines.verl.driver)
         return {"score": 0.0, "acc": 0.0, FAILED_KEY: 1.0}
     reward = float(scored.rewards[0])
     return {"score": reward, "acc": float(reward >= 1.0), FAILED_KEY: float(scored.failures)}

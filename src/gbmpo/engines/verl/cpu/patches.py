@@ -1,7 +1,7 @@
 """The two changes to verl's internals that a CPU run needs, in one place, for the verl version
 they were written against (:data:`TESTED_VERL`); :func:`check_version` refuses any other with one
 line, before a CPU run starts (``gbmpo train``) and in every verl process that loads
-:mod:`gbmpo.integrations.verl_cpu.plugin`.
+:mod:`gbmpo.engines.verl.cpu.plugin`.
 
 1. ``verl.utils.distributed.initialize_global_process_group_ray`` joins
    ``f"cpu:gloo,{device}:{backend}"``, which on a CPU is ``"cpu:gloo,cpu:gloo"`` ("Duplicate
@@ -26,7 +26,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from gbmpo.integrations.verl_cpu import TESTED_VERL, VerlCPUError, check_version
+from gbmpo.engines.verl.cpu import TESTED_VERL, VerlCPUError, check_version
 
 __all__ = ["apply", "patch_distributed", "patch_transformer_impl"]
 

@@ -12,7 +12,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from gbmpo.config.hosts.trl import TRL_LOSS_TYPES, TRL_SCALE_REWARDS
-from gbmpo.integrations.trl.objective import (
+from gbmpo.engines.trl.objective import (
     CLIP_MODES,
     LOSS_TYPE_AGGREGATION,
     LOSS_TYPE_SURROGATES,

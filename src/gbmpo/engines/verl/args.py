@@ -1,8 +1,8 @@
 """What a gbmpo config becomes on verl (``gbmpo train --engine verl``): Hydra overrides of verl's
 ``ppo_trainer.yaml`` (:func:`overrides`, with :func:`validation_freq` and
 :func:`precision_overrides`) and the run's data files (:func:`write_data`). The run itself is
-:mod:`gbmpo.engines.verl_runner`; verl's log back into the metrics schema is
-:mod:`gbmpo.engines.verl_metrics`.
+:mod:`gbmpo.engines.verl.runner`; verl's log back into the metrics schema is
+:mod:`gbmpo.engines.verl.metrics`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.config import ConfigError
-from gbmpo.integrations.common import hydra_value as _value
-from gbmpo.integrations.common import verl_objective_overrides
+from gbmpo.engines.verl.objective import hydra_value as _value
+from gbmpo.engines.verl.objective import verl_objective_overrides
 from gbmpo.objectives.mirror import NeuralMirrorMap
 from gbmpo.train.setup import eval_limit, load_splits
 
@@ -48,7 +48,7 @@ def overrides(
     ``ConfigError`` names a setting verl cannot express (the ``batch`` advantage, an ``old``
     anchor on a regularizer without an ``anchor`` parameter, uneven batch sizes, ``eval.after:
     false`` where verl would validate at the last step: :func:`validation_freq`); the values
-    :data:`gbmpo.config.support.VERL` refuses are checked by :func:`check_engine_support`."""
+    :data:`gbmpo.config.hosts.verl.VERL` refuses are checked by :func:`check_engine_support`."""
     run_dir = Path(run_dir).resolve()
     o, ro, opt, run = cfg.objective, cfg.rollout, cfg.optim, cfg.run
     G = ro.num_generations
@@ -121,7 +121,7 @@ def overrides(
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0",
         "actor_rollout_ref.rollout.val_kwargs.n=1",
-        # the reward: the task's own (gbmpo.engines.verl_reward)
+        # the reward: the task's own (gbmpo.engines.verl.reward)
         f"reward.custom_reward_function.path={_value(reward_module_path())}",
         "reward.custom_reward_function.name=compute_score",
         "+reward.custom_reward_function.reward_kwargs.gbmpo_config="
@@ -148,7 +148,7 @@ def overrides(
 
 def cpu_overrides(cfg: Any) -> list[str]:
     """The overrides of a CPU run (``model.device: cpu``; none otherwise), with the platform
-    and rollout of :mod:`gbmpo.integrations.verl_cpu` loaded in verl's processes: Ray with one
+    and rollout of :mod:`gbmpo.engines.verl.cpu` loaded in verl's processes: Ray with one
     logical GPU (verl's placement groups count GPU bundles; no CUDA is used) and a few logical
     CPUs for verl's actors, the device, the ``hf`` rollout (one server, no tensor
     parallelism), SDPA attention (no flash-attn), no torch.compile, FSDP2 (whose CPU offload

@@ -1,6 +1,6 @@
 """verl's file log back into the run directory: ``metrics.jsonl`` under the schema's names
 (:mod:`gbmpo.io.metrics`, verl's own under ``verl/``: :func:`convert_row`) and the run's summary
-(:func:`summarize_run`), for ``gbmpo train --engine verl`` (:mod:`gbmpo.engines.verl_runner`).
+(:func:`summarize_run`), for ``gbmpo train --engine verl`` (:mod:`gbmpo.engines.verl.runner`).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.engines.checks import run_identity
-from gbmpo.engines.verl_args import data_source
-from gbmpo.integrations.verl_driver import (
+from gbmpo.engines.verl.args import data_source
+from gbmpo.engines.verl.driver import (
     ENTROPY_METRIC,
     FAILURES_METRIC,
     RL_SECONDS_METRIC,
@@ -61,7 +61,7 @@ def eval_metrics(cfg: Any, data: dict[str, Any], kind: str, n_eval: int | None =
 
     verl validates greedily (``val_kwargs``: ``do_sample=false``, ``n=1``) on data/test.parquet
     and reports ``val-core/<data_source>/acc/mean@1``, the mean over the examples of the reward
-    function's ``acc`` (:func:`gbmpo.engines.verl_reward.compute_score`: the own evaluation's
+    function's ``acc`` (:func:`gbmpo.engines.verl.reward.compute_score`: the own evaluation's
     ``correct``), i.e. ``accuracy`` (``pass@1`` for code tasks), and
     ``val-aux/<data_source>/reward/mean@1``, the mean reward (``mean_reward``)."""
     ds = data_source(cfg)
@@ -84,7 +84,7 @@ def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = N
                 ) -> dict[str, Any]:  # fmt: skip
     """One verl file-logger row -> one metrics.jsonl row: the schema names of
     :data:`SHARED_METRICS`, those of gbmpo's driver hooks
-    (:mod:`gbmpo.integrations.verl_driver`: ``reg/<name>``, ``entropy`` = the token mean of the
+    (:mod:`gbmpo.engines.verl.driver`: ``reg/<name>``, ``entropy`` = the token mean of the
     entropy at pi_old over the step's batch, whatever the aggregation, ``time/rl_seconds``),
     ``eval/<metric>`` (:func:`eval_metrics`), and every verl metric under ``verl/<name>``."""
     data = row["data"]
