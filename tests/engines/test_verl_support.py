@@ -66,6 +66,55 @@ def test_every_honoured_probe_changes_the_overrides(key: str, tmp_path: Path) ->
     assert changed != base, f"{key}={entry.probe!r} does not change verl's overrides"
 
 
+_A = "actor_rollout_ref.actor"
+
+#: one row per key of verl's table that sets overrides: key -> (a value, the overrides it gives,
+#: name -> Hydra text). The defaults: 8 prompts x 8 generations, mini-batch 16, 1000 steps.
+OVERRIDE_ROWS: dict[str, tuple[Any, dict[str, str]]] = {
+    "model.trust_remote_code": (True, {"data.trust_remote_code": "true",
+                                       "actor_rollout_ref.model.trust_remote_code": "true"}),
+    "rollout.prompts_per_step": (4, {"data.train_batch_size": "4"}),
+    "rollout.num_generations": (4, {"actor_rollout_ref.rollout.n": "4"}),
+    "rollout.max_new_tokens": (64, {"data.max_response_length": "64",
+                                    "actor_rollout_ref.rollout.response_length": "64"}),
+    "rollout.temperature": (0.7, {"actor_rollout_ref.rollout.temperature": "0.7"}),
+    "rollout.top_p": (0.9, {"actor_rollout_ref.rollout.top_p": "0.9"}),
+    "rollout.top_k": (0, {"actor_rollout_ref.rollout.top_k": "-1"}),  # verl's "no top-k"
+    "optim.lr": (1e-4, {f"{_A}.optim.lr": "0.0001"}),
+    "optim.weight_decay": (0.1, {f"{_A}.optim.weight_decay": "0.1"}),
+    "optim.betas": ([0.9, 0.999], {f"{_A}.optim.betas": "[0.9,0.999]"}),
+    "optim.eps": (1e-6, {f"{_A}.optim.override_optimizer_config": "{eps:1e-06}"}),
+    "optim.grad_clip": (None, {f"{_A}.optim.clip_grad": "1000000000.0"}),  # no clipping
+    "optim.mu": (2, {f"{_A}.ppo_epochs": "2"}),
+    "optim.mini_batch_size": (32, {f"{_A}.ppo_mini_batch_size": "4"}),  # 32 / 8 generations
+    "eval.before": (False, {"trainer.val_before_train": "false"}),
+    "run.steps": (7, {"trainer.total_training_steps": "7"}),
+    "run.seed": (17, {"data.seed": "17", f"{_A}.data_loader_seed": "17",
+                      "actor_rollout_ref.rollout.seed": "17", f"{_A}.fsdp_config.seed": "17",
+                      "actor_rollout_ref.ref.fsdp_config.seed": "17"}),
+    "run.checkpoint_every": (0, {"trainer.save_freq": "1000"}),  # 0: the last step only
+    "run.keep_checkpoints": (3, {"trainer.max_actor_ckpt_to_keep": "3"}),
+    "run.report_to": (["tensorboard"], {"trainer.logger": "['console','file','tensorboard']"}),
+    "run.num_processes": (2, {"trainer.n_gpus_per_node": "2"}),
+    "run.num_nodes": (2, {"trainer.nnodes": "2"}),
+}
+
+
+def test_every_key_that_sets_overrides_has_a_test_row() -> None:
+    assert set(OVERRIDE_ROWS) == {k for k, s in VERL.items() if s.sets}
+    for key, (_, named) in OVERRIDE_ROWS.items():
+        assert set(named) == set(VERL[key].sets), key
+
+
+@pytest.mark.parametrize("key", list(OVERRIDE_ROWS))
+def test_the_mapped_overrides(key: str, tmp_path: Path) -> None:
+    """Each key of verl's table gives the overrides its row names, once each."""
+    value, named = OVERRIDE_ROWS[key]
+    ov = overrides(_cfg((key, value)), tmp_path)
+    for name, text in named.items():
+        assert [o for o in ov if o.split("=", 1)[0] == name] == [f"{name}={text}"], key
+
+
 def test_most_honoured_keys_have_a_probe() -> None:
     # the honoured keys without a probe act through the data files, the reward function or the
     # run directory, not through the overrides (tested below and in tests_verl)

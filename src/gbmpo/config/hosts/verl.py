@@ -1,13 +1,23 @@
-"""verl's column of the support matrix (``engine: verl``, :mod:`gbmpo.engines.verl`)."""
+"""verl's table (``engine: verl``, :mod:`gbmpo.engines.verl`): every config key -> its
+:class:`~gbmpo.config.matrix.Support` on verl, whose ``sets`` are the Hydra overrides of
+``verl.trainer.main_ppo`` the key decides (override name -> its text). From this one table come
+verl's column of the support matrix, the refusals ``gbmpo train --engine verl`` applies before
+writing anything, and those overrides (:func:`override_values`;
+:func:`gbmpo.engines.verl.args.overrides` adds the ones no single key decides: the data files,
+the schedule, precision, the objective, LoRA, the evaluation schedule, the CPU run). The verl
+names of the aggregation and the advantage (:data:`VERL_LOSS_AGG_MODES`,
+:data:`VERL_ADV_ESTIMATORS`) are here too.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from gbmpo.config.hosts.own import GBMPO
-from gbmpo.config.matrix import H, N, R, Support, Together, any_full, never_default
+from gbmpo.config.matrix import H, N, R, Support, Together, any_full, host_values, never_default
 
-__all__ = ["VERL", "VERL_ADV_ESTIMATORS", "VERL_LOSS_AGG_MODES", "VERL_REQUIRED"]
+__all__ = ["VERL", "VERL_ADV_ESTIMATORS", "VERL_LOSS_AGG_MODES", "VERL_REQUIRED", "hydra_value",
+           "override_values"]
 
 #: gbmpo aggregation -> verl ``actor.loss_agg_mode`` (``dr_grpo`` is verl's
 #: ``seq-mean-token-sum-norm`` with ``loss_scale_factor`` = the maximal completion length).
@@ -28,6 +38,40 @@ VERL_ADV_ESTIMATORS: dict[str, tuple[str, bool]] = {
 #: the values verl needs where the own engine's defaults are refused on verl: none, the default
 #: config runs on verl as it is (on GPUs; ``model.device: cpu`` on a machine without one)
 VERL_REQUIRED: dict[str, Any] = {}
+
+def hydra_value(v: Any) -> str:
+    """A Python value as a Hydra command-line override value (strings quoted)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    text = str(v)
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _text(value: Any, cfg: Any) -> str:
+    return str(value)
+
+
+def _repr(value: Any, cfg: Any) -> str:
+    return repr(value)
+
+
+def _hydra(value: Any, cfg: Any) -> str:
+    return hydra_value(value)
+
+
+def _mini_in_prompts(value: Any, cfg: Any) -> str:
+    """verl's ``ppo_mini_batch_size`` counts prompts: the mini-batch (null: the whole batch)
+    over ``rollout.num_generations`` (a multiple of it, or refused)."""
+    ro = cfg.rollout
+    return str((value or ro.prompts_per_step * ro.num_generations) // ro.num_generations)
+
+
 
 VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl/args.py)
 _A = "actor_rollout_ref.actor"
@@ -77,17 +121,26 @@ VERL.update({
                       "run.num_processes or run.num_nodes above 1; other devices are refused",
                       _verl_refuses_device, probe="cuda:1"),
     "model.trust_remote_code": H("actor_rollout_ref.model.trust_remote_code, "
-                                 "data.trust_remote_code", probe=True),
+                                 "data.trust_remote_code", probe=True,
+                                 sets={"data.trust_remote_code": _hydra,
+                                       "actor_rollout_ref.model.trust_remote_code": _hydra}),
     "task.name": H("data/train.parquet, data/test.parquet and the reward function"),
     "task.params": H("data files and reward function"),
     "task.train_split": H("data/train.parquet"),
     "task.template": H("prompts rendered by gbmpo, verl's chat template a pass-through"),
-    "rollout.prompts_per_step": H("data.train_batch_size", probe=4),
-    "rollout.num_generations": H("actor_rollout_ref.rollout.n", probe=4),
-    "rollout.max_new_tokens": H("data.max_response_length, rollout.response_length", probe=64),
-    "rollout.temperature": H("actor_rollout_ref.rollout.temperature", probe=0.7),
-    "rollout.top_p": H("actor_rollout_ref.rollout.top_p", probe=0.9),
-    "rollout.top_k": H("actor_rollout_ref.rollout.top_k (0 -> -1)", probe=20),
+    "rollout.prompts_per_step": H("data.train_batch_size", probe=4,
+                                  sets={"data.train_batch_size": _text}),
+    "rollout.num_generations": H("actor_rollout_ref.rollout.n", probe=4,
+                                 sets={"actor_rollout_ref.rollout.n": _text}),
+    "rollout.max_new_tokens": H("data.max_response_length, rollout.response_length", probe=64,
+                                sets={"data.max_response_length": _text,
+                                      "actor_rollout_ref.rollout.response_length": _text}),
+    "rollout.temperature": H("actor_rollout_ref.rollout.temperature", probe=0.7,
+                             sets={"actor_rollout_ref.rollout.temperature": _repr}),
+    "rollout.top_p": H("actor_rollout_ref.rollout.top_p", probe=0.9,
+                       sets={"actor_rollout_ref.rollout.top_p": _repr}),
+    "rollout.top_k": H("actor_rollout_ref.rollout.top_k (0 -> -1)", probe=20,
+                       sets={"actor_rollout_ref.rollout.top_k": lambda v, c: str(v if v else -1)}),
     "rollout.batch_size": N("vLLM batches the requests itself (the CPU rollout samples one "
                             "completion at a time)"),
     "rollout.generator": N(_VERL_SAMPLER),
@@ -162,7 +215,7 @@ VERL.update({
         "verl 0.9.1 has no advantage-conditioned off-policy sequence mask (its rollout_rs "
         "rejects sequences whatever their advantage): engines gbmpo and trl take it",
         lambda v, c: v is not None, probe=0.5),
-    "optim.lr": H(f"{_A}.optim.lr", probe=1e-4),
+    "optim.lr": H(f"{_A}.optim.lr", probe=1e-4, sets={f"{_A}.optim.lr": _repr}),
     "optim.warmup_steps": R(f"{_A}.optim.lr_warmup_steps, the own engine's (s+1)/w warm-up "
                             "(constant: verl's cosine with min_lr_ratio 1 and zero_indexed_step "
                             "false); with schedule cosine refused: verl's cosine gives either "
@@ -173,11 +226,16 @@ VERL.update({
     "optim.schedule": H(f"{_A}.optim.lr_scheduler_type=cosine (constant: min_lr_ratio 1)",
                         probe="constant"),
     "optim.min_lr_ratio": H(f"{_A}.optim.min_lr_ratio (schedule cosine)", probe=0.1),
-    "optim.weight_decay": H(f"{_A}.optim.weight_decay", probe=0.1),
-    "optim.betas": H(f"{_A}.optim.betas", probe=(0.9, 0.999)),
-    "optim.eps": H(f"{_A}.optim.override_optimizer_config.eps", probe=1e-6),
-    "optim.grad_clip": H(f"{_A}.optim.clip_grad (null: 1e9)", probe=0.5),
-    "optim.mu": H(f"{_A}.ppo_epochs", probe=2),
+    "optim.weight_decay": H(f"{_A}.optim.weight_decay", probe=0.1,
+                            sets={f"{_A}.optim.weight_decay": _repr}),
+    "optim.betas": H(f"{_A}.optim.betas", probe=(0.9, 0.999),
+                     sets={f"{_A}.optim.betas": lambda v, c: hydra_value(list(v))}),
+    "optim.eps": H(f"{_A}.optim.override_optimizer_config.eps", probe=1e-6,
+                   sets={f"{_A}.optim.override_optimizer_config": lambda v, c: f"{{eps:{v!r}}}"}),
+    "optim.grad_clip": H(f"{_A}.optim.clip_grad (null: 1e9)", probe=0.5,
+                         sets={f"{_A}.optim.clip_grad":
+                               lambda v, c: repr(v if v is not None else 1e9)}),
+    "optim.mu": H(f"{_A}.ppo_epochs", probe=2, sets={f"{_A}.ppo_epochs": _text}),
     "optim.mini_batch_size": R(f"{_A}.ppo_mini_batch_size (in prompts), rows shuffled "
                                f"({_A}.shuffle); verl counts mini-batches in prompts, so a "
                                "mini-batch (null: the whole batch) that is not a multiple of "
@@ -190,7 +248,8 @@ VERL.update({
                                                   * c.rollout.num_generations)
                                                  % c.rollout.num_generations),
                                probe=Together((("rollout.num_generations", 8),
-                                               ("optim.mini_batch_size", 12)))),
+                                               ("optim.mini_batch_size", 12))),
+                               sets={f"{_A}.ppo_mini_batch_size": _mini_in_prompts}),
     "optim.micro_batch_size": H(f"{_A}.ppo_micro_batch_size_per_gpu (null: dynamic batch "
                                 "sizes); the same gradient up to float rounding", probe=4),
     "lora.enabled": H("actor_rollout_ref.model.lora_rank > 0", probe=True),
@@ -210,7 +269,8 @@ VERL.update({
                       "(measure pass@k of the merged model with gbmpo eval --samples N)",
                       lambda v, c: v != 1, probe=4),
     "eval.batch_size": N("verl sends the whole validation set to vLLM at once"),
-    "eval.before": H("trainer.val_before_train", probe=False),
+    "eval.before": H("trainer.val_before_train", probe=False,
+                       sets={"trainer.val_before_train": _hydra}),
     "eval.after": R("trainer.test_freq includes the last step (eval.every 0: test_freq = "
                     "run.steps); verl validates at the last step whenever it validates "
                     "periodically, so eval.after false is refused where eval.every does not "
@@ -221,7 +281,8 @@ VERL.update({
     "eval.drift": H("summary.json drift, with eval.after: verl's final checkpoint merged into a "
                     "Hugging Face model in model/ (verl.model_merger, then summary.json "
                     "final_model), measured as on the own engine (gbmpo.eval.drift)"),
-    "run.steps": H("trainer.total_training_steps", probe=7),
+    "run.steps": H("trainer.total_training_steps", probe=7,
+                    sets={"trainer.total_training_steps": _text}),
     "run.time_budget_seconds": H(
         "gbmpo's driver hooks (gbmpo.engines.verl.driver) make the step in which the RL "
         "time (verl's step timer, validation excluded) reaches the budget verl's last: its "
@@ -231,18 +292,26 @@ VERL.update({
         "the budget stops ends before the decay does (the own engine and TRL decay over "
         "whichever limit comes first)"),
     "run.seed": H("data.seed, actor data_loader_seed, rollout.seed, fsdp_config.seed",
-                  probe=1),
+                  probe=1,  # the data order, the mini-batch order, vLLM's sampling, FSDP's seeding
+                  sets=dict.fromkeys(("data.seed", f"{_A}.data_loader_seed",
+                                      "actor_rollout_ref.rollout.seed", f"{_A}.fsdp_config.seed",
+                                      "actor_rollout_ref.ref.fsdp_config.seed"), _text)),
     "run.output_dir": H("the run directory: data, trainer.default_local_dir, metrics"),
-    "run.checkpoint_every": H("trainer.save_freq (0: run.steps, the final one only)", probe=5),
-    "run.keep_checkpoints": H("trainer.max_actor_ckpt_to_keep", probe=3),
-    "run.report_to": H("trainer.logger", probe=["tensorboard"]),
+    "run.checkpoint_every": H("trainer.save_freq (0: run.steps, the final one only)", probe=5,
+                              sets={"trainer.save_freq": lambda v, c: str(v or c.run.steps)}),
+    "run.keep_checkpoints": H("trainer.max_actor_ckpt_to_keep", probe=3,
+                              sets={"trainer.max_actor_ckpt_to_keep": _text}),
+    "run.report_to": H("trainer.logger", probe=["tensorboard"],
+                       sets={"trainer.logger":
+                             lambda v, c: hydra_value(["console", "file", *v])}),
     "run.num_threads": N("the own engine's torch threads; verl's workers set their own"),
     "run.keep_freed_memory": N("the own engine's allocator setting"),
     "run.progress": N("display only"),
     "run.plugins": H("imported in verl's processes (VERL_USE_EXTERNAL_MODULES)"),
     "run.allow_unsandboxed_code": H("the reward function's sandbox check"),
-    "run.num_processes": H("trainer.n_gpus_per_node", probe=2),
-    "run.num_nodes": H("trainer.nnodes", probe=2),
+    "run.num_processes": H("trainer.n_gpus_per_node", probe=2,
+                           sets={"trainer.n_gpus_per_node": _text}),
+    "run.num_nodes": H("trainer.nnodes", probe=2, sets={"trainer.nnodes": _text}),
     # placeholders until the verl engine's owner maps them (verl's rollout settings)
     **{key: R("not mapped to verl's vLLM rollout yet", never_default(key), probe=probe)
        for key, probe in (("rollout.vllm_mode", "server"),
@@ -252,3 +321,8 @@ VERL.update({
                           ("rollout.vllm_server_port", 8001))},  # fmt: skip
 })
 
+
+def override_values(cfg: Any) -> list[str]:
+    """The Hydra overrides :data:`VERL`'s rows set for ``cfg`` (``name=value``, the table's
+    order); :func:`gbmpo.engines.verl.args.overrides` adds those no single key decides."""
+    return [f"{name}={text}" for name, text in host_values(VERL, cfg).items()]

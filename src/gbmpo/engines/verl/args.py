@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from gbmpo.config import ConfigError
-from gbmpo.engines.verl.objective import hydra_value as _value
+from gbmpo.config.hosts.verl import hydra_value as _value
+from gbmpo.config.hosts.verl import override_values
 from gbmpo.engines.verl.objective import verl_objective_overrides
 from gbmpo.objectives.mirror import NeuralMirrorMap
 from gbmpo.train.setup import eval_limit, load_splits
@@ -50,7 +51,7 @@ def overrides(
     false`` where verl would validate at the last step: :func:`validation_freq`); the values
     :data:`gbmpo.config.hosts.verl.VERL` refuses are checked by :func:`check_engine_support`."""
     run_dir = Path(run_dir).resolve()
-    o, ro, opt, run = cfg.objective, cfg.rollout, cfg.optim, cfg.run
+    o, ro, opt = cfg.objective, cfg.rollout, cfg.optim
     G = ro.num_generations
     n = ro.prompts_per_step * G
     mini = opt.mini_batch_size or n
@@ -64,28 +65,13 @@ def overrides(
     out = [
         f"data.train_files={_value(str(run_dir / 'data' / 'train.parquet'))}",
         f"data.val_files={_value(str(run_dir / 'data' / 'test.parquet'))}",
-        f"data.train_batch_size={ro.prompts_per_step}",
-        f"data.max_response_length={ro.max_new_tokens}",
+        # every key whose override(s) verl's table names (gbmpo.config.hosts.verl.VERL)
+        *override_values(cfg),
         *([f"data.max_prompt_length={max_prompt_length}"] if max_prompt_length else []),
         "data.filter_overlong_prompts=true",
-        f"data.trust_remote_code={_value(cfg.model.trust_remote_code)}",
-        # run.seed: the data order, the mini-batch order, vLLM's sampling, FSDP's seeding
-        f"data.seed={run.seed}",
-        f"{a}.data_loader_seed={run.seed}",
-        f"actor_rollout_ref.rollout.seed={run.seed}",
-        f"{a}.fsdp_config.seed={run.seed}",
-        f"actor_rollout_ref.ref.fsdp_config.seed={run.seed}",
         f"actor_rollout_ref.model.path={_value(model_path or cfg.model.path)}",
-        f"actor_rollout_ref.model.trust_remote_code={_value(cfg.model.trust_remote_code)}",
         f"actor_rollout_ref.model.custom_chat_template={_value(PASSTHROUGH_TEMPLATE)}",
-        f"{a}.optim.lr={opt.lr!r}",
-        f"{a}.optim.weight_decay={opt.weight_decay!r}",
-        f"{a}.optim.betas={_value(list(opt.betas))}",
-        f"{a}.optim.override_optimizer_config={{eps:{opt.eps!r}}}",
         *schedule_overrides(cfg),
-        f"{a}.optim.clip_grad={opt.grad_clip if opt.grad_clip is not None else 1e9!r}",
-        f"{a}.ppo_mini_batch_size={mini // G}",
-        f"{a}.ppo_epochs={opt.mu}",
         f"{a}.shuffle=true",  # a seeded shuffle of the rows into mini-batches, as the own engine
         f"{a}.entropy_coeff=0",
         *precision_overrides(cfg.model.dtype),
@@ -112,11 +98,6 @@ def overrides(
     cpu = cfg.model.device == "cpu"
     out += [
         f"actor_rollout_ref.rollout.name={'hf' if cpu else 'vllm'}",
-        f"actor_rollout_ref.rollout.n={G}",
-        f"actor_rollout_ref.rollout.temperature={ro.temperature!r}",
-        f"actor_rollout_ref.rollout.top_p={ro.top_p!r}",
-        f"actor_rollout_ref.rollout.top_k={ro.top_k if ro.top_k else -1}",
-        f"actor_rollout_ref.rollout.response_length={ro.max_new_tokens}",
         # validation: greedy, one completion per prompt (the own engine's evaluation)
         "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
         "actor_rollout_ref.rollout.val_kwargs.temperature=0",
@@ -129,18 +110,11 @@ def overrides(
         # the run: verl's legacy trainer (main_ppo_v0; the v1 default needs TransferQueue's
         # storage actors, 8 CPUs by default): one trainer on GPUs and on the CPU
         "trainer.use_v1=false",
-        f"trainer.n_gpus_per_node={run.num_processes}",
-        f"trainer.nnodes={run.num_nodes}",
-        f"trainer.total_training_steps={run.steps}",
         "trainer.total_epochs=1000000",
-        f"trainer.save_freq={run.checkpoint_every or run.steps}",
-        f"trainer.max_actor_ckpt_to_keep={run.keep_checkpoints}",
         f"trainer.test_freq={validation_freq(cfg)}",
-        f"trainer.val_before_train={_value(cfg.eval.before)}",
         f"trainer.default_local_dir={_value(str(run_dir / 'checkpoints'))}",
         "trainer.project_name=gbmpo",
         f"trainer.experiment_name={_value(run_dir.name)}",
-        f"trainer.logger={_value(['console', 'file', *run.report_to])}",
         *cpu_overrides(cfg),
     ]
     return out
@@ -263,7 +237,7 @@ def with_mirror_file(cfg: Any, path: Path) -> Any:
 
 def reward_module_path() -> str:
     """The file verl loads the reward function from."""
-    return str(Path(__file__).with_name("verl_reward.py"))
+    return str(Path(__file__).with_name("reward.py"))
 
 
 def write_data(cfg: Any, task: Any, data_dir: Path, tokenizer: Any = None) -> dict[str, int]:

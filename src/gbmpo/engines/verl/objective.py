@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gbmpo.config.hosts.verl import VERL_ADV_ESTIMATORS, VERL_LOSS_AGG_MODES
+from gbmpo.config.hosts.verl import VERL_ADV_ESTIMATORS, VERL_LOSS_AGG_MODES, hydra_value
 from gbmpo.objectives.spec import ObjectiveSpec
 
 __all__ = ["VERL_POLICY_LOSS_CONFIG", "VERL_SUM", "hydra_value", "verl_objective_json",
@@ -22,20 +22,6 @@ __all__ = ["VERL_POLICY_LOSS_CONFIG", "VERL_SUM", "hydra_value", "verl_objective
 
 #: the verl policy-loss config class that carries gbmpo's hyperparameters
 VERL_POLICY_LOSS_CONFIG = "gbmpo.integrations.verl.GBMPOPolicyLossConfig"
-
-
-def hydra_value(v: Any) -> str:
-    """A Python value as a Hydra command-line override value (strings quoted)."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(hydra_value(x) for x in v) + "]"
-    text = str(v)
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def verl_rollout_correction_overrides(rc: Any) -> list[str]:

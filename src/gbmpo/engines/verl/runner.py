@@ -119,7 +119,7 @@ def verl_python() -> str | None:
             raise EngineUnavailable(f"GBMPO_VERL_PYTHON={env!r} is not a file: point it at the "
                                     "python of an environment with verl, or unset it")  # fmt: skip
         return env
-    here = Path(__file__).resolve().parents[3]  # the checkout holding src/gbmpo
+    here = Path(__file__).resolve().parents[4]  # the checkout holding src/gbmpo
     for root in (here, Path.cwd()):
         candidate = root / ".venv-verl" / "bin" / "python"
         if candidate.exists():
@@ -136,7 +136,7 @@ def _verl_env(plugins: list[str] | None = None, *, cpu: bool = False) -> dict[st
     the monitored divergences, the entropy, the reward failures, the time budget); with ``cpu``
     also the CPU platform and rollout
     (:mod:`gbmpo.engines.verl.cpu`, never on a GPU run)."""
-    src = str(Path(__file__).resolve().parents[2])
+    src = str(Path(__file__).resolve().parents[3])  # the src/ holding gbmpo
     path = os.environ.get("PYTHONPATH")
     extra = [verl_cpu.PLUGIN] if cpu else []
     modules = ",".join([*extra, *(plugins or []), "gbmpo.integrations.verl", verl_driver.MODULE])
