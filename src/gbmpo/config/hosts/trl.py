@@ -292,13 +292,12 @@ TRL: dict[str, Support] = {
 }
 
 
-#: the ``GRPOConfig`` fields no single key decides: the objective section (``GBMPOConfig`` builds
-#: the spec once; its ``monitor_regularizers`` decides whether TRL loads the reference), one log
-#: row per RL step, and TRL settings gbmpo fixes. The learning rate of each RL step comes from
-#: gbmpo's schedule (a callback), over TRL's constant one; full fine-tuning keeps fp32 weights
-#: (the optimizer's master copy) and computes in bf16 under autocast (``bf16``); the
-#: ``activation_checkpointing`` name is the one transformers 5 reads (TRL's default: memory for
-#: large models, no effect on results); ``save_strategy`` steps with ``save_steps`` above
+#: the ``GRPOConfig`` fields no single key decides: the objective section itself
+#: (``GBMPOConfig`` builds the spec once), one log row per RL step, and settings gbmpo fixes:
+#: TRL's scheduler constant (gbmpo's schedule sets each RL step's rate, a callback), no fp16
+#: (refused; ``model.dtype`` bfloat16 is ``bf16``), activation checkpointing under the name
+#: transformers 5 reads (TRL's default: memory, no effect on results), checkpoints every
+#: ``save_steps``, no progress bar, the dataset shuffled
 FIXED: dict[str, Callable[..., Any]] = {
     "objective": lambda cfg, lay: cfg.objective,
     "logging_steps": lambda cfg, lay: lay.optimizer_steps,

@@ -17,7 +17,7 @@ from gbmpo.config.hosts.own import GBMPO
 from gbmpo.config.matrix import H, N, R, Support, Together, any_full, host_values, never_default
 
 __all__ = ["VERL", "VERL_ADV_ESTIMATORS", "VERL_LOSS_AGG_MODES", "VERL_REQUIRED", "hydra_value",
-           "override_values"]
+           "mini_batch", "override_values", "uneven_mini"]
 
 #: gbmpo aggregation -> verl ``actor.loss_agg_mode`` (``dr_grpo`` is verl's
 #: ``seq-mean-token-sum-norm`` with ``loss_scale_factor`` = the maximal completion length).
@@ -65,11 +65,21 @@ def _hydra(value: Any, cfg: Any) -> str:
     return hydra_value(value)
 
 
-def _mini_in_prompts(value: Any, cfg: Any) -> str:
-    """verl's ``ppo_mini_batch_size`` counts prompts: the mini-batch (null: the whole batch)
-    over ``rollout.num_generations`` (a multiple of it, or refused)."""
+def mini_batch(cfg: Any) -> int:
+    """The mini-batch in sequences (``optim.mini_batch_size``; null: the whole batch)."""
     ro = cfg.rollout
-    return str((value or ro.prompts_per_step * ro.num_generations) // ro.num_generations)
+    return int(cfg.optim.mini_batch_size or ro.prompts_per_step * ro.num_generations)
+
+
+def uneven_mini(value: Any, cfg: Any) -> bool:
+    """A mini-batch that is not a whole number of prompts' groups (verl's
+    ``ppo_mini_batch_size`` counts prompts)."""
+    return mini_batch(cfg) % cfg.rollout.num_generations != 0
+
+
+def _mini_in_prompts(value: Any, cfg: Any) -> str:
+    """verl's ``ppo_mini_batch_size``: the mini-batch over ``rollout.num_generations``."""
+    return str(mini_batch(cfg) // cfg.rollout.num_generations)
 
 
 
@@ -244,9 +254,7 @@ VERL.update({
                                "aggregation (the own engine and TRL: over the first epoch's "
                                "mini-batches as the policy updates, the same value with one "
                                "mini-batch)",
-                               lambda v, c: bool((v or c.rollout.prompts_per_step
-                                                  * c.rollout.num_generations)
-                                                 % c.rollout.num_generations),
+                               uneven_mini,
                                probe=Together((("rollout.num_generations", 8),
                                                ("optim.mini_batch_size", 12))),
                                sets={f"{_A}.ppo_mini_batch_size": _mini_in_prompts}),

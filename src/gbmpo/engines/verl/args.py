@@ -14,7 +14,7 @@ from typing import Any
 
 from gbmpo.config import ConfigError
 from gbmpo.config.hosts.verl import hydra_value as _value
-from gbmpo.config.hosts.verl import override_values
+from gbmpo.config.hosts.verl import mini_batch, override_values, uneven_mini
 from gbmpo.engines.verl.objective import verl_objective_overrides
 from gbmpo.objectives.mirror import NeuralMirrorMap
 from gbmpo.train.setup import eval_limit, load_splits
@@ -53,12 +53,10 @@ def overrides(
     run_dir = Path(run_dir).resolve()
     o, ro, opt = cfg.objective, cfg.rollout, cfg.optim
     G = ro.num_generations
-    n = ro.prompts_per_step * G
-    mini = opt.mini_batch_size or n
-    if mini % G:
+    if uneven_mini(opt.mini_batch_size, cfg):  # the table's refusal, for callers that skip it
         raise ConfigError(
-            f"'optim.mini_batch_size'={mini} must be a multiple of rollout.num_generations={G} "
-            "(verl's ppo_mini_batch_size counts prompts)"
+            f"'optim.mini_batch_size'={mini_batch(cfg)} must be a multiple of "
+            f"rollout.num_generations={G} (verl's ppo_mini_batch_size counts prompts)"
         )
     validation_freq(cfg)  # eval.after that verl cannot express
     a = "actor_rollout_ref.actor"
