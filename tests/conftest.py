@@ -240,7 +240,7 @@ def verl_check_memo() -> Iterator[dict[tuple[object, ...], subprocess.CompletedP
     each time. Yields the memo (input -> result). A test file that uses it
     through a module-scoped fixture of its own stays on one xdist worker (``xdist_schedule``),
     so its dry runs share the memo."""
-    from gbmpo.engines import verl_runner
+    from gbmpo.engines.verl import runner as verl_runner
 
     real = verl_runner._verl_check
 

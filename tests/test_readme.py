@@ -241,7 +241,8 @@ def test_verl_quick_start_prints_the_overrides_shown_and_they_compose(clone: Pat
                           env=_env())  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["policy_loss"] == "gbmpo.integrations.verl.GBMPOPolicyLossConfig"
+    # the target gbmpo.integrations.verl.GBMPOPolicyLossConfig is the plugin module's class
+    assert out["policy_loss"] == "gbmpo.engines.verl.plugin.GBMPOPolicyLossConfig"
     assert out["loss_mode"] == "gbmpo_clip" and out["surrogate"]["eps_low"] == 0.2
     assert out["use_kl_loss"] and out["kl_loss_type"] == "gbmpo_prob_l2"
     assert out["kl_loss_type"] in out["kl_types"] and out["kl_loss_coef"] == 0.1
@@ -340,7 +341,7 @@ def test_links_reach_existing_files_and_anchors() -> None:
 def test_engine_verl_without_its_environment_says_make_verl(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import gbmpo.engines.verl_runner as engine_verl
+    import gbmpo.engines.verl.runner as engine_verl
     from gbmpo.cli import main
     from gbmpo.config.support import VERL_REQUIRED
 

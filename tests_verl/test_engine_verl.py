@@ -19,8 +19,8 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 import gbmpo.integrations.verl as gv  # noqa: E402
 from gbmpo.config import dump_yaml, load_config  # noqa: E402
-from gbmpo.engines.verl_args import overrides, write_data  # noqa: E402
-from gbmpo.engines.verl_check import check  # noqa: E402
+from gbmpo.engines.verl.args import overrides, write_data  # noqa: E402
+from gbmpo.engines.verl.check import check  # noqa: E402
 from gbmpo.objectives import get_regularizer, get_surrogate  # noqa: E402
 from gbmpo.train.setup import build_task, load_tokenizer  # noqa: E402
 
@@ -207,8 +207,8 @@ def test_summary_from_verls_own_logger_and_validation_metrics(
     from verl.trainer.ppo.reward import get_custom_reward_fn
     from verl.utils.tracking import FileLogger
 
-    from gbmpo.engines.verl_args import data_source
-    from gbmpo.engines.verl_metrics import VERL_METRICS_FILE, summarize_run
+    from gbmpo.engines.verl.args import data_source
+    from gbmpo.engines.verl.metrics import VERL_METRICS_FILE, summarize_run
     from gbmpo.eval.evaluation import score_samples, summarize
 
     run_dir = tmp_path / "run"
@@ -265,13 +265,13 @@ def test_summary_from_verls_own_logger_and_validation_metrics(
 
 
 def test_the_driver_hooks_fit_verls_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
-    """gbmpo's driver hooks (gbmpo.integrations.verl_driver) against verl's own trainer module:
+    """gbmpo's driver hooks (gbmpo.engines.verl.driver) against verl's own trainer module:
     the names they wrap and the facts of ``RayPPOTrainer.fit`` they rely on are there; installed,
     verl's step timer still times the step and feeds the RL clock."""
     import verl.trainer.ppo.ray_trainer as rt
     from tqdm import tqdm
 
-    from gbmpo.integrations import verl_driver
+    from gbmpo.engines.verl import driver as verl_driver
 
     for name in ("compute_data_metrics", "marked_timer"):
         monkeypatch.setattr(rt, name, getattr(rt, name))  # restored after the test

@@ -611,8 +611,11 @@ def test_source_facts_checked_at_first_use(monkeypatch: pytest.MonkeyPatch) -> N
         calls.append(strict)
         raise gv.VerlInternalsError("verl.workers.utils.losses.ppo_loss no longer contains 'x'")
 
-    monkeypatch.setattr(gv, "_sources_checked", False)
-    monkeypatch.setattr(gv, "check_verl_internals", fake_check)
+    # the plugin's own module holds the flag and looks the check up (gv is its public path)
+    from gbmpo.engines.verl import plugin
+
+    monkeypatch.setattr(plugin, "_sources_checked", False)
+    monkeypatch.setattr(plugin, "check_verl_internals", fake_check)
     x = _tensors(seed=2)
     with pytest.warns(UserWarning, match="ppo_loss no longer contains"):
         loss, _ = _call("gbmpo_clip", x, "token-mean")
@@ -653,7 +656,7 @@ def _objective_config(mode: str, ov: dict[str, str], objective: str | None = Non
 
 
 def _overrides(spec: dict[str, Any], t: int) -> dict[str, str]:
-    from gbmpo.integrations.common import verl_objective_overrides
+    from gbmpo.engines.verl.objective import verl_objective_overrides
 
     return dict(o.lstrip("+").split("=", 1)
                 for o in verl_objective_overrides(spec, max_response_length=t))  # fmt: skip

@@ -1,7 +1,7 @@
 """Parity of gbmpo's rollout correction (:mod:`gbmpo.objectives.rollout_correction`) with verl
 0.9.1's own ``compute_rollout_correction_and_rejection_mask``, called with the
 ``algorithm.rollout_correction`` settings the verl engine writes for each mode
-(:func:`gbmpo.integrations.common.verl_rollout_correction_overrides`), on fixed tensors; and the
+(:func:`gbmpo.engines.verl.objective.verl_rollout_correction_overrides`), on fixed tensors; and the
 ``rollout_correction/*`` metrics the engine reads from verl's (:func:`gbmpo.engines.
 verl_metrics.rollout_correction_metrics`) against gbmpo's own statistics of the same weights."""
 
@@ -19,8 +19,8 @@ from verl.trainer.ppo.rollout_corr_helper import (  # noqa: E402
     compute_rollout_correction_and_rejection_mask,
 )
 
-from gbmpo.engines.verl_metrics import rollout_correction_metrics  # noqa: E402
-from gbmpo.integrations.common import verl_rollout_correction_overrides  # noqa: E402
+from gbmpo.engines.verl.metrics import rollout_correction_metrics  # noqa: E402
+from gbmpo.engines.verl.objective import verl_rollout_correction_overrides  # noqa: E402
 from gbmpo.objectives.rollout_correction import correction_weights, weight_stats  # noqa: E402
 from gbmpo.objectives.spec import RolloutCorrectionSpec  # noqa: E402
 

@@ -14,7 +14,7 @@ pytest.importorskip("verl")
 import torch  # noqa: E402
 
 from gbmpo.config import load_config  # noqa: E402
-from gbmpo.engines.verl_args import schedule_overrides  # noqa: E402
+from gbmpo.engines.verl.args import schedule_overrides  # noqa: E402
 from gbmpo.train.schedule import lr_at  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""verl's environment can run verl, and the pieces of a CPU run (``gbmpo.integrations.verl_cpu``)
+"""verl's environment can run verl, and the pieces of a CPU run (``gbmpo.engines.verl.cpu``)
 in verl's own environment: the trainer imports (what ``requirements-verl.txt`` installs beyond
 verl's own requirements), the platform, the patches with their version guard, and the rollout's
 sampler against a full forward of the model (the training run itself is
@@ -32,7 +32,7 @@ def test_no_cuda_torch() -> None:
 
 @pytest.fixture(scope="module")
 def plugin() -> Any:
-    import gbmpo.integrations.verl_cpu.plugin as plugin
+    import gbmpo.engines.verl.cpu.plugin as plugin
 
     return plugin
 
@@ -41,7 +41,7 @@ def test_platform_is_registered_and_not_auto_detected(plugin: Any) -> None:
     from verl.plugin.platform import PlatformRegistry
 
     cls = PlatformRegistry.get("cpu")
-    assert cls is not None and cls.__module__ == "gbmpo.integrations.verl_cpu.platform"
+    assert cls is not None and cls.__module__ == "gbmpo.engines.verl.cpu.platform"
     p = cls()
     assert (p.device_name, p.communication_backend_name(), p.ray_resource_name()) == (
         "cpu", "gloo", "GPU")  # fmt: skip
@@ -63,7 +63,7 @@ def test_rollout_is_registered(plugin: Any) -> None:
     from verl.workers.rollout.base import get_rollout_class
     from verl.workers.rollout.replica import get_rollout_replica_class
 
-    from gbmpo.integrations.verl_cpu.rollout import HFReplica, HFServerAdapter
+    from gbmpo.engines.verl.cpu.rollout import HFReplica, HFServerAdapter
 
     assert get_rollout_replica_class("hf") is HFReplica
     assert get_rollout_class("hf", "async") is HFServerAdapter
@@ -83,7 +83,7 @@ def test_patches(plugin: Any) -> None:
 
 
 def test_version_guard_refuses_an_untested_verl_in_one_line() -> None:
-    from gbmpo.integrations.verl_cpu import TESTED_VERL, VerlCPUError, check_version
+    from gbmpo.engines.verl.cpu import TESTED_VERL, VerlCPUError, check_version
 
     assert check_version() in TESTED_VERL
     with pytest.raises(VerlCPUError) as err:
@@ -95,8 +95,8 @@ def test_version_guard_refuses_an_untested_verl_in_one_line() -> None:
 def test_a_changed_source_is_named() -> None:
     import types
 
-    from gbmpo.integrations.verl_cpu import VerlCPUError
-    from gbmpo.integrations.verl_cpu.patches import patch_distributed
+    from gbmpo.engines.verl.cpu import VerlCPUError
+    from gbmpo.engines.verl.cpu.patches import patch_distributed
 
     def initialize_global_process_group_ray(timeout_second=None, backend=None):  # noqa: ANN001, ANN202
         return backend or "nccl"
@@ -112,7 +112,7 @@ def test_sampler_log_probs_are_the_models() -> None:
     prompt + completion (what verl's actor recomputes), and greedy decoding is the argmax."""
     from transformers import AutoModelForCausalLM
 
-    from gbmpo.integrations.verl_cpu.rollout import sample
+    from gbmpo.engines.verl.cpu.rollout import sample
     from gbmpo.models import resolve_model_path
 
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny"),

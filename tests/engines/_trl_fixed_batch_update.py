@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gbmpo.config import load_config
-from gbmpo.engines.trl_args import grpo_args, train_dataset
+from gbmpo.engines.trl.args import grpo_args, train_dataset
 from gbmpo.integrations.trl import GBMPOTrainer
 from gbmpo.models import load_model_and_tokenizer
 from gbmpo.tasks import get_task

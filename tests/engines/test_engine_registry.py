@@ -166,7 +166,7 @@ def test_the_default_config_dry_runs_on_every_engine(name: str, capsys: pytest.C
     report = json.loads(out.split("dry run OK: ", 1)[1])
     assert report.get("engine", "gbmpo") == name  # (the own engine's report has no name)
     if name == "verl":
-        from gbmpo.engines.verl_runner import verl_python
+        from gbmpo.engines.verl.runner import verl_python
 
         assert "trainer.device=cpu" in report["overrides"]
         assert "actor_rollout_ref.actor.kl_loss_type=gbmpo_prob_l2" in report["overrides"]

@@ -18,7 +18,7 @@ pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
 from gbmpo.config import ConfigError, load_config  # noqa: E402
-from gbmpo.engines.trl_args import batch_layout, grpo_args, lr_at  # noqa: E402
+from gbmpo.engines.trl.args import batch_layout, grpo_args, lr_at  # noqa: E402
 from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,8 @@ import pytest
 pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
-from gbmpo.engines import trl_args, trl_checkpoints  # noqa: E402
+from gbmpo.engines.trl import args as trl_args
+from gbmpo.engines.trl import checkpoints as trl_checkpoints  # noqa: E402
 from gbmpo.io import CheckpointError  # noqa: E402
 from gbmpo.lifecycle.logging import read_metrics, without_timing  # noqa: E402
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gbmpo.engines import trl_runner
+from gbmpo.engines.trl import runner as trl_runner
 from gbmpo.io import RunStopped
 from gbmpo.lifecycle import STATUS_FILE, STATUS_KEYS, write_status
 

@@ -17,7 +17,8 @@ pytest.importorskip("trl")
 from gbmpo.cli import main  # noqa: E402
 from gbmpo.config import ConfigError, load_config  # noqa: E402
 from gbmpo.config.support import HONOURED, NO_EFFECT, REFUSED, TRL, check_support  # noqa: E402
-from gbmpo.engines import trl_args, trl_callbacks  # noqa: E402
+from gbmpo.engines.trl import args as trl_args
+from gbmpo.engines.trl import callbacks as trl_callbacks  # noqa: E402
 
 #: settings a probe needs beside it (the same for the default and the probe)
 _COMPANIONS: dict[str, list[tuple[str, Any]]] = {
@@ -46,34 +47,57 @@ def test_every_honoured_probe_changes_what_trl_runs(key: str) -> None:
     assert trl_args.host_settings(probed_cfg) != default, f"{key} changes nothing on TRL"
 
 
-def test_the_mapped_grpo_config_fields() -> None:
-    """The honoured keys whose TRL field is named in the matrix land in that field."""
-    fields = {
-        "rollout.num_generations": ("num_generations", 4),
-        "rollout.max_new_tokens": ("max_completion_length", 16),
-        "rollout.temperature": ("temperature", 0.7),
-        "rollout.top_p": ("top_p", 0.9),
-        "rollout.top_k": ("top_k", 5),
-        "rollout.vllm_mode": ("vllm_mode", "server"),
-        "rollout.vllm_gpu_memory_utilization": ("vllm_gpu_memory_utilization", 0.5),
-        "rollout.vllm_tensor_parallel_size": ("vllm_tensor_parallel_size", 2),
-        "rollout.vllm_server_host": ("vllm_server_host", "10.0.0.2"),
-        "rollout.vllm_server_port": ("vllm_server_port", 8001),
-        "optim.weight_decay": ("weight_decay", 0.01),
-        "optim.eps": ("adam_epsilon", 1e-6),
-        "optim.grad_clip": ("max_grad_norm", 0.5),
-        "optim.mu": ("num_iterations", 2),
-        "run.seed": ("seed", 1),
-        "run.keep_checkpoints": ("save_total_limit", 2),
-    }
-    for key, (field, value) in fields.items():
-        args = trl_args.grpo_args(_cfg((key, value)), "unused")
-        assert getattr(args, field) == value, key
-    args = trl_args.grpo_args(_cfg(("optim.betas", [0.8, 0.95])), "unused")
-    assert (args.adam_beta1, args.adam_beta2) == (0.8, 0.95)
-    assert trl_args.grpo_args(_cfg(("rollout.generator", "vllm")), "unused").use_vllm is True
-    assert trl_args.grpo_args(_cfg(("optim.grad_clip", None)), "unused").max_grad_norm == 0.0
-    # the objective section's setting is GBMPOConfig's, under the same name
+#: one row per key of TRL's table that sets GRPOConfig fields: key -> (a value, the fields it
+#: gives). The defaults: 8 prompts x 8 generations = 64 sequences, mini-batch 16, one process,
+#: so micro-batch 16 and 64 / 16 = 4 optimizer steps (and micro-steps) per RL step.
+GRPO_FIELD_ROWS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "model.dtype": ("bfloat16", {"bf16": True}),
+    "model.device": ("cpu", {"use_cpu": True}),
+    "model.trust_remote_code": (True, {"trust_remote_code": True}),
+    "rollout.prompts_per_step": (4, {"steps_per_generation": 2}),  # 32 sequences / 16
+    "rollout.num_generations": (4, {"num_generations": 4}),
+    "rollout.max_new_tokens": (16, {"max_completion_length": 16}),
+    "rollout.temperature": (0.7, {"temperature": 0.7}),
+    "rollout.top_p": (0.9, {"top_p": 0.9}),
+    "rollout.top_k": (5, {"top_k": 5}),
+    "rollout.generator": ("vllm", {"use_vllm": True}),
+    "rollout.vllm_mode": ("server", {"vllm_mode": "server"}),
+    "rollout.vllm_gpu_memory_utilization": (0.5, {"vllm_gpu_memory_utilization": 0.5}),
+    "rollout.vllm_tensor_parallel_size": (2, {"vllm_tensor_parallel_size": 2}),
+    "rollout.vllm_server_host": ("10.0.0.2", {"vllm_server_host": "10.0.0.2"}),
+    "rollout.vllm_server_port": (8001, {"vllm_server_port": 8001}),
+    "optim.lr": (1e-4, {"learning_rate": 1e-4}),
+    "optim.weight_decay": (0.01, {"weight_decay": 0.01}),
+    "optim.betas": ([0.8, 0.95], {"adam_beta1": 0.8, "adam_beta2": 0.95}),
+    "optim.eps": (1e-6, {"adam_epsilon": 1e-6}),
+    "optim.grad_clip": (None, {"max_grad_norm": 0.0}),  # no clipping
+    "optim.mu": (2, {"num_iterations": 2}),
+    "optim.mini_batch_size": (32, {"per_device_train_batch_size": 32,
+                                   "gradient_accumulation_steps": 1}),
+    "run.steps": (3, {"max_steps": 12}),  # 3 RL steps x 4 optimizer steps
+    "run.seed": (1, {"seed": 1}),
+    "run.checkpoint_every": (0, {"save_steps": 4000}),  # 0: the last of 1000 RL steps x 4
+    "run.keep_checkpoints": (2, {"save_total_limit": 2}),
+    "run.report_to": ([], {"report_to": []}),  # TRL's "none"
+}
+
+
+def test_every_key_that_sets_grpo_fields_has_a_test_row() -> None:
+    assert set(GRPO_FIELD_ROWS) == {k for k, s in TRL.items() if s.sets}
+    for key, (_, fields) in GRPO_FIELD_ROWS.items():
+        assert set(fields) == set(TRL[key].sets), key
+
+
+@pytest.mark.parametrize("key", list(GRPO_FIELD_ROWS))
+def test_the_mapped_grpo_config_fields(key: str) -> None:
+    """Each key of TRL's table lands in the GRPOConfig fields its row names."""
+    value, fields = GRPO_FIELD_ROWS[key]
+    args = trl_args.grpo_args(_cfg((key, value)), "unused")
+    assert {f: getattr(args, f) for f in fields} == fields
+
+
+def test_the_objective_section_is_grpo_config_s() -> None:
+    """The objective section's setting is GBMPOConfig's, under the same name."""
     for value in (False, True):
         args = trl_args.grpo_args(_cfg(("objective.monitor_regularizers", value)), "unused")
         assert args.monitor_regularizers is value

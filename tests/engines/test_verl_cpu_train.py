@@ -1,5 +1,5 @@
 """``gbmpo train --engine verl`` trains on the CPU: verl 0.9.1's own trainer (``main_ppo``, Ray,
-FSDP2) with gbmpo's CPU platform and transformers rollout (``gbmpo.integrations.verl_cpu``), the
+FSDP2) with gbmpo's CPU platform and transformers rollout (``gbmpo.engines.verl.cpu``), the
 embedded tiny model, with the own engine's defaults of the keys verl once refused (a time budget,
 every regularizer monitored, the drift at the end). One run, stopped with SIGTERM once verl logged
 its first step (a scheduler's preemption notice), then ``gbmpo train --resume DIR --time-budget T``

@@ -1,4 +1,4 @@
-"""gbmpo's hooks in verl's trainer process (:mod:`gbmpo.integrations.verl_driver`), on a module
+"""gbmpo's hooks in verl's trainer process (:mod:`gbmpo.engines.verl.driver`), on a module
 shaped like ``verl.trainer.ppo.ray_trainer``: its loop decides ``is_last_step`` at the start of a
 step and reads it after the actor's update, as verl 0.9.1's ``RayPPOTrainer.fit`` does
 (``tests_verl`` checks the hooks against verl itself). No verl needed."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gbmpo.integrations import verl_driver
+from gbmpo.engines.verl import driver as verl_driver
 from gbmpo.objectives import get_regularizer
 from gbmpo.objectives.spec import ObjectiveSpec
 
@@ -201,10 +201,10 @@ def test_importing_it_outside_verl_changes_nothing() -> None:
 
 
 def test_a_failed_reward_is_marked_for_the_count(tmp_path: Path) -> None:
-    """verl's reward function (gbmpo.engines.verl_reward) marks a failed reward (scored 0, as on
+    """verl's reward function (gbmpo.engines.verl.reward) marks a failed reward (scored 0, as on
     the own engine) with FAILED_KEY on training rows, which the driver hooks sum per step."""
     from gbmpo.config import dump_yaml, load_config
-    from gbmpo.engines.verl_reward import compute_score
+    from gbmpo.engines.verl.reward import compute_score
 
     (tmp_path / "r.py").write_text(
         "def reward(prompts, completions, **kw):\n"

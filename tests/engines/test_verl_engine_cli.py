@@ -11,7 +11,7 @@ import pytest
 
 from gbmpo.cli import main
 from gbmpo.config import ConfigError, load_config
-from gbmpo.engines.verl_args import overrides
+from gbmpo.engines.verl.args import overrides
 
 #: on GPUs (a run here must stop for want of them); the rest is the default config, which verl
 #: runs as it is (its dry run: tests/engines/test_engine_registry.py)
@@ -62,7 +62,7 @@ def test_settings_verl_cannot_express_are_named(tmp_path: Path) -> None:
 def test_default_mirror_map_is_written_for_verl(tmp_path: Path) -> None:
     """verl's workers read the mirror map from a file: without one, the engine writes the map
     gbmpo's neural_mirror uses by default and points the KL loss at it."""
-    from gbmpo.engines.verl_args import with_mirror_file
+    from gbmpo.engines.verl.args import with_mirror_file
     from gbmpo.objectives import NeuralMirrorMap, get_regularizer
 
     cfg = load_config(None, [("regularizer", "neural_mirror"), ("coef", 1e-4)])

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from gbmpo.config import load_config
-from gbmpo.engines.verl_metrics import summarize_run
+from gbmpo.engines.verl.metrics import summarize_run
 from gbmpo.io.metrics import STEP_METRICS, SUMMARY_KEYS, is_shared
 
 VERL_OK: list[tuple[str, Any]] = [("engine", "verl"), ("model.device", "cuda")]
@@ -42,7 +42,7 @@ def _train(step: int) -> dict[str, float]:
         "response_length/max": 40, "response_length/min": 3, "response_length/clip_ratio": 0.1,
         "timing_s/step": 2.5, "timing_s/gen": 1.0, "perf/mfu/actor": 0.3,
         "perf/max_memory_allocated_gb": 1.5 + step,
-        # gbmpo's driver hooks (gbmpo.integrations.verl_driver)
+        # gbmpo's driver hooks (gbmpo.engines.verl.driver)
         "reg/prob_l2": 0.003, "reg/kl_k3": 0.002, "gbmpo/entropy": 0.8,
         "gbmpo/rl_seconds": 2.5 * step, "gbmpo/reward_failures": float(step % 2),
     }  # fmt: skip
@@ -186,7 +186,7 @@ def test_held_out_file_holds_what_the_own_engine_evaluates(
 ) -> None:
     pd = pytest.importorskip("pandas")
     pytest.importorskip("pyarrow")
-    from gbmpo.engines.verl_args import write_data
+    from gbmpo.engines.verl.args import write_data
     from gbmpo.train.setup import build_task, eval_limit, load_tokenizer
 
     cfg = load_config(None, [*VERL_OK, ("eval.limit", limit), ("eval.auto_limit", auto_limit)])
@@ -204,7 +204,7 @@ def test_rollout_correction_metrics_from_verls() -> None:
     """verl's rollout_corr/* -> rollout_correction/* where verl's numbers carry the schema's
     definition (the values' agreement with gbmpo's own statistics is checked on verl's real
     output in tests_verl/test_rollout_correction_parity.py)."""
-    from gbmpo.engines.verl_metrics import convert_row
+    from gbmpo.engines.verl.metrics import convert_row
 
     rc = "objective.rollout_correction."
     data = {"rollout_corr/rollout_is_mean": 0.9, "rollout_corr/rollout_is_min": 0.2,

@@ -12,9 +12,9 @@ import pytest
 
 from gbmpo.config import ConfigError, load_config
 from gbmpo.config.support import VERL_REQUIRED, check_support
-from gbmpo.engines.verl_args import overrides
-from gbmpo.engines.verl_metrics import convert_row
-from gbmpo.integrations.common import verl_objective_overrides
+from gbmpo.engines.verl.args import overrides
+from gbmpo.engines.verl.metrics import convert_row
+from gbmpo.engines.verl.objective import verl_objective_overrides
 
 VERL_OK: list[tuple[str, Any]] = [("engine", "verl"), *VERL_REQUIRED.items()]
 

@@ -15,8 +15,10 @@ import pytest
 from gbmpo.cli import main
 from gbmpo.config import dump_yaml, load_config
 from gbmpo.config.support import VERL_REQUIRED
-from gbmpo.engines import verl_args, verl_metrics, verl_runner
-from gbmpo.integrations.common import hydra_value
+from gbmpo.engines.verl import args as verl_args
+from gbmpo.engines.verl import metrics as verl_metrics
+from gbmpo.engines.verl import runner as verl_runner
+from gbmpo.engines.verl.objective import hydra_value
 
 RESUME_KEYS = ("trainer.resume_mode=", "trainer.resume_from_path=", "trainer.val_before_train=")
 

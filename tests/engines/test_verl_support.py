@@ -20,7 +20,7 @@ from gbmpo.config.support import (
     check_support,
     probe_settings,
 )
-from gbmpo.engines.verl_args import overrides, precision_overrides, validation_freq
+from gbmpo.engines.verl.args import overrides, precision_overrides, validation_freq
 
 #: a config verl accepts as it is (the keys verl refuses at the own engine's defaults set), on
 #: GPUs (the probes include LoRA and several processes, which a CPU run refuses); eval.every 0,
@@ -64,6 +64,55 @@ def test_every_honoured_probe_changes_the_overrides(key: str, tmp_path: Path) ->
     probed = _cfg(*_COMPANIONS.get(key, []), (key, entry.probe))
     changed = overrides(probed, tmp_path / "run")
     assert changed != base, f"{key}={entry.probe!r} does not change verl's overrides"
+
+
+_A = "actor_rollout_ref.actor"
+
+#: one row per key of verl's table that sets overrides: key -> (a value, the overrides it gives,
+#: name -> Hydra text). The defaults: 8 prompts x 8 generations, mini-batch 16, 1000 steps.
+OVERRIDE_ROWS: dict[str, tuple[Any, dict[str, str]]] = {
+    "model.trust_remote_code": (True, {"data.trust_remote_code": "true",
+                                       "actor_rollout_ref.model.trust_remote_code": "true"}),
+    "rollout.prompts_per_step": (4, {"data.train_batch_size": "4"}),
+    "rollout.num_generations": (4, {"actor_rollout_ref.rollout.n": "4"}),
+    "rollout.max_new_tokens": (64, {"data.max_response_length": "64",
+                                    "actor_rollout_ref.rollout.response_length": "64"}),
+    "rollout.temperature": (0.7, {"actor_rollout_ref.rollout.temperature": "0.7"}),
+    "rollout.top_p": (0.9, {"actor_rollout_ref.rollout.top_p": "0.9"}),
+    "rollout.top_k": (0, {"actor_rollout_ref.rollout.top_k": "-1"}),  # verl's "no top-k"
+    "optim.lr": (1e-4, {f"{_A}.optim.lr": "0.0001"}),
+    "optim.weight_decay": (0.1, {f"{_A}.optim.weight_decay": "0.1"}),
+    "optim.betas": ([0.9, 0.999], {f"{_A}.optim.betas": "[0.9,0.999]"}),
+    "optim.eps": (1e-6, {f"{_A}.optim.override_optimizer_config": "{eps:1e-06}"}),
+    "optim.grad_clip": (None, {f"{_A}.optim.clip_grad": "1000000000.0"}),  # no clipping
+    "optim.mu": (2, {f"{_A}.ppo_epochs": "2"}),
+    "optim.mini_batch_size": (32, {f"{_A}.ppo_mini_batch_size": "4"}),  # 32 / 8 generations
+    "eval.before": (False, {"trainer.val_before_train": "false"}),
+    "run.steps": (7, {"trainer.total_training_steps": "7"}),
+    "run.seed": (17, {"data.seed": "17", f"{_A}.data_loader_seed": "17",
+                      "actor_rollout_ref.rollout.seed": "17", f"{_A}.fsdp_config.seed": "17",
+                      "actor_rollout_ref.ref.fsdp_config.seed": "17"}),
+    "run.checkpoint_every": (0, {"trainer.save_freq": "1000"}),  # 0: the last step only
+    "run.keep_checkpoints": (3, {"trainer.max_actor_ckpt_to_keep": "3"}),
+    "run.report_to": (["tensorboard"], {"trainer.logger": "['console','file','tensorboard']"}),
+    "run.num_processes": (2, {"trainer.n_gpus_per_node": "2"}),
+    "run.num_nodes": (2, {"trainer.nnodes": "2"}),
+}
+
+
+def test_every_key_that_sets_overrides_has_a_test_row() -> None:
+    assert set(OVERRIDE_ROWS) == {k for k, s in VERL.items() if s.sets}
+    for key, (_, named) in OVERRIDE_ROWS.items():
+        assert set(named) == set(VERL[key].sets), key
+
+
+@pytest.mark.parametrize("key", list(OVERRIDE_ROWS))
+def test_the_mapped_overrides(key: str, tmp_path: Path) -> None:
+    """Each key of verl's table gives the overrides its row names, once each."""
+    value, named = OVERRIDE_ROWS[key]
+    ov = overrides(_cfg((key, value)), tmp_path)
+    for name, text in named.items():
+        assert [o for o in ov if o.split("=", 1)[0] == name] == [f"{name}={text}"], key
 
 
 def test_most_honoured_keys_have_a_probe() -> None:
@@ -187,7 +236,7 @@ def test_cpu_refuses_lora_and_several_processes() -> None:
 
 
 def test_cpu_overrides_only_on_a_cpu_run(tmp_path: Path) -> None:
-    from gbmpo.engines.verl_args import cpu_overrides
+    from gbmpo.engines.verl.args import cpu_overrides
 
     gpu, cpu = overrides(_cfg(), tmp_path), overrides(_cfg(("model.device", "cpu")), tmp_path)
     assert "actor_rollout_ref.rollout.name=vllm" in gpu and cpu_overrides(_cfg()) == []
@@ -254,18 +303,18 @@ def test_rollout_correction_overrides(tmp_path: Path) -> None:
 
 
 def test_cpu_modules_are_loaded_only_for_a_cpu_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gbmpo.engines.verl_runner import _verl_env
+    from gbmpo.engines.verl.runner import _verl_env
 
     monkeypatch.delenv("VERL_PLATFORM", raising=False)
     gpu, cpu = _verl_env(["json"]), _verl_env(["json"], cpu=True)
-    # the plugin and the driver hooks on both (gbmpo.integrations.verl_driver)
+    # the plugin and the driver hooks on both (gbmpo.engines.verl.driver)
     assert gpu["VERL_USE_EXTERNAL_MODULES"] == (
-        "json,gbmpo.integrations.verl,gbmpo.integrations.verl_driver")
+        "json,gbmpo.integrations.verl,gbmpo.engines.verl.driver")
     assert gpu["GBMPO_VERL_DRIVER"] == cpu["GBMPO_VERL_DRIVER"] == "1"
     assert "VERL_PLATFORM" not in gpu and "VERL_ENGINE_DEVICE" not in gpu
-    assert cpu["VERL_USE_EXTERNAL_MODULES"] == ("gbmpo.integrations.verl_cpu.plugin,json,"
+    assert cpu["VERL_USE_EXTERNAL_MODULES"] == ("gbmpo.engines.verl.cpu.plugin,json,"
                                                 "gbmpo.integrations.verl,"
-                                                "gbmpo.integrations.verl_driver")
+                                                "gbmpo.engines.verl.driver")
     assert cpu["VERL_PLATFORM"] == "cpu" and cpu["VERL_ENGINE_DEVICE"] == "cuda"
 
 
@@ -274,8 +323,8 @@ def test_untested_verl_stops_a_cpu_run_in_one_line(monkeypatch: pytest.MonkeyPat
     """The version guard, from gbmpo's own environment (verl's version read in verl's)."""
     import subprocess
 
-    from gbmpo.engines import verl_runner
     from gbmpo.engines.checks import EngineUnavailable
+    from gbmpo.engines.verl import runner as verl_runner
 
     monkeypatch.setattr(verl_runner, "verl_python", lambda: "/x/python")
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 pytest.importorskip("trl")
 
 from gbmpo.config import ConfigError, load_config  # noqa: E402
+from gbmpo.engines.trl.objective import objective_spec  # noqa: E402
 from gbmpo.integrations.trl import GBMPOConfig  # noqa: E402
-from gbmpo.integrations.trl.objective import objective_spec  # noqa: E402
 from gbmpo.objectives.spec import (  # noqa: E402
     ObjectiveSpec,
     SpecError,

@@ -15,6 +15,7 @@ pytest.importorskip("trl")
 
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
+from gbmpo.engines.trl.internals import _HOOKED_METHODS  # noqa: E402
 from gbmpo.integrations.trl import (  # noqa: E402
     GBMPOConfig,
     GBMPOTrainer,
@@ -23,7 +24,6 @@ from gbmpo.integrations.trl import (  # noqa: E402
     check_trl_internals,
     dapo_normalizer,
 )
-from gbmpo.integrations.trl.internals import _HOOKED_METHODS  # noqa: E402
 from gbmpo.objectives.surrogates import atr_bounds  # noqa: E402
 from gbmpo.registry import UnknownNameError  # noqa: E402
 

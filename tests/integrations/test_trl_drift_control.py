@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("trl")
 
+from gbmpo.engines.trl.trainer import DRIFT_STATE_FILE  # noqa: E402
 from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer  # noqa: E402
-from gbmpo.integrations.trl.trainer import DRIFT_STATE_FILE  # noqa: E402
 from gbmpo.objectives.drift_control import proportional_coef  # noqa: E402
 
 OBJECTIVE = {"regularizer": {"name": "prob_l2", "coef": 0.1,

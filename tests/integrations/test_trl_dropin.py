@@ -376,7 +376,7 @@ def test_the_sampled_token_path_runs_trls_own_chunked_log_probs(
     completion-logits path that the full estimator takes."""
     import trl.trainer.utils as trl_utils
 
-    import gbmpo.integrations.trl.trainer as ours_module
+    import gbmpo.engines.trl.trainer as ours_module
 
     calls: list[int] = []
     chunked = trl_utils._ChunkedLogProbFunction

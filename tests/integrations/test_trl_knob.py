@@ -18,12 +18,12 @@ pytest.importorskip("trl")
 import torch  # noqa: E402
 from trl import GRPOTrainer  # noqa: E402
 
-from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer  # noqa: E402
-from gbmpo.integrations.trl.full import (  # noqa: E402
+from gbmpo.engines.trl.full import (  # noqa: E402
     TRL_STD_EPS,
     sequence_penalties,
     shaped_advantages,
 )
+from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer  # noqa: E402
 from gbmpo.objectives.loss import compute_policy_loss, sequence_divergence  # noqa: E402
 from gbmpo.objectives.regularizers import get_regularizer  # noqa: E402
 from gbmpo.rollout.sampling import Rollout  # noqa: E402
@@ -301,7 +301,7 @@ def test_entropy_averages_the_first_pass_only(
 
 
 def test_trust_remote_code_reaches_trls_reference_model() -> None:
-    from gbmpo.engines.trl_args import grpo_args
+    from gbmpo.engines.trl.args import grpo_args
 
     cfg = load_config(None, [("engine", "trl"), ("model.trust_remote_code", True)])
     assert grpo_args(cfg, "unused").trust_remote_code is True

@@ -102,7 +102,7 @@ def test_the_loss_of_a_sum_is_the_sum_of_the_terms(
 
 
 def test_schema_names_of_a_sum() -> None:
-    from gbmpo.engines.trl_callbacks import schema_record
+    from gbmpo.engines.trl.callbacks import schema_record
 
     logs = {"reg_value": 1.0, "reg_value/log_l2": 0.25, "reg_loss": 0.5,
             "reg_loss/kl_k3": 0.125, "reg/prob_l2": 3.0, "kl": 0.5}  # fmt: skip

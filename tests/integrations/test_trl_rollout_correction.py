@@ -1,4 +1,4 @@
-"""``rollout_correction/*`` on TRL (gbmpo.integrations.trl.correction): the schema's statistics
+"""``rollout_correction/*`` on TRL (gbmpo.engines.trl.correction): the schema's statistics
 of TRL's importance-sampling weights and off-policy mask, token-weighted over a logging window
 (window extremes for min / max), equal to gbmpo's own ``weight_stats``; and a TRL engine run
 with the off-policy sequence mask writes them to metrics.jsonl."""
@@ -16,8 +16,8 @@ import torch
 pytest.importorskip("trl")
 
 from gbmpo.cli import main  # noqa: E402
-from gbmpo.integrations.trl.correction import log_rollout_correction  # noqa: E402
-from gbmpo.integrations.trl.formulas import window_means  # noqa: E402
+from gbmpo.engines.trl.correction import log_rollout_correction  # noqa: E402
+from gbmpo.engines.trl.formulas import window_means  # noqa: E402
 from gbmpo.objectives.rollout_correction import weight_stats  # noqa: E402
 
 

@@ -77,7 +77,7 @@ def test_own_engine(micro_model_dir: Path, tmp_path: Path) -> None:
 
 def test_trl(micro_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("trl")
-    from gbmpo.engines import trl_runner
+    from gbmpo.engines.trl import runner as trl_runner
 
     done = tmp_path / "done"
     trl_runner.run(_cfg(micro_model_dir, done, ("engine", "trl")))
@@ -101,7 +101,7 @@ def test_a_fresh_trl_run_holds_the_lock(micro_model_dir: Path, tmp_path: Path,
     """While a fresh TRL run trains, ``gbmpo train --engine trl`` on its directory exits 2 with
     one line naming the owner's pid; the lock file goes when the run ends."""
     pytest.importorskip("trl")
-    from gbmpo.engines import trl_runner
+    from gbmpo.engines.trl import runner as trl_runner
 
     run = tmp_path / "run"
     seen: dict[str, Any] = {}
@@ -142,7 +142,7 @@ def _fake_main_ppo(tmp_path: Path, body: str) -> str:
 def _verl_run(tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch, body: str,
               name: str) -> Path:  # fmt: skip
     from gbmpo.config.support import VERL_REQUIRED
-    from gbmpo.engines import verl_runner
+    from gbmpo.engines.verl import runner as verl_runner
 
     (tmp_path / name).mkdir()
     python = _fake_main_ppo(tmp_path / name, body)

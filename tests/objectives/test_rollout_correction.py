@@ -157,7 +157,7 @@ def _trl_is_ratio(mode: str, clip_min: float | None, clip_max: float | None,
 def test_weights_match_trls_importance_sampling(
     mode: str, level: str, low: float | None, high: float, trl_mode: str
 ) -> None:
-    from gbmpo.integrations.trl.objective import rollout_correction_args
+    from gbmpo.engines.trl.objective import rollout_correction_args
     from gbmpo.objectives.spec import RolloutCorrectionSpec
 
     rc = RolloutCorrectionSpec(mode=mode, level=level, low=low, high=high)

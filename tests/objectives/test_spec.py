@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from gbmpo.config import ConfigError, TrainConfig, load_config
-from gbmpo.integrations.common import clip_params
+from gbmpo.engines.hosts import clip_params
 from gbmpo.objectives.spec import ObjectiveSpec, SpecError
 from gbmpo.registry import UnknownNameError
 

@@ -157,7 +157,7 @@ def test_a_tensor_coefficient_gives_the_float_coefficients_loss_and_gradient():
 
 
 def test_verl_refuses_a_controlled_coefficient():
-    from gbmpo.integrations.common import verl_objective_overrides
+    from gbmpo.engines.verl.objective import verl_objective_overrides
 
     spec = {"regularizer": {"name": "kl_k3", "coef": 0.1, "placement": "reward",
                             "control": {"target": 0.02}}}  # fmt: skip

@@ -181,7 +181,7 @@ def test_other_engines_refuse_full(engine: str) -> None:
 
 def test_gbmpo_trainer_takes_full_and_verl_overrides_refuse_it() -> None:
     pytest.importorskip("trl")
-    from gbmpo.integrations.common import verl_objective_overrides
+    from gbmpo.engines.verl.objective import verl_objective_overrides
     from gbmpo.integrations.trl import GBMPOConfig, build_objective
 
     spec = {"regularizer": {"name": "kl_k3", "coef": 0.1, "estimator": "full"}}

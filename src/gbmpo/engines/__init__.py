@@ -2,11 +2,11 @@
 
 * ``gbmpo`` (:mod:`gbmpo.engines.own`): the own trainer (:class:`gbmpo.train.Trainer`): one
   process, CPU or one GPU.
-* ``trl`` (:mod:`gbmpo.engines.trl_engine`, :mod:`gbmpo.engines.trl_runner`): TRL's
+* ``trl`` (:mod:`gbmpo.engines.trl.engine`, :mod:`gbmpo.engines.trl.runner`): TRL's
   ``GRPOTrainer`` with gbmpo's loss (:class:`gbmpo.integrations.trl.GBMPOTrainer`), built from
   the same config; one process in-process, several through ``accelerate launch`` (gloo on CPU,
   NCCL on GPUs), vLLM generation with ``rollout.generator: vllm``.
-* ``verl`` (:mod:`gbmpo.engines.verl_engine`, :mod:`gbmpo.engines.verl_runner`): verl's
+* ``verl`` (:mod:`gbmpo.engines.verl.engine`, :mod:`gbmpo.engines.verl.runner`): verl's
   ``main_ppo`` (Ray, FSDP, vLLM) with the gbmpo plugin; the config becomes verl's data files,
   Hydra overrides and a reward function.
 
@@ -28,8 +28,8 @@ from typing import Any
 from gbmpo.engines.base import DryRun, Engine
 from gbmpo.engines.checks import Check, DryRunReport, EngineUnavailable
 from gbmpo.engines.own import OwnEngine
-from gbmpo.engines.trl_engine import TrlEngine
-from gbmpo.engines.verl_engine import VerlEngine
+from gbmpo.engines.trl.engine import TrlEngine
+from gbmpo.engines.verl.engine import VerlEngine
 from gbmpo.registry import Registry
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 A run directory holds ``config.yaml``, ``status.json``, ``metrics.jsonl``, ``checkpoints/``, the
 final ``model/`` and, written last, ``summary.json`` (only a finished run has it). Every engine's
-runner (the own trainer's :meth:`gbmpo.train.Trainer.train`, :mod:`gbmpo.engines.trl_runner`,
-:mod:`gbmpo.engines.verl_runner`) goes through :class:`RunLifecycle`, which owns:
+runner (the own trainer's :meth:`gbmpo.train.Trainer.train`, :mod:`gbmpo.engines.trl.runner`,
+:mod:`gbmpo.engines.verl.runner`) goes through :class:`RunLifecycle`, which owns:
 
 * the lock: one process per run directory (:class:`gbmpo.io.RunLock`, taken before anything is
   written, removed when the run ends however it ends); a fresh run needs an empty directory

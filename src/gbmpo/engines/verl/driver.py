@@ -1,0 +1,294 @@
+r"""Hooks in verl's trainer process (the driver of ``python -m verl.trainer.main_ppo``) for
+``gbmpo train --engine verl``: what the own engine measures per step and its time budget.
+
+Loaded through ``VERL_USE_EXTERNAL_MODULES`` (:data:`MODULE`) in every verl process with
+:data:`DRIVER_ENV` set (:func:`activate`); it patches ``verl.trainer.ppo.ray_trainer`` once that
+module is imported (the trainer process imports it), so the workers pay nothing. The patches:
+
+* ``compute_data_metrics`` (called once per step with the step's batch) adds, from tensors the
+  driver already holds:
+
+  - ``reg/<name>`` = :math:`D(\pi_{old}\,\|\,\pi_{ref})`, the token mean over the batch of
+    every monitored regularizer of the built objective (the optimised ones and, with
+    ``objective.monitor_regularizers``, every registered one) from the batch's
+    ``old_log_probs`` and ``ref_log_prob`` (the own engine's and TRL's definition);
+  - :data:`ENTROPY_METRIC`: the token mean of the policy's entropy at :math:`\pi_{old}` over
+    the batch (verl's ``actor/entropy`` is that entropy aggregated with ``loss_agg_mode``);
+  - :data:`FAILURES_METRIC`: the step's reward failures (the reward function's
+    :data:`FAILED_KEY`, :mod:`gbmpo.engines.verl.reward`); a step whose every completion
+    failed stops the run, as on the own engine;
+  - :data:`RL_SECONDS_METRIC`: the RL time so far (the time budget's clock);
+
+* ``marked_timer("step")`` (verl's timer of one step, validation excluded) feeds that clock;
+* ``RayPPOTrainer.fit`` makes ``total_training_steps`` a :class:`StepLimit`: verl decides at the
+  start of a step whether it is the last (``is_last_step = global_steps >=
+  total_training_steps``) and reads that decision after the actor's update (the final
+  checkpoint, the final validation, the end of the loop); :class:`LastStep` makes the decision
+  there, so that with ``GBMPO_VERL_TIME_BUDGET`` the step in which the RL time reaches the
+  budget is the last, as on the other engines (:meth:`gbmpo.train.Trainer.train`: stop before a step
+  once ``rl_seconds >= budget``).
+
+:func:`check` verifies that the names patched here exist (``gbmpo train --engine verl
+--dry-run`` runs it in verl's environment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import importlib.machinery
+import inspect
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "BUDGET_ENV",
+    "DRIVER_ENV",
+    "ENTROPY_METRIC",
+    "FAILED_KEY",
+    "FAILURES_METRIC",
+    "MODULE",
+    "RL_SECONDS_ENV",
+    "RL_SECONDS_METRIC",
+    "LastStep",
+    "StepLimit",
+    "activate",
+    "check",
+    "install",
+]
+
+#: this module, for ``VERL_USE_EXTERNAL_MODULES``
+MODULE = "gbmpo.engines.verl.driver"
+#: set (to 1) in the environment of verl's processes of a gbmpo run: importing this module
+#: there patches verl's trainer (:func:`activate`); importing it elsewhere does nothing
+DRIVER_ENV = "GBMPO_VERL_DRIVER"
+#: the time budget in seconds of RL (``run.time_budget_seconds``); unset: none
+BUDGET_ENV = "GBMPO_VERL_TIME_BUDGET"
+#: the RL seconds of the parts before a resume
+RL_SECONDS_ENV = "GBMPO_VERL_RL_SECONDS"
+RL_SECONDS_METRIC = "gbmpo/rl_seconds"
+ENTROPY_METRIC = "gbmpo/entropy"
+FAILURES_METRIC = "gbmpo/reward_failures"
+#: the key of the reward function's result that marks a failed reward (1.0) per sample
+FAILED_KEY = "gbmpo_reward_failed"
+
+_TARGET = "verl.trainer.ppo.ray_trainer"
+#: the names of verl's trainer module patched here
+PATCHED = ("compute_data_metrics", "marked_timer", "RayPPOTrainer.fit",
+           "RayPPOTrainer._compute_old_log_prob")  # fmt: skip
+
+
+class _Clock:
+    """The RL time: the seconds of the finished steps (and of the parts before a resume) plus
+    the running step's so far."""
+
+    def __init__(self) -> None:
+        self.done = float(os.environ.get(RL_SECONDS_ENV) or 0.0)
+        self.step_start: float | None = None
+
+    def seconds(self) -> float:
+        running = 0.0 if self.step_start is None else time.perf_counter() - self.step_start
+        return self.done + running
+
+
+_CLOCK = _Clock()
+_STATE: dict[str, Any] = {"monitors": None, "entropy": None}
+
+
+def _budget() -> float | None:
+    value = os.environ.get(BUDGET_ENV)
+    return float(value) if value else None
+
+
+class LastStep:
+    """verl's ``is_last_step`` of one step, decided when first read: the step limit reached, or
+    the RL time at that moment (after the step's actor update) at or past the time budget.
+    Every later read gives the same answer."""
+
+    def __init__(self, step: int, limit: int) -> None:
+        self.step, self.limit = step, limit
+        self._value: bool | None = None
+
+    def __bool__(self) -> bool:
+        if self._value is None:
+            budget = _budget()
+            self._value = self.step >= self.limit or (
+                budget is not None and _CLOCK.seconds() >= budget
+            )
+        return self._value
+
+
+class StepLimit(int):
+    """``trainer.total_training_steps`` whose comparison ``global_steps >= limit`` gives a
+    :class:`LastStep` (Python tries an ``int`` subclass's reflected ``__le__`` first); an
+    ``int`` everywhere else (verl's progress bar)."""
+
+    def __le__(self, other: Any) -> Any:
+        if isinstance(other, int) and not isinstance(other, bool):
+            return LastStep(other, int(self))
+        return int(self) <= other
+
+
+def _masked_mean(values: Any, mask: Any) -> float:
+    m = mask.to(values.dtype)
+    return float((values * m).sum() / m.sum().clamp(min=1.0))
+
+
+def step_metrics(batch: Any) -> dict[str, float]:
+    """This module's additions to one step's metrics (module doc) from verl's batch."""
+    # deferred: torch is heavy; gbmpo's own processes read this module's names without it
+    import torch
+
+    out: dict[str, float] = {RL_SECONDS_METRIC: _CLOCK.seconds()}
+    tensors = batch.batch
+    mask = tensors["response_mask"]
+    monitors = _STATE["monitors"] or {}
+    keys = set(tensors.keys())  # a TensorDict: membership through its keys
+    if monitors and {"ref_log_prob", "old_log_probs"} <= keys:
+        old = tensors["old_log_probs"].float()
+        ref = tensors["ref_log_prob"].float()
+        with torch.no_grad():
+            for name, reg in monitors.items():
+                values = reg(logp=old, old_logp=old, anchor_logp=ref, mask=mask)
+                out[f"reg/{name}"] = _masked_mean(values.float(), mask)
+    if _STATE["entropy"] is not None:
+        out[ENTROPY_METRIC] = _STATE["entropy"]
+        _STATE["entropy"] = None
+    failed = batch.non_tensor_batch.get(FAILED_KEY)
+    if failed is not None:
+        out[FAILURES_METRIC] = float(sum(float(f) for f in failed))
+        if len(failed) and out[FAILURES_METRIC] == len(failed):
+            # the own engine's rule (gbmpo.rewards.scoring.score_completions): a step without
+            # one usable reward stops the run
+            raise RuntimeError(
+                f"the reward function gave no usable reward for any of the {len(failed)} "
+                "completions of this step (NaN, None or an exception each time): check the "
+                "function and the data columns"
+            )
+    return out
+
+
+def _objective_monitors(config: Any) -> dict[str, Any]:
+    """The built objective's monitored regularizers (``policy_loss.gbmpo_objective``)."""
+    spec = config.actor_rollout_ref.actor.policy_loss.get("gbmpo_objective")
+    if not spec:
+        return {}
+    # deferred: the plugin imports verl (this module is imported by verl's __init__)
+    from gbmpo.engines.verl.build import build_objective
+
+    return dict(build_objective(spec).monitors)
+
+
+def install(module: Any) -> None:
+    """Patch verl's trainer module ``module`` (``verl.trainer.ppo.ray_trainer``) once."""
+    if getattr(module, "_gbmpo_driver", False):
+        return
+    check(module)
+    data_metrics = module.compute_data_metrics
+    timer = module.marked_timer
+    trainer = module.RayPPOTrainer
+    fit, old_log_prob = trainer.fit, trainer._compute_old_log_prob
+
+    def compute_data_metrics(batch: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {**data_metrics(batch, *args, **kwargs), **step_metrics(batch)}
+
+    @contextlib.contextmanager
+    def marked_timer(name: str, timing_raw: dict[str, float], *args: Any,
+                     **kwargs: Any) -> Iterator[None]:  # fmt: skip
+        if name != "step":
+            with timer(name, timing_raw, *args, **kwargs):
+                yield
+            return
+        _CLOCK.step_start = time.perf_counter()
+        try:
+            with timer(name, timing_raw, *args, **kwargs):
+                yield
+        finally:
+            _CLOCK.done += time.perf_counter() - _CLOCK.step_start
+            _CLOCK.step_start = None
+
+    def fit_(self: Any) -> Any:
+        self.total_training_steps = StepLimit(int(self.total_training_steps))
+        _STATE["monitors"] = _objective_monitors(self.config)
+        return fit(self)
+
+    fit_.__wrapped__ = fit  # type: ignore[attr-defined]
+
+    def compute_old_log_prob(self: Any, batch: Any) -> Any:
+        out = old_log_prob(self, batch)
+        entropys = out[0].batch["entropys"] if isinstance(out, tuple) else None
+        if entropys is not None:
+            _STATE["entropy"] = _masked_mean(entropys.float(), batch.batch["response_mask"])
+        return out
+
+    module.compute_data_metrics = compute_data_metrics
+    module.marked_timer = marked_timer
+    trainer.fit = fit_
+    trainer._compute_old_log_prob = compute_old_log_prob
+    module._gbmpo_driver = True
+
+
+#: what the hooks rely on in ``RayPPOTrainer.fit``'s source: the last-step decision at the start
+#: of a step (read after the update: :class:`LastStep`) and the step's timer
+FIT_FACTS = ("is_last_step = self.global_steps >= self.total_training_steps",
+             'marked_timer("step"')  # fmt: skip
+
+
+def check(module: Any = None) -> None:
+    """``RuntimeError`` naming the first of :data:`PATCHED` that verl's trainer module lacks,
+    or the first of :data:`FIT_FACTS` its ``RayPPOTrainer.fit`` no longer holds."""
+    if module is None:
+        module = importlib.import_module(_TARGET)
+    for name in PATCHED:
+        owner: Any = module
+        for part in name.split("."):
+            owner = getattr(owner, part, None)
+        if owner is None:
+            raise RuntimeError(
+                f"gbmpo's verl driver hooks need {_TARGET}.{name}, which this verl lacks "
+                "(written for verl 0.9.1)"
+            )
+    fit = inspect.getsource(inspect.unwrap(module.RayPPOTrainer.fit))
+    for fact in FIT_FACTS:
+        if fact not in fit:
+            raise RuntimeError(
+                f"gbmpo's verl driver hooks need {_TARGET}.RayPPOTrainer.fit to hold {fact!r}, "
+                "which this verl's does not (written for verl 0.9.1)"
+            )
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls :func:`install` on verl's trainer module right after it is first imported."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _TARGET:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        exec_module = loader.exec_module
+
+        def exec_and_install(module: Any) -> None:
+            exec_module(module)
+            install(module)
+
+        loader.exec_module = exec_and_install  # type: ignore[method-assign]
+        return spec
+
+
+def activate() -> None:
+    """Patch verl's trainer module now if it is imported, else right after its import."""
+    if _TARGET in sys.modules:
+        install(sys.modules[_TARGET])
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+if os.environ.get(DRIVER_ENV):  # verl's processes of a gbmpo run (never gbmpo's own)
+    activate()
