@@ -264,6 +264,15 @@ def test_summary_from_verls_own_logger_and_validation_metrics(
     assert last["eval/accuracy"] == pytest.approx(acc_after) and last["pg_loss"] == 0.5
 
 
+def _restore_after(rt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's trainer module as it is now, restored after the test (the hooks patch it)."""
+    for name in ("compute_data_metrics", "marked_timer", "apply_kl_penalty"):
+        monkeypatch.setattr(rt, name, getattr(rt, name))
+    monkeypatch.setattr(rt, "_gbmpo_driver", False, raising=False)
+    for name in ("fit", "_compute_old_log_prob", "_save_checkpoint", "_load_checkpoint"):
+        monkeypatch.setattr(rt.RayPPOTrainer, name, getattr(rt.RayPPOTrainer, name))
+
+
 def test_the_driver_hooks_fit_verls_trainer(monkeypatch: pytest.MonkeyPatch) -> None:
     """gbmpo's driver hooks (gbmpo.engines.verl.driver) against verl's own trainer module:
     the names they wrap and the facts of ``RayPPOTrainer.fit`` they rely on are there; installed,
@@ -273,11 +282,7 @@ def test_the_driver_hooks_fit_verls_trainer(monkeypatch: pytest.MonkeyPatch) -> 
 
     from gbmpo.engines.verl import driver as verl_driver
 
-    for name in ("compute_data_metrics", "marked_timer"):
-        monkeypatch.setattr(rt, name, getattr(rt, name))  # restored after the test
-    monkeypatch.setattr(rt, "_gbmpo_driver", False, raising=False)
-    for name in ("fit", "_compute_old_log_prob"):
-        monkeypatch.setattr(rt.RayPPOTrainer, name, getattr(rt.RayPPOTrainer, name))
+    _restore_after(rt, monkeypatch)
     monkeypatch.setattr(verl_driver, "_CLOCK", verl_driver._Clock())
     verl_driver.check(rt)
     verl_driver.install(rt)
@@ -287,3 +292,43 @@ def test_the_driver_hooks_fit_verls_trainer(monkeypatch: pytest.MonkeyPatch) -> 
         pass
     assert timing["step"] >= 0 and verl_driver._CLOCK.seconds() > 0
     assert tqdm(total=verl_driver.StepLimit(3), disable=True).total == 3
+
+
+def test_verls_in_reward_penalty_uses_the_controlled_coefficient(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """verl's own apply_kl_penalty with the driver's controller in place of its kl_ctrl: the
+    rewards are penalised with the controller's value, which then moves by Ziegler's update from
+    the batch's reg/kl_k3 (verl's own update call does nothing)."""
+    import torch
+    import verl.trainer.ppo.ray_trainer as rt
+    from verl import DataProto
+    from verl.trainer.ppo import core_algos
+
+    from gbmpo.engines.verl import driver as verl_driver
+    from gbmpo.objectives.drift_control import proportional_coef
+    from gbmpo.objectives.spec import ObjectiveSpec
+
+    _restore_after(rt, monkeypatch)
+    built = ObjectiveSpec.load({"monitor_regularizers": False, "regularizer": {
+        "name": "kl_k3", "coef": 0.5, "placement": "reward",
+        "control": {"target": 0.02, "horizon": 4}}}).build()  # fmt: skip
+    monkeypatch.setattr(verl_driver, "_STATE",
+                        {"monitors": dict(built.monitors), "entropy": None, "drift": None})
+    verl_driver.install(rt)
+    ctrl = verl_driver.ControlledKL(built.controlled[0])
+    g = torch.Generator().manual_seed(0)
+    old, ref = -torch.rand(2, 4, generator=g) - 0.1, -torch.rand(2, 4, generator=g) - 0.1
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float32)
+    scores = torch.zeros(2, 4)
+    scores[0, 2], scores[1, 1] = 1.0, 0.0
+    data = DataProto.from_dict(tensors={"response_mask": mask, "token_level_scores": scores,
+                                        "old_log_probs": old, "ref_log_prob": ref})  # fmt: skip
+    out, metrics = rt.apply_kl_penalty(data, kl_ctrl=ctrl, kl_penalty="low_var_kl")
+    kld = core_algos.kl_penalty(old, ref, kl_penalty="low_var_kl") * mask
+    assert torch.equal(out.batch["token_level_rewards"], scores - 0.5 * kld)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.5
+    drift = verl_driver._STATE["drift"]
+    assert drift["drift_coef/kl_k3"] == 0.5
+    assert ctrl.value == proportional_coef(0.5, drift["drift_measure/kl_k3"], target=0.02,
+                                           horizon=4.0)  # fmt: skip

@@ -16,6 +16,7 @@ import torch
 
 from gbmpo.engines.verl import driver as verl_driver
 from gbmpo.objectives import get_regularizer
+from gbmpo.objectives.drift_control import proportional_coef
 from gbmpo.objectives.spec import ObjectiveSpec
 
 #: verl's loop, reduced to what the hooks touch (names as in verl 0.9.1's ray_trainer)
@@ -29,25 +30,42 @@ def compute_data_metrics(batch, use_critic=False):
 def marked_timer(name, timing_raw, color=None):
     yield
 
+def apply_kl_penalty(data, kl_ctrl, kl_penalty="kl"):
+    data.penalties.append(kl_ctrl.value)  # verl: rewards = scores - kl_ctrl.value * kld
+    kl_ctrl.update(current_kl=1.0, n_steps=2)
+    return data, {}
+
 class RayPPOTrainer:
-    def __init__(self, steps, clock, seconds_per_step, batch):
+    def __init__(self, steps, clock, seconds_per_step, batch, config=None, save_every=1000,
+                 resume_step=0):
         self.total_training_steps, self.clock = steps, clock
         self.seconds_per_step, self.batch = seconds_per_step, batch
-        self.config = None
+        self.config, self.save_every, self.resume_step = config, save_every, resume_step
+        self.kl_ctrl_in_reward = None
         self.log, self.saved, self.validated = [], [], []
 
     def _compute_old_log_prob(self, batch):
         return types.SimpleNamespace(batch={"entropys": batch.batch["entropys"]}), 0.0
 
+    def _save_checkpoint(self):
+        self.saved.append(self.global_steps)
+
+    def _load_checkpoint(self):
+        self.global_steps = self.resume_step
+
     def fit(self):
-        self.global_steps = 1
+        self.global_steps = 0
+        self._load_checkpoint()
+        self.global_steps += 1
         while True:
             is_last_step = self.global_steps >= self.total_training_steps
             with marked_timer("step", {}):
                 self._compute_old_log_prob(self.batch)
+                if self.kl_ctrl_in_reward is not None:
+                    apply_kl_penalty(self.batch, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty="k")
                 self.clock[0] += self.seconds_per_step  # generation, log-probs, the update
-                if is_last_step or self.global_steps % 1000 == 0:
-                    self.saved.append(self.global_steps)
+                if is_last_step or self.global_steps % self.save_every == 0:
+                    self._save_checkpoint()
             if is_last_step:
                 self.validated.append(self.global_steps)
             self.log.append(compute_data_metrics(batch=self.batch, use_critic=False))
@@ -63,6 +81,7 @@ class Batch:
     def __init__(self, tensors: dict[str, torch.Tensor], failed: list[float] | None = None):
         self.batch = tensors
         self.non_tensor_batch = {} if failed is None else {verl_driver.FAILED_KEY: failed}
+        self.penalties: list[float] = []  # the in-reward coefficients apply_kl_penalty used
 
 
 def _batch(failed: list[float] | None = None) -> Batch:
@@ -85,8 +104,8 @@ def verl_like(monkeypatch: pytest.MonkeyPatch) -> tuple[types.ModuleType, list[f
     clock = [0.0]
     monkeypatch.setattr(verl_driver.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(verl_driver, "_CLOCK", verl_driver._Clock())
-    monkeypatch.setattr(verl_driver, "_STATE", {"monitors": None, "entropy": None})
-    monkeypatch.setattr(verl_driver, "_objective_monitors", lambda config: {})
+    monkeypatch.setattr(verl_driver, "_STATE", {"monitors": None, "entropy": None, "drift": None})
+    monkeypatch.setattr(verl_driver, "_objective", lambda config: None)
     verl_driver.install(module)
     return module, clock
 
@@ -138,7 +157,7 @@ def test_step_metrics_monitor_entropy_and_failures(
     module, clock = verl_like
     batch = _batch(failed=[0.0, 1.0, 1.0, 0.0])
     built = ObjectiveSpec.load({"regularizer": {"name": "prob_l2", "coef": 0.1}}).build()
-    monkeypatch.setattr(verl_driver, "_objective_monitors", lambda config: dict(built.monitors))
+    monkeypatch.setattr(verl_driver, "_objective", lambda config: built)
     trainer = module.RayPPOTrainer(1, clock, 1.0, batch)
     trainer.fit()
     row = trainer.log[0]
@@ -170,17 +189,55 @@ def test_no_reference_no_monitor(verl_like: tuple[types.ModuleType, list[float]]
     module, clock = verl_like
     batch = _batch()
     del batch.batch["ref_log_prob"]
-    monitors = {"prob_l2": get_regularizer("prob_l2")}
-    monkeypatch.setattr(verl_driver, "_objective_monitors", lambda config: monitors)
+    built = types.SimpleNamespace(monitors={"prob_l2": get_regularizer("prob_l2")}, controlled=())
+    monkeypatch.setattr(verl_driver, "_objective", lambda config: built)
     trainer = module.RayPPOTrainer(1, clock, 1.0, batch)
     trainer.fit()
     assert not any(k.startswith("reg/") for k in trainer.log[0])
+
+
+def test_a_controlled_in_reward_coefficient_moves_is_logged_and_resumes(
+    verl_like: tuple[types.ModuleType, list[float]], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """The driver's controller replaces verl's: apply_kl_penalty penalises with the step's
+    coefficient, which then moves by Ziegler's update from the step's reg/kl_k3 (verl's own
+    update call is ignored); both are logged under the shared names; the next step's value is
+    saved beside each checkpoint and a resume continues it bit for bit."""
+    module, clock = verl_like
+    built = ObjectiveSpec.load({"monitor_regularizers": False, "regularizer": {
+        "name": "kl_k3", "coef": 0.5, "placement": "reward",
+        "control": {"target": 0.02, "horizon": 4}}}).build()  # fmt: skip
+    monkeypatch.setattr(verl_driver, "_objective", lambda config: built)
+    config = types.SimpleNamespace(trainer=types.SimpleNamespace(default_local_dir=str(tmp_path)))
+    for step in (1, 2, 3):  # verl's own _save_checkpoint makes these
+        (tmp_path / f"global_step_{step}").mkdir()
+    batch = _batch()
+    full = module.RayPPOTrainer(3, clock, 1.0, batch, config=config, save_every=1)
+    full.fit()
+    coefs = [row["drift_coef/kl_k3"] for row in full.log]
+    measures = [row["drift_measure/kl_k3"] for row in full.log]
+    assert measures == [row["reg/kl_k3"] for row in full.log]  # the measure the others read
+    expected = [0.5]
+    for m in measures[:-1]:
+        expected.append(proportional_coef(expected[-1], m, target=0.02, horizon=4.0))
+    assert coefs == expected and batch.penalties == coefs and len(set(coefs)) == 3
+    saved = json.loads((tmp_path / "global_step_2" / verl_driver.DRIFT_STATE_FILE).read_text())
+    assert saved == {"kl_k3": coefs[2]}  # the next step's
+    again = _batch()
+    resumed = module.RayPPOTrainer(3, clock, 1.0, again, config=config, resume_step=2)
+    resumed.fit()
+    assert [row["drift_coef/kl_k3"] for row in resumed.log] == coefs[2:] == again.penalties
+    (tmp_path / "global_step_2" / verl_driver.DRIFT_STATE_FILE).unlink()
+    with pytest.raises(ValueError, match="written without the controlled coefficient"):
+        module.RayPPOTrainer(3, clock, 1.0, _batch(), config=config, resume_step=2).fit()
 
 
 def test_a_verl_without_the_hooked_names_is_named() -> None:
     module = types.ModuleType("old_verl")
     module.compute_data_metrics = lambda batch: {}  # type: ignore[attr-defined]
     module.marked_timer = contextlib.nullcontext  # type: ignore[attr-defined]
+    module.apply_kl_penalty = lambda data, kl_ctrl: None  # type: ignore[attr-defined]
     with pytest.raises(RuntimeError, match="RayPPOTrainer.fit"):
         verl_driver.check(module)
 

@@ -156,13 +156,20 @@ def test_a_tensor_coefficient_gives_the_float_coefficients_loss_and_gradient():
     assert torch.equal(out[True][0], out[False][0]) and torch.equal(out[True][1], out[False][1])
 
 
-def test_verl_refuses_a_controlled_coefficient():
+def test_verl_controls_an_in_reward_term_and_refuses_the_rest():
+    """One in-reward term: verl's fixed in-reward KL from the first coefficient (the driver
+    hooks move it: tests/engines/test_verl_driver.py); in the loss or in a list: refused."""
     from gbmpo.engines.verl.objective import verl_objective_overrides
 
-    spec = {"regularizer": {"name": "kl_k3", "coef": 0.1, "placement": "reward",
-                            "control": {"target": 0.02}}}  # fmt: skip
-    with pytest.raises(ValueError, match="control' is not supported by engine verl"):
-        verl_objective_overrides(spec, max_response_length=16)
+    control = {"target": 0.02}
+    reg = {"name": "kl_k3", "coef": 0.1, "placement": "reward", "control": control}
+    ov = verl_objective_overrides({"regularizer": reg}, max_response_length=16)
+    assert {"algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=fixed",
+            "algorithm.kl_ctrl.kl_coef=0.1"} <= set(ov)  # fmt: skip
+    for spec in ({"regularizer": {**reg, "placement": "loss"}},
+                 {"regularizer": [reg, {"name": "prob_l2", "coef": 0.1}]}):  # fmt: skip
+        with pytest.raises(ValueError, match="control' is supported by engine verl for one"):
+            verl_objective_overrides(spec, max_response_length=16)
 
 
 def test_a_sum_has_one_controller_per_term(micro_model_dir, tmp_path):

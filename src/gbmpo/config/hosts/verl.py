@@ -87,6 +87,14 @@ VERL: dict[str, Support] = dict(GBMPO)  # every key is set below (engines/verl/a
 _A = "actor_rollout_ref.actor"
 
 
+def _verl_refuses_control(value: Any, cfg: Any) -> bool:
+    """A controlled coefficient anywhere but on one in-reward term."""
+    terms = cfg.objective.terms
+    if not any(t.control is not None for t in terms):
+        return False
+    return len(terms) > 1 or terms[0].placement != "reward"
+
+
 def _verl_refuses_terms(value: Any, cfg: Any) -> bool:
     """A list with an active in-reward term, or one in-reward term with parameters (verl's
     driver computes the in-reward KL and receives no gbmpo_kl parameters)."""
@@ -178,12 +186,12 @@ VERL.update({
     "objective.regularizer.coef": H(f"{_A}.kl_loss_coef (placement reward: "
                                     "algorithm.kl_ctrl.kl_coef, kl_ctrl.type fixed)", probe=0.5),
     "objective.regularizer.control": R(
-        "verl's own controller (algorithm.kl_ctrl.type=adaptive) serves its in-reward KL only, "
-        "tracks a mean of per-sequence token means, has no bounds, and verl's checkpoints do not "
-        "save its value (a resumed run would restart it); verl's KL loss coefficient "
-        "(kl_loss_coef) is fixed: use engine gbmpo or trl",
-        lambda v, c: any(x is not None for x in (v if isinstance(v, list) else [v])),
-        probe={"target": 0.02}),
+        "honoured for one term with placement: reward: gbmpo's driver hooks put the controller "
+        "in place of verl's kl_ctrl_in_reward (the same measure, update and bounds as the other "
+        "engines; verl's adaptive controller tracks a mean of per-sequence means without bounds), "
+        "and keep its value beside verl's checkpoints (gbmpo_drift_state.json); refused for a "
+        "term in the loss (verl's kl_loss_coef is fixed in the actor workers) and in a list",
+        _verl_refuses_control, probe={"target": 0.02}),
     "objective.regularizer.anchor": R(
         "verl's KL loss is anchored at the reference model; anchor 'old' is offered there for "
         "the rpg_* regularizers only",

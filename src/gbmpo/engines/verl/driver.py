@@ -19,6 +19,14 @@ module is imported (the trainer process imports it), so the workers pay nothing.
     failed stops the run, as on the own engine;
   - :data:`RL_SECONDS_METRIC`: the RL time so far (the time budget's clock);
 
+* a controlled in-reward coefficient (``objective.regularizer.control`` with ``placement:
+  reward``, :mod:`gbmpo.objectives.drift_control`): ``fit`` puts a :class:`ControlledKL` in
+  place of verl's ``kl_ctrl_in_reward``; ``apply_kl_penalty`` penalises with its value, then
+  moves it by the term's control from the measure the other engines read (the token mean of
+  ``reg/kl_k3`` or of the term over the batch; verl's own ``update`` and its mean of
+  per-sequence means are not used); the step logs ``drift_coef/<term>`` and
+  ``drift_measure/<term>``; ``_save_checkpoint`` / ``_load_checkpoint`` keep the next step's
+  value in :data:`DRIFT_STATE_FILE` beside verl's checkpoint;
 * ``marked_timer("step")`` (verl's timer of one step, validation excluded) feeds that clock;
 * ``RayPPOTrainer.fit`` makes ``total_training_steps`` a :class:`StepLimit`: verl decides at the
   start of a step whether it is the last (``is_last_step = global_steps >=
@@ -39,14 +47,18 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import inspect
+import json
 import os
 import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
+from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX
+
 __all__ = [
     "BUDGET_ENV",
+    "DRIFT_STATE_FILE",
     "DRIVER_ENV",
     "ENTROPY_METRIC",
     "FAILED_KEY",
@@ -54,6 +66,7 @@ __all__ = [
     "MODULE",
     "RL_SECONDS_ENV",
     "RL_SECONDS_METRIC",
+    "ControlledKL",
     "LastStep",
     "StepLimit",
     "activate",
@@ -76,10 +89,15 @@ FAILURES_METRIC = "gbmpo/reward_failures"
 #: the key of the reward function's result that marks a failed reward (1.0) per sample
 FAILED_KEY = "gbmpo_reward_failed"
 
+#: the controlled in-reward coefficient of the next step, beside each verl checkpoint
+#: (``global_step_<n>/``; the name of TRL's, ``{term: coef}``)
+DRIFT_STATE_FILE = "gbmpo_drift_state.json"
+
 _TARGET = "verl.trainer.ppo.ray_trainer"
 #: the names of verl's trainer module patched here
-PATCHED = ("compute_data_metrics", "marked_timer", "RayPPOTrainer.fit",
-           "RayPPOTrainer._compute_old_log_prob")  # fmt: skip
+PATCHED = ("compute_data_metrics", "marked_timer", "apply_kl_penalty", "RayPPOTrainer.fit",
+           "RayPPOTrainer._compute_old_log_prob", "RayPPOTrainer._save_checkpoint",
+           "RayPPOTrainer._load_checkpoint")  # fmt: skip
 
 
 class _Clock:
@@ -96,7 +114,24 @@ class _Clock:
 
 
 _CLOCK = _Clock()
-_STATE: dict[str, Any] = {"monitors": None, "entropy": None}
+_STATE: dict[str, Any] = {"monitors": None, "entropy": None, "drift": None}
+
+
+class ControlledKL:
+    """verl's in-reward KL controller (``value``, ``update``) for a controlled term: ``value``
+    is the coefficient of the running step; :meth:`step` moves it by the term's control;
+    verl's own ``update`` call does nothing."""
+
+    def __init__(self, term: Any) -> None:
+        self.name, self.control, self.value = term.name, term.control, float(term.coef)
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        """verl's call after each penalty: ignored (:meth:`step` moves the value)."""
+
+    def step(self, measure: float) -> dict[str, float]:
+        """Move the value by the control from this step's ``measure``; the step's metrics."""
+        used, self.value = self.value, self.control.step(self.value, measure)
+        return {DRIFT_COEF_PREFIX + self.name: used, DRIFT_MEASURE_PREFIX + self.name: measure}
 
 
 def _budget() -> float | None:
@@ -138,26 +173,34 @@ def _masked_mean(values: Any, mask: Any) -> float:
     return float((values * m).sum() / m.sum().clamp(min=1.0))
 
 
-def step_metrics(batch: Any) -> dict[str, float]:
-    """This module's additions to one step's metrics (module doc) from verl's batch."""
+def _monitor(name: str, tensors: Any) -> float:
+    """``reg/<name>``: the token mean over the batch of the monitored regularizer ``name`` at
+    the batch's ``old_log_probs`` against its ``ref_log_prob``."""
     # deferred: torch is heavy; gbmpo's own processes read this module's names without it
     import torch
 
+    old, ref = tensors["old_log_probs"].float(), tensors["ref_log_prob"].float()
+    mask = tensors["response_mask"]
+    with torch.no_grad():
+        values = _STATE["monitors"][name](logp=old, old_logp=old, anchor_logp=ref, mask=mask)
+    return _masked_mean(values.float(), mask)
+
+
+def step_metrics(batch: Any) -> dict[str, float]:
+    """This module's additions to one step's metrics (module doc) from verl's batch."""
     out: dict[str, float] = {RL_SECONDS_METRIC: _CLOCK.seconds()}
     tensors = batch.batch
-    mask = tensors["response_mask"]
     monitors = _STATE["monitors"] or {}
     keys = set(tensors.keys())  # a TensorDict: membership through its keys
     if monitors and {"ref_log_prob", "old_log_probs"} <= keys:
-        old = tensors["old_log_probs"].float()
-        ref = tensors["ref_log_prob"].float()
-        with torch.no_grad():
-            for name, reg in monitors.items():
-                values = reg(logp=old, old_logp=old, anchor_logp=ref, mask=mask)
-                out[f"reg/{name}"] = _masked_mean(values.float(), mask)
+        for name in monitors:
+            out[f"reg/{name}"] = _monitor(name, tensors)
     if _STATE["entropy"] is not None:
         out[ENTROPY_METRIC] = _STATE["entropy"]
         _STATE["entropy"] = None
+    if _STATE["drift"] is not None:
+        out.update(_STATE["drift"])
+        _STATE["drift"] = None
     failed = batch.non_tensor_batch.get(FAILED_KEY)
     if failed is not None:
         out[FAILURES_METRIC] = float(sum(float(f) for f in failed))
@@ -172,15 +215,23 @@ def step_metrics(batch: Any) -> dict[str, float]:
     return out
 
 
-def _objective_monitors(config: Any) -> dict[str, Any]:
-    """The built objective's monitored regularizers (``policy_loss.gbmpo_objective``)."""
+def _objective(config: Any) -> Any:
+    """The built objective of ``policy_loss.gbmpo_objective`` (``None`` without one)."""
     spec = config.actor_rollout_ref.actor.policy_loss.get("gbmpo_objective")
     if not spec:
-        return {}
+        return None
     # deferred: the plugin imports verl (this module is imported by verl's __init__)
     from gbmpo.engines.verl.build import build_objective
 
-    return dict(build_objective(spec).monitors)
+    return build_objective(spec)
+
+
+def _drift_file(trainer: Any) -> str:
+    """:data:`DRIFT_STATE_FILE` in the checkpoint folder of ``trainer``'s current step (verl's
+    ``default_local_dir``, relative to the working directory as verl reads it)."""
+    folder = os.path.join(trainer.config.trainer.default_local_dir,
+                          f"global_step_{trainer.global_steps}")  # fmt: skip
+    return os.path.join(os.path.abspath(folder), DRIFT_STATE_FILE)
 
 
 def install(module: Any) -> None:
@@ -190,8 +241,10 @@ def install(module: Any) -> None:
     check(module)
     data_metrics = module.compute_data_metrics
     timer = module.marked_timer
+    kl_penalty = module.apply_kl_penalty
     trainer = module.RayPPOTrainer
     fit, old_log_prob = trainer.fit, trainer._compute_old_log_prob
+    save, load = trainer._save_checkpoint, trainer._load_checkpoint
 
     def compute_data_metrics(batch: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {**data_metrics(batch, *args, **kwargs), **step_metrics(batch)}
@@ -211,10 +264,42 @@ def install(module: Any) -> None:
             _CLOCK.done += time.perf_counter() - _CLOCK.step_start
             _CLOCK.step_start = None
 
+    def apply_kl_penalty(data: Any, kl_ctrl: Any, *args: Any, **kwargs: Any) -> Any:
+        out = kl_penalty(data, kl_ctrl, *args, **kwargs)
+        if isinstance(kl_ctrl, ControlledKL):
+            _STATE["drift"] = kl_ctrl.step(_monitor(kl_ctrl.control.monitor(kl_ctrl.name),
+                                                    data.batch))  # fmt: skip
+        return out
+
     def fit_(self: Any) -> Any:
         self.total_training_steps = StepLimit(int(self.total_training_steps))
-        _STATE["monitors"] = _objective_monitors(self.config)
+        objective = _objective(self.config)
+        _STATE["monitors"] = {} if objective is None else dict(objective.monitors)
+        if objective is not None and objective.controlled:
+            (term,) = objective.controlled  # one in-reward term (verl_objective_overrides)
+            self.kl_ctrl_in_reward = ControlledKL(term)
         return fit(self)
+
+    def save_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = save(self, *args, **kwargs)
+        ctrl = getattr(self, "kl_ctrl_in_reward", None)
+        if isinstance(ctrl, ControlledKL):
+            with open(_drift_file(self), "w") as f:
+                json.dump({ctrl.name: ctrl.value}, f)
+        return out
+
+    def load_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = load(self, *args, **kwargs)
+        ctrl = getattr(self, "kl_ctrl_in_reward", None)
+        if isinstance(ctrl, ControlledKL) and self.global_steps > 0:
+            path = _drift_file(self)
+            if not os.path.isfile(path):
+                raise ValueError(f"{path} is missing: the checkpoint was written without the "
+                                 "controlled coefficient, so its continuation would not be "
+                                 "the run's")  # fmt: skip
+            with open(path) as f:
+                ctrl.value = float(json.load(f)[ctrl.name])
+        return out
 
     fit_.__wrapped__ = fit  # type: ignore[attr-defined]
 
@@ -227,8 +312,11 @@ def install(module: Any) -> None:
 
     module.compute_data_metrics = compute_data_metrics
     module.marked_timer = marked_timer
+    module.apply_kl_penalty = apply_kl_penalty
     trainer.fit = fit_
     trainer._compute_old_log_prob = compute_old_log_prob
+    trainer._save_checkpoint = save_checkpoint
+    trainer._load_checkpoint = load_checkpoint
     module._gbmpo_driver = True
 
 

@@ -17,7 +17,7 @@ from gbmpo.engines.verl.driver import (
     RL_SECONDS_METRIC,
 )
 from gbmpo.io import write_atomic
-from gbmpo.io.metrics import MONITOR_PREFIX, host_name
+from gbmpo.io.metrics import DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX, MONITOR_PREFIX, host_name
 
 __all__ = [
     "SHARED_METRICS",
@@ -84,7 +84,8 @@ def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = N
                 ) -> dict[str, Any]:  # fmt: skip
     """One verl file-logger row -> one metrics.jsonl row: the schema names of
     :data:`SHARED_METRICS`, those of gbmpo's driver hooks
-    (:mod:`gbmpo.engines.verl.driver`: ``reg/<name>``, ``entropy`` = the token mean of the
+    (:mod:`gbmpo.engines.verl.driver`: ``reg/<name>``, ``drift_coef/<term>``,
+    ``drift_measure/<term>``, ``entropy`` = the token mean of the
     entropy at pi_old over the step's batch, whatever the aggregation, ``time/rl_seconds``),
     ``eval/<metric>`` (:func:`eval_metrics`), and every verl metric under ``verl/<name>``."""
     data = row["data"]
@@ -93,8 +94,8 @@ def convert_row(cfg: Any, row: dict[str, Any], kind: str, n_eval: int | None = N
         out[host_name("verl", key)] = value
         if key in SHARED_METRICS:
             out[SHARED_METRICS[key]] = value
-        elif key.startswith(MONITOR_PREFIX):  # the driver hooks' reg/<name>: the schema's
-            out[key] = value
+        elif key.startswith((MONITOR_PREFIX, DRIFT_COEF_PREFIX, DRIFT_MEASURE_PREFIX)):
+            out[key] = value  # the driver hooks' reg/<name> and drift_*/<term>: the schema's
     if ENTROPY_METRIC in data:
         out["entropy"] = data[ENTROPY_METRIC]
     if RL_SECONDS_METRIC in data:

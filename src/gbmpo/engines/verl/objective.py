@@ -93,11 +93,14 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
         out.append(f"{a}.loss_scale_factor={max_response_length}")
     out += verl_rollout_correction_overrides(o.rollout_correction)
     o.build()  # every name and parameter checked here, before verl starts
-    if any(t.control is not None for t in o.terms):
+    if any(t.control is not None for t in o.terms) and (
+        len(o.terms) > 1 or o.terms[0].placement != "reward"
+    ):
         raise ValueError(
-            "'objective.regularizer.control' is not supported by engine verl: its own adaptive "
-            "controller serves the in-reward KL only, without bounds, and its value is not saved "
-            "in verl's checkpoints; its KL loss coefficient is fixed. Use engine gbmpo or trl"
+            "'objective.regularizer.control' is supported by engine verl for one term with "
+            "placement: reward only (its driver moves the in-reward coefficient between steps); "
+            "verl's KL loss coefficient lives in the actor workers, fixed for the run. Use "
+            "placement: reward, or engine gbmpo or trl"
         )
     out.append(f"+{a}.policy_loss.gbmpo_objective={hydra_value(verl_objective_json(o))}")
     if len(o.terms) > 1:
@@ -130,7 +133,8 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
                 "parameters; use a regularizer without parameters or placement: loss"
             )
         # verl's apply_kl_penalty: token_level_rewards = scores - kl_coef * D(old || ref), per
-        # token; the outcome score sits at the last token, so the sequence sum is gbmpo's
+        # token; the outcome score sits at the last token, so the sequence sum is gbmpo's. A
+        # controlled coefficient starts at kl_coef; the driver hooks (verl_driver) move it.
         return out + [
             f"{a}.use_kl_loss=false",
             "algorithm.use_kl_in_reward=true",
