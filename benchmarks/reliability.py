@@ -234,7 +234,7 @@ def scan(root: Path) -> tuple[list[str], list[str]]:
     import yaml
     from safetensors import safe_open
 
-    from gbmpo.engines import trl_checkpoints
+    from gbmpo.engines.trl import checkpoints as trl_checkpoints
     from gbmpo.train.checkpoint import LOCK_FILE, list_checkpoints, verify_checkpoint
 
     corrupt: list[str] = []
@@ -382,7 +382,7 @@ class Command:
 
 def has_checkpoint(d: Path) -> bool:
     """Whether the run directory ``d`` holds a complete checkpoint (own engine or TRL)."""
-    from gbmpo.engines import trl_checkpoints
+    from gbmpo.engines.trl import checkpoints as trl_checkpoints
     from gbmpo.train.checkpoint import list_checkpoints
 
     return bool(list_checkpoints(d) or trl_checkpoints.checkpoints(d))
@@ -423,7 +423,7 @@ TRL_SUMMARY_VOLATILE = TIMING_SUMMARY_KEYS | {"finished"}
 
 
 def trl_fingerprint(run_dir: Path) -> dict[str, Any]:
-    from gbmpo.engines import trl_checkpoints
+    from gbmpo.engines.trl import checkpoints as trl_checkpoints
     from gbmpo.lifecycle.logging import read_metrics, without_timing
 
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -445,7 +445,7 @@ def trl_command(steps: int, processes: int) -> Command:
                                 "--run.checkpoint_every", "1"])
 
     def progress(d: Path) -> str:
-        from gbmpo.engines import trl_checkpoints
+        from gbmpo.engines.trl import checkpoints as trl_checkpoints
 
         if not d.exists():
             return "no run directory yet"
