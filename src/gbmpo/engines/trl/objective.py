@@ -5,13 +5,10 @@ mappings of TRL's ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`, :data:`LOSS_TYPE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gbmpo.engines.hosts import clip_params
 from gbmpo.objectives.spec import BuiltObjective, ObjectiveSpec
-
-if TYPE_CHECKING:
-    from gbmpo.engines.trl.config import GBMPOConfig
 
 __all__ = [
     "TRL_CORRECTION_DEFAULTS",
@@ -82,9 +79,9 @@ def refuse_advantage_placement(spec: ObjectiveSpec) -> None:
         )
 
 
-def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
-    """The gbmpo objective spec that ``args`` names: its ``objective`` if given, else the one
-    its alias fields spell (:func:`spec_from_trl_fields`)."""
+def objective_spec(args: Any) -> ObjectiveSpec:
+    """The gbmpo objective spec that ``args`` (a ``GBMPOConfig``) names: its ``objective`` if
+    given, else the one its alias fields spell (:func:`spec_from_trl_fields`)."""
     if args.objective is not None:
         return ObjectiveSpec.load(args.objective)
     return spec_from_trl_fields(args)
@@ -192,12 +189,13 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
     )
 
 
-def build_objective(args: GBMPOConfig) -> BuiltObjective:
+def build_objective(args: Any) -> BuiltObjective:
     """The built objective (:meth:`ObjectiveSpec.build`: surrogate, terms with their
-    coefficients, aggregation, monitors) that ``args`` names (:func:`objective_spec`):
-    ``args.objective`` if given, else the alias fields (:func:`spec_from_trl_fields`). The spec
-    is built once, when ``args`` is checked; that build is returned as is unless a field changed
-    since. GBMPOTrainer uses it as the own engine uses its own: the same object, no wrapper."""
+    coefficients, aggregation, monitors) that ``args`` (a ``GBMPOConfig``) names
+    (:func:`objective_spec`): ``args.objective`` if given, else the alias fields
+    (:func:`spec_from_trl_fields`). The spec is built once, when ``args`` is checked; that build
+    is returned as is unless a field changed since. GBMPOTrainer uses it as the own engine uses
+    its own: the same object, no wrapper."""
     cached = getattr(args, "_built", None)
     if cached is not None and args.objective is not None and cached[0] == args.objective:
         return cached[1]  # the spec as checked (args.objective is its dict): no re-parse
