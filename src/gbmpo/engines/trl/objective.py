@@ -116,21 +116,18 @@ def loss_type_surrogate(args: Any) -> tuple[str, dict[str, Any]]:
 
 
 def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
-    """TRL's spelling of an objective -> the gbmpo objective spec (the alias mapping).
-
-    Surrogate: ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance
-    sampling) with ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta`` and
-    ``dual_clip_c``; ``atr`` -> ``atr(delta=atr_delta, dual_clip_c)``; ``divergence`` ->
-    ``divergence_clip(measure=clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or
-    clip_delta, dual_clip_c, mirror=clip_mirror_path)``; ``rpg_dual`` ->
-    ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``
-    (host clip settings through :func:`gbmpo.engines.hosts.clip_params`); ``loss_type``
-    cispo / sapo / vespo -> :func:`loss_type_surrogate`. Regularizer:
+    """TRL's spelling of an objective -> the gbmpo objective spec (the alias mapping). Surrogate:
+    ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance sampling) with
+    ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta``, ``dual_clip_c``; ``atr``
+    -> ``atr(delta=atr_delta, dual_clip_c)``; ``divergence`` -> ``divergence_clip(measure=
+    clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or clip_delta, dual_clip_c,
+    mirror=clip_mirror_path)``; ``rpg_dual`` -> ``rpg_clip(variant=rpg_variant, beta=rpg_beta,
+    eps_low, eps_high, c=dual_clip_c or 3)`` (through :func:`gbmpo.engines.hosts.clip_params`);
+    ``loss_type`` cispo / sapo / vespo -> :func:`loss_type_surrogate`. Regularizer:
     ``regularizer`` with ``regularizer_coef`` (else ``beta``), ``regularizer_anchor``,
     ``regularizer_clamp`` -> ``clamp``, ``mirror_path`` -> ``mirror``. Aggregation from
-    ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`), advantage from ``scale_rewards``
-    (``group`` -> grpo, ``batch`` -> batch, ``none`` -> dr_grpo).
-    """
+    ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`), advantage from ``scale_rewards`` (``group`` ->
+    grpo, ``batch`` -> batch, ``none`` -> dr_grpo)."""
     eps_low = float(args.epsilon)
     eps_high = float(args.epsilon_high) if args.epsilon_high is not None else eps_low
     if args.loss_type in LOSS_TYPE_SURROGATES:

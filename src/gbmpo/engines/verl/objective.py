@@ -61,19 +61,16 @@ def verl_rollout_correction_overrides(rc: Any) -> list[str]:
 def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
     """The verl ``main_ppo`` overrides that select the objective ``spec`` (an
     :class:`~gbmpo.objectives.spec.ObjectiveSpec`, a dict or a YAML path) through the gbmpo verl
-    plugin. The spec itself travels as JSON in ``policy_loss.gbmpo_objective``
-    (:func:`verl_objective_json`), which the plugin builds once per process into the same
-    :class:`~gbmpo.objectives.spec.BuiltObjective` the other engines use (its surrogate is the
-    policy loss, its terms the KL loss: no parameter comes from verl's clip fields); the rest
-    are verl's own switches: advantage -> ``algorithm.adv_estimator`` /
-    ``norm_adv_by_std_in_grpo``; surrogate -> ``policy_loss.loss_mode=gbmpo_<name>``;
-    regularizer -> the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` (the
-    spec's ``anchor: old`` for the ``rpg_*`` regularizers only on verl), or with
-    ``placement: reward`` verl's in-reward KL (``algorithm.use_kl_in_reward``, ``kl_penalty=
-    gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``); aggregation -> ``loss_agg_mode``
-    (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``); a list of regularizer terms
-    -> one KL loss ``gbmpo_sum`` (:func:`_verl_sum_overrides`). ``ValueError`` names what verl
-    cannot express."""
+    plugin. The spec travels as JSON in ``policy_loss.gbmpo_objective``
+    (:func:`verl_objective_json`); the plugin builds it into the engines' one ``BuiltObjective``
+    (no parameter comes from verl's clip fields). The rest are verl's switches: advantage ->
+    ``algorithm.adv_estimator`` / ``norm_adv_by_std_in_grpo``; surrogate ->
+    ``policy_loss.loss_mode=gbmpo_<name>``; regularizer -> ``kl_loss_type=gbmpo_<name>`` with
+    ``kl_loss_coef`` (``anchor: old`` for ``rpg_*`` only), or with ``placement: reward``
+    ``use_kl_in_reward``, ``kl_penalty=gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``;
+    aggregation -> ``loss_agg_mode`` (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``);
+    several terms -> one KL loss ``gbmpo_sum`` (:func:`_verl_sum_overrides`). ``ValueError`` names
+    what verl cannot express."""
     o = ObjectiveSpec.load(spec)
     if o.advantage not in VERL_ADV_ESTIMATORS:
         raise ValueError(
