@@ -119,16 +119,16 @@ def common_checks(cfg: Any, report: DryRunReport) -> tuple[Any, Any]:
     if mirror is not None:
         report.skip("mirror map", f"{mirror} not found (a `gbmpo es` run writes it)")
     validate(without_missing_mirror(cfg))
-    o = cfg.objective
+    objective = cfg.objective
     report.ok(
         "config",
-        f"objective {o.advantage} / {o.surrogate.name} / "
+        f"objective {objective.advantage} / {objective.surrogate.name} / "
         + " + ".join(
             f"{t.name} (coef {t.coef:g}, anchor {t.anchor}"
             + (", in the reward)" if t.placement == "reward" else ")")
-            for t in o.terms
+            for t in objective.terms
         )
-        + f" / {o.aggregation}",
+        + f" / {objective.aggregation}",
     )
 
     tokenizer = None
@@ -225,9 +225,10 @@ def plan_memory(cfg: Any, model_cfg: Any, prompt_tokens: int) -> dict[str, Any]:
     from gbmpo.train.device import device_memory_bytes
     from gbmpo.train.memory import memory_plan
 
-    o = without_missing_mirror(cfg).objective
-    needs_ref = bool(o.monitor_regularizers) or any(
-        t.anchor == "ref" and get_regularizer(t.name, **t.params).needs_ref for t in o.terms)
+    objective = without_missing_mirror(cfg).objective
+    needs_ref = bool(objective.monitor_regularizers) or any(
+        t.anchor == "ref" and get_regularizer(t.name, **t.params).needs_ref
+        for t in objective.terms)
     return memory_plan(cfg, model_cfg, prompt_tokens, needs_ref=needs_ref,
                        device_bytes=device_memory_bytes(cfg.model.device))  # fmt: skip
 
@@ -259,14 +260,14 @@ def run_identity(cfg: Any) -> dict[str, Any]:
     """The part of an engine's ``summary.json`` that names what ran: model, task, the
     objective (advantage, surrogate, regularizer and coefficient, aggregation) and seed; the
     same keys as the own trainer's summary, so reports group runs of every engine alike."""
-    o = cfg.objective
+    objective = cfg.objective
     return {
         "model": cfg.model.path,
         "task": cfg.task.name,
-        "advantage": o.advantage,
-        "surrogate": o.surrogate.name,
-        "regularizer": o.regularizer_label,
-        "coef": o.coef_label,
-        "aggregation": o.aggregation,
+        "advantage": objective.advantage,
+        "surrogate": objective.surrogate.name,
+        "regularizer": objective.regularizer_label,
+        "coef": objective.coef_label,
+        "aggregation": objective.aggregation,
         "seed": cfg.run.seed,
     }

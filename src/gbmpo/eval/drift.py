@@ -155,29 +155,17 @@ def measure_drift(
     lean: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Drift of ``policy`` from ``reference`` on a task's held-out prompts (module docstring).
+    """Drift of ``policy`` from ``reference`` on a task's held-out prompts (module docstring):
+    ``DRIFT_KEYS``, the per-token means ``kl``, ``kl_reverse``, ``prob_l2``, ``tv``, ``entropy``,
+    ``response_length`` (mean completion tokens per prompt), ``n_prompts``, ``n_tokens``.
 
-    Args:
-        policy: the causal LM whose samples are measured.
-        reference: the reference LM (same vocabulary), or ``None`` for the policy with its
-            LoRA adapters disabled (a peft model; anything else is refused).
-        tokenizer: the policy's tokenizer (prompts and completions are shared by both models).
-        task: a :class:`~gbmpo.tasks.Task` or a task name (:func:`gbmpo.eval.resolve_task`).
-        split: default ``task.eval_split``; ``limit``: the first ``limit`` prompts only.
-        max_new_tokens: completion budget of the samples.
-        batch_size: prompts per ``generate`` call (the forwards take at most
-            :data:`FORWARD_ELEMENTS` logits each).
-        seed: sampling seed (chunk ``i`` of ``batch_size`` prompts uses ``seed + i``).
-        generator: the rollout generator of :func:`gbmpo.rollout.generate`.
-        chunk_size: token rows per divergence computation.
-        lean: use :class:`~gbmpo.rollout.lean_forward.LeanForward` where the model allows it.
-        progress: called with (prompts done, prompts total) after each chunk.
-
-    Returns:
-        ``{key: value for key in DRIFT_KEYS}``: per-token means ``kl``, ``kl_reverse``,
-        ``prob_l2``, ``tv``, ``entropy`` (float), ``response_length`` (mean completion tokens
-        per prompt), ``n_prompts`` and ``n_tokens`` (int).
-    """
+    ``reference=None`` is the policy with its LoRA adapters disabled (a peft model; anything
+    else is refused); a reference model must share the policy's vocabulary and ``tokenizer``.
+    ``task``: a :class:`~gbmpo.tasks.Task` or a name; ``split`` defaults to
+    ``task.eval_split``, ``limit`` keeps the first prompts. Chunk ``i`` of ``batch_size`` prompts
+    is sampled with seed ``seed + i`` (``generator`` of :func:`gbmpo.rollout.generate`), then
+    ``progress(done, total)`` is called; a forward takes at most :data:`FORWARD_ELEMENTS` logits,
+    divergences ``chunk_size`` token rows at a time, through ``LeanForward`` when ``lean``."""
     if batch_size < 1 or chunk_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size, chunk_size and max_new_tokens must be >= 1")
     if limit is not None and limit < 1:

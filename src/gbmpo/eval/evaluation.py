@@ -221,27 +221,16 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
     generator: str = "gbmpo",
 ) -> dict[str, Any]:
-    """Generate ``samples`` completions per problem of ``split`` and grade them.
+    """Generate ``samples`` completions per problem of ``split`` and grade them:
+    ``{"metrics", "records", "config"}`` (module docstring).
 
-    Args:
-        model, tokenizer: a causal LM and its tokenizer (e.g. from
-            :func:`gbmpo.models.load_model_and_tokenizer`).
-        task: a :class:`~gbmpo.tasks.Task` or a name (see :func:`resolve_task`).
-        split: default ``task.eval_split``.
-        limit: evaluate only the first ``limit`` problems.
-        samples: completions per problem (``> 1`` needs ``temperature > 0``).
-        temperature: 0 means greedy decoding.
-        max_new_tokens, top_p: generation limits.
-        batch_size: problems per ``generate`` call.
-        seed: sampling seed (chunk ``i`` uses ``seed + i``).
-        ks: pass@k values to report when ``samples > 1``.
-        progress: called with (problems done, problems total) after each chunk.
-        generator: the rollout generator of :func:`gbmpo.rollout.generate` (``"gbmpo"`` or
-            ``"hf"``).
-
-    Returns:
-        ``{"metrics", "records", "config"}``; see the module docstring.
-    """
+    ``model``, ``tokenizer``: a causal LM and its tokenizer (e.g. from
+    :func:`gbmpo.models.load_model_and_tokenizer`); ``task``: a :class:`~gbmpo.tasks.Task` or a
+    name (:func:`resolve_task`); ``split`` defaults to ``task.eval_split``, ``limit`` keeps the
+    first problems. ``temperature`` 0 is greedy, and ``samples > 1`` needs it above 0; pass@k is
+    reported for ``ks`` then. Chunk ``i`` of ``batch_size`` problems is sampled with seed
+    ``seed + i`` (``generator`` of :func:`gbmpo.rollout.generate`: ``"gbmpo"`` or ``"hf"``),
+    then ``progress(done, total)`` is called."""
     # deferred: gbmpo.rollout imports torch; gbmpo.eval imports without it
     from gbmpo.rollout.sampling import generate
 

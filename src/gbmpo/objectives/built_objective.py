@@ -8,15 +8,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gbmpo.objectives.drift_control import DriftControl
 from gbmpo.objectives.spec_values import SpecError
 
-if TYPE_CHECKING:  # a hint only: spec imports this module
-    from gbmpo.objectives.spec import ObjectiveSpec
+__all__ = ["BuiltObjective", "BuiltTerm", "SourceSpec"]
 
-__all__ = ["BuiltObjective", "BuiltTerm"]
+
+class SourceSpec(Protocol):
+    """What is read back from the spec a :class:`BuiltObjective` was built from (an
+    :class:`gbmpo.objectives.spec.ObjectiveSpec`, which builds it, hence no import of it here)."""
+
+    #: the surrogate's spec (``name``, ``params``)
+    surrogate: Any
+    monitor_regularizers: bool
+
+    @property
+    def regularizer_label(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -60,8 +69,8 @@ class BuiltObjective:
     regularizer terms (one regularizer is a list of one), the aggregation mode's name and the
     regularizers monitored as ``reg/<name>``."""
 
-    #: the spec this was built from
-    spec: ObjectiveSpec
+    #: the :class:`gbmpo.objectives.spec.ObjectiveSpec` this was built from
+    spec: SourceSpec
     #: ``(rewards [N], group_size) -> advantages [N]`` from ``ADVANTAGES``
     advantage: Any
     #: ``(logp, old_logp, advantages, mask) -> (per-token loss, diagnostics)``

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -21,10 +21,7 @@ from torch import Tensor
 from gbmpo.objectives.mirror_kernels import _PHI_COEFFS, PROB_FLOOR, TABLE_CELLS
 from gbmpo.objectives.tensors import compute_dtype
 
-if TYPE_CHECKING:  # hints only: mirror builds a MirrorTable from its exact map
-    from gbmpo.objectives.mirror import NeuralMirrorMap
-
-__all__ = ["TABLE_RTOL", "MirrorTable", "quintic_hermite_coeffs"]
+__all__ = ["TABLE_RTOL", "ExactMirrorMap", "MirrorTable", "quintic_hermite_coeffs"]
 
 #: the table's guarantee: relative error of D_h and of d D_h / d log p against the exact
 #: float64 map, measured at build (``table_error``); a table that misses it is refused
@@ -38,6 +35,23 @@ _NEAR = 0.5
 #: terms of the series of phi(d) = (e^d - 1 - d) / d^2 in the near form: |d| <= Delta / 2 < 0.006
 #: and the first term left out, 0.006^6 / 8!, is below 1e-17 of phi >= 1/2
 _N_PHI = 6
+
+
+class ExactMirrorMap(Protocol):
+    """What a table reads from the exact map it tabulates
+    (:class:`gbmpo.objectives.mirror.NeuralMirrorMap`, elementwise, float64 on the grid)."""
+
+    def potential(self, y: Tensor) -> Tensor: ...
+
+    def derivative(self, y: Tensor) -> Tensor: ...
+
+    def second_derivative(self, y: Tensor) -> Tensor: ...
+
+    def bregman(self, p: Tensor, q: Tensor) -> Tensor: ...
+
+    def _bregman_and_grad(
+        self, p: Tensor, q: Tensor, want_grad: bool
+    ) -> tuple[Tensor, Tensor | None]: ...
 
 
 def quintic_hermite_coeffs(
@@ -110,7 +124,7 @@ class MirrorTable:
     Cost: :meth:`_kernel` (p = q skipped) and :meth:`_kernel_dense` (one Horner recurrence).
     """
 
-    def __init__(self, exact: NeuralMirrorMap, cells: int = TABLE_CELLS) -> None:
+    def __init__(self, exact: ExactMirrorMap, cells: int = TABLE_CELLS) -> None:
         if isinstance(cells, bool) or not isinstance(cells, int) or cells < 16:
             raise ValueError(f"cells must be an integer >= 16, got {cells!r}")
         self._exact = exact

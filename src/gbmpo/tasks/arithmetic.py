@@ -50,12 +50,13 @@ _SMALL = (1, 49)  # operands are integers below 50
 _FACTOR = (2, 9)  # factors of every product
 
 
-def _n(rng: random.Random, bounds: tuple[int, int] = _SMALL) -> int:
+def _draw(rng: random.Random, bounds: tuple[int, int] = _SMALL) -> int:
+    """A uniform integer in ``bounds`` (both ends included)."""
     return rng.randint(*bounds)
 
 
 def _eggs(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int] | None:
-    a, b, c, d = _n(rng), _n(rng), _n(rng, _FACTOR), _n(rng, _FACTOR)
+    a, b, c, d = _draw(rng), _draw(rng), _draw(rng, _FACTOR), _draw(rng, _FACTOR)
     s, p = a + b, c * d
     if s < p:
         return None
@@ -65,7 +66,7 @@ def _eggs(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int]
 
 
 def _pens(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int] | None:
-    c, d, a = _n(rng, _FACTOR), _n(rng, _FACTOR), _n(rng)
+    c, d, a = _draw(rng, _FACTOR), _draw(rng, _FACTOR), _draw(rng)
     p = c * d
     if a > p:
         return None
@@ -75,7 +76,7 @@ def _pens(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int]
 
 
 def _money(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int] | None:
-    a, c, d, b = _n(rng), _n(rng, _FACTOR), _n(rng, _FACTOR), _n(rng)
+    a, c, d, b = _draw(rng), _draw(rng, _FACTOR), _draw(rng, _FACTOR), _draw(rng)
     p = c * d
     if a < p:
         return None
@@ -86,7 +87,7 @@ def _money(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int
 
 
 def _cars(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int] | None:
-    a, b, c, d = _n(rng), _n(rng), _n(rng, _FACTOR), _n(rng, _FACTOR)
+    a, b, c, d = _draw(rng), _draw(rng), _draw(rng, _FACTOR), _draw(rng, _FACTOR)
     if b > a:
         return None
     x, p = a - b, c * d
@@ -96,7 +97,7 @@ def _cars(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int]
 
 
 def _apples(rng: random.Random, name: str, she: str) -> tuple[str, list[str], int] | None:
-    a, b, c = _n(rng), _n(rng), _n(rng)
+    a, b, c = _draw(rng), _draw(rng), _draw(rng)
     if b > a:
         return None
     x = a - b

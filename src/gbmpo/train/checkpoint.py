@@ -135,10 +135,11 @@ def _write_manifest(directory: Path) -> None:
 def verify_checkpoint(path: str | Path) -> str | None:
     """``None`` if the checkpoint's files match its manifest (size and sha256), else what is
     wrong. Checkpoints written before manifests existed are accepted unverified."""
-    p = Path(path)
-    manifest = p / MANIFEST_FILE
+    directory = Path(path)
+    manifest = directory / MANIFEST_FILE
     if not manifest.is_file():
-        if all((p / n).is_file() for n in ("trainable.safetensors", "optimizer.pt", "rng.pt")):
+        if all((directory / n).is_file()
+               for n in ("trainable.safetensors", "optimizer.pt", "rng.pt")):
             return None  # an older checkpoint without a manifest
         return f"{MANIFEST_FILE} is missing"
     try:
@@ -146,13 +147,13 @@ def verify_checkpoint(path: str | Path) -> str | None:
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{MANIFEST_FILE} is unreadable ({err})"
     for name, meta in files.items():
-        f = p / name
-        if not f.is_file():
+        file_path = directory / name
+        if not file_path.is_file():
             return f"{name} is missing"
-        size = f.stat().st_size
+        size = file_path.stat().st_size
         if size != meta["size"]:
             return f"{name} has {size} bytes, the manifest says {meta['size']}"
-        if file_sha256(f) != meta["sha256"]:
+        if file_sha256(file_path) != meta["sha256"]:
             return f"{name} does not match its sha256 in the manifest"
     return None
 
@@ -234,24 +235,24 @@ def load_checkpoint(
     """Restore weights, optimizer and RNG states from ``path``; return state.json.
 
     A checkpoint whose files do not match its manifest raises :class:`CheckpointError`."""
-    p = Path(path)
-    problem = verify_checkpoint(p)
+    directory = Path(path)
+    problem = verify_checkpoint(directory)
     if problem is not None:
-        raise CheckpointError(f"checkpoint {str(p)!r} is damaged: {problem}")
-    weights = load_file(str(p / "trainable.safetensors"))
+        raise CheckpointError(f"checkpoint {str(directory)!r} is damaged: {problem}")
+    weights = load_file(str(directory / "trainable.safetensors"))
     params = dict(model.named_parameters())
     expected = {n for n, t in params.items() if t.requires_grad}
     if set(weights) != expected:
         missing = sorted(expected - set(weights))[:5]
         extra = sorted(set(weights) - expected)[:5]
         raise ValueError(
-            f"checkpoint {str(p)!r} does not match the model's trainable parameters "
+            f"checkpoint {str(directory)!r} does not match the model's trainable parameters "
             f"(missing {missing}, unexpected {extra}); was it written with another model or "
             "LoRA setting?"
         )
     with torch.no_grad():
         for name, tensor in weights.items():
             params[name].copy_(tensor.to(params[name].device))
-    optimizer.load_state_dict(torch.load(p / "optimizer.pt", weights_only=False))
-    restore_rng_state(torch.load(p / "rng.pt", weights_only=False))
-    return json.loads((p / "state.json").read_text())
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", weights_only=False))
+    restore_rng_state(torch.load(directory / "rng.pt", weights_only=False))
+    return json.loads((directory / "state.json").read_text())

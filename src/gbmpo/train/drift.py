@@ -21,20 +21,20 @@ def control_drift(objective: BuiltObjective, record: dict[str, Any]) -> BuiltObj
     """Log each controlled term's coefficient of this step and its measure into the step's
     ``record`` (``drift_coef/<term>``, ``drift_measure/<term>``); returns ``objective`` with
     the coefficients of the next step."""
-    new: dict[str, float] = {}
-    for t in objective.controlled:
-        assert t.control is not None
-        key = MONITOR_PREFIX + t.control.monitor(t.name)
+    next_coefs: dict[str, float] = {}
+    for term in objective.controlled:
+        assert term.control is not None
+        key = MONITOR_PREFIX + term.control.monitor(term.name)
         if key not in record:
             raise RuntimeError(
-                f"the controlled coefficient of {t.name!r} reads {key}, which "
+                f"the controlled coefficient of {term.name!r} reads {key}, which "
                 "this step did not log (no reference log-probs?)"
             )
         measure = float(record[key])
-        record[DRIFT_COEF_PREFIX + t.name] = t.coef
-        record[DRIFT_MEASURE_PREFIX + t.name] = measure
-        new[t.name] = t.control.step(t.coef, measure)
-    return objective.with_coefs(new) if new else objective
+        record[DRIFT_COEF_PREFIX + term.name] = term.coef
+        record[DRIFT_MEASURE_PREFIX + term.name] = measure
+        next_coefs[term.name] = term.control.step(term.coef, measure)
+    return objective.with_coefs(next_coefs) if next_coefs else objective
 
 
 def drift_state(objective: BuiltObjective) -> dict[str, float]:

@@ -36,9 +36,9 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     another machine each is a warning and the rest is still checked."""
     cfg = validate(config)
     check_train_dtype(cfg.model.dtype, cfg.lora.enabled)
-    o = cfg.objective
-    get_surrogate(o.surrogate.name, **o.surrogate.params)
-    regs = [get_regularizer(t.name, **t.params) for t in o.terms]
+    objective = cfg.objective
+    get_surrogate(objective.surrogate.name, **objective.surrogate.params)
+    regs = [get_regularizer(t.name, **t.params) for t in objective.terms]
     warnings: list[str] = []
     absent = device_absent_reason(cfg.model.device)
     if absent is not None:
@@ -72,8 +72,8 @@ def dry_run(config: TrainConfig) -> dict[str, Any]:
     if cfg.run.output_dir:
         refuse_nonempty(Path(cfg.run.output_dir))
     needs_ref = bool(
-        any(r.needs_ref and t.anchor == "ref" for r, t in zip(regs, o.terms, strict=True))
-        or o.monitor_regularizers
+        any(r.needs_ref and t.anchor == "ref" for r, t in zip(regs, objective.terms, strict=True))
+        or objective.monitor_regularizers
     )
     memory: dict[str, Any] | None = None
     notes: list[str] = []

@@ -127,24 +127,17 @@ def activation_bytes(model_config: Any, rows: int, seq_len: int, completion_len:
                      dtype_bytes: int, *, checkpointing: bool = False,
                      fused_head: bool = False, head_trained: bool = True) -> int:  # fmt: skip
     r"""Bytes a decoder's training forward keeps for the backward, for ``rows`` sequences of
-    ``seq_len`` tokens of which the last ``completion_len`` are scored.
-
-    Per token and layer, the tensors autograd saves in a pre-norm attention + SwiGLU block
-    (the count of Korthikanti et al., arXiv 2205.05198, Sec. 4.1, for a gated MLP and
-    grouped-query attention, with a fused attention kernel that keeps no score matrix):
-    the two RMSNorm inputs and outputs (:math:`4h`), queries before and after the norm and the
-    rotary embedding plus the attention output (:math:`3q`), keys likewise and values
-    (:math:`5k`), the gate, up, SiLU and product of the MLP (:math:`4i`), each of
-    ``dtype_bytes``:
+    ``seq_len`` tokens of which the last ``completion_len`` are scored:
 
     .. math:: A = r\,L\,N\,b\,(4h + 3q + 5k + 4i) + r\,C\,V\,(b + 8)
 
-    with the scored positions' logits (:math:`b` bytes) and their float32 log-softmax and its
-    gradient (8 bytes) over the vocabulary :math:`V`. With gradient ``checkpointing`` only each
-    layer's input is kept (:math:`r L N b h`) plus one layer's set, recomputed in the backward
-    (:math:`r L b (4h + 3q + 5k + 4i)`). With ``fused_head`` (the own engine: the LM head
-    applied chunk by chunk) the logits term is :func:`head_bytes`'s instead (kept plus
-    transient; ``head_trained``: the head's weight is trained)."""
+    per token and layer, what autograd saves in a pre-norm attention + SwiGLU block (Korthikanti
+    et al., arXiv 2205.05198, Sec. 4.1, for a gated MLP, grouped-query attention and a fused
+    attention kernel): RMSNorm inputs and outputs 4h, queries before and after norm and rotary
+    plus the attention output 3q, keys likewise and values 5k, gate, up, SiLU and product 4i,
+    each of ``dtype_bytes`` b; then the scored logits (b), their float32 log-softmax and its
+    gradient (8). ``checkpointing`` keeps each layer's input (rLNbh) plus one layer's set; with
+    ``fused_head`` the logits term is :func:`head_bytes`'s (``head_trained``: the head's weight)."""
     h, n, q, k, i, vocab = _shape(model_config)
     per_token = dtype_bytes * (4 * h + 3 * q + 5 * k + 4 * i)
     if fused_head:

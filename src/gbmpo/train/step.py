@@ -152,21 +152,22 @@ def shaped_advantages(
     penalties :math:`\beta_k \sum_t D_k(\pi_{old}\,\|\,\pi_{ref})` (detached), the group
     advantages of those, minus the in-advantage future penalties (after the normalisation:
     FRPO). Returns the advantages and each placement's per-sequence penalties by term."""
-    o, mask = objective, batch.completion_mask.float()
+    mask = batch.completion_mask.float()
     rollout = old_logp
-    if rollout is None and (o.reward_terms or o.advantage_terms):
+    if rollout is None and (objective.reward_terms or objective.advantage_terms):
         rollout = no_grad_logprobs(models, batch, sizes.inference, reference=False)
     shaped, penalties = rewards, {}
-    if o.reward_terms:
+    if objective.reward_terms:
         assert rollout is not None
-        shaped, penalties = in_reward_penalties(o.reward_terms, rewards, rollout, ref_logp,
+        shaped, penalties = in_reward_penalties(objective.reward_terms, rewards, rollout, ref_logp,
                                                 mask, models, batch, sizes.micro)  # fmt: skip
-    advantages = o.advantage(shaped, num_generations)
+    advantages = objective.advantage(shaped, num_generations)
     adv_penalties: dict[str, Tensor] = {}
-    if o.advantage_terms:
+    if objective.advantage_terms:
         assert rollout is not None
         advantages, adv_penalties = in_advantage_penalties(
-            o.advantage_terms, advantages, rollout, ref_logp, mask, models, batch, sizes.micro
+            objective.advantage_terms, advantages, rollout, ref_logp, mask, models, batch,
+            sizes.micro,
         )
     return advantages, penalties, adv_penalties
 
@@ -350,10 +351,9 @@ def policy_loss_packed(
     """:func:`policy_loss` with its metrics left on the device: ``(loss, packed, layout)``
     (:func:`gbmpo.objectives.loss.compute_policy_loss_packed`), so that the micro-batch loop
     reads nothing back."""
-    o = objective
     return compute_policy_loss_packed(
-        logp=logp, old_logp=old, advantages=advantages, mask=mask, surrogate=o.surrogate,
-        terms=loss_terms(o.terms, anchors, full_values), aggregation=o.aggregation,
+        logp=logp, old_logp=old, advantages=advantages, mask=mask, surrogate=objective.surrogate,
+        terms=loss_terms(objective.terms, anchors, full_values), aggregation=objective.aggregation,
         max_len=max_len, num_sequences=num_sequences, num_tokens=num_tokens,
         token_weights=token_weights,
     )  # fmt: skip

@@ -106,9 +106,9 @@ def all_reduce(value: float, op: str = "max") -> float:
         return value
     on_gpu = dist.get_backend() == "nccl"  # NCCL reduces CUDA tensors only
     device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else None
-    t = torch.tensor([value], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-    return float(t.item())
+    buffer = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(buffer, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return float(buffer.item())
 
 
 class RunDirCallback:
@@ -118,7 +118,7 @@ class RunDirCallback:
 
     def __init__(self, cfg: Any, progress: RLProgress, writer: Any, evaluate: Any,
                  bar: Any) -> None:  # fmt: skip
-        self.cfg, self.p, self.writer = cfg, progress, writer
+        self.cfg, self.progress, self.writer = cfg, progress, writer
         self.evaluate, self.bar = evaluate, bar
 
     def as_trainer_callback(self) -> Any:
@@ -126,32 +126,33 @@ class RunDirCallback:
         from transformers import TrainerCallback
 
         outer = self
-        p = self.p
+        progress = self.progress
 
         class Callback(TrainerCallback):  # type: ignore[misc]
             def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                if state.global_step % p.k == 0:
-                    p.step_start = time.perf_counter()
-                lr = p.lr(state.global_step // p.k)
+                if state.global_step % progress.k == 0:
+                    progress.step_start = time.perf_counter()
+                lr = progress.lr(state.global_step // progress.k)
                 optimizer = kw.get("optimizer")
                 if optimizer is not None:
                     for group in optimizer.param_groups:
                         group["lr"] = lr
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-                if state.global_step % p.k or p.step_start is None:
+                if state.global_step % progress.k or progress.step_start is None:
                     return
-                p.step_seconds = time.perf_counter() - p.step_start
+                progress.step_seconds = time.perf_counter() - progress.step_start
                 # every process agrees on the RL time: the rate and the stop depend on it
-                p.rl_seconds = all_reduce(p.rl_seconds + p.step_seconds)
-                p.step_start = None
-                step = state.global_step // p.k
+                progress.rl_seconds = all_reduce(progress.rl_seconds + progress.step_seconds)
+                progress.step_start = None
+                step = state.global_step // progress.k
                 every = outer.cfg.eval.every
                 if every and step % every == 0:
                     outer.evaluate_now(step, kw.get("model"))
                 budget = outer.cfg.run.time_budget_seconds
-                if budget is not None and p.rl_seconds >= budget and step < outer.cfg.run.steps:
-                    p.stop_reason = "time_budget"
+                over_budget = budget is not None and progress.rl_seconds >= budget
+                if over_budget and step < outer.cfg.run.steps:
+                    progress.stop_reason = "time_budget"
                     control.should_training_stop = True
                     control.should_save = True  # the run's final checkpoint, as at max_steps
 
@@ -159,7 +160,7 @@ class RunDirCallback:
                        **kw: Any) -> None:  # fmt: skip
                 if logs is None or "loss" not in logs:
                     return
-                outer.write_row(state.global_step // p.k, logs)
+                outer.write_row(state.global_step // progress.k, logs)
 
         return Callback()
 
@@ -170,36 +171,38 @@ class RunDirCallback:
 
         state = PartialState()
         if state.is_main_process and model is not None:
-            t = time.perf_counter()
+            eval_start = time.perf_counter()
             was_training = model.training
             model.eval()
             metrics = self.evaluate(model)
             model.train(was_training)
-            self.p.last_eval = (step, metrics)
-            self.p.pending_eval = {**{f"eval/{k}": v for k, v in metrics.items()},
-                                   "time/eval_seconds": time.perf_counter() - t}  # fmt: skip
+            self.progress.last_eval = (step, metrics)
+            self.progress.pending_eval = {
+                **{f"eval/{k}": v for k, v in metrics.items()},
+                "time/eval_seconds": time.perf_counter() - eval_start,
+            }
         state.wait_for_everyone()
 
     def write_row(self, step: int, logs: dict[str, Any]) -> None:
-        p = self.p
+        progress = self.progress
         record: dict[str, Any] = {"step": step}
         record.update(schema_record(logs))
         record.pop("trl/learning_rate", None)  # the scheduler's base rate; "lr" is the used one
-        record["lr"] = p.lr(step - 1)
-        if p.grad_norms:  # the schema's mean over the step's optimizer steps (TRL: the last)
+        record["lr"] = progress.lr(step - 1)
+        if progress.grad_norms:  # the schema's mean over the step's optimizer steps (TRL: the last)
             record.pop("trl/grad_norm", None)
-            record["grad_norm"] = sum(p.grad_norms) / len(p.grad_norms)
-            record["grad_norm_max"] = max(p.grad_norms)
-            p.grad_norms.clear()
-        record["step_seconds"] = p.step_seconds
-        record["time/rl_seconds"] = p.rl_seconds
-        if p.pending_eval is not None:
-            record.update(p.pending_eval)
-            p.pending_eval = None
+            record["grad_norm"] = sum(progress.grad_norms) / len(progress.grad_norms)
+            record["grad_norm_max"] = max(progress.grad_norms)
+            progress.grad_norms.clear()
+        record["step_seconds"] = progress.step_seconds
+        record["time/rl_seconds"] = progress.rl_seconds
+        if progress.pending_eval is not None:
+            record.update(progress.pending_eval)
+            progress.pending_eval = None
         if self.writer is not None:
             self.writer.write(record)
         if self.bar is not None:
-            self.bar.update(step, p.rl_seconds, record, p.last_eval)
+            self.bar.update(step, progress.rl_seconds, record, progress.last_eval)
 
 
 def engine_trainer_class() -> type:

@@ -53,20 +53,20 @@ def _files(directory: Path) -> dict[str, dict[str, Any]]:
 def verify_checkpoint(path: str | Path) -> str | None:
     """``None`` when the TRL checkpoint ``path`` is complete and its files match the sizes and
     sha256 in its :data:`STATE_FILE`, else what is wrong."""
-    p = Path(path)
+    directory = Path(path)
     try:
-        files = json.loads((p / STATE_FILE).read_text())["files"]
+        files = json.loads((directory / STATE_FILE).read_text())["files"]
     except FileNotFoundError:
         return f"{STATE_FILE} is missing (the save did not complete)"
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{STATE_FILE} is unreadable ({err})"
     for name, meta in files.items():
-        f = p / name
-        if not f.is_file():
+        file_path = directory / name
+        if not file_path.is_file():
             return f"{name} is missing"
-        if f.stat().st_size != meta["size"]:
-            return f"{name} has {f.stat().st_size} bytes, {STATE_FILE} says {meta['size']}"
-        if file_sha256(f) != meta["sha256"]:
+        if file_path.stat().st_size != meta["size"]:
+            return f"{name} has {file_path.stat().st_size} bytes, {STATE_FILE} says {meta['size']}"
+        if file_sha256(file_path) != meta["sha256"]:
             return f"{name} does not match its sha256 in {STATE_FILE}"
     return None
 

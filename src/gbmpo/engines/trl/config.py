@@ -69,56 +69,15 @@ def _clampable_names() -> list[str]:
 
 @dataclass
 class GBMPOConfig(GRPOConfig):
-    r"""``GRPOConfig`` plus gbmpo's objective knobs (every TRL field keeps its meaning).
+    r"""``GRPOConfig`` plus gbmpo's objective knobs (every TRL field keeps its meaning; each
+    added field is described where it is defined).
 
-    Parameters (in addition to :class:`trl.GRPOConfig`):
-        regularizer: per-token regularizer name from
-            :data:`gbmpo.objectives.regularizers.REGULARIZERS` (``kl_k3`` = TRL's KL;
-            ``prob_l2``, ``neural_mirror``, ``kl_k1``, ``kl_k2``, ``kl_k3_is``, ``kl_k1_st``,
-            ``kl_k3_st``, ``log_l2``, ``rpg_fkl``, ``rpg_rkl``, ``rpg_ufkl``, ``rpg_urkl``, the
-            f-divergences ``fkl``, ``js``, ``chi2``, ``hellinger``, ``tv``, ``alpha``,
-            ``kl_chi2`` (their parameters through ``objective=``), ``none``).
-        regularizer_coef: its coefficient :math:`\lambda`; ``None`` takes ``beta``. It replaces
-            ``beta`` (see :mod:`gbmpo.integrations.trl` for the exact rule).
-        regularizer_anchor: ``"ref"`` (frozen reference model; with PEFT the adapter-disabled
-            base, TRL's mechanism) or ``"old"`` (the rollout policy's log-probs, RPG's iterative
-            reference; no reference model is loaded).
-        regularizer_clamp: clip the regularizer value to ``[-c, c]`` (the regularizers that
-            declare ``clampable``: ``kl_k3``, ``kl_k3_is``, ``kl_k3_st``, ``rpg_*``; the RPG code
-            uses 10). ``None``: no clip, as TRL.
-        mirror_path: neural mirror map file (``NeuralMirrorMap.save`` / an ES result) for
-            ``regularizer="neural_mirror"``; ``None`` draws the NM-GRPO random init
-            (``NeuralMirrorMap.random(0.01, seed=42)``).
-        clip_mode: ``"ratio"`` (TRL's clip with ``epsilon`` / ``epsilon_high`` / ``delta``;
-            GSPO's sequence ratio when ``importance_sampling_level="sequence"``), ``"atr"``
-            (ATR-GRPO, bounds from ``atr_delta``; ``epsilon`` is ignored) or ``"rpg_dual"``
-            (RPG-style clip: ``epsilon`` / ``epsilon_high`` plus a dual clip ``dual_clip_c``,
-            default 3).
-        atr_delta: KL3 radius :math:`\delta` of ``clip_mode="atr"`` (required there).
-        clip_measure, clip_delta, clip_delta_high, clip_mirror_path: ``clip_mode="divergence"``
-            (the ``divergence_clip`` surrogate): the measure (``ratio``, ``k1``, ``k2``, ``k3``,
-            ``prob_l2``, ``neural_mirror``), its radius :math:`\delta` (required; the lower
-            side's when ``clip_delta_high`` is set), the upper side's radius, and the mirror
-            map file of ``neural_mirror``.
-        dual_clip_c: dual-clip constant ``c > 1`` for negative advantages; optional with
-            ``ratio`` / ``atr`` / ``divergence``, default 3.0 with ``rpg_dual``.
-        rpg_variant: with ``rpg_dual``, RPG's regularized advantage: ``none`` (plain A),
-            ``urkl`` (:math:`A - \beta_{\text{rpg}}\log w`) or ``rkl``.
-        rpg_beta: :math:`\beta_{\text{rpg}}` of ``rpg_variant`` (``urkl`` / ``rkl`` only).
-        monitor_regularizers: log ``reg/<name>`` = :math:`D(\pi_{old}\,\|\,\pi_{ref})` for
-            every registered regularizer (the objective section's ``monitor_regularizers``, the
-            same setting on every engine); it needs the reference's log-probs, so ``beta``
-            becomes TRL's switch for the reference only (1 when the loss needs no reference; the
-            loss uses ``regularizer_coef``). Default ``False`` here (TRL loads no reference
-            model when the loss needs none); the optimised regularizers are logged as
-            ``reg/<name>`` whenever the reference's log-probs exist. With ``objective=`` the
-            spec's ``monitor_regularizers`` decides (default ``True``, as ``gbmpo train``).
     Every default is ``GRPOConfig``'s, ``use_bias_correction_kl=True`` included (a TRL config
     swapped in trains the same KL gradient): it maps ``regularizer="kl_k3"`` onto ``kl_k3_is``,
     TRL's corrected KL (k3 times the token importance ratio, identical at token level); set it
-    False for the plain k3. Other regularizers are not TRL's k3 and are used as named. With
-    ``objective=`` the spec names the regularizer exactly, and ``use_bias_correction_kl`` is
-    rewritten to whether it is ``kl_k3_is`` (TRL's ``kl`` metric follows it).
+    False for the plain k3. Other regularizers are used as named. With ``objective=`` the spec
+    names the regularizer exactly, and ``use_bias_correction_kl`` is rewritten to whether it is
+    ``kl_k3_is`` (TRL's ``kl`` metric follows it).
 
     Every ``GRPOConfig`` field is honoured, mapped onto the gbmpo objective that is the same
     quantity, or refused with the reason (:data:`TRL_FIELDS`). Refused (``ValueError``):
@@ -139,61 +98,88 @@ class GBMPOConfig(GRPOConfig):
         default="kl_k3",
         metadata={"help": "Per-token regularizer (gbmpo REGULARIZERS name); kl_k3 = TRL's KL."},
     )
+    """Per-token regularizer, a :data:`gbmpo.objectives.regularizers.REGULARIZERS` name (``kl_k3`` =
+    TRL's KL; the f-divergences' parameters through ``objective=``)."""
     regularizer_coef: float | None = field(
         default=None,
         metadata={"help": "Regularizer coefficient; replaces `beta` (unset: take `beta`)."},
     )
+    r"""Its coefficient :math:`\lambda`; ``None`` takes ``beta``, which it replaces (the exact rule:
+    :mod:`gbmpo.integrations.trl`)."""
     regularizer_anchor: str = field(
         default="ref",
         metadata={"help": "Anchor of the regularizer: 'ref' (reference model) or 'old' (rollout)."},
     )
+    """``ref`` (the frozen reference; with PEFT the adapter-disabled base, TRL's mechanism) or
+    ``old`` (the rollout policy's log-probs, RPG's iterative reference; no reference is loaded)."""
     regularizer_clamp: float | None = field(
         default=None,
         metadata={"help": "Clip the regularizer value to [-c, c] (kl_k3, kl_k3_is, rpg_*)."},
     )
+    """Clip the regularizer value to ``[-c, c]`` (the ``clampable`` ones: ``kl_k3``, ``kl_k3_is``,
+    ``kl_k3_st``, ``rpg_*``; the RPG code uses 10); ``None``: no clip, as TRL."""
     mirror_path: str | None = field(
         default=None,
         metadata={"help": "Neural mirror map file for regularizer='neural_mirror'."},
     )
+    """Neural mirror map file (``NeuralMirrorMap.save`` / an ES result) of
+    ``regularizer="neural_mirror"``; ``None`` draws the NM-GRPO random init
+    (``NeuralMirrorMap.random(0.01, seed=42)``)."""
     clip_mode: str = field(
         default="ratio",
         metadata={"help": "Surrogate clip: 'ratio', 'atr' (ATR-GRPO), 'divergence' (clip by "
                   "clip_measure) or 'rpg_dual'."},
     )
+    """``ratio`` (TRL's clip with ``epsilon`` / ``epsilon_high`` / ``delta``; GSPO's sequence ratio
+    with ``importance_sampling_level="sequence"``), ``atr`` (ATR-GRPO, bounds from ``atr_delta``;
+    ``epsilon`` ignored), ``divergence`` (the ``divergence_clip`` surrogate, ``clip_measure``) or
+    ``rpg_dual`` (RPG-style: ``epsilon`` / ``epsilon_high`` plus ``dual_clip_c``, default 3)."""
     atr_delta: float | None = field(
         default=None,
         metadata={"help": "KL3 radius delta of clip_mode='atr'."},
     )
+    r"""KL3 radius :math:`\delta` of ``clip_mode="atr"`` (required there)."""
     clip_measure: str | None = field(
         default=None,
         metadata={"help": "Divergence of clip_mode='divergence': ratio, k1, k2, k3, prob_l2, "
                   "neural_mirror."},
     )
+    """The measure of ``clip_mode="divergence"``: ``ratio``, ``k1``, ``k2``, ``k3``, ``prob_l2``,
+    ``neural_mirror``."""
     clip_delta: float | None = field(
         default=None,
         metadata={"help": "Radius delta of clip_mode='divergence' (lower side if "
                   "clip_delta_high is set)."},
     )
+    r"""The radius :math:`\delta` of ``clip_mode="divergence"`` (required; the lower side's when
+    ``clip_delta_high`` is set)."""
     clip_delta_high: float | None = field(
         default=None,
         metadata={"help": "Upper-side radius of clip_mode='divergence' (default clip_delta)."},
     )
+    """The upper side's radius (default ``clip_delta``)."""
     clip_mirror_path: str | None = field(
         default=None,
         metadata={"help": "Neural mirror map file for clip_measure='neural_mirror'."},
     )
+    """The mirror map file of ``clip_measure="neural_mirror"``."""
     dual_clip_c: float | None = field(
         default=None,
         metadata={"help": "Dual-clip constant c > 1 (default 3 with clip_mode='rpg_dual')."},
     )
+    """Dual-clip constant ``c > 1`` for negative advantages; optional with ``ratio`` / ``atr`` /
+    ``divergence``, default 3.0 with ``rpg_dual``."""
     rpg_variant: str = field(
         default="none",
         metadata={"help": "RPG regularized advantage with rpg_dual: 'none', 'urkl' or 'rkl'."},
     )
+    r"""With ``rpg_dual``, RPG's regularized advantage: ``none`` (plain A), ``urkl``
+    (:math:`A - \beta_{\text{rpg}}\log w`) or ``rkl``."""
     rpg_beta: float = field(
         default=0.0,
         metadata={"help": "Coefficient of rpg_variant's regularized advantage."},
     )
+    r""":math:`\beta_{\text{rpg}}` of ``rpg_variant`` (``urkl`` / ``rkl`` only)."""
     monitor_regularizers: bool = field(
         default=False,
         metadata={
@@ -201,6 +187,10 @@ class GBMPOConfig(GRPOConfig):
             "the reference model even when the loss does not use it)."
         },
     )
+    r"""Log ``reg/<name>`` = :math:`D(\pi_{old}\,\|\,\pi_{ref})` for every registered regularizer
+    (the objective section's setting); it needs the reference, so ``beta`` becomes TRL's switch
+    for loading it (1 when the loss needs none; the loss uses ``regularizer_coef``). ``False``
+    here; with ``objective=`` the spec's decides (default ``True``, as ``gbmpo train``)."""
     objective: dict[str, Any] | str | None = field(
         default=None,
         metadata={
@@ -209,6 +199,8 @@ class GBMPOConfig(GRPOConfig):
             "and scale_rewards."
         },
     )
+    """The gbmpo objective spec (a dict, a YAML path or an ``ObjectiveSpec``); it replaces the
+    alias fields above, ``loss_type`` and ``scale_rewards``."""
 
     def __post_init__(self) -> None:
         self._validate_gbmpo()

@@ -18,20 +18,18 @@ def dapo_normalizer(
     steps_per_generation: int,
     training: bool,
 ) -> Tensor:
-    r"""TRL ``loss_type="dapo"`` denominator of one micro-batch's token-sum loss:
+    r"""TRL ``loss_type="dapo"`` denominator of one micro-batch's token-sum loss (TRL 1.16
+    ``GRPOTrainer._compute_loss``):
 
     .. math::
         Z = \frac{\max(1, N_{\text{tok}})}{P}\cdot\frac{G_{\text{acc}}}{S_{\text{gen}}}
 
-    with :math:`N_{\text{tok}}` the valid tokens of the whole generation batch over all
-    processes (``num_items_in_batch``), :math:`P` processes, :math:`G_{\text{acc}}` the current
+    with :math:`N_{\text{tok}}` the valid tokens of the whole generation batch over all processes
+    (``num_items_in_batch``), :math:`P` processes, :math:`G_{\text{acc}}` the current
     gradient-accumulation steps and :math:`S_{\text{gen}}` ``steps_per_generation`` (the last
-    factor only in training; TRL 1.16 ``GRPOTrainer._compute_loss``). Summing
-    :math:`\sum_{i,t} m\ell / Z` over the micro-batches of one optimizer step gives the global
-    token mean (DAPO, arXiv 2503.14476), whatever the split across processes. GBMPOTrainer
-    passes :math:`Z` to :func:`gbmpo.objectives.aggregate` as ``num_tokens``; it can be below the
-    local micro-batch's token count (a process holding more than its share of the tokens).
-    """
+    factor only in ``training``). Summing :math:`\sum_{i,t} m\ell / Z` over one optimizer step's
+    micro-batches gives the global token mean (DAPO, arXiv 2503.14476), whatever the split across
+    processes; :math:`Z` may be below the local micro-batch's token count."""
     n = torch.as_tensor(num_items_in_batch, dtype=torch.float32).clamp(min=1.0)
     z = n / num_processes
     if training:

@@ -5,13 +5,10 @@ mappings of TRL's ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`, :data:`LOSS_TYPE
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gbmpo.engines.hosts import clip_params
 from gbmpo.objectives.spec import BuiltObjective, ObjectiveSpec
-
-if TYPE_CHECKING:
-    from gbmpo.engines.trl.config import GBMPOConfig
 
 __all__ = [
     "TRL_CORRECTION_DEFAULTS",
@@ -82,9 +79,9 @@ def refuse_advantage_placement(spec: ObjectiveSpec) -> None:
         )
 
 
-def objective_spec(args: GBMPOConfig) -> ObjectiveSpec:
-    """The gbmpo objective spec that ``args`` names: its ``objective`` if given, else the one
-    its alias fields spell (:func:`spec_from_trl_fields`)."""
+def objective_spec(args: Any) -> ObjectiveSpec:
+    """The gbmpo objective spec that ``args`` (a ``GBMPOConfig``) names: its ``objective`` if
+    given, else the one its alias fields spell (:func:`spec_from_trl_fields`)."""
     if args.objective is not None:
         return ObjectiveSpec.load(args.objective)
     return spec_from_trl_fields(args)
@@ -119,21 +116,18 @@ def loss_type_surrogate(args: Any) -> tuple[str, dict[str, Any]]:
 
 
 def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
-    """TRL's spelling of an objective -> the gbmpo objective spec (the alias mapping).
-
-    Surrogate: ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance
-    sampling) with ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta`` and
-    ``dual_clip_c``; ``atr`` -> ``atr(delta=atr_delta, dual_clip_c)``; ``divergence`` ->
-    ``divergence_clip(measure=clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or
-    clip_delta, dual_clip_c, mirror=clip_mirror_path)``; ``rpg_dual`` ->
-    ``rpg_clip(variant=rpg_variant, beta=rpg_beta, eps_low, eps_high, c=dual_clip_c or 3)``
-    (host clip settings through :func:`gbmpo.engines.hosts.clip_params`); ``loss_type``
-    cispo / sapo / vespo -> :func:`loss_type_surrogate`. Regularizer:
+    """TRL's spelling of an objective -> the gbmpo objective spec (the alias mapping). Surrogate:
+    ``clip_mode="ratio"`` -> ``clip`` (``gspo`` for sequence-level importance sampling) with
+    ``eps_low=epsilon``, ``eps_high=epsilon_high or epsilon``, ``delta``, ``dual_clip_c``; ``atr``
+    -> ``atr(delta=atr_delta, dual_clip_c)``; ``divergence`` -> ``divergence_clip(measure=
+    clip_measure, delta_low=clip_delta, delta_high=clip_delta_high or clip_delta, dual_clip_c,
+    mirror=clip_mirror_path)``; ``rpg_dual`` -> ``rpg_clip(variant=rpg_variant, beta=rpg_beta,
+    eps_low, eps_high, c=dual_clip_c or 3)`` (through :func:`gbmpo.engines.hosts.clip_params`);
+    ``loss_type`` cispo / sapo / vespo -> :func:`loss_type_surrogate`. Regularizer:
     ``regularizer`` with ``regularizer_coef`` (else ``beta``), ``regularizer_anchor``,
     ``regularizer_clamp`` -> ``clamp``, ``mirror_path`` -> ``mirror``. Aggregation from
-    ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`), advantage from ``scale_rewards``
-    (``group`` -> grpo, ``batch`` -> batch, ``none`` -> dr_grpo).
-    """
+    ``loss_type`` (:data:`LOSS_TYPE_AGGREGATION`), advantage from ``scale_rewards`` (``group`` ->
+    grpo, ``batch`` -> batch, ``none`` -> dr_grpo)."""
     eps_low = float(args.epsilon)
     eps_high = float(args.epsilon_high) if args.epsilon_high is not None else eps_low
     if args.loss_type in LOSS_TYPE_SURROGATES:
@@ -192,12 +186,13 @@ def spec_from_trl_fields(args: Any) -> ObjectiveSpec:
     )
 
 
-def build_objective(args: GBMPOConfig) -> BuiltObjective:
+def build_objective(args: Any) -> BuiltObjective:
     """The built objective (:meth:`ObjectiveSpec.build`: surrogate, terms with their
-    coefficients, aggregation, monitors) that ``args`` names (:func:`objective_spec`):
-    ``args.objective`` if given, else the alias fields (:func:`spec_from_trl_fields`). The spec
-    is built once, when ``args`` is checked; that build is returned as is unless a field changed
-    since. GBMPOTrainer uses it as the own engine uses its own: the same object, no wrapper."""
+    coefficients, aggregation, monitors) that ``args`` (a ``GBMPOConfig``) names
+    (:func:`objective_spec`): ``args.objective`` if given, else the alias fields
+    (:func:`spec_from_trl_fields`). The spec is built once, when ``args`` is checked; that build
+    is returned as is unless a field changed since. GBMPOTrainer uses it as the own engine uses
+    its own: the same object, no wrapper."""
     cached = getattr(args, "_built", None)
     if cached is not None and args.objective is not None and cached[0] == args.objective:
         return cached[1]  # the spec as checked (args.objective is its dict): no re-parse

@@ -81,46 +81,21 @@ class GBMPOTrainer(GRPOTrainer):
     r"""``GRPOTrainer`` whose loss is gbmpo's (:mod:`gbmpo.integrations.trl`); same constructor.
 
     ``args`` must be a :class:`GBMPOConfig` (``None`` builds a default one, like TRL).
-    ``_compute_loss`` is gbmpo's loss; generation, rewards, reference log-probs (computed by
-    TRL whenever the regularizer is anchored on the reference model), old log-probs, vLLM
-    importance ratios and everything else stay TRL's, with three additions
-    (:mod:`gbmpo.engines.trl.full`): a term with ``estimator: full`` takes the exact
-    divergence from the policy's logits of each micro-batch and a no-grad reference forward; a
-    term with ``placement: reward`` has its detached per-sequence penalty subtracted from the
-    rewards before TRL's advantages (``_generate_and_score_completions``, with the rewards kept
-    by ``_calculate_rewards``); ``loss_type="bnpo"`` divides by the optimizer step's valid tokens
-    over every process (``_prepare_inputs`` adds ``mini_batch_tokens``), the own engine's
-    mini-batch token mean.
+    ``_compute_loss`` is gbmpo's; generation, rewards, reference and old log-probs, vLLM importance
+    ratios and the rest stay TRL's, with three additions (:mod:`gbmpo.engines.trl.full`): a term
+    with ``estimator: full`` takes the exact divergence from each micro-batch's policy logits and a
+    no-grad reference forward; a ``placement: reward`` term's detached per-sequence penalty is
+    subtracted from the rewards before TRL's advantages; ``loss_type="bnpo"`` divides by the
+    optimizer step's valid tokens over every process (the own engine's mini-batch token mean).
 
-    Logged metrics (``self._metrics``, averaged over processes by token count), gbmpo's under
-    the run directory's names (:mod:`gbmpo.io.metrics`, the own engine's): ``entropy`` (the
-    first of the ``num_iterations`` passes over a generation batch, as the own engine),
-    ``reward_penalty`` (and ``reward_penalty/<name>`` per term of a sum) with in-reward terms,
-    ``reg_value`` (the optimised regularizer at the current policy against its anchor; per
-    term ``reg_value/<name>`` for a sum), ``pg_loss`` and ``reg_loss`` (the two parts of the
-    loss per optimizer step; per term ``reg_loss/<name>`` for a sum), ``reg/<name>``
-    (:math:`D(\pi_{old}\,\|\,\pi_{ref})`, the masked token mean over the logging window, once
-    per monitored regularizer: the optimised ones and, with ``monitor_regularizers``, every
-    registered one; when the reference's log-probs exist), ``clip_ratio/low_mean``,
-    ``clip_ratio/high_mean``, ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``,
-    ``ratio/mean``, ``ratio/min``, ``ratio/max`` (the logging window's extremes); plus TRL's
-    own names with TRL's definitions: ``kl`` (k3 against the reference, when its log-probs
-    exist; multiplied by the token ratio with ``use_bias_correction_kl``, as TRL's),
-    ``clip_ratio/low_min`` / ``clip_ratio/high_max`` (TRL's clip), ``cispo_clip_ratio``,
-    ``vespo/phi_seq_mean``, and with an entropy bonus ``policy_loss`` and ``entropy_coef``;
-    ``aux_loss`` as TRL.
-
-    ``use_adaptive_entropy``: TRL's controller (:func:`adaptive_entropy_coef`) on TRL's state
-    attributes (``entropy_coef``, ``_last_world_entropy``), which TRL's checkpoint code saves.
-
-    A term with ``control`` (a controlled coefficient, :mod:`gbmpo.objectives.drift_control`):
-    after the last micro-step on a generation batch (the own engine's RL step: the horizon's
-    unit) its measure, the token mean of :math:`D(\pi_{old}\,\|\,\pi_{ref})` over the batch on
-    every process, moves its coefficient for the next batch (:meth:`_control_drift`);
-    ``drift_coef/<term>`` and ``drift_measure/<term>`` are logged, and the coefficients are
-    saved in each checkpoint (:data:`DRIFT_STATE_FILE`) and restored on resume, as TRL does for
-    its entropy controller.
-    """
+    Metrics (averaged over processes by token count): TRL's names with TRL's definitions, gbmpo's
+    under the run directory's names (:mod:`gbmpo.io.metrics`; both listed in docs/engines.md), and
+    ``reward_penalty`` with in-reward terms. ``use_adaptive_entropy`` runs TRL's controller
+    (:func:`adaptive_entropy_coef`) on TRL's checkpointed state. A term with ``control`` moves its
+    coefficient after the last micro-step on a generation batch, from the batch's token mean of
+    :math:`D(\pi_{old}\,\|\,\pi_{ref})` on every process (:meth:`_control_drift`), logs
+    ``drift_coef/<term>`` and ``drift_measure/<term>``, and saves the coefficients in each
+    checkpoint (:data:`DRIFT_STATE_FILE`), restored on resume."""
 
     _tag_names = ["trl", "grpo", "gbmpo"]
 

@@ -73,13 +73,9 @@ def surrogate_params(name: str, config: Any) -> dict[str, Any]:
     Defaults from verl's fields (as its built-in losses read them): ``eps_low`` =
     ``clip_ratio_low`` (else ``clip_ratio``), ``eps_high`` = ``clip_ratio_high`` (else
     ``clip_ratio``), the dual-clip constant = ``clip_ratio_c`` (verl's vanilla loss always applies
-    it); per surrogate: ``clip``: eps and ``dual_clip_c``; ``gspo``: eps only (verl's ``gspo`` has
-    no dual clip); ``atr``, ``divergence_clip``: ``dual_clip_c`` (their bounds come from
-    ``delta`` / ``measure``); ``rpg_clip``,
-    ``rpg_reinforce``: eps and ``c``; plugin surrogates: none. Then every entry of
-    ``policy_loss.gbmpo_surrogate`` overrides (``null`` turns an optional one off, e.g.
-    ``dual_clip_c: null``).
-    """
+    it), each taken where the surrogate has a parameter for it (:func:`clip_params`; ``gspo``: no
+    dual clip, as verl's). Then every entry of ``policy_loss.gbmpo_surrogate`` overrides (``null``
+    turns an optional one off, e.g. ``dual_clip_c: null``)."""
     clip = _get(config, "clip_ratio", 0.2)
     low = _get(config, "clip_ratio_low")
     high = _get(config, "clip_ratio_high")

@@ -61,40 +61,37 @@ def verl_rollout_correction_overrides(rc: Any) -> list[str]:
 def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str]:
     """The verl ``main_ppo`` overrides that select the objective ``spec`` (an
     :class:`~gbmpo.objectives.spec.ObjectiveSpec`, a dict or a YAML path) through the gbmpo verl
-    plugin. The spec itself travels as JSON in ``policy_loss.gbmpo_objective``
-    (:func:`verl_objective_json`), which the plugin builds once per process into the same
-    :class:`~gbmpo.objectives.spec.BuiltObjective` the other engines use (its surrogate is the
-    policy loss, its terms the KL loss: no parameter comes from verl's clip fields); the rest
-    are verl's own switches: advantage -> ``algorithm.adv_estimator`` /
-    ``norm_adv_by_std_in_grpo``; surrogate -> ``policy_loss.loss_mode=gbmpo_<name>``;
-    regularizer -> the actor KL loss ``kl_loss_type=gbmpo_<name>`` with ``kl_loss_coef`` (the
-    spec's ``anchor: old`` for the ``rpg_*`` regularizers only on verl), or with
-    ``placement: reward`` verl's in-reward KL (``algorithm.use_kl_in_reward``, ``kl_penalty=
-    gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``); aggregation -> ``loss_agg_mode``
-    (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``); a list of regularizer terms
-    -> one KL loss ``gbmpo_sum`` (:func:`_verl_sum_overrides`). ``ValueError`` names what verl
-    cannot express."""
-    o = ObjectiveSpec.load(spec)
-    if o.advantage not in VERL_ADV_ESTIMATORS:
+    plugin. The spec travels as JSON in ``policy_loss.gbmpo_objective``
+    (:func:`verl_objective_json`); the plugin builds it into the engines' one ``BuiltObjective``
+    (no parameter comes from verl's clip fields). The rest are verl's switches: advantage ->
+    ``algorithm.adv_estimator`` / ``norm_adv_by_std_in_grpo``; surrogate ->
+    ``policy_loss.loss_mode=gbmpo_<name>``; regularizer -> ``kl_loss_type=gbmpo_<name>`` with
+    ``kl_loss_coef`` (``anchor: old`` for ``rpg_*`` only), or with ``placement: reward``
+    ``use_kl_in_reward``, ``kl_penalty=gbmpo_<name>``, a fixed ``kl_ctrl`` with ``kl_coef``;
+    aggregation -> ``loss_agg_mode`` (``dr_grpo``: ``loss_scale_factor`` = ``max_response_length``);
+    several terms -> one KL loss ``gbmpo_sum`` (:func:`_verl_sum_overrides`). ``ValueError`` names
+    what verl cannot express."""
+    objective = ObjectiveSpec.load(spec)
+    if objective.advantage not in VERL_ADV_ESTIMATORS:
         raise ValueError(
-            f"'objective.advantage'={o.advantage!r} has no verl counterpart; valid with engine "
-            f"verl: {', '.join(VERL_ADV_ESTIMATORS)}"
+            f"'objective.advantage'={objective.advantage!r} has no verl counterpart; valid with "
+            f"engine verl: {', '.join(VERL_ADV_ESTIMATORS)}"
         )
-    estimator, norm_std = VERL_ADV_ESTIMATORS[o.advantage]
+    estimator, norm_std = VERL_ADV_ESTIMATORS[objective.advantage]
     a = "actor_rollout_ref.actor"
     out = [
         f"algorithm.adv_estimator={estimator}",
         f"algorithm.norm_adv_by_std_in_grpo={hydra_value(norm_std)}",
         f"{a}.policy_loss._target_={VERL_POLICY_LOSS_CONFIG}",
-        f"{a}.policy_loss.loss_mode=gbmpo_{o.surrogate.name}",
-        f"{a}.loss_agg_mode={VERL_LOSS_AGG_MODES[o.aggregation]}",
+        f"{a}.policy_loss.loss_mode=gbmpo_{objective.surrogate.name}",
+        f"{a}.loss_agg_mode={VERL_LOSS_AGG_MODES[objective.aggregation]}",
     ]
-    if o.aggregation == "dr_grpo":
+    if objective.aggregation == "dr_grpo":
         out.append(f"{a}.loss_scale_factor={max_response_length}")
-    out += verl_rollout_correction_overrides(o.rollout_correction)
-    o.build()  # every name and parameter checked here, before verl starts
-    if any(t.control is not None for t in o.terms) and (
-        len(o.terms) > 1 or o.terms[0].placement != "reward"
+    out += verl_rollout_correction_overrides(objective.rollout_correction)
+    objective.build()  # every name and parameter checked here, before verl starts
+    if any(t.control is not None for t in objective.terms) and (
+        len(objective.terms) > 1 or objective.terms[0].placement != "reward"
     ):
         raise ValueError(
             "'objective.regularizer.control' is supported by engine verl for one term with "
@@ -102,10 +99,10 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
             "verl's KL loss coefficient lives in the actor workers, fixed for the run. Use "
             "placement: reward, or engine gbmpo or trl"
         )
-    out.append(f"+{a}.policy_loss.gbmpo_objective={hydra_value(verl_objective_json(o))}")
-    if len(o.terms) > 1:
-        return out + _verl_sum_overrides(o.terms)
-    reg = o.terms[0]
+    out.append(f"+{a}.policy_loss.gbmpo_objective={hydra_value(verl_objective_json(objective))}")
+    if len(objective.terms) > 1:
+        return out + _verl_sum_overrides(objective.terms)
+    reg = objective.terms[0]
     if reg.estimator == "full":
         raise ValueError(
             "'objective.regularizer.estimator'='full' is not supported by engine verl: its KL "
@@ -114,8 +111,9 @@ def verl_objective_overrides(spec: Any, *, max_response_length: int) -> list[str
         )
     if reg.name == "none" or reg.coef == 0:
         out.append("algorithm.use_kl_in_reward=false")
-        if o.monitor_regularizers:  # reg/<name> needs the reference's log-probs: verl computes
-            # them for a KL loss, here one with coefficient 0 (it adds nothing to the loss)
+        if objective.monitor_regularizers:
+            # reg/<name> needs the reference's log-probs: verl computes them for a KL loss,
+            # here one with coefficient 0 (it adds nothing to the loss)
             return out + [f"{a}.use_kl_loss=true", f"{a}.kl_loss_coef=0.0",
                           f"{a}.kl_loss_type=low_var_kl"]  # fmt: skip
         return out + [f"{a}.use_kl_loss=false"]

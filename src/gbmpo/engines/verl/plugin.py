@@ -393,21 +393,16 @@ class GBMPOPolicyLossConfig(PolicyLossConfig):
 
     Args:
         gbmpo_surrogate: surrogate parameters overriding those derived from verl's fields
-            (:func:`surrogate_params`), e.g. ``{delta: 0.02}`` for ``gbmpo_atr`` or
-            ``{variant: urkl, beta: 1e-4}`` for ``gbmpo_rpg_clip``.
+            (:func:`surrogate_params`), e.g. ``{delta: 0.02}`` for ``gbmpo_atr``.
         gbmpo_kl: parameters of the ``gbmpo_*`` ``kl_loss_type``, e.g. ``{mirror: /path.json}``
             for ``gbmpo_neural_mirror``, ``{clamp: 10}``, and the objective's ``{anchor: old}``.
-        gbmpo_objective: the whole gbmpo objective spec as JSON (what
-            :func:`objective_overrides` and ``gbmpo train --engine verl`` write), instead of
-            the two above: built once per process (:func:`build_objective`, the
-            ``BuiltObjective`` the own engine and ``GBMPOTrainer`` use), its surrogate is the
-            policy loss and its terms the ``gbmpo_*`` KL loss.
+        gbmpo_objective: the whole objective spec as JSON (:func:`objective_overrides`), instead
+            of the two above: built once per process (:func:`build_objective`), its surrogate is
+            the policy loss and its terms the ``gbmpo_*`` KL loss.
 
-    Built (by verl, in the driver and in each worker) it checks a ``gbmpo_*`` ``loss_mode``
-    against the registered surrogates (against the objective's surrogate with
-    ``gbmpo_objective``) and installs ``gbmpo_kl`` or the built objective
-    (:func:`configure_kl`).
-    """
+    Built (by verl, in the driver and each worker) it checks a ``gbmpo_*`` ``loss_mode`` against
+    the registered surrogates (or the objective's surrogate) and installs ``gbmpo_kl`` or the built
+    objective (:func:`configure_kl`)."""
 
     gbmpo_surrogate: dict[str, Any] = field(default_factory=dict)
     gbmpo_kl: dict[str, Any] = field(default_factory=dict)
