@@ -608,6 +608,20 @@ def _pm(values: list[float], fmt: str) -> str:
     return format(s.mean, fmt) + ("" if len(values) < 2 else " ± " + format(s.std, fmt))
 
 
+def embedded_default() -> str:
+    """The embedded default, one run per seed (``docs/results/embedded-default/runs.json``):
+    the table and the mean over the seeds."""
+    runs = json.loads((RESULTS / "embedded-default" / "runs.json").read_text())["runs"]
+    rows = [[str(r["seed"]), f"{pct(r['before'])} → {pct(r['after'])}", str(r["steps"])]
+            for r in runs]  # fmt: skip
+    n = len(runs)
+    before, after = (sum(r[k] for r in runs) / n for k in ("before", "after"))
+    steps = sum(r["steps"] for r in runs) / n
+    return (table(["seed", "held-out accuracy % before → after", "RL steps in 240 s"], rows)
+            + f"\n\nMean over the {n} seeds: {pct(before)}% → {pct(after)}%, "
+            f"**{signed(100 * (after - before))} points**, {steps:.0f} RL steps.")
+
+
 def drift_matched() -> str:
     """Five divergences with a controlled coefficient at one target (``--match-drift``): the
     controller's coefficient and measure (``controller.json``), the held-out drift and pass@k
@@ -636,6 +650,7 @@ def drift_matched() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "drift-matched": drift_matched,
+    "embedded-default": embedded_default,
     "readme-measured": readme,
     "regularizers": lambda: regularizers("arithmetic-150-seed5"),
     "regularizers-seed3": lambda: regularizers("arithmetic-150-seed3"),
