@@ -210,8 +210,6 @@ def test_a_controlled_in_reward_coefficient_moves_is_logged_and_resumes(
         "control": {"target": 0.02, "horizon": 4}}}).build()  # fmt: skip
     monkeypatch.setattr(verl_driver, "_objective", lambda config: built)
     config = types.SimpleNamespace(trainer=types.SimpleNamespace(default_local_dir=str(tmp_path)))
-    for step in (1, 2, 3):  # verl's own _save_checkpoint makes these
-        (tmp_path / f"global_step_{step}").mkdir()
     batch = _batch()
     full = module.RayPPOTrainer(3, clock, 1.0, batch, config=config, save_every=1)
     full.fit()
@@ -222,8 +220,10 @@ def test_a_controlled_in_reward_coefficient_moves_is_logged_and_resumes(
     for m in measures[:-1]:
         expected.append(proportional_coef(expected[-1], m, target=0.02, horizon=4.0))
     assert coefs == expected and batch.penalties == coefs and len(set(coefs)) == 3
+    # written before verl's own save (which marks the checkpoint complete), folder and all
     saved = json.loads((tmp_path / "global_step_2" / verl_driver.DRIFT_STATE_FILE).read_text())
     assert saved == {"kl_k3": coefs[2]}  # the next step's
+    assert not list(tmp_path.glob("global_step_*/*.tmp"))
     again = _batch()
     resumed = module.RayPPOTrainer(3, clock, 1.0, again, config=config, resume_step=2)
     resumed.fit()

@@ -281,12 +281,17 @@ def install(module: Any) -> None:
         return fit(self)
 
     def save_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = save(self, *args, **kwargs)
         ctrl = getattr(self, "kl_ctrl_in_reward", None)
         if isinstance(ctrl, ControlledKL):
-            with open(_drift_file(self), "w") as f:
+            # before verl's save: verl marks the checkpoint complete (its
+            # latest_checkpointed_iteration.txt) at the end of it, so a kill in between
+            # leaves no complete checkpoint without the value; atomic (rename)
+            path = _drift_file(self)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path + ".tmp", "w") as f:
                 json.dump({ctrl.name: ctrl.value}, f)
-        return out
+            os.replace(path + ".tmp", path)
+        return save(self, *args, **kwargs)
 
     def load_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
         out = load(self, *args, **kwargs)
