@@ -37,3 +37,13 @@ def tiny_llama_like(kind: str, dtype: torch.dtype) -> torch.nn.Module:
             elif name.endswith("bias"):
                 p.normal_(0.0, 0.1)
     return model.to(dtype)
+
+
+def padded_prompts(rows: int = 3, width: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded prompt ids and their attention mask, rows 0 and 2 left-padded by 3 and 1."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, SMALL["vocab_size"], (rows, width), generator=g)
+    mask = torch.ones(rows, width, dtype=torch.long)
+    mask[0, :3] = 0  # left padding of different lengths
+    mask[2, :1] = 0
+    return ids, mask

@@ -14,27 +14,18 @@ from gbmpo.rollout.sampling import _decode, _prefill
 
 transformers = pytest.importorskip("transformers")
 
-from llama_like import SMALL, tiny_llama_like  # noqa: E402
+from llama_like import SMALL, padded_prompts, tiny_llama_like  # noqa: E402
 
 
 def _model(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     return tiny_llama_like(kind, dtype).eval()
 
 
-def _prompts(rows: int = 3, width: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 97, (rows, width), generator=g)
-    mask = torch.ones(rows, width, dtype=torch.long)
-    mask[0, :3] = 0  # left padding of different lengths
-    mask[2, :1] = 0
-    return ids, mask
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kind", ["qwen3", "qwen2", "llama"])
 def test_logits_match_the_models_own_cached_forward(kind, dtype):
     model = _model(kind, dtype)
-    ids, mask = _prompts()
+    ids, mask = padded_prompts()
     repeats, steps = 2, 9
     with torch.no_grad():
         cache, logits = _prefill(model, ids, mask, repeats)
@@ -75,7 +66,7 @@ def test_lean_prefill_matches_the_models_own_prefill(kind, shared, monkeypatch):
     expanded with batch_repeat_interleave, in float64."""
     monkeypatch.setattr(decoder_module, "_SHARED_PROMPT_MIN_BYTES", 0 if shared else 1 << 62)
     model = _model(kind, torch.float64)
-    ids, mask = _prompts()
+    ids, mask = padded_prompts()
     repeats, steps = 3, 4
     with torch.no_grad():
         cache, theirs = _prefill(model, ids, mask, repeats)
@@ -115,7 +106,7 @@ def test_lean_prefill_matches_the_models_own_prefill(kind, shared, monkeypatch):
 def test_engine_samples_the_same_tokens_with_and_without_it(shared, monkeypatch):
     monkeypatch.setattr(decoder_module, "_SHARED_PROMPT_MIN_BYTES", 0 if shared else 1 << 62)
     model = _model("qwen3")
-    ids, mask = _prompts()
+    ids, mask = padded_prompts()
     kw = dict(repeats=4, max_new_tokens=12, do_sample=True, temperature=1.0, top_p=0.9,
               top_k=0, eos_ids=[5], pad_id=0)
     out = {}
@@ -161,7 +152,7 @@ def test_float32_rms_norm_is_bit_identical_to_the_formula(shape, joint):
 
 def test_more_steps_than_reserved_is_an_error():
     model = _model("qwen2")
-    ids, mask = _prompts()
+    ids, mask = padded_prompts()
     with torch.no_grad():
         cache, logits = _prefill(model, ids, mask, 1)
         decoder = LeanDecoder(model)

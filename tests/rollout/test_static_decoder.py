@@ -25,7 +25,7 @@ from gbmpo.rollout.static_decoder import width_bucket
 
 transformers = pytest.importorskip("transformers")
 
-from llama_like import SMALL, tiny_llama_like  # noqa: E402
+from llama_like import SMALL, padded_prompts, tiny_llama_like  # noqa: E402
 
 #: many EOS ids (a quarter of the vocabulary), so that rows end early: a row's end and the
 #: trimmed width are tested
@@ -36,18 +36,9 @@ def _model(kind: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     return tiny_llama_like(kind, dtype).eval()
 
 
-def _prompts(rows: int = 3, width: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 97, (rows, width), generator=g)
-    mask = torch.ones(rows, width, dtype=torch.long)
-    mask[0, :3] = 0  # left padding of different lengths
-    mask[2, :1] = 0
-    return ids, mask
-
-
 def _run(model, step: str, lean: bool = True, seed: int = 9, **kw):
     """``_decode``'s tokens and per-step sampler log-probs ``[rows, C]``."""
-    ids, mask = (t.to(next(model.parameters()).device) for t in _prompts())
+    ids, mask = (t.to(next(model.parameters()).device) for t in padded_prompts())
     args = dict(repeats=4, max_new_tokens=16, do_sample=True, temperature=0.8, top_p=0.9,
                 top_k=30, eos_ids=EOS, pad_id=0)  # fmt: skip
     args.update(kw)
@@ -247,7 +238,7 @@ def test_width_buckets_and_bad_arguments():
         StaticDecoder(model, graphs=True)
     with pytest.raises(ValueError, match="check_every"):
         StaticDecoder(model, check_every=0)
-    ids, mask = _prompts()
+    ids, mask = padded_prompts()
     with pytest.raises(ValueError, match="uniforms of shape"):
         StaticDecoder(model).run([], mask, torch.zeros(3, 97), repeats=1, max_new_tokens=4,
                                  do_sample=True, eos_ids=[1], pad_id=0)  # fmt: skip
@@ -316,7 +307,7 @@ def test_the_memory_plan_counts_a_slot_to_the_byte(kind, dtype, new):
     static_module._DECODERS.pop(model, None)
     _run(model, "static", max_new_tokens=new)
     (slot,) = StaticDecoder.for_model(model)._slots.values()
-    ids, _ = _prompts()
+    ids, _ = padded_prompts()
     rows, width = 4 * ids.shape[0], ids.shape[1]  # _run: 4 completions per prompt
     planned = static_decode_bytes(model.config, rows, width, new, dtype.itemsize,
                                   eos_ids=len(EOS))  # fmt: skip
