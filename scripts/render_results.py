@@ -663,7 +663,7 @@ def _sci(x: float) -> str:
 def engines_e2e() -> str:
     """Two steps of ``--engine trl`` on one and two processes and the first update on a fixed
     batch, 1 vs 2 processes (``engines_end_to_end.py``)."""
-    d = json.loads((RESULTS / "engines-e2e" / "results.json").read_text())
+    d = json.loads((RESULTS / "engines-e2e" / "results.json").read_text())  # date, load: RESULTS.md
     one, two, fixed = d["trl_1_process"], d["trl_2_processes"], d["fixed_batch_1_vs_2_processes"]
     aggs = fixed["per_aggregation"]
 
@@ -679,10 +679,7 @@ def engines_e2e() -> str:
              f"({' / '.join(f'`{a}`' for a in aggs)})",
              f"max \\|Δ\\| {joined('max_abs_diff')} between the weight changes, whose largest "
              f"entry is {joined('max_abs_change')}"]]  # fmt: skip
-    loads = [r[k] for r in (one, two, fixed) for k in ("load_1min_before", "load_1min_after")]
-    return (table(["what", "result"], rows)
-            + f"\n\nMeasured {d['date']} on {d['machine']}, 1-minute load average "
-            f"{min(loads):.1f}–{max(loads):.1f}.")
+    return table(["what", "result"], rows)
 
 
 def _parity_tests(row: dict[str, Any], test: str = "") -> list[dict[str, float]]:
