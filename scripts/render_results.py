@@ -648,6 +648,190 @@ def drift_matched() -> str:
                   "response tokens"], rows)  # fmt: skip
 
 
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _sci(x: float) -> str:
+    """``x`` to two significant digits as ``1.5e-8`` (0 as ``0``)."""
+    if x == 0:
+        return "0"
+    mantissa, exponent = f"{x:.1e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def engines_e2e() -> str:
+    """Two steps of ``--engine trl`` on one and two processes and the first update on a fixed
+    batch, 1 vs 2 processes (``engines_end_to_end.py``)."""
+    d = json.loads((RESULTS / "engines-e2e" / "results.json").read_text())  # date, load: RESULTS.md
+    one, two, fixed = d["trl_1_process"], d["trl_2_processes"], d["fixed_batch_1_vs_2_processes"]
+    aggs = fixed["per_aggregation"]
+
+    def joined(key: str) -> str:
+        return " / ".join(_sci(v[key]) for v in aggs.values())
+
+    rows = [["TRL engine, 1 process, 2 steps",
+             f"{one['seconds']:.1f} s for the whole command; {pct(one['before'])}% → "
+             f"{pct(one['after'])}% on {one['eval_n']} problems"],
+            ["TRL engine, 2 processes (accelerate, gloo), 2 steps",
+             f"{two['seconds']:.1f} s; {pct(two['before'])}% → {pct(two['after'])}%"],
+            [f"first TRL update on a fixed batch, 1 vs 2 processes "
+             f"({' / '.join(f'`{a}`' for a in aggs)})",
+             f"max \\|Δ\\| {joined('max_abs_diff')} between the weight changes, whose largest "
+             f"entry is {joined('max_abs_change')}"]]  # fmt: skip
+    return table(["what", "result"], rows)
+
+
+def _parity_tests(row: dict[str, Any], test: str = "") -> list[dict[str, float]]:
+    """The recorded differences of ``row``'s tests whose function name starts with ``test``."""
+    return [v for k, v in row["tests"].items() if k.split("::")[-1].startswith(test)]
+
+
+def _within(figures: list[dict[str, float]], key: str) -> str:
+    top = max(f[key] for f in figures)
+    return "identical" if top == 0 else f"≤ {_sci(top)}"
+
+
+def _exact(figures: list[dict[str, float]]) -> str:
+    same = sum(f["loss"] == 0 and f["grad"] == 0 for f in figures)
+    return f"identical in {same} of {len(figures)} cases"
+
+
+def _library(row: dict[str, Any]) -> str:
+    """``TRL 1.16.0`` / ``verl 0.9.1`` from the row's recorded versions."""
+    name, version = row["versions"].split(",")[0].split()
+    return f"{'TRL' if name == 'trl' else name} {version}"
+
+
+def parity() -> str:
+    """Largest loss and gradient differences of the parity tests (``collect_parity.py``)."""
+    d = json.loads((RESULTS / "parity" / "results.json").read_text())
+    trainer, verl, trl_loss, base = (d[k] for k in ("trl_trainer", "verl_ppo_loss", "trl_loss",
+                                                    "verl_baselines"))  # fmt: skip
+    figs = _parity_tests(trainer)
+    loss_types = [k.split("[")[1].rstrip("]") for k in trainer["tests"]
+                  if "test_k3_parity_per_loss_type[" in k]  # fmt: skip
+    plugin = _parity_tests(verl, "test_plugin_clip_k3_equals_vanilla_low_var_kl_in_ppo_loss")
+    own = _parity_tests(verl, "test_gbmpo_compute_policy_loss_equals_verl")
+    methods = sorted({k.split("[")[1].split("-")[0] for k in trl_loss["tests"]})
+    shown = " / ".join
+    rows = [
+        [f"`GBMPOTrainer` vs stock {_library(trainer)} `GRPOTrainer` (k3 KL), for "
+         f"{', '.join(f'`{t}`' for t in loss_types)} and {len(figs) - len(loss_types)} "
+         f"settings of TRL's options",
+         f"loss {_within(figs, 'loss')}, gradients {_within(figs, 'grad')} (float32); "
+         f"{_exact(figs)}"],
+        [f"gbmpo on verl (`gbmpo_clip` + `gbmpo_kl_k3`) vs {_library(verl)}'s `vanilla` + "
+         f"`low_var_kl`, {len(own)} `loss_agg_mode`s × {{1 process, 2 processes with IS weights}}",
+         f"loss {_within(plugin, 'loss')}, gradient {_within(plugin, 'grad')} (float32); "
+         f"gbmpo's own aggregation {shown([_within(own, 'loss'), _within(own, 'grad')])}"],
+        [f"{', '.join(f'`{m}`' for m in methods)} vs {_library(trl_loss)}'s own `_compute_loss` "
+         f"(float64)",
+         f"loss {_within(_parity_tests(trl_loss), 'loss')}, gradient "
+         f"{_within(_parity_tests(trl_loss), 'grad')}"],
+        [f"the baselines and DPPO vs {_library(base)}'s `cispo`, `sapo`, `geo_mean`, `dppo_tv`, "
+         f"`dppo_kl` (float64; directly and through the `gbmpo_<name>` plugin)",
+         f"loss {_within(_parity_tests(base), 'loss')}, gradient "
+         f"{_within(_parity_tests(base), 'grad')} (verl adds 1e-8 to token counts); "
+         f"{_exact(_parity_tests(base))}"],
+    ]  # fmt: skip
+    return table(["what", "result"], rows)
+
+
+FUZZ = ROOT / "tests" / "fuzz"
+#: rows of the fuzzing table -> the fuzz targets (file::test) they count
+FUZZ_TARGETS = {
+    "`train --dry-run`: overrides / YAML documents":
+        ["test_fuzz_cli.py::test_train_dry_run_overrides",
+         "test_fuzz_cli.py::test_train_dry_run_yaml"],
+    "`eval` flags and task parameters": ["test_fuzz_cli.py::test_eval_flags"],
+    "`es --print-config` / `compare --arms` inline / from a file":
+        ["test_fuzz_cli.py::test_es_config", "test_fuzz_cli.py::test_compare_arms",
+         "test_fuzz_cli.py::test_compare_arms_file"],
+    "`jsonl` data files in every format, damaged": ["test_fuzz_data.py::test_data_files"],
+    "reward specs / reward functions":
+        ["test_fuzz_rewards.py::test_reward_specs",
+         "test_fuzz_rewards.py::test_reward_functions_lose_nothing"],
+}  # fmt: skip
+
+
+def _test_function(path: Path, name: str) -> tuple[Any, str]:
+    """The ``def`` of test ``name`` in ``path`` (an ast node) and the file's text."""
+    import ast
+
+    text = path.read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node, text
+    raise KeyError(f"{path.relative_to(ROOT)} has no test {name!r}")
+
+
+def long_profile_examples(target: str) -> int:
+    """The examples a fuzz target runs under ``HYPOTHESIS_PROFILE=long``: the ``fuzz-long``
+    profile's ``max_examples`` (tests/fuzz/conftest.py), or the ``long=`` of its
+    ``@sized(ci, long=...)`` decorator."""
+    import ast
+
+    profile = None
+    for node in ast.walk(ast.parse((FUZZ / "conftest.py").read_text())):
+        if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "register_profile"
+                and ast.literal_eval(node.args[0]) == "fuzz-long"):
+            profile = next(ast.literal_eval(k.value) for k in node.keywords
+                           if k.arg == "max_examples")  # fmt: skip
+    assert profile is not None, "tests/fuzz/conftest.py registers no fuzz-long profile"
+    file, name = target.split("::")
+    fn, _ = _test_function(FUZZ / file, name)
+    for dec in fn.decorator_list:
+        if isinstance(dec, ast.Call) and getattr(dec.func, "id", "") == "sized":
+            long = [k.value for k in dec.keywords if k.arg == "long"]
+            return ast.literal_eval(long[0]) if long else profile
+        if getattr(dec, "id", "") == "FUZZ":
+            return profile
+    raise KeyError(f"{target}: neither @FUZZ nor @sized(...)")
+
+
+def fuzz_finds() -> list[dict[str, Any]]:
+    """``docs/results/fuzzing/found.json``'s problems, each checked to be kept by its test: the
+    test exists and every listed example is the text of one of its ``@example`` decorators."""
+    import ast
+
+    problems = json.loads((RESULTS / "fuzzing" / "found.json").read_text())["problems"]
+    for p in problems:
+        file, name = p["test"].split("::")
+        fn, text = _test_function(ROOT / file, name)
+        examples = [ast.get_source_segment(text, d) or "" for d in fn.decorator_list
+                    if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "example"]
+        missing = [e for e in p["examples"] if not any(e in x for x in examples)]
+        if missing:
+            raise KeyError(f"{p['test']} keeps no @example with {missing}: {p['problem']}")
+    return problems
+
+
+def fuzzing() -> str:
+    """Examples per fuzz target in the long profile, and the problems found (``found.json``)."""
+    rows = [[label, " / ".join(f"{long_profile_examples(t):,}" for t in targets)]
+            for label, targets in FUZZ_TARGETS.items()]  # fmt: skip
+    found = fuzz_finds()
+    crashes = sum(p["kind"] == "crash" for p in found)
+    rows.append(["problems found, all fixed, each kept by the regression example "
+                 "[found.json](results/fuzzing/found.json) names",
+                 f"{len(found)} ({crashes} crashes, {len(found) - crashes} messages not one line)"])
+    return table(["target", "examples, `HYPOTHESIS_PROFILE=long`"], rows)
+
+
+def gsm8k() -> str:
+    """The tiny model on GSM8K with both prompt templates (``gbmpo eval``'s summaries)."""
+    rows, n = [], None
+    for name, shown in (("chat", "chat, ≤ {} new tokens"), ("base", "base, ≤ {} new tokens")):
+        s = json.loads((RESULTS / "gsm8k" / f"{name}.summary.json").read_text())
+        m, n = s["metrics"], s["metrics"]["n"]
+        rows.append([shown.format(s["config"]["max_new_tokens"]), f"{pct(m['accuracy'])}%",
+                     f"{m['mean_response_tokens']:.1f} tokens "
+                     f"({pct(m['truncated_fraction'])}% cut at the limit)"])  # fmt: skip
+    return table(["prompt template", f"accuracy on the first {n} GSM8K test problems",
+                  "mean response"], rows)  # fmt: skip
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "drift-matched": drift_matched,
     "embedded-default": embedded_default,
@@ -683,6 +867,10 @@ TABLES: dict[str, Callable[[], str]] = {
     "objective-cost": objective_cost,
     "paper-plans": paper_plans,
     "paper-times": paper_times,
+    "engines-e2e": engines_e2e,
+    "parity": parity,
+    "fuzzing": fuzzing,
+    "gsm8k": gsm8k,
 }
 
 

@@ -52,6 +52,16 @@ def test_a_planted_mismatch_is_caught(mod: dict[str, Any]) -> None:
     readme = (ROOT / "README.md").read_text()
     planted = readme.replace("25 of 25 `--engine trl` kills", "30 of 30 `--engine trl` kills")
     assert planted != readme and mod["rendered"](planted) == readme
+    # the end-to-end engines, parity, fuzzing and GSM8K tables, as their result files give them
+    for cell, other in (("| 17.4 s; 50.0% → 55.0% |", "| 17.4 s; 50.0% → 45.0% |"),
+                        ("loss ≤ 1.5e-8, gradient ≤ 1.9e-9 (float32)",
+                         "loss ≤ 1.5e-8, gradient ≤ 1.5e-9 (float32)"),
+                        ("| 19 (12 crashes, 7 messages not one line) |",
+                         "| 21 (12 crashes, 9 messages not one line) |"),
+                        ("| base, ≤ 64 new tokens | 2.0% |", "| base, ≤ 64 new tokens | 0% |")):
+        assert cell in text, cell
+        planted = text.replace(cell, other)
+        assert planted != text and mod["rendered"](planted) == text, cell
 
 
 def test_a_changed_source_changes_the_page(mod: dict[str, Any], tmp_path: Path) -> None:
@@ -68,6 +78,34 @@ def test_a_changed_source_changes_the_page(mod: dict[str, Any], tmp_path: Path) 
     finally:
         namespace["BENCH"] = ROOT / "benchmarks" / "results"
         mod["bench"].cache_clear()
+
+
+def test_every_listed_fuzz_find_is_kept_by_its_test(mod: dict[str, Any], tmp_path: Path) -> None:
+    """found.json's problems each name a test of tests/fuzz and the ``@example`` decorators that
+    keep them; a listed example or test that is gone fails the rendering."""
+    found = mod["fuzz_finds"]()
+    assert found and {p["kind"] for p in found} == {"crash", "message not one line"}
+    data = json.loads((ROOT / "docs" / "results" / "fuzzing" / "found.json").read_text())
+    namespace = mod["fuzz_finds"].__globals__
+    gone = "tests/fuzz/test_fuzz_cli.py::test_gone"
+    for broken in ({"examples": ['"--top-p=0.5"']}, {"test": gone}):
+        planted = {**data, "problems": [{**data["problems"][0], **broken}]}
+        (tmp_path / "fuzzing").mkdir(exist_ok=True)
+        (tmp_path / "fuzzing" / "found.json").write_text(json.dumps(planted))
+        namespace["RESULTS"] = tmp_path
+        try:
+            with pytest.raises(KeyError, match="test_gone|--top-p=0.5"):
+                mod["fuzz_finds"]()
+        finally:
+            namespace["RESULTS"] = ROOT / "docs" / "results"
+
+
+def test_fuzz_example_counts_are_the_long_profiles(mod: dict[str, Any]) -> None:
+    """The counts come from the tests' settings: the eval target takes the long profile's own
+    count through ``@sized(4)``, the reward functions the ``long=20_000`` of theirs."""
+    count = mod["long_profile_examples"]
+    assert count("test_fuzz_cli.py::test_eval_flags") == 2000
+    assert count("test_fuzz_rewards.py::test_reward_functions_lose_nothing") == 20_000
 
 
 #: claims that results committed on a GPU contradict

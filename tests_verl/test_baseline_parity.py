@@ -25,6 +25,7 @@ from verl.workers.config import FSDPActorConfig  # noqa: E402
 
 import gbmpo.integrations.verl as gv  # noqa: E402
 from gbmpo.objectives import compute_policy_loss, get_surrogate  # noqa: E402
+from parity_record import record  # noqa: E402
 
 F64 = torch.float64
 TOL = 1e-7
@@ -96,6 +97,7 @@ def _same(a: tuple[Tensor, Tensor, Any], b: tuple[Tensor, Tensor, Any]) -> None:
     assert a[1].abs().max() > 1e-3, "degenerate case: verl's gradient is ~0"
     dl, dg = float((a[0] - b[0]).abs()), float((a[1] - b[1]).abs().max())
     assert dl <= TOL and dg <= TOL, (dl, dg)
+    record(dl, dg)
 
 
 @pytest.mark.parametrize("mode", list(AGG))

@@ -37,6 +37,7 @@ from gbmpo.objectives import (  # noqa: E402
     get_surrogate,
 )
 from gbmpo.objectives.surrogates import atr_bounds  # noqa: E402
+from parity_record import record  # noqa: E402
 
 MODES = ["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean",
          "seq-mean-token-sum-norm"]  # fmt: skip
@@ -59,23 +60,12 @@ def _bound(ref: object) -> float:
     return TOL * max(1.0, abs(float(ref)))  # type: ignore[arg-type]
 
 COEF = 0.05
-DIFFS_FILE = os.environ.get("GBMPO_VERL_PARITY_JSON")
 
 
 @pytest.fixture(autouse=True)
 def _reset_kl_params() -> Any:
     yield
     gv.configure_kl({})
-
-
-def _record(key: str, loss_diff: float, grad_diff: float) -> None:
-    """Append the measured max abs differences to $GBMPO_VERL_PARITY_JSON (for the report)."""
-    if not DIFFS_FILE:
-        return
-    p = Path(DIFFS_FILE)
-    data = json.loads(p.read_text()) if p.exists() else {}
-    data[key] = {"loss": loss_diff, "grad": grad_diff}
-    p.write_text(json.dumps(data, indent=1, sort_keys=True))
 
 
 # --------------------------------------------------------------------------------------------
@@ -201,7 +191,7 @@ def test_plugin_clip_k3_equals_vanilla_low_var_kl_in_ppo_loss(
     assert g_ref.abs().max() > 1e-3
     dl = float((l_gb - l_ref).abs())
     dg = float((g_gb - g_ref).abs().max())
-    _record(f"ppo_loss[{mode}, dp={dp_size}, is_weights={with_isw}]", dl, dg)
+    record(dl, dg)
     assert dl <= _bound(l_ref), (mode, float(l_gb), float(l_ref))
     assert dg <= TOL, (mode, dg)
     for k in ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "kl_loss"):
@@ -241,7 +231,7 @@ def test_gbmpo_compute_policy_loss_equals_verl(mode: str) -> None:
     (g_gb,) = torch.autograd.grad(l_gb, lp_g)
     dl = float((l_gb - l_ref).detach().abs())
     dg = float((g_gb - g_ref).abs().max())
-    _record(f"compute_policy_loss[{mode}]", dl, dg)
+    record(dl, dg)
     assert dl <= _bound(l_ref) and dg <= TOL, (mode, dl, dg)
 
 
@@ -700,7 +690,7 @@ def test_sum_of_terms_equals_the_own_engines_sum(mode: str) -> None:
     )  # fmt: skip
     (g_g,) = torch.autograd.grad(l_g, lp)
     dl, dg = float((l_g.detach() - l_v).abs()), float((g_g - g_v).abs().max())
-    _record(f"sum_of_terms[{mode}]", dl, dg)
+    record(dl, dg)
     assert dl <= _bound(l_v) and dg <= TOL, (mode, dl, dg)
     assert _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], rel=TOL, abs=TOL)
     # sensitive: without the 'old' anchor the sum differs
@@ -748,7 +738,7 @@ def test_objective_spec_loss_equals_the_own_engines_compute_policy_loss(mode: st
                for tm in built.loss_terms], **kw)  # fmt: skip
     (g_g,) = torch.autograd.grad(l_g, lp)
     dl, dg = float((l_g.detach() - l_v).abs()), float((g_g - g_v).abs().max())
-    _record(f"objective_spec[{mode}]", dl, dg)
+    record(dl, dg)
     assert dl <= _bound(l_v) and dg <= TOL, (mode, dl, dg)
     assert 0.003 * _metric(m_v["kl_loss"]) == pytest.approx(m_g["reg_loss"], abs=1e-7)
     # the surrogate is the spec's: another delta changes the loss

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from gbmpo.integrations.trl import GBMPOConfig, GBMPOTrainer  # noqa: E402
+from parity_record import record  # noqa: E402
 
 TOL = 1e-6
 BETA = 0.04
@@ -112,6 +113,7 @@ def _compare(stock: Any, ours: Any, inputs: dict[str, Any]) -> tuple[float, floa
     assert grad_scale > 1e-4, "degenerate test: the stock gradient is ~0"
     assert loss_diff <= TOL, f"loss {loss_s} vs {loss_o}"
     assert grad_diff <= TOL, f"max grad diff {grad_diff} (grad scale {grad_scale})"
+    record(loss_diff, grad_diff)
     return loss_diff, grad_diff
 
 

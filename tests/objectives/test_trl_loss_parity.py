@@ -26,6 +26,7 @@ from torch import Tensor
 trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
 
 from gbmpo.objectives import compute_policy_loss, get_surrogate  # noqa: E402
+from parity_record import record  # noqa: E402
 
 F64 = torch.float64
 #: float64 throughout: measured differences are 0 to 3e-17 (rounding order)
@@ -140,6 +141,7 @@ def test_loss_and_gradient_equal_trl(loss_type, trl_args, name, params, aggregat
     assert g_trl.abs().max() > 1e-3, "degenerate case: TRL's gradient is ~0"
     dl, dg = float((l_trl - l_gb).abs()), float((g_trl - g_gb).abs().max())
     assert dl <= TOL and dg <= TOL, (loss_type, dl, dg)
+    record(dl, dg)
 
 
 def test_cispo_cap_binds_and_parity_is_sensitive():
