@@ -125,6 +125,7 @@ def test_train_dry_run_overrides(tmp_path_factory: pytest.TempPathFactory,
 @example(doc="engine: 'trl '\n")
 @example(doc="rollout:\n  temperature: 1" + "0" * 400 + "\n")  # int beyond float range
 @example(doc="model:\n  path: " + "x" * 100_000 + "\n")  # the message stays short
+@example(doc="optim: [1\n")  # PyYAML's message spans several lines
 def test_train_dry_run_yaml(tmp_path_factory: pytest.TempPathFactory,
                             capsys: pytest.CaptureFixture[str],
                             monkeypatch: pytest.MonkeyPatch, doc: str) -> None:

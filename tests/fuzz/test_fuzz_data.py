@@ -129,6 +129,8 @@ def _dry_run(tmp: Path, capsys: pytest.CaptureFixture[str], fmt: str, raw: bytes
 @example(f=("parquet", b"PAR1garbage"))
 @example(f=("jsonl", b'{"prompt": "a", "answer": 1}\n{"prompt": 5, "answer": 2}\n'))
 @example(f=("json.gz", b"\x1f\x8b\x08\x00junk"))
+@example(f=("csv.gz", gzip.compress(b"prompt,answer\na,1\nb,2\n")))  # gzip, not plain text
+@example(f=("csv.gz", gzip.compress(b"prompt,answer\n\xff,1\nb,2\n")))
 def test_data_files(tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str],
                     monkeypatch: pytest.MonkeyPatch, f: tuple[str, bytes]) -> None:
     tmp = tmp_path_factory.mktemp("data")
