@@ -327,3 +327,30 @@ def test_the_memory_plan_counts_the_merged_weights_to_the_byte(targets):
     merged = sum(m.out.nbytes for m in decoder._merges)
     assert merged == merged_lora_bytes(model.config, targets, 2)
     assert StaticDecoder(model, lora="inline", graphs=False)._merges == []
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_release_frees_the_slots_and_merged_copies_and_decodes_the_same(lora):
+    """After :meth:`StaticDecoder.release` no slot, graph pool or merged storage is left; the
+    next decode allocates them again and draws the same tokens for the same seed as a decoder
+    that kept them (``rollout.decode_buffers: release`` vs ``keep``)."""
+    from gbmpo.rollout.static_decoder import release_static_decoder
+
+    model = _lora("qwen3", torch.float32) if lora else _model("llama")
+    static_module._DECODERS.pop(model, None)
+    kept = [_run(model, "static", seed=s) for s in (3, 3, 4)]
+    decoder = StaticDecoder.for_model(model)
+    assert len(decoder._slots) == 1 and (not lora or decoder._merges)
+    merged_bytes = [m.out.untyped_storage().nbytes() for m in decoder._merges]
+    released = []
+    for seed in (3, 3, 4):
+        assert release_static_decoder(model)
+        assert not decoder._slots and decoder._pool is None
+        assert all(m.out.untyped_storage().nbytes() == 0 for m in decoder._merges)
+        released.append(_run(model, "static", seed=seed))
+        assert StaticDecoder.for_model(model) is decoder and len(decoder._slots) == 1
+        assert [m.out.untyped_storage().nbytes() for m in decoder._merges] == merged_bytes
+    for (tok_k, logp_k), (tok_r, logp_r) in zip(kept, released, strict=True):
+        assert torch.equal(tok_k, tok_r) and torch.equal(logp_k, logp_r)
+    static_module._DECODERS.pop(model, None)
+    assert not release_static_decoder(model)  # no decoder kept: nothing to free
