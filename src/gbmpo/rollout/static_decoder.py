@@ -38,9 +38,10 @@ replayed (should a capture fail, the step runs eagerly, with a warning); slots a
 decoder (:data:`MAX_SLOTS`, least recently used dropped), decoders per model
 (:meth:`StaticDecoder.for_model`). :meth:`StaticDecoder.release` frees them (slots, graphs,
 their memory pool, the merged copies' storage) until the next :meth:`StaticDecoder.run`, for
-the trainer to give their memory to the update (``rollout.decode_buffers``). Weights updated in place (the optimizer's step, the
-merge refresh) keep a graph valid; when a weight tensor is replaced (another storage), the
-decoder is rebuilt. Inference only: everything runs under ``torch.inference_mode``.
+the trainer to give their memory to the update (``rollout.decode_buffers``). Weights updated
+in place (the optimizer's step, the merge refresh) keep a graph valid; when a weight tensor
+is replaced (another storage), the decoder is rebuilt. Inference only: everything runs under
+``torch.inference_mode``.
 """
 
 from __future__ import annotations
