@@ -12,18 +12,21 @@ The parts (bytes on one device):
   colocated vLLM, verl's rollout);
 * **decode state** of the own engine's static decode step
   (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`, taken on CUDA and for LoRA models,
-  :func:`uses_static_decoder`): its buffers for the whole completion, one slot for the
-  rollouts and one for the evaluations during training (:func:`static_decode_bytes`), and
-  with LoRA the merged copy of the adapted weights (:func:`merged_lora_bytes`). The decoder
-  keeps them after the decode, so they are alive during the update too; its KV cache is the
-  slot's, and what the rollout allocates besides is the prefill's prompt keys/values.
+  :func:`uses_static_decoder`): its slots of buffers for the whole completion
+  (:func:`static_decode_bytes`; the rollouts' and the evaluations', up to four,
+  :func:`decode_slots`), on CUDA their graphs' memory pool (:func:`decode_step_bytes`), and
+  with LoRA the merged copy of the adapted weights (:func:`merged_lora_bytes`); its KV cache is
+  the slot's, and what the rollout allocates besides is the prefill's prompt keys/values.
+  ``rollout.decode_buffers`` keeps them through the update (``keep``) or frees them after each
+  rollout and evaluation (``release``; ``auto``: release when keeping does not fit).
 
 TRL (``GRPOConfig``'s default) and verl (``enable_gradient_checkpointing``) checkpoint the
 gradient: their activations are each layer's input plus one layer recomputed.
 
 Generation and the update do not overlap in time (the KV cache is freed before the update, vLLM
-keeps its reserve), so the peak is ``static + decode state + max(activations, KV cache)``, or
-``static + vLLM reserve + activations`` with vLLM.
+keeps its reserve), so the peak is ``static + decode state + max(activations, KV cache)`` with
+the decoder's state kept, ``static + max(activations, each generation phase with its decode
+state)`` with it released, or ``static + vLLM reserve + activations`` with vLLM.
 
 On the own engine with ``optim.micro_batch_size: null`` and a known device size, the plan
 chooses the micro-batch: the largest divisor of the mini-batch whose peak fits with
@@ -49,6 +52,8 @@ __all__ = [
     "KNOWN_SHAPES",
     "PLAN_MARGIN",
     "activation_bytes",
+    "decode_slots",
+    "decode_step_bytes",
     "head_bytes",
     "inference_bytes",
     "inference_rows",
@@ -205,7 +210,7 @@ def decode_step_bytes(model_config: Any, rows: int, cols: int, dtype_bytes: int,
     probabilities (:math:`b` each), the float32 softmax (4) and :math:`c = b` for its cast back
     (CUDA) or 4 for the float32 copy of 16-bit scores the CPU softmax makes (0 for float32).
     Left out: per-row vectors of the hidden, q/k/v and MLP widths."""
-    _, _, q, _, _, vocab = _shape(model_config)
+    vocab = _shape(model_config)[5]
     cfg = getattr(model_config, "text_config", None) or model_config
     heads, b, bv = int(cfg.num_attention_heads), dtype_bytes, rows * vocab
     z = 0

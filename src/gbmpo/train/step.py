@@ -154,8 +154,9 @@ def release_decoder_buffers(cfg: TrainConfig, model: Any, batch: Rollout | None,
     (:func:`~gbmpo.rollout.static_decoder.release_static_decoder`) after a rollout ``batch``
     when :func:`releases_decoder_buffers` says so for its prompt width rounded up to 64 tokens
     (``plans``: the caller's memo by width); after an evaluation (``batch`` ``None``) when the
-    last rollout's plan released, or, before any, when any choice but ``keep`` may release.
-    Whether it freed them."""
+    last rollout's choice was to release, or, before the first rollout (no plan yet), with
+    ``release`` or ``auto`` on CUDA (the next rollout only allocates them again). Whether it
+    freed them."""
     if batch is not None:
         width = -(-int(batch.prompt_ids.shape[1]) // 64) * 64
         if width not in plans:
