@@ -482,7 +482,8 @@ def print_tables(result: dict[str, Any]) -> None:
     for setting, runs in result["settings"].items():
         for run, r in runs.items():
             plan = r.get("plan") or {}
-            kept = ((plan.get("decode_buffers") or 0) + (plan.get("merged_weights") or 0)) / 2**30
+            kept = sum(plan.get(k) or 0 for k in ("decode_buffers", "decode_pool",
+                                                  "merged_weights")) / 2**30  # fmt: skip
             of_which = f", of which static decoder {kept:.3g}" if kept else ""
             print(f"\n{setting}, {run}: {r['step_seconds_mean']:.3f} s/step, peak "
                   f"{_fmt(r['peak_memory_gib'])} GiB (plan {r['plan_peak_gib']:.3g}{of_which})")

@@ -86,6 +86,23 @@ def test_decode_step_is_checked_and_changes_no_result_on_any_engine() -> None:
     assert len(notices) == 1 and "rollout.decode_step" in notices[0]
 
 
+def test_decode_buffers_is_checked_and_changes_no_result_on_any_engine() -> None:
+    """``rollout.decode_buffers`` (keep or free the static step's buffers between rollouts): an
+    unknown value is refused with the valid ones; no engine's results depend on it (a notice
+    when set), TRL and verl name the own engine's decoder as the reason."""
+    from gbmpo.config import validate
+
+    with pytest.raises(ConfigError, match="'rollout.decode_buffers': unknown choice 'free'; "
+                                          "valid: auto, keep, release"):  # fmt: skip
+        validate(load_config(overrides=[("rollout.decode_buffers", "free")]))
+    assert all(SUPPORT[e]["rollout.decode_buffers"].status == NO_EFFECT for e in ENGINES)
+    assert all("own engine's decoder" in SUPPORT[e]["rollout.decode_buffers"].how
+               for e in ENGINES if e != "gbmpo")  # fmt: skip
+    cfg = load_config(overrides=[("rollout.decode_buffers", "release")])
+    notices = check_support(cfg, "gbmpo")
+    assert len(notices) == 1 and "rollout.decode_buffers" in notices[0]
+
+
 def test_own_engine_refuses_several_processes() -> None:
     cfg = load_config(overrides=[("run.num_processes", "2")])
     with pytest.raises(ConfigError, match=r"run.num_processes.*engine 'gbmpo'"):

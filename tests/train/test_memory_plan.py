@@ -227,37 +227,109 @@ def test_plan_batches_plans_once_per_64_token_width(micro_model_dir: Path,
     assert trainer.inference_batch >= trainer.micro_batch
 
 
-def test_the_static_decoders_slots_and_merged_weights_are_planned() -> None:
-    """With the static decode step (on CUDA, or with LoRA) the plan counts the rollouts' slot,
-    the evaluations' slot and the merged LoRA weights (sized to the byte against the decoder's
-    allocation in tests/rollout/test_static_decoder.py), kept through the update; its
-    generation term is then the prefill's prompt keys/values only."""
-    from gbmpo.train.memory import merged_lora_bytes, static_decode_bytes, uses_static_decoder
+def test_the_static_decoders_slots_pool_and_merged_weights_are_planned() -> None:
+    """With the static decode step (on CUDA, or with LoRA) and ``decode_buffers: keep`` the
+    plan counts, through the update, the ``MAX_SLOTS`` largest slots the rollouts and the
+    evaluations can key (one decoder, an LRU of four: full and last chunks, every prompt bucket
+    up to the prompt's; each sized to the byte against the decoder's allocation in
+    tests/rollout/test_static_decoder.py), the graphs' pool (the largest slot's step, on CUDA)
+    and the merged LoRA weights; its generation term is then the prefill's keys/values."""
+    from gbmpo.rollout.static_decoder import MAX_SLOTS
+    from gbmpo.train.memory import (
+        decode_slots,
+        decode_step_bytes,
+        merged_lora_bytes,
+        static_decode_bytes,
+        uses_static_decoder,
+    )
 
     shape = model_shape("Qwen/Qwen3-1.7B")
     path = ROOT / "configs" / "paper" / "gbmpo-qwen3-1.7b-gsm8k-probl2.yaml"
-    own = [("engine", "gbmpo")]
+    own = [("engine", "gbmpo"), ("rollout.decode_buffers", "keep")]
     cfg = load_config(path, overrides=own)  # cuda, 2 prompts x 4 x 256 tokens, LoRA on all 7
     assert uses_static_decoder(cfg) and cfg.lora.enabled and cfg.eval.batch_size == 32
+    assert cfg.eval.limit is None and cfg.eval.auto_limit == 500 and MAX_SLOTS == 4
+    slots = decode_slots(cfg, 200)
+    # rollouts: one chunk of 2 prompts (8 rows) per call, in any bucket up to 256
+    sampling = (True, 0.6, 0, 0.95)
+    assert slots["rollout"] == ({(8, w, 256, sampling) for w in (64, 128, 256)}, 1)
+    # evaluations: 500 problems at most in chunks of 32, the last of up to 31: four at once
+    greedy = (False, 1.0, 0, 1.0)
+    assert slots["eval"] == ({(r, w, 256, greedy) for r in (32, 31) for w in (64, 128, 256)}, 4)
     plan = memory_plan(cfg, shape, 200, needs_ref=False)
-    slots = (static_decode_bytes(shape, 8, 200, 256, 2)
-             + static_decode_bytes(shape, 32, 200, 256, 2))  # fmt: skip
-    assert plan["decode_buffers"] == slots
+    largest = sorted((static_decode_bytes(shape, r, w, 256, 2) for r, w in
+                      [(8, 64), (8, 128), (8, 256), (32, 64), (32, 128), (32, 256),
+                       (31, 64), (31, 128), (31, 256)]), reverse=True)  # fmt: skip
+    assert plan["decode_buffers_mode"] == "keep"
+    assert plan["decode_buffers"] == sum(largest[:4])
+    pools = [decode_step_bytes(shape, 8, 256 + 256, 2, do_sample=True, temperature=0.6,
+                               top_p=0.95),
+             decode_step_bytes(shape, 32, 256 + 256, 2, do_sample=False)]  # fmt: skip
+    assert plan["decode_pool"] == max(pools)
     assert plan["merged_weights"] == merged_lora_bytes(shape, cfg.lora.target_modules, 2)
     assert plan["kv_cache"] == 2 * 28 * 8 * 128 * 2 * 200 * 2  # the 2 prompts' prefill
     kept = sum(plan[k] or 0 for k in ("weights", "reference", "gradients", "optimizer",
-                                      "decode_buffers", "merged_weights"))  # fmt: skip
-    assert plan["peak"] == kept + max(plan["activations"], plan["kv_cache"])
-    assert "decode buffers" in plan_line(plan, "cuda") and "merged weights" in plan_line(
-        plan, "cuda")
-    # no evaluation during training: the rollouts' slot only
-    quiet = load_config(path, overrides=[*own, ("eval.before", "false"),
-                                        ("eval.every", "0")])
-    assert memory_plan(quiet, shape, 200, needs_ref=False)["decode_buffers"] == (
-        static_decode_bytes(shape, 8, 200, 256, 2))
+                                      "decode_buffers", "decode_pool", "merged_weights"))
+    eval_prefill = 2 * 28 * 8 * 128 * 32 * 200 * 2  # 32 prompts of the evaluation
+    assert plan["peak"] == kept + max(plan["activations"], plan["kv_cache"], eval_prefill)
+    line = plan_line(plan, "cuda")
+    assert "decode buffers" in line and "graph pool" in line and "merged weights" in line
+    assert "decoder state kept through the update" in line
+    # no evaluation during training, the CPU (no graph, no pool): the rollouts' slots only
+    quiet = load_config(path, overrides=[*own, ("eval.before", "false"), ("eval.every", "0"),
+                                         ("model.device", "cpu")])  # fmt: skip
+    quiet_plan = memory_plan(quiet, shape, 200, needs_ref=False)
+    assert quiet_plan["decode_buffers"] == sum(static_decode_bytes(shape, 8, w, 256, 2)
+                                               for w in (64, 128, 256))  # fmt: skip
+    assert quiet_plan["decode_pool"] is None
     # the lean decoder (plain model on the CPU, or decode_step: lean): no decoder state
     for over in ([("model.device", "cpu"), ("lora.enabled", "false")],
                  [("rollout.decode_step", "lean"), ("eval.before", "false"),
                   ("eval.every", "0")]):  # fmt: skip
         lean = memory_plan(load_config(path, overrides=[*own, *over]), shape, 200, needs_ref=False)
         assert lean["decode_buffers"] is None and lean["merged_weights"] is None
+        assert lean["decode_buffers_mode"] is None and lean["decode_pool"] is None
+
+
+def _atr(*overrides: tuple[str, str]) -> Any:
+    """The ATR-GRPO paper config on the own engine (one process)."""
+    path = ROOT / "configs" / "paper" / "atr-grpo-qwen3-1.7b-gsm8k.yaml"
+    return load_config(path, overrides=[("engine", "gbmpo"), ("run.num_processes", "1"),
+                                        *overrides])  # fmt: skip
+
+
+def test_decode_buffers_auto_keeps_when_it_fits_and_releases_otherwise() -> None:
+    """ATR-GRPO's config on the own engine (256 rollouts of 1024 tokens, micro-batch 8): with
+    prompts of 64 tokens (one bucket) keeping the decoder's state fits a 141 GiB card with the
+    margin but not an 80 GiB one, where ``auto`` releases it after each rollout and evaluation;
+    the released plan's peak is the static parts plus the larger of the update and a generation
+    phase. ``keep`` on the small card is honoured and does not fit; ``release`` is honoured on
+    the large one. With 256-token prompts (three buckets of rollout slots) keeping needs more
+    than 141 GiB: ``auto`` releases there too."""
+    from gbmpo.train.memory import PLAN_MARGIN
+
+    shape, gib = model_shape("Qwen/Qwen3-1.7B"), 2**30
+
+    def plan(mode: str, device: int, prompt: int = 64) -> dict[str, Any]:
+        return memory_plan(_atr(("rollout.decode_buffers", mode)), shape, prompt,
+                           needs_ref=False, device_bytes=device)  # fmt: skip
+
+    keep, release = plan("keep", 80 * gib), plan("release", 80 * gib)
+    assert (1 - PLAN_MARGIN) * 80 * gib < keep["peak"] <= (1 - PLAN_MARGIN) * 141 * gib
+    assert release["peak"] < keep["peak"] and release["fits"] and not keep["fits"]
+    static = sum(release[k] or 0 for k in ("weights", "gradients", "optimizer", "reference"))
+    rollout = (release["decode_buffers"] + release["decode_pool"] + release["kv_cache"])
+    assert release["peak"] == static + max(release["activations"], rollout)
+    assert keep["decode_buffers_mode"] == "keep" and "does NOT fit" in plan_line(keep, "cuda")
+    small, large = plan("auto", 80 * gib), plan("auto", 141 * gib)
+    assert small["decode_buffers_mode"] == "release" and small["peak"] == release["peak"]
+    assert "released after each rollout and evaluation" in plan_line(small, "cuda")
+    assert large["decode_buffers_mode"] == "keep" and large["peak"] == keep["peak"]
+    assert plan("release", 141 * gib)["decode_buffers_mode"] == "release"
+    wide = plan("auto", 141 * gib, prompt=256)
+    assert wide["decode_buffers_mode"] == "release" and wide["fits"]
+    assert plan("keep", 141 * gib, prompt=256)["peak"] > 141 * gib
+    # no device size: a CUDA config is compared with one 80 GiB GPU; on the CPU auto keeps
+    assert memory_plan(_atr(), shape, 64, needs_ref=False)["decode_buffers_mode"] == "release"
+    cpu = _atr(("model.device", "cpu"), ("rollout.decode_step", "static"))
+    assert memory_plan(cpu, shape, 64, needs_ref=False)["decode_buffers_mode"] == "keep"

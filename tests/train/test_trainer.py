@@ -242,6 +242,24 @@ def test_lean_decoder_switch_gives_the_same_run(micro_model_dir, tmp_path):
     assert len(runs["lean"]) == 3
 
 
+def test_released_decoder_buffers_give_the_same_run(micro_model_dir, tmp_path):
+    """``rollout.decode_buffers: release`` frees the static decoder's slots after each rollout
+    (re-allocated by the next): the same metrics as ``keep``, which leaves them allocated."""
+    from gbmpo.rollout.static_decoder import _DECODERS
+
+    runs, slots = {}, {}
+    for mode in ("keep", "release"):
+        out = tmp_path / mode
+        trainer = Trainer(micro_config(micro_model_dir, out, **{
+            "rollout.decode_step": "static", "rollout.decode_buffers": mode}),
+            reward_fn=varied_reward)  # fmt: skip
+        trainer.train()
+        runs[mode] = [without_timing(r) for r in read_metrics(out)]
+        slots[mode] = len(_DECODERS[trainer.model][1]._slots)
+    assert runs["keep"] == runs["release"] and len(runs["keep"]) == 3
+    assert slots["keep"] >= 1 and slots["release"] == 0
+
+
 # ----------------------------------------------------------------------------- rewards
 
 

@@ -12,7 +12,7 @@ from gbmpo.config.schema import REPORTERS, TRAIN_ENGINES, ConfigError, TrainConf
 from gbmpo.config.support import check_support
 from gbmpo.objectives.spec import SpecError
 from gbmpo.registry import PluginError, UnknownNameError, add_plugin_modules
-from gbmpo.rollout.sampling import DECODE_STEPS, GENERATORS
+from gbmpo.rollout.sampling import DECODE_BUFFERS, DECODE_STEPS, GENERATORS
 from gbmpo.tasks import TASKS
 from gbmpo.tasks.reasoning_gym import list_datasets
 
@@ -106,6 +106,11 @@ def _check_rollout(cfg: TrainConfig) -> None:
         r.decode_step in DECODE_STEPS,
         f"'rollout.decode_step': unknown decode step {r.decode_step!r}; valid: "
         f"{', '.join(DECODE_STEPS)}",
+    )
+    _require(
+        r.decode_buffers in DECODE_BUFFERS,
+        f"'rollout.decode_buffers': unknown choice {r.decode_buffers!r}; valid: "
+        f"{', '.join(DECODE_BUFFERS)}",
     )
 
 

@@ -90,6 +90,14 @@ class RolloutConfig:
     #: own forward then); "auto": static on CUDA, and on the CPU for LoRA models, lean otherwise
     #: (the faster there). The same tokens for the same seed up to float rounding
     decode_step: str = "auto"
+    #: the static decode step's buffers (its slots: keys/values for the whole completion, a CUDA
+    #: graph and its memory pool; with LoRA the merged decode copy of the weights) between
+    #: rollouts and evaluations. "keep": kept through the update (no re-allocation or
+    #: re-capture per rollout); "release": freed after each rollout and evaluation, so the
+    #: update has their memory; "auto": keep when the memory plan fits the device with them
+    #: kept, release otherwise (only on CUDA, where the plan knows the device; keep elsewhere).
+    #: The same tokens either way
+    decode_buffers: str = "auto"
     #: log-prob forwards (policy, old, reference) run each distinct prompt once and the G
     #: completions on its KV cache; exact up to float rounding (false: one forward per row)
     share_prompts: bool = True

@@ -45,6 +45,7 @@ from gbmpo.rollout.logprobs import _accepts_logits_to_keep
 from gbmpo.rollout.static_decoder import StaticDecoder
 
 __all__ = [
+    "DECODE_BUFFERS",
     "DECODE_STEPS",
     "GENERATORS",
     "Rollout",
@@ -182,6 +183,11 @@ GENERATORS = ("gbmpo", "hf")
 #: (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`, a CUDA graph on a GPU), ``lean``
 #: (:class:`~gbmpo.rollout.decoder.LeanDecoder`), ``auto`` (:func:`static_by_default`)
 DECODE_STEPS = ("auto", "static", "lean")
+#: what the trainer does with the static decode step's buffers between rollouts
+#: (``rollout.decode_buffers``): ``keep``, ``release``
+#: (:meth:`~gbmpo.rollout.static_decoder.StaticDecoder.release`), ``auto`` (the memory plan's
+#: choice, :func:`gbmpo.train.memory.memory_plan`)
+DECODE_BUFFERS = ("auto", "keep", "release")
 
 
 def static_by_default(model: Any) -> bool:

@@ -36,9 +36,12 @@ On CUDA (``graphs=True``, the default there) the step is captured as a ``torch.c
 once per :class:`_Slot` (rows, prompt bucket, completion length and sampling settings) and
 replayed (should a capture fail, the step runs eagerly, with a warning); slots are kept per
 decoder (:data:`MAX_SLOTS`, least recently used dropped), decoders per model
-(:meth:`StaticDecoder.for_model`). Weights updated in place (the optimizer's step, the
-merge refresh) keep a graph valid; when a weight tensor is replaced (another storage), the
-decoder is rebuilt. Inference only: everything runs under ``torch.inference_mode``.
+(:meth:`StaticDecoder.for_model`). :meth:`StaticDecoder.release` frees them (slots, graphs,
+their memory pool, the merged copies' storage) until the next :meth:`StaticDecoder.run`, for
+the trainer to give their memory to the update (``rollout.decode_buffers``). Weights updated
+in place (the optimizer's step, the merge refresh) keep a graph valid; when a weight tensor
+is replaced (another storage), the decoder is rebuilt. Inference only: everything runs under
+``torch.inference_mode``.
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ __all__ = [
     "LORA_MODES",
     "MAX_SLOTS",
     "StaticDecoder",
+    "release_static_decoder",
     "static_decoder_unsupported_reason",
     "width_bucket",
 ]
@@ -312,6 +316,23 @@ class StaticDecoder(_LlamaWeights):
         _DECODERS[model] = (key, decoder)
         return decoder
 
+    def release(self) -> None:
+        """Free what the decoder keeps between decodes: every slot (its buffers and captured
+        graph), the graphs' memory pool and the storage of the merged LoRA copies. The next
+        :meth:`run` allocates them again (and captures again on CUDA): the same tokens."""
+        self._slots.clear()
+        self._pool = None
+        for merge in self._merges:  # the tensor stays (the step's projections read it)
+            merge.out.untyped_storage().resize_(0)
+
+    def _reallocate(self) -> None:
+        """Give the merged copies their storage back after :meth:`release` (filled by the
+        refresh that follows)."""
+        for merge in self._merges:
+            out = merge.out
+            if out.untyped_storage().nbytes() == 0 and out.numel():
+                out.untyped_storage().resize_(out.numel() * out.element_size())
+
     # ------------------------------------------------------------------ the step
 
     def _forward(self, s: _Slot, tokens: Tensor) -> Tensor:
@@ -434,6 +455,7 @@ class StaticDecoder(_LlamaWeights):
     def _refresh(self) -> None:
         """Re-read what the step copies from the weights: the merged LoRA weights and the joint
         q/k norms (in place where they exist, so a captured graph stays valid)."""
+        self._reallocate()
         for merge in self._merges:
             merge.refresh()
         joint = [_joint_qk_norm(layer, self.num_heads, self.num_kv_heads, self.head_dim)
@@ -524,6 +546,16 @@ class StaticDecoder(_LlamaWeights):
         s.t.zero_()
         if uniforms is not None:
             s.uniforms.copy_(uniforms)
+
+
+def release_static_decoder(model: Any) -> bool:
+    """:meth:`StaticDecoder.release` of the decoder kept for ``model``
+    (:meth:`StaticDecoder.for_model`); ``False`` when none is kept (nothing to free)."""
+    cached = _DECODERS.get(model)
+    if cached is None:
+        return False
+    cached[1].release()
+    return True
 
 
 def _signature(model: Any) -> tuple[Any, ...]:

@@ -12,18 +12,21 @@ The parts (bytes on one device):
   colocated vLLM, verl's rollout);
 * **decode state** of the own engine's static decode step
   (:class:`~gbmpo.rollout.static_decoder.StaticDecoder`, taken on CUDA and for LoRA models,
-  :func:`uses_static_decoder`): its buffers for the whole completion, one slot for the
-  rollouts and one for the evaluations during training (:func:`static_decode_bytes`), and
-  with LoRA the merged copy of the adapted weights (:func:`merged_lora_bytes`). The decoder
-  keeps them after the decode, so they are alive during the update too; its KV cache is the
-  slot's, and what the rollout allocates besides is the prefill's prompt keys/values.
+  :func:`uses_static_decoder`): its slots of buffers for the whole completion
+  (:func:`static_decode_bytes`; the rollouts' and the evaluations', up to four,
+  :func:`decode_slots`), on CUDA their graphs' memory pool (:func:`decode_step_bytes`), and
+  with LoRA the merged copy of the adapted weights (:func:`merged_lora_bytes`); its KV cache is
+  the slot's, and what the rollout allocates besides is the prefill's prompt keys/values.
+  ``rollout.decode_buffers`` keeps them through the update (``keep``) or frees them after each
+  rollout and evaluation (``release``; ``auto``: release when keeping does not fit).
 
 TRL (``GRPOConfig``'s default) and verl (``enable_gradient_checkpointing``) checkpoint the
 gradient: their activations are each layer's input plus one layer recomputed.
 
 Generation and the update do not overlap in time (the KV cache is freed before the update, vLLM
-keeps its reserve), so the peak is ``static + decode state + max(activations, KV cache)``, or
-``static + vLLM reserve + activations`` with vLLM.
+keeps its reserve), so the peak is ``static + decode state + max(activations, KV cache)`` with
+the decoder's state kept, ``static + max(activations, each generation phase with its decode
+state)`` with it released, or ``static + vLLM reserve + activations`` with vLLM.
 
 On the own engine with ``optim.micro_batch_size: null`` and a known device size, the plan
 chooses the micro-batch: the largest divisor of the mini-batch whose peak fits with
@@ -49,6 +52,8 @@ __all__ = [
     "KNOWN_SHAPES",
     "PLAN_MARGIN",
     "activation_bytes",
+    "decode_slots",
+    "decode_step_bytes",
     "head_bytes",
     "inference_bytes",
     "inference_rows",
@@ -186,6 +191,47 @@ def static_decode_bytes(model_config: Any, rows: int, prompt_tokens: int, max_ne
             + rows * vocab * b + 9 * rows + 16 + 8 * eos_ids + 20 * max_new_tokens * rows)
 
 
+def decode_step_bytes(model_config: Any, rows: int, cols: int, dtype_bytes: int, *,
+                      do_sample: bool, temperature: float = 1.0, top_k: int = 0,
+                      top_p: float = 1.0, device: str = "cuda") -> int:  # fmt: skip
+    r"""Peak transient bytes of one static decode step (``StaticDecoder._step``) of ``rows``
+    :math:`B` over a slot of :math:`S` = ``cols`` columns: what a captured step's CUDA graph
+    keeps in its private memory pool. With :math:`H` query heads, vocabulary :math:`V`:
+
+    .. math:: M = \max\big(D,\; z + \max(BHS\,a,\; BVb)\big)
+
+    :math:`z = 4BV`: the float32 filtered logits, alive through the forward (0 greedy, or for
+    float32 logits unfiltered at temperature 1: a view). :math:`D`, the sampler's largest stage
+    (``gbmpo.rollout.draw``): temperature :math:`z_0 + 4BV` (:math:`z_0` the float32 copy of
+    16-bit logits), top-k :math:`z + 5BV`, top-p :math:`z + 22BV` (sorted values, int64 order,
+    cumulative sum, two masks, the masked copy; on CUDA + :math:`12BV`, the radix sort's
+    alternate key/value buffers), the draw :math:`z + 12BV` (float32 softmax, float64 CDF).
+    Attention per layer, :math:`a = 3b + 4 + c`: scores, masked scores and the previous layer's
+    probabilities (:math:`b` each), the float32 softmax (4) and :math:`c = b` for its cast back
+    (CUDA) or 4 for the float32 copy of 16-bit scores the CPU softmax makes (0 for float32).
+    Left out: per-row vectors of the hidden, q/k/v and MLP widths."""
+    vocab = _shape(model_config)[5]
+    cfg = getattr(model_config, "text_config", None) or model_config
+    heads, b, bv = int(cfg.num_attention_heads), dtype_bytes, rows * vocab
+    z = 0
+    stages = []
+    if do_sample:
+        z = 4 * bv if b < 4 else 0  # logits.float(): a copy of 16-bit logits, else a view
+        if temperature != 1.0:
+            stages.append(z + 4 * bv)
+            z = 4 * bv
+        if 0 < top_k < vocab:
+            stages.append(z + 5 * bv)
+            z = 4 * bv
+        if top_p < 1.0:
+            stages.append(z + 22 * bv + (12 * bv if device == "cuda" else 0))
+            z = 4 * bv
+        stages.append(z + 12 * bv)
+    cast = 0 if b >= 4 else (b if device == "cuda" else 4)
+    attention = rows * heads * cols * (3 * b + 4 + cast)
+    return max([*stages, z + max(attention, bv * b)])
+
+
 def merged_lora_bytes(model_config: Any, target_modules: Any, dtype_bytes: int) -> int:
     r"""Bytes of the merged copy :math:`W + sBA` that the static decode step keeps of every
     adapted projection (``lora="merge"``, its default): for the projections named in
@@ -254,14 +300,24 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         util = ro.vllm_gpu_memory_utilization if engine == "trl" else _verl_gpu_util()
         reserve = int(util * capacity)
         parts["kv_cache"] = None
-    decode_state = merged = 0
-    if engine == "gbmpo":
-        decode_state, merged, prefill_kv = _decode_state(cfg, model_config, prompt_tokens, b)
-        if prefill_kv is not None:  # the static step's KV cache is its slot's
-            parts["kv_cache"] = prefill_kv
+    state = _decode_state(cfg, model_config, prompt_tokens, b) if engine == "gbmpo" else None
+    if state is not None and "rollout" in state["prefill"]:
+        parts["kv_cache"] = state["prefill"]["rollout"]  # the static step's KV cache is its slot's
     static = sum(int(parts[k] or 0) for k in ("weights", "reference", "gradients", "optimizer"))
-    static += decode_state + merged  # kept by the static decoder through the update
     kv = int(parts["kv_cache"] or 0)
+
+    def kept(mode: str | None) -> int:  # what the static decoder holds through the update
+        if state is None or mode != "keep":
+            return 0
+        return state["held"] + state["held_pool"] + state["merged"]
+
+    def generation(mode: str | None) -> int:  # a generation phase's bytes besides the kept ones
+        if state is None:
+            return kv
+        if mode != "release":
+            return max([kv, *state["prefill"].values()])
+        return max([kv, *(state["phase_slots"][p] + state["phase_pool"][p] + state["merged"]
+                          + state["prefill"][p] for p in state["phase_slots"])])  # fmt: skip
 
     def activations(rows: int) -> int:
         # TRL's GRPOConfig and verl checkpoint the gradient by default; the own engine does not,
@@ -270,10 +326,17 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
                                 checkpointing=engine != "gbmpo", fused_head=engine == "gbmpo",
                                 head_trained=not cfg.lora.enabled)  # fmt: skip
 
-    def peak_of(act: int) -> int:
-        return static + reserve + act if vllm else static + max(act, kv)
+    def peak_of(act: int, mode: str | None = None) -> int:
+        if vllm:
+            return static + reserve + act
+        return static + kept(mode) + max(act, generation(mode))
 
-    planned = False
+    planned, mode = False, None
+    if state is not None and state["phase_slots"]:
+        mode = ro.decode_buffers
+        if mode == "auto":
+            mode = _decode_buffers_choice(cfg, mini, micro, capacity, device_bytes, activations,
+                                          peak_of)  # fmt: skip
     if engine == "verl" and not micro:
         # use_dynamic_bsz: micro-batches packed to ppo_max_token_len_per_gpu tokens, padding
         # removed, logits of every token; gradient checkpointing (verl's default)
@@ -282,13 +345,14 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         micro, length = 1, tokens
     else:
         if engine == "gbmpo" and opt.micro_batch_size is None and device_bytes is not None:
-            micro = planned_micro_batch(mini, lambda m: peak_of(activations(m)), device_bytes)
+            micro = planned_micro_batch(mini, lambda m: peak_of(activations(m), mode),
+                                        device_bytes)  # fmt: skip
             planned = True
         act = activations(micro)
-    peak = peak_of(act)
+    peak = peak_of(act, mode)
     inference = None
-    if engine == "gbmpo":
-        inference = inference_rows(batch, max(act, kv), lambda r: inference_bytes(
+    if engine == "gbmpo":  # neither the update nor a generation runs beside these passes
+        inference = inference_rows(batch, max(act, generation(mode)), lambda r: inference_bytes(
             model_config, r, length, ro.max_new_tokens, b))
     return {
         "engine": engine,
@@ -303,8 +367,10 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
         "reference": parts["reference"],
         "activations": act,
         "kv_cache": parts["kv_cache"],
-        "decode_buffers": decode_state or None,
-        "merged_weights": merged or None,
+        "decode_buffers": _decode_part(state, mode, "held", "phase_slots"),
+        "decode_pool": _decode_part(state, mode, "held_pool", "phase_pool"),
+        "merged_weights": (state or {}).get("merged") or None,
+        "decode_buffers_mode": mode,
         "vllm_reserve": reserve or None,
         "peak": peak,
         "device_bytes": device_bytes,
@@ -313,27 +379,111 @@ def memory_plan(cfg: TrainConfig, model_config: Any, prompt_tokens: int, *, need
     }
 
 
-def _decode_state(cfg: TrainConfig, model_config: Any, prompt_tokens: int, b: int
-                  ) -> tuple[int, int, int | None]:  # fmt: skip
-    """(static decoder slots, merged LoRA weights, the prefill's prompt keys/values or ``None``
-    when the rollouts do not take the static step) of the own engine: the rollouts' slot, and
-    the evaluations' when they run during training (:func:`gbmpo.eval.evaluate` decodes with
-    ``decode_step: auto``, greedy: a slot of its own), both at the plan's prompt width."""
+def decode_slots(cfg: TrainConfig, prompt_tokens: int) -> dict[str, tuple[set[Any], int]]:
+    """The static decoder's slot keys ``(rows, bucket, steps, sampling)`` that the rollouts and
+    the evaluations during training can allocate, by phase (``"rollout"``, ``"eval"``), each
+    with the most slots one call of it can hold at once (its prompt chunks, ``MAX_SLOTS`` at
+    most). One decoder serves both (:meth:`~gbmpo.rollout.static_decoder.StaticDecoder.for_model`)
+    and keys a slot by rows, prompt bucket (a chunk of shorter prompts takes a smaller one,
+    down to 64), new tokens and sampling settings: a full chunk and the last, smaller one have
+    other rows, so an evaluation (``eval.batch_size`` problems a chunk, up to ``eval.limit`` or
+    ``eval.auto_limit``, greedy) can hold up to ``MAX_SLOTS``. Where the limit is unknown, its
+    last chunk is counted at ``batch_size - 1`` problems (the most it can have)."""
+    from gbmpo.rollout.static_decoder import MAX_SLOTS, MIN_BUCKET, width_bucket
+
     ro, ev = cfg.rollout, cfg.eval
-    prompts = min(ro.batch_size or ro.prompts_per_step, ro.prompts_per_step)
-    slots, prefill_kv = 0, None
+    buckets, top = [MIN_BUCKET], width_bucket(prompt_tokens)
+    while buckets[-1] < top:
+        buckets.append(2 * buckets[-1])
+
+    def keys(per_chunk: int, total: int | None, exact: bool, repeats: int, steps: int,
+             sampling: tuple[Any, ...]) -> tuple[set[Any], int]:  # fmt: skip
+        rows = {min(per_chunk, total or per_chunk) * repeats}
+        last = total % per_chunk if exact and total is not None else per_chunk - 1
+        if last and (total is None or total > per_chunk):
+            rows.add(last * repeats)
+        calls = MAX_SLOTS if total is None else -(-total // per_chunk)
+        found = {(r, w, steps, sampling) for r in rows for w in buckets}
+        return found, min(MAX_SLOTS, calls, len(found))
+
+    slots: dict[str, tuple[set[Any], int]] = {}
     if uses_static_decoder(cfg):
-        slots += static_decode_bytes(model_config, prompts * ro.num_generations, prompt_tokens,
-                                     ro.max_new_tokens, b)  # fmt: skip
-        prefill_kv = _kv_cache_bytes(model_config, prompts, prompt_tokens, b)
+        sampling = (True, ro.temperature, ro.top_k, ro.top_p)
+        slots["rollout"] = keys(ro.batch_size or ro.prompts_per_step, ro.prompts_per_step,
+                                True, ro.num_generations, ro.max_new_tokens, sampling)  # fmt: skip
     eval_static = (ro.generator == "gbmpo" and ev.max_new_tokens > 1
                    and (cfg.model.device.startswith("cuda") or cfg.lora.enabled))  # fmt: skip
     if eval_static and (ev.before or ev.every > 0):
-        rows = min(ev.batch_size, ev.limit or ev.batch_size) * ev.samples
-        slots += static_decode_bytes(model_config, rows, prompt_tokens, ev.max_new_tokens, b)
-    merged = merged_lora_bytes(model_config, cfg.lora.target_modules, b) if (
-        slots and cfg.lora.enabled) else 0  # fmt: skip
-    return slots, merged, prefill_kv
+        # gbmpo.train.Trainer.evaluate: greedy, or the rollouts' temperature and top-p
+        sampling = (False, 1.0, 0, 1.0) if ev.samples == 1 else (True, ro.temperature, 0,
+                                                                  ro.top_p)  # fmt: skip
+        slots["eval"] = keys(ev.batch_size, ev.limit or ev.auto_limit, ev.limit is not None,
+                             ev.samples, ev.max_new_tokens, sampling)  # fmt: skip
+    return slots
+
+
+def _decode_buffers_choice(cfg: TrainConfig, mini: int, micro: int, capacity: int,
+                           device_bytes: int | None, activations: Any, peak_of: Any) -> str:
+    """``rollout.decode_buffers: auto``: ``keep`` when the plan with the decoder's state kept
+    fits ``(1 - PLAN_MARGIN)`` of the device at the micro-batch that releasing it would get
+    (so keeping costs no smaller micro-batch), else ``release``; ``keep`` on a device the plan
+    has no size of that is not CUDA (the CPU: no graphs, its memory is the machine's)."""
+    if device_bytes is None and not cfg.model.device.startswith("cuda"):
+        return "keep"
+    if cfg.optim.micro_batch_size is None and device_bytes is not None:
+        micro = planned_micro_batch(mini, lambda m: peak_of(activations(m), "release"),
+                                    device_bytes)  # fmt: skip
+    fits = peak_of(activations(micro), "keep") <= (1.0 - PLAN_MARGIN) * capacity
+    return "keep" if fits else "release"
+
+
+def _decode_part(state: dict[str, Any] | None, mode: str | None, kept: str, phases: str
+                 ) -> int | None:  # fmt: skip
+    """A part of the decoder's state for the plan's line: kept (``keep``), else the largest
+    generation phase's."""
+    if state is None or mode is None:
+        return None
+    return (state[kept] if mode == "keep" else max(state[phases].values(), default=0)) or None
+
+
+def _decode_state(cfg: TrainConfig, model_config: Any, prompt_tokens: int, b: int
+                  ) -> dict[str, Any]:  # fmt: skip
+    """The own engine's static decoder memory under each ``rollout.decode_buffers`` choice:
+    ``held`` (slots alive through the update with ``keep``: the ``MAX_SLOTS`` largest of
+    every slot the run can key, :func:`decode_slots`) and ``held_pool`` (their graphs' pool),
+    ``merged`` (LoRA), and per generation phase with ``release``: the slots one call can hold
+    (``phase_slots``), their pool (``phase_pool``) and the prefill's prompt keys/values."""
+    from gbmpo.rollout.static_decoder import MAX_SLOTS  # deferred: the decoders are heavy
+
+    slots = decode_slots(cfg, prompt_tokens)
+    graphs = cfg.model.device.startswith("cuda")  # StaticDecoder's graphs default
+    size = {key: static_decode_bytes(model_config, key[0], key[1], key[2], b)
+            for found, _ in slots.values() for key in found}  # fmt: skip
+
+    def largest(found: set[Any], n: int) -> int:
+        return sum(sorted((size[k] for k in found), reverse=True)[:n])
+
+    def pool(found: set[Any]) -> int:  # one pool per decoder, reused by each capture
+        if not graphs:
+            return 0
+        return max((decode_step_bytes(model_config, r, w + t, b, do_sample=s[0],
+                                      temperature=s[1], top_k=s[2], top_p=s[3])
+                    for r, w, t, s in found), default=0)  # fmt: skip
+
+    ro = cfg.rollout
+    prompts = {"rollout": min(ro.batch_size or ro.prompts_per_step, ro.prompts_per_step),
+               "eval": cfg.eval.batch_size}  # fmt: skip
+    every: set[Any] = set().union(*(found for found, _ in slots.values()))
+    return {
+        "held": largest(every, MAX_SLOTS),
+        "held_pool": pool(every),
+        "merged": merged_lora_bytes(model_config, cfg.lora.target_modules, b) if (
+            slots and cfg.lora.enabled) else 0,
+        "phase_slots": {p: largest(found, n) for p, (found, n) in slots.items()},
+        "phase_pool": {p: pool(found) for p, (found, _) in slots.items()},
+        "prefill": {p: _kv_cache_bytes(model_config, prompts[p], prompt_tokens, b)
+                    for p in slots},
+    }  # fmt: skip
 
 
 #: the share of a device's memory the plan leaves free when it chooses the micro-batch
@@ -387,10 +537,17 @@ def _size(n: int) -> str:
 
 
 def plan_line(plan: dict[str, Any], device: str) -> str:
-    """One line: the peak per GPU, its parts and whether it fits ``device``."""
+    """One line: the peak per GPU, its parts (the static decoder's: kept through the update or
+    released after each rollout and evaluation) and whether it fits ``device``."""
     names = ("weights", "gradients", "optimizer", "reference", "activations", "kv_cache",
-             "decode_buffers", "merged_weights", "vllm_reserve")  # fmt: skip
-    parts = ", ".join(f"{n.replace('_', ' ')} {_size(plan[n])}" for n in names if plan.get(n))
+             "decode_buffers", "decode_pool", "merged_weights", "vllm_reserve")  # fmt: skip
+    label = {"decode_pool": "graph pool"}
+    parts = ", ".join(f"{label.get(n, n.replace('_', ' '))} {_size(plan[n])}" for n in names
+                      if plan.get(n))  # fmt: skip
+    mode = plan.get("decode_buffers_mode")
+    if mode:
+        parts += ("; decoder state kept through the update" if mode == "keep" else
+                  "; decoder state released after each rollout and evaluation")  # fmt: skip
     capacity = plan.get("device_bytes")
     where = (f"{device} has {_size(capacity)}" if capacity else
              f"{device} absent here: compared with one {_size(ONE_DEVICE_REFERENCE_BYTES)} GPU")

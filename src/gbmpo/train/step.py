@@ -48,6 +48,7 @@ from gbmpo.objectives.loss import compute_policy_loss_packed, loss_terms, unpack
 from gbmpo.objectives.spec import BuiltObjective
 from gbmpo.rewards.scoring import score_completions
 from gbmpo.rollout.sampling import Rollout, generate
+from gbmpo.rollout.static_decoder import release_static_decoder
 from gbmpo.train.batching import (
     BatchSizes,
     _Accumulator,
@@ -71,6 +72,8 @@ __all__ = [
     "optimise",
     "plan_batches",
     "planned_batches",
+    "release_decoder_buffers",
+    "releases_decoder_buffers",
     "policy_loss",
     "policy_loss_packed",
     "sample_completions",
@@ -129,6 +132,43 @@ def planned_batches(cfg: TrainConfig, model_config: Any, prompt_tokens: int,
                        device_bytes=device_bytes)  # fmt: skip
     micro = int(plan["micro_batch_rows"])
     return micro, max(micro, int(plan["inference_rows"] or micro))
+
+
+def releases_decoder_buffers(cfg: TrainConfig, model_config: Any, prompt_tokens: int,
+                             device: torch.device, *, needs_ref: bool) -> bool:
+    """Whether the static decoder's buffers are freed after each rollout and evaluation
+    (``rollout.decode_buffers``): ``release``; ``auto``: the memory plan's choice on CUDA for
+    prompts of ``prompt_tokens`` tokens (:func:`gbmpo.train.memory.memory_plan`), else kept."""
+    choice = cfg.rollout.decode_buffers
+    if choice != "auto" or device.type != "cuda":
+        return choice == "release"
+    plan = memory_plan(cfg, model_config, prompt_tokens, needs_ref=needs_ref,
+                       device_bytes=device_memory_bytes(str(device)))  # fmt: skip
+    return plan["decode_buffers_mode"] == "release"
+
+
+def release_decoder_buffers(cfg: TrainConfig, model: Any, batch: Rollout | None,
+                            device: torch.device, plans: dict[int, bool], *,
+                            needs_ref: bool) -> bool:  # fmt: skip
+    """Free ``model``'s static decoder buffers
+    (:func:`~gbmpo.rollout.static_decoder.release_static_decoder`) after a rollout ``batch``
+    when :func:`releases_decoder_buffers` says so for its prompt width rounded up to 64 tokens
+    (``plans``: the caller's memo by width); after an evaluation (``batch`` ``None``) when the
+    last rollout's choice was to release, or, before the first rollout (no plan yet), with
+    ``release`` or ``auto`` on CUDA (the next rollout only allocates them again). Whether it
+    freed them."""
+    if batch is not None:
+        width = -(-int(batch.prompt_ids.shape[1]) // 64) * 64
+        if width not in plans:
+            plans[width] = releases_decoder_buffers(cfg, model.config, width, device,
+                                                    needs_ref=needs_ref)  # fmt: skip
+        release = plans[width]
+    elif plans:
+        release = list(plans.values())[-1]
+    else:  # an evaluation before the first rollout: the update's plan is not made yet
+        release = cfg.rollout.decode_buffers == "release" or (
+            cfg.rollout.decode_buffers == "auto" and device.type == "cuda")
+    return release and release_static_decoder(model)
 
 
 def score(reward_fn: Any, task: Any, examples: list[dict[str, Any]], batch: Rollout,

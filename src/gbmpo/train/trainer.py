@@ -164,6 +164,9 @@ class Trainer:
         # (gbmpo.train.step.plan_batches; the plans by width are kept in batch_plans)
         self.inference_batch = self.micro_batch
         self.batch_plans: dict[int, tuple[int, int]] = {}
+        # whether the static decoder's buffers are freed after a rollout, by prompt width
+        # (rollout.decode_buffers; gbmpo.train.step.release_decoder_buffers)
+        self.decode_releases: dict[int, bool] = {}
         self.needs_old = cfg.optim.mu > 1 or self.mini_batch < batch
         # the rollout correction compares pi_old's log-probs with the sampler's
         self.needs_old = self.needs_old or cfg.objective.rollout_correction.active
@@ -371,6 +374,8 @@ class Trainer:
         prompts = [ex["prompt"] for ex in examples]  # 1
         batch = _step.sample_completions(self.model, self.tokenizer, prompts, cfg,  # 2
                                          self.step, self.device)  # fmt: skip
+        _step.release_decoder_buffers(cfg, self.model, batch, self.device, self.decode_releases,
+                                      needs_ref=self.ref_model is not None)  # fmt: skip
         self.micro_batch, self.inference_batch = _step.plan_batches(
             cfg, self.model, batch, self.device, self.batch_sizes, self.batch_plans,
             needs_ref=self.ref_model is not None,
@@ -448,6 +453,9 @@ class Trainer:
             batch_size=ev.batch_size,
             generator=self.config.rollout.generator,
         )
+        _step.release_decoder_buffers(self.config, self.model, None, self.device,
+                                      self.decode_releases,
+                                      needs_ref=self.ref_model is not None)  # fmt: skip
         # numeric metrics only; the wall time is logged separately as time/eval_seconds
         return {
             k: v

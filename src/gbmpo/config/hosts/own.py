@@ -43,6 +43,7 @@ GBMPO: dict[str, Support] = {
                            lambda v, c: v == "vllm", probe="vllm"),
     "rollout.lean_decoder": N(SPEED),
     "rollout.decode_step": N(SPEED),
+    "rollout.decode_buffers": N("memory and speed only: the same tokens"),
     "rollout.share_prompts": N(SPEED),
     "rollout.lean_forward": N(SPEED),
     **{key: R("the own trainer has no vLLM (engine trl maps it to TRL's vLLM generation)",

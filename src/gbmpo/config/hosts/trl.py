@@ -168,6 +168,7 @@ TRL: dict[str, Support] = {
                            probe="vllm", sets={"use_vllm": lambda v, c, lay: v == "vllm"}),
     "rollout.lean_decoder": N("the own engine's decoder; TRL generates with transformers"),
     "rollout.decode_step": N("the own engine's decoder; TRL generates with transformers"),
+    "rollout.decode_buffers": N("the own engine's decoder; TRL generates with transformers"),
     "rollout.share_prompts": N("the own engine's forward; TRL runs its own"),
     "rollout.lean_forward": N("the own engine's forward; TRL runs its own"),
     **{key: R(f"{key.removeprefix('rollout.')} with rollout.generator vllm; without vLLM "

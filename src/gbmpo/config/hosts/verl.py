@@ -164,6 +164,7 @@ VERL.update({
     "rollout.generator": N(_VERL_SAMPLER),
     "rollout.lean_decoder": N("the own engine's decoder; " + _VERL_SAMPLER),
     "rollout.decode_step": N("the own engine's decoder; " + _VERL_SAMPLER),
+    "rollout.decode_buffers": N("the own engine's decoder; " + _VERL_SAMPLER),
     "rollout.share_prompts": N("the own engine's log-prob forwards; verl has its own"),
     "rollout.lean_forward": N("the own engine's log-prob forwards; verl has its own"),
     "objective.advantage": R("verl's grpo estimator has no batch-std scaling: 'batch' is "
