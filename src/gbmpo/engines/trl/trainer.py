@@ -127,6 +127,20 @@ class GBMPOTrainer(GRPOTrainer):
                 )
         if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
             raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
+        if args.compile_generation:
+            self._allow_generation_compile()
+
+    def _allow_generation_compile(self) -> None:
+        """``compile_generation``: clear the ``disable_compile`` TRL sets on the generation
+        config it passes to ``generate``, so that transformers compiles the decode step (its
+        own criteria: a static cache on CUDA; the CPU runs it uncompiled)."""
+        generation_config = getattr(self, "generation_config", None)
+        if generation_config is None:  # pragma: no cover - guarded by check_trl_internals
+            raise TRLInternalsError(
+                f"GRPOTrainer.__init__ no longer sets self.generation_config (TRL "
+                f"{trl.__version__}); GBMPOTrainer's compile_generation needs it"
+            )
+        generation_config.disable_compile = False
 
     def _last_of_generation(self) -> bool:
         """Whether this micro-step is the last one on its generation batch (the last of
