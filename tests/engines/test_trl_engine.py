@@ -168,12 +168,16 @@ def test_static_decode_step_trains_on_trl_as_the_dynamic_cache(
     so this cannot flicker between runs."""
     from transformers.generation.utils import GenerationMixin
 
+    from gbmpo.train.setup import build_task, load_splits, load_tokenizer
+
     decided = GenerationMixin._valid_auto_compile_criteria
-    seen: list[tuple[str, bool]] = []
+    seen: list[tuple[str, bool, int | None]] = []
 
     def spy(self: object, model_kwargs: dict, generation_config: object) -> bool:
-        seen.append((type(model_kwargs.get("past_key_values")).__name__,
-                     generation_config.disable_compile))  # type: ignore[attr-defined]
+        cache = model_kwargs.get("past_key_values")
+        length = getattr(cache.layers[0], "max_cache_len", None)  # type: ignore[union-attr]
+        seen.append((type(cache).__name__, generation_config.disable_compile,  # type: ignore[attr-defined]
+                     length))  # fmt: skip
         return decided(self, model_kwargs, generation_config)
 
     monkeypatch.setattr(GenerationMixin, "_valid_auto_compile_criteria", spy)
@@ -189,8 +193,15 @@ def test_static_decode_step_trains_on_trl_as_the_dynamic_cache(
         rows[step] = [r for r in map(json.loads, lines) if "loss" in r]
         caches[step] = set(seen)
     # TRL's generation (one process: this one): the dynamic cache uncompiled, or the static one
-    # with transformers' compile allowed (which it then skips on the CPU)
-    assert caches == {"lean": {("DynamicCache", True)}, "static": {("StaticCache", False)}}
+    # with transformers' compile allowed (which it then skips on the CPU), one length for the
+    # run (the longest training prompt + 16 new tokens: no recompilation on CUDA)
+    assert {(name, off) for name, off, _ in caches["lean"]} == {("DynamicCache", True)}
+    (static,) = caches["static"]
+    run_cfg = load_config(tmp_path / "static" / "config.yaml")
+    tok = load_tokenizer(run_cfg)
+    train, _, _ = load_splits(run_cfg, build_task(run_cfg, tok))
+    longest = max(len(tok(ex["prompt"])["input_ids"]) for ex in train) + 16
+    assert static == ("StaticCache", False, longest)
     names = {step: {k for k in train[0] if not k.startswith("time/")}
              for step, train in rows.items()}  # fmt: skip
     assert names["static"] == names["lean"], names["static"] ^ names["lean"]

@@ -208,6 +208,39 @@ def test_compile_generation_clears_trls_disable_compile(
 
 
 @pytest.mark.parametrize("lora", [False, True])
+def test_the_compiled_decode_step_compiles_once_over_steps(
+    lora: bool, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any,
+    cpu_args: dict[str, Any], tmp_path: Any,
+) -> None:
+    """compile_generation over several TRL steps with activation checkpointing (TRL toggles it
+    around every generation) and LoRA or full fine-tuning: transformers' compiled decode step
+    is traced once, never recompiled, when the cache length is fixed (generation_kwargs
+    max_cache_len, as the engine sets it). transformers compiles only on CUDA, so the test
+    asks it to compile on every device (CompileConfig's private _compile_all_devices) with
+    dynamo's eager backend: the same tracing and guards, no code generation."""
+    import torch
+    from peft import LoraConfig
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    args = GBMPOConfig(output_dir=str(tmp_path), compile_generation=True,
+                       cache_implementation="static", generation_kwargs={"max_cache_len": 64},
+                       max_steps=3, max_completion_length=8,
+                       **{**cpu_args, "gradient_checkpointing": True})  # fmt: skip
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                      task_type="CAUSAL_LM") if lora else None  # fmt: skip
+    trainer = GBMPOTrainer(model=tiny_model_dir, reward_funcs=reward_fn, args=args,
+                           train_dataset=tiny_dataset, peft_config=peft)  # fmt: skip
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True
+    trainer.generation_config.compile_config = compile_config
+    torch._dynamo.reset()
+    counters.clear()
+    trainer.train()
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+
+
+@pytest.mark.parametrize("lora", [False, True])
 def test_static_cache_greedy_tokens_are_the_dynamic_caches(lora: bool) -> None:
     """transformers' static KV cache (decode_step static on TRL) gives the same greedy tokens as
     the dynamic one in float32 on the embedded tiny model (varied completions, unlike the
