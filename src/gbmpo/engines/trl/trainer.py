@@ -81,9 +81,9 @@ def _one_input_grad_hook(model: Any) -> None:
     """Make ``model.enable_input_require_grads`` replace its previous hooks instead of adding
     to them. transformers 5 registers a new forward hook on the input embeddings at every
     activation-checkpointing enable and removes them on disable only for its own PEFT
-    integration, and TRL 1.16 re-enables checkpointing after every generation and
-    reference pass: the hooks pile up (two a step; each sets ``requires_grad`` on the same
-    output, so one does what many do), and ``torch.compile`` guards on their number, so a
+    integration, and TRL 1.16 re-enables checkpointing after every generation and every
+    no-grad log-prob pass: the hooks pile up (two a step; each sets ``requires_grad`` on the
+    same output, so one does what many do), and ``torch.compile`` guards on their number, so a
     compiled decode step would be recompiled at every generation."""
     enable = model.enable_input_require_grads
 
