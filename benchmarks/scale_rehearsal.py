@@ -19,6 +19,11 @@ The settings (``--settings``):
   is (2 prompts x 4 completions x 256 tokens, LoRA r 64 on every linear layer, top_p 0.95,
   ProbL2 to the adapters-off reference), with the random model and ``task.name: arithmetic``.
 
+TRL generates with ``rollout.decode_step`` ``auto`` (transformers' static KV cache and compiled
+decode step on CUDA, its dynamic cache on the CPU); ``--trl-decoders auto,lean`` adds a TRL run
+with the dynamic cache, uncompiled (``trl (lean)``; ``--trl-extra-steps``: its steps), for the
+before/after ratio in one process.
+
 Per engine: seconds per step (steps after the first, which pays for warm-up, averaged; the own
 engine's without the phases' extra one-token generate and an old-policy pass the step does not
 need) and peak memory against the plan. The own engine's step is split into its phases, each
@@ -124,9 +129,11 @@ DECODERS = {"auto": [], "static": [("rollout.decode_step", "static")],
 
 def engine_config(model_dir: Path, out: Path, engine: str, size: str, device: str,
                   setting: str, new_tokens: int, micro: str | None,
-                  decoder: str = "auto") -> Any:  # fmt: skip
+                  decoder: str = "auto", trl_decoder: str = "auto",
+                  steps: int | None = None) -> Any:  # fmt: skip
     """The config of one run: the rehearsal's (``micro``: a number or ``planned``) or the paper
-    config with the random model, the arithmetic task and no evaluation."""
+    config with the random model, the arithmetic task and no evaluation; ``decoder`` is the own
+    engine's, ``trl_decoder`` TRL's ``rollout.decode_step``; ``steps`` (default the size's)."""
     from gbmpo.config import load_config
 
     s = SIZES[size]
@@ -134,10 +141,10 @@ def engine_config(model_dir: Path, out: Path, engine: str, size: str, device: st
         ("engine", engine), ("model.path", str(model_dir)), ("model.device", device),
         ("task.name", "arithmetic"), ("rollout.max_new_tokens", str(new_tokens)),
         ("eval.before", "false"), ("eval.after", "false"), ("eval.every", "0"),
-        ("eval.drift", "false"), ("run.steps", str(s["steps"])),
+        ("eval.drift", "false"), ("run.steps", str(steps or s["steps"])),
         ("run.time_budget_seconds", "null"), ("run.checkpoint_every", "0"),
         ("run.progress", "false"), ("run.output_dir", str(out)),
-        *(DECODERS[decoder] if engine == "gbmpo" else []),
+        *(DECODERS[decoder] if engine == "gbmpo" else [("rollout.decode_step", trl_decoder)]),
     ]  # fmt: skip
     if setting == "paper":
         return load_config(PAPER_CONFIG, overrides=common)
@@ -512,6 +519,12 @@ def main(argv: list[str] | None = None) -> int:
                          "'planned' (default: the size's, and planned)")
     ap.add_argument("--decoder", choices=sorted(DECODERS), default="auto",
                     help="the own engine's decode step (auto: static on CUDA, lean on CPU)")
+    ap.add_argument("--trl-decoders", default="auto",
+                    help="TRL's rollout.decode_step per TRL run, comma-separated (auto: static "
+                         "and compiled on CUDA; lean: the dynamic cache); the first is 'trl', "
+                         "the others 'trl (<step>)'")
+    ap.add_argument("--trl-extra-steps", type=int, default=None,
+                    help="RL steps of each TRL run after the first (default: the size's)")
     ap.add_argument("--new-tokens", type=int, default=None,
                     help="new tokens per completion in both settings (default: 256; tiny: 8)")
     ap.add_argument("--model-dir", default=None,
@@ -523,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         ap.error(f"unknown settings {unknown}; valid: {', '.join(SETTINGS)}")
+    trl_decoders = [d for d in args.trl_decoders.split(",") if d]
+    unknown = sorted(set(trl_decoders) - {"auto", "static", "lean"})
+    if unknown or not trl_decoders:
+        ap.error(f"unknown --trl-decoders {unknown}; valid: auto, static, lean")
     if device.startswith("cuda"):
         import torch
 
@@ -540,7 +557,8 @@ def main(argv: list[str] | None = None) -> int:
     limits = {"copy_bytes_per_second": copy_bandwidth(device),
               "matmul_flops": matmul_peak(device), "datasheet_flops": datasheet_peak(device)}
     result.update(size=args.size, device=device, new_tokens=new_tokens, size_setting=size,
-                  limits=limits, settings={}, decoder=args.decoder)  # fmt: skip
+                  limits=limits, settings={}, decoder=args.decoder,
+                  trl_decoders=trl_decoders)  # fmt: skip
     if device.startswith("cuda"):
         import torch
 
@@ -553,11 +571,17 @@ def main(argv: list[str] | None = None) -> int:
         for setting in settings:
             runs: dict[str, Any] = {}
             for engine in args.engines.split(","):
-                for micro in (micros if engine == "gbmpo" and setting == "rehearsal" else [None]):
-                    name = engine if micro is None else f"{engine} (micro {micro})"
-                    out = Path(tmp) / f"{setting}-{engine}-{micro}"
+                own = engine == "gbmpo"
+                variants = ([(m, "auto") for m in micros] if own and setting == "rehearsal"
+                            else [(None, "auto")] if own else [(None, d) for d in trl_decoders])
+                for micro, trl_decoder in variants:
+                    extra = not own and trl_decoder != trl_decoders[0]
+                    name = (f"{engine} (micro {micro})" if micro is not None
+                            else f"{engine} ({trl_decoder})" if extra else engine)
+                    out = Path(tmp) / f"{setting}-{engine}-{micro}-{trl_decoder}"
                     cfg = engine_config(model_dir, out, engine, args.size, device, setting,
-                                        new_tokens, micro, args.decoder)  # fmt: skip
+                                        new_tokens, micro, args.decoder, trl_decoder,
+                                        args.trl_extra_steps if extra else None)  # fmt: skip
                     runs[name] = (run_own(cfg, limits) if engine == "gbmpo"
                                   else run_trl(cfg, model_config))  # fmt: skip
                     result["settings"][setting] = runs
@@ -576,6 +600,10 @@ def main(argv: list[str] | None = None) -> int:
             parts.append(f"{setting} {name}: {r['step_seconds_mean']:.2f} s/step{ratio}")
         if trl and not own:
             parts.append(f"{setting} trl: {trl['step_seconds_mean']:.2f} s/step")
+        for name, r in runs.items():
+            if name.startswith("trl (") and trl:
+                parts.append(f"{setting} {name}: {r['step_seconds_mean']:.2f} s/step, "
+                             f"{name}/trl {r['step_seconds_mean'] / trl['step_seconds_mean']:.2f}x")
     print(f"scale_rehearsal ({args.size}, {device}, {n / 1e6:.1f}M parameters, {new_tokens} new "
           f"tokens): " + "; ".join(parts) + f" -> {path}")
     return 0

@@ -136,9 +136,10 @@ def test_scale_rehearsal_tiny(tmp_path: Path) -> None:
     """The rehearsal's CPU form: a tiny random Qwen3, both settings (the rehearsal's with a
     planned micro-batch, the paper config's with LoRA), own engine and TRL in one run: the own
     engine's phases with tokens/s, the decode bound and the MFU columns, TRL's seconds per
-    step, the memory plans."""
+    step (and with decode_step lean, one step: ``trl (lean)``), the memory plans."""
     data, last = _run("scale_rehearsal.py", tmp_path / "sr.json", "--size", "tiny",
-                      "--micro", "planned", "--new-tokens", "6")
+                      "--micro", "planned", "--new-tokens", "6", "--trl-decoders", "auto,lean",
+                      "--trl-extra-steps", "1")  # fmt: skip
     assert last.startswith("scale_rehearsal (tiny, cpu") and str(tmp_path / "sr.json") in last
     assert data["device"] == "cpu" and data["parameters"] > 0 and data["new_tokens"] == 6
     limits = data["limits"]
@@ -158,6 +159,9 @@ def test_scale_rehearsal_tiny(tmp_path: Path) -> None:
             assert phases[name]["mfu_measured"] > 0 and phases[name]["mfu_datasheet"] is None
         assert phases["decode"]["bound_tokens_per_second"] > 0
         assert trl["phases"] is None
+        lean = runs["trl (lean)"]  # its one step, timed
+        assert lean["steps_timed"] == 1 and lean["step_seconds_mean"] > 0
+    assert data["trl_decoders"] == ["auto", "lean"] and "trl (lean)/trl" in last
     assert data["settings"]["rehearsal"]["gbmpo (micro planned)"]["plan"]["micro_batch_rows"]
     assert "reference" in data["settings"]["paper"]["gbmpo"]["phases"]  # ProbL2 to the ref
 

@@ -9,6 +9,7 @@ import pytest
 from gbmpo.config import ConfigError, TrainConfig, load_config
 from gbmpo.config.support import (
     ENGINES,
+    HONOURED,
     NO_EFFECT,
     REFUSED,
     REQUIRED,
@@ -75,15 +76,20 @@ def test_no_effect_key_at_a_non_default_value_gives_one_notice() -> None:
 
 def test_decode_step_is_checked_and_changes_no_result_on_any_engine() -> None:
     """``rollout.decode_step`` (the own sampler's decode step): an unknown value is refused
-    with the valid ones; every engine lists it as a speed key (a notice when set)."""
+    with the valid ones; the own engine and verl list it as a speed key (a notice when set);
+    TRL honours it (transformers' static or dynamic cache: tests/engines/test_trl_support.py),
+    with no notice."""
     from gbmpo.config import validate
 
     with pytest.raises(ConfigError, match="'rollout.decode_step': unknown decode step 'graph'; "
                                           "valid: auto, static, lean"):  # fmt: skip
         validate(load_config(overrides=[("rollout.decode_step", "graph")]))
-    assert all(SUPPORT[e]["rollout.decode_step"].status == NO_EFFECT for e in ENGINES)
-    notices = check_support(load_config(overrides=[("rollout.decode_step", "static")]), "gbmpo")
+    assert {e: SUPPORT[e]["rollout.decode_step"].status for e in ENGINES} == {
+        **{e: NO_EFFECT for e in ENGINES}, "trl": HONOURED}
+    static = load_config(overrides=[("rollout.decode_step", "static")])
+    notices = check_support(static, "gbmpo")
     assert len(notices) == 1 and "rollout.decode_step" in notices[0]
+    assert check_support(static, "trl") == []
 
 
 def test_decode_buffers_is_checked_and_changes_no_result_on_any_engine() -> None:

@@ -155,6 +155,60 @@ def test_the_whole_knob_runs_on_trl_from_the_cli(key: str, value: str, tmp_path:
     assert names["trl"] == names["gbmpo"], names["trl"] ^ names["gbmpo"]
 
 
+def test_static_decode_step_trains_on_trl_as_the_dynamic_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rollout.decode_step static on TRL (transformers' static KV cache; on the CPU
+    uncompiled) trains with the same metric names as lean (TRL's dynamic cache), and samples
+    the same tokens for the same seed, so the same losses and lengths. Exact equality is
+    expected: the two caches give the same logits up to float rounding (the static one attends
+    over masked padding slots, weight exactly 0, which changes only the summation order), and
+    a sampled token differs only if a uniform draw falls within that rounding of a
+    cumulative-probability boundary; with fixed seeds and inputs the outcome is deterministic,
+    so this cannot flicker between runs."""
+    from transformers.generation.utils import GenerationMixin
+
+    from gbmpo.train.setup import build_task, load_splits, load_tokenizer
+
+    decided = GenerationMixin._valid_auto_compile_criteria
+    seen: list[tuple[str, bool, int | None]] = []
+
+    def spy(self: object, model_kwargs: dict, generation_config: object) -> bool:
+        cache = model_kwargs.get("past_key_values")
+        length = getattr(cache.layers[0], "max_cache_len", None)  # type: ignore[union-attr]
+        seen.append((type(cache).__name__, generation_config.disable_compile,  # type: ignore[attr-defined]
+                     length))  # fmt: skip
+        return decided(self, model_kwargs, generation_config)
+
+    monkeypatch.setattr(GenerationMixin, "_valid_auto_compile_criteria", spy)
+    rows, caches = {}, {}
+    for step in ("lean", "static"):
+        out = tmp_path / step
+        seen.clear()
+        assert main(["train", "--engine", "trl", "--steps", "2", "--rollout.decode_step", step,
+                     "--eval.before", "false", "--eval.after", "false",
+                     "--output-dir", str(out), *SMALL]) == 0  # fmt: skip
+        assert load_config(out / "config.yaml").rollout.decode_step == step
+        lines = (out / "metrics.jsonl").read_text().splitlines()
+        rows[step] = [r for r in map(json.loads, lines) if "loss" in r]
+        caches[step] = set(seen)
+    # TRL's generation (one process: this one): the dynamic cache uncompiled, or the static one
+    # with transformers' compile allowed (which it then skips on the CPU), one length for the
+    # run (the longest training prompt + 16 new tokens: no recompilation on CUDA)
+    assert {(name, off) for name, off, _ in caches["lean"]} == {("DynamicCache", True)}
+    (static,) = caches["static"]
+    run_cfg = load_config(tmp_path / "static" / "config.yaml")
+    tok = load_tokenizer(run_cfg)
+    train, _, _ = load_splits(run_cfg, build_task(run_cfg, tok))
+    longest = max(len(tok(ex["prompt"])["input_ids"]) for ex in train) + 16
+    assert static == ("StaticCache", False, longest)
+    names = {step: {k for k in train[0] if not k.startswith("time/")}
+             for step, train in rows.items()}  # fmt: skip
+    assert names["static"] == names["lean"], names["static"] ^ names["lean"]
+    for key in ("loss", "reward_mean", "response_length_mean"):
+        assert [r[key] for r in rows["static"]] == [r[key] for r in rows["lean"]], key
+
+
 def test_time_budget_decays_the_rate_and_eval_every_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

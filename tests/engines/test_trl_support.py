@@ -61,6 +61,8 @@ GRPO_FIELD_ROWS: dict[str, tuple[Any, dict[str, Any]]] = {
     "rollout.top_p": (0.9, {"top_p": 0.9}),
     "rollout.top_k": (5, {"top_k": 5}),
     "rollout.generator": ("vllm", {"use_vllm": True}),
+    "rollout.decode_step": ("static", {"cache_implementation": "static",
+                                       "compile_generation": True}),
     "rollout.vllm_mode": ("server", {"vllm_mode": "server"}),
     "rollout.vllm_gpu_memory_utilization": (0.5, {"vllm_gpu_memory_utilization": 0.5}),
     "rollout.vllm_tensor_parallel_size": (2, {"vllm_tensor_parallel_size": 2}),
@@ -94,6 +96,27 @@ def test_the_mapped_grpo_config_fields(key: str) -> None:
     value, fields = GRPO_FIELD_ROWS[key]
     args = trl_args.grpo_args(_cfg((key, value)), "unused")
     assert {f: getattr(args, f) for f in fields} == fields
+
+
+@pytest.mark.parametrize(("step", "device", "generator", "static"), [
+    ("auto", "cpu", "gbmpo", False), ("auto", "cuda", "gbmpo", True),
+    ("auto", "cuda", "hf", True), ("static", "cpu", "gbmpo", True),
+    ("static", "cuda", "gbmpo", True), ("lean", "cpu", "gbmpo", False),
+    ("lean", "cuda", "gbmpo", False), ("static", "cuda", "vllm", False),
+    ("auto", "cuda", "vllm", False),
+])  # fmt: skip
+def test_decode_step_picks_trls_cache(step: str, device: str, generator: str,
+                                      static: bool) -> None:
+    """rollout.decode_step on TRL: static (and auto on CUDA) -> transformers' static cache with
+    its compiled decode step; lean (and auto on the CPU) -> TRL's default dynamic cache,
+    uncompiled; vLLM generation takes neither. (The fields themselves, not GRPOConfig: a
+    cuda config would not build on a machine without CUDA.)"""
+    from gbmpo.config.hosts.trl import grpo_kwargs
+
+    kw = grpo_kwargs(_cfg(("rollout.decode_step", step), ("model.device", device),
+                          ("rollout.generator", generator)), 1)  # fmt: skip
+    assert (kw["cache_implementation"], kw["compile_generation"]) == (
+        ("static", True) if static else (None, False))
 
 
 def test_the_objective_section_is_grpo_config_s() -> None:

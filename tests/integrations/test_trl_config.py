@@ -122,6 +122,12 @@ def test_inconsistent_beta_and_coef_raise() -> None:
          FileNotFoundError, "/nonexistent/m.json"),
         ({"regularizer": "prob_l2", "regularizer_clamp": 10.0}, ValueError, "takes no clamp"),
         ({"sync_ref_model": True}, ValueError, "no reference model is used"),
+        ({"compile_generation": True}, ValueError, "needs a static cache .* got None"),
+        ({"compile_generation": True, "cache_implementation": "static",
+          "generation_kwargs": {"cache_implementation": "dynamic"}}, ValueError,
+         "got 'dynamic'"),
+        ({"compile_generation": True, "cache_implementation": "static", "use_vllm": True},
+         ValueError, "use_vllm=True generates with vLLM"),
     ],
 )
 def test_refusals(kwargs: dict[str, Any], error: type, match: str) -> None:
@@ -167,6 +173,107 @@ def test_trainer_needs_a_gbmpo_config(tiny_model_dir: str, tiny_dataset: Any,
     with pytest.raises(TypeError, match="GBMPOTrainer needs a GBMPOConfig, got GRPOConfig"):
         GBMPOTrainer(model=tiny_model_dir, reward_funcs=reward_fn, args=GRPOConfig(**BASE),
                      train_dataset=tiny_dataset)
+
+
+@pytest.mark.parametrize("compile_generation", [False, True])
+def test_compile_generation_clears_trls_disable_compile(
+    compile_generation: bool, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any,
+    cpu_args: dict[str, Any], tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TRL builds its generation config with disable_compile=True; compile_generation clears it,
+    and transformers' compile decision in generate sees the flag cleared and a static cache (it
+    then compiles on CUDA; here, on the CPU, it does not). A static cache named in
+    generation_kwargs is taken as well."""
+    from transformers.generation.utils import GenerationMixin
+
+    decided = GenerationMixin._valid_auto_compile_criteria
+    seen: list[tuple[bool, str, bool]] = []
+
+    def spy(self: Any, model_kwargs: dict[str, Any], generation_config: Any) -> bool:
+        compiles = decided(self, model_kwargs, generation_config)
+        cache = type(model_kwargs.get("past_key_values")).__name__
+        seen.append((generation_config.disable_compile, cache, compiles))
+        return compiles
+
+    monkeypatch.setattr(GenerationMixin, "_valid_auto_compile_criteria", spy)
+    args = GBMPOConfig(output_dir=str(tmp_path), compile_generation=compile_generation,
+                       generation_kwargs={"cache_implementation": "static"}, max_steps=1,
+                       max_completion_length=8, **cpu_args)  # fmt: skip
+    trainer = GBMPOTrainer(model=tiny_model_dir, reward_funcs=reward_fn, args=args,
+                           train_dataset=tiny_dataset)  # fmt: skip
+    assert trainer.generation_config.cache_implementation == "static"
+    assert trainer.generation_config.disable_compile is not compile_generation
+    trainer.train()
+    assert seen and set(seen) == {(not compile_generation, "StaticCache", False)}
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_compiled_decode_step_compiles_once_over_steps(
+    lora: bool, tiny_model_dir: str, tiny_dataset: Any, reward_fn: Any,
+    cpu_args: dict[str, Any], tmp_path: Any,
+) -> None:
+    """compile_generation over several TRL steps with activation checkpointing (TRL toggles it
+    around every generation) and LoRA or full fine-tuning: transformers' compiled decode step
+    is traced once, never recompiled, when the cache length is fixed (generation_kwargs
+    max_cache_len, as the engine sets it). transformers compiles only on CUDA, so the test
+    asks it to compile on every device (CompileConfig's private _compile_all_devices) with
+    dynamo's eager backend: the same tracing and guards, no code generation."""
+    import torch
+    from peft import LoraConfig
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    args = GBMPOConfig(output_dir=str(tmp_path), compile_generation=True,
+                       cache_implementation="static", generation_kwargs={"max_cache_len": 64},
+                       max_steps=3, max_completion_length=8,
+                       **{**cpu_args, "gradient_checkpointing": True})  # fmt: skip
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                      task_type="CAUSAL_LM") if lora else None  # fmt: skip
+    trainer = GBMPOTrainer(model=tiny_model_dir, reward_funcs=reward_fn, args=args,
+                           train_dataset=tiny_dataset, peft_config=peft)  # fmt: skip
+    compile_config = CompileConfig(backend="eager", mode=None)
+    compile_config._compile_all_devices = True
+    trainer.generation_config.compile_config = compile_config
+    torch._dynamo.reset()
+    counters.clear()
+    trainer.train()
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_static_cache_greedy_tokens_are_the_dynamic_caches(lora: bool) -> None:
+    """transformers' static KV cache (decode_step static on TRL) gives the same greedy tokens as
+    the dynamic one in float32 on the embedded tiny model (varied completions, unlike the
+    random fixture's), with a LoRA adapter (peft) too: the logits agree up to float
+    rounding (the static cache's unused slots are masked, weight exactly 0, and change only
+    the summation order), and greedy picks differ only if two top logits lie within that
+    rounding, which fixed weights and prompts make a deterministic outcome, not a flicker."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from gbmpo.models import resolve_model_path
+
+    path = resolve_model_path("tiny")
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM",
+                                                 target_modules=["q_proj", "v_proj"]))
+        torch.manual_seed(1)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # peft starts B at 0: an adapter that changes the logits
+                torch.nn.init.normal_(p, std=0.2)
+    enc = tok([f"What is {a} + {a * 7}?" + " 1" * a for a in range(4)], return_tensors="pt",
+              padding=True)  # left-padded, rows of different lengths
+
+    def greedy(cache: str | None) -> Any:
+        config = GenerationConfig(max_new_tokens=24, do_sample=False, disable_compile=True,
+                                  pad_token_id=tok.pad_token_id, cache_implementation=cache)
+        with torch.no_grad():
+            return model.eval().generate(**enc, generation_config=config)
+
+    assert torch.equal(greedy("static"), greedy(None))
 
 
 def test_hf_argument_parser_round_trip() -> None:

@@ -21,7 +21,7 @@ from gbmpo.config.matrix import H, N, R, Support, default_of, host_values, never
 from gbmpo.config.schema import ConfigError
 
 __all__ = ["FIXED", "TRL", "TRL_LOSS_TYPES", "TRL_SCALE_REWARDS", "BatchLayout", "batch_layout",
-           "grpo_kwargs", "uneven_split"]  # fmt: skip
+           "grpo_kwargs", "static_decode", "uneven_split"]  # fmt: skip
 
 #: gbmpo aggregation -> TRL ``loss_type`` (``bnpo`` is TRL's local token mean; TRL's ``dapo``,
 #: the global token mean, is also ``bnpo`` in gbmpo); ``GBMPOConfig`` sets it from the objective
@@ -125,6 +125,14 @@ def _without_vllm(key: str) -> Callable[[Any, Any], bool]:
     return lambda value, cfg: cfg.rollout.generator != "vllm" and value != default_of(key)
 
 
+def static_decode(cfg: Any) -> bool:
+    """Whether TRL generates with transformers' static KV cache and compiled decode step
+    (``rollout.decode_step`` static, or auto on CUDA; never with vLLM generation)."""
+    step = cfg.rollout.decode_step
+    on_cuda = str(cfg.model.device).startswith("cuda")
+    return cfg.rollout.generator != "vllm" and (step == "static" or (step == "auto" and on_cuda))
+
+
 def _field(name: str) -> dict[str, Callable[..., Any]]:
     """``sets`` of a key that is one ``GRPOConfig`` field, its value unchanged."""
     return {name: same}
@@ -167,7 +175,17 @@ TRL: dict[str, Support] = {
     "rollout.generator": H("gbmpo | hf -> TRL's transformers generation; vllm -> use_vllm",
                            probe="vllm", sets={"use_vllm": lambda v, c, lay: v == "vllm"}),
     "rollout.lean_decoder": N("the own engine's decoder; TRL generates with transformers"),
-    "rollout.decode_step": N("the own engine's decoder; TRL generates with transformers"),
+    "rollout.decode_step": H(
+        "transformers' generate (without vLLM): static -> cache_implementation 'static' with "
+        "compile_generation (transformers compiles the decode step with torch.compile's "
+        "reduce-overhead mode, CUDA graphs, on CUDA only; TRL alone would disable it; LoRA "
+        "adapters stay unmerged in the compiled step); lean -> TRL's default dynamic cache, "
+        "uncompiled; auto -> static on CUDA, lean on the CPU (where nothing is compiled and the "
+        "static cache was no faster); the same tokens for the same seed up to float rounding; "
+        "no effect with rollout.generator vllm",
+        probe="static", sets={"cache_implementation": lambda v, c, lay:
+                              "static" if static_decode(c) else None,
+                              "compile_generation": lambda v, c, lay: static_decode(c)}),
     "rollout.decode_buffers": N("the own engine's decoder; TRL generates with transformers"),
     "rollout.share_prompts": N("the own engine's forward; TRL runs its own"),
     "rollout.lean_forward": N("the own engine's forward; TRL runs its own"),

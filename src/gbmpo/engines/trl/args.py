@@ -22,7 +22,7 @@ from gbmpo.train.setup import eval_limit
 
 __all__ = ["BatchLayout", "batch_layout", "check_engine", "eval_limit_of", "grpo_args",
            "host_settings", "launch_command", "lora_config", "lr_at", "reward_function",
-           "train_dataset", "vllm_missing"]  # fmt: skip
+           "static_cache_length", "train_dataset", "vllm_missing"]  # fmt: skip
 
 
 def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
@@ -39,6 +39,15 @@ def grpo_args(cfg: Any, output_dir: str | Path, *, world: int = 1) -> Any:
         return GBMPOConfig(**kw)
     except ValueError as err:  # TRL's own checks (batch divisibility, vLLM, precision, ...)
         raise ConfigError(f"TRL's GRPOConfig rejects this configuration: {err}") from err
+
+
+def static_cache_length(prompts: Sequence[str], tokenizer: Any, max_new_tokens: int) -> int:
+    """The length of TRL's static KV cache for a run: the longest prompt in tokens (TRL
+    tokenizes a text prompt with the tokenizer's defaults) plus ``max_new_tokens``. Passed as
+    ``generation_kwargs`` ``max_cache_len``, one cache length serves every generation batch,
+    so transformers compiles the decode step once (a longer batch would recompile it)."""
+    lengths = tokenizer(list(prompts))["input_ids"] if prompts else [[]]
+    return max(len(ids) for ids in lengths) + max_new_tokens
 
 
 def lr_at(cfg: Any, rl_step: int, rl_seconds: float) -> float:

@@ -9,6 +9,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from transformers.generation.configuration_utils import STATIC_CACHE_IMPLEMENTATIONS
 from trl import GRPOConfig
 
 from gbmpo.config.hosts.trl import TRL_LOSS_TYPES, TRL_SCALE_REWARDS
@@ -191,6 +192,18 @@ class GBMPOConfig(GRPOConfig):
     (the objective section's setting); it needs the reference, so ``beta`` becomes TRL's switch
     for loading it (1 when the loss needs none; the loss uses ``regularizer_coef``). ``False``
     here; with ``objective=`` the spec's decides (default ``True``, as ``gbmpo train``)."""
+    compile_generation: bool = field(
+        default=False,
+        metadata={"help": "Let transformers compile the decode step of generate (on CUDA, with "
+                  "cache_implementation='static'); TRL disables that compilation."},
+    )
+    """Generation without vLLM: ``True`` lets transformers' ``generate`` compile the model's
+    decode step (``torch.compile``, ``CompileConfig``'s default mode ``reduce-overhead``: CUDA
+    graphs), which it does on CUDA with a static cache only; TRL builds its generation config
+    with ``disable_compile=True`` and GBMPOTrainer clears that flag. It needs
+    ``cache_implementation="static"`` (or ``generation_kwargs`` naming a static cache) and no
+    vLLM; ``False``: TRL's behaviour. ``gbmpo train --engine trl`` sets it from
+    ``rollout.decode_step``."""
     objective: dict[str, Any] | str | None = field(
         default=None,
         metadata={
@@ -210,6 +223,7 @@ class GBMPOConfig(GRPOConfig):
         if getattr(self, "activation_checkpointing", False) is None:
             self.activation_checkpointing = self.gradient_checkpointing
         super().__post_init__()
+        self._check_compile_generation()
         accum = self.gradient_accumulation_steps
         if self.loss_type == "bnpo" and self.steps_per_generation % accum:
             raise ValueError(
@@ -217,6 +231,23 @@ class GBMPOConfig(GRPOConfig):
                 f"micro-batches must come from one generation batch: steps_per_generation="
                 f"{self.steps_per_generation} must be a multiple of gradient_accumulation_steps="
                 f"{self.gradient_accumulation_steps}"
+            )
+
+    def _check_compile_generation(self) -> None:
+        """``compile_generation`` needs transformers' generation with a static cache (the only
+        one transformers compiles the decode step for): refused with vLLM or another cache."""
+        if not self.compile_generation:
+            return
+        if self.use_vllm:
+            raise ValueError("GBMPOConfig: compile_generation is transformers' generation; "
+                             "use_vllm=True generates with vLLM")  # fmt: skip
+        extra = self.generation_kwargs if isinstance(self.generation_kwargs, dict) else {}
+        cache = extra.get("cache_implementation", self.cache_implementation)
+        if cache not in STATIC_CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"GBMPOConfig: compile_generation needs a static cache (cache_implementation in "
+                f"{STATIC_CACHE_IMPLEMENTATIONS}), got {cache!r}: transformers compiles the "
+                "decode step only with one"
             )
 
     def _validate_gbmpo(self) -> None:

@@ -122,6 +122,7 @@ _CONFIG_FIELDS: tuple[str, ...] = (
     "off_policy_mask_threshold",
     "max_completion_length",
     "steps_per_generation",
+    "cache_implementation",
     "use_liger_kernel",
     "sync_ref_model",
     "entropy_coef_min",
@@ -170,7 +171,10 @@ _SOURCE_FACTS: dict[str, tuple[str, ...]] = {
     # compute_loss routes to _compute_loss (older TRL routed use_liger_kernel elsewhere)
     "compute_loss": ("self._compute_loss(",),
     # the reference model is built only when beta != 0
-    "__init__": ("self.beta = args.beta", "self.ref_model = None"),
+    # (and compile_generation clears the disable_compile of TRL's generation config)
+    "__init__": ("self.beta = args.beta", "self.ref_model = None",
+                 "self.generation_config = GenerationConfig(**generation_kwargs, "
+                 "disable_compile=True)"),
     # the batch dict we read, and ref log-probs computed exactly when beta != 0
     "_generate_and_score_completions": (
         "self.beta != 0.0",

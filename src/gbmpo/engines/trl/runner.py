@@ -68,6 +68,7 @@ from gbmpo.engines.trl.args import (
     launch_command,
     lora_config,
     reward_function,
+    static_cache_length,
     train_dataset,
     vllm_missing,
 )
@@ -358,6 +359,9 @@ def _train_in_process(cfg: Any, run_dir: Path, life: RunLifecycle, *,
     dataset = train_dataset(train)
     columns = [c for c in dataset.column_names if c != "prompt"]
     args = grpo_args(cfg, run_dir / "checkpoints", world=state.num_processes)
+    if args.compile_generation:  # rollout.decode_step static: one cache length for the run
+        args.generation_kwargs = {"max_cache_len": static_cache_length(
+            dataset["prompt"], tokenizer, cfg.rollout.max_new_tokens)}
     lay = batch_layout(cfg, state.num_processes)
     progress = RLProgress(cfg, lay.optimizer_steps)
     wall_before = 0.0

@@ -77,6 +77,23 @@ def _valid_tokens(batch: dict[str, Any]) -> Tensor:
     return mask.sum().float()
 
 
+def _one_input_grad_hook(model: Any) -> None:
+    """Make ``model.enable_input_require_grads`` replace its previous hooks instead of adding
+    to them. transformers 5 registers a new forward hook on the input embeddings at every
+    activation-checkpointing enable and removes them on disable only for its own PEFT
+    integration, and TRL 1.16 re-enables checkpointing after every generation and every
+    no-grad log-prob pass: the hooks pile up (two a step; each sets ``requires_grad`` on the
+    same output, so one does what many do), and ``torch.compile`` guards on their number, so a
+    compiled decode step would be recompiled at every generation."""
+    enable = model.enable_input_require_grads
+
+    def enable_replacing() -> None:
+        model.disable_input_require_grads()
+        enable()
+
+    model.enable_input_require_grads = enable_replacing
+
+
 class GBMPOTrainer(GRPOTrainer):
     r"""``GRPOTrainer`` whose loss is gbmpo's (:mod:`gbmpo.integrations.trl`); same constructor.
 
@@ -127,6 +144,24 @@ class GBMPOTrainer(GRPOTrainer):
                 )
         if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
             raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
+        if args.compile_generation:
+            self._allow_generation_compile()
+
+    def _allow_generation_compile(self) -> None:
+        """``compile_generation``: clear the ``disable_compile`` TRL sets on the generation
+        config it passes to ``generate``, so that transformers compiles the decode step (its
+        own criteria: a static cache on CUDA; the CPU runs it uncompiled), and keep one
+        input-gradient hook on the embeddings (:func:`_one_input_grad_hook`), without which
+        every generation would recompile it."""
+        generation_config = getattr(self, "generation_config", None)
+        if generation_config is None:  # pragma: no cover - guarded by check_trl_internals
+            raise TRLInternalsError(
+                f"GRPOTrainer.__init__ no longer sets self.generation_config (TRL "
+                f"{trl.__version__}); GBMPOTrainer's compile_generation needs it"
+            )
+        generation_config.disable_compile = False
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        _one_input_grad_hook(base)
 
     def _last_of_generation(self) -> bool:
         """Whether this micro-step is the last one on its generation batch (the last of
