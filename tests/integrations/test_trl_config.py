@@ -240,6 +240,20 @@ def test_the_compiled_decode_step_compiles_once_over_steps(
     assert counters["stats"]["unique_graphs"] == 1 and not counters["recompiles"]
 
 
+def test_one_input_gradient_hook_over_steps(tiny_model_dir: str, tiny_dataset: Any,
+                                             reward_fn: Any, cpu_args: dict[str, Any],
+                                             tmp_path: Any) -> None:
+    """TRL re-enables activation checkpointing after every generation and no-grad pass, and
+    transformers 5 adds an input-gradient hook on the embeddings each time: without
+    compile_generation too, GBMPOTrainer keeps one (otherwise two more per step)."""
+    args = GBMPOConfig(output_dir=str(tmp_path), max_steps=3, max_completion_length=8,
+                       **{**cpu_args, "gradient_checkpointing": True})  # fmt: skip
+    trainer = GBMPOTrainer(model=tiny_model_dir, reward_funcs=reward_fn, args=args,
+                           train_dataset=tiny_dataset)  # fmt: skip
+    trainer.train()
+    assert len(trainer.model.get_input_embeddings()._forward_hooks) == 1
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_static_cache_greedy_tokens_are_the_dynamic_caches(lora: bool) -> None:
     """transformers' static KV cache (decode_step static on TRL) gives the same greedy tokens as

@@ -144,15 +144,17 @@ class GBMPOTrainer(GRPOTrainer):
                 )
         if self.beta != args.beta:  # pragma: no cover - guarded by check_trl_internals
             raise TRLInternalsError("GRPOTrainer.__init__ no longer copies args.beta to self.beta")
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        _one_input_grad_hook(base)  # TRL re-enables checkpointing twice a step
         if args.compile_generation:
             self._allow_generation_compile()
 
     def _allow_generation_compile(self) -> None:
         """``compile_generation``: clear the ``disable_compile`` TRL sets on the generation
         config it passes to ``generate``, so that transformers compiles the decode step (its
-        own criteria: a static cache on CUDA; the CPU runs it uncompiled), and keep one
-        input-gradient hook on the embeddings (:func:`_one_input_grad_hook`), without which
-        every generation would recompile it."""
+        own criteria: a static cache on CUDA; the CPU runs it uncompiled); the one
+        input-gradient hook on the embeddings that ``__init__`` keeps
+        (:func:`_one_input_grad_hook`) is what spares a recompilation at every generation."""
         generation_config = getattr(self, "generation_config", None)
         if generation_config is None:  # pragma: no cover - guarded by check_trl_internals
             raise TRLInternalsError(
@@ -160,8 +162,6 @@ class GBMPOTrainer(GRPOTrainer):
                 f"{trl.__version__}); GBMPOTrainer's compile_generation needs it"
             )
         generation_config.disable_compile = False
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        _one_input_grad_hook(base)
 
     def _last_of_generation(self) -> bool:
         """Whether this micro-step is the last one on its generation batch (the last of
