@@ -35,4 +35,8 @@ fresh() {  # $1: a model directory (or tiny), $2: the result's name
 }
 fresh tiny start
 for s in 0 1 2; do fresh "$work/rl-seed$s/model" "rl-seed$s"; done
+# the start's pass@16 at temperature 1 on the 200 held-out problems
+"$gbmpo" eval --task arithmetic --samples 16 --temperature 1.0 \
+    --output "$work/start-pass16.jsonl" > /dev/null
+cp "$work/start-pass16.summary.json" "$out/start-pass16.summary.json"
 echo "results in $out"

@@ -58,7 +58,9 @@ def test_a_planted_mismatch_is_caught(mod: dict[str, Any]) -> None:
                          "loss ≤ 1.5e-8, gradient ≤ 1.5e-9 (float32)"),
                         ("| 22 (12 crashes, 10 messages not one line) |",
                          "| 21 (12 crashes, 9 messages not one line) |"),
-                        ("| base, ≤ 64 new tokens | 2.0% |", "| base, ≤ 64 new tokens | 0% |")):
+                        ("| base, ≤ 64 new tokens | 2.0% |", "| base, ≤ 64 new tokens | 0% |"),
+                        ("| 79.0 / 80.0 / 78.5 (204–206) | **+30.2** |",
+                         "| 79.5 / 84.0 / 81.0 (161–170) | **+32.5** |")):
         assert cell in text, cell
         planted = text.replace(cell, other)
         assert planted != text and mod["rendered"](planted) == text, cell
