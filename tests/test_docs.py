@@ -4,6 +4,7 @@ a docstring mkdocstrings cannot render fails), and the configuration page lists 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,39 @@ def test_every_config_key_is_documented() -> None:
     assert len(keys) > 40
     missing = [k for k in keys if f"| `{k}` |" not in page]
     assert not missing, f"keys missing from docs/cli-and-config.md: {missing}"
+
+
+def _cells(row: str) -> int:
+    """The cells of a Markdown table row as Python-Markdown splits it: at unescaped pipes
+    outside code spans."""
+    text = re.sub(r"`[^`]*`", "code", row.strip().replace("\\|", ""))
+    return len(text.strip("|").split("|"))
+
+
+def table_rows_off_their_header(text: str) -> list[str]:
+    """Table rows with another number of cells than their header: the extra cells of a row are
+    dropped on the site (its text lost), missing ones left empty."""
+    bad, header, fenced = [], None, False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        if fenced or not line.lstrip().startswith("|"):
+            header = None
+            continue
+        if header is None:
+            header = _cells(line)
+        elif _cells(line) != header:
+            bad.append(f"line {number}: {_cells(line)} cells under a header of {header}")
+    return bad
+
+
+def test_every_table_row_has_its_headers_cells() -> None:
+    pages = sorted((REPO / "docs").rglob("*.md")) + [REPO / "README.md"]
+    bad = [f"{p.relative_to(REPO)} {b}" for p in pages
+           for b in table_rows_off_their_header(p.read_text())]  # fmt: skip
+    assert not bad, bad
+    assert table_rows_off_their_header("| a | b |\n|---|---|\n| `x` || y |\n") == [
+        "line 3: 3 cells under a header of 2"]
 
 
 def test_mkdocs_build_strict(tmp_path: Path) -> None:

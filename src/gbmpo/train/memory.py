@@ -389,6 +389,7 @@ def decode_slots(cfg: TrainConfig, prompt_tokens: int) -> dict[str, tuple[set[An
     other rows, so an evaluation (``eval.batch_size`` problems a chunk, up to ``eval.limit`` or
     ``eval.auto_limit``, greedy) can hold up to ``MAX_SLOTS``. Where the limit is unknown, its
     last chunk is counted at ``batch_size - 1`` problems (the most it can have)."""
+    # deferred: gbmpo.rollout imports the decoders; the plan's import stays light
     from gbmpo.rollout.static_decoder import MAX_SLOTS, MIN_BUCKET, width_bucket
 
     ro, ev = cfg.rollout, cfg.eval
