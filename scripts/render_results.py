@@ -627,12 +627,14 @@ def paper_times() -> str:
     return table(["setting, engine", "card", "s / step", f"{steps} steps", "peak memory"], rows)
 
 
-def _pm(values: list[float], fmt: str) -> str:
-    """Mean ± sample std of ``values`` in ``fmt`` (the std left out for one value)."""
+def _pm(values: list[float], fmt: str, std_fmt: str | None = None) -> str:
+    """Mean ± sample std of ``values`` in ``fmt`` (the std in ``std_fmt``, default ``fmt``;
+    left out for one value)."""
     from gbmpo.experiments.stats import spread
 
     s = spread(values)
-    return format(s.mean, fmt) + ("" if len(values) < 2 else " ± " + format(s.std, fmt))
+    return format(s.mean, fmt) + ("" if len(values) < 2 else
+                                  " ± " + format(s.std, std_fmt or fmt))  # fmt: skip
 
 
 def embedded_default() -> str:
@@ -655,24 +657,26 @@ def drift_matched() -> str:
     (``results.json``), mean ± std over the seeds."""
     name = "drift-matched"
     ctrl = json.loads((RESULTS / name / "controller.json").read_text())
-    rows = []
+    rows, inside = [], []
     for g in comparison(name)["groups"]:
         runs = ctrl[g["label"]]
         target = next(iter(runs.values()))["target"]
         half = [r["second_half_mean"] for r in runs.values()]
-        inside = sum(abs(h / target - 1) <= 0.25 for h in half)
+        inside.append(f"{g['label']} {sum(abs(h / target - 1) <= 0.25 for h in half)}")
         finals = [r["drift_kl_final"] for r in g["runs"]]
         rows.append([
             g["label"], coef(g["coef"]),
-            _pm([r["coef"][-1] for r in runs.values()], ".3g"),
-            _pm(half, ".4f"), f"{inside} of {len(half)}", _pm(finals, ".4f"),
+            _pm([r["coef"][-1] for r in runs.values()], ".3g", ".2g"),
+            _pm(half, ".4f"), _pm(finals, ".4f"),
             f"{pct(g['pass_at_k']['pass@1']['mean'])} ± {pct(g['pass_at_k']['pass@1']['std'])}",
             f"{pct(g['pass_at_k']['pass@8']['mean'])} ± {pct(g['pass_at_k']['pass@8']['std'])}",
-            f"{g['response_tokens']['mean']:.1f}",
         ])  # fmt: skip
-    return table(["arm", "first coef", "coef at step 60", "rollout k3, steps 31–60",
-                  "seeds within ±25%", "held-out KL(π‖π_ref), end", "pass@1 %", "pass@8 %",
-                  "response tokens"], rows)  # fmt: skip
+    lengths = sorted({f"{g['response_tokens']['mean']:.1f}" for g in comparison(name)["groups"]})
+    return (table(["arm", "coef, start", "coef, step 60", "k3, steps 31–60",
+                   "held-out KL, end", "pass@1 %", "pass@8 %"], rows)  # fmt: skip
+            + f"\n\nSeeds whose k3 over steps 31–60 is within ±25% of the target: "
+            f"{', '.join(inside)} of {len(half)}. Response length: {' to '.join(lengths)} "
+            "tokens in every arm.")
 
 
 
