@@ -159,10 +159,9 @@ def release_decoder_buffers(cfg: TrainConfig, model: Any, batch: Rollout | None,
     freed them."""
     if batch is not None:
         width = -(-int(batch.prompt_ids.shape[1]) // 64) * 64
-        if width not in plans:
-            plans[width] = releases_decoder_buffers(cfg, model.config, width, device,
-                                                    needs_ref=needs_ref)  # fmt: skip
-        release = plans[width]
+        release = plans.pop(width) if width in plans else releases_decoder_buffers(
+            cfg, model.config, width, device, needs_ref=needs_ref)
+        plans[width] = release  # (re)inserted last: the latest rollout's choice
     elif plans:
         release = list(plans.values())[-1]
     else:  # an evaluation before the first rollout: the update's plan is not made yet
